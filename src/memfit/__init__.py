@@ -1,0 +1,110 @@
+"""memfit: keep ML and RL jobs inside the memory of their GPU.
+
+Plan (``memfit.plan``), estimate (``memfit.estimate_torch`` / ``memfit.estimate_jax``), guard
+(``memfit.TrainGuard``), watch (``memfit.Recorder``).
+
+The public names are loaded lazily: ``import memfit`` imports neither torch, jax nor pynvml;
+each name's module is imported the first time the name is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from memfit._version import __version__
+from memfit.errors import (
+    BackendUnavailable,
+    ConfigError,
+    EstimateError,
+    InfeasiblePlan,
+    MemfitError,
+    OutOfMemory,
+)
+from memfit.units import format_bytes, parse_bytes
+
+# Public name -> module that defines it. Each module imports its framework lazily or at its
+# own top level; nothing here is imported until the name is asked for.
+_LAZY: dict[str, str] = {
+    # core: catalog, workloads, planning
+    "gpu": "memfit.core.catalog",
+    "GpuSpec": "memfit.core.catalog",
+    "list_gpus": "memfit.core.catalog",
+    "load_workload": "memfit.core.workload",
+    "Workload": "memfit.core.workload",
+    "check": "memfit.core.constraints",
+    "Violation": "memfit.core.constraints",
+    "plan": "memfit.planning",
+    "Plan": "memfit.core.plan",
+    # runtime: allocator settings, guards
+    "configure": "memfit.runtime.allocator_env",
+    "is_oom": "memfit.runtime.oom",
+    "TrainGuard": "memfit.runtime.guard",
+    "RolloutGuard": "memfit.runtime.guard",
+    "simulate_gpu": "memfit.runtime.simulate",
+    # estimate
+    "estimate_torch": "memfit.estimate.torch_trace",
+    "TorchEstimate": "memfit.estimate.torch_trace",
+    "EstimatePoint": "memfit.estimate.torch_trace",
+    "estimate_jax": "memfit.estimate.jax_xla",
+    "JaxEstimate": "memfit.estimate.jax_xla",
+    # fit
+    "fit": "memfit.runtime.fit",
+    "FitResult": "memfit.runtime.fit",
+    # monitor
+    "Recorder": "memfit.monitor.recorder",
+    "Leak": "memfit.monitor.recorder",
+}
+
+# Public submodules reachable as attributes: memfit.cleanup.every(10), memfit.testing.inject_oom.
+_SUBMODULES: dict[str, str] = {
+    "cleanup": "memfit.runtime.cleanup",
+    "testing": "memfit.testing",
+}
+
+__all__ = [
+    "BackendUnavailable",
+    "ConfigError",
+    "EstimateError",
+    "InfeasiblePlan",
+    "MemfitError",
+    "OutOfMemory",
+    "__version__",
+    "format_bytes",
+    "parse_bytes",
+    *sorted(_LAZY),
+    *sorted(_SUBMODULES),
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(_SUBMODULES[name])
+    else:
+        raise AttributeError(f"module 'memfit' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from memfit.core.catalog import GpuSpec, gpu, list_gpus
+    from memfit.core.constraints import Violation, check
+    from memfit.core.plan import Plan
+    from memfit.core.workload import Workload, load_workload
+    from memfit.estimate.jax_xla import JaxEstimate, estimate_jax
+    from memfit.estimate.torch_trace import EstimatePoint, TorchEstimate, estimate_torch
+    from memfit.monitor.recorder import Leak, Recorder
+    from memfit.planning import plan
+    from memfit.runtime import cleanup
+    from memfit.runtime.allocator_env import configure
+    from memfit.runtime.fit import FitResult, fit
+    from memfit.runtime.guard import RolloutGuard, TrainGuard
+    from memfit.runtime.oom import is_oom
+    from memfit.runtime.simulate import simulate_gpu
+    from memfit import testing

@@ -1,0 +1,1 @@
+"""memfit.backends."""

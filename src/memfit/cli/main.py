@@ -1,0 +1,134 @@
+"""The ``memfit`` command: one Typer app, one module per command.
+
+Each module in :data:`COMMAND_MODULES` defines ``register(app: typer.Typer) -> None`` and adds
+its command(s). :func:`main` runs the app and turns problems into the CLI contract:
+
+* a :class:`memfit.MemfitError` -> ``Error: ...`` / ``Hint: ...`` on stderr, exit 1;
+* a usage error (unknown option, missing argument) -> click's usage message, exit 2;
+* anything else -> ``Error: internal error`` with a hint to rerun with ``--debug`` (which shows
+  the traceback), exit 1. A user's mistake never prints a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+
+import click
+import typer
+from rich.markup import escape
+
+from memfit._version import __version__
+from memfit.cli._common import err_console, print_json
+from memfit.errors import MemfitError
+
+__all__ = ["COMMAND_MODULES", "app", "main", "run"]
+
+#: Modules under ``memfit.cli`` that register commands, in the order ``--help`` lists them.
+COMMAND_MODULES: tuple[str, ...] = ()
+
+app = typer.Typer(
+    name="memfit",
+    help="Keep ML and RL jobs inside the memory of their GPU: plan, estimate, guard, watch.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+_state: dict[str, bool] = {"debug": False}
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        sys.stdout.write(f"memfit {__version__}\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False,
+        "--version",
+        callback=_version_callback,
+        is_eager=True,
+        help="Print the version and exit.",
+    ),
+    debug: bool = typer.Option(
+        False, "--debug", help="Show the full traceback when something fails."
+    ),
+) -> None:
+    """Keep ML and RL jobs inside the memory of their GPU: plan, estimate, guard, watch."""
+    _state["debug"] = debug or bool(os.environ.get("MEMFIT_DEBUG"))
+
+
+def _register_commands() -> None:
+    for name in COMMAND_MODULES:
+        module = importlib.import_module(f"memfit.cli.{name}")
+        module.register(app)
+
+
+_register_commands()
+
+
+def _wants_json(argv: Sequence[str]) -> bool:
+    return "--json" in argv
+
+
+def _report(exc: MemfitError, argv: Sequence[str]) -> None:
+    if _wants_json(argv):
+        print_json(exc.to_dict())
+    err_console.print(f"[bold red]Error:[/] {escape(exc.message)}")
+    if exc.hint:
+        err_console.print(f"[bold]Hint:[/] {escape(exc.hint)}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI with ``argv`` (default: ``sys.argv[1:]``) and return the exit status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args or bool(os.environ.get("MEMFIT_DEBUG"))
+    command = typer.main.get_command(app)
+    try:
+        result = command.main(args=args, prog_name="memfit", standalone_mode=False)
+    except MemfitError as exc:
+        if debug:
+            traceback.print_exc()
+        _report(exc, args)
+        return 1
+    except click.exceptions.UsageError as exc:
+        exc.show()
+        return 2
+    except click.exceptions.Abort:
+        err_console.print("Aborted.")
+        return 1
+    except click.exceptions.Exit as exc:
+        return int(exc.exit_code)
+    except click.exceptions.ClickException as exc:
+        exc.show()
+        return int(exc.exit_code)
+    except KeyboardInterrupt:
+        err_console.print("Interrupted.")
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:  # an internal bug, not a user's mistake
+        if debug:
+            traceback.print_exc()
+        err_console.print(f"[bold red]Error:[/] internal error: {escape(repr(exc))}")
+        err_console.print(
+            "[bold]Hint:[/] rerun with --debug for the traceback and report it as a memfit bug"
+        )
+        return 1
+    return int(result) if isinstance(result, int) else 0
+
+
+def run() -> None:
+    """Console-script entry point."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":  # pragma: no cover
+    run()

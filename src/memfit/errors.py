@@ -1,0 +1,154 @@
+"""One exception hierarchy for memfit.
+
+Every error memfit raises on purpose is a :class:`MemfitError`. Each carries a short
+``message`` (what went wrong) and an optional ``hint`` (what to do about it); the CLI prints
+them as ``Error: ...`` and ``Hint: ...`` on stderr and exits 1.
+
+Errors from other libraries are translated at the boundary with ``raise ... from exc`` so the
+original cause stays attached for ``--debug``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = [
+    "BackendUnavailable",
+    "ConfigError",
+    "EstimateError",
+    "InfeasiblePlan",
+    "MemfitError",
+    "OutOfMemory",
+]
+
+
+class MemfitError(Exception):
+    """Base class of every error memfit raises on purpose.
+
+    Args:
+        message: What went wrong, in one sentence.
+        hint: What the user can do about it, or ``None``.
+    """
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def to_dict(self) -> dict[str, Any]:
+        """The error as plain data, for ``--json`` output."""
+        return {"error": type(self).__name__, "message": self.message, "hint": self.hint}
+
+
+class ConfigError(MemfitError, ValueError):
+    """Bad user input: a size, a workload file, a setting, a knob value.
+
+    Args:
+        message: What is wrong.
+        key_path: Where it is (``"knobs.num_envs.max"``, ``"PYTORCH_CUDA_ALLOC_CONF"``,
+            ``"workload.yaml:12:3"``), or ``None``.
+        hint: What to do about it.
+    """
+
+    def __init__(
+        self, message: str, *, key_path: str | None = None, hint: str | None = None
+    ) -> None:
+        full = f"{key_path}: {message}" if key_path else message
+        super().__init__(full, hint=hint)
+        self.key_path = key_path
+
+    def to_dict(self) -> dict[str, Any]:
+        data = super().to_dict()
+        data["key_path"] = self.key_path
+        return data
+
+
+class InfeasiblePlan(MemfitError):
+    """No configuration of the workload fits the budget.
+
+    Args:
+        message: What does not fit.
+        smallest_bytes: The footprint of the smallest valid configuration.
+        budget_bytes: What the GPU leaves for the job.
+        binding_term: The memory term (or rule) that breaks the budget.
+        hint: What to change.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        smallest_bytes: int | None,
+        budget_bytes: int,
+        binding_term: str | None,
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.smallest_bytes = smallest_bytes
+        self.budget_bytes = budget_bytes
+        self.binding_term = binding_term
+
+    def to_dict(self) -> dict[str, Any]:
+        data = super().to_dict()
+        data.update(
+            smallest_bytes=self.smallest_bytes,
+            budget_bytes=self.budget_bytes,
+            binding_term=self.binding_term,
+        )
+        return data
+
+
+class BackendUnavailable(MemfitError):
+    """A hardware backend or framework is not there (no driver, no CUDA, package missing)."""
+
+
+class EstimateError(MemfitError):
+    """A step could not be traced or compiled for an estimate (names the op or the cause)."""
+
+
+class OutOfMemory(MemfitError):
+    """Out of memory even after everything memfit may try.
+
+    Args:
+        message: What ran out.
+        device: The device (``"cuda:0"``, ``"simulated"``), or ``None``.
+        requested_bytes: The allocation that failed, if known.
+        free_bytes: Free memory on the device when it failed, if known.
+        peak_bytes: The peak seen in the failing attempt, if known.
+        budget_bytes: The budget in force, if known.
+        tried: What was tried, in order (``["retry", "split x2", ...]``).
+        hint: What the user can do.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        device: str | None = None,
+        requested_bytes: int | None = None,
+        free_bytes: int | None = None,
+        peak_bytes: int | None = None,
+        budget_bytes: int | None = None,
+        tried: Sequence[str] = (),
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.device = device
+        self.requested_bytes = requested_bytes
+        self.free_bytes = free_bytes
+        self.peak_bytes = peak_bytes
+        self.budget_bytes = budget_bytes
+        self.tried = list(tried)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = super().to_dict()
+        data.update(
+            device=self.device,
+            requested_bytes=self.requested_bytes,
+            free_bytes=self.free_bytes,
+            peak_bytes=self.peak_bytes,
+            budget_bytes=self.budget_bytes,
+            tried=list(self.tried),
+        )
+        return data

@@ -1,0 +1,1 @@
+"""memfit.runtime."""

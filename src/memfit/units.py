@@ -1,0 +1,156 @@
+"""Bytes <-> text: the only place that formats sizes for humans.
+
+Convention (the one the hardware vendors and ``nvidia-smi`` use):
+
+* ``B``, ``KB``, ``MB``, ``GB``, ``TB`` are **decimal**: ``"8GB"`` is ``8 * 10**9`` bytes, as
+  on a box or a spec sheet.
+* ``KiB``, ``MiB``, ``GiB``, ``TiB`` are **binary**: ``"8GiB"`` is ``8 * 2**30`` bytes, as
+  ``nvidia-smi`` (``MiB``) and the CUDA allocator count.
+* A single letter ``K``, ``M``, ``G``, ``T`` is binary too (as ``docker --memory=8g`` and
+  ``ulimit`` read it).
+* A plain integer is a count of bytes. Suffixes are case-insensitive; a space between the
+  number and the suffix is allowed; decimals are allowed (``"1.5 GiB"``) and rounded to whole
+  bytes.
+
+Inside memfit every size is an ``int`` of bytes; text appears only at the edges.
+
+>>> parse_bytes("8GB"), parse_bytes("8 GiB"), parse_bytes("8192MiB") == parse_bytes("8GiB")
+(8000000000, 8589934592, True)
+>>> format_bytes(8 * 2**30)
+'8.00 GiB'
+>>> format_mib(8 * 2**30)
+'8192MiB'
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from memfit.errors import ConfigError
+
+__all__ = ["GiB", "KiB", "MiB", "format_bytes", "format_mib", "parse_bytes", "parse_fraction"]
+
+KiB = 1024
+MiB = 1024**2
+GiB = 1024**3
+
+_MULTIPLIERS: dict[str, int] = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+    "k": 2**10,
+    "m": 2**20,
+    "g": 2**30,
+    "t": 2**40,
+}
+
+_SIZE_RE = re.compile(r"^\s*([+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*([A-Za-z]*)\s*$")
+
+_HINT = "write a size like 8GB (decimal), 8GiB or 8192MiB (binary), or a plain number of bytes"
+
+
+def parse_bytes(text: str | int) -> int:
+    """Parse a size such as ``"8GB"``, ``"8 GiB"``, ``"8192MiB"`` or ``"1024"`` into bytes.
+
+    Args:
+        text: The size. An ``int`` is taken as bytes as it is.
+
+    Returns:
+        The size in bytes.
+
+    Raises:
+        ConfigError: When the text is empty, negative, not a number, NaN or infinite, or has a
+            suffix memfit does not know; the message names the text.
+
+    >>> parse_bytes("1.5 GiB")
+    1610612736
+    >>> parse_bytes(512)
+    512
+    """
+    if isinstance(text, bool):
+        raise ConfigError(f"not a size: {text!r}", hint=_HINT)
+    if isinstance(text, int):
+        if text < 0:
+            raise ConfigError(f"a size cannot be negative: {text!r}", hint=_HINT)
+        return text
+    if not isinstance(text, str):
+        raise ConfigError(f"not a size: {text!r}", hint=_HINT)
+    if not text.strip():
+        raise ConfigError("empty size text ''", hint=_HINT)
+    match = _SIZE_RE.match(text)
+    if match is None:
+        raise ConfigError(f"not a size: {text!r}", hint=_HINT)
+    number_text, suffix = match.groups()
+    multiplier = _MULTIPLIERS.get(suffix.lower())
+    if multiplier is None:
+        raise ConfigError(f"unknown size suffix {suffix!r} in {text!r}", hint=_HINT)
+    value = float(number_text)
+    if math.isnan(value) or math.isinf(value):
+        raise ConfigError(f"not a finite size: {text!r}", hint=_HINT)
+    if value < 0:
+        raise ConfigError(f"a size cannot be negative: {text!r}", hint=_HINT)
+    if "." not in number_text and "e" not in number_text.lower():
+        return int(number_text) * multiplier
+    return int(round(value * multiplier))
+
+
+def format_bytes(n: int | float, *, precision: int = 2) -> str:
+    """Format a byte count for humans in binary units (``"7.79 GiB"``, ``"512 B"``).
+
+    Negative values (a shrinking term, a negative growth rate) keep their sign.
+
+    >>> format_bytes(0), format_bytes(1536), format_bytes(-3 * 2**20)
+    ('0 B', '1.50 KiB', '-3.00 MiB')
+    """
+    if isinstance(n, float) and (math.isnan(n) or math.isinf(n)):
+        return str(n)
+    sign = "-" if n < 0 else ""
+    value = abs(n)
+    if value < KiB:
+        return f"{sign}{int(value)} B"
+    for unit, size in (("TiB", 2**40), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if value >= size:
+            return f"{sign}{value / size:.{precision}f} {unit}"
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def format_mib(n: int | float) -> str:
+    """Format bytes as whole MiB, the way ``nvidia-smi`` shows memory (``"8192MiB"``).
+
+    >>> format_mib(2**30)
+    '1024MiB'
+    """
+    return f"{round(n / MiB)}MiB"
+
+
+def parse_fraction(text: str | float) -> float:
+    """Parse a fraction such as ``"10%"``, ``"0.1"`` or ``0.1`` into a float in ``[0, 1)``.
+
+    Raises:
+        ConfigError: When it is not a number, NaN, negative or at least 100%.
+
+    >>> parse_fraction("10%"), parse_fraction(0.05)
+    (0.1, 0.05)
+    """
+    hint = "write a fraction like 10% or 0.1"
+    if isinstance(text, bool):
+        raise ConfigError(f"not a fraction: {text!r}", hint=hint)
+    if isinstance(text, (int, float)):
+        value = float(text)
+    else:
+        raw = text.strip()
+        try:
+            value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+        except ValueError:
+            raise ConfigError(f"not a fraction: {text!r}", hint=hint) from None
+    if math.isnan(value) or value < 0 or value >= 1:
+        raise ConfigError(f"fraction out of range [0, 100%): {text!r}", hint=hint)
+    return value
