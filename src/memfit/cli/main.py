@@ -28,7 +28,7 @@ from memfit.errors import MemfitError
 __all__ = ["COMMAND_MODULES", "app", "main", "run"]
 
 #: Modules under ``memfit.cli`` that register commands, in the order ``--help`` lists them.
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = ("devices", "gpus", "env", "watch", "report", "estimate", "plan")
 
 app = typer.Typer(
     name="memfit",

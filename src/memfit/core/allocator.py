@@ -8,6 +8,11 @@ segments); requests up to 10 MiB get a 20 MiB segment; larger ones a segment rou
 
 from __future__ import annotations
 
+import bisect
+from dataclasses import dataclass, field
+
+from memfit.errors import ConfigError
+
 __all__ = [
     "K_LARGE_BUFFER",
     "K_MIN_BLOCK_SIZE",
@@ -15,6 +20,7 @@ __all__ = [
     "K_ROUND_LARGE",
     "K_SMALL_BUFFER",
     "K_SMALL_SIZE",
+    "AllocatorModel",
     "round_size",
     "segment_size",
 ]
@@ -51,3 +57,282 @@ def segment_size(nbytes: int) -> int:
     if nbytes < K_MIN_LARGE_ALLOC:
         return K_LARGE_BUFFER
     return K_ROUND_LARGE * ((nbytes + K_ROUND_LARGE - 1) // K_ROUND_LARGE)
+
+
+# --- Replay model -------------------------------------------------------------------------------
+#
+# The rules below follow ``DeviceCachingAllocator`` in ``c10/cuda/CUDACachingAllocator.cpp``
+# (PyTorch 2.x):
+#
+# * ``get_pool``: a rounded request of at most ``kSmallSize`` (1 MiB) uses the small pool.
+# * ``get_free_block``: best fit, the free block with the smallest ``(size, address)`` that holds
+#   the request (``pool.blocks.lower_bound``); with ``max_split_size`` set, a request below it
+#   never takes a block at or above it ("do not return an oversized block for a large
+#   request"), and a request at or above it never takes a block ``kLargeBuffer`` or more larger
+#   than itself.
+# * ``alloc_block``: no free block fits -> a new segment of ``get_allocation_size(size)`` bytes
+#   (:func:`segment_size`).
+# * ``should_split``: in the small pool (or with expandable segments) split when the remainder
+#   is at least ``kMinBlockSize`` (512 B); in the large pool only when the request is below
+#   ``max_split_size`` and the remainder is more than ``kSmallSize`` (1 MiB). An unsplit block
+#   counts whole in ``allocated_bytes``.
+# * ``free_block`` / ``try_merge_blocks``: a freed block merges with free neighbours of the same
+#   segment and goes back to its pool; segments are only returned by ``empty_cache``.
+# * Expandable segments (``ExpandableSegment``): one growing segment per pool, mapped in pages of
+#   ``kSmallBuffer`` (2 MiB) in the small pool and ``kLargeBuffer`` (20 MiB) in the large pool.
+#   For best fit the free block at the end of the mapped range ranks by the size it can grow
+#   to, so any other free block that holds the request is preferred; when none holds it, the
+#   free tail plus newly mapped pages serve it (``try_allocate_expandable_block``).
+
+_NO_LIMIT = 1 << 62
+
+
+@dataclass(eq=False)
+class _Block:
+    """A contiguous range of one segment: allocated, or free in its pool."""
+
+    small: bool
+    segment: int
+    address: int
+    size: int
+    allocated: bool = False
+    prev: _Block | None = None
+    next: _Block | None = None
+
+
+@dataclass
+class _Pool:
+    """Free blocks of one pool, kept sorted by ``(size, address)`` as the C++ ``std::set``."""
+
+    small: bool
+    keys: list[tuple[int, int]] = field(default_factory=list)
+    blocks: dict[tuple[int, int], _Block] = field(default_factory=dict)
+    # Expandable segments: the pool's one segment, its mapped bytes, its last block.
+    mapped_bytes: int = 0
+    segment_id: int | None = None
+    tail: _Block | None = None
+
+    def insert(self, block: _Block) -> None:
+        key = (block.size, block.address)
+        bisect.insort(self.keys, key)
+        self.blocks[key] = block
+
+    def remove(self, block: _Block) -> None:
+        key = (block.size, block.address)
+        index = bisect.bisect_left(self.keys, key)
+        del self.keys[index]
+        del self.blocks[key]
+
+
+class AllocatorModel:
+    """Replay of PyTorch's CUDA caching allocator on one stream: allocated -> reserved.
+
+    Feed it the allocation sequence of a step (``malloc`` / ``free`` in program order) and it
+    tracks what ``torch.cuda.memory_allocated`` and ``memory_reserved`` would read, and their
+    peaks. Nothing is allocated; blocks are bookkeeping over virtual addresses.
+
+    Args:
+        expandable_segments: Model ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``.
+        max_split_size: Model ``max_split_size_mb`` (given here in bytes); ``None`` = unlimited.
+
+    Raises:
+        ConfigError: When ``max_split_size`` is not more than 20 MiB (PyTorch refuses it too).
+
+    >>> m = AllocatorModel()
+    >>> a = m.malloc(1000); b = m.malloc(3 << 20)
+    >>> m.allocated_bytes == 1024 + (3 << 20), m.reserved_bytes == (2 << 20) + (20 << 20)
+    (True, True)
+    """
+
+    def __init__(
+        self, expandable_segments: bool = False, max_split_size: int | None = None
+    ) -> None:
+        if max_split_size is not None and max_split_size <= K_LARGE_BUFFER:
+            raise ConfigError(
+                f"max_split_size must be more than 20 MiB, got {max_split_size} bytes",
+                key_path="max_split_size_mb",
+                hint="use a value above 20 (MiB), or leave it unset",
+            )
+        self.expandable_segments = expandable_segments
+        self.max_split_size = _NO_LIMIT if max_split_size is None else max_split_size
+        self._small = _Pool(small=True)
+        self._large = _Pool(small=False)
+        self._handles: dict[int, _Block | None] = {}
+        self._next_handle = 1
+        self._next_address = 0
+        self._segments = 0
+        self.allocated_bytes = 0
+        self.reserved_bytes = 0
+        self.peak_allocated_bytes = 0
+        self.peak_reserved_bytes = 0
+        self.num_mallocs = 0
+
+    # -- public -----------------------------------------------------------------------------
+
+    @property
+    def segment_count(self) -> int:
+        """Segments obtained from the driver (``cudaMalloc`` calls, or expandable segments)."""
+        return self._segments
+
+    @property
+    def free_cached_bytes(self) -> int:
+        """Bytes reserved but not allocated (cached free blocks, the fragmentation headroom)."""
+        return self.reserved_bytes - self.allocated_bytes
+
+    def malloc(self, nbytes: int) -> int:
+        """Allocate ``nbytes`` and return a handle for :meth:`free`.
+
+        A zero-byte request gets a handle but no block, as ``cudaMalloc``-free ``nullptr``
+        allocations in PyTorch.
+
+        Raises:
+            ConfigError: When ``nbytes`` is negative.
+        """
+        if nbytes < 0:
+            raise ConfigError(f"cannot allocate a negative size: {nbytes}", hint="pass bytes >= 0")
+        handle = self._next_handle
+        self._next_handle += 1
+        if nbytes == 0:
+            self._handles[handle] = None
+            return handle
+        size = round_size(nbytes)
+        pool = self._small if size <= K_SMALL_SIZE else self._large
+        block = self._get_free_block(pool, size)
+        if block is None:
+            block = self._alloc_block(pool, size)
+        if self._should_split(block, size):
+            rest = _Block(
+                small=pool.small,
+                segment=block.segment,
+                address=block.address + size,
+                size=block.size - size,
+                prev=block,
+                next=block.next,
+            )
+            if block.next is not None:
+                block.next.prev = rest
+            block.next = rest
+            block.size = size
+            if pool.tail is block:
+                pool.tail = rest
+            pool.insert(rest)
+        block.allocated = True
+        self.allocated_bytes += block.size
+        self.peak_allocated_bytes = max(self.peak_allocated_bytes, self.allocated_bytes)
+        self._handles[handle] = block
+        self.num_mallocs += 1
+        return handle
+
+    def free(self, handle: int) -> None:
+        """Free the block behind ``handle``: it merges with free neighbours and is cached.
+
+        Raises:
+            ConfigError: When ``handle`` is unknown or already freed.
+        """
+        if handle not in self._handles:
+            raise ConfigError(
+                f"unknown or already freed allocation handle {handle}",
+                hint="free each handle returned by malloc exactly once",
+            )
+        block = self._handles.pop(handle)
+        if block is None:
+            return
+        pool = self._small if block.small else self._large
+        block.allocated = False
+        self.allocated_bytes -= block.size
+        for neighbour in (block.prev, block.next):
+            if neighbour is not None and not neighbour.allocated:
+                pool.remove(neighbour)
+                self._merge(block, neighbour)
+                if pool.tail is neighbour:
+                    pool.tail = block
+        pool.insert(block)
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _page(self, pool: _Pool) -> int:
+        return K_SMALL_BUFFER if pool.small else K_LARGE_BUFFER
+
+    def _is_tail(self, pool: _Pool, block: _Block) -> bool:
+        return self.expandable_segments and block is pool.tail
+
+    def _get_free_block(self, pool: _Pool, size: int) -> _Block | None:
+        index = bisect.bisect_left(pool.keys, (size, -1))
+        tail: _Block | None = None
+        for key in pool.keys[index:]:
+            block = pool.blocks[key]
+            if self._is_tail(pool, block):
+                tail = block  # ranks as the size it can grow to: any other fit comes first
+                continue
+            if not self._oversize_ok(size, block.size):
+                return None
+            pool.remove(block)
+            return block
+        if tail is not None and self._oversize_ok(size, tail.size):
+            pool.remove(tail)
+            return tail
+        return None
+
+    def _oversize_ok(self, size: int, block_size: int) -> bool:
+        if size < self.max_split_size and block_size >= self.max_split_size:
+            return False
+        return not (size >= self.max_split_size and block_size >= size + K_LARGE_BUFFER)
+
+    def _alloc_block(self, pool: _Pool, size: int) -> _Block:
+        if not self.expandable_segments:
+            seg = segment_size(size)
+            self._segments += 1
+            block = _Block(
+                small=pool.small, segment=self._segments, address=self._next_address, size=seg
+            )
+            self._next_address += seg
+            self._grow_reserved(seg)
+            return block
+        if pool.segment_id is None:
+            self._segments += 1
+            pool.segment_id = self._segments
+            pool.mapped_bytes = 0
+        # The free tail (if any) joins newly mapped pages; the tail was not taken because it
+        # was too small (a fitting tail is returned by _get_free_block).
+        tail = pool.tail
+        have = 0
+        if tail is not None and not tail.allocated:
+            pool.remove(tail)
+            have = tail.size
+        page = self._page(pool)
+        grow = page * ((size - have + page - 1) // page)
+        start = pool.mapped_bytes
+        pool.mapped_bytes += grow
+        self._grow_reserved(grow)
+        if tail is not None and not tail.allocated:
+            tail.size += grow
+            return tail
+        block = _Block(
+            small=pool.small, segment=pool.segment_id, address=start, size=grow, prev=tail
+        )
+        if tail is not None:
+            tail.next = block
+        pool.tail = block
+        return block
+
+    def _grow_reserved(self, nbytes: int) -> None:
+        self.reserved_bytes += nbytes
+        self.peak_reserved_bytes = max(self.peak_reserved_bytes, self.reserved_bytes)
+
+    def _should_split(self, block: _Block, size: int) -> bool:
+        remaining = block.size - size
+        if block.small or self.expandable_segments:
+            return remaining >= K_MIN_BLOCK_SIZE
+        return size < self.max_split_size and remaining > K_SMALL_SIZE
+
+    def _merge(self, block: _Block, neighbour: _Block) -> None:
+        if neighbour is block.prev:
+            block.address = neighbour.address
+            block.prev = neighbour.prev
+            if block.prev is not None:
+                block.prev.next = block
+        else:
+            block.next = neighbour.next
+            if block.next is not None:
+                block.next.prev = block
+        block.size += neighbour.size

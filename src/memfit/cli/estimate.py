@@ -1,0 +1,168 @@
+"""``memfit estimate module:factory --batch 32,64,128``: trace a real step, no GPU needed.
+
+The factory returns a :class:`memfit.estimate.TorchStep` (traced with fake tensors) or a
+:class:`memfit.estimate.JaxStep` (compiled by XLA for its memory analysis). The command prints
+the predicted peaks and the breakdown per batch size, and the fitted line.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from memfit.cli._common import JSON_OPTION, err_console, out_console, print_json
+from memfit.errors import ConfigError
+from memfit.units import format_bytes
+
+__all__ = ["parse_batch_sizes", "register"]
+
+
+def parse_batch_sizes(text: str) -> list[int]:
+    """Parse ``"32,64,128"`` into ``[32, 64, 128]``.
+
+    Raises:
+        ConfigError: When an entry is not a positive integer.
+
+    >>> parse_batch_sizes("32, 64,128")
+    [32, 64, 128]
+    """
+    sizes: list[int] = []
+    for part in text.split(","):
+        item = part.strip()
+        if not item.isdigit() or int(item) <= 0:
+            raise ConfigError(
+                f"not a positive integer: {item!r}",
+                key_path="--batch",
+                hint="give batch sizes as a comma-separated list, e.g. --batch 32,64,128",
+            )
+        sizes.append(int(item))
+    return sizes
+
+
+def _torch_tables(data: dict[str, Any]) -> tuple[Table, Table]:
+    knob = data["batch_knob"]
+    peaks = Table(title=f"memfit estimate (torch, traced on {data['device']})")
+    peaks.add_column(knob, justify="right")
+    for name in ("allocated peak", "reserved peak", "device used"):
+        peaks.add_column(name, justify="right")
+    for p in data["points"]:
+        used = p["device_used_peak"]
+        peaks.add_row(
+            str(p["batch_size"]),
+            format_bytes(p["allocated_peak"]),
+            format_bytes(p["reserved_peak"]),
+            "unknown" if used is None else format_bytes(used),
+        )
+    parts = Table(title="allocated at the peak, by category")
+    parts.add_column("category")
+    for p in data["points"]:
+        parts.add_column(f"{knob}={p['batch_size']}", justify="right")
+    for key in data["points"][0]["breakdown"]:
+        if any(p["breakdown"][key] for p in data["points"]):
+            parts.add_row(
+                key.replace("_", " "), *(format_bytes(p["breakdown"][key]) for p in data["points"])
+            )
+    return peaks, parts
+
+
+def _jax_table(data: dict[str, Any]) -> Table:
+    table = Table(title="memfit estimate (jax, XLA memory analysis)")
+    table.add_column(data["batch_knob"], justify="right")
+    for name in ("arguments", "outputs", "aliased", "temporaries", "peak", "device used"):
+        table.add_column(name, justify="right")
+    for p in data["points"]:
+        used = p["device_used_bytes"]
+        table.add_row(
+            str(p["batch_size"]),
+            format_bytes(p["argument_bytes"]),
+            format_bytes(p["output_bytes"]),
+            format_bytes(p["alias_bytes"]),
+            format_bytes(p["temp_bytes"]),
+            format_bytes(p["executable_peak_bytes"]),
+            "unknown" if used is None else format_bytes(used),
+        )
+    return table
+
+
+def _fit_line(fit: dict[str, float] | None, knob: str) -> str:
+    if fit is None:
+        return "fit: needs two or more distinct batch sizes"
+    return (
+        f"fit: {format_bytes(fit['intercept'])} + {format_bytes(fit['slope'])} per {knob} "
+        f"(largest residual {format_bytes(fit['residual'])})"
+    )
+
+
+def estimate_command(
+    factory: str = typer.Argument(
+        ..., help="module:function returning memfit.estimate.TorchStep or JaxStep."
+    ),
+    batch: str = typer.Option(
+        "32,64,128", "--batch", "-b", help="Batch sizes to trace, comma-separated."
+    ),
+    gpu: str | None = typer.Option(
+        None, "--gpu", help="GPU name or size for device-level figures (context, workspace)."
+    ),
+    framework: str | None = typer.Option(
+        None, "--framework", help="torch or jax (default: what the factory returns)."
+    ),
+    json_out: bool = JSON_OPTION,
+) -> None:
+    """Predict the peak GPU memory of a real PyTorch or JAX step, without a GPU."""
+    from memfit.estimate import JaxStep, TorchStep
+    from memfit.estimate.bridge import make_step
+
+    sizes = parse_batch_sizes(batch)
+    if framework is not None and framework not in ("torch", "jax"):
+        raise ConfigError(
+            f"unknown framework {framework!r}", key_path="--framework", hint="use torch or jax"
+        )
+    step = make_step(factory, key_path="factory")
+    kind = "torch" if isinstance(step, TorchStep) else "jax"
+    if framework is not None and framework != kind:
+        raise ConfigError(
+            f"--framework {framework} but {factory} returned a {type(step).__name__}",
+            key_path="--framework",
+            hint="drop --framework, or point at a factory for that framework",
+        )
+    data: dict[str, Any]
+    if isinstance(step, TorchStep):
+        from memfit.estimate.torch_trace import estimate_torch
+
+        data = estimate_torch(
+            step.build, step.step, step.make_batch, sizes, gpu=gpu, batch_knob=step.batch_knob
+        ).to_dict()
+    elif isinstance(step, JaxStep):
+        from memfit.estimate.jax_xla import estimate_jax_sweep
+
+        data = estimate_jax_sweep(
+            step.fn, step.make_args, sizes, gpu=gpu, batch_knob=step.batch_knob
+        ).to_dict()
+    if json_out:
+        print_json(data)
+        return
+    tables = _torch_tables(data) if kind == "torch" else (_jax_table(data),)
+    for table in tables:
+        out_console.print(table)
+    out_console.print(_fit_line(data["fit"], data["batch_knob"]))
+    if kind == "torch":
+        for point in data["points"][-1:]:
+            if point["top_modules"]:
+                tops = ", ".join(
+                    f"{m['module']} {format_bytes(m['bytes'])}" for m in point["top_modules"]
+                )
+                out_console.print(
+                    f"top modules by activation memory at {point['batch_size']}: {tops}"
+                )
+        for note in data["deviations"]:
+            err_console.print(f"note: {note}")
+    else:
+        for note in data["points"][-1]["notes"]:
+            err_console.print(f"note: {note}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``memfit estimate`` to ``app``."""
+    app.command("estimate")(estimate_command)

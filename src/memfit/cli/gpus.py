@@ -1,0 +1,79 @@
+"""``memfit gpus [NAME]``: the GPU catalog, or one GPU from it.
+
+Sizes are shown the way ``nvidia-smi`` shows them (MiB) and in GiB. An unknown name exits 1
+with ``Error:`` and the three nearest names.
+"""
+
+from __future__ import annotations
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from memfit.cli._common import JSON_OPTION, out_console, print_json
+from memfit.core.catalog import GpuSpec, gpu, list_gpus
+from memfit.units import format_bytes, format_mib
+
+__all__ = ["gpus", "register"]
+
+
+def _cc(spec: GpuSpec) -> str:
+    if spec.compute_capability is None:
+        return "?"
+    return f"{spec.compute_capability[0]}.{spec.compute_capability[1]}"
+
+
+def gpus(
+    name: str | None = typer.Argument(
+        None, help="A GPU name ('4090', 'H100 80GB') or a size ('12GiB'); all when left out."
+    ),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """List the known GPUs and the memory their driver reports, or show one."""
+    if name is not None:
+        spec = gpu(name)
+        if as_json:
+            print_json(spec.to_dict())
+            return
+        table = Table(title=escape(spec.name), title_justify="left", show_header=False)
+        table.add_column("field")
+        table.add_column("value")
+        table.add_row("total (nvidia-smi)", f"{format_mib(spec.total_bytes)}")
+        table.add_row("total", format_bytes(spec.total_bytes))
+        if spec.cuda_total_bytes is not None:
+            table.add_row("total seen by CUDA/torch", format_bytes(spec.cuda_total_bytes))
+        table.add_row("architecture", spec.arch)
+        table.add_row("compute capability", _cc(spec))
+        if spec.unified_memory:
+            table.add_row("memory", "unified: shared with the CPU")
+        if spec.aliases:
+            table.add_row("also called", escape(", ".join(spec.aliases)))
+        table.add_row("source", escape(spec.source))
+        out_console.print(table)
+        return
+    specs = list_gpus()
+    if as_json:
+        print_json({"gpus": [s.to_dict() for s in specs]})
+        return
+    table = Table(title=f"memfit gpus: {len(specs)} known GPUs", title_justify="left")
+    table.add_column("name")
+    table.add_column("total (MiB)", justify="right")
+    table.add_column("GiB", justify="right")
+    table.add_column("arch")
+    table.add_column("cc")
+    for spec in specs:
+        label = spec.name + (" (unified memory)" if spec.unified_memory else "")
+        table.add_row(
+            escape(label),
+            format_mib(spec.total_bytes).removesuffix("MiB"),
+            f"{spec.total_bytes / 2**30:.2f}",
+            spec.arch,
+            _cc(spec),
+        )
+    out_console.print(table)
+    out_console.print("Sources: memfit gpus NAME (or --json) shows where each figure comes from.")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``memfit gpus`` to ``app``."""
+    app.command("gpus")(gpus)

@@ -1,0 +1,318 @@
+"""``memfit plan``, ``memfit check`` and ``memfit examples``.
+
+* ``memfit plan WORKLOAD --gpu NAME|SIZE|local [--set knob=value ...] [--margin 10%] [--json]
+  [--write fitted.yaml]``: the breakdown term by term, the chosen knobs, what limits them,
+  and the allocator settings the plan assumes.
+* ``memfit plan WORKLOAD --all-gpus [--json]``: the tier table over :data:`TIER_GPUS`
+  (JSON ``{"plans": [...]}``).
+* ``memfit check WORKLOAD [--set ...]``: the rules alone, with the nearest valid settings;
+  exit 1 when any rule is broken.
+* ``memfit examples [--json]``: the bundled workloads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+import yaml
+from rich.markup import escape
+from rich.table import Table
+
+from memfit.cli._common import JSON_OPTION, err_console, out_console, print_json
+from memfit.core.budget import DEFAULT_MARGIN
+from memfit.core.constraints import Violation, check, parse_set
+from memfit.core.plan import Plan
+from memfit.core.workload import Workload, bundled_names, load_workload
+from memfit.errors import ConfigError, InfeasiblePlan
+from memfit.units import format_bytes, parse_bytes, parse_fraction
+
+__all__ = ["allocator_settings", "register"]
+
+WORKLOAD_ARG: str = typer.Argument(
+    ..., metavar="WORKLOAD", help="A workload file, or a bundled name (memfit examples)."
+)
+SET_OPTION: list[str] = typer.Option(
+    [], "--set", metavar="KNOB=VALUE", help="Pin a knob (or change a setting); repeatable."
+)
+
+
+def allocator_settings(workload: Workload) -> dict[str, str]:
+    """Environment settings the plan assumes for the workload's framework.
+
+    For JAX: preallocation on or off and the pool's fraction, exactly as the plan modelled
+    them. For PyTorch: ``expandable_segments:True`` (the fix PyTorch's own out-of-memory
+    message suggests for fragmentation); the plan's allocator slack assumes classic segments,
+    so with expandable segments the job holds at most what the plan predicts.
+    """
+    if workload.framework == "jax":
+        if not workload.jax.preallocate:
+            return {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+        return {
+            "XLA_PYTHON_CLIENT_PREALLOCATE": "true",
+            "XLA_PYTHON_CLIENT_MEM_FRACTION": f"{workload.jax.mem_fraction:.2f}",
+        }
+    return {"PYTORCH_ALLOC_CONF": "expandable_segments:True"}
+
+
+def _share(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.1f}%" if whole else "-"
+
+
+def _knob_text(knobs: dict[str, int | str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in knobs.items()) or "(fixed)"
+
+
+def _print_plan(workload: Workload, result: Plan) -> None:
+    console = out_console
+    status = "[green]fits[/]" if result.fits else "[bold red]does not fit[/]"
+    console.print(
+        f"[bold]{escape(workload.name)}[/] on [bold]{escape(result.gpu)}[/]: {status} "
+        f"({format_bytes(result.predicted_bytes)} of a {format_bytes(result.budget_bytes)} "
+        "budget)"
+    )
+    table = Table(title="Predicted peak, term by term", title_justify="left")
+    table.add_column("term")
+    table.add_column("size", justify="right")
+    table.add_column("MiB", justify="right")
+    table.add_column("share", justify="right")
+    for name, nbytes in sorted(result.breakdown.items(), key=lambda kv: -kv[1]):
+        table.add_row(
+            escape(name),
+            format_bytes(nbytes),
+            f"{nbytes / 2**20:,.1f}",
+            _share(nbytes, result.predicted_bytes),
+        )
+    table.add_row(
+        "[bold]total[/]",
+        f"[bold]{format_bytes(result.predicted_bytes)}[/]",
+        f"{result.predicted_bytes / 2**20:,.1f}",
+        "100.0%",
+    )
+    console.print(table)
+    knobs = Table(title="Chosen knobs", title_justify="left")
+    knobs.add_column("knob")
+    knobs.add_column("value", justify="right")
+    for name, value in result.knobs.items():
+        knobs.add_row(escape(name), str(value))
+    console.print(knobs)
+    headroom = result.budget_bytes - result.predicted_bytes
+    console.print(f"Headroom: {format_bytes(headroom)}")
+    if result.binding is not None:
+        console.print(f"Limited by: [bold]{escape(result.binding)}[/]")
+    if "jax_pool_unused" in result.breakdown:
+        console.print(
+            "JAX preallocates its pool at start-up: the job's buffers must fit inside the pool "
+            "(jax_pool_unused is what is left of it), not inside the whole card."
+        )
+    if result.alternatives:
+        console.print("Next best:")
+        for alt in result.alternatives:
+            console.print(
+                f"  {escape(_knob_text(alt['knobs']))}  ({format_bytes(alt['predicted_bytes'])})"
+            )
+    console.print("Allocator settings this plan assumes:")
+    for key, value in allocator_settings(workload).items():
+        console.print(f"  export {key}={value}")
+
+
+def _write_fitted(path: Path, workload: Workload, result: Plan) -> None:
+    data: dict[str, Any] = {
+        "workload": workload.name,
+        "gpu": result.gpu,
+        "knobs": dict(result.knobs),
+        "settings": dict(workload.settings),
+        "predicted_bytes": result.predicted_bytes,
+        "budget_bytes": result.budget_bytes,
+        "environment": allocator_settings(workload),
+    }
+    try:
+        path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path}: {exc.strerror}", key_path="--write") from exc
+
+
+def _infeasible_row(gpu: str, exc: InfeasiblePlan) -> dict[str, Any]:
+    return {
+        "gpu": gpu,
+        "budget_bytes": exc.budget_bytes,
+        "predicted_bytes": exc.smallest_bytes,
+        "fits": False,
+        "knobs": {},
+        "breakdown": {},
+        "binding": exc.binding_term,
+        "alternatives": [],
+        "error": exc.to_dict(),
+    }
+
+
+def _tiers(workload: Workload, overrides: dict[str, int], margin: float, as_json: bool) -> None:
+    from memfit.planning import TIER_GPUS, plan_tiers, resolve_gpu
+
+    results = plan_tiers(workload, TIER_GPUS, overrides, margin)
+    names = [resolve_gpu(g).name for g in TIER_GPUS]
+    if as_json:
+        rows = [
+            _infeasible_row(name, r) if isinstance(r, InfeasiblePlan) else r.to_dict()
+            for name, r in zip(names, results, strict=True)
+        ]
+        print_json({"workload": workload.name, "plans": rows})
+        return
+    table = Table(title=f"{workload.name}: tier table", title_justify="left")
+    for column in ("GPU", "knobs", "predicted", "budget", "headroom", "limited by"):
+        table.add_column(column, justify="right" if column in ("predicted", "budget") else "left")
+    for name, r in zip(names, results, strict=True):
+        if isinstance(r, InfeasiblePlan):
+            smallest = format_bytes(r.smallest_bytes) if r.smallest_bytes is not None else "-"
+            table.add_row(
+                escape(name),
+                "[red]does not fit[/]",
+                smallest,
+                format_bytes(r.budget_bytes),
+                "-",
+                escape(r.binding_term or "-"),
+            )
+            continue
+        table.add_row(
+            escape(name),
+            escape(_knob_text(r.knobs)),
+            format_bytes(r.predicted_bytes),
+            format_bytes(r.budget_bytes),
+            format_bytes(r.budget_bytes - r.predicted_bytes),
+            escape(r.binding or "-"),
+        )
+    out_console.print(table)
+
+
+def _plan_command(
+    workload: str = WORKLOAD_ARG,
+    gpu: str | None = typer.Option(
+        None, "--gpu", help="GPU name (RTX 4070), size (12GiB), or local."
+    ),
+    all_gpus: bool = typer.Option(False, "--all-gpus", help="Plan for the tier table of GPUs."),
+    set_: list[str] = SET_OPTION,
+    margin: str = typer.Option(
+        f"{DEFAULT_MARGIN:.0%}", "--margin", help="Safety margin, a share of the total (10%)."
+    ),
+    host_memory: str | None = typer.Option(
+        None, "--host-memory", help="Host RAM for a replay buffer on the host (64GiB)."
+    ),
+    write: Path | None = typer.Option(
+        None, "--write", help="Write the fitted configuration to this YAML file."
+    ),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Fit a workload to a GPU: the biggest knob values that fit and keep every rule."""
+    if (gpu is None) == (not all_gpus):
+        raise typer.BadParameter("give exactly one of --gpu NAME|SIZE|local and --all-gpus")
+    loaded = load_workload(workload)
+    overrides = parse_set(set_)
+    fraction = parse_fraction(margin)
+    host = parse_bytes(host_memory) if host_memory is not None else None
+    if all_gpus:
+        if write is not None:
+            raise typer.BadParameter("--write needs one --gpu, not --all-gpus")
+        _tiers(loaded, overrides, fraction, as_json)
+        return
+    from memfit.planning import plan
+
+    assert gpu is not None  # checked above
+    result = plan(loaded, gpu, overrides, fraction, host_memory_bytes=host)
+    if write is not None:
+        _write_fitted(write, loaded, result)
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        _print_plan(loaded, result)
+        if write is not None:
+            err_console.print(f"Wrote {escape(str(write))}")
+    if not result.fits:
+        if not as_json:
+            err_console.print(
+                f"[bold red]Error:[/] {escape(loaded.name)} with these knobs does not fit "
+                f"{escape(result.gpu)} (limited by {escape(str(result.binding))})"
+            )
+            err_console.print("[bold]Hint:[/] drop some --set pins and let memfit choose")
+        raise typer.Exit(1)
+
+
+def _print_violations(name: str, violations: list[Violation]) -> None:
+    if not violations:
+        out_console.print(f"[green]{escape(name)}: every rule holds[/]")
+        return
+    table = Table(title=f"{name}: broken rules", title_justify="left")
+    table.add_column("rule")
+    table.add_column("values")
+    table.add_column("nearest valid settings")
+    for v in violations:
+        values = ", ".join(f"{k}={x}" for k, x in v.knobs.items())
+        fixes = " or ".join(", ".join(f"{k}={x}" for k, x in s.items()) for s in v.suggestions)
+        table.add_row(escape(v.rule), escape(values), escape(fixes or "-"))
+    out_console.print(table)
+
+
+def _check_command(
+    workload: str = WORKLOAD_ARG,
+    set_: list[str] = SET_OPTION,
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Check knob values against the workload's rules; exit 1 when one is broken."""
+    loaded = load_workload(workload)
+    violations = check(loaded, parse_set(set_))
+    if as_json:
+        print_json(
+            {
+                "workload": loaded.name,
+                "ok": not violations,
+                "violations": [v.to_dict() for v in violations],
+            }
+        )
+    else:
+        _print_violations(loaded.name, violations)
+    if violations:
+        if not as_json:
+            first = violations[0]
+            err_console.print(f"[bold red]Error:[/] {escape(first.message)}")
+            if first.suggestions:
+                fix = ", ".join(f"--set {k}={v}" for k, v in first.suggestions[0].items())
+                err_console.print(f"[bold]Hint:[/] try {escape(fix)}")
+        raise typer.Exit(1)
+
+
+def _examples_command(as_json: bool = JSON_OPTION) -> None:
+    """List the workloads bundled with memfit."""
+    rows: list[dict[str, Any]] = []
+    for name in bundled_names():
+        w = load_workload(name)
+        rows.append(
+            {
+                "name": name,
+                "family": w.family,
+                "framework": w.framework,
+                "knobs": sorted(w.knobs),
+                "description": w.description,
+            }
+        )
+    if as_json:
+        print_json({"examples": rows})
+        return
+    table = Table(title="Bundled workloads (memfit plan NAME --gpu ...)", title_justify="left")
+    for column in ("name", "family", "framework", "knobs", "description"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(
+            escape(row["name"]),
+            row["family"],
+            row["framework"],
+            escape(", ".join(row["knobs"])),
+            escape(row["description"] or ""),
+        )
+    out_console.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``plan``, ``check`` and ``examples`` to the ``memfit`` app."""
+    app.command("plan")(_plan_command)
+    app.command("check")(_check_command)
+    app.command("examples")(_examples_command)

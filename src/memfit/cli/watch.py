@@ -1,0 +1,203 @@
+"""``memfit watch``: a live view of every GPU's memory and the processes holding it.
+
+Replaces ``watch -n 1 nvidia-smi``: per GPU a used/total bar (NVML v2, so reserved memory is
+shown apart), the driver's reserve, utilisation and a history sparkline; per process its
+pid, user, command and GPU memory. Figures a driver cannot give (containers, WSL, MIG) show
+``N/A`` with the reason.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import typer
+from rich.console import Group, RenderableType
+from rich.live import Live
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from memfit.backends.base import DeviceProbe, DeviceSnapshot, SystemSnapshot
+from memfit.cli._common import JSON_OPTION, out_console, print_json
+from memfit.errors import ConfigError
+from memfit.monitor.watch import (
+    Watcher,
+    WatchFrame,
+    append_log,
+    field_note,
+    frame_record,
+    sparkline,
+    used_fraction,
+)
+from memfit.units import format_bytes
+
+__all__ = ["make_probe", "register", "render_frame"]
+
+_BAR_WIDTH = 24
+_SPARK_WIDTH = 30
+
+
+def make_probe() -> tuple[DeviceProbe | None, list[str]]:
+    """The probe ``memfit watch`` reads (NVML, else torch), and why better ones were skipped."""
+    from memfit.backends import local_probe
+
+    return local_probe()
+
+
+def _bar(fraction: float | None) -> Text:
+    if fraction is None:
+        return Text("N/A")
+    filled = round(fraction * _BAR_WIDTH)
+    colour = "green" if fraction < 0.7 else "yellow" if fraction < 0.9 else "red"
+    bar = Text("█" * filled, style=colour)
+    bar.append("░" * (_BAR_WIDTH - filled), style="dim")
+    bar.append(f" {fraction:4.0%}")
+    return bar
+
+
+def _size(value: int | None) -> str:
+    return format_bytes(value) if value is not None else "N/A"
+
+
+def _missing(device: DeviceSnapshot) -> list[tuple[str, str]]:
+    """``(field, reason)`` for each shown field of ``device`` that is ``None``."""
+    out: list[tuple[str, str]] = []
+    checks = (
+        ("memory", device.device_used_bytes is None or device.total_bytes is None),
+        ("reserved", device.reserved_bytes is None and device.backend == "nvml"),
+        ("utilization", device.utilization_percent is None and device.backend == "nvml"),
+        (
+            "processes",
+            any(p.used_bytes is None or p.name is None for p in device.processes),
+        ),
+    )
+    for field, is_missing in checks:
+        if is_missing:
+            out.append((field, field_note(device, field) or "the driver did not report it"))
+    return out
+
+
+def render_frame(frame: WatchFrame) -> RenderableType:
+    """Rich renderable of one frame: the GPU table, the process table, the N/A reasons."""
+    snap = frame.snapshot
+    title = f"memfit watch · {snap.source}"
+    if snap.driver_version:
+        title += f" · driver {snap.driver_version}"
+    title += f" · {time.strftime('%H:%M:%S', time.localtime(frame.time))}"
+    gpus = Table(title=title, title_justify="left", expand=False)
+    gpus.add_column("GPU", no_wrap=True)
+    gpus.add_column("memory used / total", no_wrap=True)
+    gpus.add_column("used", justify="right", no_wrap=True)
+    gpus.add_column("total", justify="right", no_wrap=True)
+    gpus.add_column("reserved", justify="right", no_wrap=True)
+    gpus.add_column("util", justify="right", no_wrap=True)
+    gpus.add_column("history", no_wrap=True)
+    procs = Table(title="processes", title_justify="left", expand=False)
+    procs.add_column("GPU", justify="right")
+    procs.add_column("pid", justify="right")
+    procs.add_column("user")
+    procs.add_column("command", overflow="ellipsis", max_width=60)
+    procs.add_column("GPU memory", justify="right")
+    notes: list[str] = []
+    for device in snap.devices:
+        util = f"{device.utilization_percent}%" if device.utilization_percent is not None else "N/A"
+        gpus.add_row(
+            f"{device.index}: {escape(device.name)}",
+            _bar(used_fraction(device)),
+            _size(device.device_used_bytes),
+            _size(device.total_bytes),
+            _size(device.reserved_bytes),
+            util,
+            sparkline(frame.history.get(device.index, ()), _SPARK_WIDTH),
+        )
+        for proc in device.processes:
+            procs.add_row(
+                str(device.index),
+                str(proc.pid) if proc.pid is not None else "N/A",
+                escape(proc.user) if proc.user else "N/A",
+                escape(proc.command or proc.name or "N/A"),
+                _size(proc.used_bytes),
+            )
+        for field, reason in _missing(device):
+            notes.append(f"GPU {device.index} {field}: N/A because {reason}")
+    parts: list[RenderableType] = [gpus]
+    if procs.row_count:
+        parts.append(procs)
+    else:
+        parts.append(Text("no processes on the GPUs (or none visible)", style="dim"))
+    for note in [*notes, *snap.notes]:
+        parts.append(Text(note, style="dim"))
+    return Group(*parts)
+
+
+def _no_gpu(reasons: list[str], as_json: bool) -> None:
+    if as_json:
+        print_json(
+            SystemSnapshot(source="none", devices=(), notes=("no GPU found", *reasons)).to_dict()
+        )
+        return
+    why = "; ".join(reasons) if reasons else "no probe could look"
+    out_console.print(f"No GPU to watch: {escape(why)}", soft_wrap=True)
+
+
+def watch(
+    interval: float = typer.Option(
+        1.0, "--interval", "-n", help="Seconds between frames.", show_default=True
+    ),
+    once: bool = typer.Option(False, "--once", help="Print one frame and exit."),
+    as_json: bool = JSON_OPTION,
+    log: Path | None = typer.Option(
+        None, "--log", help="Append every frame as one JSON line to this file."
+    ),
+    pid: list[int] | None = typer.Option(
+        None, "--pid", help="Show only this process (repeat for more)."
+    ),
+    count: int | None = typer.Option(
+        None, "--count", help="Stop after this many frames (default: until Ctrl-C)."
+    ),
+) -> None:
+    """Live view of GPU memory per device and per process (like `watch nvidia-smi`)."""
+    if not math.isfinite(interval) or interval <= 0:
+        raise ConfigError(
+            f"--interval must be a positive number of seconds, not {interval!r}",
+            key_path="--interval",
+            hint="use --interval 1 for one frame a second",
+        )
+    if count is not None and count < 1:
+        raise ConfigError(f"--count must be at least 1, not {count}", key_path="--count")
+    probe, reasons = make_probe()
+    if probe is None:
+        _no_gpu(reasons, as_json)
+        return
+    watcher = Watcher(probe, history=_SPARK_WIDTH, pids=pid or None)
+    frame = watcher.frame()
+    if not frame.snapshot.devices:
+        _no_gpu([*reasons, *frame.snapshot.notes], as_json)
+        return
+    if log is not None:
+        append_log(log, frame)
+    if as_json:
+        print_json(frame_record(frame))
+        return
+    if once:
+        out_console.print(render_frame(frame))
+        return
+    shown = 1
+    try:
+        with Live(render_frame(frame), console=out_console, auto_refresh=False) as live:
+            while count is None or shown < count:
+                time.sleep(interval)
+                frame = watcher.frame()
+                if log is not None:
+                    append_log(log, frame)
+                live.update(render_frame(frame), refresh=True)
+                shown += 1
+    except KeyboardInterrupt:
+        return
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``memfit watch`` to ``app``."""
+    app.command("watch")(watch)

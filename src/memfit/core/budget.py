@@ -1,0 +1,298 @@
+"""What a GPU leaves for the job: CUDA context, cuBLAS workspaces, other processes, margin.
+
+This part holds the hardware constants: the memory a CUDA context takes before the job
+allocates anything (:func:`cuda_context_bytes`) and the cuBLAS workspace PyTorch allocates
+per handle and stream (:func:`cublas_workspace_bytes`). Both are estimates with their sources
+given below; a figure measured on the user's machine (``memfit devices`` right after the
+framework initialised CUDA) is better, and the planner prefers it where it has one.
+
+>>> from memfit.core.catalog import gpu
+>>> cublas_workspace_bytes(gpu("H100")) == 32 * 2**20
+True
+>>> cublas_workspace_bytes(gpu("4090")) == 8 * 2**20 + 128 * 2**10
+True
+>>> cuda_context_bytes(gpu("T4")) < cuda_context_bytes(gpu("H100"))
+True
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from memfit.core.catalog import GpuSpec
+from memfit.errors import ConfigError
+from memfit.units import KiB, MiB
+
+__all__ = [
+    "CONTEXT_SOURCE",
+    "CUBLAS_DEFAULT_CONFIG",
+    "CUBLAS_HOPPER_CONFIG",
+    "CUBLAS_SOURCE",
+    "CUDA_CONTEXT_BYTES",
+    "CUDA_CONTEXT_EAGER_BYTES",
+    "CUDA_CONTEXT_UNKNOWN_BYTES",
+    "DEFAULT_MARGIN",
+    "JAX_DEFAULT_MEM_FRACTION",
+    "Budget",
+    "compose_budget",
+    "cublas_workspace_bytes",
+    "cuda_context_bytes",
+    "parse_cublas_workspace_config",
+]
+
+#: Where the context figures come from.
+CONTEXT_SOURCE = (
+    "CUDA context with lazy module loading (the default from CUDA 12.2 on Linux): about "
+    "300-500 MB (shared REFERENCE.md); with eager loading about 670 MB (pytorch PR #86509). "
+    "Older architectures get the low end (smaller kernel images for them are loaded), "
+    "Hopper and Blackwell the high end; a GPU of unknown architecture gets the high end so a "
+    "plan errs on the safe side. These are estimates within the published range, not "
+    "measurements."
+)
+
+#: Context bytes per architecture, lazy module loading.
+CUDA_CONTEXT_BYTES: dict[str, int] = {
+    "volta": 300 * MiB,
+    "turing": 300 * MiB,
+    "ampere": 400 * MiB,
+    "ada": 400 * MiB,
+    "hopper": 500 * MiB,
+    "blackwell": 500 * MiB,
+}
+
+#: Context bytes for an unknown architecture (the high end of the published range).
+CUDA_CONTEXT_UNKNOWN_BYTES = 500 * MiB
+
+#: Context bytes with eager module loading (``CUDA_MODULE_LOADING=EAGER``, or CUDA < 12.2).
+CUDA_CONTEXT_EAGER_BYTES = 670 * 10**6
+
+#: Where the cuBLAS figures come from.
+CUBLAS_SOURCE = (
+    "PyTorch's default CUBLAS_WORKSPACE_CONFIG ':4096:2:16:8' = 2 x 4 MiB + 8 x 16 KiB = "
+    "8.125 MiB per cuBLAS handle and stream; ':4096:8' = 32 MiB on sm90 and newer (shared "
+    "REFERENCE.md; cuBLAS docs on cublasSetWorkspace recommend 32 MiB for Hopper). The "
+    "workspace comes from the caching allocator, so it counts as allocated."
+)
+
+#: PyTorch's default workspace configuration before Hopper.
+CUBLAS_DEFAULT_CONFIG = ":4096:2:16:8"
+#: PyTorch's default workspace configuration on sm90 and newer.
+CUBLAS_HOPPER_CONFIG = ":4096:8"
+
+_CUBLAS_CONFIG_RE = re.compile(r"^(?::\d+:\d+)+$")
+
+
+def parse_cublas_workspace_config(config: str) -> int:
+    """Bytes a ``CUBLAS_WORKSPACE_CONFIG`` value reserves per handle and stream.
+
+    The value is a sequence of ``:SIZE_KIB:COUNT`` pairs; the workspace is the sum of
+    ``SIZE_KIB * COUNT`` KiB.
+
+    Raises:
+        ConfigError: When the text is not of that form.
+
+    >>> parse_cublas_workspace_config(":4096:2:16:8") == 8 * 2**20 + 128 * 2**10
+    True
+    >>> parse_cublas_workspace_config(":4096:8") == 32 * 2**20
+    True
+    """
+    text = config.strip()
+    if not _CUBLAS_CONFIG_RE.match(text):
+        raise ConfigError(
+            f"not a cuBLAS workspace configuration: {config!r}",
+            key_path="CUBLAS_WORKSPACE_CONFIG",
+            hint="write pairs of :SIZE_KIB:COUNT, such as :4096:8 or :4096:2:16:8",
+        )
+    numbers = [int(n) for n in text.strip(":").split(":")]
+    return sum(size * count for size, count in zip(numbers[::2], numbers[1::2], strict=True)) * KiB
+
+
+def _is_sm90_or_newer(spec: GpuSpec | None) -> bool | None:
+    if spec is None:
+        return None
+    if spec.compute_capability is not None:
+        return spec.compute_capability >= (9, 0)
+    if spec.arch in ("hopper", "blackwell"):
+        return True
+    if spec.arch in ("volta", "turing", "ampere", "ada"):
+        return False
+    return None
+
+
+def cuda_context_bytes(spec: GpuSpec | None, *, lazy_loading: bool = True) -> int:
+    """Estimated device memory a CUDA context takes before the job allocates anything.
+
+    Args:
+        spec: The GPU, or ``None`` when unknown.
+        lazy_loading: ``False`` for eager module loading (``CUDA_MODULE_LOADING=EAGER`` or
+            a CUDA older than 12.2), which loads every kernel up front.
+
+    Returns:
+        Bytes, per process and device. See :data:`CONTEXT_SOURCE` for where they come from.
+
+    >>> cuda_context_bytes(None) == CUDA_CONTEXT_UNKNOWN_BYTES
+    True
+    >>> cuda_context_bytes(None, lazy_loading=False) == CUDA_CONTEXT_EAGER_BYTES
+    True
+    """
+    lazy = (
+        CUDA_CONTEXT_UNKNOWN_BYTES
+        if spec is None
+        else CUDA_CONTEXT_BYTES.get(spec.arch, CUDA_CONTEXT_UNKNOWN_BYTES)
+    )
+    if lazy_loading:
+        return lazy
+    return max(lazy, CUDA_CONTEXT_EAGER_BYTES)
+
+
+def cublas_workspace_bytes(
+    spec: GpuSpec | None, *, config: str | None = None, handles: int = 1
+) -> int:
+    """cuBLAS workspace PyTorch allocates per handle and stream (counted as allocated).
+
+    Args:
+        spec: The GPU, or ``None`` when unknown.
+        config: The ``CUBLAS_WORKSPACE_CONFIG`` in force, if the user set one; it overrides
+            the architecture's default.
+        handles: Number of (handle, stream) pairs that run matmuls (one per stream used).
+
+    Returns:
+        Bytes: 8.125 MiB per handle before sm90, 32 MiB on sm90 and newer, and 32 MiB when
+        the architecture is unknown (the larger figure, so a plan errs on the safe side).
+
+    Raises:
+        ConfigError: When ``config`` is malformed or ``handles`` is negative.
+
+    >>> cublas_workspace_bytes(None) == 32 * 2**20
+    True
+    >>> cublas_workspace_bytes(None, config=":4096:2", handles=2) == 16 * 2**20
+    True
+    """
+    if handles < 0:
+        raise ConfigError(f"handles must be >= 0, not {handles}", key_path="handles")
+    if config is not None:
+        per_handle = parse_cublas_workspace_config(config)
+    else:
+        newer = _is_sm90_or_newer(spec)
+        chosen = CUBLAS_DEFAULT_CONFIG if newer is False else CUBLAS_HOPPER_CONFIG
+        per_handle = parse_cublas_workspace_config(chosen)
+    return per_handle * handles
+
+
+# --------------------------------------------------------------------------------------------
+# Budget composition: what the job may allocate on a GPU
+
+
+#: Default safety margin, a fraction of the GPU's total memory.
+DEFAULT_MARGIN = 0.05
+
+#: JAX preallocates this fraction of the total GPU memory by default (shared REFERENCE.md).
+JAX_DEFAULT_MEM_FRACTION = 0.75
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What a GPU leaves for one job, term by term (bytes).
+
+    ``budget_bytes = total_bytes - other_processes_bytes - margin_bytes`` is what the job's
+    whole footprint (its CUDA context included) may reach. Inside it, ``job_limit_bytes`` is
+    what the framework may allocate for the job's own buffers (parameters, rollout, replay,
+    activations, allocator slack): the budget less the CUDA context and the cuBLAS workspace,
+    or, when JAX preallocates, the preallocated pool less the workspace (the job must fit the
+    pool, not the card).
+
+    Attributes:
+        total_bytes: The GPU's total memory as the driver reports it.
+        other_processes_bytes: Memory other processes already use.
+        margin_bytes: The safety margin.
+        budget_bytes: What the job's footprint may reach.
+        context_bytes: The job's CUDA context.
+        workspace_bytes: cuBLAS workspace (from the framework's allocator).
+        pool_bytes: JAX's preallocated pool, or ``None`` when nothing is preallocated.
+        job_limit_bytes: What the job's buffers may take (may be negative: nothing fits).
+        breaking_term: When even an empty job does not fit, the term that breaks it
+            (``"cuda_context"``, ``"jax_preallocation"``), else ``None``.
+    """
+
+    total_bytes: int
+    other_processes_bytes: int
+    margin_bytes: int
+    budget_bytes: int
+    context_bytes: int
+    workspace_bytes: int
+    pool_bytes: int | None
+    job_limit_bytes: int
+    breaking_term: str | None
+
+
+def compose_budget(
+    spec: GpuSpec,
+    *,
+    framework: str = "torch",
+    margin: float = DEFAULT_MARGIN,
+    other_processes_bytes: int = 0,
+    jax_preallocate: bool = True,
+    jax_mem_fraction: float = JAX_DEFAULT_MEM_FRACTION,
+) -> Budget:
+    """Compose the budget of a job on ``spec``.
+
+    Args:
+        spec: The GPU.
+        framework: ``"torch"`` or ``"jax"``.
+        margin: Safety margin as a fraction of the total, in ``[0, 1)``.
+        other_processes_bytes: Memory other processes already hold on the GPU.
+        jax_preallocate: Whether JAX preallocates its pool (``XLA_PYTHON_CLIENT_PREALLOCATE``).
+        jax_mem_fraction: The pool's fraction of the total (``XLA_PYTHON_CLIENT_MEM_FRACTION``).
+
+    Returns:
+        The budget.
+
+    Raises:
+        ConfigError: When the margin is outside ``[0, 1)``, other processes' memory is
+            negative, or the JAX fraction is outside ``(0, 1]``.
+
+    >>> from memfit.core.catalog import anonymous_gpu
+    >>> b = compose_budget(anonymous_gpu(8 * 2**30), framework="jax", margin=0.1)
+    >>> b.pool_bytes == 6 * 2**30, b.job_limit_bytes == b.pool_bytes - b.workspace_bytes
+    (True, True)
+    """
+    if not 0 <= margin < 1:
+        raise ConfigError(f"margin must be in [0, 100%), not {margin!r}", key_path="margin")
+    if other_processes_bytes < 0:
+        raise ConfigError(
+            f"other processes' memory cannot be negative: {other_processes_bytes}",
+            key_path="other_processes_bytes",
+        )
+    if not 0 < jax_mem_fraction <= 1:
+        raise ConfigError(
+            f"mem_fraction must be in (0, 1], not {jax_mem_fraction!r}",
+            key_path="jax.mem_fraction",
+        )
+    total = spec.total_bytes
+    margin_bytes = int(total * margin)
+    budget = total - other_processes_bytes - margin_bytes
+    context = cuda_context_bytes(spec)
+    workspace = cublas_workspace_bytes(spec)
+    pool: int | None = None
+    breaking: str | None = None
+    if framework == "jax" and jax_preallocate:
+        pool = int(total * jax_mem_fraction)
+        limit = pool - workspace
+        if context + pool > budget:
+            breaking = "jax_preallocation"
+    else:
+        limit = budget - context - workspace
+    if breaking is None and limit < 0:
+        breaking = "cuda_context"
+    return Budget(
+        total_bytes=total,
+        other_processes_bytes=other_processes_bytes,
+        margin_bytes=margin_bytes,
+        budget_bytes=budget,
+        context_bytes=context,
+        workspace_bytes=workspace,
+        pool_bytes=pool,
+        job_limit_bytes=limit,
+        breaking_term=breaking,
+    )

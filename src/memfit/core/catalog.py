@@ -1,0 +1,646 @@
+"""Known NVIDIA GPUs and the memory their driver reports.
+
+``total_bytes`` is the total ``nvidia-smi`` (NVML) shows, not the marketing figure: an
+"80 GB" H100 reports 81559 MiB, a "24 GB" RTX 4090 24564 MiB, a "16 GB" T4 15360 MiB. PyTorch's
+``torch.cuda.get_device_properties(i).total_memory`` is a little less again (the "total
+capacity" in its out-of-memory message); where a public report shows that figure it is kept
+in ``cuda_total_bytes``. Every entry says in ``source`` where its figure comes from: an
+``nvidia-smi`` output seen in a public bug report (named), or the spec sheet where no such
+report was found (then the figure is the nominal binary size and may be a few MiB high).
+
+Lookup is forgiving: ``"4090"``, ``"rtx4090"``, ``"RTX 4090"`` and ``"NVIDIA GeForce RTX 4090"``
+all find the same card; a size (``"12GiB"``, ``"8GB"``, ``12 * 2**30``) gives an anonymous GPU
+of that size.
+
+>>> gpu("4090").total_bytes // 2**20
+24564
+>>> gpu("H100 80GB").name
+'NVIDIA H100 80GB HBM3'
+>>> gpu("12GiB").arch, gpu("12GiB").total_bytes == 12 * 2**30
+('unknown', True)
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from memfit.errors import ConfigError
+from memfit.units import GiB, MiB, format_mib, parse_bytes
+
+__all__ = [
+    "ARCHITECTURES",
+    "MIN_GPU_BYTES",
+    "GpuSpec",
+    "anonymous_gpu",
+    "gpu",
+    "list_gpus",
+    "normalize_name",
+]
+
+#: Architecture names a :class:`GpuSpec` may carry.
+ARCHITECTURES: tuple[str, ...] = (
+    "volta",
+    "turing",
+    "ampere",
+    "ada",
+    "hopper",
+    "blackwell",
+    "unknown",
+)
+
+#: Smallest size accepted for an anonymous GPU (a smaller "GPU" is almost surely a unit slip,
+#: such as ``"4096"`` meant as MiB).
+MIN_GPU_BYTES = 64 * MiB
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One GPU model and its memory.
+
+    Attributes:
+        name: The name NVML reports (``"NVIDIA GeForce RTX 4090"``); for an anonymous GPU,
+            a description of its size.
+        total_bytes: Total memory as the driver reports it (``nvidia-smi``'s total).
+        arch: ``"volta"``, ``"turing"``, ``"ampere"``, ``"ada"``, ``"hopper"``,
+            ``"blackwell"`` or ``"unknown"``.
+        compute_capability: ``(major, minor)``, or ``None`` when unknown.
+        source: Where ``total_bytes`` comes from.
+        aliases: Other names the lookup accepts.
+        unified_memory: ``True`` where CPU and GPU share one memory (Jetson): the GPU gets
+            what the OS and other processes leave, not ``total_bytes``.
+        cuda_total_bytes: What CUDA / PyTorch report as total capacity, where a public
+            report shows it (slightly below ``total_bytes``), else ``None``.
+    """
+
+    name: str
+    total_bytes: int
+    arch: str
+    compute_capability: tuple[int, int] | None
+    source: str
+    aliases: tuple[str, ...] = ()
+    unified_memory: bool = False
+    cuda_total_bytes: int | None = None
+
+    @property
+    def is_anonymous(self) -> bool:
+        """``True`` for a GPU made from a bare size (not a catalog model)."""
+        return self.arch == "unknown" and self.compute_capability is None and not self.aliases
+
+    def to_dict(self) -> dict[str, Any]:
+        """The spec as plain JSON data."""
+        return {
+            "name": self.name,
+            "total_bytes": self.total_bytes,
+            "total_mib": round(self.total_bytes / MiB, 1),
+            "arch": self.arch,
+            "compute_capability": (
+                list(self.compute_capability) if self.compute_capability is not None else None
+            ),
+            "unified_memory": self.unified_memory,
+            "cuda_total_bytes": self.cuda_total_bytes,
+            "source": self.source,
+            "aliases": list(self.aliases),
+        }
+
+
+# -- sources ----------------------------------------------------------------------------------
+
+_MODAL = (
+    "nvidia-smi totals listed in modal-labs/modal-client PR #2797 (2025-01): H100 81559MiB, "
+    "A100 80GB 81920MiB, A100 40GB 40960MiB, A10 23028MiB, L40S 46068MiB, L4 23034MiB, "
+    "T4 15360MiB"
+)
+
+
+def _smi(where: str) -> str:
+    return f"nvidia-smi output in a public bug report ({where})"
+
+
+def _spec(detail: str) -> str:
+    return (
+        f"spec sheet ({detail}); no public nvidia-smi report was checked, so the driver's "
+        "figure may be a few MiB lower"
+    )
+
+
+def _cuda(gib: float) -> int:
+    # A "total capacity of X GiB" printed with two decimals by PyTorch.
+    return round(gib * GiB)
+
+
+def _g(
+    name: str,
+    mib: int,
+    arch: str,
+    cc: tuple[int, int] | None,
+    source: str,
+    aliases: tuple[str, ...] = (),
+    *,
+    unified: bool = False,
+    cuda_total: int | None = None,
+) -> GpuSpec:
+    return GpuSpec(
+        name=name,
+        total_bytes=mib * MiB,
+        arch=arch,
+        compute_capability=cc,
+        source=source,
+        aliases=aliases,
+        unified_memory=unified,
+        cuda_total_bytes=cuda_total,
+    )
+
+
+_CATALOG: tuple[GpuSpec, ...] = (
+    # -- 4 GB laptop / entry class: torch sees about 3.7-3.8 GiB -------------------------------
+    _g(
+        "NVIDIA GeForce GTX 1650",
+        4096,
+        "turing",
+        (7, 5),
+        _spec("4 GB GDDR5/GDDR6")
+        + "; torch reports 3.81 GiB total capacity (ultralytics/yolov5#285)",
+        ("gtx 1650", "1650", "gtx1650 4gb"),
+        cuda_total=_cuda(3.81),
+    ),
+    _g(
+        "NVIDIA GeForce RTX 3050 Laptop GPU",
+        4096,
+        "ampere",
+        (8, 6),
+        _spec("4 GB GDDR6")
+        + "; 4 GB laptop cards show about 3.68 GiB to torch (see RTX A500 Laptop GPU)",
+        ("rtx 3050 laptop", "3050 laptop", "rtx 3050 laptop 4gb", "3050m", "rtx 3050 mobile"),
+    ),
+    _g(
+        "NVIDIA GeForce RTX 3050 Ti Laptop GPU",
+        4096,
+        "ampere",
+        (8, 6),
+        _spec("4 GB GDDR6"),
+        ("rtx 3050 ti laptop", "3050 ti laptop", "3050ti laptop", "3050 ti mobile"),
+    ),
+    _g(
+        "NVIDIA RTX A500 Laptop GPU",
+        4096,
+        "ampere",
+        (8, 6),
+        _spec("4 GB GDDR6") + "; torch reports 3.68 GiB total capacity (Robbyant/lingbot-map#73)",
+        ("rtx a500 laptop", "a500 laptop", "a500"),
+        cuda_total=_cuda(3.68),
+    ),
+    # -- consumer Turing / Ampere ----------------------------------------------------------------
+    _g(
+        "NVIDIA GeForce RTX 2080 Ti",
+        11264,
+        "turing",
+        (7, 5),
+        _spec("11 GB GDDR6"),
+        ("2080 ti", "2080ti", "rtx 2080ti"),
+    ),
+    _g(
+        "NVIDIA GeForce RTX 3060",
+        12288,
+        "ampere",
+        (8, 6),
+        _smi("geerlingguy/raspberry-pi-pcie-devices#790: 12288MiB"),
+        ("rtx 3060 12gb", "3060", "3060 12gb"),
+    ),
+    _g(
+        "NVIDIA GeForce RTX 3060 Ti",
+        8192,
+        "ampere",
+        (8, 6),
+        _spec("8 GB GDDR6/GDDR6X = 8192 MiB"),
+        ("3060 ti", "3060ti", "rtx 3060ti"),
+    ),
+    _g(
+        "NVIDIA GeForce RTX 3070",
+        8192,
+        "ampere",
+        (8, 6),
+        _spec("8 GB GDDR6") + "; an RTX 3070 laptop card shows 8192MiB in Akisoft41/py-nvtool#2",
+        ("3070", "rtx 3070 8gb"),
+    ),
+    _g(
+        "NVIDIA GeForce RTX 3080",
+        10240,
+        "ampere",
+        (8, 6),
+        _spec("10 GB GDDR6X")
+        + "; torch reports 9.78 GiB total capacity on Linux (zai-org/CogVideo#34)",
+        ("3080", "rtx 3080 10gb", "3080 10gb"),
+        cuda_total=_cuda(9.78),
+    ),
+    _g(
+        "NVIDIA GeForce RTX 3080 12GB",
+        12288,
+        "ampere",
+        (8, 6),
+        _spec("12 GB GDDR6X; NVML names it 'NVIDIA GeForce RTX 3080' too"),
+        ("3080 12gb", "rtx 3080 12 gb"),
+    ),
+    _g(
+        "NVIDIA GeForce RTX 3090",
+        24576,
+        "ampere",
+        (8, 6),
+        _smi("noonghunna/club-3090#1127: 24576MiB"),
+        ("3090",),
+    ),
+    # -- consumer Ada / Blackwell ----------------------------------------------------------------
+    _g(
+        "NVIDIA GeForce RTX 4060 Ti",
+        8188,
+        "ada",
+        (8, 9),
+        _spec("8 GB GDDR6; Ada cards report a few MiB under the nominal size"),
+        ("4060 ti", "4060ti", "4060 ti 8gb", "rtx 4060 ti 8gb"),
+    ),
+    _g(
+        "NVIDIA GeForce RTX 4060 Ti 16GB",
+        16380,
+        "ada",
+        (8, 9),
+        _spec("16 GB GDDR6; NVML names it 'NVIDIA GeForce RTX 4060 Ti' too"),
+        ("4060 ti 16gb", "4060ti 16gb", "rtx 4060ti 16gb"),
+    ),
+    _g(
+        "NVIDIA GeForce RTX 4070",
+        12282,
+        "ada",
+        (8, 9),
+        _spec("12 GB GDDR6X"),
+        ("4070",),
+    ),
+    _g(
+        "NVIDIA GeForce RTX 4080",
+        16376,
+        "ada",
+        (8, 9),
+        _spec("16 GB GDDR6X"),
+        ("4080",),
+    ),
+    _g(
+        "NVIDIA GeForce RTX 4090",
+        24564,
+        "ada",
+        (8, 9),
+        _smi("RLinf/RLinf#255: 24564MiB"),
+        ("4090",),
+    ),
+    _g(
+        "NVIDIA GeForce RTX 5070",
+        12227,
+        "blackwell",
+        (12, 0),
+        _smi("shkhln/libc6-shim#14: 12227MiB"),
+        ("5070",),
+    ),
+    _g(
+        "NVIDIA GeForce RTX 5090",
+        32607,
+        "blackwell",
+        (12, 0),
+        _smi("noonghunna/club-3090#617: 32607MiB"),
+        ("5090",),
+    ),
+    # -- workstation -----------------------------------------------------------------------------
+    _g(
+        "NVIDIA RTX A5000",
+        24564,
+        "ampere",
+        (8, 6),
+        _spec("24 GB GDDR6 with ECC support"),
+        ("a5000", "rtx a5000"),
+    ),
+    _g(
+        "NVIDIA RTX A6000",
+        49140,
+        "ampere",
+        (8, 6),
+        _spec("48 GB GDDR6 with ECC support"),
+        ("a6000", "rtx a6000"),
+    ),
+    # -- data centre -----------------------------------------------------------------------------
+    _g(
+        "Tesla T4",
+        15360,
+        "turing",
+        (7, 5),
+        _MODAL,
+        ("t4", "nvidia t4", "tesla t4 16gb"),
+    ),
+    _g(
+        "NVIDIA L4",
+        23034,
+        "ada",
+        (8, 9),
+        _MODAL,
+        ("l4",),
+    ),
+    _g(
+        "NVIDIA A10G",
+        23028,
+        "ampere",
+        (8, 6),
+        _smi("NVIDIA/DCGM#232: 23028MiB (AWS g5)"),
+        ("a10g",),
+    ),
+    _g(
+        "NVIDIA A10",
+        23028,
+        "ampere",
+        (8, 6),
+        _MODAL,
+        ("a10",),
+    ),
+    _g(
+        "NVIDIA L40S",
+        46068,
+        "ada",
+        (8, 9),
+        _MODAL,
+        ("l40s",),
+    ),
+    _g(
+        "Tesla V100-SXM2-16GB",
+        16384,
+        "volta",
+        (7, 0),
+        _spec("16 GB HBM2; older drivers show about 16160MiB"),
+        ("v100", "v100 16gb", "v100-16gb", "v100 sxm2 16gb", "tesla v100", "v100-pcie-16gb"),
+    ),
+    _g(
+        "Tesla V100-SXM2-32GB",
+        32768,
+        "volta",
+        (7, 0),
+        _spec("32 GB HBM2; older drivers show about 32510MiB"),
+        ("v100 32gb", "v100-32gb", "v100 sxm2 32gb", "v100-pcie-32gb"),
+    ),
+    _g(
+        "NVIDIA A100-SXM4-40GB",
+        40960,
+        "ampere",
+        (8, 0),
+        _MODAL,
+        ("a100 40gb", "a100-40gb", "a100 sxm4 40gb", "a100-pcie-40gb", "a100 40"),
+    ),
+    _g(
+        "NVIDIA A100-SXM4-80GB",
+        81920,
+        "ampere",
+        (8, 0),
+        _MODAL,
+        ("a100 80gb", "a100-80gb", "a100 sxm4 80gb", "a100 sxm 80gb", "a100 80"),
+    ),
+    _g(
+        "NVIDIA A100 80GB PCIe",
+        81920,
+        "ampere",
+        (8, 0),
+        _spec("80 GB HBM2e, same memory as the SXM4 80GB"),
+        ("a100 pcie 80gb", "a100-pcie-80gb", "a100 80gb pcie"),
+    ),
+    _g(
+        "NVIDIA H100 80GB HBM3",
+        81559,
+        "hopper",
+        (9, 0),
+        _smi("NVIDIA/nccl#1264: 81559MiB") + "; also " + _MODAL,
+        ("h100", "h100 80gb", "h100-80gb", "h100 sxm", "h100 sxm5", "h100 sxm 80gb"),
+    ),
+    _g(
+        "NVIDIA H100 PCIe",
+        81559,
+        "hopper",
+        (9, 0),
+        _spec("80 GB HBM2e; taken equal to the SXM figure"),
+        ("h100 pcie", "h100-pcie", "h100 pcie 80gb"),
+    ),
+    _g(
+        "NVIDIA H200",
+        143771,
+        "hopper",
+        (9, 0),
+        "nvidia-smi total commonly reported for the 141 GB H200 SXM (143771MiB); not checked "
+        "against a public report here",
+        ("h200", "h200 141gb", "h200 sxm"),
+    ),
+    _g(
+        "NVIDIA GH200 480GB",
+        97871,
+        "hopper",
+        (9, 0),
+        "nvidia-smi total commonly reported for the GH200 with 96 GB HBM3 (97871MiB); not "
+        "checked against a public report here. The Grace CPU's LPDDR5X is reachable over "
+        "NVLink-C2C but is not counted here",
+        ("gh200", "gh200 96gb", "grace hopper"),
+    ),
+    _g(
+        "NVIDIA B200",
+        183359,
+        "blackwell",
+        (10, 0),
+        _smi("NVIDIA/TensorRT-LLM#10278: 183359MiB"),
+        ("b200", "b200 180gb", "b200 192gb"),
+    ),
+    # -- Jetson (unified memory) -----------------------------------------------------------------
+    _g(
+        "NVIDIA Jetson AGX Orin 64GB",
+        65536,
+        "ampere",
+        (8, 7),
+        _spec("64 GB LPDDR5 shared by CPU and GPU (unified memory)"),
+        ("jetson orin", "agx orin", "jetson agx orin", "orin 64gb", "agx orin 64gb", "orin"),
+        unified=True,
+    ),
+    _g(
+        "NVIDIA Jetson AGX Orin 32GB",
+        32768,
+        "ampere",
+        (8, 7),
+        _spec("32 GB LPDDR5 shared by CPU and GPU (unified memory)"),
+        ("agx orin 32gb", "orin 32gb", "jetson agx orin 32gb"),
+        unified=True,
+    ),
+    _g(
+        "NVIDIA Jetson Orin Nano 8GB",
+        8192,
+        "ampere",
+        (8, 7),
+        _spec("8 GB LPDDR5 shared by CPU and GPU (unified memory)"),
+        ("orin nano", "jetson orin nano", "orin nano 8gb"),
+        unified=True,
+    ),
+)
+
+
+# -- lookup -----------------------------------------------------------------------------------
+
+_DROP_WORDS = ("nvidia", "geforce", "tesla", "graphics", "gpu")
+_NON_ALNUM = re.compile(r"[^a-z0-9]+")
+
+
+def normalize_name(text: str) -> str:
+    """Reduce a GPU name to the key the lookup compares (lower case, letters and digits).
+
+    Vendor and family words (``NVIDIA``, ``GeForce``, ``Tesla``, ``GPU``) are dropped, and
+    ``GiB`` is read as ``GB``.
+
+    >>> normalize_name("NVIDIA GeForce RTX 4090"), normalize_name("a100-80GB")
+    ('rtx4090', 'a10080gb')
+    """
+    lowered = text.lower().replace("gib", "gb")
+    words = [w for w in _NON_ALNUM.split(lowered) if w and w not in _DROP_WORDS]
+    return "".join(words)
+
+
+def _keys_for(spec: GpuSpec) -> set[str]:
+    keys = {normalize_name(spec.name)} | {normalize_name(a) for a in spec.aliases}
+    for key in list(keys):
+        for prefix in ("rtx", "gtx"):
+            if key.startswith(prefix) and len(key) > len(prefix):
+                keys.add(key[len(prefix) :])
+    keys.discard("")
+    return keys
+
+
+def _build_index() -> dict[str, tuple[GpuSpec, ...]]:
+    index: dict[str, list[GpuSpec]] = {}
+    for spec in _CATALOG:
+        for key in _keys_for(spec):
+            bucket = index.setdefault(key, [])
+            if spec not in bucket:
+                bucket.append(spec)
+    return {k: tuple(v) for k, v in index.items()}
+
+
+_INDEX: dict[str, tuple[GpuSpec, ...]] = _build_index()
+_SIZE_LIKE = re.compile(
+    r"^\s*\d+(\.\d+)?\s*([kmgt]i?b|[kmgt]|b)?\s*$", re.IGNORECASE
+)
+
+
+def list_gpus() -> list[GpuSpec]:
+    """Every GPU in the catalog, in the order of the table (small to large, by family)."""
+    return list(_CATALOG)
+
+
+def anonymous_gpu(size: int | str) -> GpuSpec:
+    """A GPU known only by its size (``"12GiB"``, ``"8GB"``, bytes).
+
+    Raises:
+        ConfigError: When the size is not a size, or under :data:`MIN_GPU_BYTES`.
+
+    >>> anonymous_gpu("8GB").total_bytes
+    8000000000
+    """
+    total = parse_bytes(size)
+    if total < MIN_GPU_BYTES:
+        raise ConfigError(
+            f"{size!r} is {total} bytes, too small for a GPU",
+            key_path="gpu",
+            hint=f"give a unit, for instance {size}MiB or {size}GB",
+        )
+    return GpuSpec(
+        name=f"GPU with {format_mib(total)}",
+        total_bytes=total,
+        arch="unknown",
+        compute_capability=None,
+        source=f"size given by the user ({size!r})",
+    )
+
+
+def _nearest(query: str, n: int = 3) -> list[str]:
+    """The ``n`` catalog names whose lookup keys are most like ``query`` (difflib ratio)."""
+    scored: list[tuple[float, int, str]] = []
+    for order, spec in enumerate(_CATALOG):
+        best = max(difflib.SequenceMatcher(None, query, key).ratio() for key in _keys_for(spec))
+        if query and any(query in key for key in _keys_for(spec)):
+            best += 1.0
+        scored.append((-best, order, spec.name))
+    scored.sort()
+    return [name for _score, _order, name in scored[:n]]
+
+
+def gpu(name_or_size: str | int) -> GpuSpec:
+    """Find a GPU by name (forgiving) or make an anonymous one from a size.
+
+    Names are compared after :func:`normalize_name`, so ``"4090"``, ``"rtx4090"``,
+    ``"RTX 4090"`` and ``"NVIDIA GeForce RTX 4090"`` are the same card; catalog aliases
+    (``"H100 80GB"``, ``"a100-80gb"``) count too. A text that is not a known name but reads as
+    a size (``"12GiB"``, ``"8GB"``) gives an anonymous GPU of that size, as does an ``int``
+    (bytes).
+
+    Args:
+        name_or_size: A GPU name, a size text, or a number of bytes.
+
+    Returns:
+        The catalog entry, or an anonymous :class:`GpuSpec` with ``arch="unknown"``.
+
+    Raises:
+        ConfigError: When the name is unknown or matches several GPUs (the hint lists the
+            three nearest names), or the size is not a valid size.
+
+    >>> gpu("NVIDIA GeForce RTX 4090") is gpu("rtx4090")
+    True
+    """
+    if isinstance(name_or_size, bool):
+        raise ConfigError(f"not a GPU name or size: {name_or_size!r}", key_path="gpu")
+    if isinstance(name_or_size, int):
+        return anonymous_gpu(name_or_size)
+    if not isinstance(name_or_size, str) or not name_or_size.strip():
+        raise ConfigError(
+            f"not a GPU name or size: {name_or_size!r}",
+            key_path="gpu",
+            hint="give a GPU name such as 'RTX 4090' or a size such as 12GiB",
+        )
+    key = normalize_name(name_or_size)
+    found = _INDEX.get(key, ())
+    if len(found) == 1:
+        return found[0]
+    if len(found) > 1:
+        names = ", ".join(s.name for s in found[:3])
+        raise ConfigError(
+            f"{name_or_size!r} matches several GPUs",
+            key_path="gpu",
+            hint=f"be more specific: {names}",
+        )
+    if _SIZE_LIKE.match(name_or_size):
+        return anonymous_gpu(name_or_size)
+    prefixed = [s for s in _CATALOG if key and any(k.startswith(key) for k in _keys_for(s))]
+    if len(prefixed) > 1:
+        names = ", ".join(s.name for s in prefixed[:3])
+        more = f" (and {len(prefixed) - 3} more)" if len(prefixed) > 3 else ""
+        raise ConfigError(
+            f"{name_or_size!r} matches several GPUs",
+            key_path="gpu",
+            hint=f"be more specific: {names}{more}",
+        )
+    nearest = _nearest(key)
+    hint = (
+        "nearest names: " + ", ".join(nearest)
+        if nearest
+        else "run `memfit gpus` for the list, or give a size such as 12GiB"
+    )
+    if nearest:
+        hint += "; or give a size such as 12GiB"
+    raise ConfigError(f"unknown GPU {name_or_size!r}", key_path="gpu", hint=hint)
+
+
+# The catalog must stay consistent; checked once at import (cheap, pure).
+def _check_catalog() -> None:
+    names = [s.name for s in _CATALOG]
+    if len(set(names)) != len(names):
+        raise RuntimeError("memfit catalog: duplicate GPU names")
+    for spec in _CATALOG:
+        if spec.arch not in ARCHITECTURES or spec.total_bytes <= 0 or not spec.source:
+            raise RuntimeError(f"memfit catalog: bad entry {spec.name!r}")
+
+
+_check_catalog()

@@ -1,0 +1,324 @@
+"""Memory terms every family shares: parameters, gradients, optimizer state, activations of
+MLP and CNN networks, observation sizes, and the allocator's reserved-vs-allocated slack.
+
+Every function is pure: workload facts and knob values in, bytes (``int``) out.
+
+Sources:
+
+* Parameter, gradient and optimizer-state sizes: one value per parameter in the parameter
+  dtype; ``torch.optim.Adam``/``AdamW`` keep two states (``exp_avg``, ``exp_avg_sq``) shaped
+  like the parameter, SGD with momentum and RMSprop one, plain SGD none. Under mixed precision
+  (``amp``) the master weights, gradients and states stay fp32 and the half-precision copies of
+  the weights come on top (autocast's weight cache).
+* Activations kept for backward: each layer keeps its input and its pre-activation output, so
+  an MLP keeps about ``2 x sum(widths)`` values per item; convolution output sizes follow
+  ``floor((size + 2 * padding - kernel) / stride) + 1`` (``torch.nn.Conv2d`` docs).
+* Allocator slack: PyTorch's caching allocator rounds each block to 512 bytes and takes 2 MiB
+  segments for requests up to 1 MiB, 20 MiB segments up to 10 MiB and 2 MiB-rounded segments
+  above (``c10/cuda/CUDACachingAllocator.cpp``, :mod:`memfit.core.allocator`). XLA's BFC
+  allocator rounds each allocation to 256 bytes (``kMinAllocationSize`` in
+  ``xla/tsl/framework/bfc_allocator.h``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from memfit.core.allocator import (
+    K_LARGE_BUFFER,
+    K_MIN_LARGE_ALLOC,
+    K_SMALL_BUFFER,
+    K_SMALL_SIZE,
+    round_size,
+    segment_size,
+)
+from memfit.core.workload import ConvLayer, NetworkSpec, Workload, dtype_bytes
+from memfit.errors import ConfigError
+
+__all__ = [
+    "MODEL_TERMS",
+    "Term",
+    "activation_bytes",
+    "allocator_slack",
+    "camera_hw",
+    "conv_shapes",
+    "conv_weight_counts",
+    "network_input",
+    "network_param_counts",
+    "network_widths",
+    "observation_bytes",
+    "optimizer_state_count",
+    "param_bytes",
+    "parameter_terms",
+]
+
+#: Terms an estimator's measurement replaces (parameters, gradients, states, activations).
+MODEL_TERMS = frozenset(
+    {
+        "parameters",
+        "parameters_amp_copy",
+        "gradients",
+        "optimizer_state",
+        "activations",
+        "ddp_gradient_buckets",
+        "target_network",
+    }
+)
+
+_BFC_ROUND = 256
+
+
+@dataclass(frozen=True)
+class Term:
+    """A named memory term and the buffers that make it up (bytes each).
+
+    Attributes:
+        name: The term's name in the breakdown (``"rollout_buffer"``).
+        tensors: Sizes of the separate buffers, for the allocator model.
+    """
+
+    name: str
+    tensors: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        """Total bytes of the term."""
+        return sum(self.tensors)
+
+
+def param_bytes(workload: Workload) -> int:
+    """Bytes per stored parameter (fp32 master weights under amp)."""
+    return 2 if workload.precision in ("bf16", "fp16") else 4
+
+
+def activation_bytes(workload: Workload) -> int:
+    """Bytes per activation value: 2 under bf16, fp16 and amp (autocast), else 4."""
+    if workload.precision in ("bf16", "fp16", "amp"):
+        return 2
+    if workload.vision is not None and workload.vision.autocast:
+        return 2
+    return 4
+
+
+def optimizer_state_count(workload: Workload) -> int:
+    """States per parameter: Adam/AdamW 2, SGD with momentum and RMSprop 1, SGD and none 0
+    (``optimizer_states`` in the workload overrides)."""
+    if workload.optimizer_states is not None:
+        return workload.optimizer_states
+    return {"adam": 2, "adamw": 2, "sgd_momentum": 1, "rmsprop": 1, "sgd": 0, "none": 0}[
+        workload.optimizer
+    ]
+
+
+def camera_hw(workload: Workload, values: Mapping[str, int]) -> tuple[int, int]:
+    """Camera height and width, resolving knob or setting names.
+
+    Raises:
+        ConfigError: When there are no cameras.
+    """
+    cams = workload.observations.cameras
+    if cams is None:
+        raise ConfigError("this model needs observations.cameras", key_path="observations")
+    h = values[cams.height] if isinstance(cams.height, str) else cams.height
+    w = values[cams.width] if isinstance(cams.width, str) else cams.width
+    return h, w
+
+
+def observation_bytes(workload: Workload, values: Mapping[str, int]) -> int:
+    """Bytes of one observation: vector, raster and stacked camera frames, each in its dtype."""
+    obs = workload.observations
+    total = obs.vector * dtype_bytes(obs.dtype)
+    if obs.raster is not None:
+        r = obs.raster
+        total += r.channels * r.height * r.width * dtype_bytes(r.dtype)
+    if obs.cameras is not None:
+        c = obs.cameras
+        h, w = camera_hw(workload, values)
+        total += c.count * h * w * c.channels * c.frame_stack * dtype_bytes(c.dtype)
+    return total
+
+
+def conv_shapes(
+    channels: int, height: int, width: int, layers: Sequence[ConvLayer]
+) -> list[tuple[int, int, int]]:
+    """Output shape ``(C, H, W)`` after each layer (repeats expanded).
+
+    Raises:
+        ConfigError: When a layer would shrink the map to nothing.
+
+    >>> conv_shapes(3, 84, 84, [ConvLayer(out_channels=32, kernel=8, stride=4)])
+    [(32, 20, 20)]
+    """
+    shapes: list[tuple[int, int, int]] = []
+    c, h, w = channels, height, width
+    for index, layer in enumerate(layers):
+        for rep in range(layer.repeat):
+            # later repeats of a stage keep the size: stride 1, "same" padding for convs
+            stride = layer.stride if rep == 0 else 1
+            pad = layer.padding
+            if rep > 0 and layer.kind == "conv":
+                pad = (layer.kernel - 1) // 2
+            h = (h + 2 * pad - layer.kernel) // stride + 1
+            w = (w + 2 * pad - layer.kernel) // stride + 1
+            if h < 1 or w < 1:
+                raise ConfigError(
+                    f"layer {index} leaves a {h}x{w} feature map",
+                    key_path=f"conv[{index}]",
+                    hint="use a larger input, a smaller kernel or stride, or padding",
+                )
+            if layer.kind == "conv":
+                assert layer.out_channels is not None  # the schema requires it
+                c = layer.out_channels
+            shapes.append((c, h, w))
+    return shapes
+
+
+def conv_weight_counts(channels: int, layers: Sequence[ConvLayer]) -> list[int]:
+    """Parameter counts of each conv weight and bias (pool layers have none)."""
+    counts: list[int] = []
+    c = channels
+    for layer in layers:
+        if layer.kind != "conv":
+            continue
+        assert layer.out_channels is not None
+        for _ in range(layer.repeat):
+            counts.append(layer.out_channels * c * layer.kernel * layer.kernel)
+            counts.append(layer.out_channels)
+            c = layer.out_channels
+    return counts
+
+
+def network_input(
+    workload: Workload, net: NetworkSpec, values: Mapping[str, int]
+) -> tuple[int, int, int]:
+    """Input shape ``(C, H, W)`` of a network (``(D, 1, 1)`` for a vector).
+
+    Raises:
+        ConfigError: When the network reads an observation the workload does not have.
+    """
+    obs = workload.observations
+    kind = net.input or (
+        ("raster" if obs.raster is not None else "camera") if net.conv else "vector"
+    )
+    if kind == "raster":
+        if obs.raster is None:
+            raise ConfigError("network input raster needs observations.raster")
+        return obs.raster.channels, obs.raster.height, obs.raster.width
+    if kind == "camera":
+        cams = obs.cameras
+        if cams is None:
+            raise ConfigError("network input camera needs observations.cameras")
+        h, w = camera_hw(workload, values)
+        return cams.channels * cams.frame_stack, h, w
+    if obs.vector < 1:
+        raise ConfigError(
+            "an MLP network reads observations.vector, which is 0",
+            key_path="observations.vector",
+        )
+    return obs.vector, 1, 1
+
+
+def network_widths(workload: Workload, net: NetworkSpec, values: Mapping[str, int]) -> list[int]:
+    """Values per item of the input and of each layer's output (conv maps, then MLP)."""
+    if net.params is not None:
+        return []
+    c, h, w = network_input(workload, net, values)
+    widths = [c * h * w]
+    if net.conv:
+        for oc, oh, ow in conv_shapes(c, h, w, net.conv):
+            widths.append(oc * oh * ow)
+    widths.extend(net.layers or [])
+    return widths
+
+
+def network_param_counts(
+    workload: Workload, net: NetworkSpec, values: Mapping[str, int]
+) -> list[int]:
+    """Parameter counts of each weight and bias tensor (one entry for ``params:``)."""
+    if net.params is not None:
+        return [net.params]
+    c, h, w = network_input(workload, net, values)
+    counts: list[int] = []
+    flat = c * h * w
+    if net.conv:
+        counts.extend(conv_weight_counts(c, net.conv))
+        oc, oh, ow = conv_shapes(c, h, w, net.conv)[-1]
+        flat = oc * oh * ow
+    prev = flat
+    for width in net.layers or []:
+        counts.append(prev * width)
+        counts.append(width)
+        prev = width
+    return counts
+
+
+def parameter_terms(
+    workload: Workload, values: Mapping[str, int], *, training: bool = True
+) -> list[Term]:
+    """Parameters, the amp copy, gradients, optimizer state, target networks, DDP buckets.
+
+    Per device: FSDP shards parameters, gradients and states over ``devices.count``; DDP keeps
+    a gradient bucket copy (``gradient_as_bucket_view=False``, the default); JAX pmap and
+    single devices keep everything whole.
+    """
+    pb = param_bytes(workload)
+    trained: list[int] = []
+    target: list[int] = []
+    for net in workload.networks.values():
+        counts = network_param_counts(workload, net, values)
+        (target if net.target else trained).extend(counts)
+    shard = workload.devices.count if workload.devices.strategy == "fsdp" else 1
+
+    def sized(counts: Sequence[int], nbytes: int) -> tuple[int, ...]:
+        return tuple(-(-n // shard) * nbytes for n in counts)
+
+    terms = [Term("parameters", sized(trained, pb))]
+    if workload.precision == "amp" or (workload.vision is not None and workload.vision.autocast):
+        terms.append(Term("parameters_amp_copy", tuple(n * 2 for n in trained)))
+    if target:
+        terms.append(Term("target_network", sized(target, pb)))
+    if not training:
+        return terms
+    terms.append(Term("gradients", sized(trained, pb)))
+    states = optimizer_state_count(workload)
+    if states:
+        terms.append(Term("optimizer_state", sized(trained, pb) * states))
+    if workload.devices.strategy == "ddp":
+        terms.append(Term("ddp_gradient_buckets", (sum(trained) * pb,)))
+    return terms
+
+
+def allocator_slack(framework: str, tensors: Sequence[int]) -> int:
+    """Reserved minus allocated bytes for these buffers, all live at once.
+
+    PyTorch: 512-byte rounding, small requests packed into 2 MiB segments, requests up to
+    10 MiB packed into 20 MiB segments, larger ones each in a segment rounded up to 2 MiB.
+    JAX/XLA: 256-byte rounding inside its pool.
+
+    >>> allocator_slack("torch", [100])  # one small block: a 2 MiB segment
+    2097052
+    >>> allocator_slack("jax", [100])
+    156
+    """
+    if framework == "jax":
+        return sum(-(-t // _BFC_ROUND) * _BFC_ROUND - t for t in tensors if t > 0)
+    slack = 0
+    small = 0
+    mid = 0
+    for t in tensors:
+        if t <= 0:
+            continue
+        r = round_size(t)
+        slack += r - t
+        if r <= K_SMALL_SIZE:
+            small += r
+        elif r < K_MIN_LARGE_ALLOC:
+            mid += r
+        else:
+            slack += segment_size(r) - r
+    if small:
+        slack += -(-small // K_SMALL_BUFFER) * K_SMALL_BUFFER - small
+    if mid:
+        slack += -(-mid // K_LARGE_BUFFER) * K_LARGE_BUFFER - mid
+    return slack

@@ -1,0 +1,76 @@
+"""Custom family: the workload gives its memory terms directly.
+
+Each entry of ``terms:`` is a size (``512MiB``, ``1_000_000``) or an expression over knob and
+setting names that evaluates to bytes (``"num_envs * 4096"``), parsed by the safe expression
+walker of :mod:`memfit.core.constraints` (never ``eval``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+
+from memfit.core.constraints import Expr, parse_expr
+from memfit.core.families.common import Term
+from memfit.core.workload import Workload
+from memfit.errors import ConfigError
+from memfit.units import parse_bytes
+
+__all__ = ["compile_terms", "terms"]
+
+
+@functools.lru_cache(maxsize=256)
+def _parse(text: str, key_path: str) -> Expr:
+    """Parse once per distinct text (the planner evaluates terms many times)."""
+    return parse_expr(text, key_path=key_path)
+
+
+def compile_terms(workload: Workload) -> dict[str, int | Expr]:
+    """Parse the ``terms:`` section once: constant sizes as ints, the rest as expressions.
+
+    Raises:
+        ConfigError: When a term is neither a size nor a valid expression, or reads a name
+            that is neither a knob nor a setting.
+    """
+    known = set(workload.knobs) | set(workload.settings) | {"device_count"}
+    out: dict[str, int | Expr] = {}
+    for name, spec in (workload.terms or {}).items():
+        key_path = f"terms.{name}"
+        if isinstance(spec, int):
+            out[name] = spec
+            continue
+        try:
+            out[name] = parse_bytes(spec)
+            continue
+        except ConfigError:
+            pass
+        expr = _parse(spec, key_path)
+        unknown = [n for n in expr.names if n not in known]
+        if unknown:
+            raise ConfigError(
+                f"term reads {unknown[0]!r}, which is neither a knob nor a setting",
+                key_path=key_path,
+            )
+        out[name] = expr
+    return out
+
+
+def terms(workload: Workload, values: Mapping[str, int]) -> list[Term]:
+    """The workload's own terms at these knob values, in bytes.
+
+    Raises:
+        ConfigError: When a term is malformed or evaluates to a negative or non-numeric value.
+    """
+    env = {"device_count": workload.device_count, **values}
+    out: list[Term] = []
+    for name, spec in compile_terms(workload).items():
+        if isinstance(spec, int):
+            out.append(Term(name, (spec,)))
+            continue
+        value = spec.evaluate(env)
+        if isinstance(value, bool) or value < 0:
+            raise ConfigError(
+                f"term evaluates to {value!r}, not a number of bytes", key_path=f"terms.{name}"
+            )
+        out.append(Term(name, (int(value),)))
+    return out

@@ -1,0 +1,146 @@
+"""On-policy (PPO) memory model: Brax, CleanRL and rl_games layouts.
+
+Brax (``brax/training/agents/ppo/train.py``, shared REFERENCE.md): each training step
+collects ``batch_size * num_minibatches`` trajectories of ``unroll_length`` steps in
+``batch_size * num_minibatches // num_envs`` sequential unrolls of all environments
+(``jax.lax.scan`` stacks them). A transition (``brax.training.types.Transition``) holds the
+observation and the next observation, the action, reward, discount, and extras: the policy's
+``log_prob`` and ``raw_action`` and the state's ``truncation``. ``sgd_step`` permutes the whole
+batch into ``num_minibatches`` minibatches with ``jax.random.permutation`` each epoch, so a
+shuffled copy lives next to the original. A minibatch is ``batch_size`` trajectories of
+``unroll_length`` transitions. Under ``jax.pmap`` every device holds ``num_envs /
+device_count`` environments and ``1 / device_count`` of the trajectories.
+
+CleanRL (``ppo_continuous_action.py``): storage tensors shaped ``(num_steps, num_envs, ...)``
+for obs, actions, logprobs, rewards, dones, values, plus advantages and returns; a minibatch
+is ``num_envs * num_steps // num_minibatches`` transitions.
+
+rl_games (``a2c_common.py`` experience buffer): obses, rewards, values, neglogpacs, dones,
+actions, mus, sigmas (plus returns and advantages) for ``horizon_length x num_actors x
+num_agents`` steps; a minibatch is ``minibatch_size`` transitions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from memfit.core.families.common import (
+    Term,
+    activation_bytes,
+    network_widths,
+    observation_bytes,
+    parameter_terms,
+)
+from memfit.core.workload import PpoSpec, Workload
+
+__all__ = ["rollout_item_values", "terms", "training_item_values"]
+
+_F32 = 4
+
+
+def training_item_values(workload: Workload, values: Mapping[str, int]) -> int:
+    """Activation values kept per training item: 2 x (input + every layer output) of every
+    trained network (the pre-activation is kept for backward)."""
+    total = 0
+    for net in workload.networks.values():
+        if not net.target:
+            total += 2 * sum(network_widths(workload, net, values))
+    return total
+
+
+def rollout_item_values(workload: Workload, values: Mapping[str, int]) -> int:
+    """Activation values per environment during rollout: the policy's forward pass (the
+    network named ``policy``, else every trained network)."""
+    nets = workload.networks
+    chosen = [nets["policy"]] if "policy" in nets else [n for n in nets.values() if not n.target]
+    return sum(sum(network_widths(workload, n, values)) for n in chosen)
+
+
+def _per_device(workload: Workload) -> int:
+    return workload.devices.count if workload.devices.strategy == "pmap" else 1
+
+
+def _brax(workload: Workload, values: Mapping[str, int]) -> list[Term]:
+    dc = _per_device(workload)
+    envs = values["num_envs"] // dc
+    trajectories = values["batch_size"] * values["num_minibatches"] // dc
+    steps = trajectories * values["unroll_length"]
+    obs = observation_bytes(workload, values)
+    act = workload.action_dim * _F32
+    spec = workload.ppo or PpoSpec()
+    fields = [obs, obs, act, act, _F32, _F32, _F32, _F32]  # obs, next_obs, action, raw_action,
+    # reward, discount, truncation, log_prob
+    if spec.store_value:
+        fields.append(_F32)
+    rollout = tuple(steps * f for f in fields)
+    ab = activation_bytes(workload)
+    minibatch_items = values["batch_size"] // dc * values["unroll_length"]
+    train_act = minibatch_items * training_item_values(workload, values) * ab
+    rollout_act = envs * rollout_item_values(workload, values) * ab
+    return [
+        *parameter_terms(workload, values),
+        Term("env_state", (envs * workload.env_state_bytes,)),
+        Term("rollout_buffer", rollout),
+        Term("rollout_shuffled_copy", rollout),
+        Term("activations", (max(train_act, rollout_act),)),
+    ]
+
+
+def _cleanrl(workload: Workload, values: Mapping[str, int]) -> list[Term]:
+    envs = values["num_envs"]
+    steps = values["num_steps"] * envs
+    obs = observation_bytes(workload, values)
+    act = workload.action_dim * _F32
+    # obs, actions, logprobs, rewards, dones, values, advantages, returns
+    rollout = (steps * obs, steps * act, *(steps * _F32 for _ in range(6)))
+    ab = activation_bytes(workload)
+    minibatch_items = steps // values["num_minibatches"]
+    train_act = minibatch_items * training_item_values(workload, values) * ab
+    rollout_act = envs * rollout_item_values(workload, values) * ab
+    return [
+        *parameter_terms(workload, values),
+        Term("env_state", (envs * workload.env_state_bytes,)),
+        Term("next_observation", (envs * obs,)),
+        Term("rollout_buffer", rollout),
+        Term("activations", (max(train_act, rollout_act),)),
+    ]
+
+
+def _rl_games(workload: Workload, values: Mapping[str, int]) -> list[Term]:
+    actors = values["num_actors"] * values.get("num_agents", 1)
+    steps = values["horizon_length"] * actors
+    obs = observation_bytes(workload, values)
+    act = workload.action_dim * _F32
+    # obses, actions, mus, sigmas, rewards, values, neglogpacs, dones, returns, advantages
+    rollout = (steps * obs, *(steps * act for _ in range(3)), *(steps * _F32 for _ in range(6)))
+    ab = activation_bytes(workload)
+    train_act = values["minibatch_size"] * training_item_values(workload, values) * ab
+    rollout_act = actors * rollout_item_values(workload, values) * ab
+    return [
+        *parameter_terms(workload, values),
+        Term("env_state", (values["num_actors"] * workload.env_state_bytes,)),
+        Term("rollout_buffer", rollout),
+        Term("activations", (max(train_act, rollout_act),)),
+    ]
+
+
+def terms(workload: Workload, values: Mapping[str, int]) -> list[Term]:
+    """Memory terms of an on-policy workload at these knob values (per device).
+
+    Args:
+        workload: A ``family: ppo`` workload.
+        values: Knob and setting values (every name its layout needs).
+
+    Returns:
+        Parameters, gradients, optimizer state, env state, rollout buffer (and Brax's
+        shuffled copy), activations.
+
+    Raises:
+        ConfigError: When a network reads an observation the workload lacks.
+    """
+    layout = (workload.ppo or PpoSpec()).layout
+    if layout == "brax":
+        return _brax(workload, values)
+    if layout == "cleanrl":
+        return _cleanrl(workload, values)
+    return _rl_games(workload, values)

@@ -1,0 +1,567 @@
+"""The planner: the best knob values that fit a GPU and keep every rule (pure).
+
+:func:`plan` searches the discrete knob space of a workload deterministically:
+
+* knobs are enumerated depth-first, each over its values in ascending order;
+* allocated memory is non-decreasing in every knob (each family's terms grow with the knobs
+  they read; a property test checks it), so the allocated bytes of the configuration made of
+  the values chosen so far and the *smallest* values of the knobs still open are a lower
+  bound on the reserved bytes of every configuration below it; once that bound is over the
+  limit, no larger value of the current knob fits either and the loop stops (pruning). The
+  bound uses allocated, not reserved, bytes because the allocator's segment slack is not
+  monotone (a block that crosses 10 MiB leaves a shared 20 MiB segment for its own);
+* every complete configuration that fits is tested against the rules
+  (:mod:`memfit.core.constraints`), and the best is chosen by the workload's objective (the
+  throughput proxy), ties broken by the knob values in priority order;
+* the evaluation of a configuration does not depend on the GPU (the GPU adds constants), so
+  :func:`plan_many` shares one cache over a whole tier table.
+
+With ``effective_batch`` declared, the accumulation knob is not searched: it is
+``value // micro`` for each micro-batch that divides the effective batch.
+
+The result, :class:`Plan`, says what the chosen configuration needs term by term
+(``breakdown`` sums to ``predicted_bytes``), what stops the next bigger configuration
+(``binding``: a term, a rule, host RAM, or the knob ranges), and the next best
+configurations (``alternatives``). When nothing fits, :class:`memfit.errors.InfeasiblePlan`
+carries the smallest footprint of a configuration that keeps every rule and the term that
+breaks it.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from memfit.core.budget import DEFAULT_MARGIN, Budget, compose_budget
+from memfit.core.catalog import GpuSpec
+from memfit.core.constraints import (
+    CompiledRule,
+    apply_overrides,
+    check,
+    compile_rules,
+    environment,
+    parse_expr,
+)
+from memfit.core.families import Evaluation, evaluate
+from memfit.core.measured import MeasuredTerms
+from memfit.core.workload import OffPolicySpec, Workload
+from memfit.errors import ConfigError, InfeasiblePlan
+from memfit.units import format_bytes
+
+__all__ = ["Plan", "plan", "plan_many"]
+
+#: How many next-best configurations a plan lists.
+DEFAULT_ALTERNATIVES = 3
+
+#: Largest number of complete configurations one search may visit.
+MAX_CONFIGURATIONS = 2_000_000
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The chosen configuration of a workload on one GPU.
+
+    Attributes:
+        gpu: The GPU's name.
+        budget_bytes: What the GPU leaves for the job: total less other processes and margin.
+        predicted_bytes: The job's predicted peak device footprint, its CUDA context included
+            (with JAX preallocation: the context and the whole pool).
+        fits: Whether ``predicted_bytes <= budget_bytes`` (and the buffers fit JAX's pool and
+            the host RAM where that applies).
+        knobs: Chosen knob values, named as in the workload (plus ``replay_placement`` when
+            the workload lets the planner place the replay buffer).
+        breakdown: Term name -> bytes; the values sum to ``predicted_bytes``.
+        binding: What stops the next bigger configuration: a term name, ``rule: ...``,
+            ``host_memory``, or ``knob ranges``; ``None`` when nothing was searched.
+        alternatives: The next best configurations: ``{"knobs", "predicted_bytes",
+            "objective"}`` each, best first.
+    """
+
+    gpu: str
+    budget_bytes: int
+    predicted_bytes: int
+    fits: bool
+    knobs: dict[str, int | str]
+    breakdown: dict[str, int]
+    binding: str | None
+    alternatives: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Exactly the plan's fields, as plain data (the CLI's ``--json``)."""
+        return {
+            "gpu": self.gpu,
+            "budget_bytes": self.budget_bytes,
+            "predicted_bytes": self.predicted_bytes,
+            "fits": self.fits,
+            "knobs": dict(self.knobs),
+            "breakdown": dict(self.breakdown),
+            "binding": self.binding,
+            "alternatives": [dict(a) for a in self.alternatives],
+        }
+
+
+@dataclass(frozen=True)
+class _Eval:
+    """One configuration's memory, placement resolved."""
+
+    evaluation: Evaluation
+    on_gpu: bool
+
+
+class _Space:
+    """The search space and the GPU-independent evaluation cache of one workload."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        overrides: Mapping[str, int] | None,
+        measured: MeasuredTerms | None,
+        host_memory_bytes: int | None,
+    ) -> None:
+        self.workload = workload
+        given = apply_overrides(workload, overrides)
+        self.env: dict[str, int] = {**environment(workload)}
+        self.env.update({k: v for k, v in given.items() if k in workload.settings})
+        pinned = {k: v for k, v in given.items() if k in workload.knobs}
+        self.measured = measured
+        self.host_memory_bytes = (
+            host_memory_bytes if host_memory_bytes is not None else workload.host_memory_bytes
+        )
+        eb = workload.effective_batch
+        self.accumulation = eb.accumulation if eb is not None else None
+        names = [n for n in workload.knobs if n != self.accumulation]
+        # knobs in priority order (high first): used for ranking and binding
+        self.priority_order = sorted(names, key=lambda n: (-workload.knobs[n].priority, n))
+        self.domains: dict[str, tuple[int, ...]] = {}
+        for name in names:
+            domain = (pinned[name],) if name in pinned else workload.knobs[name].values()
+            if eb is not None and name == eb.micro:
+                domain = tuple(v for v in domain if eb.value % v == 0)
+                if self.accumulation in pinned:
+                    acc = pinned[self.accumulation]
+                    domain = tuple(v for v in domain if v * acc == eb.value)
+            self.domains[name] = domain
+        self.search_order = list(self.priority_order)
+        self.rules: list[CompiledRule] = compile_rules(workload)
+        self.objective = parse_expr(workload.objective_expr(), key_path="objective")
+        unknown = [n for n in self.objective.names if n not in set(workload.knobs) | set(self.env)]
+        if unknown:
+            raise ConfigError(
+                f"objective reads {unknown[0]!r}, which is neither a knob nor a setting",
+                key_path="objective",
+            )
+        spec = workload.replay or OffPolicySpec()
+        self.placement = spec.placement if workload.family == "offpolicy" else "gpu"
+        self.pinned_all = all(len(d) == 1 for d in self.domains.values())
+        self._cache: dict[tuple[tuple[int, ...], bool], Evaluation] = {}
+
+    def values(self, config: Sequence[int]) -> dict[str, int]:
+        out = dict(self.env)
+        out.update(zip(self.search_order, config, strict=True))
+        eb = self.workload.effective_batch
+        if eb is not None:
+            out[eb.accumulation] = eb.value // out[eb.micro]
+        return out
+
+    def evaluation(self, config: tuple[int, ...], on_gpu: bool) -> Evaluation:
+        key = (config, on_gpu)
+        found = self._cache.get(key)
+        if found is None:
+            found = evaluate(
+                self.workload, self.values(config), measured=self.measured, replay_on_gpu=on_gpu
+            )
+            self._cache[key] = found
+        return found
+
+    def host_ok(self, ev: Evaluation) -> bool:
+        return self.host_memory_bytes is None or ev.host_bytes <= self.host_memory_bytes
+
+    def resolve(self, config: tuple[int, ...], limit: int) -> _Eval | None:
+        """The configuration's memory with its placement, or ``None`` if it cannot fit."""
+        if self.placement in ("gpu", "auto"):
+            ev = self.evaluation(config, True)
+            if ev.reserved_bytes <= limit:
+                return _Eval(ev, True)
+            if self.placement == "gpu":
+                return None
+        ev = self.evaluation(config, False)
+        if ev.reserved_bytes <= limit and self.host_ok(ev):
+            return _Eval(ev, False)
+        return None
+
+    def could_fit(self, config: tuple[int, ...], limit: int) -> bool:
+        """``False`` when neither this configuration nor any larger one can fit ``limit``."""
+        if self.placement in ("gpu", "auto"):
+            if self.evaluation(config, True).allocated_bytes <= limit:
+                return True
+            if self.placement == "gpu":
+                return False
+        ev = self.evaluation(config, False)
+        return ev.allocated_bytes <= limit and self.host_ok(ev)
+
+    def lower_bound(self, config: tuple[int, ...]) -> int:
+        """Allocated bytes of the smallest placement: no larger configuration reserves less."""
+        if self.placement == "gpu":
+            return self.evaluation(config, True).allocated_bytes
+        return self.evaluation(config, False).allocated_bytes
+
+    def smallest_eval(self, config: tuple[int, ...]) -> _Eval:
+        """The smallest device footprint of a configuration over the allowed placements."""
+        if self.placement == "host":
+            return _Eval(self.evaluation(config, False), False)
+        gpu_ev = self.evaluation(config, True)
+        if self.placement == "gpu":
+            return _Eval(gpu_ev, True)
+        host_ev = self.evaluation(config, False)
+        if self.host_ok(host_ev) and host_ev.reserved_bytes < gpu_ev.reserved_bytes:
+            return _Eval(host_ev, False)
+        return _Eval(gpu_ev, True)
+
+    def rules_hold(self, values: Mapping[str, int]) -> bool:
+        return all(rule.holds(values) for rule in self.rules)
+
+    def broken_rule(self, values: Mapping[str, int]) -> CompiledRule | None:
+        for rule in self.rules:
+            if not rule.holds(values):
+                return rule
+        return None
+
+    def rank(self, config: tuple[int, ...]) -> tuple[float, tuple[int, ...]]:
+        values = self.values(config)
+        objective = self.objective.evaluate(values)
+        return float(objective), tuple(values[n] for n in self.priority_order)
+
+    def search(self, limit: int) -> list[tuple[tuple[float, tuple[int, ...]], tuple[int, ...]]]:
+        """Every configuration that fits ``limit`` and keeps the rules, with its rank."""
+        order = self.search_order
+        domains = [self.domains[n] for n in order]
+        mins = [d[0] for d in domains]
+        found: list[tuple[tuple[float, tuple[int, ...]], tuple[int, ...]]] = []
+        visited = 0
+
+        def walk(depth: int, prefix: list[int]) -> None:
+            nonlocal visited
+            if depth == len(order):
+                config = tuple(prefix)
+                visited += 1
+                if visited > MAX_CONFIGURATIONS:
+                    raise ConfigError(
+                        f"the knob space has more than {MAX_CONFIGURATIONS} configurations",
+                        key_path="knobs",
+                        hint="narrow the knob ranges, or pin some knobs with --set",
+                    )
+                if self.rules_hold(self.values(config)):
+                    found.append((self.rank(config), config))
+                return
+            for value in domains[depth]:
+                bound = (*prefix, value, *mins[depth + 1 :])
+                if not self.could_fit(bound, limit):
+                    break
+                prefix.append(value)
+                walk(depth + 1, prefix)
+                prefix.pop()
+
+        walk(0, [])
+        return found
+
+    def smallest_valid(self) -> tuple[tuple[int, ...], _Eval] | None:
+        """The valid configuration with the smallest device footprint (branch and bound)."""
+        order = self.search_order
+        domains = [self.domains[n] for n in order]
+        mins = [d[0] for d in domains]
+        best: list[tuple[int, tuple[int, ...], _Eval]] = []
+
+        def walk(depth: int, prefix: list[int]) -> None:
+            if depth == len(order):
+                config = tuple(prefix)
+                if not self.rules_hold(self.values(config)):
+                    return
+                ev = self.smallest_eval(config)
+                size = ev.evaluation.reserved_bytes
+                if not best or size < best[0][0]:
+                    best[:] = [(size, config, ev)]
+                return
+            for value in domains[depth]:
+                bound = (*prefix, value, *mins[depth + 1 :])
+                if best and self.lower_bound(bound) >= best[0][0]:
+                    break
+                prefix.append(value)
+                walk(depth + 1, prefix)
+                prefix.pop()
+
+        walk(0, [])
+        if not best:
+            return None
+        return best[0][1], best[0][2]
+
+
+def _breakdown(budget: Budget, ev: Evaluation) -> dict[str, int]:
+    out = {"cuda_context": budget.context_bytes, "cublas_workspace": budget.workspace_bytes}
+    out.update(ev.terms)
+    out["allocator_slack"] = ev.slack_bytes
+    if budget.pool_bytes is not None:
+        used = budget.workspace_bytes + ev.reserved_bytes
+        out["jax_pool_unused"] = max(0, budget.pool_bytes - used)
+    return out
+
+
+def _knobs(space: _Space, config: tuple[int, ...], on_gpu: bool) -> dict[str, int | str]:
+    values = space.values(config)
+    knobs: dict[str, int | str] = {n: values[n] for n in space.workload.knobs}
+    if space.placement == "auto":
+        knobs["replay_placement"] = "gpu" if on_gpu else "host"
+    return knobs
+
+
+def _growth(before: Evaluation, after: Evaluation) -> str:
+    """The term that grows most from ``before`` to ``after``."""
+    deltas = {name: after.terms.get(name, 0) - before.terms.get(name, 0) for name in after.terms}
+    deltas["allocator_slack"] = after.slack_bytes - before.slack_bytes
+    return max(sorted(deltas), key=lambda n: deltas[n])
+
+
+def _binding(space: _Space, config: tuple[int, ...], chosen: _Eval, limit: int) -> str:
+    """Why the next bigger configuration (one knob one step up, priority order) is not it."""
+    for name in space.priority_order:
+        index = space.search_order.index(name)
+        domain = space.domains[name]
+        position = domain.index(config[index])
+        if position + 1 >= len(domain):
+            continue
+        trial = list(config)
+        trial[index] = domain[position + 1]
+        bigger = tuple(trial)
+        if space.resolve(bigger, limit) is None:
+            if space.placement != "gpu":
+                host_ev = space.evaluation(bigger, False)
+                if host_ev.reserved_bytes <= limit and not space.host_ok(host_ev):
+                    return "host_memory"
+            after = space.smallest_eval(bigger).evaluation
+            return _growth(chosen.evaluation, after)
+        broken = space.broken_rule(space.values(bigger))
+        if broken is not None:
+            return f"rule: {broken.name}"
+        # it fits and keeps the rules but ranks lower (the objective falls): not a limit
+    return "knob ranges"
+
+
+def _single(space: _Space, budget: Budget, gpu: GpuSpec) -> Plan:
+    """Every knob pinned: report the configuration as it is, fitting or not."""
+    config = tuple(space.domains[n][0] for n in space.search_order)
+    values = space.values(config)
+    violations = check(space.workload, {n: values[n] for n in space.workload.knobs})
+    if violations:
+        first = violations[0]
+        raise ConfigError(first.message, key_path=first.rule, hint="run memfit check for fixes")
+    fitted = space.resolve(config, budget.job_limit_bytes)
+    ev = fitted or space.smallest_eval(config)
+    breakdown = _breakdown(budget, ev.evaluation)
+    fits = fitted is not None and budget.breaking_term is None
+    if budget.pool_bytes is not None and fits:
+        predicted = budget.context_bytes + budget.pool_bytes
+    else:
+        predicted = sum(breakdown.values())
+    binding: str | None = None
+    if not fits:
+        binding = budget.breaking_term or max(
+            sorted(ev.evaluation.terms), key=lambda n: ev.evaluation.terms[n]
+        )
+        if fitted is None and not space.host_ok(ev.evaluation):
+            binding = "host_memory"
+    return Plan(
+        gpu=gpu.name,
+        budget_bytes=budget.budget_bytes,
+        predicted_bytes=predicted,
+        fits=fits,
+        knobs=_knobs(space, config, ev.on_gpu),
+        breakdown=breakdown,
+        binding=binding,
+        alternatives=[],
+    )
+
+
+def _infeasible(space: _Space, budget: Budget, gpu: GpuSpec) -> InfeasiblePlan:
+    name = space.workload.name
+    if budget.breaking_term == "jax_preallocation":
+        assert budget.pool_bytes is not None
+        room = budget.budget_bytes - budget.context_bytes
+        fraction = max(room, 0) / budget.total_bytes
+        return InfeasiblePlan(
+            f"JAX preallocates {format_bytes(budget.pool_bytes)} on {gpu.name}, more than the "
+            f"{format_bytes(max(room, 0))} left after the CUDA context, other processes and "
+            "the margin",
+            smallest_bytes=budget.context_bytes + budget.pool_bytes,
+            budget_bytes=budget.budget_bytes,
+            binding_term="jax_preallocation",
+            hint=f"set XLA_PYTHON_CLIENT_MEM_FRACTION={fraction:.2f} (jax.mem_fraction in the "
+            "workload) or XLA_PYTHON_CLIENT_PREALLOCATE=false",
+        )
+    smallest = space.smallest_valid()
+    if smallest is None:
+        raise ConfigError(
+            f"no setting of the knobs of {name} keeps every rule",
+            key_path="constraints",
+            hint="run memfit check to see which rules conflict, or widen the knob ranges",
+        )
+    config, ev = smallest
+    breakdown = _breakdown(budget, ev.evaluation)
+    if budget.pool_bytes is not None:
+        breakdown.pop("jax_pool_unused", None)
+    footprint = sum(breakdown.values())
+    terms = ev.evaluation.terms
+    breaking = max(sorted(terms), key=lambda n: terms[n]) if terms else "cuda_context"
+    device_fits = ev.evaluation.reserved_bytes <= budget.job_limit_bytes
+    if not ev.on_gpu and not space.host_ok(ev.evaluation) and device_fits:
+        return InfeasiblePlan(
+            f"{name}'s replay buffer on the host needs {format_bytes(ev.evaluation.host_bytes)} "
+            "of host RAM even at its smallest valid configuration, over the "
+            f"{format_bytes(space.host_memory_bytes or 0)} available",
+            smallest_bytes=footprint,
+            budget_bytes=budget.budget_bytes,
+            binding_term="host_memory",
+            hint="lower buffer_size, set replay.optimize_memory_usage: true, or use a machine "
+            "with more RAM",
+        )
+    knobs = ", ".join(f"{k}={v}" for k, v in _knobs(space, config, ev.on_gpu).items())
+    limit_text = (
+        f"JAX's preallocated pool of {format_bytes(budget.pool_bytes)}"
+        if budget.pool_bytes is not None
+        else f"a budget of {format_bytes(budget.budget_bytes)}"
+    )
+    return InfeasiblePlan(
+        f"{name} does not fit {gpu.name}: its smallest valid configuration ({knobs or 'fixed'}) "
+        f"needs {format_bytes(footprint)}, over {limit_text}; the largest term is {breaking} "
+        f"({format_bytes(terms.get(breaking, 0))})",
+        smallest_bytes=footprint,
+        budget_bytes=budget.budget_bytes,
+        binding_term=breaking,
+        hint=f"use a GPU with more memory, lower the smallest values of the knobs that drive "
+        f"{breaking}, or lower --margin",
+    )
+
+
+def _plan_on(space: _Space, gpu: GpuSpec, budget: Budget, alternatives: int) -> Plan:
+    if space.pinned_all:
+        plan_ = _single(space, budget, gpu)
+        return plan_
+    if budget.breaking_term is not None:
+        raise _infeasible(space, budget, gpu)
+    limit = budget.job_limit_bytes
+    found = space.search(limit)
+    if not found:
+        raise _infeasible(space, budget, gpu)
+    top = heapq.nlargest(1 + alternatives, found, key=lambda item: item[0])
+    best = top[0][1]
+    chosen = space.resolve(best, limit)
+    assert chosen is not None  # the search only keeps configurations that fit
+    breakdown = _breakdown(budget, chosen.evaluation)
+    alts: list[dict[str, Any]] = []
+    for rank, config in top[1:]:
+        alt = space.resolve(config, limit)
+        assert alt is not None
+        alt_breakdown = _breakdown(budget, alt.evaluation)
+        alts.append(
+            {
+                "knobs": _knobs(space, config, alt.on_gpu),
+                "predicted_bytes": sum(alt_breakdown.values()),
+                "objective": rank[0],
+            }
+        )
+    return Plan(
+        gpu=gpu.name,
+        budget_bytes=budget.budget_bytes,
+        predicted_bytes=sum(breakdown.values()),
+        fits=True,
+        knobs=_knobs(space, best, chosen.on_gpu),
+        breakdown=breakdown,
+        binding=_binding(space, best, chosen, limit),
+        alternatives=alts,
+    )
+
+
+def _budget(workload: Workload, gpu: GpuSpec, margin: float, other_processes_bytes: int) -> Budget:
+    return compose_budget(
+        gpu,
+        framework=workload.framework,
+        margin=margin,
+        other_processes_bytes=other_processes_bytes,
+        jax_preallocate=workload.jax.preallocate,
+        jax_mem_fraction=workload.jax.mem_fraction,
+    )
+
+
+def plan(
+    workload: Workload,
+    gpu: GpuSpec,
+    overrides: Mapping[str, int] | None = None,
+    margin: float = DEFAULT_MARGIN,
+    measured: MeasuredTerms | None = None,
+    other_processes_bytes: int = 0,
+    *,
+    host_memory_bytes: int | None = None,
+    alternatives: int = DEFAULT_ALTERNATIVES,
+) -> Plan:
+    """The best configuration of ``workload`` on ``gpu``.
+
+    Args:
+        workload: The workload.
+        gpu: The GPU.
+        overrides: Knob values to pin (``--set``) or settings to change.
+        margin: Safety margin, a fraction of the GPU's total memory.
+        measured: Measured parameter/activation terms from an estimator.
+        other_processes_bytes: Memory other processes already hold on the GPU.
+        host_memory_bytes: Host RAM for a replay buffer on the host (default: the
+            workload's ``host_memory_bytes``; ``None``: not checked).
+        alternatives: How many next-best configurations to list.
+
+    Returns:
+        The plan. With every knob pinned it reports that configuration, fitting or not;
+        otherwise it is the best fitting configuration.
+
+    Raises:
+        InfeasiblePlan: When no configuration that keeps every rule fits (with the smallest
+            footprint and the term that breaks it).
+        ConfigError: When an override names an unknown knob, a rule or the objective is
+            malformed, no knob setting keeps every rule, or the margin is out of range.
+
+    >>> from memfit.core.catalog import gpu
+    >>> from memfit.core.workload import load_workload
+    >>> p = plan(load_workload("brax_humanoid_ppo"), gpu("RTX 4090"))
+    >>> p.fits and sum(p.breakdown.values()) == p.predicted_bytes <= p.budget_bytes
+    True
+    """
+    space = _Space(workload, overrides, measured, host_memory_bytes)
+    budget = _budget(workload, gpu, margin, other_processes_bytes)
+    return _plan_on(space, gpu, budget, alternatives)
+
+
+def plan_many(
+    workload: Workload,
+    gpus: Sequence[GpuSpec],
+    overrides: Mapping[str, int] | None = None,
+    margin: float = DEFAULT_MARGIN,
+    measured: MeasuredTerms | None = None,
+    *,
+    host_memory_bytes: int | None = None,
+    alternatives: int = DEFAULT_ALTERNATIVES,
+) -> list[Plan | InfeasiblePlan]:
+    """Plans for several GPUs (a tier table), sharing one evaluation cache.
+
+    Returns:
+        One entry per GPU, in order: its :class:`Plan`, or the :class:`InfeasiblePlan` that
+        says why nothing fits it.
+
+    Raises:
+        ConfigError: As :func:`plan` (these do not depend on the GPU).
+    """
+    space = _Space(workload, overrides, measured, host_memory_bytes)
+    out: list[Plan | InfeasiblePlan] = []
+    for spec in gpus:
+        budget = _budget(workload, spec, margin, 0)
+        try:
+            out.append(_plan_on(space, spec, budget, alternatives))
+        except InfeasiblePlan as exc:
+            out.append(exc)
+    return out

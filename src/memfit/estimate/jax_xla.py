@@ -1,0 +1,375 @@
+"""XLA's compiled memory analysis of a jitted JAX step: peak device memory without running it.
+
+:func:`estimate_jax` lowers and compiles ``fn`` for the given arguments (arrays or
+``jax.ShapeDtypeStruct``, so nothing needs to be allocated) and reads
+``Compiled.memory_analysis()``: the bytes of the arguments, outputs, donated aliases, XLA's
+temporaries and the generated code, and, where the backend reports it, the peak. XLA documents
+these as a lower bound of what the executable needs.
+
+The device-level prediction adds what the process holds besides the executable's buffers: the
+CUDA context and JAX's preallocation policy, read from the allocator settings
+(``XLA_PYTHON_CLIENT_PREALLOCATE``, ``XLA_PYTHON_CLIENT_MEM_FRACTION`` /
+``XLA_CLIENT_MEM_FRACTION``, ``XLA_PYTHON_CLIENT_ALLOCATOR``). By default JAX reserves 75% of
+the GPU's memory at its first operation, so that is what ``nvidia-smi`` shows whatever the step
+needs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from memfit.errors import ConfigError, EstimateError
+from memfit.estimate.torch_trace import AffineFit, fit_affine
+
+__all__ = [
+    "JaxEstimate",
+    "JaxPreallocation",
+    "JaxSweep",
+    "env_state_bytes",
+    "estimate_jax",
+    "estimate_jax_sweep",
+    "preallocation_from_env",
+    "tree_nbytes",
+]
+
+_DEFAULT_FRACTION = 0.75
+
+
+@dataclass(frozen=True)
+class JaxPreallocation:
+    """How JAX's GPU client takes memory, from its environment variables.
+
+    Attributes:
+        preallocate: Whether the client reserves ``fraction`` of the GPU at start.
+        fraction: Fraction of total memory the client may use (and preallocates).
+        platform_allocator: ``XLA_PYTHON_CLIENT_ALLOCATOR=platform``: exact allocations.
+    """
+
+    preallocate: bool
+    fraction: float
+    platform_allocator: bool
+
+
+def preallocation_from_env(environ: Mapping[str, str] | None = None) -> JaxPreallocation:
+    """Read JAX's allocator settings from ``environ`` (default: ``os.environ``).
+
+    Raises:
+        ConfigError: When a setting has a value JAX would not accept (a fraction outside
+            (0, 1], a preallocate flag that is not true/false).
+
+    >>> preallocation_from_env({})
+    JaxPreallocation(preallocate=True, fraction=0.75, platform_allocator=False)
+    >>> preallocation_from_env({"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}).preallocate
+    False
+    """
+    env = os.environ if environ is None else environ
+    raw = env.get("XLA_PYTHON_CLIENT_PREALLOCATE", "true").strip().lower()
+    if raw in ("true", "1", "yes"):
+        preallocate = True
+    elif raw in ("false", "0", "no"):
+        preallocate = False
+    else:
+        raise ConfigError(
+            f"not a boolean: {raw!r}",
+            key_path="XLA_PYTHON_CLIENT_PREALLOCATE",
+            hint="set it to true or false",
+        )
+    fraction = _DEFAULT_FRACTION
+    for key in ("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_CLIENT_MEM_FRACTION"):
+        if key in env:
+            try:
+                fraction = float(env[key])
+            except ValueError:
+                raise ConfigError(
+                    f"not a fraction: {env[key]!r}", key_path=key, hint="write e.g. .50"
+                ) from None
+            if not 0 < fraction <= 1:
+                raise ConfigError(
+                    f"fraction out of range (0, 1]: {env[key]!r}",
+                    key_path=key,
+                    hint="write e.g. .50",
+                )
+            break
+    allocator = env.get("XLA_PYTHON_CLIENT_ALLOCATOR", "").strip().lower()
+    return JaxPreallocation(preallocate, fraction, allocator == "platform")
+
+
+@dataclass(frozen=True)
+class JaxEstimate:
+    """XLA's memory analysis of one compiled step (bytes).
+
+    Attributes:
+        argument_bytes: Input buffers.
+        output_bytes: Output buffers.
+        alias_bytes: Outputs that reuse (donated) input buffers.
+        temp_bytes: XLA's temporaries (activations, intermediates).
+        generated_code_bytes: The compiled code.
+        peak_bytes: XLA's own peak, where the backend reports it, else ``None``.
+        executable_peak_bytes: The larger of ``peak_bytes`` and
+            ``argument + output - alias + temp`` (on GPU the temporaries are one buffer
+            allocated for the whole call, and some backends leave them out of their peak).
+        device_used_bytes: What the process would hold on the GPU (preallocation policy and
+            context included), or ``None`` when the GPU's size is needed and unknown.
+        backend: The backend that compiled it (``"cpu"``, ``"gpu"``, ``"tpu"``).
+        batch_size: The batch size, when this is one point of a sweep.
+        notes: How ``device_used_bytes`` was reached, and known deviations.
+    """
+
+    argument_bytes: int
+    output_bytes: int
+    alias_bytes: int
+    temp_bytes: int
+    generated_code_bytes: int
+    peak_bytes: int | None
+    executable_peak_bytes: int
+    device_used_bytes: int | None
+    backend: str
+    batch_size: int | None = None
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The estimate as plain data."""
+        return {
+            "framework": "jax",
+            "backend": self.backend,
+            "batch_size": self.batch_size,
+            "argument_bytes": self.argument_bytes,
+            "output_bytes": self.output_bytes,
+            "alias_bytes": self.alias_bytes,
+            "temp_bytes": self.temp_bytes,
+            "generated_code_bytes": self.generated_code_bytes,
+            "peak_bytes": self.peak_bytes,
+            "executable_peak_bytes": self.executable_peak_bytes,
+            "device_used_bytes": self.device_used_bytes,
+            "notes": list(self.notes),
+        }
+
+
+@dataclass(frozen=True)
+class JaxSweep:
+    """:func:`estimate_jax` at several batch sizes, with the affine fit of the peak.
+
+    Attributes:
+        points: One :class:`JaxEstimate` per batch size.
+        fit: Affine fit of ``executable_peak_bytes`` over the batch sizes, or ``None``.
+        batch_knob: The knob the batch size stands for.
+    """
+
+    points: list[JaxEstimate]
+    fit: AffineFit | None
+    batch_knob: str = "batch_size"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The sweep as plain data."""
+        return {
+            "framework": "jax",
+            "batch_knob": self.batch_knob,
+            "points": [p.to_dict() for p in self.points],
+            "fit": None if self.fit is None else self.fit.to_dict(),
+        }
+
+
+def _stat(stats: Any, name: str) -> int | None:
+    value = getattr(stats, name, None)
+    if value is None:
+        return None
+    return int(value)
+
+
+def _device_used(
+    executable_peak: int, backend: str, gpu: str | None, environ: Mapping[str, str] | None
+) -> tuple[int | None, list[str]]:
+    notes: list[str] = []
+    if backend not in ("gpu", "cuda", "rocm") and gpu is None:
+        notes.append(
+            f"compiled on {backend}; name a GPU (gpu=...) for a device-level prediction "
+            "(CUDA context and JAX preallocation)"
+        )
+        return None, notes
+    from memfit.core.budget import cuda_context_bytes
+    from memfit.core.catalog import gpu as lookup_gpu
+
+    spec = lookup_gpu(gpu) if gpu is not None else None
+    context = cuda_context_bytes(spec)
+    policy = preallocation_from_env(environ)
+    if policy.platform_allocator or not policy.preallocate:
+        notes.append("allocation on demand: the executable's peak plus the CUDA context")
+        return executable_peak + context, notes
+    if spec is None:
+        notes.append("JAX preallocates a fraction of the GPU; its size is unknown (pass gpu=...)")
+        return None, notes
+    pool = int(spec.total_bytes * policy.fraction)
+    notes.append(
+        f"JAX preallocates {policy.fraction:.0%} of the GPU at start "
+        "(XLA_PYTHON_CLIENT_PREALLOCATE=false allocates on demand)"
+    )
+    if executable_peak > pool:
+        notes.append("the step needs more than the preallocated pool: it would run out of memory")
+    return max(pool, executable_peak) + context, notes
+
+
+def estimate_jax(
+    fn: Callable[..., Any],
+    *args: Any,
+    gpu: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    batch_size: int | None = None,
+    **kwargs: Any,
+) -> JaxEstimate:
+    """Compile ``fn`` for ``args`` and read XLA's memory analysis, without running it.
+
+    Args:
+        fn: The step (jitted or not).
+        *args: Its arguments: arrays, pytrees, or ``jax.ShapeDtypeStruct``.
+        gpu: GPU name or size for the device-level prediction (context, preallocation).
+        environ: Environment to read JAX's allocator settings from (default ``os.environ``).
+        batch_size: Recorded in the result, for sweeps.
+        **kwargs: Keyword arguments of ``fn`` (``gpu``, ``environ`` and ``batch_size`` are
+            taken by this function).
+
+    Returns:
+        A :class:`JaxEstimate`.
+
+    Raises:
+        EstimateError: When ``fn`` cannot be traced or compiled for these arguments, or the
+            backend has no memory analysis.
+        ConfigError: When the GPU name or an allocator setting is invalid.
+    """
+    import jax
+
+    try:
+        # An already-jitted function keeps its own options (donate_argnums, static args).
+        jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+        compiled = jitted.lower(*args, **kwargs).compile()
+    except (TypeError, ValueError) as exc:
+        raise EstimateError(
+            f"JAX could not trace or compile the step: {exc}",
+            hint="check the argument shapes and dtypes; values that decide control flow must "
+            "be static (jax.jit static_argnums) since memfit passes shapes only",
+        ) from exc
+    except jax.errors.JAXTypeError as exc:
+        raise EstimateError(
+            f"JAX could not trace the step: {exc}",
+            hint="the step reads a traced value in Python; make it static or use lax.cond",
+        ) from exc
+    backend = jax.default_backend()
+    try:
+        stats = compiled.memory_analysis()
+    except NotImplementedError as exc:
+        raise EstimateError(
+            f"the {backend} backend has no compiled memory analysis",
+            hint="run on a backend that has one (CPU and GPU do), or upgrade jaxlib",
+        ) from exc
+    if stats is None:
+        raise EstimateError(
+            f"the {backend} backend returned no compiled memory analysis",
+            hint="run on a backend that has one (CPU and GPU do), or upgrade jaxlib",
+        )
+    argument = _stat(stats, "argument_size_in_bytes") or 0
+    output = _stat(stats, "output_size_in_bytes") or 0
+    alias = _stat(stats, "alias_size_in_bytes") or 0
+    temp = _stat(stats, "temp_size_in_bytes") or 0
+    code = _stat(stats, "generated_code_size_in_bytes") or 0
+    peak = _stat(stats, "peak_memory_in_bytes")
+    if peak is not None and peak <= 0:
+        peak = None  # backends without the figure report zero
+    summed = argument + output - alias + temp
+    executable_peak = max(summed, peak or 0)
+    device_used, notes = _device_used(executable_peak + code, backend, gpu, environ)
+    notes.insert(0, "XLA's memory analysis is a lower bound (its documentation says so)")
+    return JaxEstimate(
+        argument_bytes=argument,
+        output_bytes=output,
+        alias_bytes=alias,
+        temp_bytes=temp,
+        generated_code_bytes=code,
+        peak_bytes=peak,
+        executable_peak_bytes=executable_peak,
+        device_used_bytes=device_used,
+        backend=backend,
+        batch_size=batch_size,
+        notes=tuple(notes),
+    )
+
+
+def estimate_jax_sweep(
+    fn: Callable[..., Any],
+    make_args: Callable[[int], tuple[Any, ...]],
+    batch_sizes: Sequence[int],
+    *,
+    gpu: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    batch_knob: str = "batch_size",
+) -> JaxSweep:
+    """:func:`estimate_jax` at each batch size (``fn(*make_args(b))``) and the affine fit.
+
+    Raises:
+        ConfigError: When ``batch_sizes`` is empty or holds a non-positive value.
+        EstimateError: As :func:`estimate_jax`.
+    """
+    sizes = list(batch_sizes)
+    if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b <= 0 for b in sizes):
+        raise ConfigError(
+            f"batch sizes must be positive integers, got {sizes!r}",
+            key_path="batch_sizes",
+            hint="give e.g. 1024,4096",
+        )
+    points = [
+        estimate_jax(fn, *make_args(b), gpu=gpu, environ=environ, batch_size=b) for b in sizes
+    ]
+    fit = fit_affine(sizes, [p.executable_peak_bytes for p in points])
+    return JaxSweep(points=points, fit=fit, batch_knob=batch_knob)
+
+
+def tree_nbytes(tree: Any) -> int:
+    """Bytes of every array-like leaf (anything with ``shape`` and ``dtype``) of a pytree."""
+    import jax
+    import numpy as np
+
+    total = 0
+    for leaf in jax.tree_util.tree_leaves(tree):
+        shape = getattr(leaf, "shape", None)
+        dtype = getattr(leaf, "dtype", None)
+        if shape is None or dtype is None:
+            continue
+        total += int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    return total
+
+
+def env_state_bytes(env: Any, key: Any = None) -> int:
+    """Bytes of one environment state, from ``jax.eval_shape(env.reset, key)`` (Brax helper).
+
+    Works with any object whose ``reset(key)`` returns a pytree of arrays (Brax, gymnax,
+    MJX); nothing is run or allocated. For a batched env (``num_envs`` in the shapes) this is
+    the whole batch.
+
+    Args:
+        env: The environment.
+        key: A PRNG key (or its ``ShapeDtypeStruct``); default ``jax.random.PRNGKey(0)``.
+
+    Raises:
+        ConfigError: When ``env`` has no callable ``reset``.
+        EstimateError: When ``reset`` cannot be traced abstractly.
+    """
+    import jax
+
+    reset = getattr(env, "reset", None)
+    if not callable(reset):
+        raise ConfigError(
+            f"{type(env).__name__} has no reset(key) method",
+            key_path="env",
+            hint="pass a JAX environment (Brax, gymnax, MJX) whose reset(key) returns its state",
+        )
+    if key is None:
+        key = jax.random.PRNGKey(0)
+    try:
+        state = jax.eval_shape(reset, key)
+    except (TypeError, ValueError, jax.errors.JAXTypeError) as exc:
+        raise EstimateError(
+            f"could not trace {type(env).__name__}.reset abstractly: {exc}",
+            hint="reset must be a pure JAX function of the key",
+        ) from exc
+    return tree_nbytes(state)

@@ -1,0 +1,649 @@
+"""Brax PPO: check the arguments before Brax asserts, and plan them for a GPU.
+
+:func:`check_ppo` tests every rule ``brax.training.agents.ppo.train.train`` enforces (read
+from ``brax/training/agents/ppo/train.py``, brax 0.14) *before* Brax runs into it, and names
+the nearest valid settings:
+
+* ``assert batch_size * num_minibatches % num_envs == 0`` (each training step runs
+  ``batch_size * num_minibatches // num_envs`` sequential unrolls of every environment);
+* ``assert num_envs % device_count == 0`` where ``device_count`` is
+  ``min(local_device_count, max_devices_per_host) * process_count``;
+* ``ValueError`` when ``wrap_env`` is on and ``episode_length`` is ``None``;
+* ``ValueError`` when ``vision`` is on and ``action_repeat != 1``;
+* ``AssertionError`` when ``use_distributional_critic`` is on and ``clipping_epsilon_value``
+  is ``None``;
+* ``learning_rate_schedule`` must be ``None``, ``"NONE"`` or ``"ADAPTIVE_KL"``
+  (``ppo_optimizer.LRSchedule``); ``normalize_observations_mode`` ``"welford"`` or ``"ema"``;
+* the sizes (``num_envs``, ``batch_size``, ``num_minibatches``, ``unroll_length``,
+  ``action_repeat``, ``num_updates_per_batch``) are positive integers (a zero divides by zero
+  or builds empty scans deep inside a jitted function).
+
+:func:`plan_ppo` measures one environment state with ``jax.eval_shape(env.reset, key)``
+(:func:`memfit.estimate.jax_xla.env_state_bytes`), builds a ``ppo`` workload in Brax's layout
+(:func:`ppo_workload`) and hands it to :func:`memfit.plan`. :func:`train` checks, then calls
+Brax's own ``ppo.train``.
+
+Nothing here imports brax or jax at import time; the functions that need them raise
+:class:`memfit.BackendUnavailable` with a ``pip install`` hint when they are missing.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from memfit.core.plan import Plan
+from memfit.core.workload import Workload, parse_workload
+from memfit.errors import BackendUnavailable, ConfigError
+
+__all__ = [
+    "BRAX_PPO_DEFAULTS",
+    "DEFAULT_RANGES",
+    "PpoViolation",
+    "check_ppo",
+    "ensure_jax_compat",
+    "jax_allocator_settings",
+    "plan_ppo",
+    "ppo_kwargs",
+    "ppo_violations",
+    "ppo_workload",
+    "train",
+]
+
+#: Defaults of ``brax.training.agents.ppo.train.train`` (brax 0.14) that the rules read.
+BRAX_PPO_DEFAULTS: dict[str, Any] = {
+    "num_envs": 1,
+    "batch_size": 32,
+    "num_minibatches": 16,
+    "unroll_length": 10,
+    "num_updates_per_batch": 2,
+    "action_repeat": 1,
+    "episode_length": None,
+    "wrap_env": True,
+    "vision": False,
+    "max_devices_per_host": None,
+    "use_distributional_critic": False,
+    "clipping_epsilon_value": None,
+    "learning_rate_schedule": None,
+    "normalize_observations_mode": "welford",
+}
+
+#: Every keyword argument of brax 0.14's ``ppo.train`` (for did-you-mean on typos).
+BRAX_PPO_PARAMETERS: frozenset[str] = frozenset(
+    {
+        "environment", "num_timesteps", "max_devices_per_host", "wrap_env", "vision",
+        "augment_pixels", "num_envs", "episode_length", "action_repeat", "wrap_env_fn",
+        "randomization_fn", "learning_rate", "entropy_cost", "discounting", "unroll_length",
+        "batch_size", "num_minibatches", "num_updates_per_batch", "num_resets_per_eval",
+        "normalize_observations", "normalize_observations_std_eps",
+        "normalize_observations_mode", "normalize_until_count", "reward_scaling",
+        "clipping_epsilon", "clipping_epsilon_value", "gae_lambda", "max_grad_norm",
+        "normalize_advantage", "vf_loss_coefficient", "bootstrap_on_timeout",
+        "use_distributional_critic", "desired_kl", "learning_rate_schedule",
+        "learning_rate_schedule_min_lr", "learning_rate_schedule_max_lr", "network_factory",
+        "seed", "use_pmap_on_reset", "num_evals", "eval_env", "num_eval_envs",
+        "deterministic_eval", "log_training_metrics", "training_metrics_steps", "progress_fn",
+        "policy_params_fn", "save_checkpoint_path", "restore_checkpoint_path",
+        "restore_params", "restore_value_fn", "run_evals",
+    }
+)  # fmt: skip
+
+#: Knob ranges searched by :func:`plan_ppo` for knobs the caller does not pin
+#: (``(min, max)``, powers of two; ``unroll_length`` from a list).
+DEFAULT_RANGES: dict[str, tuple[int, ...]] = {
+    "num_envs": (128, 16384),
+    "batch_size": (64, 4096),
+    "num_minibatches": (1, 64),
+    "unroll_length": (5, 10, 20, 30),
+}
+
+_KNOBS = ("num_envs", "batch_size", "num_minibatches", "unroll_length")
+_POSITIVE = (*_KNOBS, "action_repeat", "num_updates_per_batch")
+_PIP_HINT = "pip install brax (it brings jax, flax, optax and mujoco)"
+
+
+@dataclass(frozen=True)
+class PpoViolation:
+    """One rule of Brax PPO that the arguments break.
+
+    Attributes:
+        rule: The rule as Brax writes it (``"batch_size * num_minibatches % num_envs == 0"``).
+        message: One sentence for humans, with the values.
+        suggestions: Nearest valid settings, each a dict of the arguments to change.
+    """
+
+    rule: str
+    message: str
+    suggestions: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+
+    def describe(self) -> str:
+        """The violation and its fixes in one line."""
+        if not self.suggestions:
+            return self.message
+        fixes = " or ".join(
+            ", ".join(f"{k}={v!r}" for k, v in s.items()) for s in self.suggestions
+        )
+        return f"{self.message}; nearest valid: {fixes}"
+
+
+def _require(module: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise BackendUnavailable(
+            f"{module} is not installed ({exc})", hint=_PIP_HINT
+        ) from exc
+
+
+def _multiples_near(value: int, unit: int, *, lowest: int = 1) -> list[int]:
+    """The multiples of ``unit`` just below and just above ``value`` (at least ``lowest``)."""
+    below = (value // unit) * unit
+    above = below + unit if below != value else value
+    out = [m for m in (below, above) if m >= lowest]
+    return sorted(set(out), key=lambda m: (abs(m - value), m))
+
+
+def _divisors_near(total: int, value: int, unit: int) -> list[int]:
+    """Divisors of ``total`` that are multiples of ``unit``: the nearest below and above."""
+    candidates = [d for d in range(unit, total + 1, unit) if total % d == 0]
+    below = [d for d in candidates if d < value]
+    above = [d for d in candidates if d > value]
+    picks = ([below[-1]] if below else []) + ([above[0]] if above else [])
+    return sorted(picks, key=lambda d: (abs(d - value), d))
+
+
+def _device_count(
+    local_device_count: int | None, process_count: int | None, max_devices_per_host: int | None
+) -> int:
+    if local_device_count is None or process_count is None:
+        jax = _require("jax")
+        if local_device_count is None:
+            local_device_count = int(jax.local_device_count())
+        if process_count is None:
+            process_count = int(jax.process_count())
+    local = local_device_count
+    if max_devices_per_host:
+        local = min(local, max_devices_per_host)
+    return local * process_count
+
+
+def ppo_violations(
+    *,
+    local_device_count: int | None = None,
+    process_count: int | None = None,
+    **ppo_kwargs: Any,
+) -> list[PpoViolation]:
+    """Every rule of Brax PPO that ``ppo_kwargs`` break, each with the nearest valid settings.
+
+    Arguments not given take Brax's defaults (:data:`BRAX_PPO_DEFAULTS`).
+
+    Args:
+        local_device_count: Devices on this host; ``None`` asks ``jax.local_device_count()``
+            (which starts JAX's backend: apply :func:`memfit.configure` first).
+        process_count: JAX processes; ``None`` asks ``jax.process_count()``.
+        **ppo_kwargs: The keyword arguments meant for ``ppo.train``.
+
+    Returns:
+        The broken rules, empty when Brax will accept the arguments.
+
+    Raises:
+        ConfigError: When an argument is not one ``ppo.train`` takes (with the nearest name).
+        BackendUnavailable: When a device count is needed from JAX and JAX is not installed.
+    """
+    unknown = sorted(set(ppo_kwargs) - BRAX_PPO_PARAMETERS)
+    if unknown:
+        name = unknown[0]
+        near = difflib.get_close_matches(name, sorted(BRAX_PPO_PARAMETERS), n=1)
+        raise ConfigError(
+            f"ppo.train takes no argument {name!r}",
+            key_path=name,
+            hint=f"did you mean {near[0]!r}?" if near else "see brax.training.agents.ppo.train",
+        )
+    args = {**BRAX_PPO_DEFAULTS, **ppo_kwargs}
+    out: list[PpoViolation] = []
+    bad_sizes = False
+    for key in _POSITIVE:
+        value = args[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            bad_sizes = True
+            out.append(
+                PpoViolation(
+                    rule=f"{key} >= 1",
+                    message=f"{key} must be a positive integer, not {value!r}",
+                    suggestions=({key: BRAX_PPO_DEFAULTS[key]},),
+                )
+            )
+    if not bad_sizes:
+        out.extend(_divisibility(args, local_device_count, process_count))
+    if args["wrap_env"] and args["episode_length"] is None:
+        out.append(
+            PpoViolation(
+                rule="episode_length is not None when wrap_env",
+                message="episode_length must be given when wrap_env=True "
+                "(Brax raises 'episode_length must be specified in ppo.train')",
+                suggestions=({"episode_length": 1000},),
+            )
+        )
+    if args["vision"] and args["action_repeat"] != 1:
+        out.append(
+            PpoViolation(
+                rule="action_repeat == 1 when vision",
+                message=f"vision=True needs action_repeat=1, not {args['action_repeat']!r} "
+                "(repeat actions with the env's n_frames instead)",
+                suggestions=({"action_repeat": 1},),
+            )
+        )
+    if args["use_distributional_critic"] and args["clipping_epsilon_value"] is None:
+        out.append(
+            PpoViolation(
+                rule="clipping_epsilon_value is not None when use_distributional_critic",
+                message="use_distributional_critic=True needs clipping_epsilon_value "
+                "(it is the kappa of the quantile Huber loss)",
+                suggestions=(
+                    {"clipping_epsilon_value": args.get("clipping_epsilon", 0.3)},
+                    {"use_distributional_critic": False},
+                ),
+            )
+        )
+    schedule = args["learning_rate_schedule"]
+    schedule_name = getattr(schedule, "value", schedule)
+    if schedule_name not in (None, "NONE", "ADAPTIVE_KL"):
+        out.append(
+            PpoViolation(
+                rule="learning_rate_schedule in (None, 'NONE', 'ADAPTIVE_KL')",
+                message=f"unknown learning_rate_schedule {schedule!r}",
+                suggestions=({"learning_rate_schedule": None}, {"learning_rate_schedule": "ADAPTIVE_KL"}),
+            )
+        )
+    if args["normalize_observations_mode"] not in ("welford", "ema"):
+        out.append(
+            PpoViolation(
+                rule="normalize_observations_mode in ('welford', 'ema')",
+                message=f"unknown normalize_observations_mode {args['normalize_observations_mode']!r}",
+                suggestions=({"normalize_observations_mode": "welford"},),
+            )
+        )
+    return out
+
+
+def _divisibility(
+    args: Mapping[str, Any], local_device_count: int | None, process_count: int | None
+) -> list[PpoViolation]:
+    out: list[PpoViolation] = []
+    envs, batch, minis = args["num_envs"], args["batch_size"], args["num_minibatches"]
+    devices = _device_count(local_device_count, process_count, args["max_devices_per_host"])
+    trajectories = batch * minis
+    if trajectories % envs:
+        fixes: list[dict[str, Any]] = []
+        minis_unit = envs // math.gcd(envs, batch)
+        fixes += [{"num_minibatches": m} for m in _multiples_near(minis, minis_unit)[:1]]
+        batch_unit = envs // math.gcd(envs, minis)
+        fixes += [{"batch_size": b} for b in _multiples_near(batch, batch_unit)[:1]]
+        fixes += [{"num_envs": e} for e in _divisors_near(trajectories, envs, devices)[:2]]
+        out.append(
+            PpoViolation(
+                rule="batch_size * num_minibatches % num_envs == 0",
+                message=f"batch_size * num_minibatches = {batch} x {minis} = {trajectories} "
+                f"is not a multiple of num_envs = {envs}",
+                suggestions=tuple(fixes),
+            )
+        )
+    if envs % devices:
+        near = [e for e in _multiples_near(envs, devices, lowest=devices) if trajectories % e == 0]
+        fixes = [{"num_envs": e} for e in near] or [
+            {"num_envs": e} for e in _multiples_near(envs, devices, lowest=devices)
+        ]
+        out.append(
+            PpoViolation(
+                rule="num_envs % device_count == 0",
+                message=f"num_envs = {envs} is not a multiple of device_count = {devices}",
+                suggestions=tuple(fixes),
+            )
+        )
+    return out
+
+
+def check_ppo(
+    *,
+    local_device_count: int | None = None,
+    process_count: int | None = None,
+    **ppo_kwargs: Any,
+) -> dict[str, Any]:
+    """Check Brax PPO arguments before ``ppo.train`` asserts on them.
+
+    Args:
+        local_device_count: Devices on this host (``None``: ask JAX).
+        process_count: JAX processes (``None``: ask JAX).
+        **ppo_kwargs: The keyword arguments meant for ``ppo.train``.
+
+    Returns:
+        The arguments with Brax's defaults filled in for the checked names.
+
+    Raises:
+        ConfigError: When any rule is broken; the message lists every broken rule and the
+            hint the nearest valid settings (``key_path`` names the first rule's knobs).
+        BackendUnavailable: When a device count is needed from JAX and JAX is not installed.
+
+    >>> check_ppo(num_envs=512, batch_size=256, num_minibatches=4, episode_length=1000,
+    ...           local_device_count=1, process_count=1)["num_envs"]
+    512
+    """
+    problems = ppo_violations(
+        local_device_count=local_device_count, process_count=process_count, **ppo_kwargs
+    )
+    if problems:
+        first = problems[0]
+        raise ConfigError(
+            "Brax PPO would reject these arguments: "
+            + "; ".join(p.message for p in problems),
+            key_path="ppo." + first.rule.split()[0],
+            hint="; ".join(p.describe().split("; ", 1)[-1] for p in problems if p.suggestions),
+        )
+    return {**BRAX_PPO_DEFAULTS, **ppo_kwargs}
+
+
+def _hidden(ppo_kwargs: Mapping[str, Any], name: str, default: Sequence[int]) -> list[int]:
+    value = ppo_kwargs.get(name, default)
+    try:
+        sizes = [int(v) for v in value]
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"{name} must be a sequence of layer widths, not {value!r}", key_path=name
+        ) from exc
+    if not sizes or min(sizes) < 1:
+        raise ConfigError(f"{name} needs positive layer widths, not {value!r}", key_path=name)
+    return sizes
+
+
+def ppo_workload(
+    *,
+    observation_size: int,
+    action_size: int,
+    env_state_bytes: int,
+    pinned: Mapping[str, int] | None = None,
+    ranges: Mapping[str, tuple[int, ...]] | None = None,
+    policy_hidden_layer_sizes: Sequence[int] = (32,) * 4,
+    value_hidden_layer_sizes: Sequence[int] = (256,) * 5,
+    device_count: int = 1,
+    jax_preallocate: bool = False,
+    name: str = "brax_ppo",
+) -> Workload:
+    """A ``ppo`` workload in Brax's layout, for :func:`memfit.plan`.
+
+    Networks follow ``brax.training.agents.ppo.networks.make_ppo_networks``: the policy
+    outputs a mean and a scale per action (``2 * action_size``), the value one number.
+
+    Args:
+        observation_size: Length of the observation vector.
+        action_size: Length of the action vector.
+        env_state_bytes: Bytes of one environment's state (``jax.eval_shape`` of ``reset``).
+        pinned: Knob values to keep as they are (the others are searched).
+        ranges: Search ranges for knobs that are not pinned (defaults :data:`DEFAULT_RANGES`):
+            ``(min, max)`` searched over powers of two, or more values as a list of choices.
+        policy_hidden_layer_sizes: Brax's ``policy_hidden_layer_sizes``.
+        value_hidden_layer_sizes: Brax's ``value_hidden_layer_sizes``.
+        device_count: Devices Brax ``pmap`` s over.
+        jax_preallocate: Plan with JAX's default 75% preallocation (``True``) or allocation
+            on demand (``False``: the breakdown then shows what the job itself needs).
+        name: The workload's name.
+
+    Returns:
+        The validated workload.
+
+    Raises:
+        ConfigError: When a size, range or pinned value is invalid.
+    """
+    for key, value in (("observation_size", observation_size), ("action_size", action_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{key} must be a positive integer, not {value!r}", key_path=key)
+    pinned = dict(pinned or {})
+    ranges = {**DEFAULT_RANGES, **(ranges or {})}
+    knobs: dict[str, dict[str, Any]] = {}
+    priorities = {"num_envs": 3, "unroll_length": 2, "batch_size": 1, "num_minibatches": 0}
+    for knob in _KNOBS:
+        if knob in pinned:
+            knobs[knob] = {"choices": [int(pinned[knob])], "priority": priorities[knob]}
+            continue
+        domain = tuple(int(v) for v in ranges[knob])
+        if len(domain) == 2 and knob != "unroll_length":
+            low = 1 << max(0, (domain[0] - 1).bit_length())  # lowest power of two >= min
+            knobs[knob] = {"min": low, "max": domain[1], "powers_of_two": True}
+        else:
+            knobs[knob] = {"choices": list(domain)}
+        knobs[knob]["priority"] = priorities[knob]
+    data: dict[str, Any] = {
+        "name": name,
+        "description": "Brax PPO (memfit.integrations.brax.ppo_workload)",
+        "family": "ppo",
+        "framework": "jax",
+        "precision": "fp32",
+        "optimizer": "adam",
+        "ppo": {"layout": "brax"},
+        "observations": {"vector": observation_size},
+        "action_dim": action_size,
+        "env_state_bytes": int(env_state_bytes),
+        "networks": {
+            "policy": {"layers": [*_hidden({"p": policy_hidden_layer_sizes}, "p", ()), 2 * action_size]},
+            "value": {"layers": [*_hidden({"v": value_hidden_layer_sizes}, "v", ()), 1]},
+        },
+        "devices": {"count": device_count, "strategy": "pmap" if device_count > 1 else "single"},
+        "jax": {"preallocate": jax_preallocate},
+        "knobs": knobs,
+        "objective": "num_envs * unroll_length",
+        "constraints": {"presets": ["brax_ppo"]},
+    }
+    if device_count > 1:
+        data["settings"] = {"device_count": device_count}
+    return parse_workload(yaml.safe_dump(data, sort_keys=False), source=name)
+
+
+def _observation_size(env: Any) -> int:
+    size = getattr(env, "observation_size", None)
+    if isinstance(size, Mapping):
+        shape = size.get("state")
+        if shape is None:
+            raise ConfigError(
+                f"dict observations without a 'state' entry: {sorted(size)}",
+                key_path="env.observation_size",
+                hint="plan vision PPO with a workload file that lists the cameras",
+            )
+        return int(math.prod(shape)) if isinstance(shape, Sequence) else int(shape)
+    if isinstance(size, int):
+        return size
+    if isinstance(size, Sequence):
+        return int(math.prod(size))
+    raise ConfigError(
+        f"{type(env).__name__} has no observation_size", key_path="env.observation_size"
+    )
+
+
+def plan_ppo(
+    env: Any,
+    gpu: Any = "local",
+    *,
+    margin: float | str = 0.1,
+    ranges: Mapping[str, tuple[int, ...]] | None = None,
+    local_device_count: int | None = None,
+    process_count: int | None = None,
+    jax_preallocate: bool = False,
+    **ppo_kwargs: Any,
+) -> Plan:
+    """Plan Brax PPO's ``num_envs`` / ``batch_size`` / ``num_minibatches`` / ``unroll_length``.
+
+    The environment state is measured with ``jax.eval_shape(env.reset, key)``; knobs given
+    in ``ppo_kwargs`` are pinned, the others searched over :data:`DEFAULT_RANGES` (or
+    ``ranges``) under Brax's rules.
+
+    Args:
+        env: A Brax environment (``observation_size``, ``action_size``, ``reset(key)``).
+        gpu: A catalog name, a size, a :class:`memfit.GpuSpec`, or ``"local"``.
+        margin: Safety margin (fraction of the GPU).
+        ranges: Search ranges for knobs that are not pinned.
+        local_device_count: Devices on this host (``None``: ask JAX).
+        process_count: JAX processes (``None``: ask JAX).
+        jax_preallocate: Plan with JAX's default preallocation (see :func:`ppo_workload`).
+        **ppo_kwargs: Arguments meant for ``ppo.train``; the four knobs among them are pinned,
+            ``policy_hidden_layer_sizes`` / ``value_hidden_layer_sizes`` size the networks,
+            and every rule :func:`check_ppo` knows is checked on the pinned values.
+
+    Returns:
+        The plan (:class:`memfit.core.plan.Plan`); ``plan.knobs`` go to ``ppo.train``.
+
+    Raises:
+        ConfigError: When a pinned argument breaks a Brax rule, or the env lacks sizes.
+        InfeasiblePlan: When no configuration fits the GPU.
+        EstimateError: When ``env.reset`` cannot be traced abstractly.
+        BackendUnavailable: When JAX is not installed.
+    """
+    from memfit.estimate.jax_xla import env_state_bytes
+    from memfit.planning import plan
+
+    policy = _hidden(ppo_kwargs, "policy_hidden_layer_sizes", (32,) * 4)
+    value = _hidden(ppo_kwargs, "value_hidden_layer_sizes", (256,) * 5)
+    brax_args = {
+        k: v
+        for k, v in ppo_kwargs.items()
+        if k not in ("policy_hidden_layer_sizes", "value_hidden_layer_sizes")
+    }
+    devices = _device_count(local_device_count, process_count, brax_args.get("max_devices_per_host"))
+    pinned = {k: int(brax_args[k]) for k in _KNOBS if k in brax_args}
+    if len(pinned) == len(_KNOBS):
+        check_ppo(local_device_count=devices, process_count=1, **brax_args)
+    else:
+        non_knobs = {k: v for k, v in brax_args.items() if k not in _KNOBS}
+        problems = [
+            p
+            for p in ppo_violations(local_device_count=devices, process_count=1, **non_knobs)
+            if not p.rule.startswith(("batch_size", "num_envs"))
+        ]
+        if problems:
+            raise ConfigError(
+                "Brax PPO would reject these arguments: " + "; ".join(p.message for p in problems),
+                key_path="ppo",
+                hint="; ".join(p.describe() for p in problems),
+            )
+    _require("jax")
+    workload = ppo_workload(
+        observation_size=_observation_size(env),
+        action_size=int(env.action_size),
+        env_state_bytes=env_state_bytes(env),
+        pinned=pinned,
+        ranges=ranges,
+        policy_hidden_layer_sizes=policy,
+        value_hidden_layer_sizes=value,
+        device_count=devices,
+        jax_preallocate=jax_preallocate,
+        name=f"brax_ppo_{type(env).__name__.lower()}",
+    )
+    return plan(workload, gpu=gpu, margin=margin)
+
+
+def ppo_kwargs(plan: Plan) -> dict[str, int]:
+    """The planned knobs as keyword arguments for ``ppo.train``.
+
+    Raises:
+        ConfigError: When the plan lacks one of Brax's four knobs.
+    """
+    missing = [k for k in _KNOBS if k not in plan.knobs]
+    if missing:
+        raise ConfigError(
+            f"the plan has no {', '.join(missing)}", key_path="plan.knobs",
+            hint="plan a Brax PPO workload (plan_ppo or a ppo workload file)",
+        )
+    return {k: int(plan.knobs[k]) for k in _KNOBS}
+
+
+def jax_allocator_settings(plan: Plan, total_bytes: int, *, step: float = 0.05) -> dict[str, str]:
+    """XLA client settings for a planned job: preallocate the fraction the plan needs.
+
+    Preallocation keeps XLA's BFC allocator fast and unfragmented; the fraction is the plan's
+    predicted peak plus its margin, as a fraction of the GPU, rounded up to ``step`` and kept
+    within XLA's ``(0, 1]`` (never below the plan's own prediction).
+
+    Args:
+        plan: A plan from :func:`plan_ppo` (or :func:`memfit.plan` of a JAX workload).
+        total_bytes: The GPU's total memory.
+        step: Granularity of the fraction.
+
+    Returns:
+        ``{"XLA_PYTHON_CLIENT_PREALLOCATE": "true", "XLA_PYTHON_CLIENT_MEM_FRACTION": ...}``.
+
+    Raises:
+        ConfigError: When ``total_bytes`` is not positive or the plan does not fit.
+    """
+    if total_bytes <= 0:
+        raise ConfigError(f"total_bytes must be positive, not {total_bytes}", key_path="total_bytes")
+    if not plan.fits:
+        raise ConfigError(
+            f"the plan does not fit {plan.gpu}", key_path="plan",
+            hint="plan a smaller configuration first",
+        )
+    headroom = max(plan.budget_bytes - plan.predicted_bytes, 0)
+    need = plan.predicted_bytes + min(headroom, total_bytes - plan.budget_bytes)
+    fraction = min(1.0, math.ceil(need / total_bytes / step) * step)
+    return {
+        "XLA_PYTHON_CLIENT_PREALLOCATE": "true",
+        "XLA_PYTHON_CLIENT_MEM_FRACTION": f"{fraction:.2f}",
+    }
+
+
+def ensure_jax_compat() -> bool:
+    """Give brax 0.14 the ``jax.device_put_replicated`` that newer JAX removed.
+
+    JAX 0.10 removed ``jax.device_put_replicated`` (its migration guide names
+    ``jax.device_put`` with a sharding as the replacement); brax 0.14's ``ppo.train`` still
+    calls it once, to replicate the training state over the local devices. This installs
+    that documented replacement under the old name when, and only when, JAX lacks it.
+
+    Returns:
+        ``True`` when the replacement was installed, ``False`` when JAX has its own.
+
+    Raises:
+        BackendUnavailable: When JAX is not installed.
+    """
+    jax = _require("jax")
+    try:
+        jax.device_put_replicated  # noqa: B018 - probing a deprecated attribute
+        return False
+    except AttributeError:
+        pass
+    import jax.numpy as jnp
+    import numpy as np
+
+    def device_put_replicated(x: Any, devices: Sequence[Any]) -> Any:
+        devs = list(devices)
+        mesh = jax.sharding.Mesh(np.array(devs), ("replica",))
+        sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("replica"))
+        return jax.tree_util.tree_map(
+            lambda a: jax.device_put(jnp.stack([jnp.asarray(a)] * len(devs)), sharding), x
+        )
+
+    jax.device_put_replicated = device_put_replicated
+    return True
+
+
+def train(environment: Any, **ppo_kwargs: Any) -> Any:
+    """Check the arguments with :func:`check_ppo`, then run Brax's own ``ppo.train``.
+
+    Args:
+        environment: The Brax environment.
+        **ppo_kwargs: Keyword arguments for ``brax.training.agents.ppo.train.train``.
+
+    Returns:
+        What ``ppo.train`` returns: ``(make_policy, params, metrics)``.
+
+    Raises:
+        ConfigError: When a Brax rule is broken (before Brax asserts).
+        BackendUnavailable: When brax is not installed.
+    """
+    ppo = _require("brax.training.agents.ppo.train")
+    checked = {k: v for k, v in ppo_kwargs.items() if k not in ("network_factory",)}
+    check_ppo(**checked)
+    ensure_jax_compat()
+    return ppo.train(environment=environment, **ppo_kwargs)

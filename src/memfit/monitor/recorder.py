@@ -1,0 +1,1434 @@
+"""The in-process memory recorder: per-step samples, events, leaks, fragmentation, OOM dumps.
+
+:class:`Recorder` samples the memory of the *active device* once per training step (or every
+``every`` steps) and, optionally, in a background thread at a fixed interval. Where the numbers
+come from, in this order (each sample says which in ``source``):
+
+1. ``torch.cuda`` when torch is imported and has CUDA (``memory_allocated``,
+   ``memory_reserved``, ``max_memory_allocated``, ``mem_get_info``);
+2. JAX ``memory_stats()`` on a GPU device when JAX is imported;
+3. the live bytes of :func:`memfit.simulate_gpu` when one is active;
+4. the :class:`~memfit.backends.base.DeviceProbe` given as ``device=``.
+
+A sample is a plain ``dict``: ``step``, ``time``, ``step_seconds``, ``allocated_bytes``,
+``reserved_bytes``, ``peak_allocated_bytes``, ``device_used_bytes``, ``total_bytes``,
+``budget_bytes`` (``None`` where unknown) and ``source``. Samples and the
+:class:`~memfit.runtime.events.MemoryEvent` s reported by guards and cleanup policies go to a
+JSON-lines file (CSV on request) that ``memfit report`` turns into a figure.
+
+Leaks are found by :func:`detect_leak`, a pure function over ``(step, bytes)`` points: a
+flat-then-growing (hinge) fit picks where growth starts, a Theil-Sen slope with Sen's
+distribution-free confidence interval says whether it grows at all, and a minimum size (an
+absolute floor and a multiple of the noise) plus a steadiness test over four quarters keep noise
+and one-off jumps from raising an alarm.
+
+>>> steps = list(range(200))
+>>> leak = detect_leak(steps, [2**30 + 65536 * s for s in steps])
+>>> round(leak.bytes_per_step), leak.start_step
+(65536, 0)
+>>> detect_leak(steps, [2**30 + (s % 7) * 4096 for s in steps]) is None
+True
+"""
+
+from __future__ import annotations
+
+import csv as _csv
+import itertools
+import json
+import logging
+import math
+import os
+import pickle
+import statistics
+import sys
+import threading
+import time
+import types
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+from memfit.errors import BackendUnavailable, ConfigError, MemfitError, OutOfMemory
+from memfit.runtime.events import MemoryEvent
+from memfit.units import MiB, format_bytes
+
+__all__ = [
+    "SAMPLE_FIELDS",
+    "Fragmentation",
+    "Leak",
+    "Recorder",
+    "check_fragmentation",
+    "detect_leak",
+    "theil_sen",
+]
+
+logger = logging.getLogger("memfit")
+
+#: The fields of every sample, in the order they are written.
+SAMPLE_FIELDS: tuple[str, ...] = (
+    "step",
+    "time",
+    "step_seconds",
+    "allocated_bytes",
+    "reserved_bytes",
+    "peak_allocated_bytes",
+    "device_used_bytes",
+    "total_bytes",
+    "budget_bytes",
+    "source",
+)
+
+_CSV_FIELDS: tuple[str, ...] = (
+    "type",
+    "mode",
+    *SAMPLE_FIELDS,
+    "device_index",
+    "event_kind",
+    "event_source",
+    "message",
+)
+
+_SOURCES = ("auto", "torch", "jax", "simulated", "probe")
+
+# -- leak detection (pure) ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Leak:
+    """Steady memory growth found in a run.
+
+    Attributes:
+        metric: The sample field that grows (``"allocated_bytes"``, ``"device_used_bytes"``).
+        bytes_per_step: Growth rate (Theil-Sen slope), bytes per step.
+        lower_bytes_per_step: Lower end of the confidence interval of the rate.
+        upper_bytes_per_step: Upper end of the confidence interval of the rate.
+        confidence: The interval's confidence level (``0.99``).
+        start_step: First step of the growing stretch.
+        last_step: Last step looked at.
+        samples: Number of points in the growing stretch.
+        growth_bytes: Growth over the stretch at the fitted rate.
+        noise_bytes: Robust spread of the points around the fitted line (scaled MAD).
+        current_bytes: Fitted value of the metric at ``last_step``.
+        limit_bytes: The budget (or, without one, the device total) the growth runs into,
+            or ``None`` when unknown.
+        projected_oom_step: The step at which the fitted line reaches ``limit_bytes``, or
+            ``None`` when there is no limit.
+    """
+
+    metric: str
+    bytes_per_step: float
+    lower_bytes_per_step: float
+    upper_bytes_per_step: float
+    confidence: float
+    start_step: int
+    last_step: int
+    samples: int
+    growth_bytes: int
+    noise_bytes: int
+    current_bytes: int
+    limit_bytes: int | None
+    projected_oom_step: int | None
+
+    def describe(self) -> str:
+        """One human line: what grows, how fast, since when, and when it would run out."""
+        name = self.metric.removesuffix("_bytes").replace("_", " ")
+        text = (
+            f"possible memory leak: {name} grows {format_bytes(self.bytes_per_step)}/step "
+            f"since step {self.start_step} ({self.confidence:.0%} interval "
+            f"{format_bytes(self.lower_bytes_per_step)} to "
+            f"{format_bytes(self.upper_bytes_per_step)}/step, "
+            f"+{format_bytes(self.growth_bytes)} over {self.samples} samples)"
+        )
+        if self.projected_oom_step is not None and self.limit_bytes is not None:
+            text += (
+                f"; at this rate it reaches {format_bytes(self.limit_bytes)} "
+                f"around step {self.projected_oom_step}"
+            )
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for JSON."""
+        return {
+            "metric": self.metric,
+            "bytes_per_step": self.bytes_per_step,
+            "lower_bytes_per_step": self.lower_bytes_per_step,
+            "upper_bytes_per_step": self.upper_bytes_per_step,
+            "confidence": self.confidence,
+            "start_step": self.start_step,
+            "last_step": self.last_step,
+            "samples": self.samples,
+            "growth_bytes": self.growth_bytes,
+            "noise_bytes": self.noise_bytes,
+            "current_bytes": self.current_bytes,
+            "limit_bytes": self.limit_bytes,
+            "projected_oom_step": self.projected_oom_step,
+        }
+
+
+def theil_sen(
+    xs: Sequence[float], ys: Sequence[float], *, confidence: float = 0.99
+) -> tuple[float, float, float, float]:
+    """Theil-Sen line through the points, with Sen's confidence interval of the slope.
+
+    The slope is the median of the slopes between all pairs of points with different ``x``;
+    the interval takes the order statistics of those pairwise slopes given by the normal
+    approximation of Kendall's S (Sen 1968), so it holds without assuming Gaussian noise.
+
+    Args:
+        xs: The x values (steps). At least two must differ.
+        ys: The y values (bytes), as many as ``xs``.
+        confidence: Two-sided confidence level of the interval, in ``(0, 1)``.
+
+    Returns:
+        ``(slope, lower, upper, intercept)``; the intercept is the median of
+        ``y - slope * x``.
+
+    Raises:
+        ConfigError: When the lengths differ, ``confidence`` is outside ``(0, 1)``, or there
+            are fewer than two distinct ``x``.
+
+    >>> theil_sen([0, 1, 2, 3, 4], [1, 3, 5, 7, 100])[0]
+    2.0
+    """
+    if len(xs) != len(ys):
+        raise ConfigError(
+            f"xs and ys differ in length ({len(xs)} and {len(ys)})", key_path="theil_sen"
+        )
+    if not 0.0 < confidence < 1.0:
+        raise ConfigError(
+            f"confidence must be in (0, 1), not {confidence!r}",
+            key_path="confidence",
+            hint="use a level such as 0.99",
+        )
+    n = len(xs)
+    slopes: list[float] = []
+    for i in range(n):
+        xi = xs[i]
+        yi = ys[i]
+        for j in range(i + 1, n):
+            dx = xs[j] - xi
+            if dx != 0:
+                slopes.append((ys[j] - yi) / dx)
+    if not slopes:
+        raise ConfigError(
+            "a slope needs at least two points with different x", key_path="theil_sen"
+        )
+    slopes.sort()
+    count = len(slopes)
+    slope = statistics.median(slopes)
+    z = statistics.NormalDist().inv_cdf(0.5 + confidence / 2.0)
+    c = z * math.sqrt(n * (n - 1) * (2 * n + 5) / 18.0)
+    lower_rank = math.floor((count - c) / 2.0)  # 1-based rank of the lower bound
+    upper_rank = math.ceil((count + c) / 2.0) + 1
+    lower = slopes[min(max(lower_rank - 1, 0), count - 1)]
+    upper = slopes[min(max(upper_rank - 1, 0), count - 1)]
+    intercept = statistics.median(y - slope * x for x, y in zip(xs, ys, strict=True))
+    return slope, lower, upper, intercept
+
+
+def _thin(points: Sequence[tuple[int, float]], max_points: int) -> list[tuple[int, float]]:
+    """At most ``max_points`` of ``points``, evenly spaced by index, the last one kept."""
+    n = len(points)
+    if n <= max_points:
+        return list(points)
+    stride = (n - 1) / (max_points - 1)
+    return [points[round(i * stride)] for i in range(max_points)]
+
+
+def _hinge_start(points: Sequence[tuple[int, float]], min_stretch: int) -> int:
+    """Index where a flat-then-linear fit of ``points`` bends (least squares, every knot).
+
+    For a knot at ``x_k`` the model is ``y = a + b * max(0, x - x_k)``; its residual sum of
+    squares is ``Syy - Sxy**2 / Sxx`` of the hinged ``x``. Suffix sums make each knot O(1).
+    Only knots that leave at least ``min_stretch`` points after them are tried.
+    """
+    n = len(points)
+    last = n - min_stretch
+    if last <= 0:
+        return 0
+    mean_y = sum(p[1] for p in points) / n
+    xs = [float(p[0]) for p in points]
+    ys = [p[1] - mean_y for p in points]
+    syy = sum(y * y for y in ys)
+    # suffix sums of x, x**2, x*y and y from index k to the end
+    s1 = [0.0] * (n + 1)
+    s2 = [0.0] * (n + 1)
+    sxy = [0.0] * (n + 1)
+    sy = [0.0] * (n + 1)
+    for i in range(n - 1, -1, -1):
+        s1[i] = s1[i + 1] + xs[i]
+        s2[i] = s2[i + 1] + xs[i] * xs[i]
+        sxy[i] = sxy[i + 1] + xs[i] * ys[i]
+        sy[i] = sy[i + 1] + ys[i]
+    best_index, best_sse = 0, math.inf
+    for k in range(last + 1):
+        knot = xs[k]
+        m = n - k
+        sum_x = s1[k] - m * knot
+        sum_xx = s2[k] - 2.0 * knot * s1[k] + m * knot * knot
+        cross = sxy[k] - knot * sy[k]
+        var_x = sum_xx - sum_x * sum_x / n
+        if var_x <= 0.0:
+            continue
+        sse = syy - cross * cross / var_x
+        if sse < best_sse - 1e-9 * max(syy, 1.0):
+            best_index, best_sse = k, sse
+    return best_index
+
+
+def _is_steady(points: Sequence[tuple[int, float]], slope: float) -> bool:
+    """Does the middle of each quarter of ``points`` rise with ``slope``, not in one jump?"""
+    n = len(points)
+    quarter = n // 4
+    if quarter < 2:
+        return False
+    centres: list[tuple[float, float]] = []
+    for q in range(4):
+        chunk = points[q * quarter : (q + 1) * quarter] if q < 3 else points[3 * quarter :]
+        centres.append(
+            (statistics.median(p[0] for p in chunk), statistics.median(p[1] for p in chunk))
+        )
+    for (x0, y0), (x1, y1) in itertools.pairwise(centres):
+        if y1 - y0 < 0.25 * slope * (x1 - x0):
+            return False
+    return True
+
+
+def detect_leak(
+    steps: Sequence[int | None],
+    values: Sequence[int | float | None],
+    *,
+    metric: str = "allocated_bytes",
+    limit_bytes: int | None = None,
+    confidence: float = 0.99,
+    min_samples: int = 16,
+    min_growth_bytes: int = MiB,
+    noise_multiple: float = 6.0,
+    max_points: int = 128,
+) -> Leak | None:
+    """Find steady growth in a series of memory readings; ``None`` when there is none.
+
+    Points with a ``None`` step or value are skipped; when a step repeats, its last reading
+    counts. The test, in order:
+
+    1. at most ``max_points`` evenly spaced points are kept (cost is quadratic in them);
+    2. a flat-then-linear (hinge) least-squares fit chooses where growth starts, so growth
+       that begins mid-run is measured from its start, not diluted by the flat part;
+    3. from there on, the Theil-Sen slope's lower confidence bound must be above zero;
+    4. the growth over the stretch must reach ``min_growth_bytes`` and ``noise_multiple``
+       times the robust noise (scaled median absolute deviation around the line);
+    5. each quarter of the stretch must rise by at least a quarter of what the slope says,
+       so one jump (a cache that grows once) is not a leak.
+
+    Args:
+        steps: Step of each reading.
+        values: Bytes of each reading.
+        metric: Name of the series, carried into the result.
+        limit_bytes: The budget or device size; sets :attr:`Leak.projected_oom_step`.
+        confidence: Confidence level of the slope interval.
+        min_samples: Fewest points a growing stretch may have.
+        min_growth_bytes: Smallest growth over the stretch that counts.
+        noise_multiple: Growth must also exceed this many times the noise.
+        max_points: Most points used.
+
+    Returns:
+        The :class:`Leak`, or ``None``.
+
+    Raises:
+        ConfigError: When ``steps`` and ``values`` differ in length, or a setting is out of
+            range (``min_samples`` < 8, ``max_points`` < ``min_samples``, ``confidence``
+            outside ``(0, 1)``).
+    """
+    if len(steps) != len(values):
+        raise ConfigError(
+            f"steps and values differ in length ({len(steps)} and {len(values)})",
+            key_path="detect_leak",
+        )
+    if min_samples < 8:
+        raise ConfigError(
+            f"min_samples must be at least 8, not {min_samples}", key_path="min_samples"
+        )
+    if max_points < min_samples:
+        raise ConfigError(
+            f"max_points ({max_points}) must be at least min_samples ({min_samples})",
+            key_path="max_points",
+        )
+    if not 0.0 < confidence < 1.0:
+        raise ConfigError(
+            f"confidence must be in (0, 1), not {confidence!r}", key_path="confidence"
+        )
+    by_step: dict[int, float] = {}
+    for s, v in zip(steps, values, strict=True):
+        if s is None or v is None:
+            continue
+        if isinstance(v, float) and not math.isfinite(v):
+            continue
+        by_step[int(s)] = float(v)
+    points = sorted(by_step.items())
+    if len(points) < min_samples:
+        return None
+    points = _thin(points, max_points)
+    start = _hinge_start(points, max(min_samples, len(points) // 4))
+    stretch = points[start:]
+    xs = [float(p[0]) for p in stretch]
+    ys = [p[1] for p in stretch]
+    slope, lower, upper, intercept = theil_sen(xs, ys, confidence=confidence)
+    if lower <= 0.0 or slope <= 0.0:
+        return None
+    residuals = [y - (intercept + slope * x) for x, y in zip(xs, ys, strict=True)]
+    centre = statistics.median(residuals)
+    noise = 1.4826 * statistics.median(abs(r - centre) for r in residuals)
+    span = xs[-1] - xs[0]
+    growth = slope * span
+    if growth < min_growth_bytes or growth < noise_multiple * noise:
+        return None
+    if not _is_steady(stretch, slope):
+        return None
+    last_step = stretch[-1][0]
+    current = intercept + slope * last_step
+    projected: int | None = None
+    if limit_bytes is not None:
+        if current >= limit_bytes:
+            projected = last_step
+        else:
+            projected = last_step + math.ceil((limit_bytes - current) / slope)
+    return Leak(
+        metric=metric,
+        bytes_per_step=slope,
+        lower_bytes_per_step=lower,
+        upper_bytes_per_step=upper,
+        confidence=confidence,
+        start_step=stretch[0][0],
+        last_step=last_step,
+        samples=len(stretch),
+        growth_bytes=round(growth),
+        noise_bytes=round(noise),
+        current_bytes=round(current),
+        limit_bytes=limit_bytes,
+        projected_oom_step=projected,
+    )
+
+
+# -- fragmentation (pure) -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fragmentation:
+    """The caching allocator holds far more than the tensors ever needed at once.
+
+    Attributes:
+        step: Step of the sample it was seen in, or ``None``.
+        reserved_bytes: Bytes the allocator holds.
+        in_use_bytes: The peak of allocated bytes (or allocated bytes when no peak is known).
+        slack_bytes: ``reserved_bytes - in_use_bytes``.
+        fraction: ``slack_bytes / reserved_bytes``.
+    """
+
+    step: int | None
+    reserved_bytes: int
+    in_use_bytes: int
+    slack_bytes: int
+    fraction: float
+
+    def describe(self) -> str:
+        """One human line with the suggested fix."""
+        return (
+            f"fragmentation: the allocator reserves {format_bytes(self.reserved_bytes)} but "
+            f"tensors never used more than {format_bytes(self.in_use_bytes)} at once "
+            f"({format_bytes(self.slack_bytes)}, {self.fraction:.0%} reserved but unused); "
+            "set PYTORCH_ALLOC_CONF=expandable_segments:True "
+            "(PYTORCH_CUDA_ALLOC_CONF on older PyTorch) before torch starts"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for JSON."""
+        return {
+            "step": self.step,
+            "reserved_bytes": self.reserved_bytes,
+            "in_use_bytes": self.in_use_bytes,
+            "slack_bytes": self.slack_bytes,
+            "fraction": self.fraction,
+        }
+
+
+def check_fragmentation(
+    sample: dict[str, Any],
+    *,
+    min_slack_bytes: int = 512 * MiB,
+    min_fraction: float = 0.3,
+) -> Fragmentation | None:
+    """Is reserved memory far above what the tensors needed, in this sample?
+
+    Between steps, allocated memory is low and reserved memory stays at the step's peak: that
+    is caching, not fragmentation. So the comparison is reserved against the *peak* of
+    allocated memory: when the allocator holds much more than was ever in use at once, its
+    blocks are fragmented (the case ``expandable_segments`` fixes).
+
+    Args:
+        sample: A Recorder sample.
+        min_slack_bytes: Smallest unused reserve that counts.
+        min_fraction: Smallest unused share of the reserve that counts.
+
+    Returns:
+        A :class:`Fragmentation`, or ``None`` (also when the sample lacks the figures).
+    """
+    reserved = sample.get("reserved_bytes")
+    in_use = sample.get("peak_allocated_bytes")
+    if in_use is None:
+        in_use = sample.get("allocated_bytes")
+    if reserved is None or in_use is None or reserved <= 0:
+        return None
+    slack = int(reserved) - int(in_use)
+    fraction = slack / reserved
+    if slack < min_slack_bytes or fraction < min_fraction:
+        return None
+    step = sample.get("step")
+    return Fragmentation(
+        step=step if isinstance(step, int) else None,
+        reserved_bytes=int(reserved),
+        in_use_bytes=int(in_use),
+        slack_bytes=slack,
+        fraction=fraction,
+    )
+
+
+# -- where the numbers come from ------------------------------------------------------------
+
+
+class _Source(Protocol):
+    name: str
+
+    def read(self) -> dict[str, int | None]: ...
+
+
+def _empty_reading() -> dict[str, int | None]:
+    return {
+        "allocated_bytes": None,
+        "reserved_bytes": None,
+        "peak_allocated_bytes": None,
+        "device_used_bytes": None,
+        "total_bytes": None,
+        "budget_bytes": None,
+    }
+
+
+class _TorchCudaSource:
+    """``torch.cuda`` figures of one device."""
+
+    def __init__(self, torch_module: Any, index: int) -> None:
+        self._cuda = torch_module.cuda
+        self.index = index
+        self.name = "torch.cuda"
+        self.total = int(self._cuda.get_device_properties(index).total_memory)
+
+    def read(self) -> dict[str, int | None]:
+        cuda = self._cuda
+        free, total = cuda.mem_get_info(self.index)
+        return {
+            "allocated_bytes": int(cuda.memory_allocated(self.index)),
+            "reserved_bytes": int(cuda.memory_reserved(self.index)),
+            "peak_allocated_bytes": int(cuda.max_memory_allocated(self.index)),
+            "device_used_bytes": int(total) - int(free),
+            "total_bytes": self.total,
+            "budget_bytes": None,
+        }
+
+
+class _JaxSource:
+    """JAX ``memory_stats()`` of one GPU device."""
+
+    def __init__(self, device: Any) -> None:
+        self._device = device
+        self.name = "jax"
+
+    def read(self) -> dict[str, int | None]:
+        stats = self._device.memory_stats() or {}
+
+        def get(key: str) -> int | None:
+            value = stats.get(key)
+            return int(value) if value is not None else None
+
+        reading = _empty_reading()
+        reading["allocated_bytes"] = get("bytes_in_use")
+        reading["reserved_bytes"] = get("bytes_reserved")
+        reading["peak_allocated_bytes"] = get("peak_bytes_in_use")
+        reading["budget_bytes"] = get("bytes_limit")
+        return reading
+
+
+class _SimulatedSource:
+    """The innermost active :func:`memfit.simulate_gpu` (looked up at each read)."""
+
+    def __init__(self, active: Callable[[], Any]) -> None:
+        self._active = active
+        self.name = "simulated"
+
+    def read(self) -> dict[str, int | None]:
+        reading = _empty_reading()
+        sim = self._active()
+        if sim is None:
+            return reading
+        reading["allocated_bytes"] = int(sim.allocated_bytes)
+        reading["peak_allocated_bytes"] = int(sim.peak_allocated_bytes)
+        reading["budget_bytes"] = int(sim.budget_bytes)
+        device = getattr(sim, "device", None)
+        total = getattr(device, "total_bytes", None)
+        reading["total_bytes"] = int(total) if total is not None else None
+        return reading
+
+
+class _ProbeSource:
+    """One device of a :class:`~memfit.backends.base.DeviceProbe`."""
+
+    def __init__(self, probe: Any, index: int = 0) -> None:
+        self.probe = probe
+        self.index = index
+        self.name = str(getattr(probe, "name", "probe"))
+
+    def read(self) -> dict[str, int | None]:
+        reading = _empty_reading()
+        for dev in self.probe.snapshot().devices:
+            if dev.index == self.index:
+                reading["allocated_bytes"] = dev.allocated_bytes
+                reading["reserved_bytes"] = dev.allocator_reserved_bytes
+                reading["peak_allocated_bytes"] = dev.peak_allocated_bytes
+                reading["device_used_bytes"] = dev.device_used_bytes
+                reading["total_bytes"] = dev.total_bytes
+                reading["budget_bytes"] = dev.limit_bytes
+                break
+        return reading
+
+
+class _NoSource:
+    name = "none"
+
+    def read(self) -> dict[str, int | None]:
+        return _empty_reading()
+
+
+def _torch_cuda() -> Any | None:
+    """The torch module when it is imported and has CUDA, else ``None`` (never imports it)."""
+    torch_module = sys.modules.get("torch")
+    if torch_module is None:
+        return None
+    try:
+        return torch_module if torch_module.cuda.is_available() else None
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def _jax_gpu() -> Any | None:
+    """A JAX GPU device with memory statistics, when JAX is imported, else ``None``."""
+    jax_module = sys.modules.get("jax")
+    if jax_module is None:
+        return None
+    try:
+        for dev in jax_module.devices():
+            if getattr(dev, "platform", "") == "gpu" and dev.memory_stats() is not None:
+                return dev
+    except RuntimeError:
+        return None
+    return None
+
+
+def _simulate_active() -> Callable[[], Any] | None:
+    """``memfit.runtime.simulate.active`` when that module is loaded (it needs torch)."""
+    module = sys.modules.get("memfit.runtime.simulate")
+    if module is None:
+        return None
+    active = getattr(module, "active", None)
+    return active if callable(active) else None
+
+
+def _simulated_budget() -> int | None:
+    """The budget of the active :func:`memfit.simulate_gpu`, or ``None``."""
+    active = _simulate_active()
+    sim = active() if active is not None else None
+    return int(sim.budget_bytes) if sim is not None else None
+
+
+def _resolve_source(kind: str, probe: Any | None) -> _Source:
+    """The source of step samples for ``kind`` (``"auto"`` picks as the module docstring says).
+
+    Raises:
+        BackendUnavailable: When a source named explicitly is not there.
+    """
+    if kind in ("auto", "torch"):
+        torch_module = _torch_cuda()
+        if torch_module is not None:
+            return _TorchCudaSource(torch_module, int(torch_module.cuda.current_device()))
+        if kind == "torch":
+            raise BackendUnavailable(
+                "torch with CUDA is not there to record from",
+                hint="import torch with CUDA first, or use source='auto'",
+            )
+    if kind in ("auto", "jax"):
+        device = _jax_gpu()
+        if device is not None:
+            return _JaxSource(device)
+        if kind == "jax":
+            raise BackendUnavailable(
+                "no JAX GPU device with memory statistics",
+                hint="import jax with a GPU backend first, or use source='auto'",
+            )
+    if kind in ("auto", "simulated"):
+        active = _simulate_active()
+        if active is not None and (kind == "simulated" or active() is not None):
+            return _SimulatedSource(active)
+        if kind == "simulated":
+            raise BackendUnavailable(
+                "memfit.simulate_gpu has not been used in this process",
+                hint="record inside `with memfit.simulate_gpu(...)`",
+            )
+    if probe is not None:
+        return _ProbeSource(probe)
+    if kind == "probe":
+        raise BackendUnavailable(
+            "source='probe' needs a DeviceProbe as device=",
+            hint="pass device=memfit.backends.simulated.SimulatedDevice(...) or an NVML probe",
+        )
+    return _NoSource()
+
+
+def _default_probe() -> Any | None:
+    """The local NVML probe (:func:`memfit.backends.local_probe`), or ``None`` without one.
+
+    torch is not tried here: where torch sees CUDA, the in-process source already reads it.
+    """
+    from memfit.backends import local_probe
+
+    try:
+        probe, _reasons = local_probe(try_torch=False)
+    except MemfitError:
+        return None
+    return probe
+
+
+def _is_oom(exc: BaseException) -> bool:
+    """Is ``exc`` an out-of-memory error (through :func:`memfit.runtime.oom.is_oom`)?"""
+    try:
+        from memfit.runtime.oom import is_oom
+    except ImportError:
+        return isinstance(exc, OutOfMemory) or type(exc).__name__ == "OutOfMemoryError"
+    return bool(is_oom(exc))
+
+
+# -- the recorder ---------------------------------------------------------------------------
+
+
+class Recorder:
+    """Record a run's memory per step, find leaks, and keep the evidence of an OOM.
+
+    Use it as a context manager around the loop, calling :meth:`step` once per step::
+
+        with memfit.Recorder("run.jsonl") as rec:
+            for batch in loader:
+                train_step(batch)
+                rec.step()
+
+    or pass it where a callback is wanted (``rec(step)`` is ``rec.step(step=step)``), and as
+    ``on_event=rec.on_event`` to guards and cleanup policies.
+
+    Args:
+        path: JSON-lines file the samples and events are appended to (CSV with ``csv=True``),
+            or ``None`` to keep them in memory only.
+        every: Sample every ``every``-th step.
+        device: A :class:`~memfit.backends.base.DeviceProbe` for the background sampler,
+            and the source of step samples when no framework device is active.
+        log: Write short lines through ``logging.getLogger("memfit")``.
+        csv: Write CSV instead of JSON lines.
+        interval: Seconds between background samples (a daemon thread); ``None`` for none.
+            The background thread samples ``device`` (default: the local NVML probe, else
+            the same source as the steps).
+        source: ``"auto"``, or force ``"torch"``, ``"jax"``, ``"simulated"`` or ``"probe"``.
+        budget: Budget the run must stay under (bytes or size text); ``None`` takes the
+            simulated GPU's budget or JAX's ``bytes_limit`` where there is one.
+        log_every: Log a line (and look for leaks and fragmentation) every this many steps.
+        history: Samples kept in memory (the oldest go first).
+        oom_dir: Where OOM dumps go; default: next to ``path``, else the working directory.
+        oom_samples: Last samples written in an OOM dump.
+        memory_history: On CUDA, record allocation history with this ``max_entries`` for the
+            OOM snapshot (costs time per allocation); ``None`` leaves it off (the snapshot
+            then shows segments and blocks without stack traces).
+        max_oom_dumps: Most OOM dumps written by one recorder.
+
+    Raises:
+        ConfigError: When a setting is out of range (``every`` < 1, ``interval`` <= 0, an
+            unknown ``source``, ...).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        every: int = 1,
+        device: Any | None = None,
+        log: bool = True,
+        csv: bool = False,
+        interval: float | None = None,
+        source: str = "auto",
+        budget: int | str | None = None,
+        log_every: int = 100,
+        history: int = 10_000,
+        oom_dir: str | os.PathLike[str] | None = None,
+        oom_samples: int = 200,
+        memory_history: int | None = None,
+        max_oom_dumps: int = 1,
+    ) -> None:
+        from memfit.units import parse_bytes
+
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ConfigError(
+                f"every must be a whole number of steps >= 1, not {every!r}",
+                key_path="Recorder.every",
+                hint="use every=1 to sample each step, every=10 for every tenth",
+            )
+        if interval is not None and (not math.isfinite(interval) or interval <= 0):
+            raise ConfigError(
+                f"interval must be a positive number of seconds, not {interval!r}",
+                key_path="Recorder.interval",
+                hint="use interval=0.1 for 10 samples a second",
+            )
+        if source not in _SOURCES:
+            raise ConfigError(
+                f"unknown source {source!r}",
+                key_path="Recorder.source",
+                hint="use one of " + ", ".join(_SOURCES),
+            )
+        for key, value in (
+            ("log_every", log_every),
+            ("history", history),
+            ("oom_samples", oom_samples),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(
+                    f"{key} must be a whole number >= 1, not {value!r}",
+                    key_path=f"Recorder.{key}",
+                )
+        if memory_history is not None and memory_history < 1:
+            raise ConfigError(
+                f"memory_history must be a positive number of entries, not {memory_history!r}",
+                key_path="Recorder.memory_history",
+                hint="use memory_history=100_000, or None to leave history recording off",
+            )
+        if device is not None and not callable(getattr(device, "snapshot", None)):
+            raise ConfigError(
+                f"device must be a DeviceProbe (with .snapshot()), not {type(device).__name__}",
+                key_path="Recorder.device",
+            )
+        self.path = Path(path) if path is not None else None
+        self.every = every
+        self.device = device
+        self.log = log
+        self.csv = csv
+        self.interval = interval
+        self.source_kind = source
+        self.budget_bytes = parse_bytes(budget) if budget is not None else None
+        self.log_every = log_every
+        self.oom_dir = Path(oom_dir) if oom_dir is not None else None
+        self.oom_samples = oom_samples
+        self.memory_history = memory_history
+        self.max_oom_dumps = max_oom_dumps
+
+        self._samples: deque[dict[str, Any]] = deque(maxlen=history)
+        self._background: deque[dict[str, Any]] = deque(maxlen=history)
+        self._events: list[MemoryEvent] = []
+        self._lock = threading.RLock()
+        self._file: IO[str] | None = None
+        self._csv_writer: Any = None
+        self._source: _Source | None = None
+        self._started = False
+        self._closed = False
+        self._count = 0
+        self._last_step: int | None = None
+        self._last_sample_step: int | None = None
+        self._last_sample_clock: float | None = None
+        self._last_check_step: int | None = None
+        self._warned_leaks: set[str] = set()
+        self._warned_fragmentation = False
+        self._oom_dumps = 0
+        self._history_enabled = False
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._background_cpu = 0.0
+        self._background_count = 0
+        self._previous_hook: Callable[..., Any] | None = None
+        self._hook: Callable[..., Any] | None = None
+        self.oom_files: list[Path] = []
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    @property
+    def source(self) -> str:
+        """Name of the source of step samples (``"torch.cuda"``, ``"jax"``, ``"simulated"``,
+        a probe's name, or ``"none"``); resolved at :meth:`start`."""
+        return self._source.name if self._source is not None else "unresolved"
+
+    def start(self) -> Recorder:
+        """Open the file, pick the source, start the background thread; log one line.
+
+        Called by :meth:`step` and ``with`` when needed; calling it again does nothing.
+
+        Returns:
+            The recorder.
+
+        Raises:
+            ConfigError: When the file cannot be opened, or the recorder was closed.
+            BackendUnavailable: When a forced ``source`` is not there.
+        """
+        if self._closed:
+            raise ConfigError(
+                "this Recorder is closed", key_path="Recorder", hint="create a new Recorder"
+            )
+        if self._started:
+            return self
+        self._source = _resolve_source(self.source_kind, self.device)
+        if self.path is not None:
+            self._open_file(self.path)
+        self._started = True
+        self._write(
+            {
+                "type": "start",
+                "time": time.time(),
+                "source": self._source.name,
+                "every": self.every,
+                "interval": self.interval,
+                "budget_bytes": self.budget_bytes,
+                "pid": os.getpid(),
+            }
+        )
+        if self.memory_history is not None:
+            self._enable_memory_history()
+        if self.interval is not None:
+            self._start_background()
+        if self.log:
+            where = f" to {self.path}" if self.path is not None else ""
+            reading = self._source.read()
+            total = reading.get("total_bytes")
+            size = f", device {format_bytes(total)}" if total is not None else ""
+            budget = self.budget_bytes or reading.get("budget_bytes")
+            size += f", budget {format_bytes(budget)}" if budget is not None else ""
+            back = f", background every {self.interval:g} s" if self.interval else ""
+            note = (
+                " (no device memory source: recording step times only)"
+                if self._source.name == "none"
+                else ""
+            )
+            logger.info(
+                "memfit: recording %s%s every %d step(s)%s%s%s",
+                self._source.name,
+                size,
+                self.every,
+                back,
+                where,
+                note,
+            )
+        return self
+
+    def _require_source(self) -> _Source:
+        if self._source is None:
+            self.start()
+        if self._source is None:  # start() always sets it; this keeps the type exact
+            raise ConfigError("the Recorder has no source", key_path="Recorder.source")
+        return self._source
+
+    def _open_file(self, path: Path) -> None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            exists = path.exists() and path.stat().st_size > 0
+            self._file = path.open("a", encoding="utf-8", newline="")
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot open the recording file: {exc.strerror or exc}",
+                key_path=str(path),
+                hint="check the directory exists and is writable",
+            ) from exc
+        if self.csv:
+            self._csv_writer = _csv.DictWriter(
+                self._file, fieldnames=list(_CSV_FIELDS), extrasaction="ignore"
+            )
+            if not exists:
+                self._csv_writer.writeheader()
+
+    def close(self) -> None:
+        """Stop the background thread, log the last leak check, and close the file.
+
+        Calling it again does nothing.
+        """
+        if self._closed:
+            return
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=max(5.0, 2 * (self.interval or 0.0)))
+            self._thread = None
+        self.uninstall_excepthook()
+        if self._history_enabled:
+            torch_module = _torch_cuda()
+            if torch_module is not None:
+                torch_module.cuda.memory._record_memory_history(enabled=None)
+            self._history_enabled = False
+        if self._started:
+            self._check(final=True)
+            self._write({"type": "end", "time": time.time(), "samples": self._count})
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+        self._closed = True
+
+    def __enter__(self) -> Recorder:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: types.TracebackType | None,
+    ) -> None:
+        try:
+            if exc is not None and _is_oom(exc):
+                self.on_oom(exc)
+        finally:
+            self.close()
+
+    # -- sampling ---------------------------------------------------------------------------
+
+    def step(self, step: int | None = None) -> dict[str, Any] | None:
+        """Mark the end of a step; take a sample when it is the ``every``-th.
+
+        Args:
+            step: The step number; ``None`` counts the calls (0, 1, 2, ...).
+
+        Returns:
+            The sample taken, or ``None`` when this step was not sampled.
+
+        Raises:
+            ConfigError: When ``step`` is not a whole number, or the recorder was closed.
+        """
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+            raise ConfigError(
+                f"step must be a whole number or None, not {step!r}", key_path="Recorder.step"
+            )
+        if not self._started:
+            self.start()
+        n = self._count if step is None else step
+        self._count += 1
+        self._last_step = n
+        if n % self.every != 0:
+            return None
+        source = self._require_source()
+        clock = time.perf_counter()
+        reading = source.read()
+        step_seconds: float | None = None
+        if (
+            self._last_sample_clock is not None
+            and self._last_sample_step is not None
+            and n > self._last_sample_step
+        ):
+            step_seconds = (clock - self._last_sample_clock) / (n - self._last_sample_step)
+        self._last_sample_clock = clock
+        self._last_sample_step = n
+        if self.budget_bytes is not None:
+            reading["budget_bytes"] = self.budget_bytes
+        elif reading["budget_bytes"] is None and source.name == "torch.cuda":
+            reading["budget_bytes"] = _simulated_budget()  # simulate_gpu(device="cuda")
+        sample: dict[str, Any] = {
+            "step": n,
+            "time": time.time(),
+            "step_seconds": step_seconds,
+            **reading,
+            "source": source.name,
+        }
+        with self._lock:
+            self._samples.append(sample)
+            self._write({"type": "sample", "mode": "step", **sample})
+        if self._last_check_step is None or n - self._last_check_step >= self.log_every:
+            self._last_check_step = n
+            self._check(final=False)
+        return sample
+
+    def __call__(self, step: int | None = None, *args: object, **kwargs: object) -> None:
+        """Callback form: ``rec(step)`` records the step; other arguments are ignored.
+
+        A first argument that is not an ``int`` (a trainer state, a metrics dict) is taken
+        as "no step number" and the calls are counted instead.
+        """
+        number = step if isinstance(step, int) and not isinstance(step, bool) else None
+        self.step(step=number)
+
+    def _write_event(self, event: MemoryEvent) -> None:
+        record: dict[str, Any] = {"type": "event", **event.to_dict()}
+        if self.csv:  # CSV has no nested data; "kind" goes to its own column
+            record = {
+                "type": "event",
+                "step": event.step,
+                "time": event.time,
+                "event_kind": event.kind,
+                "event_source": event.source,
+                "message": event.message,
+            }
+        self._write(record)
+
+    def _write(self, record: dict[str, Any]) -> None:
+        with self._lock:
+            if self._file is None:
+                return
+            if self._csv_writer is not None:
+                self._csv_writer.writerow(record)
+            else:
+                self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+            self._file.flush()
+
+    # -- background sampling ----------------------------------------------------------------
+
+    def _start_background(self) -> None:
+        probe = self.device if self.device is not None else _default_probe()
+        background: _Source
+        if probe is not None:
+            background = _ProbeSource(probe)
+            read_all = True
+        else:
+            background = self._require_source()
+            read_all = False
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._background_loop,
+            args=(background, read_all),
+            name="memfit-recorder",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def _background_loop(self, source: _Source, read_all: bool) -> None:
+        interval = float(self.interval or 1.0)
+        cpu_start = time.thread_time()
+        next_tick = time.monotonic()
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                records = self._background_records(source, read_all)
+            except MemfitError as exc:
+                failures += 1
+                if failures == 1 and self.log:
+                    logger.warning("memfit: background sampling failed: %s", exc.message)
+                records = []
+            with self._lock:
+                for record in records:
+                    self._background.append(record)
+                    self._write({"type": "sample", "mode": "background", **record})
+                self._background_count += 1
+                self._background_cpu = time.thread_time() - cpu_start
+            next_tick += interval
+            delay = next_tick - time.monotonic()
+            if delay < 0:  # fell behind (a slow probe): skip the missed ticks
+                next_tick = time.monotonic()
+                delay = 0.0
+            self._stop.wait(delay)
+
+    def _background_records(self, source: _Source, read_all: bool) -> list[dict[str, Any]]:
+        now = time.time()
+        if read_all and isinstance(source, _ProbeSource):
+            snapshot = source.probe.snapshot()
+            records = []
+            for dev in snapshot.devices:
+                records.append(
+                    {
+                        "step": self._last_step,
+                        "time": now,
+                        "step_seconds": None,
+                        "allocated_bytes": dev.allocated_bytes,
+                        "reserved_bytes": dev.allocator_reserved_bytes,
+                        "peak_allocated_bytes": dev.peak_allocated_bytes,
+                        "device_used_bytes": dev.device_used_bytes,
+                        "total_bytes": dev.total_bytes,
+                        "budget_bytes": self.budget_bytes or dev.limit_bytes,
+                        "source": snapshot.source,
+                        "device_index": dev.index,
+                    }
+                )
+            return records
+        reading = source.read()
+        if self.budget_bytes is not None:
+            reading["budget_bytes"] = self.budget_bytes
+        return [
+            {
+                "step": self._last_step,
+                "time": now,
+                "step_seconds": None,
+                **reading,
+                "source": source.name,
+                "device_index": None,
+            }
+        ]
+
+    @property
+    def background_cpu_seconds(self) -> float:
+        """CPU time the background thread has used so far (``time.thread_time``)."""
+        with self._lock:
+            return self._background_cpu
+
+    @property
+    def background_ticks(self) -> int:
+        """How many times the background thread has sampled."""
+        with self._lock:
+            return self._background_count
+
+    # -- what was recorded ------------------------------------------------------------------
+
+    @property
+    def samples(self) -> list[dict[str, Any]]:
+        """The step samples kept in memory, oldest first (copies)."""
+        with self._lock:
+            return [dict(s) for s in self._samples]
+
+    @property
+    def background_samples(self) -> list[dict[str, Any]]:
+        """The background samples kept in memory, oldest first (copies)."""
+        with self._lock:
+            return [dict(s) for s in self._background]
+
+    @property
+    def events(self) -> list[MemoryEvent]:
+        """The events received through :meth:`on_event`, in order."""
+        with self._lock:
+            return list(self._events)
+
+    # -- events -----------------------------------------------------------------------------
+
+    def on_event(self, event: MemoryEvent) -> None:
+        """Record a guard's or cleanup policy's event (pass as ``on_event=rec.on_event``).
+
+        After a ``"cleanup"`` event a line with the memory after the cleanup is logged; an
+        ``"oom"`` event writes an OOM dump (see :meth:`on_oom`).
+
+        Args:
+            event: The event.
+        """
+        if not self._started and not self._closed:
+            self.start()
+        with self._lock:
+            self._events.append(event)
+            self._write_event(event)
+        if event.kind == "cleanup" and self.log:
+            reading = self._source.read() if self._source is not None else _empty_reading()
+            logger.info(
+                "memfit: %s at step %s: %s; now allocated %s, reserved %s",
+                event.source,
+                event.step,
+                event.message,
+                _fmt(reading.get("allocated_bytes")),
+                _fmt(reading.get("reserved_bytes")),
+            )
+        elif event.kind == "oom":
+            self.on_oom(None, event=event)
+        elif self.log:
+            logger.info(
+                "memfit: %s %s at step %s: %s", event.source, event.kind, event.step, event.message
+            )
+
+    def on_oom(
+        self, exc: BaseException | None = None, *, event: MemoryEvent | None = None
+    ) -> list[Path]:
+        """Dump the evidence of an out-of-memory error: the last samples, a CUDA snapshot.
+
+        Writes ``<name>.oom<N>.samples.jsonl`` (the last ``oom_samples`` samples and the
+        events) and, on CUDA, ``<name>.oom<N>.snapshot.pickle`` (``torch.cuda.memory``
+        snapshot, bounded by ``memory_history`` entries; open it at
+        https://pytorch.org/memory_viz). At most ``max_oom_dumps`` dumps are written.
+
+        Args:
+            exc: The out-of-memory exception, if there is one (its message is recorded).
+            event: The event that reported it, when called from :meth:`on_event`.
+
+        Returns:
+            The files written (empty once ``max_oom_dumps`` is reached).
+
+        Raises:
+            ConfigError: When the dump directory cannot be written.
+        """
+        if event is None:
+            message = str(exc).splitlines()[0][:500] if exc is not None else "out of memory"
+            event = MemoryEvent(
+                kind="oom", step=self._last_step, source="Recorder", message=message
+            )
+            with self._lock:
+                self._events.append(event)
+                self._write_event(event)
+        if self._oom_dumps >= self.max_oom_dumps:
+            return []
+        self._oom_dumps += 1
+        directory = self.oom_dir or (self.path.parent if self.path is not None else Path.cwd())
+        stem = self.path.stem if self.path is not None else f"memfit-{os.getpid()}"
+        written: list[Path] = []
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            samples_path = directory / f"{stem}.oom{self._oom_dumps}.samples.jsonl"
+            with self._lock:
+                tail = list(self._samples)[-self.oom_samples :]
+                events = [e.to_dict() for e in self._events]
+            with samples_path.open("w", encoding="utf-8") as handle:
+                for sample in tail:
+                    handle.write(json.dumps({"type": "sample", "mode": "step", **sample}) + "\n")
+                for record in events:
+                    handle.write(json.dumps({"type": "event", **record}) + "\n")
+            written.append(samples_path)
+            torch_module = _torch_cuda()
+            if torch_module is not None:
+                snapshot = torch_module.cuda.memory._snapshot()
+                snapshot_path = directory / f"{stem}.oom{self._oom_dumps}.snapshot.pickle"
+                with snapshot_path.open("wb") as binary:
+                    pickle.dump(snapshot, binary)
+                written.append(snapshot_path)
+        except OSError as exc_os:
+            raise ConfigError(
+                f"cannot write the OOM dump: {exc_os.strerror or exc_os}",
+                key_path=str(directory),
+                hint="pass oom_dir= a writable directory",
+            ) from exc_os
+        self.oom_files.extend(written)
+        if self.log:
+            logger.warning(
+                "memfit: out of memory at step %s (%s); wrote %s%s",
+                event.step,
+                event.message,
+                ", ".join(str(p) for p in written),
+                " (open the .pickle at https://pytorch.org/memory_viz)" if len(written) > 1 else "",
+            )
+        return written
+
+    def _enable_memory_history(self) -> None:
+        torch_module = _torch_cuda()
+        if torch_module is None:
+            if self.log:
+                logger.info("memfit: memory_history needs torch with CUDA; left off")
+            return
+        torch_module.cuda.memory._record_memory_history(max_entries=self.memory_history)
+        self._history_enabled = True
+
+    def install_excepthook(self) -> Recorder:
+        """Make an uncaught out-of-memory error write an OOM dump before Python exits.
+
+        The previous ``sys.excepthook`` still runs afterwards; :meth:`close` puts it back.
+
+        Returns:
+            The recorder.
+        """
+        if self._hook is not None:
+            return self
+        previous = sys.excepthook
+
+        def hook(
+            exc_type: type[BaseException],
+            exc: BaseException,
+            tb: types.TracebackType | None,
+        ) -> None:
+            try:
+                if _is_oom(exc):
+                    self.on_oom(exc)
+            finally:
+                previous(exc_type, exc, tb)
+
+        self._previous_hook = previous
+        self._hook = hook
+        sys.excepthook = hook
+        return self
+
+    def uninstall_excepthook(self) -> None:
+        """Put back the ``sys.excepthook`` that was there before :meth:`install_excepthook`."""
+        if self._hook is not None and sys.excepthook is self._hook:
+            sys.excepthook = self._previous_hook or sys.__excepthook__
+        self._hook = None
+        self._previous_hook = None
+
+    # -- analysis ---------------------------------------------------------------------------
+
+    def leaks(self, **options: Any) -> list[Leak]:
+        """Steady growth in the recorded step samples (see :func:`detect_leak`).
+
+        Looks at ``allocated_bytes`` where the source gives it, else ``device_used_bytes``.
+
+        Args:
+            **options: Passed to :func:`detect_leak` (``confidence``, ``min_growth_bytes``,
+                ``min_samples``, ...).
+
+        Returns:
+            One :class:`Leak` per growing series; empty when nothing grows.
+
+        Raises:
+            ConfigError: When an option is out of range.
+        """
+        samples = self.samples
+        found: list[Leak] = []
+        for metric in ("allocated_bytes", "device_used_bytes"):
+            if not any(s.get(metric) is not None for s in samples):
+                continue
+            limit = _limit(samples)
+            leak = detect_leak(
+                [s["step"] for s in samples],
+                [s.get(metric) for s in samples],
+                metric=metric,
+                limit_bytes=limit,
+                **options,
+            )
+            if leak is not None:
+                found.append(leak)
+            break
+        return found
+
+    def fragmentation(self) -> Fragmentation | None:
+        """Fragmentation seen in the latest step sample, or ``None``."""
+        with self._lock:
+            last = self._samples[-1] if self._samples else None
+        return check_fragmentation(last) if last is not None else None
+
+    def _check(self, *, final: bool) -> None:
+        with self._lock:
+            last = self._samples[-1] if self._samples else None
+        if last is None:
+            return
+        if self.log:
+            ms = last.get("step_seconds")
+            timing = f", {ms * 1000:.1f} ms/step" if ms is not None else ""
+            logger.info(
+                "memfit: %sstep %s: allocated %s, reserved %s, peak %s%s",
+                "last " if final else "",
+                last["step"],
+                _fmt(last.get("allocated_bytes")),
+                _fmt(last.get("reserved_bytes")),
+                _fmt(last.get("peak_allocated_bytes")),
+                timing,
+            )
+        for leak in self.leaks():
+            if leak.metric not in self._warned_leaks:
+                self._warned_leaks.add(leak.metric)
+                if self.log:
+                    logger.warning("memfit: %s", leak.describe())
+        frag = check_fragmentation(last)
+        if frag is not None and not self._warned_fragmentation:
+            self._warned_fragmentation = True
+            if self.log:
+                logger.warning("memfit: %s", frag.describe())
+
+    def __repr__(self) -> str:
+        return (
+            f"Recorder(path={str(self.path) if self.path else None!r}, every={self.every}, "
+            f"source={self.source!r}, samples={len(self._samples)})"
+        )
+
+
+def _limit(samples: Iterable[dict[str, Any]]) -> int | None:
+    """The budget of the latest sample that has one, else its device total, else ``None``."""
+    budget: int | None = None
+    total: int | None = None
+    for sample in samples:
+        if sample.get("budget_bytes") is not None:
+            budget = int(sample["budget_bytes"])
+        if sample.get("total_bytes") is not None:
+            total = int(sample["total_bytes"])
+    return budget if budget is not None else total
+
+
+def _fmt(value: int | None) -> str:
+    return format_bytes(value) if value is not None else "n/a"

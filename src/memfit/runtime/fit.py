@@ -1,0 +1,524 @@
+"""``memfit.fit``: confirm the largest knob value that fits, in one to three short probes.
+
+:func:`fit` drives the pure search rule of :mod:`memfit.core.search` against a real device:
+it calls ``run(value)`` (one short probe, e.g. two training steps at that batch size),
+measures the probe's peak memory, catches an out-of-memory error as information, and asks the
+rule for the next value until the rule is done.
+
+Where the peak comes from, in this order:
+
+* the active :func:`memfit.simulate_gpu` context on the CPU: its ``peak_allocated_bytes``
+  (the budget defaults to the simulated GPU's);
+* CUDA (torch): ``torch.cuda.max_memory_reserved`` after ``reset_peak_memory_stats``, with
+  the caching allocator capped at the budget by ``torch.cuda.set_per_process_memory_fraction``
+  for the whole search (the previous fraction is restored afterwards), so a probe cannot take
+  the machine down. Reserved, not allocated, memory is what the cap limits, so it is what the
+  budget is compared with. The budget defaults to what this process can still reach (free
+  memory plus what its allocator already holds);
+* JAX on a GPU: ``peak_bytes_in_use`` from ``device.memory_stats()``. JAX cannot reset that
+  peak, so a probe's peak is known only when it rises above every earlier one (otherwise it
+  is ``None`` and the rule works from the other probes). JAX cannot be capped after it has
+  started; set ``XLA_PYTHON_CLIENT_MEM_FRACTION`` before it initialises.
+
+Out-of-memory errors are recognised by :func:`memfit.runtime.oom.is_oom`; memory is freed after
+the ``except`` block is left, with the traceback's frames and chained exceptions cleared, so
+the failed probe's tensors really go.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import sys
+import traceback
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from memfit.core.measured import MeasuredTerms
+from memfit.core.search import (
+    DEFAULT_TOLERANCE,
+    Prior,
+    Probe,
+    best_probe,
+    fit_model,
+    next_probe,
+    target_bytes,
+    valid_values,
+)
+from memfit.errors import BackendUnavailable, ConfigError, InfeasiblePlan
+from memfit.runtime.oom import is_oom
+from memfit.units import format_bytes, parse_bytes
+
+__all__ = ["FitResult", "Prior", "Probe", "fit", "prior_from"]
+
+#: Probes :func:`fit` runs at most before it returns the best confirmed value.
+DEFAULT_MAX_PROBES = 8
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """What :func:`fit` found.
+
+    Attributes:
+        value: The largest value confirmed to fit, leaving the margin.
+        probes: Every probe, in the order it ran: ``(value, peak_bytes, ok)``.
+        predicted_peak: The peak the final affine model predicts at ``value`` (bytes), or
+            ``None`` when no model could be formed (no measured peak and no prior).
+        budget_bytes: The budget the probes ran under.
+        margin: The fraction of the budget the value leaves free.
+        device: Where the probes ran (``"simulated"``, ``"cuda:0"``, ``"jax:gpu:0"``).
+    """
+
+    value: int
+    probes: tuple[Probe, ...]
+    predicted_peak: int | None
+    budget_bytes: int
+    margin: float
+    device: str
+
+    @property
+    def peak_bytes(self) -> int | None:
+        """The measured peak of the probe at :attr:`value`, or ``None`` when unknown."""
+        for probe in self.probes:
+            if probe.value == self.value and probe.ok:
+                return probe.peak_bytes
+        return None
+
+    @property
+    def oom_count(self) -> int:
+        """How many probes ran out of memory (each caught and used as information)."""
+        return sum(1 for p in self.probes if not p.ok)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for JSON (sizes in bytes)."""
+        return {
+            "value": self.value,
+            "probes": [p.to_dict() for p in self.probes],
+            "predicted_peak": self.predicted_peak,
+            "peak_bytes": self.peak_bytes,
+            "budget_bytes": self.budget_bytes,
+            "margin": self.margin,
+            "device": self.device,
+            "oom_count": self.oom_count,
+        }
+
+
+class _Meter(Protocol):
+    """Measures one probe's peak on one backend."""
+
+    name: str
+
+    def default_budget(self) -> int: ...
+
+    @contextmanager
+    def capped(self, budget: int) -> Iterator[None]: ...
+
+    def before_probe(self) -> None: ...
+
+    def after_probe(self) -> int | None: ...
+
+    def release(self) -> None: ...
+
+
+class _SimulatedMeter:
+    """The active CPU :func:`memfit.simulate_gpu` context: its budget is the cap."""
+
+    name = "simulated"
+
+    def __init__(self, gpu: Any) -> None:
+        self._gpu = gpu
+
+    def default_budget(self) -> int:
+        return int(self._gpu.budget_bytes)
+
+    @contextmanager
+    def capped(self, budget: int) -> Iterator[None]:
+        if budget > self._gpu.budget_bytes:
+            raise ConfigError(
+                f"budget {format_bytes(budget)} is more than the simulated GPU "
+                f"({format_bytes(self._gpu.budget_bytes)})",
+                key_path="budget",
+                hint="give a budget no larger than the simulate_gpu budget, or leave it out",
+            )
+        yield
+
+    def before_probe(self) -> None:
+        gc.collect()
+        self._gpu.reset_peak()
+
+    def after_probe(self) -> int | None:
+        return int(self._gpu.peak_allocated_bytes)
+
+    def release(self) -> None:
+        gc.collect()
+
+
+class _CudaMeter:
+    """torch's caching allocator on one CUDA device, capped at the budget."""
+
+    def __init__(self, index: int) -> None:
+        self._index = index
+        self.name = f"cuda:{index}"
+
+    def default_budget(self) -> int:
+        import torch
+
+        free, _total = torch.cuda.mem_get_info(self._index)
+        return int(free) + int(torch.cuda.memory_reserved(self._index))
+
+    @contextmanager
+    def capped(self, budget: int) -> Iterator[None]:
+        import torch
+
+        total = int(torch.cuda.get_device_properties(self._index).total_memory)
+        if budget > total:
+            raise ConfigError(
+                f"budget {format_bytes(budget)} is more than {self.name} ({format_bytes(total)})",
+                key_path="budget",
+                hint="give a budget no larger than the GPU, or leave it out",
+            )
+        previous = float(torch.cuda.get_per_process_memory_fraction(self._index))
+        torch.cuda.set_per_process_memory_fraction(budget / total, self._index)
+        torch.cuda.empty_cache()
+        try:
+            yield
+        finally:
+            torch.cuda.set_per_process_memory_fraction(previous, self._index)
+
+    def before_probe(self) -> None:
+        import torch
+
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self._index)
+
+    def after_probe(self) -> int | None:
+        import torch
+
+        torch.cuda.synchronize(self._index)
+        return int(torch.cuda.max_memory_reserved(self._index))
+
+    def release(self) -> None:
+        import torch
+
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+class _JaxMeter:
+    """A JAX device with memory statistics (a GPU); the peak cannot be reset."""
+
+    def __init__(self, device: Any) -> None:
+        self._device = device
+        self.name = f"jax:{device.platform}:{device.id}"
+        self._running_peak = self._stats().get("peak_bytes_in_use", 0)
+
+    def _stats(self) -> Mapping[str, int]:
+        stats = self._device.memory_stats()
+        return stats if stats is not None else {}
+
+    def default_budget(self) -> int:
+        limit = self._stats().get("bytes_limit")
+        if limit is None:
+            raise ConfigError(
+                f"{self.name} does not report its memory limit",
+                key_path="budget",
+                hint="give --budget / budget= explicitly",
+            )
+        return int(limit)
+
+    @contextmanager
+    def capped(self, budget: int) -> Iterator[None]:
+        yield
+
+    def before_probe(self) -> None:
+        gc.collect()
+
+    def after_probe(self) -> int | None:
+        peak = self._stats().get("peak_bytes_in_use")
+        if peak is None or peak <= self._running_peak:
+            return None
+        self._running_peak = int(peak)
+        return int(peak)
+
+    def release(self) -> None:
+        gc.collect()
+
+
+def _choose_meter(device: str | None) -> _Meter:
+    """Pick where to measure: the active simulation, CUDA, or a JAX GPU."""
+    from memfit.runtime.simulate import active
+
+    sim = active()
+    wanted = device.strip().lower() if device is not None else None
+    if sim is not None and sim.device_kind == "cpu" and wanted in (None, "cpu", "simulated"):
+        return _SimulatedMeter(sim)
+    if wanted in ("cpu", "simulated"):
+        raise BackendUnavailable(
+            "a fit on the CPU needs an active memfit.simulate_gpu context to measure memory",
+            hint='wrap the call in `with memfit.simulate_gpu("8GiB"):` or run on a GPU',
+        )
+    if sim is not None and wanted is None:
+        wanted = sim.device_kind
+    if wanted is None or wanted == "cuda" or wanted.startswith("cuda:"):
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_available():
+            if wanted is None or wanted == "cuda":
+                return _CudaMeter(int(torch.cuda.current_device()))
+            try:
+                index = int(wanted.split(":", 1)[1])
+            except ValueError:
+                raise ConfigError(
+                    f"not a CUDA device: {device!r}", key_path="device", hint="write cuda:0"
+                ) from None
+            if not 0 <= index < torch.cuda.device_count():
+                raise ConfigError(
+                    f"no CUDA device {index} (torch sees {torch.cuda.device_count()})",
+                    key_path="device",
+                )
+            return _CudaMeter(index)
+        if wanted is not None:
+            raise BackendUnavailable(
+                f"{device} was asked for but torch has no CUDA device here",
+                hint="use --device cpu (simulated under --budget) on a machine without a GPU",
+            )
+    if wanted in (None, "jax") and "jax" in sys.modules:
+        jax = sys.modules["jax"]
+        for dev in jax.devices():
+            if dev.platform != "cpu" and dev.memory_stats() is not None:
+                return _JaxMeter(dev)
+    if wanted not in (None, "jax"):
+        raise ConfigError(
+            f"unknown device {device!r}",
+            key_path="device",
+            hint="use cuda, cuda:N, cpu (under memfit.simulate_gpu) or jax",
+        )
+    raise BackendUnavailable(
+        "no device to measure the probes on: no active simulate_gpu, no CUDA, no JAX GPU",
+        hint='run on a GPU, or inside `with memfit.simulate_gpu("8GiB"):` on the CPU',
+    )
+
+
+def _number(obj: Any, *names: str) -> float | None:
+    for name in names:
+        value = getattr(obj, name, None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    return None
+
+
+def prior_from(prior: Any, *, knob: str | None = None) -> Prior | None:
+    """Turn what memfit predicted into a search :class:`~memfit.core.search.Prior`.
+
+    Accepts a :class:`~memfit.core.search.Prior`, a ``TorchEstimate`` (its ``fit``: intercept
+    and slope per item), a ``JaxEstimate`` or anything else with such a ``fit``, a
+    :class:`~memfit.core.measured.MeasuredTerms`, the planner's ``Plan`` (its knob value and
+    predicted bytes), or a plain ``int`` (a predicted largest fitting value).
+
+    Args:
+        prior: The prediction, or ``None``.
+        knob: The knob a ``Plan`` prior is read at (needed when the plan has several knobs).
+
+    Returns:
+        The prior, or ``None`` when ``prior`` is ``None``.
+
+    Raises:
+        ConfigError: When the prediction is of a kind memfit cannot read, or a ``Plan`` has
+            several knobs and ``knob`` does not name one of them.
+    """
+    if prior is None or isinstance(prior, Prior):
+        return prior
+    if isinstance(prior, bool):
+        raise ConfigError(f"not a prior: {prior!r}", key_path="prior")
+    if isinstance(prior, int):
+        return Prior(value=prior)
+    if isinstance(prior, MeasuredTerms):
+        return Prior(
+            slope_bytes=prior.per_item_bytes,
+            intercept_bytes=float(sum(prior.fixed_bytes.values())),
+            uncertainty=_uncertainty(prior.residual_bytes, prior.peak_bytes(1)),
+        )
+    model = getattr(prior, "fit", None)
+    if model is not None and not callable(model):
+        slope = _number(model, "slope_bytes", "slope", "per_item_bytes")
+        intercept = _number(model, "intercept_bytes", "intercept", "fixed_bytes")
+        if slope is not None and slope > 0:
+            residual = _number(model, "residual_bytes", "residual")
+            return Prior(
+                slope_bytes=slope,
+                intercept_bytes=intercept,
+                uncertainty=_uncertainty(residual, (intercept or 0.0) + slope),
+            )
+    knobs = getattr(prior, "knobs", None)
+    predicted = _number(prior, "predicted_bytes")
+    if isinstance(knobs, Mapping) and predicted is not None:
+        if knob is None and len(knobs) == 1:
+            knob = next(iter(knobs))
+        if knob is None or knob not in knobs:
+            raise ConfigError(
+                f"the plan has knobs {sorted(knobs)}; say which one the fit searches",
+                key_path="knob",
+                hint="pass knob=NAME",
+            )
+        return Prior(value=int(knobs[knob]), peak_bytes=predicted)
+    raise ConfigError(
+        f"memfit cannot read a prior from {type(prior).__name__}",
+        key_path="prior",
+        hint="pass a TorchEstimate, JaxEstimate, MeasuredTerms, Plan, Prior or an int",
+    )
+
+
+def _uncertainty(residual: float | int | None, scale: float) -> float:
+    """The prior's de-rating: 5%, or more when the fit's residual says it is rougher."""
+    base = 0.05
+    if residual is None or scale <= 0:
+        return base
+    return min(0.5, max(base, 2.0 * float(residual) / scale))
+
+
+def _clear_exception(exc: BaseException) -> None:
+    """Drop what pins a failed probe's tensors: traceback frames and chained exceptions."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if current.__traceback__ is not None:
+            traceback.clear_frames(current.__traceback__)
+        current.__traceback__ = None
+        following = current.__cause__ or current.__context__
+        current.__cause__ = None
+        current.__context__ = None
+        current = following
+
+
+def _run_probe(run: Callable[[int], object], value: int, meter: _Meter) -> Probe:
+    """Run one probe; an out-of-memory error is caught and recorded, never re-raised."""
+    meter.before_probe()
+    failed = False
+    try:
+        run(value)
+    except Exception as exc:
+        if not is_oom(exc):
+            raise
+        failed = True
+        _clear_exception(exc)
+    # Outside the except block: the exception and its frames are gone, so memory can go too.
+    peak = meter.after_probe()
+    if failed:
+        meter.release()
+    return Probe(value=value, peak_bytes=peak, ok=not failed)
+
+
+def fit(
+    run: Callable[[int], object],
+    *,
+    low: int,
+    high: int,
+    budget: int | str | None = None,
+    margin: float = 0.05,
+    multiple_of: int = 1,
+    constraint: Callable[[int], bool] | None = None,
+    prior: Any = None,
+    knob: str | None = None,
+    device: str | None = None,
+    tolerance: float = DEFAULT_TOLERANCE,
+    max_probes: int = DEFAULT_MAX_PROBES,
+) -> FitResult:
+    """Find the largest knob value whose peak memory fits, confirmed on the device.
+
+    Args:
+        run: Runs one short probe at a knob value (e.g. two training steps at that batch
+            size). It should leave no tensors behind that it allocated.
+        low: The smallest value allowed (at least 1).
+        high: The largest value allowed.
+        budget: The memory the job may use (bytes or a size text); ``None`` takes what the
+            device offers (the simulated GPU's budget; on CUDA free plus already reserved).
+        margin: The fraction of the budget the chosen value must leave free.
+        multiple_of: Values must be multiples of this.
+        constraint: An extra rule a value must keep, or ``None``.
+        prior: What memfit predicted (``TorchEstimate``, ``JaxEstimate``, ``MeasuredTerms``,
+            ``Plan``, :class:`~memfit.core.search.Prior` or an int); the first probe starts
+            from it. ``None``: the first probe is the smallest valid value.
+        knob: The knob name, to read a ``Plan`` prior with several knobs.
+        device: ``None`` (the active simulated GPU, else CUDA, else a JAX GPU), ``"cpu"``
+            (the active simulated GPU), ``"cuda"``, ``"cuda:N"`` or ``"jax"``.
+        tolerance: Stop when the next candidate is at most this fraction above the best
+            confirmed value.
+        max_probes: Probes to run at most.
+
+    Returns:
+        The :class:`FitResult`.
+
+    Raises:
+        ConfigError: When a bound, the budget, the margin or the prior is invalid.
+        BackendUnavailable: When there is nothing to measure on (no simulated GPU, CUDA or
+            JAX GPU).
+        InfeasiblePlan: When not even the smallest valid value fits the budget.
+        Exception: Whatever ``run`` raises that is not an out-of-memory error.
+
+    >>> import torch, memfit
+    >>> def run(batch: int) -> None:
+    ...     x = torch.ones(batch, 1024)  # 4 KiB per item
+    ...     (x * 2).sum()
+    >>> with memfit.simulate_gpu("1MiB"):
+    ...     result = fit(run, low=1, high=4096, margin=0.0)
+    >>> result.value, len(result.probes) <= 4
+    (127, True)
+    """
+    if max_probes < 1:
+        raise ConfigError(f"must be at least 1, got {max_probes!r}", key_path="max_probes")
+    valid_values(low=low, high=high, multiple_of=multiple_of, constraint=constraint)
+    search_prior = prior_from(prior, knob=knob)
+    meter = _choose_meter(device)
+    budget_bytes = parse_bytes(budget) if budget is not None else meter.default_budget()
+    target = target_bytes(budget_bytes, margin)
+    history: list[Probe] = []
+    with meter.capped(budget_bytes):
+        while len(history) < max_probes:
+            value = next_probe(
+                history,
+                low=low,
+                high=high,
+                budget=budget_bytes,
+                margin=margin,
+                multiple_of=multiple_of,
+                constraint=constraint,
+                prior=search_prior,
+                tolerance=tolerance,
+            )
+            if value is None:
+                if not history:
+                    raise ConfigError(
+                        f"no value in {low}..{high} is a multiple of {multiple_of} "
+                        "and keeps the constraint",
+                        key_path="constraint",
+                        hint="widen low/high or relax the constraint",
+                    )
+                break
+            history.append(_run_probe(run, value, meter))
+    best = best_probe(history, budget=budget_bytes, margin=margin)
+    if best is None:
+        smallest = min(history, key=lambda p: p.value) if history else None
+        raise InfeasiblePlan(
+            f"no value from {low} up fits {format_bytes(budget_bytes)} "
+            f"less a {margin:.0%} margin on {meter.name}",
+            smallest_bytes=smallest.peak_bytes if smallest is not None and smallest.ok else None,
+            budget_bytes=budget_bytes,
+            binding_term=None,
+            hint="lower low, free memory on the device, or raise the budget",
+        )
+    model = fit_model(history, target=target, prior=search_prior)
+    predicted = None
+    if model is not None:
+        estimate = model.peak_bytes(best.value)
+        predicted = round(estimate) if math.isfinite(estimate) else None
+    return FitResult(
+        value=best.value,
+        probes=tuple(history),
+        predicted_peak=predicted,
+        budget_bytes=budget_bytes,
+        margin=margin,
+        device=meter.name,
+    )

@@ -1,0 +1,963 @@
+"""Survive out-of-memory in the middle of a run, losing nothing: TrainGuard and RolloutGuard.
+
+:class:`TrainGuard` runs one optimisation step per call. When a step runs out of memory it
+leaves the ``except`` block, clears the traceback's frames and the chained exceptions (which
+pin the failed attempt's tensors), frees memory, and climbs a ladder: retry once at the same
+number of micro-batches, then 2, 4, ... micro-batches up to ``max_splits``, then raise
+:class:`memfit.OutOfMemory` with what was tried. The gradient stays the full-batch gradient:
+
+* each micro-batch's mean loss is weighted by its share of the batch's items (or of
+  ``count_fn``), so the accumulated gradient equals the full batch's;
+* a micro-batch's gradients are computed with ``torch.autograd.grad`` and added to ``.grad``
+  in one operation only after its backward succeeded, so an out-of-memory in forward *or*
+  backward leaves no partial gradient, and micro-batches that already succeeded are kept,
+  not redone;
+* before ``optimizer.step()`` the parameters and the optimizer state are copied to host
+  memory (into buffers reused from step to step); an out-of-memory inside the step restores
+  them before the step is retried (a retry turns ``foreach`` off, which needs fewer
+  temporaries), so there is never a partial update. Optimizers whose state holds anything
+  but tensors and plain numbers cannot be snapshotted: TrainGuard refuses them with a
+  :class:`memfit.ConfigError` unless ``snapshot_optimizer=False``, in which case an
+  out-of-memory inside the step stops the run with :class:`memfit.OutOfMemory`.
+
+With ``torch.amp.GradScaler`` the gradients are scaled per micro-batch, and unscaled, checked
+for infs and the scale updated once per full step. Under DDP the backward passes run under
+``model.no_sync()`` and the gradients are averaged with one all-reduce once every micro-batch
+on every rank has succeeded; every rank takes the same decision through one small all-reduce
+per step (:mod:`memfit.runtime.distributed`). After ``grow_back_after`` clean steps the guard
+halves its number of micro-batches again, so a transient spike does not slow a run forever.
+
+:class:`RolloutGuard` does the same for inference and environment stepping: retry, then run
+the call in chunks along the environment dimension and concatenate the results.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import gc
+import math
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from memfit.errors import ConfigError, OutOfMemory
+from memfit.runtime import distributed
+from memfit.runtime.events import EventSink, MemoryEvent, emit
+from memfit.runtime.oom import forget_exception, is_oom
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["RolloutGuard", "TrainGuard", "forget_exception", "memory_figures", "split_batch"]
+
+T = TypeVar("T")
+
+
+# ---------------------------------------------------------------------------------------------
+# Freeing memory after an exception
+# ---------------------------------------------------------------------------------------------
+def memory_figures() -> dict[str, int | None]:
+    """Allocated, peak and budget bytes of the device in use, ``None`` where unknown.
+
+    The innermost :func:`memfit.simulate_gpu` when one is active, else the current CUDA
+    device when torch has initialised CUDA, else unknown.
+    """
+    from memfit.runtime.simulate import active
+
+    gpu = active()
+    if gpu is not None:
+        return {
+            "allocated_bytes": gpu.allocated_bytes,
+            "peak_bytes": gpu.peak_allocated_bytes,
+            "budget_bytes": gpu.budget_bytes,
+        }
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        index = torch.cuda.current_device()
+        return {
+            "allocated_bytes": int(torch.cuda.memory_allocated(index)),
+            "peak_bytes": int(torch.cuda.max_memory_allocated(index)),
+            "budget_bytes": int(torch.cuda.get_device_properties(index).total_memory),
+        }
+    return {"allocated_bytes": None, "peak_bytes": None, "budget_bytes": None}
+
+
+def _free_memory() -> None:
+    """Collect young garbage cycles and return cached CUDA blocks (after an out-of-memory).
+
+    The failed attempt's objects are young: a collection of generations 0 and 1 finds any
+    cycle among them in microseconds, where a full ``gc.collect()`` can take a quarter of a
+    second in a process that has imported torch.
+    """
+    gc.collect(1)
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+def _device_name() -> str | None:
+    from memfit.runtime.simulate import active
+
+    gpu = active()
+    if gpu is not None:
+        return gpu.device.name if gpu.device_kind == "cpu" else gpu.device_kind
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return f"cuda:{torch.cuda.current_device()}"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Batch pytrees
+# ---------------------------------------------------------------------------------------------
+def _is_array(x: Any) -> bool:
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        return True
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(x, np.ndarray)
+
+
+def _walk(tree: Any, path: str = "batch") -> Iterator[tuple[str, Any]]:
+    if _is_array(tree):
+        yield path, tree
+    elif isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from _walk(value, f"{path}[{key!r}]")
+    elif isinstance(tree, (list, tuple)):
+        for i, value in enumerate(tree):
+            yield from _walk(value, f"{path}[{i}]")
+    elif dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+        for f in dataclasses.fields(tree):
+            yield from _walk(getattr(tree, f.name), f"{path}.{f.name}")
+
+
+def _map(tree: Any, fn: Callable[[Any], Any]) -> Any:
+    if _is_array(tree):
+        return fn(tree)
+    if isinstance(tree, dict):
+        mapped = {k: _map(v, fn) for k, v in tree.items()}
+        return mapped if type(tree) is dict else type(tree)(mapped)
+    if isinstance(tree, tuple) and hasattr(tree, "_fields"):  # namedtuple
+        return type(tree)(*(_map(v, fn) for v in tree))
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_map(v, fn) for v in tree)
+    if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+        new = copy.copy(tree)
+        for f in dataclasses.fields(tree):
+            object.__setattr__(new, f.name, _map(getattr(tree, f.name), fn))
+        return new
+    return tree
+
+
+def batch_size(batch: Any, dim: int = 0) -> int:
+    """Size of the batch along ``dim``: the common size of every array leaf.
+
+    Args:
+        batch: Tensors (or arrays) in dicts, lists, tuples, namedtuples and dataclasses.
+        dim: The dimension to split along.
+
+    Returns:
+        The batch size.
+
+    Raises:
+        ConfigError: When the batch has no array with that dimension, or two arrays
+            disagree on its size (the message names both paths).
+    """
+    size: int | None = None
+    first = ""
+    for path, leaf in _walk(batch):
+        if leaf.ndim <= dim:
+            continue
+        n = int(leaf.shape[dim])
+        if size is None:
+            size, first = n, path
+        elif n != size:
+            raise ConfigError(
+                f"{path} has {n} items along dim {dim} but {first} has {size}",
+                key_path=path,
+                hint="every tensor in a batch must share its batch dimension",
+            )
+    if size is None:
+        raise ConfigError(
+            f"the batch holds no tensor with a dimension {dim} to split",
+            key_path="batch",
+            hint="pass tensors (in dicts, lists, tuples or dataclasses) with a batch dimension",
+        )
+    return size
+
+
+def split_batch(batch: Any, start: int, stop: int, dim: int = 0) -> Any:
+    """Items ``start:stop`` of every array leaf along ``dim`` (views; other leaves as they are).
+
+    >>> import torch
+    >>> part = split_batch({"x": torch.arange(6), "k": 3}, 2, 4)
+    >>> part["x"].tolist(), part["k"]
+    ([2, 3], 3)
+    """
+    index = (slice(None),) * dim + (slice(start, stop),)
+
+    def cut(leaf: Any) -> Any:
+        return leaf[index] if leaf.ndim > dim else leaf
+
+    return _map(batch, cut)
+
+
+def _chunks(total: int, done: int, splits: int) -> tuple[int, int]:
+    """The next micro-batch ``[done, stop)`` when the batch is cut into ``splits`` parts."""
+    size = math.ceil(total / splits)
+    return done, min(total, done + size)
+
+
+# ---------------------------------------------------------------------------------------------
+# Optimizer snapshot
+# ---------------------------------------------------------------------------------------------
+_PLAIN = (int, float, bool, complex, str, type(None))
+
+
+class _OptimizerSnapshot:
+    """Parameters and optimizer state copied to host buffers reused from step to step."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+        self._host: dict[tuple[int, str], torch.Tensor] = {}
+        self._had_state: dict[int, dict[str, Any]] = {}
+        self._groups: list[dict[str, Any]] = []
+        self._params: list[torch.Tensor] = []
+
+    def _buffer(self, key: tuple[int, str], like: torch.Tensor) -> torch.Tensor:
+        import torch
+
+        buf = self._host.get(key)
+        if buf is None or buf.shape != like.shape or buf.dtype != like.dtype:
+            pin = like.is_cuda and torch.cuda.is_available()
+            buf = torch.empty(like.shape, dtype=like.dtype, device="cpu", pin_memory=pin)
+            self._host[key] = buf
+        return buf
+
+    def take(self) -> None:
+        """Copy parameters, optimizer state and hyper-parameters to host memory.
+
+        Raises:
+            ConfigError: When the optimizer state holds a value memfit cannot copy.
+        """
+        import torch
+
+        from memfit.runtime.simulate import active
+
+        gpu = active()
+        ctx: AbstractContextManager[None] = gpu.paused() if gpu is not None else nullcontext()
+        dst: list[torch.Tensor] = []
+        src: list[torch.Tensor] = []
+        self._params = []
+        self._had_state = {}
+        self._groups = []
+        with ctx, torch.no_grad():
+            for group in self.optimizer.param_groups:
+                self._groups.append(
+                    {
+                        k: (v.clone() if isinstance(v, torch.Tensor) else v)
+                        for k, v in group.items()
+                        if k != "params"
+                    }
+                )
+                for p in group["params"]:
+                    self._params.append(p)
+                    dst.append(self._buffer((id(p), ""), p))
+                    src.append(p.detach())
+                    state = self.optimizer.state.get(p)
+                    if state is None:
+                        continue
+                    saved: dict[str, Any] = {}
+                    for key, value in state.items():
+                        if isinstance(value, torch.Tensor):
+                            dst.append(self._buffer((id(p), key), value))
+                            src.append(value.detach())
+                            saved[key] = None  # marks a tensor, restored from its buffer
+                        elif isinstance(value, _PLAIN):
+                            saved[key] = value
+                        else:
+                            raise ConfigError(
+                                f"optimizer state {key!r} of {type(self.optimizer).__name__} is "
+                                f"a {type(value).__name__}, which memfit cannot snapshot",
+                                key_path="optimizer",
+                                hint="pass snapshot_optimizer=False to TrainGuard; an "
+                                "out-of-memory inside optimizer.step() then stops the run "
+                                "with memfit.OutOfMemory instead of retrying",
+                            )
+                    self._had_state[id(p)] = saved
+            _copy_all(dst, src)
+
+    def restore(self) -> None:
+        """Put parameters, optimizer state and hyper-parameters back as :meth:`take` saw them."""
+        import torch
+
+        from memfit.runtime.simulate import active
+
+        gpu = active()
+        ctx: AbstractContextManager[None] = gpu.paused() if gpu is not None else nullcontext()
+        dst: list[torch.Tensor] = []
+        src: list[torch.Tensor] = []
+        with ctx, torch.no_grad():
+            for group, saved_group in zip(self.optimizer.param_groups, self._groups, strict=True):
+                for key, value in saved_group.items():
+                    group[key] = value.clone() if isinstance(value, torch.Tensor) else value
+            for p in self._params:
+                dst.append(p.detach())
+                src.append(self._host[(id(p), "")])
+                saved = self._had_state.get(id(p))
+                if saved is None:
+                    self.optimizer.state.pop(p, None)
+                    continue
+                state = self.optimizer.state[p]
+                for key in [k for k in state if k not in saved]:
+                    del state[key]
+                for key, value in saved.items():
+                    buf = self._host.get((id(p), key)) if value is None else None
+                    if buf is None:
+                        state[key] = value
+                        continue
+                    current = state.get(key)
+                    if isinstance(current, torch.Tensor) and current.shape == buf.shape:
+                        dst.append(current)
+                        src.append(buf)
+                    else:
+                        device = p.device if buf.dim() else buf.device
+                        state[key] = buf.to(device, copy=True)
+            _copy_all(dst, src)
+
+
+def _copy_all(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
+    import torch
+
+    if not dst:
+        return
+    same_device = all(d.device == s.device for d, s in zip(dst, src, strict=True))
+    if same_device:
+        torch._foreach_copy_(dst, src)
+        return
+    for d, s in zip(dst, src, strict=True):
+        d.copy_(s, non_blocking=True)
+    if any(t.is_cuda for t in dst + src):
+        torch.cuda.synchronize()
+
+
+# ---------------------------------------------------------------------------------------------
+# TrainGuard
+# ---------------------------------------------------------------------------------------------
+class TrainGuard:
+    """Run optimisation steps that survive out-of-memory without changing the result.
+
+    Args:
+        optimizer: The optimizer over the model's parameters.
+        loss_fn: ``loss_fn(batch) -> loss``: the *mean* loss over the batch's items (a
+            scalar tensor). TrainGuard calls it on the whole batch or on micro-batches.
+        model: The module for ``no_sync()`` when it is DDP-wrapped (then the gradients are
+            averaged across ranks by TrainGuard, once per step).
+        count_fn: ``count_fn(batch) -> number``: what the mean in ``loss_fn`` is over (e.g.
+            tokens); default: the batch's size along dim 0.
+        max_splits: Most micro-batches per step before giving up.
+        scaler: A ``torch.amp.GradScaler``: scale per micro-batch, unscale and update once
+            per step.
+        on_event: Called with every :class:`~memfit.runtime.events.MemoryEvent`.
+        grow_back_after: Clean steps after which the micro-batch count is halved again.
+        snapshot_optimizer: Snapshot parameters and optimizer state to host memory before
+            each ``optimizer.step()`` so an out-of-memory inside it can be undone.
+
+    Raises:
+        ConfigError: When ``max_splits`` or ``grow_back_after`` is not a positive integer,
+            the optimizer needs a closure (``LBFGS``), or the DDP model broadcasts buffers in
+            forward (a collective whose count would differ between ranks).
+
+    Attributes:
+        splits: Micro-batches per step now.
+        events: What happened, in order.
+        steps: Steps completed.
+    """
+
+    source = "TrainGuard"
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        loss_fn: Callable[[Any], torch.Tensor],
+        *,
+        model: torch.nn.Module | None = None,
+        count_fn: Callable[[Any], float] | None = None,
+        max_splits: int = 64,
+        scaler: torch.amp.GradScaler | None = None,
+        on_event: EventSink | None = None,
+        grow_back_after: int = 50,
+        snapshot_optimizer: bool = True,
+    ) -> None:
+        import torch
+
+        if isinstance(max_splits, bool) or not isinstance(max_splits, int) or max_splits < 1:
+            raise ConfigError(
+                f"max_splits must be a positive integer, not {max_splits!r}",
+                key_path="max_splits",
+                hint="use a power of two such as 64",
+            )
+        if (
+            isinstance(grow_back_after, bool)
+            or not isinstance(grow_back_after, int)
+            or grow_back_after < 1
+        ):
+            raise ConfigError(
+                f"grow_back_after must be a positive integer, not {grow_back_after!r}",
+                key_path="grow_back_after",
+            )
+        if isinstance(optimizer, torch.optim.LBFGS):
+            raise ConfigError(
+                "TrainGuard cannot drive LBFGS: its step re-evaluates the loss through a closure",
+                key_path="optimizer",
+                hint="use a first-order optimizer (SGD, Adam, ...) or guard the closure yourself",
+            )
+        self._ddp = model is not None and distributed.is_ddp(model)
+        if self._ddp and model is not None:
+            broadcasts = bool(getattr(model, "broadcast_buffers", False))
+            if broadcasts and any(True for _ in model.buffers()):
+                raise ConfigError(
+                    "the DDP model broadcasts its buffers in every forward; with micro-batches "
+                    "the number of forwards can differ between ranks and they would hang",
+                    key_path="model",
+                    hint="wrap the model with DistributedDataParallel(..., "
+                    "broadcast_buffers=False)",
+                )
+        self.optimizer = optimizer
+        self.loss_fn = loss_fn
+        self.model = model
+        self.count_fn = count_fn
+        self.max_splits = max_splits
+        self.scaler = scaler
+        self.on_event = on_event
+        self.grow_back_after = grow_back_after
+        self.snapshot_optimizer = snapshot_optimizer
+        self.splits = 1
+        self.steps = 0
+        self.events: list[MemoryEvent] = []
+        self._clean_steps = 0
+        self._snapshot = _OptimizerSnapshot(optimizer) if snapshot_optimizer else None
+
+    # -- events ------------------------------------------------------------------------------
+    def _event(self, kind: str, message: str, **data: Any) -> None:
+        figures = memory_figures()
+        figures.update(data)
+        event = MemoryEvent(
+            kind=kind, step=self.steps, source=self.source, message=message, data=figures
+        )
+        self.events.append(event)
+        emit(self.on_event, event)
+
+    def _retrying(self, what: str, fn: Callable[[], Any], attempts: int = 3) -> str | None:
+        """Run ``fn`` (idempotent); on out-of-memory free and run it again, ``attempts`` times.
+
+        Returns:
+            ``None`` on success, else the last error message.
+        """
+        message: str | None = None
+        for _ in range(attempts):
+            message = None
+            try:
+                fn()
+            except Exception as exc:
+                if not is_oom(exc):
+                    raise
+                message = forget_exception(exc)
+            if message is None:
+                return None
+            _free_memory()
+            self._event(
+                "oom", f"out of memory in {what}; trying again", error=message.splitlines()[0]
+            )
+        return message
+
+    # -- pieces of a step --------------------------------------------------------------------
+    def _params(self) -> list[torch.nn.Parameter]:
+        return [p for g in self.optimizer.param_groups for p in g["params"] if p.requires_grad]
+
+    def _count(self, batch: Any) -> float:
+        if self.count_fn is None:
+            return float(batch_size(batch))
+        count = float(self.count_fn(batch))
+        if not math.isfinite(count) or count < 0:
+            raise ConfigError(
+                f"count_fn returned {count!r}; it must be a finite count >= 0",
+                key_path="count_fn",
+            )
+        return count
+
+    def _micro_step(self, chunk: Any, weight: float, params: list[torch.nn.Parameter]) -> float:
+        """Forward and backward of one micro-batch; add its gradient only if all succeeded."""
+        import torch
+
+        sync: AbstractContextManager[Any] = (
+            self.model.no_sync() if self._ddp and self.model is not None else nullcontext()  # type: ignore[operator]
+        )
+        with sync:
+            loss = self.loss_fn(chunk)
+            if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                raise ConfigError(
+                    "loss_fn must return the mean loss as a one-element tensor",
+                    key_path="loss_fn",
+                )
+            objective = loss if weight == 1.0 else loss * weight
+            if self.scaler is not None:
+                objective = self.scaler.scale(objective)
+            grads = torch.autograd.grad(objective.reshape(()), params, allow_unused=True)
+            value = float(loss.detach()) * weight
+        # Add to the accumulated gradient in one operation (atomic), then fill the empty ones.
+        acc_dst: list[torch.Tensor] = []
+        acc_src: list[torch.Tensor] = []
+        fresh: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
+        for p, g in zip(params, grads, strict=True):
+            if g is None:
+                continue
+            if p.grad is None:
+                fresh.append((p, g))
+            else:
+                acc_dst.append(p.grad)
+                acc_src.append(g)
+        if acc_dst:
+            torch._foreach_add_(acc_dst, acc_src)
+        for p, g in fresh:
+            p.grad = g
+        return value
+
+    def _zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _give_up(self, message: str, tried: list[str], smallest: int) -> OutOfMemory:
+        self._zero_grad()
+        figures = memory_figures()
+        self._event("give_up", message, tried=list(tried), splits=self.splits)
+        return OutOfMemory(
+            f"out of memory at step {self.steps} even after {', '.join(tried) or 'nothing'}: "
+            f"{message.splitlines()[0] if message else 'no message'}",
+            device=_device_name(),
+            peak_bytes=figures["peak_bytes"],
+            budget_bytes=figures["budget_bytes"],
+            free_bytes=(
+                figures["budget_bytes"] - figures["allocated_bytes"]
+                if figures["budget_bytes"] is not None and figures["allocated_bytes"] is not None
+                else None
+            ),
+            tried=tried,
+            hint=(
+                f"a micro-batch of {smallest} item(s) does not fit: shrink the model or the "
+                "item (sequence length, image size), use activation checkpointing or lower "
+                "precision, raise max_splits, or use a larger GPU (memfit plan tells how much)"
+            ),
+        )
+
+    def _backward_all(
+        self, batch: Any, params: list[torch.nn.Parameter], tried: list[str]
+    ) -> tuple[float, bool, str | None, int]:
+        """All micro-batches of a step. Returns (loss, had_oom, failure message, smallest)."""
+        n = batch_size(batch)
+        total = self._count(batch)
+        splits = max(1, min(self.splits, n))
+        done = 0
+        loss = 0.0
+        had_oom = False
+        retried = False
+        while done < n:
+            start, stop = _chunks(n, done, splits)
+            whole = start == 0 and stop == n
+            message: str | None = None
+            try:
+                chunk = batch if whole else split_batch(batch, start, stop)
+                weight = 1.0 if whole else (self._count(chunk) / total if total else 0.0)
+                loss += self._micro_step(chunk, weight, params)
+            except Exception as exc:
+                if not is_oom(exc):
+                    raise
+                message = forget_exception(exc)
+            chunk = None
+            if message is None:
+                done = stop
+                retried = False  # the next failure gets its own retry first
+                continue
+            # Out of the except block: the failed attempt's tensors can go now.
+            had_oom = True
+            _free_memory()
+            self._event(
+                "oom",
+                f"out of memory in micro-batch [{start}:{stop}) of {n} items",
+                splits=splits,
+                start=start,
+                stop=stop,
+                error=message.splitlines()[0],
+            )
+            if not retried:
+                retried = True
+                tried.append(f"retry x{splits}")
+                self._event("retry", f"retrying with {splits} micro-batch(es)", splits=splits)
+            elif splits < self.max_splits and stop - start > 1:
+                splits = min(self.max_splits, splits * 2, n)
+                tried.append(f"split x{splits}")
+                self._event(
+                    "split",
+                    f"splitting the batch into {splits} micro-batches ({n - done} items left)",
+                    splits=splits,
+                    done=done,
+                )
+            else:
+                self.splits = splits
+                return loss, had_oom, message, stop - start
+        self.splits = splits
+        return loss, had_oom, None, 0
+
+    def _unscale(self) -> str | None:
+        """``scaler.unscale_`` once per full step; retried only where it is atomic."""
+        scaler = self.scaler
+        if scaler is None:
+            return None
+        groups = {
+            (p.grad.device, p.grad.dtype)
+            for g in self.optimizer.param_groups
+            for p in g["params"]
+            if p.grad is not None
+        }
+
+        def unscale() -> None:
+            # An out-of-memory before the (single, in-place) unscale op leaves the gradients
+            # as they were; forget the scaler's half-done bookkeeping and do it again.
+            self._reset_scaler_step()
+            scaler.unscale_(self.optimizer)
+
+        return self._retrying("GradScaler.unscale_", unscale, attempts=3 if len(groups) <= 1 else 1)
+
+    def _optimizer_step(self, tried: list[str]) -> str | None:
+        """``optimizer.step()`` (through the scaler), undone and retried on out-of-memory."""
+        failure = self._unscale()
+        if failure is not None:
+            return failure
+        snapshot = self._snapshot
+        if snapshot is not None:
+            failure = self._retrying("the optimizer snapshot", snapshot.take)
+            if failure is not None:
+                return failure
+        saved_foreach = [g.get("foreach") for g in self.optimizer.param_groups]
+        attempts = ["step", "retry step", "step foreach=False", "retry step foreach=False"]
+        message: str | None = None
+        try:
+            for attempt in attempts:
+                if attempt.endswith("foreach=False"):
+                    if not any("foreach" in g for g in self.optimizer.param_groups):
+                        break
+                    for g in self.optimizer.param_groups:
+                        if "foreach" in g:
+                            g["foreach"] = False
+                message = None
+                try:
+                    if self.scaler is not None:
+                        self.scaler.step(self.optimizer)
+                    else:
+                        self.optimizer.step()
+                except Exception as exc:
+                    if not is_oom(exc):
+                        raise
+                    message = forget_exception(exc)
+                if message is None:
+                    return None
+                _free_memory()
+                self._event(
+                    "oom", "out of memory inside optimizer.step()", error=message.splitlines()[0]
+                )
+                if snapshot is None:
+                    return message
+                failure = self._retrying(
+                    "restoring the optimizer snapshot", snapshot.restore, attempts=10
+                )
+                if failure is not None:
+                    raise OutOfMemory(
+                        "could not restore the parameters after an out-of-memory inside "
+                        f"optimizer.step(): {failure}",
+                        device=_device_name(),
+                        tried=[*tried, attempt],
+                        hint="the model is in an undefined state; reload the last checkpoint",
+                    )
+                tried.append(attempt)
+                self._event(
+                    "restore",
+                    "parameters and optimizer state restored to their pre-step values",
+                    attempt=attempt,
+                )
+            return message
+        finally:
+            for g, value in zip(self.optimizer.param_groups, saved_foreach, strict=True):
+                if "foreach" in g:
+                    g["foreach"] = value
+
+    def _reset_scaler_step(self) -> None:
+        if self.scaler is None:
+            return
+        from torch.amp.grad_scaler import _refresh_per_optimizer_state
+
+        self.scaler._per_optimizer_states[id(self.optimizer)] = _refresh_per_optimizer_state()
+
+    # -- one step ------------------------------------------------------------------------------
+    def __call__(self, batch: Any) -> float:
+        """Run one optimisation step over ``batch``; return the batch's mean loss.
+
+        Args:
+            batch: Tensors in dicts, lists, tuples, namedtuples or dataclasses, split along
+                dim 0 when needed (non-tensor leaves are passed to every micro-batch).
+
+        Returns:
+            The batch's mean loss (weighted over micro-batches, as the full batch's).
+
+        Raises:
+            OutOfMemory: When even ``max_splits`` micro-batches (or micro-batches of one
+                item) do not fit, or ``optimizer.step()`` runs out of memory and cannot be
+                undone; on every rank at once under ``torch.distributed``.
+            ConfigError: When the batch has no tensor to split or its tensors disagree on
+                their batch size, or ``loss_fn`` does not return a one-element tensor.
+        """
+        params = self._params()
+        tried: list[str] = []
+        self._zero_grad()
+        splits_before = self.splits
+        loss, had_oom, failure, smallest = self._backward_all(batch, params, tried)
+        decision = distributed.agree(
+            gave_up=failure is not None, splits=self.splits, had_oom=had_oom
+        )
+        if decision.gave_up:
+            self._reset_scaler_step()
+            raise self._give_up(failure or "another rank ran out of memory", tried, smallest)
+        self.splits = decision.splits
+        if self._ddp:
+            distributed.average_gradients(params)
+        failure = self._optimizer_step(tried)
+        if failure is not None:
+            self._reset_scaler_step()
+            if distributed.is_distributed():
+                # The other ranks are entering the next step's agreement: tell them to stop.
+                distributed.agree(gave_up=True, splits=self.splits, had_oom=True)
+            what = (
+                "it could not be undone (snapshot_optimizer=False)"
+                if self._snapshot is None
+                else "restoring and retrying did not help"
+            )
+            raise self._give_up(
+                f"optimizer.step() ran out of memory and {what}: {failure}", tried, 0
+            )
+        if self.scaler is not None:
+            scaler = self.scaler
+            update_failure = self._retrying("GradScaler.update", scaler.update)
+            if update_failure is not None:
+                raise self._give_up(
+                    f"GradScaler.update() ran out of memory: {update_failure}", tried, 0
+                )
+        self._zero_grad()
+        self.steps += 1
+        if decision.had_oom or had_oom:
+            self._clean_steps = 0
+        else:
+            self._clean_steps += 1
+        if self.splits > 1 and self._clean_steps >= self.grow_back_after:
+            previous = self.splits
+            self.splits = max(1, self.splits // 2)
+            self._clean_steps = 0
+            self._event(
+                "grow_back",
+                f"{self.grow_back_after} clean steps: micro-batches {previous} -> {self.splits}",
+                splits=self.splits,
+                previous=previous,
+            )
+        elif self.splits != splits_before and not had_oom:
+            self._event(
+                "split",
+                f"following the other ranks: {self.splits} micro-batches",
+                splits=self.splits,
+            )
+        return loss
+
+    def __repr__(self) -> str:
+        return (
+            f"TrainGuard(splits={self.splits}, steps={self.steps}, "
+            f"events={len(self.events)}, max_splits={self.max_splits})"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# RolloutGuard
+# ---------------------------------------------------------------------------------------------
+def _concat(parts: Sequence[Any], dim: int) -> Any:
+    """Join the per-chunk results: arrays along ``dim``, containers leaf by leaf."""
+    first = parts[0]
+    if _is_array(first):
+        import sys
+
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(first, torch.Tensor):
+            if first.ndim <= dim:
+                return torch.stack(list(parts)) if first.ndim == 0 else first
+            return torch.cat(list(parts), dim=dim)
+        import numpy as np
+
+        if first.ndim <= dim:
+            return np.stack(list(parts))
+        return np.concatenate(list(parts), axis=dim)
+    if isinstance(first, dict):
+        return {k: _concat([p[k] for p in parts], dim) for k in first}
+    if isinstance(first, tuple) and hasattr(first, "_fields"):
+        return type(first)(*(_concat([p[i] for p in parts], dim) for i in range(len(first))))
+    if isinstance(first, (list, tuple)) and all(len(p) == len(first) for p in parts):
+        return type(first)(_concat([p[i] for p in parts], dim) for i in range(len(first)))
+    if all(p == first for p in parts):
+        return first
+    return list(parts)
+
+
+class RolloutGuard(Generic[T]):
+    """Guard inference and environment stepping: retry, then run in chunks along the envs.
+
+    Args:
+        fn: The call to guard (``policy.select_action``, ``env.step``).
+        split_dim: The environment dimension of the array arguments and of the results.
+        on_event: Called with every :class:`~memfit.runtime.events.MemoryEvent`.
+        max_splits: Most chunks before giving up.
+        grow_back_after: Clean calls after which the chunk count is halved again.
+
+    Arguments whose size along ``split_dim`` equals the environment count are cut into
+    chunks; other arguments are passed whole to every chunk. Results are concatenated along
+    ``split_dim`` (arrays), leaf by leaf (dicts, tuples, lists); equal scalars are kept once,
+    different ones are returned as a list.
+
+    Raises:
+        ConfigError: When ``max_splits`` or ``grow_back_after`` is not a positive integer.
+    """
+
+    source = "RolloutGuard"
+
+    def __init__(
+        self,
+        fn: Callable[..., T],
+        *,
+        split_dim: int = 0,
+        on_event: EventSink | None = None,
+        max_splits: int = 64,
+        grow_back_after: int = 50,
+    ) -> None:
+        for name, value in (("max_splits", max_splits), ("grow_back_after", grow_back_after)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(
+                    f"{name} must be a positive integer, not {value!r}", key_path=name
+                )
+        self.fn = fn
+        self.split_dim = split_dim
+        self.on_event = on_event
+        self.max_splits = max_splits
+        self.grow_back_after = grow_back_after
+        self.splits = 1
+        self.calls = 0
+        self.events: list[MemoryEvent] = []
+        self._clean_calls = 0
+
+    def _event(self, kind: str, message: str, **data: Any) -> None:
+        figures = memory_figures()
+        figures.update(data)
+        event = MemoryEvent(
+            kind=kind, step=self.calls, source=self.source, message=message, data=figures
+        )
+        self.events.append(event)
+        emit(self.on_event, event)
+
+    def _envs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+        for _, leaf in _walk((list(args), kwargs)):
+            if leaf.ndim > self.split_dim:
+                return int(leaf.shape[self.split_dim])
+        return None
+
+    def _run_chunked(self, args: tuple[Any, ...], kwargs: dict[str, Any], n: int, splits: int) -> T:
+        size = math.ceil(n / splits)
+        parts: list[Any] = []
+        dim = self.split_dim
+        for start in range(0, n, size):
+            stop = min(n, start + size)
+            index = (slice(None),) * dim + (slice(start, stop),)
+
+            def cut(leaf: Any, index: tuple[slice, ...] = index) -> Any:
+                if leaf.ndim > dim and int(leaf.shape[dim]) == n:
+                    return leaf[index]
+                return leaf
+
+            parts.append(self.fn(*_map(list(args), cut), **_map(kwargs, cut)))
+        result: T = _concat(parts, dim)
+        return result
+
+    def __call__(self, *args: Any, **kwargs: Any) -> T:
+        """Call ``fn``; on out-of-memory free, retry, then run it in chunks and join them.
+
+        Raises:
+            OutOfMemory: When ``max_splits`` chunks (or chunks of one environment) still
+                run out of memory.
+        """
+        n = self._envs(args, kwargs)
+        splits = self.splits if n is not None else 1
+        tried: list[str] = []
+        retried = False
+        had_oom = False
+        while True:
+            message: str | None = None
+            try:
+                if splits == 1 or n is None:
+                    result = self.fn(*args, **kwargs)
+                else:
+                    result = self._run_chunked(args, kwargs, n, splits)
+            except Exception as exc:
+                if not is_oom(exc):
+                    raise
+                message = forget_exception(exc)
+            if message is None:
+                break
+            had_oom = True
+            _free_memory()
+            self._event(
+                "oom",
+                "out of memory in the guarded call",
+                splits=splits,
+                error=message.splitlines()[0],
+            )
+            if not retried:
+                retried = True
+                tried.append(f"retry x{splits}")
+                self._event("retry", f"retrying with {splits} chunk(s)", splits=splits)
+            elif n is not None and splits < min(self.max_splits, n):
+                splits = min(self.max_splits, splits * 2, n)
+                tried.append(f"split x{splits}")
+                self._event(
+                    "split", f"running in {splits} chunks of the environments", splits=splits
+                )
+            else:
+                figures = memory_figures()
+                self._event("give_up", "out of memory after " + ", ".join(tried), tried=tried)
+                raise OutOfMemory(
+                    f"out of memory in {getattr(self.fn, '__name__', 'the guarded call')} "
+                    f"even after {', '.join(tried)}: {message.splitlines()[0]}",
+                    device=_device_name(),
+                    peak_bytes=figures["peak_bytes"],
+                    budget_bytes=figures["budget_bytes"],
+                    tried=tried,
+                    hint="fewer environments per call, a smaller observation, or a larger GPU",
+                )
+        self.calls += 1
+        self.splits = splits
+        self._clean_calls = 0 if had_oom else self._clean_calls + 1
+        if self.splits > 1 and self._clean_calls >= self.grow_back_after:
+            previous = self.splits
+            self.splits = max(1, self.splits // 2)
+            self._clean_calls = 0
+            self._event("grow_back", f"chunks {previous} -> {self.splits}", splits=self.splits)
+        return result

@@ -1,0 +1,344 @@
+"""A smaller GPU for real PyTorch code: ``memfit.simulate_gpu(budget)``.
+
+On the CPU (``device="cpu"``, the default) a ``TorchDispatchMode`` watches every operation
+run inside the context. Each output whose storage is new (not one of the operation's
+inputs' storages, not already counted) is an allocation: its size, rounded as the CUDA
+caching allocator rounds blocks (:func:`memfit.core.allocator.round_size`), is taken from a
+:class:`~memfit.backends.simulated.SimulatedDevice` of ``budget`` bytes. When the device has
+not enough free bytes the operation's outputs are dropped and ``torch.OutOfMemoryError`` is
+raised, as the caching allocator would. A storage's bytes are given back when the storage
+dies (``weakref.finalize`` on the untyped storage, whose Python object PyTorch keeps alive as
+long as the storage), so the count is of live bytes, whether the
+storage dies inside the context or after it.
+
+Only storages allocated inside the context count; tensors that existed before (a model built
+outside) are not on the simulated device. Operations that run on other threads (a CUDA
+backward) are not seen; CPU backward passes run on the calling thread and are seen.
+
+On a CUDA machine ``device="cuda"`` (or ``"cuda:N"``) caps PyTorch's caching allocator with
+``torch.cuda.set_per_process_memory_fraction(budget / total)`` and restores the previous
+fraction on exit; the figures then come from ``torch.cuda.memory_allocated``.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from memfit.backends.simulated import SimulatedDevice
+from memfit.core.allocator import round_size
+from memfit.errors import ConfigError, OutOfMemory
+from memfit.units import format_bytes, parse_bytes
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["SimulatedGpu", "active", "simulate_gpu"]
+
+_STACK: list[SimulatedGpu] = []
+_STACK_LOCK = threading.Lock()
+
+
+class SimulatedGpu:
+    """The live state of one :func:`simulate_gpu` context.
+
+    Attributes:
+        budget_bytes: Bytes the simulated GPU offers.
+        device: The byte counter (:class:`~memfit.backends.simulated.SimulatedDevice`); on
+            ``device="cuda"`` it mirrors the budget but the figures come from torch.
+        device_kind: ``"cpu"`` (simulated) or the CUDA device string.
+    """
+
+    def __init__(self, budget_bytes: int, device_kind: str) -> None:
+        self.budget_bytes = budget_bytes
+        self.device_kind = device_kind
+        self.device = SimulatedDevice(budget_bytes, name=f"simulated-{format_bytes(budget_bytes)}")
+        self._live: dict[int, tuple[int, weakref.finalize[Any, Any]]] = {}
+        self._lock = threading.Lock()
+        self._paused = 0
+        self.oom_count = 0
+
+    # -- figures -----------------------------------------------------------------------
+    @property
+    def allocated_bytes(self) -> int:
+        """Live bytes (rounded) of storages allocated inside the context."""
+        if self.device_kind == "cpu":
+            return self.device.allocated_bytes
+        import torch
+
+        return int(torch.cuda.memory_allocated(self.device_kind))
+
+    @property
+    def peak_allocated_bytes(self) -> int:
+        """Largest :attr:`allocated_bytes` since entry or the last :meth:`reset_peak`."""
+        if self.device_kind == "cpu":
+            return self.device.peak_allocated_bytes
+        import torch
+
+        return int(torch.cuda.max_memory_allocated(self.device_kind))
+
+    @property
+    def free_bytes(self) -> int:
+        """Bytes left under the budget."""
+        return self.budget_bytes - self.allocated_bytes
+
+    @property
+    def live_storages(self) -> int:
+        """Number of storages counted now (CPU simulation only; 0 on CUDA)."""
+        return len(self._live)
+
+    def reset_peak(self) -> None:
+        """Start the peak again from the live bytes now."""
+        if self.device_kind == "cpu":
+            self.device.reset_peak()
+            return
+        import torch
+
+        torch.cuda.reset_peak_memory_stats(self.device_kind)
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Do not count allocations made inside this block (memory that lives off the GPU).
+
+        memfit uses it for host-side snapshots (TrainGuard's optimizer snapshot), which a
+        real run keeps in host memory, not on the GPU.
+        """
+        with self._lock:
+            self._paused += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._paused -= 1
+
+    # -- bookkeeping used by the dispatch mode -------------------------------------------
+    def _counting(self) -> bool:
+        return self._paused == 0
+
+    def _is_live(self, key: int) -> bool:
+        return key in self._live
+
+    def _take(self, items: list[tuple[int, torch.UntypedStorage, int]], op: object) -> None:
+        """Count new storages, or raise ``torch.OutOfMemoryError`` if they do not fit."""
+        import torch
+
+        total = sum(n for _, _, n in items)
+        try:
+            self.device.allocate(total)
+        except OutOfMemory:
+            self.oom_count += 1
+            free = self.device.free_bytes
+            raise torch.OutOfMemoryError(
+                f"Simulated GPU out of memory. Tried to allocate {format_bytes(total)} "
+                f"(in {op}). The simulated GPU has a total capacity of "
+                f"{format_bytes(self.budget_bytes)} of which {format_bytes(free)} is free; "
+                f"{format_bytes(self.device.allocated_bytes)} is allocated by tensors created "
+                "inside memfit.simulate_gpu."
+            ) from None
+        with self._lock:
+            for key, storage, nbytes in items:
+                fin = weakref.finalize(storage, self._release, key, nbytes)
+                fin.atexit = False
+                self._live[key] = (nbytes, fin)
+
+    def _grow(self, key: int, storage: torch.UntypedStorage, nbytes: int, op: object) -> None:
+        """A counted storage was resized in place to ``nbytes`` (rounded)."""
+        import torch
+
+        old, fin = self._live[key]
+        if nbytes <= old:
+            return
+        try:
+            self.device.allocate(nbytes - old)
+        except OutOfMemory:
+            self.oom_count += 1
+            raise torch.OutOfMemoryError(
+                f"Simulated GPU out of memory. Tried to allocate {format_bytes(nbytes - old)} "
+                f"(resize in {op}). The simulated GPU has a total capacity of "
+                f"{format_bytes(self.budget_bytes)} of which {format_bytes(self.device.free_bytes)}"
+                " is free."
+            ) from None
+        fin.detach()
+        new_fin = weakref.finalize(storage, self._release, key, nbytes)
+        new_fin.atexit = False
+        with self._lock:
+            self._live[key] = (nbytes, new_fin)
+
+    def _release(self, key: int, nbytes: int) -> None:
+        with self._lock:
+            entry = self._live.pop(key, None)
+        if entry is not None:
+            self.device.release(entry[0])
+
+    def __repr__(self) -> str:
+        return (
+            f"SimulatedGpu(budget={format_bytes(self.budget_bytes)}, "
+            f"allocated={format_bytes(self.allocated_bytes)}, "
+            f"peak={format_bytes(self.peak_allocated_bytes)})"
+        )
+
+
+def _tensors(tree: Any, tensor_type: type[torch.Tensor], strided: object) -> Iterator[Any]:
+    """Strided tensors in nested tuples, lists and dicts (the shapes of op arguments)."""
+    if isinstance(tree, tensor_type):
+        if tree.layout is strided:
+            yield tree
+    elif isinstance(tree, (tuple, list)):
+        for item in tree:
+            yield from _tensors(item, tensor_type, strided)
+    elif isinstance(tree, dict):
+        for item in tree.values():
+            yield from _tensors(item, tensor_type, strided)
+
+
+def _make_mode(gpu: SimulatedGpu) -> Any:
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    Tensor = torch.Tensor
+    strided = torch.strided
+
+    class _CountingMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
+        """Counts the storages each operation allocates against the simulated budget."""
+
+        def __torch_dispatch__(
+            self,
+            func: Any,
+            types: Any,
+            args: tuple[Any, ...] = (),
+            kwargs: dict[str, Any] | None = None,
+        ) -> Any:
+            kwargs = kwargs or {}
+            if not gpu._counting():
+                return func(*args, **kwargs)
+            inputs = {t.untyped_storage()._cdata for t in _tensors((args, kwargs), Tensor, strided)}
+            out = func(*args, **kwargs)
+            new: list[tuple[int, torch.UntypedStorage, int]] = []
+            seen: set[int] = set()
+            for tensor in _tensors(out, Tensor, strided):
+                storage = tensor.untyped_storage()
+                key = storage._cdata
+                if key in seen:
+                    continue
+                seen.add(key)
+                nbytes = round_size(storage.nbytes())
+                if gpu._is_live(key):
+                    gpu._grow(key, storage, nbytes, func)
+                elif key not in inputs:  # else: a view of an input, or an in-place result
+                    new.append((key, storage, nbytes))
+            if new:
+                try:
+                    gpu._take(new, func)
+                except torch.OutOfMemoryError:
+                    # Drop the outputs before the error leaves, so nothing pins them.
+                    del out, new, tensor, storage
+                    raise
+            return out
+
+    return _CountingMode()  # type: ignore[no-untyped-call]
+
+
+def active() -> SimulatedGpu | None:
+    """The innermost active :func:`simulate_gpu` context, or ``None`` outside one."""
+    with _STACK_LOCK:
+        return _STACK[-1] if _STACK else None
+
+
+def _resolve_budget(budget: int | str) -> int:
+    value = parse_bytes(budget)
+    if value <= 0:
+        raise ConfigError(
+            f"a simulated GPU needs a positive budget, not {budget!r}",
+            key_path="budget",
+            hint="give a size such as 64MiB or 8GiB",
+        )
+    return value
+
+
+@contextmanager
+def simulate_gpu(budget: int | str, device: str = "cpu") -> Iterator[SimulatedGpu]:
+    """Run PyTorch code as if on a GPU of ``budget`` bytes.
+
+    Args:
+        budget: The memory the simulated GPU offers (bytes or a size text, ``"64MiB"``).
+        device: ``"cpu"`` to count allocations of CPU tensors made inside the context, or a
+            CUDA device (``"cuda"``, ``"cuda:1"``) to cap the real caching allocator.
+
+    Yields:
+        The :class:`SimulatedGpu` with the live figures.
+
+    Raises:
+        ConfigError: When the budget is not a positive size, the device is neither ``cpu``
+            nor ``cuda[:N]``, or the budget is larger than the CUDA device.
+        BackendUnavailable: When ``device`` is CUDA and torch has no CUDA device.
+
+    Inside the context an allocation that does not fit raises ``torch.OutOfMemoryError``.
+
+    >>> import torch
+    >>> with simulate_gpu("1MiB") as gpu:
+    ...     x = torch.zeros(1000)
+    ...     gpu.allocated_bytes
+    4096
+    """
+    budget_bytes = _resolve_budget(budget)
+    kind = device.strip().lower()
+    if kind == "cpu":
+        gpu = SimulatedGpu(budget_bytes, "cpu")
+        mode = _make_mode(gpu)
+        with _STACK_LOCK:
+            _STACK.append(gpu)
+        try:
+            with mode:
+                yield gpu
+        finally:
+            with _STACK_LOCK:
+                _STACK.remove(gpu)
+        return
+    if kind == "cuda" or kind.startswith("cuda:"):
+        with _cuda_cap(budget_bytes, kind) as gpu:
+            yield gpu
+        return
+    raise ConfigError(
+        f"unknown device {device!r} for simulate_gpu",
+        key_path="device",
+        hint='use "cpu" (simulated) or "cuda" / "cuda:N" (cap the real allocator)',
+    )
+
+
+@contextmanager
+def _cuda_cap(budget_bytes: int, kind: str) -> Iterator[SimulatedGpu]:
+    import torch
+
+    from memfit.errors import BackendUnavailable
+
+    if not torch.cuda.is_available():
+        raise BackendUnavailable(
+            "simulate_gpu(device='cuda') needs a CUDA device and torch sees none",
+            hint='use simulate_gpu(budget) (device="cpu") to simulate on the CPU',
+        )
+    dev = torch.device(kind)
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    total = int(torch.cuda.get_device_properties(index).total_memory)
+    if budget_bytes > total:
+        raise ConfigError(
+            f"budget {format_bytes(budget_bytes)} is more than the device ({format_bytes(total)})",
+            key_path="budget",
+            hint="give a budget no larger than the GPU",
+        )
+    previous = float(torch.cuda.get_per_process_memory_fraction(index))
+    gpu = SimulatedGpu(budget_bytes, f"cuda:{index}")
+    torch.cuda.set_per_process_memory_fraction(budget_bytes / total, index)
+    # Cached blocks above the new cap would let the process keep more than the budget.
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(index)
+    with _STACK_LOCK:
+        _STACK.append(gpu)
+    try:
+        yield gpu
+    finally:
+        with _STACK_LOCK:
+            _STACK.remove(gpu)
+        torch.cuda.set_per_process_memory_fraction(previous, index)
