@@ -123,11 +123,17 @@ def make_ppo_mlp(obs_dim: int = 64, act_dim: int = 8, hidden: int = 256) -> Torc
         def __init__(self) -> None:
             super().__init__()
             self.actor = nn.Sequential(
-                nn.Linear(obs_dim, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(),
+                nn.Linear(obs_dim, hidden),
+                nn.Tanh(),
+                nn.Linear(hidden, hidden),
+                nn.Tanh(),
                 nn.Linear(hidden, act_dim),
             )
             self.critic = nn.Sequential(
-                nn.Linear(obs_dim, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(),
+                nn.Linear(obs_dim, hidden),
+                nn.Tanh(),
+                nn.Linear(hidden, hidden),
+                nn.Tanh(),
                 nn.Linear(hidden, 1),
             )
             self.log_std = nn.Parameter(torch.zeros(act_dim))
@@ -172,9 +178,16 @@ def make_dqn_cnn(image: int = 84, actions: int = 6) -> TorchStep:
         for k, s in ((8, 4), (4, 2), (3, 1)):
             size = (size - k) // s + 1
         return nn.Sequential(
-            nn.Conv2d(4, 32, 8, 4), nn.ReLU(), nn.Conv2d(32, 64, 4, 2), nn.ReLU(),
-            nn.Conv2d(64, 64, 3, 1), nn.ReLU(), nn.Flatten(), nn.Linear(64 * size * size, 512),
-            nn.ReLU(), nn.Linear(512, actions),
+            nn.Conv2d(4, 32, 8, 4),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, 4, 2),
+            nn.ReLU(),
+            nn.Conv2d(64, 64, 3, 1),
+            nn.ReLU(),
+            nn.Flatten(),
+            nn.Linear(64 * size * size, 512),
+            nn.ReLU(),
+            nn.Linear(512, actions),
         )
 
     def build() -> tuple[Any, Any]:
@@ -267,7 +280,10 @@ def make_checkpointed_mlp(dim: int = 512, depth: int = 8) -> TorchStep:
         def __init__(self) -> None:
             super().__init__()
             self.blocks = nn.ModuleList(
-                [nn.Sequential(nn.Linear(dim, dim * 2), nn.GELU(), nn.Linear(dim * 2, dim)) for _ in range(depth)]
+                [
+                    nn.Sequential(nn.Linear(dim, dim * 2), nn.GELU(), nn.Linear(dim * 2, dim))
+                    for _ in range(depth)
+                ]
             )
             self.out = nn.Linear(dim, 1)
 
@@ -315,7 +331,9 @@ def make_transformer_block(dim: int = 256, seq: int = 64) -> TorchStep:
     return TorchStep(build, step, make_batch)
 
 
-def make_act_policy(image: int = 256, cameras: int = 2, chunk: int = 50, dim: int = 256) -> TorchStep:
+def make_act_policy(
+    image: int = 256, cameras: int = 2, chunk: int = 50, dim: int = 256
+) -> TorchStep:
     """ACT-style policy: a ResNet-18-like backbone per camera frame, a transformer over the
     image tokens and the joint state, and an action-chunk head; L1 loss, AdamW."""
     torch = _torch()
@@ -376,7 +394,8 @@ def make_jax_ppo(obs_dim: int = 64, act_dim: int = 8, hidden: int = 256) -> JaxS
         sizes = [(obs_dim, hidden), (hidden, hidden), (hidden, act_dim + 1)]
         keys = jax.random.split(key, len(sizes))
         return [
-            (jax.random.normal(k, s) / jnp.sqrt(s[0]), jnp.zeros(s[1])) for k, s in zip(keys, sizes)
+            (jax.random.normal(k, s) / jnp.sqrt(s[0]), jnp.zeros(s[1]))
+            for k, s in zip(keys, sizes, strict=True)
         ]
 
     def forward(params: Any, obs: Any) -> Any:

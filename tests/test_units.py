@@ -37,8 +37,10 @@ def test_parse_bytes_examples(text: str | int, expected: int) -> None:
     assert parse_bytes(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "   ", "-5GB", "-1", "nan", "NaN GiB", "inf", "12XB", "abc",
-                                  "1e400", "8 G B", "GiB"])
+@pytest.mark.parametrize(
+    "text",
+    ["", "   ", "-5GB", "-1", "nan", "NaN GiB", "inf", "12XB", "abc", "1e400", "8 G B", "GiB"],
+)
 def test_parse_bytes_rejects_bad_text_naming_it(text: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_bytes(text)
@@ -56,8 +58,15 @@ def test_parse_bytes_rejects_non_sizes(value: object) -> None:
 
 @pytest.mark.parametrize(
     ("n", "text"),
-    [(0, "0 B"), (1023, "1023 B"), (1024, "1.00 KiB"), (1536, "1.50 KiB"),
-     (8 * GiB, "8.00 GiB"), (-3 * MiB, "-3.00 MiB"), (2**40, "1.00 TiB")],
+    [
+        (0, "0 B"),
+        (1023, "1023 B"),
+        (1024, "1.00 KiB"),
+        (1536, "1.50 KiB"),
+        (8 * GiB, "8.00 GiB"),
+        (-3 * MiB, "-3.00 MiB"),
+        (2**40, "1.00 TiB"),
+    ],
 )
 def test_format_bytes_examples(n: int, text: str) -> None:
     assert format_bytes(n) == text
@@ -87,7 +96,9 @@ def test_parse_of_plain_integer_text_is_exact(n: int) -> None:
     assert parse_bytes(str(n)) == n
 
 
-@pytest.mark.parametrize(("text", "value"), [("10%", 0.1), ("0.25", 0.25), (0.05, 0.05), ("0", 0.0)])
+@pytest.mark.parametrize(
+    ("text", "value"), [("10%", 0.1), ("0.25", 0.25), (0.05, 0.05), ("0", 0.0)]
+)
 def test_parse_fraction(text: str | float, value: float) -> None:
     assert parse_fraction(text) == pytest.approx(value)
 

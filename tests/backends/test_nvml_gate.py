@@ -343,3 +343,12 @@ def test_probe_all_without_nvml_or_driver(monkeypatch: pytest.MonkeyPatch) -> No
     assert snap.devices == ()
     assert snap.notes[0] == "no NVIDIA GPU or driver found"
     assert any("driver is not loaded" in n for n in snap.notes)
+
+
+def test_no_proc_filesystem_note(tmp_path: Path) -> None:
+    fake = FakeNvml(compute=[(4242, 10 * MiB)])
+    (dev,) = _probe(fake, tmp_path / "absent").snapshot().devices
+    (proc,) = dev.processes
+    assert proc.name is None
+    assert "process details unavailable" in (proc.note or "")
+    assert not any("PID namespace" in n for n in dev.notes)

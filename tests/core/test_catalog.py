@@ -25,7 +25,7 @@ def test_catalog_has_at_least_30_gpus_with_sources() -> None:
     for spec in specs:
         assert spec.arch in ARCHITECTURES and spec.arch != "unknown"
         assert spec.compute_capability is not None
-        assert spec.total_bytes % MiB == 0 and spec.total_bytes >= 4 * 1000**3 // 1
+        assert spec.total_bytes % MiB == 0 and spec.total_bytes >= 4 * GiB
         assert len(spec.source) > 10
         if spec.cuda_total_bytes is not None:
             assert spec.cuda_total_bytes < spec.total_bytes

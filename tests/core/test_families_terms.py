@@ -102,8 +102,10 @@ def test_fsdp_shards_and_ddp_buckets() -> None:
 
 @pytest.mark.parametrize(("optimizer", "states"), [("sgd", 0), ("sgd_momentum", 1), ("adamw", 2)])
 def test_optimizer_states(optimizer: str, states: int) -> None:
-    w = parse_workload(BRAX.replace("PRECISION", "fp32").replace("DEVICES", "{count: 1}")
-                       + f"optimizer: {optimizer}\n")
+    w = parse_workload(
+        BRAX.replace("PRECISION", "fp32").replace("DEVICES", "{count: 1}")
+        + f"optimizer: {optimizer}\n"
+    )
     t = terms_of(w)
     assert t.get("optimizer_state", 0) == PARAMS * 4 * states
 

@@ -166,16 +166,19 @@ def test_never_above_the_true_max_and_terminates(
     curve=curves(affine_only=True),
     margin=st.sampled_from([0.0, 0.05, 0.1]),
     multiple_of=st.sampled_from([1, 8]),
-    slope_error=st.floats(-0.1, 0.1),
-    intercept_error=st.floats(-0.1, 0.1),
+    uncertainty=st.sampled_from([0.05, 0.1, 0.2]),
+    slope_error=st.floats(-1.0, 1.0),
+    intercept_error=st.floats(-1.0, 1.0),
 )
 def test_affine_with_a_decent_prior_reaches_97_percent_in_three_probes(
     curve: dict[str, object],
     margin: float,
     multiple_of: int,
+    uncertainty: float,
     slope_error: float,
     intercept_error: float,
 ) -> None:
+    """A decent prior is one whose error stays within the uncertainty it declares."""
     peak = curve["peak"]
     budget = curve["budget"]
     slope = curve["slope"]
@@ -183,7 +186,9 @@ def test_affine_with_a_decent_prior_reaches_97_percent_in_three_probes(
     assert callable(peak) and isinstance(budget, int)
     assert isinstance(slope, int) and isinstance(intercept, int)
     prior = Prior(
-        slope_bytes=slope * (1 + slope_error), intercept_bytes=intercept * (1 + intercept_error)
+        slope_bytes=slope * (1 + uncertainty * slope_error),
+        intercept_bytes=intercept * (1 + uncertainty * intercept_error),
+        uncertainty=uncertainty,
     )
     low, high = multiple_of, _high(curve)
     truth = _true_max(curve, target_bytes(budget, margin), low, high, multiple_of)

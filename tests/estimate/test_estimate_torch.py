@@ -136,11 +136,6 @@ def test_fit_is_affine_in_the_batch_and_feeds_measured_terms() -> None:
 
 def test_checkpointing_lowers_the_traced_peak() -> None:
     plain = W.make_checkpointed_mlp(256, 6)
-
-    def no_ckpt_build() -> tuple[Any, Any]:
-        model, opt = plain.build()
-        return model, opt
-
     ckpt = estimate_torch(plain.build, plain.step, plain.make_batch, [2048]).points[0]
 
     def step_without_checkpoint(model: Any, opt: Any, batch: Any) -> None:
@@ -152,9 +147,7 @@ def test_checkpointing_lowers_the_traced_peak() -> None:
         loss.backward()
         opt.step()
 
-    full = estimate_torch(no_ckpt_build, step_without_checkpoint, plain.make_batch, [2048]).points[
-        0
-    ]
+    full = estimate_torch(plain.build, step_without_checkpoint, plain.make_batch, [2048]).points[0]
     assert ckpt.breakdown["activations"] < full.breakdown["activations"]
     assert ckpt.allocated_peak < full.allocated_peak
 

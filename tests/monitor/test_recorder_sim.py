@@ -173,7 +173,7 @@ def test_events_are_recorded_written_and_logged(
 def test_leak_warning_goes_through_logging(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="memfit")
     dev = SimulatedDevice("1GiB")
-    with Recorder(device=dev, log_every=20) as rec:
+    with Recorder(device=dev, log_every=20, leak_check_seconds=0) as rec:
         for step in range(60):
             dev.allocate(MiB)
             rec.step(step=step)

@@ -319,6 +319,8 @@ def _process_details(
     pid: int, proc_root: Path
 ) -> tuple[str | None, str | None, str | None, str | None]:
     """Name, command line, user and a note for a host PID, from ``proc_root``."""
+    if not proc_root.is_dir():
+        return None, None, None, f"no {proc_root} on this system: process details unavailable"
     base = proc_root / str(pid)
     if not base.exists():
         return (

@@ -104,19 +104,13 @@ def env(
         for note in rec.notes:
             err_console.print(f"note: {escape(note)}")
         if problems:
-            ptable = Table(title=f"problems in the {escape(checked)}", title_justify="left")
-            for column in ("severity", "code", "variable", "option", "problem", "fix"):
-                ptable.add_column(column)
+            out_console.print(f"problems in the {escape(checked)}:")
             for p in problems:
-                ptable.add_row(
-                    p.severity,
-                    p.code,
-                    escape(p.variable),
-                    escape(p.option or ""),
-                    escape(p.message),
-                    escape(p.hint or ""),
-                )
-            out_console.print(ptable)
+                where = p.variable + (f" {p.option}" if p.option else "")
+                line = f"  {p.severity} [{p.code}] {where}: {p.message}"
+                if p.hint:
+                    line += f" (fix: {p.hint})"
+                out_console.print(escape(line), soft_wrap=True)
         elif current or check is not None:
             out_console.print(f"no problems in the {escape(checked)}")
     if strict and errors:

@@ -16,8 +16,8 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
+from typing import Any
 
-import click
 import typer
 from rich.markup import escape
 
@@ -26,6 +26,33 @@ from memfit.cli._common import err_console, print_json
 from memfit.errors import MemfitError
 
 __all__ = ["COMMAND_MODULES", "app", "main", "run"]
+
+
+def _click_exception_types() -> tuple[
+    tuple[type[Exception], ...],
+    tuple[type[Exception], ...],
+    tuple[type[Exception], ...],
+    tuple[type[Exception], ...],
+]:
+    """Click's UsageError, Abort, Exit and ClickException classes.
+
+    Typer >= 0.29 bundles its own copy of click (``typer._click``) whose exceptions are not
+    the installed click's; older Typer raises the installed click's. Catch whichever exist.
+    """
+    modules: list[Any] = []
+    for name in ("typer._click.exceptions", "click.exceptions"):
+        try:
+            modules.append(importlib.import_module(name))
+        except ImportError:
+            continue
+
+    def collect(attr: str) -> tuple[type[Exception], ...]:
+        return tuple(getattr(m, attr) for m in modules if hasattr(m, attr))
+
+    return collect("UsageError"), collect("Abort"), collect("Exit"), collect("ClickException")
+
+
+_USAGE_ERRORS, _ABORTS, _EXITS, _CLICK_ERRORS = _click_exception_types()
 
 #: Modules under ``memfit.cli`` that register commands, in the order ``--help`` lists them.
 COMMAND_MODULES: tuple[str, ...] = ("devices", "gpus", "env", "watch", "report", "estimate", "plan")
@@ -98,17 +125,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         _report(exc, args)
         return 1
-    except click.exceptions.UsageError as exc:
-        exc.show()
+    except _USAGE_ERRORS as exc:
+        exc.show()  # type: ignore[attr-defined]
         return 2
-    except click.exceptions.Abort:
+    except _ABORTS:
         err_console.print("Aborted.")
         return 1
-    except click.exceptions.Exit as exc:
-        return int(exc.exit_code)
-    except click.exceptions.ClickException as exc:
-        exc.show()
-        return int(exc.exit_code)
+    except _EXITS as exc:
+        return int(getattr(exc, "exit_code", 0))
+    except _CLICK_ERRORS as exc:
+        exc.show()  # type: ignore[attr-defined]
+        return int(getattr(exc, "exit_code", 1))
     except KeyboardInterrupt:
         err_console.print("Interrupted.")
         return 130

@@ -35,8 +35,8 @@ from memfit.units import format_bytes
 
 __all__ = ["make_probe", "register", "render_frame"]
 
-_BAR_WIDTH = 24
-_SPARK_WIDTH = 30
+_BAR_WIDTH = 20
+_SPARK_WIDTH = 20
 
 
 def make_probe() -> tuple[DeviceProbe | None, list[str]]:
@@ -87,11 +87,8 @@ def render_frame(frame: WatchFrame) -> RenderableType:
         title += f" · driver {snap.driver_version}"
     title += f" · {time.strftime('%H:%M:%S', time.localtime(frame.time))}"
     gpus = Table(title=title, title_justify="left", expand=False)
-    gpus.add_column("GPU", no_wrap=True)
-    gpus.add_column("memory used / total", no_wrap=True)
-    gpus.add_column("used", justify="right", no_wrap=True)
-    gpus.add_column("total", justify="right", no_wrap=True)
-    gpus.add_column("reserved", justify="right", no_wrap=True)
+    gpus.add_column("GPU", max_width=20)
+    gpus.add_column("memory (used / total)", no_wrap=True)
     gpus.add_column("util", justify="right", no_wrap=True)
     gpus.add_column("history", no_wrap=True)
     procs = Table(title="processes", title_justify="left", expand=False)
@@ -103,12 +100,21 @@ def render_frame(frame: WatchFrame) -> RenderableType:
     notes: list[str] = []
     for device in snap.devices:
         util = f"{device.utilization_percent}%" if device.utilization_percent is not None else "N/A"
+        memory = _bar(used_fraction(device))
+        memory.append(
+            f"\n{_size(device.device_used_bytes)} / {_size(device.total_bytes)}", style="bold"
+        )
+        if device.backend == "nvml" or device.reserved_bytes is not None:
+            memory.append(f"\ndriver reserved {_size(device.reserved_bytes)}", style="dim")
+        if device.allocated_bytes is not None:
+            memory.append(f"\nallocated {_size(device.allocated_bytes)}", style="dim")
+        if device.allocator_reserved_bytes is not None:
+            memory.append(
+                f"\nallocator reserved {_size(device.allocator_reserved_bytes)}", style="dim"
+            )
         gpus.add_row(
             f"{device.index}: {escape(device.name)}",
-            _bar(used_fraction(device)),
-            _size(device.device_used_bytes),
-            _size(device.total_bytes),
-            _size(device.reserved_bytes),
+            memory,
             util,
             sparkline(frame.history.get(device.index, ()), _SPARK_WIDTH),
         )

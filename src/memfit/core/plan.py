@@ -252,7 +252,9 @@ class _Space:
                         key_path="knobs",
                         hint="narrow the knob ranges, or pin some knobs with --set",
                     )
-                if self.rules_hold(self.values(config)):
+                if self.resolve(config, limit) is not None and self.rules_hold(
+                    self.values(config)
+                ):
                     found.append((self.rank(config), config))
                 return
             for value in domains[depth]:

@@ -68,8 +68,9 @@ DEFAULT_TOLERANCE = 0.01
 #: After a failure the model did not predict, the next value backs off from the failure by
 #: this share of the open interval (doubling with each further failure).
 _BACKOFF = 0.03
-#: Extrapolate from two probes only when the peak rose by at least this share between them.
-_RESOLUTION = 0.02
+#: Extrapolate from two probes only when the peak rose between them by at least this share of
+#: what is left to the target (so that rounding noise cannot pass for a slope).
+_RESOLUTION = 0.1
 #: Without a prior and while the measurements cannot tell the slope, grow at least this much.
 _GROWTH = 4
 
@@ -299,7 +300,8 @@ def fit_model(
     Two measured probes on either side of the target give the secant between them. Without
     such a bracket, the secant through the largest probe and a probe at most half its value
     (a wide base, so that allocator rounding does not swamp the slope), or else the next
-    largest, is used when the peak rose by at least 2% between them. Otherwise the model is
+    largest, is used when the peak rose between them by at least a tenth of what is left to
+    the target. Otherwise the model is
     anchored at one measured probe, with the prior's slope, or without a prior the
     proportional line through the origin.
 
@@ -338,7 +340,7 @@ def _model(
             v2, p2 = points[-1]
             wide = [pt for pt in points[:-1] if pt[0] <= v2 // 2]
             v1, p1 = wide[-1] if wide else points[-2]
-            resolved = p2 - p1 >= _RESOLUTION * p2
+            resolved = p2 > p1 and p2 - p1 >= _RESOLUTION * abs(target - p2)
         if resolved:
             slope = (p2 - p1) / (v2 - v1)
             return AffineModel(p2 - slope * v2, slope), "secant", None
@@ -448,10 +450,13 @@ def next_probe(
         x = model.largest_fitting(limit)
         # A hair of slack so that float rounding does not cost a whole value.
         goal = math.floor(x + 1e-6) if math.isfinite(x) else upper
-        if kind == "anchored" and prior is None and best is not None and not failed_above:
+        if kind == "anchored" and prior is None and best is not None:
             # The proportional line is a floor, not a guess: the measurements cannot tell
-            # the slope yet, so grow geometrically at least.
-            goal = max(goal, _GROWTH * best.value)
+            # the slope yet, so grow geometrically, or bisect below a failure, at least.
+            if failed_above:
+                goal = max(goal, (best.value + failed_above[0]) // 2)
+            else:
+                goal = max(goal, _GROWTH * best.value)
     elif prior is not None and prior.value is not None and not measured and best is None:
         goal = math.floor(prior.value * (1.0 - prior.uncertainty))
     elif best is None:

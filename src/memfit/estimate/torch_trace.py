@@ -33,6 +33,7 @@ from functools import partial
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -362,6 +363,43 @@ class _TrackerMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
         return out
 
 
+class _FakeDeepcopyMode(TorchFunctionMode):
+    """``copy.deepcopy`` of a fake tensor inside the trace's own fake mode.
+
+    ``Tensor.__deepcopy__`` copies the storage by a path that gives the copy a new fake mode,
+    which the next op refuses ("Mixing fake modes"); modules cloned in ``__init__``
+    (``nn.TransformerEncoder``) or target networks made with ``deepcopy`` would break the
+    trace. Here the copy is a fresh tensor of the same shape, strides and dtype in the same
+    mode, so its storage is allocated (and counted) as a real deepcopy allocates it.
+    """
+
+    def __torch_function__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        if func is torch.Tensor.__deepcopy__ and isinstance(args[0], FakeTensor):
+            tensor, memo = args
+            if id(tensor) in memo:
+                return memo[id(tensor)]
+            with torch.no_grad():
+                data = torch.empty_strided(
+                    tensor.size(), tensor.stride(), dtype=tensor.dtype, device=tensor.device
+                )
+            out: torch.Tensor
+            if isinstance(tensor, torch.nn.Parameter):
+                out = torch.nn.Parameter(data, requires_grad=tensor.requires_grad)
+            else:
+                out = data.requires_grad_(tensor.requires_grad)
+            memo[id(tensor)] = out
+            return out
+        return func(*args, **(kwargs or {}))
+
+
 def _modules_of(obj: Any) -> list[torch.nn.Module]:
     if isinstance(obj, torch.nn.Module):
         return [obj]
@@ -478,7 +516,8 @@ def _run_trace(
             _TrackerMode(trace),
             _hooks(trace),
         ):
-            built = build()
+            with _FakeDeepcopyMode():
+                built = build()
             if not isinstance(built, tuple) or len(built) != 2:
                 raise ConfigError(
                     f"build() must return (model, optimizer), got {type(built).__name__}",

@@ -30,7 +30,6 @@ Nothing here imports brax or jax at import time; the functions that need them ra
 from __future__ import annotations
 
 import difflib
-import importlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,7 +39,8 @@ import yaml
 
 from memfit.core.plan import Plan
 from memfit.core.workload import Workload, parse_workload
-from memfit.errors import BackendUnavailable, ConfigError
+from memfit.errors import ConfigError
+from memfit.integrations._lazy import require
 
 __all__ = [
     "BRAX_PPO_DEFAULTS",
@@ -105,7 +105,6 @@ DEFAULT_RANGES: dict[str, tuple[int, ...]] = {
 
 _KNOBS = ("num_envs", "batch_size", "num_minibatches", "unroll_length")
 _POSITIVE = (*_KNOBS, "action_repeat", "num_updates_per_batch")
-_PIP_HINT = "pip install brax (it brings jax, flax, optax and mujoco)"
 
 
 @dataclass(frozen=True)
@@ -126,19 +125,8 @@ class PpoViolation:
         """The violation and its fixes in one line."""
         if not self.suggestions:
             return self.message
-        fixes = " or ".join(
-            ", ".join(f"{k}={v!r}" for k, v in s.items()) for s in self.suggestions
-        )
+        fixes = " or ".join(", ".join(f"{k}={v!r}" for k, v in s.items()) for s in self.suggestions)
         return f"{self.message}; nearest valid: {fixes}"
-
-
-def _require(module: str) -> Any:
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise BackendUnavailable(
-            f"{module} is not installed ({exc})", hint=_PIP_HINT
-        ) from exc
 
 
 def _multiples_near(value: int, unit: int, *, lowest: int = 1) -> list[int]:
@@ -162,7 +150,7 @@ def _device_count(
     local_device_count: int | None, process_count: int | None, max_devices_per_host: int | None
 ) -> int:
     if local_device_count is None or process_count is None:
-        jax = _require("jax")
+        jax = require("jax")
         if local_device_count is None:
             local_device_count = int(jax.local_device_count())
         if process_count is None:
@@ -258,14 +246,18 @@ def ppo_violations(
             PpoViolation(
                 rule="learning_rate_schedule in (None, 'NONE', 'ADAPTIVE_KL')",
                 message=f"unknown learning_rate_schedule {schedule!r}",
-                suggestions=({"learning_rate_schedule": None}, {"learning_rate_schedule": "ADAPTIVE_KL"}),
+                suggestions=(
+                    {"learning_rate_schedule": None},
+                    {"learning_rate_schedule": "ADAPTIVE_KL"},
+                ),
             )
         )
     if args["normalize_observations_mode"] not in ("welford", "ema"):
         out.append(
             PpoViolation(
                 rule="normalize_observations_mode in ('welford', 'ema')",
-                message=f"unknown normalize_observations_mode {args['normalize_observations_mode']!r}",
+                message="unknown normalize_observations_mode "
+                f"{args['normalize_observations_mode']!r}",
                 suggestions=({"normalize_observations_mode": "welford"},),
             )
         )
@@ -340,16 +332,14 @@ def check_ppo(
     if problems:
         first = problems[0]
         raise ConfigError(
-            "Brax PPO would reject these arguments: "
-            + "; ".join(p.message for p in problems),
+            "Brax PPO would reject these arguments: " + "; ".join(p.message for p in problems),
             key_path="ppo." + first.rule.split()[0],
             hint="; ".join(p.describe().split("; ", 1)[-1] for p in problems if p.suggestions),
         )
     return {**BRAX_PPO_DEFAULTS, **ppo_kwargs}
 
 
-def _hidden(ppo_kwargs: Mapping[str, Any], name: str, default: Sequence[int]) -> list[int]:
-    value = ppo_kwargs.get(name, default)
+def _widths(value: Any, name: str) -> list[int]:
     try:
         sizes = [int(v) for v in value]
     except (TypeError, ValueError) as exc:
@@ -399,9 +389,11 @@ def ppo_workload(
     Raises:
         ConfigError: When a size, range or pinned value is invalid.
     """
-    for key, value in (("observation_size", observation_size), ("action_size", action_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{key} must be a positive integer, not {value!r}", key_path=key)
+    for key, size in (("observation_size", observation_size), ("action_size", action_size)):
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ConfigError(f"{key} must be a positive integer, not {size!r}", key_path=key)
+    policy = _widths(policy_hidden_layer_sizes, "policy_hidden_layer_sizes")
+    value = _widths(value_hidden_layer_sizes, "value_hidden_layer_sizes")
     pinned = dict(pinned or {})
     ranges = {**DEFAULT_RANGES, **(ranges or {})}
     knobs: dict[str, dict[str, Any]] = {}
@@ -429,8 +421,8 @@ def ppo_workload(
         "action_dim": action_size,
         "env_state_bytes": int(env_state_bytes),
         "networks": {
-            "policy": {"layers": [*_hidden({"p": policy_hidden_layer_sizes}, "p", ()), 2 * action_size]},
-            "value": {"layers": [*_hidden({"v": value_hidden_layer_sizes}, "v", ()), 1]},
+            "policy": {"layers": [*policy, 2 * action_size]},
+            "value": {"layers": [*value, 1]},
         },
         "devices": {"count": device_count, "strategy": "pmap" if device_count > 1 else "single"},
         "jax": {"preallocate": jax_preallocate},
@@ -438,8 +430,6 @@ def ppo_workload(
         "objective": "num_envs * unroll_length",
         "constraints": {"presets": ["brax_ppo"]},
     }
-    if device_count > 1:
-        data["settings"] = {"device_count": device_count}
     return parse_workload(yaml.safe_dump(data, sort_keys=False), source=name)
 
 
@@ -504,14 +494,20 @@ def plan_ppo(
     from memfit.estimate.jax_xla import env_state_bytes
     from memfit.planning import plan
 
-    policy = _hidden(ppo_kwargs, "policy_hidden_layer_sizes", (32,) * 4)
-    value = _hidden(ppo_kwargs, "value_hidden_layer_sizes", (256,) * 5)
+    policy = _widths(
+        ppo_kwargs.get("policy_hidden_layer_sizes", (32,) * 4), "policy_hidden_layer_sizes"
+    )
+    value = _widths(
+        ppo_kwargs.get("value_hidden_layer_sizes", (256,) * 5), "value_hidden_layer_sizes"
+    )
     brax_args = {
         k: v
         for k, v in ppo_kwargs.items()
         if k not in ("policy_hidden_layer_sizes", "value_hidden_layer_sizes")
     }
-    devices = _device_count(local_device_count, process_count, brax_args.get("max_devices_per_host"))
+    devices = _device_count(
+        local_device_count, process_count, brax_args.get("max_devices_per_host")
+    )
     pinned = {k: int(brax_args[k]) for k in _KNOBS if k in brax_args}
     if len(pinned) == len(_KNOBS):
         check_ppo(local_device_count=devices, process_count=1, **brax_args)
@@ -528,7 +524,7 @@ def plan_ppo(
                 key_path="ppo",
                 hint="; ".join(p.describe() for p in problems),
             )
-    _require("jax")
+    require("jax")
     workload = ppo_workload(
         observation_size=_observation_size(env),
         action_size=int(env.action_size),
@@ -553,7 +549,8 @@ def ppo_kwargs(plan: Plan) -> dict[str, int]:
     missing = [k for k in _KNOBS if k not in plan.knobs]
     if missing:
         raise ConfigError(
-            f"the plan has no {', '.join(missing)}", key_path="plan.knobs",
+            f"the plan has no {', '.join(missing)}",
+            key_path="plan.knobs",
             hint="plan a Brax PPO workload (plan_ppo or a ppo workload file)",
         )
     return {k: int(plan.knobs[k]) for k in _KNOBS}
@@ -578,10 +575,13 @@ def jax_allocator_settings(plan: Plan, total_bytes: int, *, step: float = 0.05) 
         ConfigError: When ``total_bytes`` is not positive or the plan does not fit.
     """
     if total_bytes <= 0:
-        raise ConfigError(f"total_bytes must be positive, not {total_bytes}", key_path="total_bytes")
+        raise ConfigError(
+            f"total_bytes must be positive, not {total_bytes}", key_path="total_bytes"
+        )
     if not plan.fits:
         raise ConfigError(
-            f"the plan does not fit {plan.gpu}", key_path="plan",
+            f"the plan does not fit {plan.gpu}",
+            key_path="plan",
             hint="plan a smaller configuration first",
         )
     headroom = max(plan.budget_bytes - plan.predicted_bytes, 0)
@@ -607,7 +607,7 @@ def ensure_jax_compat() -> bool:
     Raises:
         BackendUnavailable: When JAX is not installed.
     """
-    jax = _require("jax")
+    jax: Any = require("jax")
     try:
         jax.device_put_replicated  # noqa: B018 - probing a deprecated attribute
         return False
@@ -642,8 +642,7 @@ def train(environment: Any, **ppo_kwargs: Any) -> Any:
         ConfigError: When a Brax rule is broken (before Brax asserts).
         BackendUnavailable: When brax is not installed.
     """
-    ppo = _require("brax.training.agents.ppo.train")
-    checked = {k: v for k, v in ppo_kwargs.items() if k not in ("network_factory",)}
-    check_ppo(**checked)
+    ppo = require("brax.training.agents.ppo.train")
+    check_ppo(**ppo_kwargs)
     ensure_jax_compat()
     return ppo.train(environment=environment, **ppo_kwargs)

@@ -92,6 +92,9 @@ _CSV_FIELDS: tuple[str, ...] = (
 
 _SOURCES = ("auto", "torch", "jax", "simulated", "probe")
 
+#: Samples are flushed to the file at least this often (events, OOM dumps and close at once).
+_FLUSH_SECONDS = 1.0
+
 # -- leak detection (pure) ------------------------------------------------------------------
 
 
@@ -278,6 +281,17 @@ def _hinge_start(points: Sequence[tuple[int, float]], min_stretch: int) -> int:
     return best_index
 
 
+def _ols_slope(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Least-squares slope of ``ys`` over ``xs`` (0 when the ``xs`` do not vary)."""
+    n = len(xs)
+    mean_x = sum(xs) / n
+    mean_y = sum(ys) / n
+    sxx = sum((x - mean_x) ** 2 for x in xs)
+    if sxx == 0.0:
+        return 0.0
+    return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / sxx
+
+
 def _is_steady(points: Sequence[tuple[int, float]], slope: float) -> bool:
     """Does the middle of each quarter of ``points`` rise with ``slope``, not in one jump?"""
     n = len(points)
@@ -374,6 +388,8 @@ def detect_leak(
     stretch = points[start:]
     xs = [float(p[0]) for p in stretch]
     ys = [p[1] for p in stretch]
+    if _ols_slope(xs, ys) <= 0.0:  # cheap screen: no growth at all, skip the O(n^2) part
+        return None
     slope, lower, upper, intercept = theil_sen(xs, ys, confidence=confidence)
     if lower <= 0.0 or slope <= 0.0:
         return None
@@ -745,7 +761,9 @@ class Recorder:
         source: ``"auto"``, or force ``"torch"``, ``"jax"``, ``"simulated"`` or ``"probe"``.
         budget: Budget the run must stay under (bytes or size text); ``None`` takes the
             simulated GPU's budget or JAX's ``bytes_limit`` where there is one.
-        log_every: Log a line (and look for leaks and fragmentation) every this many steps.
+        log_every: Log a line (and look for fragmentation) every this many steps.
+        leak_check_seconds: Look for leaks (and warn) at most this often during the run, at a
+            log point; and once more at :meth:`close`. A check costs a few milliseconds.
         history: Samples kept in memory (the oldest go first).
         oom_dir: Where OOM dumps go; default: next to ``path``, else the working directory.
         oom_samples: Last samples written in an OOM dump.
@@ -771,6 +789,7 @@ class Recorder:
         source: str = "auto",
         budget: int | str | None = None,
         log_every: int = 100,
+        leak_check_seconds: float = 30.0,
         history: int = 10_000,
         oom_dir: str | os.PathLike[str] | None = None,
         oom_samples: int = 200,
@@ -807,6 +826,11 @@ class Recorder:
                     f"{key} must be a whole number >= 1, not {value!r}",
                     key_path=f"Recorder.{key}",
                 )
+        if not math.isfinite(leak_check_seconds) or leak_check_seconds < 0:
+            raise ConfigError(
+                f"leak_check_seconds must be >= 0, not {leak_check_seconds!r}",
+                key_path="Recorder.leak_check_seconds",
+            )
         if memory_history is not None and memory_history < 1:
             raise ConfigError(
                 f"memory_history must be a positive number of entries, not {memory_history!r}",
@@ -827,6 +851,7 @@ class Recorder:
         self.source_kind = source
         self.budget_bytes = parse_bytes(budget) if budget is not None else None
         self.log_every = log_every
+        self.leak_check_seconds = leak_check_seconds
         self.oom_dir = Path(oom_dir) if oom_dir is not None else None
         self.oom_samples = oom_samples
         self.memory_history = memory_history
@@ -846,6 +871,8 @@ class Recorder:
         self._last_sample_step: int | None = None
         self._last_sample_clock: float | None = None
         self._last_check_step: int | None = None
+        self._last_leak_check = time.monotonic()
+        self._last_flush = time.monotonic()
         self._warned_leaks: set[str] = set()
         self._warned_fragmentation = False
         self._oom_dumps = 0
@@ -1079,7 +1106,10 @@ class Recorder:
                 self._csv_writer.writerow(record)
             else:
                 self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
-            self._file.flush()
+            now = time.monotonic()
+            if record.get("type") != "sample" or now - self._last_flush >= _FLUSH_SECONDS:
+                self._file.flush()
+                self._last_flush = now
 
     # -- background sampling ----------------------------------------------------------------
 
@@ -1400,10 +1430,12 @@ class Recorder:
                 _fmt(last.get("peak_allocated_bytes")),
                 timing,
             )
-        for leak in self.leaks():
-            if leak.metric not in self._warned_leaks:
-                self._warned_leaks.add(leak.metric)
-                if self.log:
+        now = time.monotonic()
+        if self.log and (final or now - self._last_leak_check >= self.leak_check_seconds):
+            self._last_leak_check = now
+            for leak in self.leaks():
+                if leak.metric not in self._warned_leaks:
+                    self._warned_leaks.add(leak.metric)
                     logger.warning("memfit: %s", leak.describe())
         frag = check_fragmentation(last)
         if frag is not None and not self._warned_fragmentation:

@@ -679,7 +679,10 @@ def _assignments_in_tokens(lineno: int, tokens: list[str]) -> list[tuple[int, st
                 i += 1
             flags = [a for a in args if a.startswith("-")]
             rest = [a for a in args if not a.startswith("-")]
-            if any("e" in f.lstrip("-") for f in flags if not f.startswith("--")) and rest:
+            erase = "--erase" in flags or any(
+                "e" in f.lstrip("-") for f in flags if not f.startswith("--")
+            )
+            if erase and rest:
                 out.append((lineno, rest[0], None))
             elif rest and any("x" in f for f in flags):
                 out.append((lineno, rest[0], " ".join(rest[1:])))
@@ -699,7 +702,8 @@ def check_shell(text: str, *, base_env: Mapping[str, str] | None = None) -> list
 
     A variable assigned twice is reported (``"exported-twice"``): the second assignment
     silently replaces the first, so options only in the first are lost (an ``"error"`` when
-    that loses options, a ``"warning"`` when the values are the same). Then the final values
+    that loses options, a ``"warning"`` when the values are the same); an explicit ``unset``
+    in between is deliberate and not reported. Then the final values
     (on top of ``base_env``, default empty) are checked with :func:`check_environment`.
 
     Raises:
@@ -710,7 +714,7 @@ def check_shell(text: str, *, base_env: Mapping[str, str] | None = None) -> list
     first: dict[str, tuple[int, str | None]] = {}
     problems: list[Problem] = []
     for lineno, name, value in parse_shell_assignments(text):
-        if name in watched and name in first:
+        if name in watched and name in first and value is not None and first[name][1] is not None:
             prev_line, prev_value = first[name]
             lost: list[str] = []
             if name in TORCH_VARIABLES and prev_value and value is not None:

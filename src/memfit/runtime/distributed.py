@@ -7,7 +7,8 @@ all ranks exchange one small vector with a single ``all_reduce(MAX)`` per step:
 * whether a rank gave up (then every rank raises :class:`memfit.OutOfMemory` together),
 * the number of micro-batches each rank needed (every rank uses the largest from the next
   step on),
-* whether a rank met an out-of-memory this step (every rank restarts its grow-back count).
+* whether a rank had to split its batch further this step (every rank restarts its
+  grow-back count).
 
 When every rank has succeeded, the gradients are averaged with one more all-reduce of a
 flattened buffer (what DDP would have done during backward, done once after all micro-batches
@@ -59,12 +60,12 @@ class Decision:
     Attributes:
         gave_up: Some rank could not finish the step.
         splits: Micro-batches per step from now on (the largest any rank needed).
-        had_oom: Some rank met an out-of-memory this step.
+        split: Some rank had to split its batch further this step.
     """
 
     gave_up: bool
     splits: int
-    had_oom: bool
+    split: bool
 
 
 def is_distributed() -> bool:
@@ -100,32 +101,32 @@ def _collective_device() -> torch.device:
     return torch.device("cpu")
 
 
-def agree(*, gave_up: bool, splits: int, had_oom: bool) -> Decision:
+def agree(*, gave_up: bool, splits: int, split: bool) -> Decision:
     """Agree on this step's outcome with every rank (one ``all_reduce(MAX)`` of 3 integers).
 
     Args:
         gave_up: This rank could not finish the step.
         splits: Micro-batches this rank ended the step with.
-        had_oom: This rank met an out-of-memory in the step.
+        split: This rank had to split its batch further in the step.
 
     Returns:
         The :class:`Decision` every rank gets; this rank's own values when not distributed.
     """
     if not is_distributed():
-        return Decision(gave_up=gave_up, splits=splits, had_oom=had_oom)
+        return Decision(gave_up=gave_up, splits=splits, split=split)
     import torch
     import torch.distributed as dist
 
     device = _collective_device()
     flags = _allocate_retrying(
         lambda: torch.tensor(
-            [int(gave_up), int(splits), int(had_oom)], dtype=torch.int64, device=device
+            [int(gave_up), int(splits), int(split)], dtype=torch.int64, device=device
         )
     )
     with no_alloc_section():
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         values = [int(v) for v in flags.tolist()]
-    return Decision(gave_up=bool(values[0]), splits=values[1], had_oom=bool(values[2]))
+    return Decision(gave_up=bool(values[0]), splits=values[1], split=bool(values[2]))
 
 
 def _flattener(group: list[torch.Tensor]) -> Callable[[], torch.Tensor]:

@@ -309,17 +309,19 @@ def _number(obj: Any, *names: str) -> float | None:
     return None
 
 
-def prior_from(prior: Any, *, knob: str | None = None) -> Prior | None:
+def prior_from(prior: Any, *, knob: str | None = None, reserved: bool = False) -> Prior | None:
     """Turn what memfit predicted into a search :class:`~memfit.core.search.Prior`.
 
-    Accepts a :class:`~memfit.core.search.Prior`, a ``TorchEstimate`` (its ``fit``: intercept
-    and slope per item), a ``JaxEstimate`` or anything else with such a ``fit``, a
+    Accepts a :class:`~memfit.core.search.Prior`, a ``TorchEstimate`` (its ``fit``, or its
+    ``reserved_fit`` when the probes measure reserved memory: intercept and slope per item),
+    a ``JaxEstimate`` (one compiled point: its batch size and executable peak), a
     :class:`~memfit.core.measured.MeasuredTerms`, the planner's ``Plan`` (its knob value and
     predicted bytes), or a plain ``int`` (a predicted largest fitting value).
 
     Args:
         prior: The prediction, or ``None``.
         knob: The knob a ``Plan`` prior is read at (needed when the plan has several knobs).
+        reserved: The probes measure reserved memory (CUDA): prefer a reserved-level fit.
 
     Returns:
         The prior, or ``None`` when ``prior`` is ``None``.
@@ -340,7 +342,9 @@ def prior_from(prior: Any, *, knob: str | None = None) -> Prior | None:
             intercept_bytes=float(sum(prior.fixed_bytes.values())),
             uncertainty=_uncertainty(prior.residual_bytes, prior.peak_bytes(1)),
         )
-    model = getattr(prior, "fit", None)
+    model = getattr(prior, "reserved_fit", None) if reserved else None
+    if model is None:
+        model = getattr(prior, "fit", None)
     if model is not None and not callable(model):
         slope = _number(model, "slope_bytes", "slope", "per_item_bytes")
         intercept = _number(model, "intercept_bytes", "intercept", "fixed_bytes")
@@ -351,18 +355,23 @@ def prior_from(prior: Any, *, knob: str | None = None) -> Prior | None:
                 intercept_bytes=intercept,
                 uncertainty=_uncertainty(residual, (intercept or 0.0) + slope),
             )
+    point_value = _number(prior, "batch_size")
+    point_peak = _number(prior, "executable_peak_bytes")
+    if point_value is not None and point_peak is not None and point_value >= 1:
+        return Prior(value=int(point_value), peak_bytes=point_peak)
     knobs = getattr(prior, "knobs", None)
     predicted = _number(prior, "predicted_bytes")
     if isinstance(knobs, Mapping) and predicted is not None:
-        if knob is None and len(knobs) == 1:
-            knob = next(iter(knobs))
-        if knob is None or knob not in knobs:
+        numeric = {k: v for k, v in knobs.items() if isinstance(v, int) and v >= 1}
+        if knob is None and len(numeric) == 1:
+            knob = next(iter(numeric))
+        if knob is None or knob not in numeric:
             raise ConfigError(
-                f"the plan has knobs {sorted(knobs)}; say which one the fit searches",
+                f"the plan has knobs {sorted(numeric)}; say which one the fit searches",
                 key_path="knob",
                 hint="pass knob=NAME",
             )
-        return Prior(value=int(knobs[knob]), peak_bytes=predicted)
+        return Prior(value=numeric[knob], peak_bytes=predicted)
     raise ConfigError(
         f"memfit cannot read a prior from {type(prior).__name__}",
         key_path="prior",
@@ -470,8 +479,8 @@ def fit(
     if max_probes < 1:
         raise ConfigError(f"must be at least 1, got {max_probes!r}", key_path="max_probes")
     valid_values(low=low, high=high, multiple_of=multiple_of, constraint=constraint)
-    search_prior = prior_from(prior, knob=knob)
     meter = _choose_meter(device)
+    search_prior = prior_from(prior, knob=knob, reserved=isinstance(meter, _CudaMeter))
     budget_bytes = parse_bytes(budget) if budget is not None else meter.default_budget()
     target = target_bytes(budget_bytes, margin)
     history: list[Probe] = []

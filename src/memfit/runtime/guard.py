@@ -25,7 +25,9 @@ for infs and the scale updated once per full step. Under DDP the backward passes
 ``model.no_sync()`` and the gradients are averaged with one all-reduce once every micro-batch
 on every rank has succeeded; every rank takes the same decision through one small all-reduce
 per step (:mod:`memfit.runtime.distributed`). After ``grow_back_after`` clean steps the guard
-halves its number of micro-batches again, so a transient spike does not slow a run forever.
+halves its number of micro-batches again, so a transient spike does not slow a run forever
+(a step is clean when it did not have to split further; an out-of-memory that one retry
+cured was transient).
 
 :class:`RolloutGuard` does the same for inference and environment stepping: retry, then run
 the call in chunks along the environment dimension and concatenate the results.
@@ -369,7 +371,8 @@ class TrainGuard:
         scaler: A ``torch.amp.GradScaler``: scale per micro-batch, unscale and update once
             per step.
         on_event: Called with every :class:`~memfit.runtime.events.MemoryEvent`.
-        grow_back_after: Clean steps after which the micro-batch count is halved again.
+        grow_back_after: Clean steps (steps that did not have to split further) after
+            which the micro-batch count is halved again.
         snapshot_optimizer: Snapshot parameters and optimizer state to host memory before
             each ``optimizer.step()`` so an out-of-memory inside it can be undone.
 
@@ -562,13 +565,13 @@ class TrainGuard:
     def _backward_all(
         self, batch: Any, params: list[torch.nn.Parameter], tried: list[str]
     ) -> tuple[float, bool, str | None, int]:
-        """All micro-batches of a step. Returns (loss, had_oom, failure message, smallest)."""
+        """All micro-batches of a step. Returns (loss, split further, failure message, smallest)."""
         n = batch_size(batch)
         total = self._count(batch)
         splits = max(1, min(self.splits, n))
+        first_splits = splits
         done = 0
         loss = 0.0
-        had_oom = False
         retried = False
         while done < n:
             start, stop = _chunks(n, done, splits)
@@ -588,7 +591,6 @@ class TrainGuard:
                 retried = False  # the next failure gets its own retry first
                 continue
             # Out of the except block: the failed attempt's tensors can go now.
-            had_oom = True
             _free_memory()
             self._event(
                 "oom",
@@ -613,9 +615,9 @@ class TrainGuard:
                 )
             else:
                 self.splits = splits
-                return loss, had_oom, message, stop - start
+                return loss, splits > first_splits, message, stop - start
         self.splits = splits
-        return loss, had_oom, None, 0
+        return loss, splits > first_splits, None, 0
 
     def _unscale(self) -> str | None:
         """``scaler.unscale_`` once per full step; retried only where it is atomic."""
@@ -728,10 +730,8 @@ class TrainGuard:
         tried: list[str] = []
         self._zero_grad()
         splits_before = self.splits
-        loss, had_oom, failure, smallest = self._backward_all(batch, params, tried)
-        decision = distributed.agree(
-            gave_up=failure is not None, splits=self.splits, had_oom=had_oom
-        )
+        loss, split, failure, smallest = self._backward_all(batch, params, tried)
+        decision = distributed.agree(gave_up=failure is not None, splits=self.splits, split=split)
         if decision.gave_up:
             self._reset_scaler_step()
             raise self._give_up(failure or "another rank ran out of memory", tried, smallest)
@@ -743,7 +743,7 @@ class TrainGuard:
             self._reset_scaler_step()
             if distributed.is_distributed():
                 # The other ranks are entering the next step's agreement: tell them to stop.
-                distributed.agree(gave_up=True, splits=self.splits, had_oom=True)
+                distributed.agree(gave_up=True, splits=self.splits, split=True)
             what = (
                 "it could not be undone (snapshot_optimizer=False)"
                 if self._snapshot is None
@@ -761,7 +761,9 @@ class TrainGuard:
                 )
         self._zero_grad()
         self.steps += 1
-        if decision.had_oom or had_oom:
+        # A step is clean when it did not have to split further: an out-of-memory that one
+        # retry cured was transient and says nothing about the size that fits.
+        if decision.split:
             self._clean_steps = 0
         else:
             self._clean_steps += 1
@@ -775,7 +777,7 @@ class TrainGuard:
                 splits=self.splits,
                 previous=previous,
             )
-        elif self.splits != splits_before and not had_oom:
+        elif self.splits != splits_before and not split:
             self._event(
                 "split",
                 f"following the other ranks: {self.splits} micro-batches",
@@ -908,7 +910,7 @@ class RolloutGuard(Generic[T]):
         splits = self.splits if n is not None else 1
         tried: list[str] = []
         retried = False
-        had_oom = False
+        first_splits = splits
         while True:
             message: str | None = None
             try:
@@ -922,7 +924,6 @@ class RolloutGuard(Generic[T]):
                 message = forget_exception(exc)
             if message is None:
                 break
-            had_oom = True
             _free_memory()
             self._event(
                 "oom",
@@ -954,7 +955,7 @@ class RolloutGuard(Generic[T]):
                 )
         self.calls += 1
         self.splits = splits
-        self._clean_calls = 0 if had_oom else self._clean_calls + 1
+        self._clean_calls = 0 if splits > first_splits else self._clean_calls + 1
         if self.splits > 1 and self._clean_calls >= self.grow_back_after:
             previous = self.splits
             self.splits = max(1, self.splits // 2)

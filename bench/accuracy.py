@@ -1,0 +1,350 @@
+"""Accuracy of ``memfit estimate`` against real runs.
+
+GPU mode (default; needs CUDA): for each workload in ``bench/estimate_workloads.py`` (12 PyTorch
+workloads and a JAX PPO update, 3 batch sizes each) compare the prediction with a real run in a
+fresh subprocess (so cuBLAS handles and cached blocks of one run do not leak into the next):
+
+* PyTorch: ``torch.cuda.max_memory_allocated`` / ``max_memory_reserved`` after two steps,
+  against memfit's ``allocated_peak`` / ``reserved_peak`` (traced on the fake ``cuda`` device);
+  for comparison, PyTorch's own MemTracker (``torch.distributed._tools.mem_tracker``, under fake
+  tensors) where it runs, and Accelerate's weights-only rule (4 x parameter bytes for training
+  with Adam: weights, gradients, two moments).
+* JAX: ``device.memory_stats()["peak_bytes_in_use"]`` with ``XLA_PYTHON_CLIENT_PREALLOCATE=false``
+  against XLA's compiled memory analysis.
+
+CPU mode (``--cpu``): the same PyTorch workloads at their smallest batch size, fake trace on
+CPU against the CPU allocator's own reports (``torch.profiler`` memory events) of a real run.
+
+Both write ``bench/out/accuracy[_cpu].json`` and ``.md`` and print the markdown table.
+
+    python bench/accuracy.py          # on a CUDA machine
+    python bench/accuracy.py --cpu    # anywhere
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+OUT = HERE / "out"
+sys.path.insert(0, str(HERE))
+
+import estimate_workloads as W  # noqa: E402
+
+MiB = 1024 * 1024
+
+
+def _run_torch_real(name: str, batch: int) -> dict[str, Any]:
+    """Child process: build and run two real steps on CUDA, report the allocator's peaks."""
+    import torch
+
+    factory, _ = W.TORCH_WORKLOADS[name]
+    step = factory()
+    torch.manual_seed(0)
+    torch.set_default_device("cuda")
+    torch.cuda.reset_peak_memory_stats()
+    model, opt = step.build()
+    for _ in range(2):
+        batch_data = step.make_batch(batch)
+        step.step(model, opt, batch_data)
+        del batch_data
+    torch.cuda.synchronize()
+    free, total = torch.cuda.mem_get_info()
+    return {
+        "max_allocated": torch.cuda.max_memory_allocated(),
+        "max_reserved": torch.cuda.max_memory_reserved(),
+        "device_used_end": total - free,
+    }
+
+
+def _run_jax_real(name: str, batch: int) -> dict[str, Any]:
+    """Child process: run the JAX step once with allocation on demand, report its peak."""
+    import jax
+    import jax.numpy as jnp
+
+    factory, _ = W.JAX_WORKLOADS[name]
+    step = factory()
+    args = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), step.make_args(batch))
+    out = jax.jit(step.fn)(*args)
+    jax.block_until_ready(out)
+    stats = jax.devices()[0].memory_stats() or {}
+    return {"peak_bytes_in_use": stats.get("peak_bytes_in_use")}
+
+
+def _child(kind: str, name: str, batch: int) -> dict[str, Any]:
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", kind, name, str(batch)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    if proc.returncode != 0:
+        return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr else "failed"}
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _memtracker_peak(name: str, batch: int) -> int | None:
+    """PyTorch's MemTracker under fake tensors (None where it does not run)."""
+    try:
+        import torch
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.distributed._tools.mem_tracker import MemTracker
+    except ImportError:
+        return None
+    factory, _ = W.TORCH_WORKLOADS[name]
+    step = factory()
+    previous = torch.get_default_device()
+    try:
+        torch.set_default_device("cuda")
+        with FakeTensorMode():
+            model, opt = step.build()
+            tracker = MemTracker()
+            modules = [model] if isinstance(model, torch.nn.Module) else []
+            tracker.track_external(*modules, opt)
+            with tracker:
+                for _ in range(2):
+                    batch_data = step.make_batch(batch)
+                    step.step(model, opt, batch_data)
+                    del batch_data
+            snapshot = tracker.get_tracker_snapshot("peak")
+            return int(max(v.get("Total", 0) for v in snapshot.values()))
+    except Exception:  # MemTracker is experimental; report that it did not run
+        return None
+    finally:
+        torch.set_default_device(previous)
+
+
+def _weights_rule(name: str) -> int:
+    """Accelerate's rule: parameter bytes (on the meta device); x4 for training with Adam."""
+    import torch
+
+    factory, _ = W.TORCH_WORKLOADS[name]
+    step = factory()
+    previous = torch.get_default_device()
+    torch.set_default_device("meta")
+    try:
+        model, _opt = step.build()
+        params = {id(p): p for p in model.parameters()}
+        return 4 * sum(p.numel() * p.element_size() for p in params.values())
+    finally:
+        torch.set_default_device(previous)
+
+
+def _err(pred: int | None, real: int | None) -> float | None:
+    if pred is None or not real:
+        return None
+    return (pred - real) / real
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:+.1f}%"
+
+
+def _mib(x: int | None) -> str:
+    return "n/a" if x is None else f"{x / MiB:.1f}"
+
+
+def run_gpu() -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    import torch
+
+    from memfit.estimate.jax_xla import estimate_jax
+    from memfit.estimate.torch_trace import estimate_torch
+
+    gpu_name = torch.cuda.get_device_name(0)
+    rows: list[dict[str, Any]] = []
+    for name, (factory, sizes) in W.TORCH_WORKLOADS.items():
+        for batch in sizes:
+            step = factory()
+            point = estimate_torch(step.build, step.step, step.make_batch, [batch]).points[0]
+            real = _child("torch", name, batch)
+            row = {
+                "workload": name,
+                "batch": batch,
+                "pred_allocated": point.allocated_peak,
+                "pred_reserved": point.reserved_peak,
+                "real_allocated": real.get("max_allocated"),
+                "real_reserved": real.get("max_reserved"),
+                "memtracker": _memtracker_peak(name, batch),
+                "accelerate_rule": _weights_rule(name),
+                "error": real.get("error"),
+            }
+            rows.append(row)
+            print(row, flush=True)
+    for name, (jfactory, sizes) in W.JAX_WORKLOADS.items():
+        for batch in sizes:
+            jstep = jfactory()
+            est = estimate_jax(jstep.fn, *jstep.make_args(batch))
+            real = _child("jax", name, batch)
+            row = {
+                "workload": name,
+                "batch": batch,
+                "pred_allocated": est.executable_peak_bytes,
+                "pred_reserved": None,
+                "real_allocated": real.get("peak_bytes_in_use"),
+                "real_reserved": None,
+                "memtracker": None,
+                "accelerate_rule": None,
+                "error": real.get("error"),
+            }
+            rows.append(row)
+            print(row, flush=True)
+    for row in rows:
+        row["err_allocated"] = _err(row["pred_allocated"], row["real_allocated"])
+        row["err_reserved"] = _err(row["pred_reserved"], row["real_reserved"])
+        row["err_memtracker"] = _err(row["memtracker"], row["real_allocated"])
+        row["err_accelerate"] = _err(row["accelerate_rule"], row["real_allocated"])
+    alloc = [abs(r["err_allocated"]) for r in rows if r["err_allocated"] is not None]
+    res = [abs(r["err_reserved"]) for r in rows if r["err_reserved"] is not None]
+    under = [-r["err_allocated"] for r in rows if r["err_allocated"] is not None]
+    summary = {
+        "gpu": gpu_name,
+        "torch": torch.__version__,
+        "allocated_mean_abs_error": sum(alloc) / len(alloc) if alloc else None,
+        "allocated_worst_abs_error": max(alloc) if alloc else None,
+        "reserved_mean_abs_error": sum(res) / len(res) if res else None,
+        "reserved_worst_abs_error": max(res) if res else None,
+        "largest_under_prediction": max(under) if under else None,
+    }
+    return rows, summary
+
+
+def run_cpu() -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from memfit.estimate.torch_trace import estimate_torch
+
+    rows: list[dict[str, Any]] = []
+    for name, (factory, sizes) in W.TORCH_WORKLOADS.items():
+        batch = sizes[0]
+        step = factory()
+        point = estimate_torch(step.build, step.step, step.make_batch, [batch]).points[0]
+        torch.manual_seed(0)
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            model, opt = step.build()
+            for _ in range(2):
+                data = step.make_batch(batch)
+                step.step(model, opt, data)
+                del data
+            del model, opt
+        events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+        events.sort(key=lambda e: e.start_ns())
+        live = peak = 0
+        for event in events:
+            live += event.nbytes()
+            peak = max(peak, live)
+        row = {
+            "workload": name,
+            "batch": batch,
+            "traced_exact_peak": point.exact_peak,
+            "real_cpu_peak": peak,
+            "err": _err(point.exact_peak, peak),
+        }
+        rows.append(row)
+        print(row, flush=True)
+    errs = [abs(r["err"]) for r in rows if r["err"] is not None]
+    summary = {
+        "torch": torch.__version__,
+        "mean_abs_error": sum(errs) / len(errs),
+        "worst_abs_error": max(errs),
+    }
+    return rows, summary
+
+
+def _markdown_gpu(rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
+    lines = [
+        f"GPU: {summary['gpu']}, torch {summary['torch']}",
+        "",
+        "| workload | batch | real alloc MiB | memfit alloc | err | real reserved MiB | "
+        "memfit reserved | err | MemTracker err | Accelerate rule err |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['workload']} | {r['batch']} | {_mib(r['real_allocated'])} | "
+            f"{_mib(r['pred_allocated'])} | {_pct(r['err_allocated'])} | "
+            f"{_mib(r['real_reserved'])} | {_mib(r['pred_reserved'])} | "
+            f"{_pct(r['err_reserved'])} | {_pct(r['err_memtracker'])} | "
+            f"{_pct(r['err_accelerate'])} |"
+        )
+    lines += [
+        "",
+        f"allocated: mean |err| {_pct(summary['allocated_mean_abs_error'])}, worst "
+        f"{_pct(summary['allocated_worst_abs_error'])}; reserved: mean |err| "
+        f"{_pct(summary['reserved_mean_abs_error'])}, worst "
+        f"{_pct(summary['reserved_worst_abs_error'])}; largest under-prediction "
+        f"{_pct(summary['largest_under_prediction'])}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _markdown_cpu(rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
+    lines = [
+        f"CPU check (fake trace vs CPU allocator reports of a real run), torch {summary['torch']}",
+        "",
+        "| workload | batch | real CPU peak MiB | traced peak MiB | err |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['workload']} | {r['batch']} | {_mib(r['real_cpu_peak'])} | "
+            f"{_mib(r['traced_exact_peak'])} | {_pct(r['err'])} |"
+        )
+    lines += [
+        "",
+        f"mean |err| {_pct(summary['mean_abs_error'])}, worst {_pct(summary['worst_abs_error'])}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--cpu", action="store_true", help="CPU check: trace vs real CPU run")
+    parser.add_argument(
+        "--child", nargs=3, metavar=("KIND", "NAME", "BATCH"), help=argparse.SUPPRESS
+    )
+    args = parser.parse_args(argv)
+    if args.child:
+        kind, name, batch = args.child
+        runner = _run_torch_real if kind == "torch" else _run_jax_real
+        print(json.dumps(runner(name, int(batch))))
+        return 0
+    if not args.cpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            print(
+                "bench/accuracy.py needs a CUDA GPU to compare predictions with real peaks; "
+                "this machine has none. Run it on a GPU machine, or run "
+                "`python bench/accuracy.py --cpu` for the CPU check.",
+                file=sys.stderr,
+            )
+            return 2
+        rows, summary = run_gpu()
+        stem, markdown = "accuracy", _markdown_gpu(rows, summary)
+    else:
+        rows, summary = run_cpu()
+        stem, markdown = "accuracy_cpu", _markdown_cpu(rows, summary)
+    summary["date"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    summary["machine"] = f"{platform.node()} {platform.machine()} {os.cpu_count()} CPUs"
+    summary["command"] = "python bench/accuracy.py" + (" --cpu" if args.cpu else "")
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / f"{stem}.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=2))
+    (OUT / f"{stem}.md").write_text(markdown)
+    print(markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

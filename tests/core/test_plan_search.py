@@ -1,0 +1,357 @@
+"""The planner: chosen configurations, binding terms and rules, alternatives, infeasibility,
+and property tests over random workloads and budgets (validity, maximality, monotonicity)."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from memfit.core.budget import compose_budget
+from memfit.core.catalog import GpuSpec, anonymous_gpu, gpu
+from memfit.core.constraints import check, compile_rules, environment, parse_expr
+from memfit.core.families import evaluate
+from memfit.core.plan import Plan, plan, plan_many
+from memfit.core.workload import Workload, load_workload, parse_workload
+from memfit.errors import ConfigError, InfeasiblePlan
+from memfit.units import GiB, MiB
+
+# anonymous GPUs have an unknown architecture: 500 MiB context, 32 MiB cuBLAS workspace
+OVERHEAD = 500 * MiB + 32 * MiB
+
+
+def custom(terms: str, knobs: str, extra: str = "") -> Workload:
+    return parse_workload(f"family: custom\nterms: {terms}\nknobs:\n{knobs}{extra}")
+
+
+def test_bundled_plans_fit_and_add_up() -> None:
+    for name in ("brax_humanoid_ppo", "dqn_fire_raster", "act_dual_camera"):
+        w = load_workload(name)
+        p = plan(w, gpu("RTX 4070"))
+        assert p.fits
+        assert sum(p.breakdown.values()) == p.predicted_bytes <= p.budget_bytes
+        assert check(w, {k: int(v) for k, v in p.knobs.items()}) == []
+        assert p.gpu == "NVIDIA GeForce RTX 4070"
+
+
+def test_one_knob_plan_by_hand() -> None:
+    # 8 GiB card, 5% margin: each env takes 100 MiB (a >10 MiB block, no slack beyond 2 MiB
+    # rounding: 100 MiB is already a multiple of 2 MiB)
+    w = custom("{per_env: 'num_envs * 104857600'}", "  num_envs: {min: 1, max: 128}\n")
+    spec = anonymous_gpu(8 * GiB)
+    p = plan(w, spec)
+    limit = 8 * GiB - int(8 * GiB * 0.05) - OVERHEAD
+    expected = limit // (100 * MiB)
+    assert p.knobs == {"num_envs": expected}
+    assert p.breakdown["per_env"] == expected * 100 * MiB
+    assert p.breakdown["allocator_slack"] == 0
+    assert p.binding == "per_env"
+    assert [a["knobs"]["num_envs"] for a in p.alternatives] == [
+        expected - 1,
+        expected - 2,
+        expected - 3,
+    ]
+
+
+def test_binding_rule_and_knob_ranges() -> None:
+    w = custom(
+        "{per_env: 'num_envs * 1048576'}",
+        "  num_envs: {min: 1, max: 64}\n",
+        "constraints:\n  rules:\n    - {knob: num_envs, max: 40, name: 'sim limit'}\n",
+    )
+    p = plan(w, anonymous_gpu(8 * GiB))
+    assert p.knobs == {"num_envs": 40}
+    assert p.binding == "rule: sim limit"
+    small = custom("{per_env: 'num_envs * 1048576'}", "  num_envs: {min: 1, max: 8}\n")
+    assert plan(small, anonymous_gpu(8 * GiB)).binding == "knob ranges"
+
+
+def test_priority_breaks_objective_ties() -> None:
+    # 16 MiB blocks: multiples of 2 MiB, so no allocator slack
+    w = custom(
+        "{a: 'x * 16777216', b: 'y * 16777216'}",
+        "  x: {min: 1, max: 4, priority: 0}\n  y: {min: 1, max: 4, priority: 5}\n",
+        "objective: '1'\n",
+    )
+    assert plan(w, anonymous_gpu(8 * GiB)).knobs == {"x": 4, "y": 4}
+    # room for 5 blocks: the high-priority knob keeps its maximum, the other shrinks
+    tight = plan(w, anonymous_gpu(OVERHEAD + 80 * MiB), margin=0)
+    assert tight.knobs == {"x": 1, "y": 4}
+    assert tight.binding == "a"
+
+
+def test_infeasible_reports_smallest_footprint_and_term() -> None:
+    w = custom("{weights: 6GiB, buffer: 'n * 1048576'}", "  n: {min: 1, max: 10}\n")
+    spec = anonymous_gpu(4 * GiB)
+    with pytest.raises(InfeasiblePlan) as info:
+        plan(w, spec)
+    exc = info.value
+    assert exc.binding_term == "weights"
+    budget = compose_budget(spec)
+    assert exc.budget_bytes == budget.budget_bytes
+    ev = evaluate(w, {"n": 1})  # the smallest valid configuration
+    assert ev.terms == {"weights": 6 * GiB, "buffer": MiB}
+    assert exc.smallest_bytes == OVERHEAD + ev.reserved_bytes
+    assert exc.hint is not None and "weights" in exc.hint
+
+
+def test_infeasible_when_no_setting_keeps_the_rules() -> None:
+    w = custom(
+        "{a: 'n * 1024'}",
+        "  n: {min: 1, max: 4}\n",
+        "constraints:\n  rules:\n    - {expr: 'n > 4'}\n",
+    )
+    with pytest.raises(ConfigError, match="keeps every rule"):
+        plan(w, anonymous_gpu(8 * GiB))
+
+
+def test_jax_preallocation_is_checked() -> None:
+    w = load_workload("brax_humanoid_ppo")
+    p = plan(w, gpu("RTX 4070"))
+    pool = int(gpu("RTX 4070").total_bytes * 0.75)
+    assert p.predicted_bytes == p.breakdown["cuda_context"] + pool
+    assert p.breakdown["jax_pool_unused"] >= 0
+    with pytest.raises(InfeasiblePlan, match="JAX preallocates") as info:
+        plan(w, anonymous_gpu(4 * GiB), margin=0.3)
+    assert info.value.binding_term == "jax_preallocation"
+    assert info.value.hint is not None and "XLA_PYTHON_CLIENT_MEM_FRACTION=" in info.value.hint
+
+
+def test_pinned_configuration_is_reported_even_when_it_does_not_fit() -> None:
+    w = load_workload("dqn_fire_raster")
+    p = plan(w, anonymous_gpu(3_700_000_000), {"buffer_size": 200000, "batch_size": 64})
+    assert not p.fits
+    assert p.binding == "replay_buffer"
+    assert p.predicted_bytes > p.budget_bytes
+    assert p.knobs == {"buffer_size": 200000, "batch_size": 64}
+    with pytest.raises(ConfigError, match="buffer_size"):
+        plan(w, anonymous_gpu(3_700_000_000), {"buffer_size": 200004, "batch_size": 64})
+
+
+def test_override_pins_one_knob() -> None:
+    w = load_workload("brax_humanoid_ppo")
+    p = plan(w, gpu("RTX 4090"), {"num_envs": 4096})
+    assert p.knobs["num_envs"] == 4096
+    with pytest.raises(ConfigError, match="neither a knob nor a setting"):
+        plan(w, gpu("RTX 4090"), {"num_env": 4096})
+
+
+def test_effective_batch_keeps_the_product() -> None:
+    w = custom(
+        "{acts: 'micro * 268435456'}",
+        "  micro: {min: 1, max: 64, powers_of_two: true, priority: 1}\n"
+        "  accum: {min: 1, max: 64, powers_of_two: true}\n",
+        "effective_batch: {micro: micro, accumulation: accum, value: 64}\nobjective: micro\n",
+    )
+    p = plan(w, anonymous_gpu(8 * GiB))
+    assert p.knobs["micro"] * p.knobs["accum"] == 64  # type: ignore[operator]
+    assert p.knobs == {"micro": 16, "accum": 4}  # 16 x 256 MiB fits, 32 x 256 MiB does not
+
+
+def test_replay_auto_placement_and_host_ram() -> None:
+    w = load_workload("dqn_fire_raster")
+    assert w.replay is not None
+    auto = w.model_copy(update={"replay": w.replay.model_copy(update={"placement": "auto"})})
+    spec = anonymous_gpu(3_700_000_000)
+    p = plan(auto, spec)
+    assert p.knobs["replay_placement"] == "host"
+    assert p.knobs["buffer_size"] == 1000000
+    assert "replay_buffer" not in p.breakdown
+    limited = plan(auto, spec, host_memory_bytes=16 * GiB)
+    assert int(limited.knobs["buffer_size"]) < 1000000
+    with pytest.raises(InfeasiblePlan) as info:
+        host_only = auto.model_copy(
+            update={"replay": w.replay.model_copy(update={"placement": "host"})}
+        )
+        plan(host_only, spec, host_memory_bytes=100 * MiB)
+    assert info.value.binding_term == "host_memory"
+
+
+def test_plan_many_matches_plan_and_is_deterministic() -> None:
+    w = load_workload("brax_humanoid_ppo")
+    specs = [gpu("RTX 3070"), gpu("RTX 4090"), gpu("H100"), anonymous_gpu(2 * GiB)]
+    many = plan_many(w, specs)
+    for spec, result in zip(specs, many, strict=True):
+        try:
+            single: Plan | InfeasiblePlan = plan(w, spec)
+        except InfeasiblePlan as exc:
+            single = exc
+        if isinstance(single, Plan):
+            assert result == single
+        else:
+            assert isinstance(result, InfeasiblePlan)
+            assert result.to_dict() == single.to_dict()
+    assert plan_many(w, specs[:2]) == many[:2]
+
+
+def test_plan_dict_has_exactly_the_plan_fields() -> None:
+    p = plan(load_workload("act_dual_camera"), gpu("RTX 4060 Ti"))
+    assert list(p.to_dict()) == [
+        "gpu",
+        "budget_bytes",
+        "predicted_bytes",
+        "fits",
+        "knobs",
+        "breakdown",
+        "binding",
+        "alternatives",
+    ]
+
+
+# ----------------------------------------------------------------------------------------------
+# Property tests over random workloads and budgets
+
+RULES = [
+    "k0 * k1 % k2 == 0",
+    "k0 <= 4 * k1",
+    "k2 % 2 == 0 or k0 == 1",
+    "k0 + k1 + k2 < 200",
+]
+OBJECTIVES = ["k0 * k1", "k0 + k2", "k0 * k1 * k2", "k1", "k2 * 3 + k0"]
+
+
+@st.composite
+def random_workloads(draw: st.DrawFn) -> Workload:
+    knobs = []
+    for i in range(3):
+        if draw(st.booleans()):
+            low = draw(st.sampled_from([1, 2, 4]))
+            high = low * 2 ** draw(st.integers(1, 6))
+            spec = f"{{min: {low}, max: {high}, powers_of_two: true"
+        else:
+            values = sorted(draw(st.sets(st.integers(1, 96), min_size=1, max_size=6)))
+            spec = f"{{choices: {values}"
+        knobs.append(f"  k{i}: {spec}, priority: {draw(st.integers(0, 3))}}}\n")
+    c = [draw(st.integers(1, 64 * MiB)) for _ in range(3)]
+    base = draw(st.integers(0, 2 * GiB))
+    terms = (
+        f"{{base: {base}, pair: 'k0 * k1 * {c[0]}', single: 'k2 * {c[1]}', "
+        f"all: 'k0 * k1 * k2 * {c[2] // 64 + 1}'}}"
+    )
+    rules = draw(st.lists(st.sampled_from(RULES), max_size=2, unique=True))
+    extra = f"objective: '{draw(st.sampled_from(OBJECTIVES))}'\n"
+    if rules:
+        extra += "constraints:\n  rules:\n" + "".join(f"    - {{expr: '{r}'}}\n" for r in rules)
+    return custom(terms, "".join(knobs), extra)
+
+
+def brute_force(
+    w: Workload, spec: GpuSpec, margin: float
+) -> list[tuple[float, dict[str, int], int]]:
+    """Every configuration that keeps the rules: (objective, values, footprint), no pruning."""
+    budget = compose_budget(spec, framework=w.framework, margin=margin)
+    rules = compile_rules(w)
+    objective = parse_expr(w.objective_expr())
+    names = list(w.knobs)
+    out = []
+    for combo in itertools.product(*(w.knobs[n].values() for n in names)):
+        values: dict[str, Any] = {**environment(w), **dict(zip(names, combo, strict=True))}
+        if not all(r.holds(values) for r in rules):
+            continue
+        ev = evaluate(w, values)
+        footprint = budget.context_bytes + budget.workspace_bytes + ev.reserved_bytes
+        out.append(
+            (float(objective.evaluate(values)), dict(zip(names, combo, strict=True)), footprint)
+        )
+    return out
+
+
+GPU_SIZES = st.integers(1, 80).map(lambda g: anonymous_gpu(g * GiB))
+MARGINS = st.sampled_from([0.0, 0.05, 0.1])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(w=random_workloads(), spec=GPU_SIZES, margin=MARGINS)
+def test_plan_is_valid_and_maximal(w: Workload, spec: GpuSpec, margin: float) -> None:
+    budget = compose_budget(spec, framework=w.framework, margin=margin)
+    configs = brute_force(w, spec, margin)
+    fitting = [c for c in configs if c[2] <= budget.budget_bytes]
+    try:
+        p = plan(w, spec, margin=margin)
+    except InfeasiblePlan as exc:
+        assert not fitting
+        if configs:
+            assert exc.smallest_bytes == min(c[2] for c in configs)
+        return
+    except ConfigError as exc:
+        assert not configs, exc
+        return
+    # every returned plan keeps every rule and fits
+    assert p.fits
+    assert sum(p.breakdown.values()) == p.predicted_bytes <= p.budget_bytes
+    knobs = {k: int(v) for k, v in p.knobs.items()}
+    assert check(w, knobs) == []
+    # maximality: no configuration (so no neighbour) with a better objective also fits
+    objective = float(parse_expr(w.objective_expr()).evaluate(knobs))
+    assert objective == max(c[0] for c in fitting)
+    for name in w.knobs:
+        domain = w.knobs[name].values()
+        for step in (-1, 1):
+            i = domain.index(knobs[name]) + step
+            if 0 <= i < len(domain):
+                neighbour = {**knobs, name: domain[i]}
+                better = float(parse_expr(w.objective_expr()).evaluate(neighbour)) > objective
+                fits = any(c[1] == neighbour for c in fitting)
+                assert not (better and fits)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(w=random_workloads(), small=st.integers(1, 40), extra=st.integers(1, 40))
+def test_bigger_gpu_never_gets_a_worse_objective(w: Workload, small: int, extra: int) -> None:
+    def best(size: int) -> float | None:
+        try:
+            p = plan(w, anonymous_gpu(size * GiB))
+        except (InfeasiblePlan, ConfigError):
+            return None
+        return float(
+            parse_expr(w.objective_expr()).evaluate({k: int(v) for k, v in p.knobs.items()})
+        )
+
+    lo, hi = best(small), best(small + extra)
+    if lo is not None:
+        assert hi is not None and hi >= lo
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    obs=st.integers(4, 400),
+    width=st.sampled_from([32, 64, 256, 512]),
+    depth=st.integers(1, 4),
+    env_state=st.integers(0, 200_000),
+    size=st.integers(2, 48),
+)
+def test_random_brax_workloads_keep_brax_rules(
+    obs: int, width: int, depth: int, env_state: int, size: int
+) -> None:
+    layers = [width] * depth
+    w = parse_workload(
+        f"""\
+family: ppo
+framework: jax
+observations: {{vector: {obs}}}
+action_dim: 8
+env_state_bytes: {env_state}
+networks:
+  policy: {{layers: {[*layers, 16]}}}
+  value: {{layers: {[*layers, 1]}}}
+knobs:
+  num_envs: {{min: 128, max: 16384, powers_of_two: true, priority: 3}}
+  unroll_length: {{choices: [5, 10, 20], priority: 2}}
+  batch_size: {{min: 32, max: 2048, powers_of_two: true, priority: 1}}
+  num_minibatches: {{min: 1, max: 32, powers_of_two: true}}
+objective: num_envs * unroll_length
+constraints: {{presets: [brax_ppo]}}
+"""
+    )
+    try:
+        p = plan(w, anonymous_gpu(size * GiB))
+    except InfeasiblePlan as exc:
+        assert exc.smallest_bytes is not None and exc.smallest_bytes > 0
+        return
+    knobs = {k: int(v) for k, v in p.knobs.items()}
+    assert knobs["batch_size"] * knobs["num_minibatches"] % knobs["num_envs"] == 0
+    assert p.fits and p.predicted_bytes <= p.budget_bytes
+    assert p.breakdown["jax_pool_unused"] >= 0
