@@ -151,6 +151,10 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:+.1f}%"
 
 
+def _abs_pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
 def _mib(x: int | None) -> str:
     return "n/a" if x is None else f"{x / MiB:.1f}"
 
@@ -280,11 +284,11 @@ def _markdown_gpu(rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        f"allocated: mean |err| {_pct(summary['allocated_mean_abs_error'])}, worst "
-        f"{_pct(summary['allocated_worst_abs_error'])}; reserved: mean |err| "
-        f"{_pct(summary['reserved_mean_abs_error'])}, worst "
-        f"{_pct(summary['reserved_worst_abs_error'])}; largest under-prediction "
-        f"{_pct(summary['largest_under_prediction'])}",
+        f"allocated: mean |err| {_abs_pct(summary['allocated_mean_abs_error'])}, worst "
+        f"{_abs_pct(summary['allocated_worst_abs_error'])}; reserved: mean |err| "
+        f"{_abs_pct(summary['reserved_mean_abs_error'])}, worst "
+        f"{_abs_pct(summary['reserved_worst_abs_error'])}; largest under-prediction "
+        f"{_abs_pct(summary['largest_under_prediction'])}",
     ]
     return "\n".join(lines) + "\n"
 
@@ -303,7 +307,8 @@ def _markdown_cpu(rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        f"mean |err| {_pct(summary['mean_abs_error'])}, worst {_pct(summary['worst_abs_error'])}",
+        f"mean |err| {_abs_pct(summary['mean_abs_error'])}, "
+        f"worst {_abs_pct(summary['worst_abs_error'])}",
     ]
     return "\n".join(lines) + "\n"
 

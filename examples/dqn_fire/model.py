@@ -47,21 +47,23 @@ class _Residual(nn.Module):
 
 
 class EnhancedQNet(nn.Module):
-    """A wider dueling Q-network: stride-2 stem, two residual stages, value and advantage."""
+    """A dueling Q-network with residual stages: stride-2 stem, two residual stages, a
+    stride-2 reduction, then value and advantage heads."""
 
     def __init__(self, channels: int, size: int, actions: int) -> None:
         super().__init__()
-        s = _conv_out(_conv_out(size, 3, 2, 1), 3, 2, 1)
+        s = _conv_out(_conv_out(_conv_out(size, 3, 2, 1), 3, 2, 1), 3, 2, 1)
         self.features = nn.Sequential(
-            nn.Conv2d(channels, 64, 3, stride=2, padding=1), nn.ReLU(),
+            nn.Conv2d(channels, 32, 3, stride=2, padding=1), nn.ReLU(),
+            _Residual(32),
+            nn.Conv2d(32, 64, 3, stride=2, padding=1), nn.ReLU(),
             _Residual(64),
-            nn.Conv2d(64, 128, 3, stride=2, padding=1), nn.ReLU(),
-            _Residual(128),
+            nn.Conv2d(64, 64, 3, stride=2, padding=1), nn.ReLU(),
             nn.Flatten(),
         )  # fmt: skip
-        flat = 128 * s * s
-        self.value = nn.Sequential(nn.Linear(flat, 512), nn.ReLU(), nn.Linear(512, 1))
-        self.advantage = nn.Sequential(nn.Linear(flat, 512), nn.ReLU(), nn.Linear(512, actions))
+        flat = 64 * s * s
+        self.value = nn.Sequential(nn.Linear(flat, 256), nn.ReLU(), nn.Linear(256, 1))
+        self.advantage = nn.Sequential(nn.Linear(flat, 256), nn.ReLU(), nn.Linear(256, actions))
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         h = self.features(obs.float() / 255.0)
@@ -83,12 +85,13 @@ NETWORK_SPECS: dict[str, dict[str, Any]] = {
     },
     "enhanced": {
         "conv": [
+            {"out_channels": 32, "kernel": 3, "stride": 2, "padding": 1},
+            {"out_channels": 32, "kernel": 3, "stride": 1, "padding": 1, "repeat": 2},
             {"out_channels": 64, "kernel": 3, "stride": 2, "padding": 1},
             {"out_channels": 64, "kernel": 3, "stride": 1, "padding": 1, "repeat": 2},
-            {"out_channels": 128, "kernel": 3, "stride": 2, "padding": 1},
-            {"out_channels": 128, "kernel": 3, "stride": 1, "padding": 1, "repeat": 2},
+            {"out_channels": 64, "kernel": 3, "stride": 2, "padding": 1},
         ],
-        # value and advantage heads: 2 x 512 hidden, 1 + 5 outputs
-        "layers": [1024, 6],
+        # value and advantage heads side by side: 2 x 256 hidden, 1 + 5 outputs
+        "layers": [512, 6],
     },
 }

@@ -37,6 +37,22 @@ def test_bundled_plans_fit_and_add_up() -> None:
         assert p.gpu == "NVIDIA GeForce RTX 4070"
 
 
+def test_reference_cases_from_the_issue() -> None:
+    # the 3.7 GB GPU case: the replay buffer is what limits the DQN
+    dqn = plan(load_workload("dqn_fire_raster"), anonymous_gpu(3_700_000_000))
+    assert dqn.binding == "replay_buffer"
+    assert 50_000 <= int(dqn.knobs["buffer_size"]) < 100_000
+    assert dqn.breakdown["replay_buffer"] == max(dqn.breakdown.values())
+    # the 8 GB GPU case: parallel dual-camera ACT rollouts, limited by the backbone
+    act = plan(load_workload("act_dual_camera"), gpu("RTX 4060 Ti"))
+    assert act.knobs == {"num_envs": 128}
+    assert act.binding == "backbone_activations"
+    # the README command: a Brax humanoid PPO on an RTX 4070
+    brax = plan(load_workload("brax_humanoid_ppo"), gpu("RTX 4070"))
+    assert brax.knobs["num_envs"] == 16384
+    assert brax.binding == "rollout_buffer"
+
+
 def test_one_knob_plan_by_hand() -> None:
     # 8 GiB card, 5% margin: each env takes 100 MiB (a >10 MiB block, no slack beyond 2 MiB
     # rounding: 100 MiB is already a multiple of 2 MiB)
@@ -149,6 +165,16 @@ def test_effective_batch_keeps_the_product() -> None:
     p = plan(w, anonymous_gpu(8 * GiB))
     assert p.knobs["micro"] * p.knobs["accum"] == 64  # type: ignore[operator]
     assert p.knobs == {"micro": 16, "accum": 4}  # 16 x 256 MiB fits, 32 x 256 MiB does not
+
+
+def test_effective_batch_without_a_divisor_is_a_config_error() -> None:
+    w = custom(
+        "{acts: 'micro * 1024'}",
+        "  micro: {choices: [3, 5]}\n  accum: {min: 1, max: 8}\n",
+        "effective_batch: {micro: micro, accumulation: accum, value: 64}\n",
+    )
+    with pytest.raises(ConfigError, match="no value of micro keeps effective_batch"):
+        plan(w, anonymous_gpu(8 * GiB))
 
 
 def test_replay_auto_placement_and_host_ram() -> None:

@@ -137,3 +137,26 @@ def test_cli_estimate_errors(factory_module: str, capsys: pytest.CaptureFixture[
     assert "--batch" in capsys.readouterr().err
     assert main(["estimate", f"{factory_module}:make", "--framework", "jax"]) == 1
     assert "--framework" in capsys.readouterr().err
+
+
+def test_allocator_settings_are_read_from_the_conf_string() -> None:
+    from memfit.cli.estimate import allocator_settings
+
+    assert allocator_settings("expandable_segments:True", "X") == (True, None)
+    assert allocator_settings("max_split_size_mb:256", "X") == (False, 256 * 1024 * 1024)
+    with pytest.raises(ConfigError, match="True or False"):
+        allocator_settings("expandable_segments:yes", "PYTORCH_ALLOC_CONF")
+    with pytest.raises(ConfigError, match="whole number"):
+        allocator_settings("max_split_size_mb:lots", "PYTORCH_ALLOC_CONF")
+
+
+def test_cli_replays_the_allocator_settings_of_the_environment(
+    factory_module: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "max_split_size_mb:8")
+    assert main(["estimate", f"{factory_module}:make", "--batch", "8", "--json"]) == 1
+    assert "more than 20 MiB" in capsys.readouterr().err
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "expandable_segments:True")
+    assert main(["estimate", f"{factory_module}:make", "--batch", "8", "--json"]) == 0
+    point = json.loads(capsys.readouterr().out)["points"][0]
+    assert point["reserved_peak"] % (2 * 1024 * 1024) == 0  # whole pages

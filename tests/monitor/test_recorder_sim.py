@@ -35,13 +35,13 @@ def _train(
     randomly sized tensor alive across steps (noise without growth)."""
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     kept: list[torch.Tensor] = []
     carry = torch.zeros(1)
     for step in range(steps):
         batch = int(torch.randint(8, 64, (1,), generator=gen))
-        x = torch.randn(batch, 32, generator=gen)
+        x = torch.randn(batch, 16, generator=gen)
         loss = model(x).pow(2).mean()
         opt.zero_grad()
         loss.backward()
@@ -74,7 +74,7 @@ def test_planted_leak_is_flagged_with_its_slope_within_ten_percent(tmp_path: Pat
 @pytest.mark.parametrize("seed", range(20))
 def test_seeded_noisy_runs_without_a_leak_raise_no_alarm(seed: int) -> None:
     with simulate_gpu("256MiB"), Recorder(log=False, log_every=10) as rec:
-        _train(rec, steps=60, seed=seed, noise_floats=200_000)
+        _train(rec, steps=48, seed=seed, noise_floats=200_000)
     assert rec.leaks() == []
     values = [s["allocated_bytes"] for s in rec.samples]
     assert max(values) - min(values) > 100_000  # the noise really is there

@@ -101,3 +101,14 @@ def test_unwritable_log_is_a_config_error(tmp_path: Path) -> None:
 def test_history_must_be_positive() -> None:
     with pytest.raises(ConfigError, match="history"):
         Watcher(SimulatedDevice("1GiB"), history=0)
+
+
+def test_module_doctests() -> None:
+    import doctest
+
+    import memfit.monitor.recorder as recorder
+    import memfit.monitor.watch as watch
+
+    for module in (recorder, watch):
+        result = doctest.testmod(module)
+        assert result.attempted > 0 and result.failed == 0, module.__name__

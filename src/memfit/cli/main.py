@@ -55,7 +55,16 @@ def _click_exception_types() -> tuple[
 _USAGE_ERRORS, _ABORTS, _EXITS, _CLICK_ERRORS = _click_exception_types()
 
 #: Modules under ``memfit.cli`` that register commands, in the order ``--help`` lists them.
-COMMAND_MODULES: tuple[str, ...] = ("devices", "gpus", "env", "watch", "report", "estimate", "plan")
+COMMAND_MODULES: tuple[str, ...] = (
+    "devices",
+    "gpus",
+    "env",
+    "watch",
+    "report",
+    "estimate",
+    "plan",
+    "fit",
+)
 
 app = typer.Typer(
     name="memfit",

@@ -39,12 +39,13 @@ SET_OPTION: list[str] = typer.Option(
 
 
 def allocator_settings(workload: Workload) -> dict[str, str]:
-    """Environment settings the plan assumes for the workload's framework.
+    """Environment settings to run the fitted job with.
 
     For JAX: preallocation on or off and the pool's fraction, exactly as the plan modelled
-    them. For PyTorch: ``expandable_segments:True`` (the fix PyTorch's own out-of-memory
-    message suggests for fragmentation); the plan's allocator slack assumes classic segments,
-    so with expandable segments the job holds at most what the plan predicts.
+    them (the plan checks the job against that pool). For PyTorch: the torch part of
+    :func:`memfit.runtime.allocator_env.recommend` for training (expandable segments); the
+    plan's allocator slack assumes classic segments, so with expandable segments the job
+    holds at most what the plan predicts.
     """
     if workload.framework == "jax":
         if not workload.jax.preallocate:
@@ -53,7 +54,9 @@ def allocator_settings(workload: Workload) -> dict[str, str]:
             "XLA_PYTHON_CLIENT_PREALLOCATE": "true",
             "XLA_PYTHON_CLIENT_MEM_FRACTION": f"{workload.jax.mem_fraction:.2f}",
         }
-    return {"PYTORCH_ALLOC_CONF": "expandable_segments:True"}
+    from memfit.runtime.allocator_env import recommend
+
+    return {s.variable: s.value for s in recommend("training").settings if s.framework == "torch"}
 
 
 def _share(part: int, whole: int) -> str:
@@ -112,9 +115,11 @@ def _print_plan(workload: Workload, result: Plan) -> None:
             console.print(
                 f"  {escape(_knob_text(alt['knobs']))}  ({format_bytes(alt['predicted_bytes'])})"
             )
-    console.print("Allocator settings this plan assumes:")
-    for key, value in allocator_settings(workload).items():
-        console.print(f"  export {key}={value}")
+    from memfit.runtime.allocator_env import render_shell
+
+    console.print("Allocator settings to run it with:")
+    for line in render_shell(allocator_settings(workload)).splitlines():
+        console.print(f"  {escape(line)}", soft_wrap=True)
 
 
 def _write_fitted(path: Path, workload: Workload, result: Plan) -> None:
@@ -131,6 +136,14 @@ def _write_fitted(path: Path, workload: Workload, result: Plan) -> None:
         path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot write {path}: {exc.strerror}", key_path="--write") from exc
+
+
+def _short_gpu(name: str) -> str:
+    """``"NVIDIA GeForce RTX 4070"`` -> ``"RTX 4070"`` for narrow tables."""
+    for prefix in ("NVIDIA GeForce ", "NVIDIA ", "Tesla "):
+        if name.startswith(prefix):
+            return name[len(prefix) :]
+    return name
 
 
 def _infeasible_row(gpu: str, exc: InfeasiblePlan) -> dict[str, Any]:
@@ -159,27 +172,37 @@ def _tiers(workload: Workload, overrides: dict[str, int], margin: float, as_json
         ]
         print_json({"workload": workload.name, "plans": rows})
         return
-    table = Table(title=f"{workload.name}: tier table", title_justify="left")
-    for column in ("GPU", "knobs", "predicted", "budget", "headroom", "limited by"):
-        table.add_column(column, justify="right" if column in ("predicted", "budget") else "left")
+    knob_names = list(workload.knobs)
+    if workload.family == "offpolicy" and (workload.replay and workload.replay.placement) == "auto":
+        knob_names.append("replay_placement")
+    table = Table(
+        title=f"{workload.name}: tier table",
+        title_justify="left",
+        caption="knobs: " + "/".join(knob_names),
+        caption_justify="left",
+    )
+    table.add_column("GPU", no_wrap=True)
+    table.add_column("knobs", justify="right", no_wrap=True)
+    table.add_column("predicted", justify="right", no_wrap=True)
+    table.add_column("headroom", justify="right", no_wrap=True)
+    table.add_column("limited by", no_wrap=True)
     for name, r in zip(names, results, strict=True):
+        short = _short_gpu(name)
         if isinstance(r, InfeasiblePlan):
             smallest = format_bytes(r.smallest_bytes) if r.smallest_bytes is not None else "-"
             table.add_row(
-                escape(name),
-                "[red]does not fit[/]",
-                smallest,
-                format_bytes(r.budget_bytes),
+                escape(short),
                 "-",
+                f"[red]{smallest}[/]",
+                "[red]does not fit[/]",
                 escape(r.binding_term or "-"),
             )
             continue
         table.add_row(
-            escape(name),
-            escape(_knob_text(r.knobs)),
-            format_bytes(r.predicted_bytes),
-            format_bytes(r.budget_bytes),
-            format_bytes(r.budget_bytes - r.predicted_bytes),
+            escape(short),
+            "/".join(str(r.knobs.get(k, "-")) for k in knob_names),
+            format_bytes(r.predicted_bytes, precision=1),
+            format_bytes(r.budget_bytes - r.predicted_bytes, precision=1),
             escape(r.binding or "-"),
         )
     out_console.print(table)
@@ -298,15 +321,15 @@ def _examples_command(as_json: bool = JSON_OPTION) -> None:
         print_json({"examples": rows})
         return
     table = Table(title="Bundled workloads (memfit plan NAME --gpu ...)", title_justify="left")
-    for column in ("name", "family", "framework", "knobs", "description"):
-        table.add_column(column)
+    longest = max((len(row["name"]) for row in rows), default=4)
+    table.add_column("name", no_wrap=True, min_width=longest)
+    table.add_column("family", no_wrap=True)
+    table.add_column("knobs")
     for row in rows:
         table.add_row(
             escape(row["name"]),
-            row["family"],
-            row["framework"],
+            f"{row['family']} ({row['framework']})",
             escape(", ".join(row["knobs"])),
-            escape(row["description"] or ""),
         )
     out_console.print(table)
 

@@ -103,14 +103,16 @@ class Expr:
             ConfigError: When a name has no value, or the arithmetic fails (division by zero,
                 an exponent above 64).
         """
-        missing = [n for n in self.names if n not in values]
-        if missing:
+        try:
+            return self._fn(values)
+        except KeyError:
+            missing = [n for n in self.names if n not in values]
+            if not missing:
+                raise
             raise ConfigError(
                 f"expression {self.text!r} reads {', '.join(missing)}, which has no value",
                 hint="add it to knobs or settings, or pass --set NAME=VALUE",
-            )
-        try:
-            return self._fn(values)
+            ) from None
         except ZeroDivisionError:
             raise ConfigError(
                 f"division by zero in {self.text!r} at {dict(sorted(values.items()))}"

@@ -142,6 +142,13 @@ class _Space:
                 if self.accumulation in pinned:
                     acc = pinned[self.accumulation]
                     domain = tuple(v for v in domain if v * acc == eb.value)
+                if not domain:
+                    raise ConfigError(
+                        f"no value of {name} keeps effective_batch "
+                        f"({eb.micro} * {eb.accumulation} == {eb.value})",
+                        key_path=f"knobs.{name}",
+                        hint="give the micro-batch knob values that divide the effective batch",
+                    )
             self.domains[name] = domain
         self.search_order = list(self.priority_order)
         self.rules: list[CompiledRule] = compile_rules(workload)
@@ -156,6 +163,8 @@ class _Space:
         self.placement = spec.placement if workload.family == "offpolicy" else "gpu"
         self.pinned_all = all(len(d) == 1 for d in self.domains.values())
         self._cache: dict[tuple[tuple[int, ...], bool], Evaluation] = {}
+        self._valid: dict[tuple[int, ...], bool] = {}
+        self._ranks: dict[tuple[int, ...], tuple[float, tuple[int, ...]]] = {}
 
     def values(self, config: Sequence[int]) -> dict[str, int]:
         out = dict(self.env)
@@ -228,10 +237,23 @@ class _Space:
                 return rule
         return None
 
+    def valid(self, config: tuple[int, ...]) -> bool:
+        """Whether the configuration keeps every rule (cached: it does not depend on the GPU)."""
+        found = self._valid.get(config)
+        if found is None:
+            found = self.rules_hold(self.values(config))
+            self._valid[config] = found
+        return found
+
     def rank(self, config: tuple[int, ...]) -> tuple[float, tuple[int, ...]]:
-        values = self.values(config)
-        objective = self.objective.evaluate(values)
-        return float(objective), tuple(values[n] for n in self.priority_order)
+        """Objective, then knob values in priority order: larger is better (cached)."""
+        found = self._ranks.get(config)
+        if found is None:
+            values = self.values(config)
+            objective = self.objective.evaluate(values)
+            found = float(objective), tuple(values[n] for n in self.priority_order)
+            self._ranks[config] = found
+        return found
 
     def search(self, limit: int) -> list[tuple[tuple[float, tuple[int, ...]], tuple[int, ...]]]:
         """Every configuration that fits ``limit`` and keeps the rules, with its rank."""
@@ -252,9 +274,7 @@ class _Space:
                         key_path="knobs",
                         hint="narrow the knob ranges, or pin some knobs with --set",
                     )
-                if self.resolve(config, limit) is not None and self.rules_hold(
-                    self.values(config)
-                ):
+                if self.resolve(config, limit) is not None and self.rules_hold(self.values(config)):
                     found.append((self.rank(config), config))
                 return
             for value in domains[depth]:
@@ -353,7 +373,9 @@ def _single(space: _Space, budget: Budget, gpu: GpuSpec) -> Plan:
     """Every knob pinned: report the configuration as it is, fitting or not."""
     config = tuple(space.domains[n][0] for n in space.search_order)
     values = space.values(config)
-    violations = check(space.workload, {n: values[n] for n in space.workload.knobs})
+    pins = {n: values[n] for n in space.workload.knobs}
+    # a pin may leave its knob's declared range on purpose; the framework's rules still hold
+    violations = [v for v in check(space.workload, pins) if not v.rule.startswith("knobs.")]
     if violations:
         first = violations[0]
         raise ConfigError(first.message, key_path=first.rule, hint="run memfit check for fixes")
@@ -414,6 +436,8 @@ def _infeasible(space: _Space, budget: Budget, gpu: GpuSpec) -> InfeasiblePlan:
     footprint = sum(breakdown.values())
     terms = ev.evaluation.terms
     breaking = max(sorted(terms), key=lambda n: terms[n]) if terms else "cuda_context"
+    if budget.breaking_term == "cuda_context":
+        breaking = "cuda_context"
     device_fits = ev.evaluation.reserved_bytes <= budget.job_limit_bytes
     if not ev.on_gpu and not space.host_ok(ev.evaluation) and device_fits:
         return InfeasiblePlan(

@@ -67,7 +67,7 @@ __all__ = [
 DEFAULT_TOLERANCE = 0.01
 #: After a failure the model did not predict, the next value backs off from the failure by
 #: this share of the open interval (doubling with each further failure).
-_BACKOFF = 0.03
+_BACKOFF = 0.1
 #: Extrapolate from two probes only when the peak rose between them by at least this share of
 #: what is left to the target (so that rounding noise cannot pass for a slope).
 _RESOLUTION = 0.1
@@ -389,7 +389,7 @@ def next_probe(
     """The next knob value to probe, or ``None`` when the search is done.
 
     Args:
-        history: The probes so far, in any order.
+        history: The probes so far, in the order they ran.
         low: The smallest value allowed (at least 1).
         high: The largest value allowed.
         budget: The memory the job may use, bytes (the device cap for the probes).
@@ -466,13 +466,24 @@ def next_probe(
     else:
         goal = (best.value + ceiling) // 2
 
+    # Back off from the smallest value known not to fit when the model keeps missing: after
+    # an out-of-memory it did not predict, or after two or more probes in a row that did
+    # not fit. The share of the open interval doubles with each miss (10%, 20%, 40%, then
+    # half: bisection), so the search cannot creep down one value at a time.
+    streak = 0
+    for p in reversed(history):
+        if _fits_target(p, target):
+            break
+        streak += 1
+    misses = 0
     if failed_above and (model is None or contradicted):
-        # The model did not see the failure coming: back off from it by a share of the
-        # open interval that doubles with each failure, so the search cannot creep down
-        # one value at a time (3%, 6%, 12%, ... at most half, which is bisection).
+        misses = len(failed_above)
+    if streak >= 2:
+        misses = max(misses, streak - 1)
+    if misses and ceiling is not None:
         lower = best.value if best is not None else low - 1
-        share = min(0.5, _BACKOFF * 2 ** (len(failed_above) - 1))
-        goal = min(goal, failed_above[0] - max(1, math.ceil(share * (failed_above[0] - lower))))
+        share = min(0.5, _BACKOFF * 2 ** (misses - 1))
+        goal = min(goal, ceiling - max(1, math.ceil(share * (ceiling - lower))))
     goal = min(goal, upper)
     if best is None:
         # Nothing confirmed yet: never go below the smallest valid value.

@@ -308,10 +308,11 @@ class JaxSettings(_Strict):
 class PpoSpec(_Strict):
     """On-policy layout: ``brax`` (``num_envs``, ``batch_size``, ``num_minibatches``,
     ``unroll_length``), ``cleanrl`` (``num_envs``, ``num_steps``, ``num_minibatches``) or
-    ``rl_games`` (``num_actors``, ``horizon_length``, ``minibatch_size``)."""
+    ``rl_games`` (``num_actors``, ``horizon_length``, ``minibatch_size``). ``store_value``: a
+    Brax-layout variant that also keeps the value estimate in every transition."""
 
     layout: Literal["brax", "cleanrl", "rl_games"] = "brax"
-    store_value: bool | None = None
+    store_value: bool = False
 
 
 class OffPolicySpec(_Strict):

@@ -589,10 +589,13 @@ def _tag_grad(trace: _Trace, param: torch.Tensor) -> None:
 
 
 def _summarise(
-    trace: _Trace, batch_size: int, expandable_segments: bool, extra_device_bytes: int | None
+    trace: _Trace,
+    batch_size: int,
+    allocator: Callable[[], AllocatorModel],
+    extra_device_bytes: int | None,
 ) -> EstimatePoint:
     """Replay the trace through the allocator model and read the peak and its breakdown."""
-    model = AllocatorModel(expandable_segments=expandable_segments)
+    model = allocator()
     handles: dict[int, int] = {}
     peak_index = -1
     exact = exact_peak = 0
@@ -661,6 +664,7 @@ def estimate_torch(
     gpu: str | None = None,
     device: str | None = None,
     expandable_segments: bool = False,
+    max_split_size: int | None = None,
     steps: int = 2,
     batch_knob: str = "batch_size",
 ) -> TorchEstimate:
@@ -677,6 +681,7 @@ def estimate_torch(
         device: ``"cuda"`` or ``"cpu"``; by default ``"cuda"`` where torch has CUDA, else
             ``"cpu"`` (with the deviations listed in the result).
         expandable_segments: Replay the allocator with ``expandable_segments:True``.
+        max_split_size: Replay it with ``max_split_size_mb`` (given here in bytes).
         steps: Steps to run per batch size (2: the second sees the optimizer state).
         batch_knob: The workload knob the batch size stands for.
 
@@ -684,12 +689,17 @@ def estimate_torch(
         A :class:`TorchEstimate` with one point per batch size and the affine fit.
 
     Raises:
-        ConfigError: When the batch sizes, the device, ``steps`` or ``build``'s return value
-            are invalid, or the GPU name is unknown.
+        ConfigError: When the batch sizes, the device, ``steps``, ``max_split_size`` or
+            ``build``'s return value are invalid, or the GPU name is unknown.
         EstimateError: When the step calls an op fake tensors cannot run (data-dependent
             output, no fake kernel); the message names the op.
     """
     sizes = _check_batch_sizes(batch_sizes)
+
+    def allocator() -> AllocatorModel:
+        return AllocatorModel(expandable_segments, max_split_size)
+
+    allocator()  # an invalid max_split_size fails here, before any tracing
     if steps < 1:
         raise ConfigError(f"steps must be at least 1, got {steps}", key_path="steps")
     has_cuda = bool(torch.cuda.is_available())
@@ -738,7 +748,7 @@ def estimate_torch(
         extra = context
         if not on_cuda:
             extra += len(trace.matmul_passes) * workspace
-        points.append(_summarise(trace, size, expandable_segments, extra))
+        points.append(_summarise(trace, size, allocator, extra))
     xs = [p.batch_size for p in points]
     return TorchEstimate(
         points=points,

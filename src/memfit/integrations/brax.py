@@ -462,6 +462,7 @@ def plan_ppo(
     local_device_count: int | None = None,
     process_count: int | None = None,
     jax_preallocate: bool = False,
+    state_bytes: int | None = None,
     **ppo_kwargs: Any,
 ) -> Plan:
     """Plan Brax PPO's ``num_envs`` / ``batch_size`` / ``num_minibatches`` / ``unroll_length``.
@@ -478,6 +479,8 @@ def plan_ppo(
         local_device_count: Devices on this host (``None``: ask JAX).
         process_count: JAX processes (``None``: ask JAX).
         jax_preallocate: Plan with JAX's default preallocation (see :func:`ppo_workload`).
+        state_bytes: Bytes of one environment state when already measured (``None``:
+            measure it with ``jax.eval_shape(env.reset, key)``).
         **ppo_kwargs: Arguments meant for ``ppo.train``; the four knobs among them are pinned,
             ``policy_hidden_layer_sizes`` / ``value_hidden_layer_sizes`` size the networks,
             and every rule :func:`check_ppo` knows is checked on the pinned values.
@@ -528,7 +531,7 @@ def plan_ppo(
     workload = ppo_workload(
         observation_size=_observation_size(env),
         action_size=int(env.action_size),
-        env_state_bytes=env_state_bytes(env),
+        env_state_bytes=env_state_bytes(env) if state_bytes is None else state_bytes,
         pinned=pinned,
         ranges=ranges,
         policy_hidden_layer_sizes=policy,

@@ -52,7 +52,7 @@ from typing import IO, Any, Protocol
 
 from memfit.errors import BackendUnavailable, ConfigError, MemfitError, OutOfMemory
 from memfit.runtime.events import MemoryEvent
-from memfit.units import MiB, format_bytes
+from memfit.units import MiB, format_bytes, parse_bytes
 
 __all__ = [
     "SAMPLE_FIELDS",
@@ -770,7 +770,7 @@ class Recorder:
         memory_history: On CUDA, record allocation history with this ``max_entries`` for the
             OOM snapshot (costs time per allocation); ``None`` leaves it off (the snapshot
             then shows segments and blocks without stack traces).
-        max_oom_dumps: Most OOM dumps written by one recorder.
+        max_oom_dumps: Most OOM dumps written by one recorder (0: none).
 
     Raises:
         ConfigError: When a setting is out of range (``every`` < 1, ``interval`` <= 0, an
@@ -796,8 +796,6 @@ class Recorder:
         memory_history: int | None = None,
         max_oom_dumps: int = 1,
     ) -> None:
-        from memfit.units import parse_bytes
-
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ConfigError(
                 f"every must be a whole number of steps >= 1, not {every!r}",
@@ -826,6 +824,16 @@ class Recorder:
                     f"{key} must be a whole number >= 1, not {value!r}",
                     key_path=f"Recorder.{key}",
                 )
+        if (
+            isinstance(max_oom_dumps, bool)
+            or not isinstance(max_oom_dumps, int)
+            or max_oom_dumps < 0
+        ):
+            raise ConfigError(
+                f"max_oom_dumps must be a whole number >= 0, not {max_oom_dumps!r}",
+                key_path="Recorder.max_oom_dumps",
+                hint="use 0 to write no OOM dumps",
+            )
         if not math.isfinite(leak_check_seconds) or leak_check_seconds < 0:
             raise ConfigError(
                 f"leak_check_seconds must be >= 0, not {leak_check_seconds!r}",
@@ -1252,7 +1260,11 @@ class Recorder:
                 _fmt(reading.get("reserved_bytes")),
             )
         elif event.kind == "oom":
-            self.on_oom(None, event=event)
+            written = self.on_oom(None, event=event)
+            if not written and self.log:
+                logger.info(
+                    "memfit: %s oom at step %s: %s", event.source, event.step, event.message
+                )
         elif self.log:
             logger.info(
                 "memfit: %s %s at step %s: %s", event.source, event.kind, event.step, event.message
@@ -1384,28 +1396,24 @@ class Recorder:
                 ``min_samples``, ...).
 
         Returns:
-            One :class:`Leak` per growing series; empty when nothing grows.
+            The :class:`Leak` of the series looked at, or an empty list when it does not
+            grow steadily.
 
         Raises:
             ConfigError: When an option is out of range.
         """
         samples = self.samples
-        found: list[Leak] = []
-        for metric in ("allocated_bytes", "device_used_bytes"):
-            if not any(s.get(metric) is not None for s in samples):
-                continue
-            limit = _limit(samples)
-            leak = detect_leak(
-                [s["step"] for s in samples],
-                [s.get(metric) for s in samples],
-                metric=metric,
-                limit_bytes=limit,
-                **options,
-            )
-            if leak is not None:
-                found.append(leak)
-            break
-        return found
+        metric = "allocated_bytes"
+        if not any(s.get(metric) is not None for s in samples):
+            metric = "device_used_bytes"
+        leak = detect_leak(
+            [s["step"] for s in samples],
+            [s.get(metric) for s in samples],
+            metric=metric,
+            limit_bytes=_limit(samples),
+            **options,
+        )
+        return [leak] if leak is not None else []
 
     def fragmentation(self) -> Fragmentation | None:
         """Fragmentation seen in the latest step sample, or ``None``."""

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from memfit.errors import ConfigError
-from memfit.monitor.recorder import check_fragmentation, detect_leak
+from memfit.monitor.recorder import Leak, check_fragmentation, detect_leak
 from memfit.units import MiB, format_bytes
 
 __all__ = [
@@ -233,14 +233,8 @@ def summarize(run: Run) -> dict[str, Any]:
     budget = _last(samples, "budget_bytes")
     total = _last(samples, "total_bytes")
     growth = None
-    metric = "allocated_bytes" if "allocated_bytes" in metrics else "device_used_bytes"
-    if run.samples and metric in metrics:
-        leak = detect_leak(
-            [s.get("step") for s in run.samples],
-            [s.get(metric) for s in run.samples],
-            metric=metric,
-            limit_bytes=budget if budget is not None else total,
-        )
+    if run.samples:
+        leak = _leak(run)
         growth = leak.to_dict() if leak is not None else None
     frag = None
     for sample in reversed(run.samples):
@@ -373,7 +367,7 @@ def plot(run: Run, *, title: str | None = None) -> Any:
             hint="pip install 'memfit[plot]'",
         ) from exc
 
-    fig = Figure(figsize=(9.0, 4.2), dpi=100)
+    fig = Figure(figsize=(9.0, 4.8), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     by_step = bool(run.samples)
@@ -404,6 +398,22 @@ def plot(run: Run, *, title: str | None = None) -> Any:
         limit, limit_label = _last(samples, "total_bytes"), "device total"
     if limit is not None:
         ax.axhline(limit / MiB, color="#d62728", linestyle=":", linewidth=1.5, label=limit_label)
+    leak = _leak(run) if by_step else None
+    if leak is not None:
+        x0, x1 = float(leak.start_step), float(leak.last_step)
+        rate = leak.bytes_per_step
+        y1 = leak.current_bytes
+        label = f"growth {format_bytes(rate)}/step"
+        if leak.projected_oom_step is not None:
+            label += f", limit at step {leak.projected_oom_step}"
+        ax.plot(
+            [x0, x1],
+            [(y1 - rate * (x1 - x0)) / MiB, y1 / MiB],
+            color="#d62728",
+            linestyle="-.",
+            linewidth=1.0,
+            label=label,
+        )
     seen: set[str] = set()
     for event in run.events:
         x = _event_x(event, run.samples) if by_step else _event_time(event, start_time)
@@ -424,9 +434,29 @@ def plot(run: Run, *, title: str | None = None) -> Any:
     ax.grid(True, alpha=0.3)
     ax.set_title(title or (run.path.name if run.path is not None else "memfit run"))
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="upper left", fontsize=8, ncol=2, framealpha=0.85)
+        ax.legend(
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.14),
+            fontsize=8,
+            ncol=5,
+            frameon=False,
+        )
     fig.tight_layout()
     return fig
+
+
+def _leak(run: Run) -> Leak | None:
+    samples = run.samples
+    metric = "allocated_bytes"
+    if not any(s.get(metric) is not None for s in samples):
+        metric = "device_used_bytes"
+    budget = _last(samples, "budget_bytes")
+    return detect_leak(
+        [s.get("step") for s in samples],
+        [s.get(metric) for s in samples],
+        metric=metric,
+        limit_bytes=budget if budget is not None else _last(samples, "total_bytes"),
+    )
 
 
 def _x(sample: dict[str, Any], by_step: bool, start_time: float) -> float | None:

@@ -54,7 +54,7 @@ from memfit.units import format_bytes, parse_bytes
 __all__ = ["FitResult", "Prior", "Probe", "fit", "prior_from"]
 
 #: Probes :func:`fit` runs at most before it returns the best confirmed value.
-DEFAULT_MAX_PROBES = 8
+DEFAULT_MAX_PROBES = 16
 
 
 @dataclass(frozen=True)

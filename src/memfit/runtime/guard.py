@@ -227,24 +227,26 @@ _PLAIN = (int, float, bool, complex, str, type(None))
 
 
 class _OptimizerSnapshot:
-    """Parameters and optimizer state copied to host buffers reused from step to step."""
+    """Parameters and optimizer state copied to host buffers reused from step to step.
+
+    Policy: the copy lives in host memory (pinned when the tensors are on CUDA), so taking it
+    never costs device memory; under :func:`memfit.simulate_gpu` it is not counted either.
+    The buffers are allocated once and refilled with one ``_foreach_copy_`` per step while
+    the set of tensors stays the same (it changes when the optimizer creates its state on
+    the first step). Group hyper-parameters are kept by value (a tensor-valued one by
+    reference: ``optimizer.step()`` does not change them).
+    """
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         self.optimizer = optimizer
-        self._host: dict[tuple[int, str], torch.Tensor] = {}
-        self._had_state: dict[int, dict[str, Any]] = {}
-        self._groups: list[dict[str, Any]] = []
+        self._src: list[torch.Tensor] = []
+        self._dst: list[torch.Tensor] = []
+        self._slots: list[tuple[torch.Tensor, str | None]] = []  # (param, state key or None)
         self._params: list[torch.Tensor] = []
-
-    def _buffer(self, key: tuple[int, str], like: torch.Tensor) -> torch.Tensor:
-        import torch
-
-        buf = self._host.get(key)
-        if buf is None or buf.shape != like.shape or buf.dtype != like.dtype:
-            pin = like.is_cuda and torch.cuda.is_available()
-            buf = torch.empty(like.shape, dtype=like.dtype, device="cpu", pin_memory=pin)
-            self._host[key] = buf
-        return buf
+        self._state_keys: dict[int, tuple[str, ...]] = {}
+        self._plain: list[tuple[torch.Tensor, str, Any]] = []
+        self._groups: list[dict[str, Any]] = []
+        self._on_host = True
 
     def take(self) -> None:
         """Copy parameters, optimizer state and hyper-parameters to host memory.
@@ -254,102 +256,122 @@ class _OptimizerSnapshot:
         """
         import torch
 
-        from memfit.runtime.simulate import active
-
-        gpu = active()
-        ctx: AbstractContextManager[None] = gpu.paused() if gpu is not None else nullcontext()
-        dst: list[torch.Tensor] = []
+        opt = self.optimizer
+        state = opt.state
+        tensor_type = torch.Tensor
         src: list[torch.Tensor] = []
-        self._params = []
-        self._had_state = {}
-        self._groups = []
-        with ctx, torch.no_grad():
-            for group in self.optimizer.param_groups:
-                self._groups.append(
-                    {
-                        k: (v.clone() if isinstance(v, torch.Tensor) else v)
-                        for k, v in group.items()
-                        if k != "params"
-                    }
-                )
-                for p in group["params"]:
-                    self._params.append(p)
-                    dst.append(self._buffer((id(p), ""), p))
-                    src.append(p.detach())
-                    state = self.optimizer.state.get(p)
-                    if state is None:
-                        continue
-                    saved: dict[str, Any] = {}
-                    for key, value in state.items():
-                        if isinstance(value, torch.Tensor):
-                            dst.append(self._buffer((id(p), key), value))
-                            src.append(value.detach())
-                            saved[key] = None  # marks a tensor, restored from its buffer
-                        elif isinstance(value, _PLAIN):
-                            saved[key] = value
-                        else:
-                            raise ConfigError(
-                                f"optimizer state {key!r} of {type(self.optimizer).__name__} is "
-                                f"a {type(value).__name__}, which memfit cannot snapshot",
-                                key_path="optimizer",
-                                hint="pass snapshot_optimizer=False to TrainGuard; an "
-                                "out-of-memory inside optimizer.step() then stops the run "
-                                "with memfit.OutOfMemory instead of retrying",
-                            )
-                    self._had_state[id(p)] = saved
-            _copy_all(dst, src)
+        slots: list[tuple[torch.Tensor, str | None]] = []
+        params: list[torch.Tensor] = []
+        plain: list[tuple[torch.Tensor, str, Any]] = []
+        state_keys: dict[int, tuple[str, ...]] = {}
+        for group in opt.param_groups:
+            for p in group["params"]:
+                params.append(p)
+                src.append(p)
+                slots.append((p, None))
+                st = state.get(p)
+                if st is None:
+                    continue
+                state_keys[id(p)] = tuple(st)
+                for key, value in st.items():
+                    if isinstance(value, tensor_type):
+                        src.append(value)
+                        slots.append((p, key))
+                    elif isinstance(value, _PLAIN):
+                        plain.append((p, key, value))
+                    else:
+                        raise ConfigError(
+                            f"optimizer state {key!r} of {type(opt).__name__} is a "
+                            f"{type(value).__name__}, which memfit cannot snapshot",
+                            key_path="optimizer",
+                            hint="pass snapshot_optimizer=False to TrainGuard; an "
+                            "out-of-memory inside optimizer.step() then stops the run "
+                            "with memfit.OutOfMemory instead of retrying",
+                        )
+        same = len(src) == len(self._src) and all(
+            a is b for a, b in zip(src, self._src, strict=True)
+        )
+        if not same:
+            self._dst = self._host_buffers(src)
+            self._src = src
+            self._slots = slots
+            self._on_host = all(not t.is_cuda for t in src)
+        self._params = params
+        self._plain = plain
+        self._state_keys = state_keys
+        self._groups = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+        with torch.no_grad():
+            if self._on_host:
+                torch._foreach_copy_(self._dst, self._src)
+            else:
+                _copy_all(self._dst, self._src)
 
-    def restore(self) -> None:
-        """Put parameters, optimizer state and hyper-parameters back as :meth:`take` saw them."""
+    @staticmethod
+    def _host_buffers(src: list[torch.Tensor]) -> list[torch.Tensor]:
         import torch
 
         from memfit.runtime.simulate import active
 
         gpu = active()
         ctx: AbstractContextManager[None] = gpu.paused() if gpu is not None else nullcontext()
+        with ctx:
+            return [
+                torch.empty(
+                    t.shape,
+                    dtype=t.dtype,
+                    device="cpu",
+                    pin_memory=bool(t.is_cuda and torch.cuda.is_available()),
+                )
+                for t in src
+            ]
+
+    def restore(self) -> None:
+        """Put parameters, optimizer state and hyper-parameters back as :meth:`take` saw them."""
+        import torch
+
+        opt = self.optimizer
+        for group, saved in zip(opt.param_groups, self._groups, strict=True):
+            group.update(saved)
+        for p in self._params:
+            keys = self._state_keys.get(id(p))
+            if keys is None:
+                opt.state.pop(p, None)  # the failed step created it
+                continue
+            st = opt.state[p]
+            for key in [k for k in st if k not in keys]:
+                del st[key]
+        for p, key, value in self._plain:
+            opt.state[p][key] = value
         dst: list[torch.Tensor] = []
         src: list[torch.Tensor] = []
-        with ctx, torch.no_grad():
-            for group, saved_group in zip(self.optimizer.param_groups, self._groups, strict=True):
-                for key, value in saved_group.items():
-                    group[key] = value.clone() if isinstance(value, torch.Tensor) else value
-            for p in self._params:
-                dst.append(p.detach())
-                src.append(self._host[(id(p), "")])
-                saved = self._had_state.get(id(p))
-                if saved is None:
-                    self.optimizer.state.pop(p, None)
+        with torch.no_grad():
+            for (p, key), original, buf in zip(self._slots, self._src, self._dst, strict=True):
+                if key is None:
+                    dst.append(p)
+                    src.append(buf)
                     continue
-                state = self.optimizer.state[p]
-                for key in [k for k in state if k not in saved]:
-                    del state[key]
-                for key, value in saved.items():
-                    buf = self._host.get((id(p), key)) if value is None else None
-                    if buf is None:
-                        state[key] = value
-                        continue
-                    current = state.get(key)
-                    if isinstance(current, torch.Tensor) and current.shape == buf.shape:
-                        dst.append(current)
-                        src.append(buf)
-                    else:
-                        device = p.device if buf.dim() else buf.device
-                        state[key] = buf.to(device, copy=True)
+                st = opt.state[p]
+                current = st.get(key)
+                if current is not original:
+                    # The failed step replaced the tensor: put the original object back.
+                    st[key] = original
+                dst.append(original)
+                src.append(buf)
             _copy_all(dst, src)
 
 
 def _copy_all(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
+    """``dst[i].copy_(src[i])`` for all i: one foreach op on one device, else per tensor."""
     import torch
 
     if not dst:
         return
-    same_device = all(d.device == s.device for d, s in zip(dst, src, strict=True))
-    if same_device:
+    if all(d.device == s.device for d, s in zip(dst, src, strict=True)):
         torch._foreach_copy_(dst, src)
         return
     for d, s in zip(dst, src, strict=True):
         d.copy_(s, non_blocking=True)
-    if any(t.is_cuda for t in dst + src):
+    if any(t.is_cuda for t in dst) or any(t.is_cuda for t in src):
         torch.cuda.synchronize()
 
 
@@ -650,11 +672,20 @@ class TrainGuard:
             if failure is not None:
                 return failure
         saved_foreach = [g.get("foreach") for g in self.optimizer.param_groups]
-        attempts = ["step", "retry step", "step foreach=False", "retry step foreach=False"]
+        # Retries are cheap (a copy back from host memory); a step that fails the same way
+        # three times is retried without foreach, which needs fewer temporaries.
+        attempts = [
+            "step",
+            "retry step",
+            "retry step",
+            "step foreach=False",
+            "retry step foreach=False",
+            "retry step foreach=False",
+        ]
         message: str | None = None
         try:
             for attempt in attempts:
-                if attempt.endswith("foreach=False"):
+                if attempt == "step foreach=False":
                     if not any("foreach" in g for g in self.optimizer.param_groups):
                         break
                     for g in self.optimizer.param_groups:

@@ -1,0 +1,225 @@
+"""Brax PPO on a legged robot, planned and checked by memfit.
+
+1. Allocator: ``memfit.configure`` sets XLA's client settings *before* JAX starts (here:
+   allocate on demand, so the Recorder sees what the job really uses).
+2. Check: ``memfit.integrations.brax.check_ppo`` tests every rule Brax's ``ppo.train``
+   asserts, before Brax does, and names the nearest valid settings.
+3. Plan: ``plan_ppo`` measures one environment state with ``jax.eval_shape(env.reset)``,
+   builds a PPO workload in Brax's layout and plans ``num_envs`` / ``batch_size`` /
+   ``num_minibatches`` / ``unroll_length`` for ``--gpu`` and for each ``--tiers`` card;
+   ``--out`` writes the fitted configurations (YAML or JSON) with the XLA settings to use.
+4. Train: Brax's own PPO at the small setting, with a :class:`memfit.Recorder` called from
+   ``progress_fn`` (``--skip-train`` only plans).
+
+Small setting (CPU, about a minute): ``python examples/brax_ppo/run.py``.
+Tier table: ``python examples/brax_ppo/run.py --gpu "RTX 3060 Ti" --tiers 8,12,16,24
+--out fitted.yaml --skip-train``. Full run on the card the plan was made for:
+``python examples/brax_ppo/run.py --from-plan fitted.yaml --tier "RTX 3060 Ti"
+--num-timesteps 50000000``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+import memfit
+from memfit.integrations import brax as mbrax
+from memfit.units import format_bytes
+
+#: A representative card for each memory tier (GB).
+TIER_CARDS: dict[int, str] = {8: "RTX 3060 Ti", 12: "RTX 4070", 16: "RTX 4080", 24: "RTX 4090"}
+
+#: Search ranges for the tier plans (wider than memfit's defaults: ant is a small robot).
+RANGES: dict[str, tuple[int, ...]] = {
+    "num_envs": (256, 131072),
+    "batch_size": (256, 65536),
+    "num_minibatches": (4, 64),
+    "unroll_length": (5, 10, 20, 30),
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--env", default="ant", help="Brax environment name")
+    ap.add_argument("--backend", default="spring", help="Brax pipeline (spring is fast on CPU)")
+    ap.add_argument("--num-envs", type=int, default=16)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--num-minibatches", type=int, default=2)
+    ap.add_argument("--unroll-length", type=int, default=5)
+    ap.add_argument("--num-timesteps", type=int, default=1000)
+    ap.add_argument("--episode-length", type=int, default=100)
+    ap.add_argument("--num-evals", type=int, default=3)
+    ap.add_argument("--gpu", default="RTX 3060 Ti", help="GPU to plan for")
+    ap.add_argument("--tiers", default="", help="GB tiers to plan, e.g. 8,12,16,24")
+    ap.add_argument("--out", default=None, help="write the fitted configurations here")
+    ap.add_argument("--margin", default="10%")
+    ap.add_argument("--from-plan", default=None, help="train with a fitted configuration file")
+    ap.add_argument("--tier", default=None, help="which GPU of --from-plan to use")
+    ap.add_argument("--skip-train", action="store_true")
+    ap.add_argument("--log", default=str(Path(tempfile.gettempdir()) / "brax_ppo.jsonl"))
+    return ap.parse_args(argv)
+
+
+def tier_gpus(text: str) -> list[str]:
+    """``"8,12"`` -> the representative card of each tier (a size for unknown tiers)."""
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        if not part.isdigit():
+            raise memfit.ConfigError(f"not a GB tier: {part!r}", key_path="--tiers")
+        out.append(TIER_CARDS.get(int(part), f"{part}GB"))
+    return out
+
+
+def fitted(plan: memfit.Plan, total_bytes: int) -> dict[str, Any]:
+    """One fitted configuration: Brax arguments, XLA settings and the prediction."""
+    return {
+        "gpu": plan.gpu,
+        "ppo": mbrax.ppo_kwargs(plan),
+        "env": mbrax.jax_allocator_settings(plan, total_bytes),
+        "predicted_bytes": plan.predicted_bytes,
+        "budget_bytes": plan.budget_bytes,
+        "binding": plan.binding,
+        "breakdown": plan.breakdown,
+    }
+
+
+def write(path: str, configs: list[dict[str, Any]]) -> None:
+    """YAML for ``.yaml`` / ``.yml``, JSON otherwise."""
+    target = Path(path)
+    if target.suffix in (".yaml", ".yml"):
+        target.write_text(yaml.safe_dump({"configs": configs}, sort_keys=False), encoding="utf-8")
+    else:
+        target.write_text(json.dumps({"configs": configs}, indent=2) + "\n", encoding="utf-8")
+
+
+def from_plan(path: str, tier: str | None) -> dict[str, int]:
+    """The Brax arguments of one configuration in a fitted file."""
+    text = Path(path).read_text(encoding="utf-8")
+    data = yaml.safe_load(text)  # JSON is YAML too
+    configs = data.get("configs", []) if isinstance(data, dict) else []
+    if not configs:
+        raise memfit.ConfigError("no configs in the file", key_path=path)
+    if tier is None:
+        return dict(configs[0]["ppo"])
+    wanted = memfit.gpu(tier).name
+    for config in configs:
+        if config["gpu"] == wanted:
+            return dict(config["ppo"])
+    raise memfit.ConfigError(
+        f"no configuration for {wanted}",
+        key_path=path,
+        hint="one of " + ", ".join(c["gpu"] for c in configs),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    for noisy in ("absl", "jax._src.xla_bridge", "brax"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    t0 = time.perf_counter()
+    # 1. allocator settings, before JAX initialises a backend
+    written = memfit.configure(jax_preallocate=False)
+    print("allocator settings: " + ", ".join(f"{k}={v}" for k, v in written.items()))
+
+    import jax
+    from brax import envs
+
+    from memfit.estimate.jax_xla import env_state_bytes
+
+    env = envs.get_environment(args.env, backend=args.backend)
+    knobs = {
+        "num_envs": args.num_envs,
+        "batch_size": args.batch_size,
+        "num_minibatches": args.num_minibatches,
+        "unroll_length": args.unroll_length,
+    }
+    if args.from_plan:
+        knobs = from_plan(args.from_plan, args.tier)
+        print(f"from {args.from_plan}: {knobs}")
+    train_kwargs: dict[str, Any] = {
+        **knobs,
+        "num_timesteps": args.num_timesteps,
+        "episode_length": args.episode_length,
+        "num_evals": args.num_evals,
+        "run_evals": False,
+        "num_updates_per_batch": 1,
+    }
+    # 2. the rules Brax asserts, checked first
+    try:
+        mbrax.check_ppo(**train_kwargs)
+    except memfit.ConfigError as exc:
+        print(f"check_ppo: {exc.message}\n  nearest valid: {exc.hint}")
+        return 1
+    devices = jax.local_device_count()
+    print(f"check_ppo: ok ({jax.default_backend()}, {devices} device(s))")
+    state_bytes = env_state_bytes(env)
+    print(
+        f"env {args.env} ({args.backend}): obs {env.observation_size}, action {env.action_size}, "
+        f"state {format_bytes(state_bytes)} per env (jax.eval_shape)"
+    )
+    # 3. plans: this setting on --gpu, then the best configuration per tier
+    mine = mbrax.plan_ppo(env, gpu=args.gpu, margin=args.margin, state_bytes=state_bytes, **knobs)
+    print(
+        f"this setting on {mine.gpu}: {format_bytes(mine.predicted_bytes)} predicted "
+        f"of {format_bytes(mine.budget_bytes)}"
+    )
+    configs = []
+    gpus = [args.gpu, *(g for g in tier_gpus(args.tiers) if g != args.gpu)]
+    print(f"{'GPU':<32} {'num_envs':>8} {'batch':>6} {'minib':>5} {'unroll':>6} "
+          f"{'predicted':>10} {'budget':>10}  XLA mem fraction")  # fmt: skip
+    for name in gpus:
+        spec = memfit.gpu(name)
+        try:
+            p = mbrax.plan_ppo(
+                env, gpu=spec, margin=args.margin, ranges=RANGES, state_bytes=state_bytes
+            )
+        except memfit.InfeasiblePlan as exc:
+            print(f"{spec.name:<32} does not fit: {exc.message}")
+            continue
+        config = fitted(p, spec.total_bytes)
+        configs.append(config)
+        k = config["ppo"]
+        print(
+            f"{p.gpu:<32} {k['num_envs']:>8} {k['batch_size']:>6} {k['num_minibatches']:>5} "
+            f"{k['unroll_length']:>6} {format_bytes(p.predicted_bytes):>10} "
+            f"{format_bytes(p.budget_bytes):>10}  {config['env']['XLA_PYTHON_CLIENT_MEM_FRACTION']}"
+        )
+    if args.out:
+        write(args.out, configs)
+        print(f"wrote {len(configs)} fitted configuration(s) to {args.out}")
+    if args.skip_train:
+        return 0
+    # 4. Brax's own PPO, with memory recorded at every progress callback
+    Path(args.log).unlink(missing_ok=True)
+    with memfit.Recorder(args.log, log_every=1) as rec:
+        steps: list[int] = []
+
+        def progress(num_steps: int, metrics: dict[str, Any]) -> None:
+            steps.append(num_steps)
+            rec.step(num_steps)
+
+        start = time.perf_counter()
+        _, _, metrics = mbrax.train(env, progress_fn=progress, **train_kwargs)
+        seconds = time.perf_counter() - start
+    reward = metrics.get("episode/sum_reward")
+    reward_text = f", episode reward {float(reward):.2f}" if reward is not None else ""
+    print(
+        f"trained {steps[-1] if steps else 0} env steps in {seconds:.1f} s "
+        f"(memory source: {rec.source}){reward_text}"
+    )
+    print(f"memory log: {args.log}; total {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

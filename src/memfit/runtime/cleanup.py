@@ -1,0 +1,400 @@
+"""Cleanup policies, measured: the habits practitioners have today, and a better default.
+
+Each policy counts its calls, the cleanups it actually ran and the seconds they took
+(:class:`CleanupStats`), and reports every cleanup as a ``"cleanup"``
+:class:`~memfit.runtime.events.MemoryEvent`:
+
+* :func:`every` — clean every *n*-th call (``empty_cache`` every 10 steps, ``gc.collect``
+  every 50: what many training loops do blindly);
+* :func:`on_pressure` — the default: ``empty_cache`` only when the free memory or the
+  fragmentation (reserved but unallocated memory) crosses a threshold;
+* :func:`after_call` — a decorator that cleans after each call of a function (e.g. after
+  each camera-image fetch);
+* :func:`full_reset` — everything at once: ``gc.collect()``, ``empty_cache()``, IPC handles,
+  peak statistics.
+
+What "clean" means: ``torch.cuda.empty_cache()`` when torch has initialised CUDA (it returns
+cached, unoccupied blocks to the driver; it frees nothing a live tensor holds), and
+``gc.collect()`` when asked. On a machine without CUDA the calls are still made and timed
+(``gc.collect`` costs the same everywhere), so the cost of a habit can be measured on a CPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ParamSpec, TypeVar
+
+from memfit.errors import ConfigError
+from memfit.runtime.events import EventSink, MemoryEvent, emit
+from memfit.units import parse_fraction
+
+__all__ = [
+    "CleanupPolicy",
+    "CleanupStats",
+    "Every",
+    "OnPressure",
+    "PressureReading",
+    "after_call",
+    "every",
+    "full_reset",
+    "on_pressure",
+]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@dataclass
+class CleanupStats:
+    """What a policy did.
+
+    Attributes:
+        calls: Times the policy was asked (once per step for :func:`every`).
+        cleanups: Times it actually cleaned.
+        seconds: Wall-clock seconds spent cleaning (``time.perf_counter``).
+    """
+
+    calls: int = 0
+    cleanups: int = 0
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data."""
+        return {"calls": self.calls, "cleanups": self.cleanups, "seconds": self.seconds}
+
+
+def _torch_cuda_ready() -> Any:
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch
+    return None
+
+
+def _clean(*, empty_cache: bool, gc_collect: bool, reset: bool = False) -> None:
+    if gc_collect:
+        gc.collect()
+    torch = _torch_cuda_ready()
+    if torch is None:
+        return
+    if empty_cache:
+        torch.cuda.empty_cache()
+    if reset:
+        torch.cuda.ipc_collect()
+        torch.cuda.reset_peak_memory_stats()
+
+
+class CleanupPolicy:
+    """Base of the policies: runs a cleanup, times it, counts it and reports it.
+
+    Args:
+        source: Name used in events (``"cleanup.every"``).
+        empty_cache: Return cached CUDA blocks to the driver when cleaning.
+        gc_collect: Run a full ``gc.collect()`` when cleaning.
+        on_event: Called with a ``"cleanup"`` event after each cleanup.
+    """
+
+    def __init__(
+        self,
+        source: str,
+        *,
+        empty_cache: bool = True,
+        gc_collect: bool = False,
+        on_event: EventSink | None = None,
+    ) -> None:
+        self.source = source
+        self.empty_cache = empty_cache
+        self.gc_collect = gc_collect
+        self.on_event = on_event
+        self.stats = CleanupStats()
+        self.events: list[MemoryEvent] = []
+
+    def _run(self, reason: str, step: int | None, reset: bool = False, **data: Any) -> float:
+        start = time.perf_counter()
+        _clean(empty_cache=self.empty_cache, gc_collect=self.gc_collect, reset=reset)
+        seconds = time.perf_counter() - start
+        self.stats.cleanups += 1
+        self.stats.seconds += seconds
+        data.update(seconds=seconds, empty_cache=self.empty_cache, gc_collect=self.gc_collect)
+        event = MemoryEvent("cleanup", step, self.source, reason, data)
+        self.events.append(event)
+        emit(self.on_event, event)
+        return seconds
+
+
+class Every(CleanupPolicy):
+    """Clean every ``n``-th call. Made by :func:`every`."""
+
+    def __init__(
+        self,
+        n: int,
+        *,
+        empty_cache: bool = True,
+        gc_collect: bool = False,
+        reset: bool = False,
+        on_event: EventSink | None = None,
+    ) -> None:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(
+                f"every(n) needs a positive whole number of steps, not {n!r}",
+                key_path="n",
+                hint="e.g. memfit.cleanup.every(10)",
+            )
+        super().__init__(
+            "cleanup.every", empty_cache=empty_cache, gc_collect=gc_collect, on_event=on_event
+        )
+        self.n = n
+        self.reset = reset
+
+    def __call__(self) -> bool:
+        """Count one step; clean when it is the ``n``-th. Returns whether it cleaned."""
+        self.stats.calls += 1
+        if self.stats.calls % self.n:
+            return False
+        self._run(f"scheduled cleanup every {self.n} steps", self.stats.calls, reset=self.reset)
+        return True
+
+
+def every(
+    n: int,
+    *,
+    empty_cache: bool = True,
+    gc_collect: bool = False,
+    reset: bool = False,
+    on_event: EventSink | None = None,
+) -> Every:
+    """A policy that cleans on every ``n``-th call: ``policy()`` once per step.
+
+    Args:
+        n: Steps between cleanups.
+        empty_cache: Call ``torch.cuda.empty_cache()`` (when CUDA is initialised).
+        gc_collect: Call ``gc.collect()``.
+        reset: Also collect CUDA IPC handles and reset the peak statistics (a full reset).
+        on_event: Called with each cleanup's event.
+
+    Returns:
+        The policy; its ``stats`` say how often it cleaned and what it cost.
+
+    Raises:
+        ConfigError: When ``n`` is not a positive integer.
+
+    >>> policy = every(10, gc_collect=True)
+    >>> sum(policy() for _ in range(25)), policy.stats.calls
+    (2, 25)
+    """
+    return Every(n, empty_cache=empty_cache, gc_collect=gc_collect, reset=reset, on_event=on_event)
+
+
+@dataclass(frozen=True)
+class PressureReading:
+    """Memory now, as :class:`OnPressure` sees it (bytes; ``None`` where unknown).
+
+    Attributes:
+        total_bytes: What the device (or the simulated budget) offers.
+        free_bytes: What is still free.
+        reserved_bytes: Held by the caching allocator.
+        allocated_bytes: Held by live tensors.
+    """
+
+    total_bytes: int | None
+    free_bytes: int | None
+    reserved_bytes: int | None
+    allocated_bytes: int | None
+
+    @property
+    def free_fraction(self) -> float | None:
+        """``free / total``, or ``None``."""
+        if self.total_bytes is None or self.free_bytes is None or self.total_bytes == 0:
+            return None
+        return self.free_bytes / self.total_bytes
+
+    @property
+    def fragmentation(self) -> float | None:
+        """Reserved but unallocated, as a fraction of reserved; ``None`` when unknown."""
+        if self.reserved_bytes is None or self.allocated_bytes is None:
+            return None
+        if self.reserved_bytes == 0:
+            return 0.0
+        return (self.reserved_bytes - self.allocated_bytes) / self.reserved_bytes
+
+
+def read_pressure() -> PressureReading:
+    """Memory of the innermost :func:`memfit.simulate_gpu`, else of the current CUDA device.
+
+    Returns:
+        The reading; every field ``None`` when there is neither.
+    """
+    from memfit.runtime.simulate import active
+
+    gpu = active()
+    if gpu is not None and gpu.device_kind == "cpu":
+        allocated = gpu.allocated_bytes
+        return PressureReading(gpu.budget_bytes, gpu.free_bytes, allocated, allocated)
+    torch = _torch_cuda_ready()
+    if torch is None:
+        return PressureReading(None, None, None, None)
+    free, total = torch.cuda.mem_get_info()
+    return PressureReading(
+        int(total),
+        int(free),
+        int(torch.cuda.memory_reserved()),
+        int(torch.cuda.memory_allocated()),
+    )
+
+
+class OnPressure(CleanupPolicy):
+    """Clean only when memory is short or fragmented. Made by :func:`on_pressure`."""
+
+    def __init__(
+        self,
+        *,
+        min_free: float,
+        max_fragmentation: float,
+        gc_collect: bool,
+        on_event: EventSink | None,
+        read: Callable[[], PressureReading],
+    ) -> None:
+        super().__init__(
+            "cleanup.on_pressure", empty_cache=True, gc_collect=gc_collect, on_event=on_event
+        )
+        self.min_free = min_free
+        self.max_fragmentation = max_fragmentation
+        self.read = read
+
+    def __call__(self) -> bool:
+        """Read memory; clean if free memory or fragmentation crosses its threshold.
+
+        Returns:
+            Whether it cleaned.
+        """
+        self.stats.calls += 1
+        reading = self.read()
+        reasons: list[str] = []
+        free = reading.free_fraction
+        frag = reading.fragmentation
+        if free is not None and free < self.min_free:
+            reasons.append(f"free {free:.1%} < {self.min_free:.1%}")
+        if frag is not None and frag > self.max_fragmentation:
+            reasons.append(f"fragmentation {frag:.1%} > {self.max_fragmentation:.1%}")
+        if not reasons:
+            return False
+        self._run(
+            "memory pressure: " + ", ".join(reasons),
+            self.stats.calls,
+            free_bytes=reading.free_bytes,
+            total_bytes=reading.total_bytes,
+            reserved_bytes=reading.reserved_bytes,
+            allocated_bytes=reading.allocated_bytes,
+        )
+        return True
+
+
+def on_pressure(
+    min_free: float | str = 0.1,
+    max_fragmentation: float | str = 0.3,
+    *,
+    gc_collect: bool = False,
+    on_event: EventSink | None = None,
+    read: Callable[[], PressureReading] | None = None,
+) -> OnPressure:
+    """The default policy: ``empty_cache`` only when memory is short or fragmented.
+
+    Args:
+        min_free: Clean when the free fraction of the device drops below this
+            (``0.1`` or ``"10%"``).
+        max_fragmentation: Clean when reserved-but-unallocated memory is more than this
+            fraction of reserved memory.
+        gc_collect: Also run ``gc.collect()`` when cleaning.
+        on_event: Called with each cleanup's event.
+        read: Where the figures come from (default :func:`read_pressure`).
+
+    Returns:
+        The policy: call it once per step; its ``stats`` say what it did and cost.
+
+    Raises:
+        ConfigError: When a threshold is not a fraction in ``[0, 1)``.
+    """
+    return OnPressure(
+        min_free=parse_fraction(min_free),
+        max_fragmentation=parse_fraction(max_fragmentation),
+        gc_collect=gc_collect,
+        on_event=on_event,
+        read=read or read_pressure,
+    )
+
+
+def after_call(
+    fn: Callable[P, R] | None = None,
+    *,
+    empty_cache: bool = True,
+    gc_collect: bool = False,
+    on_event: EventSink | None = None,
+) -> Any:
+    """Decorator: clean after each call of the function (even when it raises).
+
+    Use it bare (``@after_call``) or with options (``@after_call(gc_collect=True)``). The
+    wrapped function has a ``cleanup`` attribute, the :class:`CleanupPolicy` with its stats.
+
+    Args:
+        fn: The function (when used bare).
+        empty_cache: Call ``torch.cuda.empty_cache()`` after each call.
+        gc_collect: Call ``gc.collect()`` after each call.
+        on_event: Called with each cleanup's event.
+
+    Returns:
+        The wrapped function, or a decorator when ``fn`` is not given.
+
+    >>> @after_call
+    ... def fetch(i):
+    ...     return i * 2
+    >>> fetch(3), fetch.cleanup.stats.cleanups
+    (6, 1)
+    """
+
+    def decorate(func: Callable[P, R]) -> Callable[P, R]:
+        policy = CleanupPolicy(
+            f"cleanup.after_call({getattr(func, '__qualname__', 'function')})",
+            empty_cache=empty_cache,
+            gc_collect=gc_collect,
+            on_event=on_event,
+        )
+
+        @functools.wraps(func)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            policy.stats.calls += 1
+            try:
+                return func(*args, **kwargs)
+            finally:
+                policy._run("cleanup after call", policy.stats.calls)
+
+        wrapper.cleanup = policy  # type: ignore[attr-defined]
+        return wrapper
+
+    if fn is not None:
+        return decorate(fn)
+    return decorate
+
+
+class _FullReset(CleanupPolicy):
+    def __call__(self, *, on_event: EventSink | None = None) -> float:
+        """Run ``gc.collect()``, ``empty_cache()``, ``ipc_collect()`` and reset the peaks.
+
+        Args:
+            on_event: Also send this reset's event here (besides the policy's sink).
+
+        Returns:
+            Seconds it took.
+        """
+        self.stats.calls += 1
+        seconds = self._run("full reset", self.stats.calls, reset=True)
+        if on_event is not None:
+            on_event(self.events[-1])
+        return seconds
+
+
+#: ``memfit.cleanup.full_reset()``: a full cleanup now; ``full_reset.stats`` counts them all.
+full_reset = _FullReset("cleanup.full_reset", empty_cache=True, gc_collect=True)

@@ -1,0 +1,232 @@
+"""TrainGuard for a jitted JAX step (public as ``memfit.jax.TrainGuard``).
+
+JAX reports an out-of-memory as a runtime error whose message starts with
+``RESOURCE_EXHAUSTED`` (when XLA cannot place the step's buffers, at compile or at run time).
+JAX has no allocator cache to empty: the memory of a failed call is its live temporaries,
+freed when nothing references them. So on ``RESOURCE_EXHAUSTED`` the guard clears the
+exception's traceback frames and chained exceptions (which hold the failed call's arrays),
+collects young garbage, and climbs the same ladder as the PyTorch guard: retry once, then a
+micro-batched step with 2, 4, ... chunks, up to ``max_splits``, then
+:class:`memfit.OutOfMemory`.
+
+The micro-batched step is one jitted function per split count: the batch (a pytree of arrays
+whose leading dimension is the batch) is reshaped to ``(splits, n // splits, ...)`` and
+``jax.lax.scan`` runs ``value_and_grad(loss_fn)`` chunk by chunk, adding each chunk's
+gradient weighted by its share of the items (or of ``count_fn``), so the update uses the
+full-batch gradient. Split counts are divisors of the batch size (the ladder moves to the
+next divisor), so every chunk has the same shape and each split count compiles once.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+from typing import Any
+
+from memfit.errors import ConfigError, OutOfMemory
+from memfit.runtime.events import EventSink, MemoryEvent, emit
+from memfit.runtime.oom import forget_exception, is_oom
+
+__all__ = ["TrainGuard", "next_divisor"]
+
+LossFn = Callable[[Any, Any], Any]
+UpdateFn = Callable[[Any, Any, Any], tuple[Any, Any]]
+
+
+def next_divisor(n: int, at_least: int) -> int:
+    """The smallest divisor of ``n`` that is at least ``at_least`` (``n`` when none smaller).
+
+    >>> next_divisor(12, 5), next_divisor(12, 1), next_divisor(7, 2)
+    (6, 1, 7)
+    """
+    for d in range(max(1, at_least), n + 1):
+        if n % d == 0:
+            return d
+    return n
+
+
+class TrainGuard:
+    """Run jitted JAX training steps that survive ``RESOURCE_EXHAUSTED``.
+
+    Args:
+        loss_fn: ``loss_fn(params, batch) -> scalar``: the *mean* loss over the batch.
+        update_fn: ``update_fn(params, opt_state, grads) -> (params, opt_state)``, e.g.
+            ``optax``'s ``tx.update`` followed by ``optax.apply_updates``. Traced inside the
+            step, so it must be jittable.
+        count_fn: ``count_fn(batch) -> scalar``: what the mean is over (e.g. tokens);
+            default: the leading dimension. Traced inside the step.
+        max_splits: Most chunks per step before giving up.
+        on_event: Called with every :class:`~memfit.runtime.events.MemoryEvent`.
+        grow_back_after: Clean steps after which the number of chunks is halved again.
+
+    Raises:
+        ConfigError: When ``max_splits`` or ``grow_back_after`` is not a positive integer.
+
+    Attributes:
+        splits: Chunks per step now.
+        events: What happened, in order.
+        steps: Steps completed.
+        traces: How many times the step was traced (compiled), by split count.
+    """
+
+    source = "memfit.jax.TrainGuard"
+
+    def __init__(
+        self,
+        loss_fn: LossFn,
+        update_fn: UpdateFn,
+        *,
+        count_fn: Callable[[Any], Any] | None = None,
+        max_splits: int = 64,
+        on_event: EventSink | None = None,
+        grow_back_after: int = 50,
+    ) -> None:
+        for name, value in (("max_splits", max_splits), ("grow_back_after", grow_back_after)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(
+                    f"{name} must be a positive integer, not {value!r}", key_path=name
+                )
+        self.loss_fn = loss_fn
+        self.update_fn = update_fn
+        self.count_fn = count_fn
+        self.max_splits = max_splits
+        self.on_event = on_event
+        self.grow_back_after = grow_back_after
+        self.splits = 1
+        self.steps = 0
+        self.events: list[MemoryEvent] = []
+        self.traces: dict[int, int] = {}
+        self._compiled: dict[int, Callable[[Any, Any, Any], tuple[Any, Any, Any]]] = {}
+        self._clean_steps = 0
+
+    def _event(self, kind: str, message: str, **data: Any) -> None:
+        event = MemoryEvent(kind, self.steps, self.source, message, dict(data))
+        self.events.append(event)
+        emit(self.on_event, event)
+
+    def step_fn(self, splits: int) -> Callable[[Any, Any, Any], tuple[Any, Any, Any]]:
+        """The jitted step for ``splits`` chunks (built and cached on first use).
+
+        Args:
+            splits: Chunks per step; must divide the batch size of the batches it gets.
+
+        Returns:
+            ``step(params, opt_state, batch) -> (params, opt_state, loss)``.
+        """
+        cached = self._compiled.get(splits)
+        if cached is not None:
+            return cached
+        import jax
+        import jax.numpy as jnp
+
+        loss_fn, update_fn, count_fn = self.loss_fn, self.update_fn, self.count_fn
+        value_and_grad = jax.value_and_grad(loss_fn)
+
+        def step(params: Any, opt_state: Any, batch: Any) -> tuple[Any, Any, Any]:
+            self.traces[splits] = self.traces.get(splits, 0) + 1  # runs once per trace
+            if splits == 1:
+                loss, grads = value_and_grad(params, batch)
+            else:
+                n = jax.tree_util.tree_leaves(batch)[0].shape[0]
+                chunks = jax.tree_util.tree_map(
+                    lambda x: x.reshape((splits, n // splits, *x.shape[1:])), batch
+                )
+                total = count_fn(batch) if count_fn is not None else n
+
+                def body(carry: Any, chunk: Any) -> tuple[Any, None]:
+                    grad_acc, loss_acc = carry
+                    chunk_loss, chunk_grads = value_and_grad(params, chunk)
+                    count = count_fn(chunk) if count_fn is not None else n // splits
+                    weight = count / total
+                    grad_acc = jax.tree_util.tree_map(
+                        lambda a, g: a + weight * g, grad_acc, chunk_grads
+                    )
+                    return (grad_acc, loss_acc + weight * chunk_loss), None
+
+                zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
+                init = (zeros, jnp.zeros((), dtype=jnp.result_type(float)))
+                (grads, loss), _ = jax.lax.scan(body, init, chunks)
+            params, opt_state = update_fn(params, opt_state, grads)
+            return params, opt_state, loss
+
+        compiled: Callable[[Any, Any, Any], tuple[Any, Any, Any]] = jax.jit(step)
+        self._compiled[splits] = compiled
+        return compiled
+
+    def __call__(self, params: Any, opt_state: Any, batch: Any) -> tuple[Any, Any, float]:
+        """One step: ``(params, opt_state, batch) -> (params, opt_state, loss)``.
+
+        Args:
+            params: The parameters (a pytree of arrays).
+            opt_state: The optimizer state.
+            batch: A pytree of arrays sharing their leading (batch) dimension.
+
+        Returns:
+            New parameters, new optimizer state, and the batch's mean loss.
+
+        Raises:
+            OutOfMemory: When ``max_splits`` chunks (or chunks of one item) still exhaust
+                the device.
+            ConfigError: When the batch has no array, or its arrays disagree on the
+                leading dimension.
+        """
+        import jax
+
+        leaves = jax.tree_util.tree_leaves(batch)
+        sizes = {int(x.shape[0]) for x in leaves if getattr(x, "ndim", 0) >= 1}
+        if len(sizes) != 1:
+            raise ConfigError(
+                "the batch's arrays must share one leading dimension, found "
+                f"{sorted(sizes) or 'none'}",
+                key_path="batch",
+            )
+        n = sizes.pop()
+        splits = next_divisor(n, min(self.splits, n))
+        first = splits
+        tried: list[str] = []
+        retried = False
+        while True:
+            message: str | None = None
+            try:
+                new_params, new_state, loss = self.step_fn(splits)(params, opt_state, batch)
+                loss_value = float(loss)
+            except Exception as exc:
+                if not is_oom(exc):
+                    raise
+                message = forget_exception(exc)
+            if message is None:
+                break
+            gc.collect(1)  # out of the except block: the failed call's arrays can go
+            self._event(
+                "oom",
+                "RESOURCE_EXHAUSTED in the jitted step",
+                splits=splits,
+                error=message.splitlines()[0],
+            )
+            larger = next_divisor(n, splits * 2)
+            if not retried:
+                retried = True
+                tried.append(f"retry x{splits}")
+                self._event("retry", f"retrying with {splits} chunk(s)", splits=splits)
+            elif splits < n and larger <= self.max_splits:
+                splits = larger
+                tried.append(f"split x{splits}")
+                self._event("split", f"micro-batched step with {splits} chunks", splits=splits)
+            else:
+                self._event("give_up", "out of memory after " + ", ".join(tried), tried=tried)
+                raise OutOfMemory(
+                    f"RESOURCE_EXHAUSTED at step {self.steps} even after {', '.join(tried)}: "
+                    f"{message.splitlines()[0]}",
+                    tried=tried,
+                    hint=f"a chunk of {n // splits} item(s) does not fit: shrink the model or "
+                    "the item, raise max_splits, or use a device with more memory",
+                )
+        self.steps += 1
+        self.splits = splits
+        self._clean_steps = 0 if splits > first else self._clean_steps + 1
+        if self.splits > 1 and self._clean_steps >= self.grow_back_after:
+            previous = self.splits
+            self.splits = max(1, self.splits // 2)
+            self._clean_steps = 0
+            self._event("grow_back", f"chunks {previous} -> {self.splits}", splits=self.splits)
+        return new_params, new_state, loss_value

@@ -1,0 +1,183 @@
+"""``memfit plan``, ``memfit check`` and ``memfit examples`` through the CLI entry point."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from memfit.cli.main import main
+
+PLAN_FIELDS = [
+    "gpu",
+    "budget_bytes",
+    "predicted_bytes",
+    "fits",
+    "knobs",
+    "breakdown",
+    "binding",
+    "alternatives",
+]
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_plan_human_output(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "plan", "dqn_fire_raster", "--gpu", "RTX 4070")
+    assert code == 0, err
+    assert "replay_buffer" in out
+    assert "Limited by: replay_buffer" in out
+    assert "buffer_size" in out
+    assert "PYTORCH_ALLOC_CONF=expandable_segments:True" in out
+
+
+def test_plan_json_is_exactly_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys, "plan", "brax_humanoid_ppo", "--gpu", "RTX 4070", "--margin", "10%", "--json"
+    )
+    assert code == 0
+    data = json.loads(out)
+    assert list(data) == PLAN_FIELDS
+    assert data["fits"] is True
+    assert sum(data["breakdown"].values()) == data["predicted_bytes"] <= data["budget_bytes"]
+    assert set(data["knobs"]) == {"num_envs", "unroll_length", "batch_size", "num_minibatches"}
+
+
+def test_plan_with_set_and_size(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys, "plan", "brax_humanoid_ppo", "--gpu", "24GiB", "--set", "num_envs=4096", "--json"
+    )
+    assert code == 0
+    assert json.loads(out)["knobs"]["num_envs"] == 4096
+
+
+def test_plan_write_fitted_yaml(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    target = tmp_path / "fitted.yaml"
+    code, _, err = run(capsys, "plan", "act_dual_camera", "--gpu", "8GiB", "--write", str(target))
+    assert code == 0
+    assert "Wrote" in err
+    fitted = yaml.safe_load(target.read_text())
+    assert fitted["workload"] == "act_dual_camera"
+    assert fitted["knobs"]["num_envs"] >= 1
+    assert fitted["environment"]["PYTORCH_ALLOC_CONF"] == "expandable_segments:True"
+
+
+def test_all_gpus_tier_table(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "plan", "dqn_fire_raster", "--all-gpus", "--json")
+    assert code == 0
+    data = json.loads(out)
+    plans = data["plans"]
+    assert len(plans) == 12
+    assert all(list(p)[:8] == PLAN_FIELDS for p in plans)
+    sizes = [p["knobs"]["buffer_size"] for p in plans if p["fits"]]
+    assert sizes and all(isinstance(s, int) for s in sizes)
+    code, out, _ = run(capsys, "plan", "dqn_fire_raster", "--all-gpus")
+    assert code == 0
+    assert "tier table" in out and "H100" in out
+
+
+def test_infeasible_plan_exits_1_with_error_and_hint(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "plan", "act_dual_camera", "--gpu", "600MiB")
+    assert code == 1
+    assert out == ""
+    assert "Error:" in err and "Hint:" in err
+    assert "Traceback" not in err
+    code, out, _ = run(capsys, "plan", "act_dual_camera", "--gpu", "600MiB", "--json")
+    assert code == 1
+    assert json.loads(out)["error"] == "InfeasiblePlan"
+
+
+def test_pinned_plan_that_does_not_fit_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(
+        capsys,
+        "plan",
+        "dqn_fire_raster",
+        "--gpu",
+        "3.7GB",
+        "--set",
+        "buffer_size=200000",
+        "--set",
+        "batch_size=64",
+    )
+    assert code == 1
+    assert "does not fit" in out
+    assert "Error:" in err and "replay_buffer" in err
+
+
+def test_plan_needs_a_gpu_choice(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "plan", "dqn_fire_raster")
+    assert code == 2
+    assert "--all-gpus" in err
+
+
+def test_unknown_gpu_and_unknown_knob(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "plan", "dqn_fire_raster", "--gpu", "RTX 9999 Super")
+    assert code == 1 and "Error:" in err and "Traceback" not in err
+    code, _, err = run(capsys, "plan", "dqn_fire_raster", "--gpu", "T4", "--set", "bufer_size=8")
+    assert code == 1
+    assert "did you mean 'buffer_size'?" in err
+
+
+def test_yaml_syntax_error_through_the_cli(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text("family: custom\nterms: {a: 1\nknobs: {}\n", encoding="utf-8")
+    code, _, err = run(capsys, "check", str(path))
+    assert code == 1
+    assert f"{path}:" in err.replace("\n", "")
+    assert "YAML syntax error" in err
+    assert "Traceback" not in err
+
+
+def test_unknown_key_and_wrong_type_through_the_cli(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "w.yaml"
+    path.write_text("family: custom\nterms: {a: 1}\nknbos: {}\n", encoding="utf-8")
+    code, _, err = run(capsys, "plan", str(path), "--gpu", "T4")
+    assert code == 1
+    assert "did you mean 'knobs'?" in err
+    path.write_text(
+        "family: custom\nterms: {a: 1}\nknobs:\n  n: {min: one, max: 4}\n", encoding="utf-8"
+    )
+    code, _, err = run(capsys, "plan", str(path), "--gpu", "T4")
+    assert code == 1
+    assert "knobs.n.min" in err
+    assert "Traceback" not in err
+
+
+def test_check_reports_the_nearest_fixes(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--set", "num_envs=512", "--set", "batch_size=128", "--set", "num_minibatches=2"]
+    code, out, err = run(capsys, "check", "brax_humanoid_ppo", *args)
+    assert code == 1
+    assert "num_minibatches=4" in out and "batch_size=256" in out
+    assert "Hint: try --set num_minibatches=4" in err
+    code, out, _ = run(capsys, "check", "brax_humanoid_ppo", *args, "--json")
+    assert code == 1
+    data = json.loads(out)
+    assert data["ok"] is False
+    assert data["violations"][0]["suggestions"][:2] == [
+        {"num_minibatches": 4},
+        {"batch_size": 256},
+    ]
+    code, out, _ = run(capsys, "check", "brax_humanoid_ppo")
+    assert code == 0
+    assert "every rule holds" in out
+
+
+def test_examples(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "examples", "--json")
+    assert code == 0
+    names = [e["name"] for e in json.loads(out)["examples"]]
+    assert any("ppo" in n for n in names)
+    assert any("dqn" in n for n in names)
+    assert any("act" in n for n in names)
+    code, out, _ = run(capsys, "examples")
+    assert code == 0 and "dqn_fire_raster" in out

@@ -1,0 +1,68 @@
+"""Oracle tests on a CUDA GPU: the fake-tensor trace against torch.cuda's own peak counters.
+
+Skipped without CUDA (tests/conftest.py marks everything here ``gpu``). Each real run happens
+in a fresh subprocess so cuBLAS handles and cached blocks of one run do not leak into the next.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ACCURACY = ROOT / "bench" / "accuracy.py"
+
+CASES = [
+    ("ppo_mlp_small", 4096),
+    ("dqn_cnn_84", 128),
+    ("bn_convnet", 128),
+    ("checkpointed_mlp", 1024),
+    ("gpt_small", 8),
+    ("resnet18_224", 32),
+]
+
+
+def _real(kind: str, name: str, batch: int) -> dict[str, int]:
+    proc = subprocess.run(
+        [sys.executable, str(ACCURACY), "--child", kind, name, str(batch)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    data: dict[str, int] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return data
+
+
+def _workloads():  # type: ignore[no-untyped-def]
+    sys.path.insert(0, str(ROOT / "bench"))
+    import estimate_workloads
+
+    return estimate_workloads
+
+
+@pytest.mark.parametrize(("name", "batch"), CASES)
+def test_allocated_and_reserved_peaks_match_cuda(name: str, batch: int) -> None:
+    from memfit.estimate.torch_trace import estimate_torch
+
+    factory, _ = _workloads().TORCH_WORKLOADS[name]
+    step = factory()
+    est = estimate_torch(step.build, step.step, step.make_batch, [batch])
+    assert est.device == "cuda"
+    point = est.points[0]
+    real = _real("torch", name, batch)
+    assert point.allocated_peak == pytest.approx(real["max_allocated"], rel=0.08)
+    assert point.reserved_peak == pytest.approx(real["max_reserved"], rel=0.10)
+
+
+def test_jax_compiled_peak_matches_peak_bytes_in_use() -> None:
+    from memfit.estimate.jax_xla import estimate_jax
+
+    factory, sizes = _workloads().JAX_WORKLOADS["jax_ppo_update"]
+    step = factory()
+    est = estimate_jax(step.fn, *step.make_args(sizes[1]))
+    real = _real("jax", "jax_ppo_update", sizes[1])
+    assert est.executable_peak_bytes == pytest.approx(real["peak_bytes_in_use"], rel=0.10)
