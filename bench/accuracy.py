@@ -162,15 +162,23 @@ def _mib(x: int | None) -> str:
 def run_gpu() -> tuple[list[dict[str, Any]], dict[str, Any]]:
     import torch
 
+    from memfit.core.catalog import gpu as lookup_gpu
+    from memfit.errors import ConfigError
     from memfit.estimate.jax_xla import estimate_jax
     from memfit.estimate.torch_trace import estimate_torch
 
     gpu_name = torch.cuda.get_device_name(0)
+    try:
+        gpu_arg: str | None = lookup_gpu(gpu_name).name
+    except ConfigError:
+        gpu_arg = None  # unknown to the catalog: default context and workspace figures
     rows: list[dict[str, Any]] = []
     for name, (factory, sizes) in W.TORCH_WORKLOADS.items():
         for batch in sizes:
             step = factory()
-            point = estimate_torch(step.build, step.step, step.make_batch, [batch]).points[0]
+            point = estimate_torch(
+                step.build, step.step, step.make_batch, [batch], gpu=gpu_arg
+            ).points[0]
             real = _child("torch", name, batch)
             row = {
                 "workload": name,

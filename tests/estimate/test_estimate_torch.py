@@ -204,6 +204,15 @@ def test_custom_op_without_fake_kernel_is_named_in_the_error() -> None:
     assert info.value.hint is not None and "register_fake" in info.value.hint
 
 
+def test_an_exception_in_the_users_step_is_an_estimate_error() -> None:
+    def step(model: Any, opt: Any, batch: Any) -> None:
+        raise ValueError("shape mismatch in my loss")
+
+    with pytest.raises(EstimateError, match="ValueError: shape mismatch in my loss") as info:
+        estimate_torch(_one_linear, step, lambda b: torch.randn(b, 8), [4])
+    assert isinstance(info.value.__cause__, ValueError)
+
+
 def test_bad_inputs_are_config_errors() -> None:
     with pytest.raises(ConfigError, match="positive integer"):
         estimate_torch(_one_linear, lambda m, o, b: None, lambda b: b, [0])

@@ -12,7 +12,6 @@ afterwards (host copies of their ``state_dict``). On a machine without a GPU,
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,15 +25,11 @@ from memfit.units import format_bytes, parse_bytes, parse_fraction
 
 if TYPE_CHECKING:
     from memfit.core.workload import Workload
-    from memfit.estimate import TorchStep
-    from memfit.estimate.torch_trace import TorchEstimate
 
 __all__ = ["fit_command", "register"]
 
 #: Largest value searched when neither the workload nor ``--high`` bounds the knob.
 DEFAULT_HIGH = 65536
-#: Largest batch the first trace for the prior runs at (fake tensors: time, not memory).
-_FIRST_TRACE_MAX = 1024
 
 
 def _needs_budget() -> ConfigError:
@@ -98,45 +93,6 @@ def _device(text: str) -> str:
     raise ConfigError(
         f"unknown device {text!r}", key_path="--device", hint="use cpu (simulated) or cuda:N"
     )
-
-
-def _trace_prior(
-    step: TorchStep, low: int, high: int, budget: int, margin: float, device: str
-) -> TorchEstimate | None:
-    """Trace the step with fake tensors; trace again near the predicted answer if needed.
-
-    A step's peak is often the optimizer update at small batches and the activations at
-    large ones, so a line fitted far from the answer can be far off; the second trace puts
-    its points where the first one says the answer lies.
-    """
-    from memfit.estimate.bridge import knob_trace_values
-    from memfit.estimate.torch_trace import estimate_torch
-
-    trace_device = "cuda" if device.startswith("cuda") else "cpu"
-
-    def trace(sizes: list[int]) -> TorchEstimate:
-        return estimate_torch(
-            step.build,
-            step.step,
-            step.make_batch,
-            sizes,
-            device=trace_device,
-            batch_knob=step.batch_knob,
-        )
-
-    sizes = knob_trace_values(low, min(high, max(low, _FIRST_TRACE_MAX)))
-    estimate = trace(sizes)
-    if estimate.fit is None or estimate.fit.slope <= 0:
-        return None
-    target = budget * (1.0 - margin)
-    predicted = (target - estimate.fit.intercept) / estimate.fit.slope
-    if not math.isfinite(predicted) or predicted < low:
-        return estimate
-    answer = min(high, int(predicted))
-    near = sorted({max(low, answer // 2), max(low, (3 * answer) // 4), max(low, answer)})
-    if near[-1] <= max(sizes) and near[0] >= min(sizes):
-        return estimate
-    return trace(near)
 
 
 def _host_copy(obj: Any) -> Any:
@@ -246,7 +202,7 @@ def fit_command(
 
     import torch
 
-    from memfit.runtime.fit import fit
+    from memfit.runtime.fit import fit, trace_prior
     from memfit.runtime.simulate import SimulatedGpu, simulate_gpu
 
     if dev == "cpu":
@@ -272,7 +228,9 @@ def fit_command(
     if not no_prior:
         # Before the simulated GPU starts counting: fake tensors occupy no device memory.
         err_console.print(f"tracing {spec} with fake tensors for a first guess ...")
-        prior = _trace_prior(step, lo, hi, search_budget, margin_value, dev)
+        prior = trace_prior(
+            step, low=lo, high=hi, budget=search_budget, margin=margin_value, device=dev
+        )
 
     with contextlib.ExitStack() as stack:
         sim: SimulatedGpu | None = None

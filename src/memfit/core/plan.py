@@ -274,7 +274,7 @@ class _Space:
                         key_path="knobs",
                         hint="narrow the knob ranges, or pin some knobs with --set",
                     )
-                if self.resolve(config, limit) is not None and self.rules_hold(self.values(config)):
+                if self.resolve(config, limit) is not None and self.valid(config):
                     found.append((self.rank(config), config))
                 return
             for value in domains[depth]:
@@ -298,7 +298,7 @@ class _Space:
         def walk(depth: int, prefix: list[int]) -> None:
             if depth == len(order):
                 config = tuple(prefix)
-                if not self.rules_hold(self.values(config)):
+                if not self.valid(config):
                     return
                 ev = self.smallest_eval(config)
                 size = ev.evaluation.reserved_bytes

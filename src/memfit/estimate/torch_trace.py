@@ -39,7 +39,7 @@ from torch.utils._pytree import tree_flatten
 
 from memfit.core.allocator import AllocatorModel, round_size
 from memfit.core.measured import MeasuredTerms
-from memfit.errors import ConfigError, EstimateError
+from memfit.errors import ConfigError, EstimateError, MemfitError
 from memfit.units import format_bytes
 
 __all__ = [
@@ -570,18 +570,30 @@ def _run_trace(
         text = str(exc)
         match = _NO_FAKE_RE.search(text)
         if match is None and "doesn't have storage" not in text:
-            raise
+            raise _step_failed(exc) from exc
         op = match.group(1) if match is not None else "an operator that reads tensor data"
         raise EstimateError(
             f"operator {op} has no fake (meta) kernel, so it cannot be traced",
             hint=_UNSUPPORTED_HINT,
         ) from exc
+    except MemfitError:
+        raise
+    except Exception as exc:  # the user's code failed; say so instead of an internal error
+        raise _step_failed(exc) from exc
     finally:
         for handle in hook_handles:
             handle.remove()
         trace.closed = True
         trace.refs.clear()
     return trace
+
+
+def _step_failed(exc: BaseException) -> EstimateError:
+    return EstimateError(
+        f"the step failed under the fake-tensor trace: {type(exc).__name__}: {exc}",
+        hint="check that build/make_batch/step run as they are on this machine; rerun with "
+        "--debug (or read the chained exception) for the traceback",
+    )
 
 
 def _tag_grad(trace: _Trace, param: torch.Tensor) -> None:
@@ -692,7 +704,7 @@ def estimate_torch(
         ConfigError: When the batch sizes, the device, ``steps``, ``max_split_size`` or
             ``build``'s return value are invalid, or the GPU name is unknown.
         EstimateError: When the step calls an op fake tensors cannot run (data-dependent
-            output, no fake kernel); the message names the op.
+            output, no fake kernel; the message names the op), or the user's code raises.
     """
     sizes = _check_batch_sizes(batch_sizes)
 

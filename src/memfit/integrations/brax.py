@@ -512,21 +512,17 @@ def plan_ppo(
         local_device_count, process_count, brax_args.get("max_devices_per_host")
     )
     pinned = {k: int(brax_args[k]) for k in _KNOBS if k in brax_args}
-    if len(pinned) == len(_KNOBS):
-        check_ppo(local_device_count=devices, process_count=1, **brax_args)
-    else:
-        non_knobs = {k: v for k, v in brax_args.items() if k not in _KNOBS}
-        problems = [
-            p
-            for p in ppo_violations(local_device_count=devices, process_count=1, **non_knobs)
-            if not p.rule.startswith(("batch_size", "num_envs"))
-        ]
-        if problems:
-            raise ConfigError(
-                "Brax PPO would reject these arguments: " + "; ".join(p.message for p in problems),
-                key_path="ppo",
-                hint="; ".join(p.describe() for p in problems),
-            )
+    # planning needs no episode length: check that rule only when the caller wraps the env
+    checked = brax_args if "episode_length" in brax_args else {"wrap_env": False, **brax_args}
+    problems = ppo_violations(local_device_count=devices, process_count=1, **checked)
+    if len(pinned) < len(_KNOBS):  # the planner keeps the divisibility rules for the rest
+        problems = [p for p in problems if not p.rule.startswith(("batch_size *", "num_envs %"))]
+    if problems:
+        raise ConfigError(
+            "Brax PPO would reject these arguments: " + "; ".join(p.message for p in problems),
+            key_path="ppo." + problems[0].rule.split()[0],
+            hint="; ".join(p.describe() for p in problems),
+        )
     require("jax")
     workload = ppo_workload(
         observation_size=_observation_size(env),

@@ -34,7 +34,7 @@ import traceback
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from memfit.core.measured import MeasuredTerms
 from memfit.core.search import (
@@ -51,7 +51,14 @@ from memfit.errors import BackendUnavailable, ConfigError, InfeasiblePlan
 from memfit.runtime.oom import is_oom
 from memfit.units import format_bytes, parse_bytes
 
-__all__ = ["FitResult", "Prior", "Probe", "fit", "prior_from"]
+__all__ = ["FitResult", "Prior", "Probe", "fit", "prior_from", "trace_prior"]
+
+if TYPE_CHECKING:
+    from memfit.estimate import TorchStep
+    from memfit.estimate.torch_trace import TorchEstimate
+
+#: Largest batch the first trace for a prior runs at (fake tensors: it costs time, not memory).
+FIRST_TRACE_MAX = 1024
 
 #: Probes :func:`fit` runs at most before it returns the best confirmed value.
 DEFAULT_MAX_PROBES = 16
@@ -377,6 +384,68 @@ def prior_from(prior: Any, *, knob: str | None = None, reserved: bool = False) -
         key_path="prior",
         hint="pass a TorchEstimate, JaxEstimate, MeasuredTerms, Plan, Prior or an int",
     )
+
+
+def trace_prior(
+    step: TorchStep,
+    *,
+    low: int,
+    high: int,
+    budget: int,
+    margin: float = 0.05,
+    device: str = "cpu",
+) -> TorchEstimate | None:
+    """Trace a PyTorch step with fake tensors for a prior; again near the answer if needed.
+
+    A step's peak is often the optimizer update at small batches and the activations at
+    large ones, so a line fitted far from the answer can be far off. The first trace spans
+    ``low`` to ``min(high, 1024)``; when its line puts the answer outside the traced span,
+    a second trace is taken at a half, three quarters and all of that answer.
+
+    Args:
+        step: The :class:`memfit.estimate.TorchStep`.
+        low: The smallest knob value.
+        high: The largest knob value.
+        budget: The budget the fit will run under (bytes).
+        margin: The fraction of the budget to leave free.
+        device: Where the probes will run: ``"cpu"`` (traced on the CPU) or ``"cuda[:N]"``
+            (traced on the fake CUDA device).
+
+    Returns:
+        The estimate to pass as ``prior=``, or ``None`` when the trace finds no memory that
+        grows with the knob.
+
+    Raises:
+        EstimateError: When the step cannot be traced (an op without a fake kernel, a
+            data-dependent shape); the message names the op.
+    """
+    from memfit.estimate.bridge import knob_trace_values
+    from memfit.estimate.torch_trace import estimate_torch
+
+    trace_device = "cuda" if device.startswith("cuda") else "cpu"
+
+    def trace(sizes: list[int]) -> TorchEstimate:
+        return estimate_torch(
+            step.build,
+            step.step,
+            step.make_batch,
+            sizes,
+            device=trace_device,
+            batch_knob=step.batch_knob,
+        )
+
+    sizes = knob_trace_values(low, min(high, max(low, FIRST_TRACE_MAX)))
+    estimate = trace(sizes)
+    if estimate.fit is None or estimate.fit.slope <= 0:
+        return None
+    predicted = (budget * (1.0 - margin) - estimate.fit.intercept) / estimate.fit.slope
+    if not math.isfinite(predicted) or predicted < low:
+        return estimate
+    answer = min(high, int(predicted))
+    near = sorted({max(low, answer // 2), max(low, (3 * answer) // 4), answer})
+    if near[-1] <= max(sizes) and near[0] >= min(sizes):
+        return estimate
+    return trace(near)
 
 
 def _uncertainty(residual: float | int | None, scale: float) -> float:

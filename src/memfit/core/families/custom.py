@@ -19,6 +19,15 @@ from memfit.units import parse_bytes
 __all__ = ["compile_terms", "terms"]
 
 
+def _size(text: str) -> int | None:
+    """The bytes a term written as a size gives (``"512MiB"``), or ``None`` when the text is
+    not a size (then it is an expression)."""
+    try:
+        return parse_bytes(text)
+    except ConfigError:
+        return None
+
+
 @functools.lru_cache(maxsize=256)
 def _parse(text: str, key_path: str) -> Expr:
     """Parse once per distinct text (the planner evaluates terms many times)."""
@@ -39,11 +48,10 @@ def compile_terms(workload: Workload) -> dict[str, int | Expr]:
         if isinstance(spec, int):
             out[name] = spec
             continue
-        try:
-            out[name] = parse_bytes(spec)
+        constant = _size(spec)
+        if constant is not None:
+            out[name] = constant
             continue
-        except ConfigError:
-            pass
         expr = _parse(spec, key_path)
         unknown = [n for n in expr.names if n not in known]
         if unknown:
