@@ -449,8 +449,8 @@ class TrainGuard:
             )
         self._ddp = model is not None and distributed.is_ddp(model)
         if self._ddp and model is not None:
-            broadcasts = bool(getattr(model, "broadcast_buffers", False))
-            if broadcasts and any(True for _ in model.buffers()):
+            will_sync = getattr(model, "will_sync_module_buffers", None)
+            if callable(will_sync) and will_sync():
                 raise ConfigError(
                     "the DDP model broadcasts its buffers in every forward; with micro-batches "
                     "the number of forwards can differ between ranks and they would hang",
