@@ -298,29 +298,61 @@ def accelerate_shrink(trial: Trial, *, starting_batch_size: int = 128, steps: in
 # -- truth -----------------------------------------------------------------------------------------
 
 
-def simulated_peaks(workload: Workload, top: int) -> list[int]:
-    """The peak of one step at every batch size 1..top (index = batch size; [0] unused)."""
-    with simulate_gpu(1 << 40) as gpu:
-        model, optimizer = workload.step.build()
-        trial = Trial(model, optimizer, workload.step, torch.device("cpu"))
-        trial.run(1, 1)  # optimizer state exists from here on, as in every method's probes
-        peaks = [0]
-        for value in range(1, top + 1):
-            model.zero_grad(set_to_none=True)
-            gc.collect()
-            gpu.reset_peak()
-            trial.run(value, 1)
-            peaks.append(int(gpu.peak_allocated_bytes))
-    return peaks
+class SimulatedCurve:
+    """Peaks of one step at given batch sizes on the simulated GPU, measured on demand.
 
+    Peaks there are deterministic (the simulated GPU counts the bytes of live storages), so
+    one measurement per batch size serves every budget and every method.
+    """
 
-def true_max(peaks: list[int], limit: float) -> int:
-    """The largest batch whose peak fits ``limit`` (exhaustive over the measured curve)."""
-    best = 0
-    for value in range(1, len(peaks)):
-        if peaks[value] <= limit:
-            best = value
-    return best
+    def __init__(self, workload: Workload) -> None:
+        self.workload = workload
+        self.peaks: dict[int, int] = {}
+
+    def peak(self, value: int) -> int:
+        return self.measure([value])[value]
+
+    def measure(self, values: list[int]) -> dict[int, int]:
+        """Peaks at ``values`` (one fresh model for all the ones not measured yet)."""
+        missing = [v for v in values if v not in self.peaks]
+        if missing:
+            with simulate_gpu(1 << 40) as gpu:
+                model, optimizer = self.workload.step.build()
+                trial = Trial(model, optimizer, self.workload.step, torch.device("cpu"))
+                trial.run(1, 1)  # optimizer state exists, as in every method's probes
+                for value in missing:
+                    model.zero_grad(set_to_none=True)
+                    gc.collect()
+                    gpu.reset_peak()
+                    trial.run(value, 1)
+                    self.peaks[value] = int(gpu.peak_allocated_bytes)
+        return {v: self.peaks[v] for v in values}
+
+    def true_max(self, limit: float) -> tuple[int, dict[str, Any]]:
+        """The largest batch whose peak fits ``limit``, and how it was established.
+
+        Bisection over 1..HIGH finds the boundary; then every batch size within 5% of it is
+        measured (exhaustive there), and batch sizes 1.1, 1.25, 1.5 and 2 times the boundary
+        are checked not to fit (the curve does not come back under the limit above it).
+        """
+        lo, hi = 0, HIGH
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.peak(mid) <= limit:
+                lo = mid
+            else:
+                hi = mid - 1
+        window = range(max(1, int(lo * 0.95)), min(HIGH, int(lo * 1.05) + 1) + 1)
+        spots = [v for v in (int(lo * f) for f in (1.1, 1.25, 1.5, 2.0)) if lo < v <= HIGH]
+        peaks = self.measure([*window, *spots])
+        best = max([v for v in window if peaks[v] <= limit], default=lo)
+        above_fits = [v for v in spots if peaks[v] <= limit]
+        return best, {
+            "bisection_boundary": lo,
+            "window": [window.start, window.stop - 1],
+            "spot_checks_above": spots,
+            "spot_checks_that_fit": above_fits,
+        }
 
 
 # -- one comparison --------------------------------------------------------------------------------
@@ -410,7 +442,7 @@ def _memfit(margin: float, prior: Any, steps: int = 2) -> Callable[[Trial], int]
 
 
 def compare(
-    workload: Workload, budget: int, cuda: bool, peaks: list[int] | None
+    workload: Workload, budget: int, cuda: bool, curve: SimulatedCurve | None
 ) -> list[dict[str, Any]]:
     t0 = time.perf_counter()
     prior0 = trace_prior(workload.step, low=1, high=HIGH, budget=budget, margin=0.0)
@@ -435,9 +467,9 @@ def compare(
         row["margin"] = margin
         if name.startswith("memfit (traced"):
             row["trace_seconds"] = trace_s
-        if peaks is not None:
-            row["true_max"] = true_max(peaks, budget * (1 - margin))
-            row["true_max_at_budget"] = true_max(peaks, budget)
+        if curve is not None:
+            row["true_max"], row["truth_how"] = curve.true_max(budget * (1 - margin))
+            row["true_max_at_budget"] = curve.true_max(budget)[0]
         else:
             row["true_max"] = row["true_max_at_budget"] = cuda_true_max(workload, budget, margin)
         truth = row["true_max"]
@@ -545,14 +577,10 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     for workload in WORKLOADS:
         budgets = workload.budgets[1:2] if args.quick else workload.budgets
-        peaks = None
-        if not args.cuda:
-            # Every method stays at or below HIGH; the curve only needs to reach past the
-            # largest answer, which doubling from the budget's per-item cost bounds.
-            top = _curve_top(workload, max(budgets))
-            peaks = simulated_peaks(workload, top)
+        curve = None if args.cuda else SimulatedCurve(workload)
         for budget in budgets:
-            rows.extend(compare(workload, budget, args.cuda, peaks))
+            print(f"{workload.name} at {format_bytes(budget)} ...", file=sys.stderr, flush=True)
+            rows.extend(compare(workload, budget, args.cuda, curve))
     mode = "CUDA" if args.cuda else "CPU, simulated GPU"
     machine = torch.cuda.get_device_name() if args.cuda else f"{platform.processor() or 'cpu'} CPU"
     meta = {
@@ -575,23 +603,6 @@ def main(argv: list[str] | None = None) -> int:
     (OUT / f"fit_search{suffix}.md").write_text(text)
     print(text)
     return 0
-
-
-def _curve_top(workload: Workload, budget: int) -> int:
-    """A batch size whose peak is past ``budget`` (so the curve covers every true maximum)."""
-    value = 64
-    with simulate_gpu(1 << 40) as gpu:
-        model, optimizer = workload.step.build()
-        trial = Trial(model, optimizer, workload.step, torch.device("cpu"))
-        trial.run(1, 1)
-        while value < HIGH:
-            model.zero_grad(set_to_none=True)
-            gpu.reset_peak()
-            trial.run(value, 1)
-            if gpu.peak_allocated_bytes > budget:
-                break
-            value *= 2
-    return min(HIGH, value)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,15 @@ from typing import Any
 from memfit.errors import ConfigError
 from memfit.runtime.oom import in_no_alloc_section
 
-__all__ = ["PHASES", "InjectedOom", "inject_oom"]
+__all__ = ["PHASES", "InjectedOom", "chaos_active", "inject_oom"]
+
+_ACTIVE = [0]
+
+
+def chaos_active() -> bool:
+    """Whether an :func:`inject_oom` context is active (TrainGuard then always snapshots)."""
+    return _ACTIVE[0] > 0
+
 
 # Operator namespaces that never allocate tensor memory (profiler bookkeeping).
 _NEVER = frozenset({"profiler"})
@@ -178,9 +186,11 @@ def inject_oom(
 
     pre_handle = register_optimizer_step_pre_hook(_pre)
     post_handle = register_optimizer_step_post_hook(_post)
+    _ACTIVE[0] += 1
     try:
         with _InjectMode():  # type: ignore[no-untyped-call]
             yield record
     finally:
+        _ACTIVE[0] -= 1
         pre_handle.remove()
         post_handle.remove()

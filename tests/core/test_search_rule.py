@@ -157,9 +157,7 @@ def test_multiple_of_and_constraint_are_kept() -> None:
     def even_hundreds(v: int) -> bool:
         return v % 100 != 0
 
-    history = drive(
-        device, low=8, high=4096, margin=0.05, multiple_of=8, constraint=even_hundreds
-    )
+    history = drive(device, low=8, high=4096, margin=0.05, multiple_of=8, constraint=even_hundreds)
     best = best_probe(history, budget=device.budget, margin=0.05)
     truth = device.true_max(
         low=8, high=4096, margin=0.05, valid=lambda v: v % 8 == 0 and even_hundreds(v)
@@ -247,3 +245,12 @@ def test_secant_brackets_the_target_when_it_can() -> None:
     assert model is not None
     assert model.slope_bytes == pytest.approx(20.0)
     assert model.peak_bytes(50) == pytest.approx(600)
+
+
+def test_module_doctest_runs() -> None:
+    import doctest
+
+    import memfit.core.search as search
+
+    result = doctest.testmod(search)
+    assert result.attempted > 0 and result.failed == 0

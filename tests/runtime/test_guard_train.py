@@ -283,11 +283,11 @@ def test_oom_in_optimizer_without_snapshot_stops_clearly() -> None:
     model = _model()
     opt = _optimizer("sgd", model)
     guard = TrainGuard(
-        opt, lambda b: nn.functional.mse_loss(model(b[0]), b[1]), snapshot_optimizer=False
+        opt, lambda b: nn.functional.mse_loss(model(b[0]), b[1]), snapshot_optimizer="never"
     )
     with (
         inject_oom(1.0, seed=0, where=("optimizer",)),
-        pytest.raises(OutOfMemory, match=r"could not be undone \(snapshot_optimizer=False\)"),
+        pytest.raises(OutOfMemory, match=r"could not be undone \(snapshot_optimizer='never'\)"),
     ):
         guard((torch.randn(4, 16), torch.randn(4, 4)))
 
@@ -313,12 +313,14 @@ class _OddOptimizer(torch.optim.SGD):
 def test_state_memfit_cannot_copy_is_refused_with_a_hint() -> None:
     model = _model()
     opt = _OddOptimizer(model.parameters(), lr=0.1)
-    guard = TrainGuard(opt, lambda b: nn.functional.mse_loss(model(b[0]), b[1]))
+    guard = TrainGuard(
+        opt, lambda b: nn.functional.mse_loss(model(b[0]), b[1]), snapshot_optimizer="always"
+    )
     batch = (torch.randn(4, 16), torch.randn(4, 4))
     guard(batch)  # first step: no state yet
     with pytest.raises(ConfigError, match="cannot snapshot") as info:
         guard(batch)
-    assert info.value.hint is not None and "snapshot_optimizer=False" in info.value.hint
+    assert info.value.hint is not None and "snapshot_optimizer='never'" in info.value.hint
 
 
 def test_grad_scaler_updates_once_per_full_step() -> None:
@@ -365,3 +367,57 @@ def test_events_carry_figures_and_reach_the_sink() -> None:
     assert first.data["budget_bytes"] == 40 * 1024
     assert isinstance(first.data["allocated_bytes"], int)
     assert first.to_dict()["data"]["splits"] == 1
+
+
+class _FlakyAdam(torch.optim.Adam):
+    """Adam whose step half-updates the parameters, then runs out of memory, on call 3."""
+
+    calls = 0
+
+    def step(self, closure: Any = None) -> Any:
+        type(self).calls += 1
+        if type(self).calls == 3:
+            with torch.no_grad():
+                for p in self.param_groups[0]["params"][:1]:
+                    p.add_(1.0)  # a partial update
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 MiB")
+        return super().step(closure)
+
+
+def test_auto_snapshot_policy() -> None:
+    model = _model()
+    opt = _optimizer("adam", model)
+    guard = TrainGuard(opt, lambda b: nn.functional.mse_loss(model(b[0]), b[1]))
+    batch = (torch.randn(8, 16), torch.randn(8, 4))
+    guard(batch)
+    assert guard.last_step_snapshotted  # the first step creates Adam's state
+    guard(batch)
+    assert not guard.last_step_snapshotted  # host memory, nothing says it is at risk
+    with simulate_gpu("1GiB"):
+        guard(batch)
+        assert not guard.last_step_snapshotted  # plenty free
+    with simulate_gpu("1KiB"):
+        guard.splits = 1
+        with contextlib.suppress(OutOfMemory):
+            guard((torch.randn(1, 16), torch.randn(1, 4)))
+    with simulate_gpu("64KiB"):
+        guard(batch)
+        assert guard.last_step_snapshotted  # an out-of-memory happened recently
+    always = TrainGuard(
+        opt, lambda b: nn.functional.mse_loss(model(b[0]), b[1]), snapshot_optimizer="always"
+    )
+    always(batch)
+    assert always.last_step_snapshotted
+    with pytest.raises(ConfigError, match="snapshot_optimizer"):
+        TrainGuard(opt, lambda b: b, snapshot_optimizer="sometimes")
+
+
+def test_step_without_snapshot_that_fails_says_so() -> None:
+    model = _model()
+    opt = _FlakyAdam(model.parameters(), lr=1e-3)
+    guard = TrainGuard(opt, lambda b: nn.functional.mse_loss(model(b[0]), b[1]))
+    batch = (torch.randn(8, 16), torch.randn(8, 4))
+    guard(batch)  # snapshotted (creates state)
+    guard(batch)  # not snapshotted
+    with pytest.raises(OutOfMemory, match="may be partly updated"):
+        guard(batch)  # fails after a partial update: memfit must not pretend otherwise

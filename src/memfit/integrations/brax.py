@@ -558,9 +558,10 @@ def ppo_kwargs(plan: Plan) -> dict[str, int]:
 def jax_allocator_settings(plan: Plan, total_bytes: int, *, step: float = 0.05) -> dict[str, str]:
     """XLA client settings for a planned job: preallocate the fraction the plan needs.
 
-    Preallocation keeps XLA's BFC allocator fast and unfragmented; the fraction is the plan's
-    predicted peak plus its margin, as a fraction of the GPU, rounded up to ``step`` and kept
-    within XLA's ``(0, 1]`` (never below the plan's own prediction).
+    Preallocation keeps XLA's BFC allocator fast and unfragmented. The pool XLA preallocates
+    holds the job's buffers, not the CUDA context, so the fraction is the plan's predicted
+    peak without the ``cuda_context`` term, plus the plan's safety margin
+    (``total - budget``), as a fraction of the GPU, rounded up to ``step`` and at most 1.
 
     Args:
         plan: A plan from :func:`plan_ppo` (or :func:`memfit.plan` of a JAX workload).
@@ -583,9 +584,10 @@ def jax_allocator_settings(plan: Plan, total_bytes: int, *, step: float = 0.05) 
             key_path="plan",
             hint="plan a smaller configuration first",
         )
-    headroom = max(plan.budget_bytes - plan.predicted_bytes, 0)
-    need = plan.predicted_bytes + min(headroom, total_bytes - plan.budget_bytes)
-    fraction = min(1.0, math.ceil(need / total_bytes / step) * step)
+    pool = plan.predicted_bytes - plan.breakdown.get("cuda_context", 0)
+    need = pool + max(total_bytes - plan.budget_bytes, 0)
+    steps = math.ceil(round(need / total_bytes / step, 9))  # round: no 18.0000001 -> 19
+    fraction = min(1.0, steps * step)
     return {
         "XLA_PYTHON_CLIENT_PREALLOCATE": "true",
         "XLA_PYTHON_CLIENT_MEM_FRACTION": f"{fraction:.2f}",

@@ -25,7 +25,6 @@ from memfit.runtime.events import EventSink
 __all__ = ["MemoryWrapper", "wrapper_class"]
 
 
-@functools.cache
 def wrapper_class(vector: bool = False) -> type[Any]:
     """The wrapper class (built on first use, on top of gymnasium's ``Wrapper``).
 
@@ -38,6 +37,11 @@ def wrapper_class(vector: bool = False) -> type[Any]:
     Raises:
         BackendUnavailable: When gymnasium is not installed.
     """
+    return _build(bool(vector))
+
+
+@functools.cache
+def _build(vector: bool) -> type[Any]:
     gym = require("gymnasium")
     base: type[Any] = gym.vector.VectorWrapper if vector else gym.Wrapper
 

@@ -43,6 +43,7 @@ __all__ = [
     "every",
     "full_reset",
     "on_pressure",
+    "read_pressure",
 ]
 
 P = ParamSpec("P")

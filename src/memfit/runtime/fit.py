@@ -8,7 +8,8 @@ rule for the next value until the rule is done.
 Where the peak comes from, in this order:
 
 * the active :func:`memfit.simulate_gpu` context on the CPU: its ``peak_allocated_bytes``
-  (the budget defaults to the simulated GPU's);
+  (the budget defaults to the simulated GPU's; the simulated GPU's own size is the cap, so a
+  smaller budget is a target: a probe over it runs and counts as not fitting);
 * CUDA (torch): ``torch.cuda.max_memory_reserved`` after ``reset_peak_memory_stats``, with
   the caching allocator capped at the budget by ``torch.cuda.set_per_process_memory_fraction``
   for the whole search (the previous fraction is restored afterwards), so a probe cannot take

@@ -11,14 +11,23 @@ number of micro-batches, then 2, 4, ... micro-batches up to ``max_splits``, then
 * a micro-batch's gradients are computed with ``torch.autograd.grad`` and added to ``.grad``
   in one operation only after its backward succeeded, so an out-of-memory in forward *or*
   backward leaves no partial gradient, and micro-batches that already succeeded are kept,
-  not redone;
-* before ``optimizer.step()`` the parameters and the optimizer state are copied to host
+  not redone (so hooks that run when ``.grad`` is accumulated, such as
+  ``register_post_accumulate_grad_hook``, do not fire; tensor hooks do);
+* before ``optimizer.step()`` the parameters and the optimizer state can be copied to host
   memory (into buffers reused from step to step); an out-of-memory inside the step restores
   them before the step is retried (a retry turns ``foreach`` off, which needs fewer
-  temporaries), so there is never a partial update. Optimizers whose state holds anything
-  but tensors and plain numbers cannot be snapshotted: TrainGuard refuses them with a
-  :class:`memfit.ConfigError` unless ``snapshot_optimizer=False``, in which case an
-  out-of-memory inside the step stops the run with :class:`memfit.OutOfMemory`.
+  temporaries), so there is never a partial update. The copy costs memory bandwidth every
+  step (a tenth of a small MLP's CPU step; a whole PCIe transfer of the model on a GPU), so
+  the default policy, ``snapshot_optimizer="auto"``, takes it only when the step is at
+  risk: when some parameter has no optimizer state yet (the step that creates it allocates
+  the most), for ``grow_back_after`` steps after any out-of-memory, under
+  :func:`memfit.testing.inject_oom`, and when the device's free memory (the simulated GPU's,
+  or CUDA's free plus cached) is below twice the parameters' bytes (what a ``foreach`` step
+  may need for temporaries). ``"always"`` (or ``True``) takes it every step, ``"never"`` (or
+  ``False``) never. An out-of-memory inside a step taken without a snapshot stops the run
+  with :class:`memfit.OutOfMemory` saying the parameters may be partly updated. Optimizers
+  whose state holds anything but tensors and plain numbers cannot be snapshotted:
+  TrainGuard refuses them with a :class:`memfit.ConfigError` (use ``"never"``).
 
 With ``torch.amp.GradScaler`` the gradients are scaled per micro-batch, and unscaled, checked
 for infs and the scale updated once per full step. Under DDP the backward passes run under
@@ -39,6 +48,7 @@ import copy
 import dataclasses
 import gc
 import math
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -74,8 +84,6 @@ def memory_figures() -> dict[str, int | None]:
             "peak_bytes": gpu.peak_allocated_bytes,
             "budget_bytes": gpu.budget_bytes,
         }
-    import sys
-
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         index = torch.cuda.current_device()
@@ -95,8 +103,6 @@ def _free_memory() -> None:
     second in a process that has imported torch.
     """
     gc.collect(1)
-    import sys
-
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
@@ -108,11 +114,24 @@ def _device_name() -> str | None:
     gpu = active()
     if gpu is not None:
         return gpu.device.name if gpu.device_kind == "cpu" else gpu.device_kind
-    import sys
-
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         return f"cuda:{torch.cuda.current_device()}"
+    return None
+
+
+def _free_device_bytes() -> int | None:
+    """Free bytes of the simulated GPU, or of the CUDA device (free plus cached), or None."""
+    from memfit.runtime.simulate import active
+
+    gpu = active()
+    if gpu is not None:
+        return gpu.free_bytes
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        free, _ = torch.cuda.mem_get_info()
+        cached = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+        return int(free) + int(cached)
     return None
 
 
@@ -120,8 +139,6 @@ def _device_name() -> str | None:
 # Batch pytrees
 # ---------------------------------------------------------------------------------------------
 def _is_array(x: Any) -> bool:
-    import sys
-
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(x, torch.Tensor):
         return True
@@ -284,7 +301,7 @@ class _OptimizerSnapshot:
                             f"optimizer state {key!r} of {type(opt).__name__} is a "
                             f"{type(value).__name__}, which memfit cannot snapshot",
                             key_path="optimizer",
-                            hint="pass snapshot_optimizer=False to TrainGuard; an "
+                            hint="pass snapshot_optimizer='never' to TrainGuard; an "
                             "out-of-memory inside optimizer.step() then stops the run "
                             "with memfit.OutOfMemory instead of retrying",
                         )
@@ -395,8 +412,10 @@ class TrainGuard:
         on_event: Called with every :class:`~memfit.runtime.events.MemoryEvent`.
         grow_back_after: Clean steps (steps that did not have to split further) after
             which the micro-batch count is halved again.
-        snapshot_optimizer: Snapshot parameters and optimizer state to host memory before
-            each ``optimizer.step()`` so an out-of-memory inside it can be undone.
+        snapshot_optimizer: When to copy parameters and optimizer state to host memory
+            before ``optimizer.step()`` so an out-of-memory inside it can be undone:
+            ``"auto"`` (when the step is at risk, see above), ``"always"``/``True`` or
+            ``"never"``/``False``.
 
     Raises:
         ConfigError: When ``max_splits`` or ``grow_back_after`` is not a positive integer,
@@ -422,7 +441,7 @@ class TrainGuard:
         scaler: torch.amp.GradScaler | None = None,
         on_event: EventSink | None = None,
         grow_back_after: int = 50,
-        snapshot_optimizer: bool = True,
+        snapshot_optimizer: bool | str = "auto",
     ) -> None:
         import torch
 
@@ -471,10 +490,28 @@ class TrainGuard:
         self.steps = 0
         self.events: list[MemoryEvent] = []
         self._clean_steps = 0
-        self._snapshot = _OptimizerSnapshot(optimizer) if snapshot_optimizer else None
+        if snapshot_optimizer is True:
+            policy = "always"
+        elif snapshot_optimizer is False:
+            policy = "never"
+        elif snapshot_optimizer in ("auto", "always", "never"):
+            policy = str(snapshot_optimizer)
+        else:
+            raise ConfigError(
+                "snapshot_optimizer must be 'auto', 'always' or 'never', "
+                f"not {snapshot_optimizer!r}",
+                key_path="snapshot_optimizer",
+            )
+        self._snapshot_policy: str = policy
+        self._snapshot = _OptimizerSnapshot(optimizer) if policy != "never" else None
+        self._steps_since_oom: int | None = None
+        self._oom_in_step = False
 
     # -- events ------------------------------------------------------------------------------
     def _event(self, kind: str, message: str, **data: Any) -> None:
+        if kind == "oom":
+            self._oom_in_step = True
+            self._steps_since_oom = 0
         figures = memory_figures()
         figures.update(data)
         event = MemoryEvent(
@@ -587,7 +624,35 @@ class TrainGuard:
     def _backward_all(
         self, batch: Any, params: list[torch.nn.Parameter], tried: list[str]
     ) -> tuple[float, bool, str | None, int]:
-        """All micro-batches of a step. Returns (loss, split further, failure message, smallest)."""
+        """All micro-batches of a step.
+
+        Returns:
+            The loss, whether the batch had to be split further, the failure message when
+            the ladder ran out (else ``None``), and the size of the micro-batch that failed.
+        """
+        if self.splits == 1:
+            # The common case: the whole batch at once, without walking the batch first.
+            message: str | None = None
+            try:
+                return self._micro_step(batch, 1.0, params), False, None, 0
+            except Exception as exc:
+                if not is_oom(exc):
+                    raise
+                message = forget_exception(exc)
+            return self._ladder(batch, params, tried, message)
+        return self._ladder(batch, params, tried, None)
+
+    def _ladder(
+        self,
+        batch: Any,
+        params: list[torch.nn.Parameter],
+        tried: list[str],
+        first_failure: str | None,
+    ) -> tuple[float, bool, str | None, int]:
+        """Micro-batches from ``self.splits`` on, climbing the ladder on each out-of-memory.
+
+        ``first_failure`` is the message of a whole-batch attempt that already failed.
+        """
         n = batch_size(batch)
         total = self._count(batch)
         splits = max(1, min(self.splits, n))
@@ -595,19 +660,22 @@ class TrainGuard:
         done = 0
         loss = 0.0
         retried = False
+        pending = first_failure
         while done < n:
             start, stop = _chunks(n, done, splits)
             whole = start == 0 and stop == n
-            message: str | None = None
-            try:
-                chunk = batch if whole else split_batch(batch, start, stop)
-                weight = 1.0 if whole else (self._count(chunk) / total if total else 0.0)
-                loss += self._micro_step(chunk, weight, params)
-            except Exception as exc:
-                if not is_oom(exc):
-                    raise
-                message = forget_exception(exc)
-            chunk = None
+            message: str | None = pending
+            if pending is None:
+                try:
+                    chunk = batch if whole else split_batch(batch, start, stop)
+                    weight = 1.0 if whole else (self._count(chunk) / total if total else 0.0)
+                    loss += self._micro_step(chunk, weight, params)
+                except Exception as exc:
+                    if not is_oom(exc):
+                        raise
+                    message = forget_exception(exc)
+                chunk = None
+            pending = None
             if message is None:
                 done = stop
                 retried = False  # the next failure gets its own retry first
@@ -661,16 +729,38 @@ class TrainGuard:
 
         return self._retrying("GradScaler.unscale_", unscale, attempts=3 if len(groups) <= 1 else 1)
 
+    def _snapshot_wanted(self) -> bool:
+        """Whether this step's ``optimizer.step()`` should be snapshotted (the policy)."""
+        if self._snapshot is None:
+            return False
+        if self._snapshot_policy == "always":
+            return True
+        state = self.optimizer.state
+        param_bytes = 0
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                if p not in state or not state[p]:
+                    return True  # this step creates optimizer state: the biggest allocation
+                param_bytes += p.numel() * p.element_size()
+        if self._steps_since_oom is not None and self._steps_since_oom < self.grow_back_after:
+            return True
+        testing = sys.modules.get("memfit.testing")
+        if testing is not None and testing.chaos_active():
+            return True
+        free = _free_device_bytes()
+        return free is not None and free < 2 * param_bytes
+
     def _optimizer_step(self, tried: list[str]) -> str | None:
         """``optimizer.step()`` (through the scaler), undone and retried on out-of-memory."""
         failure = self._unscale()
         if failure is not None:
             return failure
-        snapshot = self._snapshot
+        snapshot = self._snapshot if self._snapshot_wanted() else None
         if snapshot is not None:
             failure = self._retrying("the optimizer snapshot", snapshot.take)
             if failure is not None:
                 return failure
+        self.last_step_snapshotted = snapshot is not None
         saved_foreach = [g.get("foreach") for g in self.optimizer.param_groups]
         # Retries are cheap (a copy back from host memory); a step that fails the same way
         # three times is retried without foreach, which needs fewer temporaries.
@@ -759,7 +849,9 @@ class TrainGuard:
         """
         params = self._params()
         tried: list[str] = []
-        self._zero_grad()
+        self._oom_in_step = False
+        for p in params:  # start from no gradient (cheaper than optimizer.zero_grad here)
+            p.grad = None
         splits_before = self.splits
         loss, split, failure, smallest = self._backward_all(batch, params, tried)
         decision = distributed.agree(gave_up=failure is not None, splits=self.splits, split=split)
@@ -775,11 +867,16 @@ class TrainGuard:
             if distributed.is_distributed():
                 # The other ranks are entering the next step's agreement: tell them to stop.
                 distributed.agree(gave_up=True, splits=self.splits, split=True)
-            what = (
-                "it could not be undone (snapshot_optimizer=False)"
-                if self._snapshot is None
-                else "restoring and retrying did not help"
-            )
+            if self._snapshot is None:
+                what = "it could not be undone (snapshot_optimizer='never')"
+            elif not self.last_step_snapshotted:
+                what = (
+                    "no snapshot was taken (free memory looked sufficient), so the parameters "
+                    "may be partly updated; reload the last checkpoint, and use "
+                    "snapshot_optimizer='always' if this happens again"
+                )
+            else:
+                what = "restoring and retrying did not help"
             raise self._give_up(
                 f"optimizer.step() ran out of memory and {what}: {failure}", tried, 0
             )
@@ -792,6 +889,10 @@ class TrainGuard:
                 )
         self._zero_grad()
         self.steps += 1
+        if decision.split:
+            self._steps_since_oom = 0
+        elif self._steps_since_oom is not None and not self._oom_in_step:
+            self._steps_since_oom += 1
         # A step is clean when it did not have to split further: an out-of-memory that one
         # retry cured was transient and says nothing about the size that fits.
         if decision.split:
@@ -830,8 +931,6 @@ def _concat(parts: Sequence[Any], dim: int) -> Any:
     """Join the per-chunk results: arrays along ``dim``, containers leaf by leaf."""
     first = parts[0]
     if _is_array(first):
-        import sys
-
         torch = sys.modules.get("torch")
         if torch is not None and isinstance(first, torch.Tensor):
             if first.ndim <= dim:

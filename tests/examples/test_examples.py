@@ -1,0 +1,93 @@
+"""Run each bundled example at its small setting (``pytest -m examples``).
+
+Each runs in a subprocess, as a user would run it, and must exit 0 and print the lines
+that show memfit at work: the plan, the guard or the check, and the recorder.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.examples
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+
+
+def _run(script: str, *args: str, timeout: int = 600) -> str:
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    return out
+
+
+def test_brax_ppo_small(tmp_path: Path) -> None:
+    pytest.importorskip("brax")
+    fitted = tmp_path / "fitted.yaml"
+    out = _run(
+        "brax_ppo/run.py",
+        "--tiers", "8,12,16,24",
+        "--out", str(fitted),
+        "--log", str(tmp_path / "brax.jsonl"),
+    )  # fmt: skip
+    assert "allocator settings: XLA_PYTHON_CLIENT_PREALLOCATE=false" in out
+    assert "check_ppo: ok" in out
+    assert "(jax.eval_shape)" in out
+    assert "trained " in out and "memory log:" in out
+    configs = yaml.safe_load(fitted.read_text())["configs"]
+    assert [c["gpu"] for c in configs] == [
+        "NVIDIA GeForce RTX 3060 Ti",
+        "NVIDIA GeForce RTX 4070",
+        "NVIDIA GeForce RTX 4080",
+        "NVIDIA GeForce RTX 4090",
+    ]
+    for c in configs:
+        k = c["ppo"]
+        assert k["batch_size"] * k["num_minibatches"] % k["num_envs"] == 0
+        assert c["predicted_bytes"] <= c["budget_bytes"]
+    assert (tmp_path / "brax.jsonl").stat().st_size > 0
+
+
+def test_brax_ppo_rejects_bad_arguments_before_brax(tmp_path: Path) -> None:
+    pytest.importorskip("brax")
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / "brax_ppo/run.py"), "--num-envs", "512",
+         "--batch-size", "128", "--num-minibatches", "2", "--skip-train"],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "nearest valid: num_minibatches=4 or batch_size=256" in done.stdout
+
+
+def test_dqn_fire_small(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    log = tmp_path / "dqn.jsonl"
+    out = _run("dqn_fire/run.py", "--log", str(log))
+    assert "plan enhanced:" in out and "plan basic   :" in out
+    assert "chosen: " in out and "replay buffer:" in out
+    assert "memfit: recording simulated" in out
+    assert "TrainGuard oom" in out and "OOMs survived" in out
+    assert "cleanup.after_call(save_checkpoint)" in out
+    assert "simulated GPU: peak" in out
+    assert log.stat().st_size > 0
+
+
+def test_act_dual_camera_small(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    out = _run("act_dual_camera/run.py", "--log", str(tmp_path / "act.jsonl"))
+    assert "plan for NVIDIA GeForce RTX 3060 Ti: 2 rollouts x 2 cameras at" in out
+    assert "every10" in out and "on_pressure" in out
+    assert "cleanup.every at step 10" in out
+    assert "on-pressure cleaned" in out
+    assert (tmp_path / "act.every10.jsonl").stat().st_size > 0
