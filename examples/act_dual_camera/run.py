@@ -104,7 +104,7 @@ def rollout(
             predict, policy.chunk_size, temporal_ensemble=args.temporal_ensemble
         )
         state = env.reset(args.num_envs, seed=args.seed)
-        obs = env.render(state)
+        obs = memfit.RolloutGuard(env.render, on_event=rec.on_event)(state)
         joints, cube = state["joints"], state["cube"]
         total_reward = torch.zeros(args.num_envs)
         start = time.perf_counter()
@@ -172,6 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     top = sorted(plan.breakdown.items(), key=lambda kv: -kv[1])[:4]
     print("  largest terms: " + ", ".join(f"{k} {format_bytes(v)}" for k, v in top))
     budget = memfit.parse_bytes(args.budget) if args.budget else plan.budget_bytes
+    # warm up (first-call costs: allocator, kernels), so neither measured rollout pays them
+    warm_env = DualCameraEnv(image_size, args.device)
+    with torch.inference_mode():
+        warm = warm_env.render(warm_env.reset(args.num_envs, seed=args.seed))
+        policy.predict_chunk(warm["main"], warm["wrist"], warm["state"])
     results = []
     for label, policy_cleanup in (
         ("every10", memfit.cleanup.every(10, gc_collect=True)),

@@ -26,6 +26,7 @@ import logging
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     for noisy in ("absl", "jax._src.xla_bridge", "brax"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message="Brax System, piplines")  # brax's own notice
     t0 = time.perf_counter()
     # 1. allocator settings, before JAX initialises a backend
     written = memfit.configure(jax_preallocate=False)
@@ -158,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         mbrax.check_ppo(**train_kwargs)
     except memfit.ConfigError as exc:
-        print(f"check_ppo: {exc.message}\n  nearest valid: {exc.hint}")
+        print(f"check_ppo: {exc.message}\n  {exc.hint}")
         return 1
     devices = jax.local_device_count()
     print(f"check_ppo: ok ({jax.default_backend()}, {devices} device(s))")

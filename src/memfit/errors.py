@@ -10,7 +10,9 @@ original cause stays attached for ``--debug``.
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 __all__ = [
@@ -20,6 +22,8 @@ __all__ = [
     "InfeasiblePlan",
     "MemfitError",
     "OutOfMemory",
+    "file_error",
+    "read_user_text",
 ]
 
 
@@ -152,3 +156,87 @@ class OutOfMemory(MemfitError):
             tried=list(self.tried),
         )
         return data
+
+
+# --------------------------------------------------------------------------------------------
+# Files the user names: one translation of OS and decoding errors into ConfigError
+
+
+def _os_reason(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
+def _default_file_hint(exc: OSError, path: Path, writing: bool) -> str:
+    if exc.errno == errno.ENOENT:
+        if writing:
+            return f"the folder {path.parent} does not exist: create it, or choose another path"
+        return "check the path (it is relative to the current directory)"
+    if exc.errno == errno.EISDIR:
+        return "give the path of a file, not of a folder"
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        action = "write to" if writing else "read"
+        return f"choose a path you may {action}"
+    return "check that the path is right and the folder exists and is writable"
+
+
+def file_error(
+    exc: OSError, path: str | Path, *, action: str, hint: str | None = None
+) -> ConfigError:
+    """A :class:`ConfigError` for an :class:`OSError` on a file the user named.
+
+    Args:
+        exc: The error from ``open``/``read``/``write``.
+        path: The file (it becomes the ``key_path``).
+        action: What failed, as it reads after "cannot": ``"write the report"``.
+        hint: What to do; default: a hint for the kind of error (missing folder, a folder
+            instead of a file, no permission).
+
+    >>> err = file_error(FileNotFoundError(2, "No such file or directory"), "out/x.yaml",
+    ...                  action="write x.yaml")
+    >>> err.message
+    'out/x.yaml: cannot write x.yaml: No such file or directory'
+    >>> err.hint
+    'the folder out does not exist: create it, or choose another path'
+    """
+    target = Path(path)
+    writing = not action.startswith("read")
+    return ConfigError(
+        f"cannot {action}: {_os_reason(exc)}",
+        key_path=str(target),
+        hint=hint or _default_file_hint(exc, target, writing),
+    )
+
+
+def read_user_text(path: str | Path, *, what: str = "the file", hint: str | None = None) -> str:
+    """Read a text file the user named, as UTF-8, with every failure a :class:`ConfigError`.
+
+    A missing file, a folder, no permission, and bytes that are not UTF-8 (a binary file, a
+    file saved as Latin-1) each say what is wrong; a decoding error names the line and column
+    of the first bad byte.
+
+    Args:
+        path: The file.
+        what: What the file is, for the message (``"the workload file"``).
+        hint: What to do; default: a hint for the kind of error.
+
+    Raises:
+        ConfigError: When the file cannot be read or is not UTF-8 text (``key_path`` is the
+            file, or ``FILE:LINE:COLUMN`` for a bad byte).
+    """
+    source = Path(path)
+    try:
+        data = source.read_bytes()
+    except OSError as exc:
+        raise file_error(exc, source, action=f"read {what}", hint=hint) from exc
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        before = data[: exc.start]
+        line = before.count(b"\n") + 1
+        column = exc.start - (before.rfind(b"\n") + 1) + 1
+        raise ConfigError(
+            f"{what} is not UTF-8 text (byte 0x{data[exc.start]:02x}; a binary file, or "
+            "text saved in another encoding)",
+            key_path=f"{source}:{line}:{column}",
+            hint=hint or "save it as UTF-8 text, or check that this is the right file",
+        ) from exc

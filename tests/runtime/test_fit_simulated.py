@@ -82,8 +82,8 @@ def _peak_of(run: Callable[[int], None], value: int, gpu: Any) -> int | None:
     [
         # The MLP's peak is the optimizer step up to a few hundred items and the activations
         # after that, so the trace is taken where the answer lies.
-        (_mlp, _mlp_batch, 4 * MiB, [256, 512, 1024]),
-        (_cnn, _cnn_batch, 8 * MiB, [64, 128, 256]),
+        (_mlp, _mlp_batch, 4 * MiB, [384, 768]),
+        (_cnn, _cnn_batch, 8 * MiB, [128, 384]),
     ],
     ids=["mlp-adam", "cnn-bn-sgd"],
 )
@@ -124,13 +124,13 @@ def test_fit_without_a_prior_still_finds_the_max() -> None:
 
 
 def test_an_oom_probe_is_caught_and_its_memory_comes_back() -> None:
-    # A prior that says a fifth of the real memory per item: the first probe runs out.
-    with simulate_gpu(8 * MiB) as gpu:
+    # A prior that says half the real memory per item (about 21 KB): the first probe runs out.
+    with simulate_gpu(4 * MiB) as gpu:
         model, optimizer = _cnn()
         run = _runner(model, optimizer, _cnn_batch)
         run(1)  # optimizer state exists from here on
         baseline = gpu.allocated_bytes
-        result = fit(run, low=1, high=100_000, margin=0.0, prior=Prior(slope_bytes=4000.0))
+        result = fit(run, low=1, high=100_000, margin=0.0, prior=Prior(slope_bytes=10_000.0))
         assert not result.probes[0].ok
         assert result.oom_count >= 1
         assert all(p.value < result.probes[0].value for p in result.probes[1:])

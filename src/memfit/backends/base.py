@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from memfit.errors import ConfigError
+from memfit.errors import ConfigError, file_error, read_user_text
 
 __all__ = [
     "SNAPSHOT_FORMAT",
@@ -318,11 +318,7 @@ class SystemSnapshot:
         try:
             target.write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
         except OSError as exc:
-            raise ConfigError(
-                f"cannot write snapshot: {exc.strerror or exc}",
-                key_path=str(target),
-                hint="check the directory exists and is writable",
-            ) from exc
+            raise file_error(exc, target, action="write snapshot") from exc
         return target
 
     @classmethod
@@ -333,14 +329,9 @@ class SystemSnapshot:
             ConfigError: When the file is missing, not JSON, or not a snapshot.
         """
         source = Path(path)
-        try:
-            text = source.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(
-                f"cannot read snapshot: {exc.strerror or exc}",
-                key_path=str(source),
-                hint="pass a file written by `memfit devices --save FILE`",
-            ) from exc
+        text = read_user_text(
+            source, what="snapshot", hint="pass a file written by `memfit devices --save FILE`"
+        )
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:

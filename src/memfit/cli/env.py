@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from memfit.cli._common import JSON_OPTION, err_console, out_console, print_json
-from memfit.errors import ConfigError
+from memfit.errors import ConfigError, read_user_text
 from memfit.runtime.allocator_env import (
     JAX_VARIABLES,
     PROFILES,
@@ -61,13 +61,12 @@ def env(
     rec = recommend(profile)
     script = render_shell(rec.settings, shell)
     if check is not None:
+        text = read_user_text(check, what="the shell file (--check)")
         try:
-            text = check.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(
-                f"cannot read {check}: {exc.strerror or exc}", key_path="--check"
-            ) from exc
-        problems = check_shell(text)
+            problems = check_shell(text)
+        except ConfigError as exc:
+            # check_shell names the line; say which file it is in
+            raise ConfigError(exc.message, key_path=str(check), hint=exc.hint) from exc
         checked = f"file {check}"
     else:
         problems = check_environment()

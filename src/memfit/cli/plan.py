@@ -25,7 +25,7 @@ from memfit.core.budget import DEFAULT_MARGIN
 from memfit.core.constraints import Violation, check, parse_set
 from memfit.core.plan import Plan
 from memfit.core.workload import Workload, bundled_names, load_workload
-from memfit.errors import ConfigError, InfeasiblePlan
+from memfit.errors import InfeasiblePlan, file_error
 from memfit.units import format_bytes, parse_bytes, parse_fraction
 
 __all__ = ["allocator_settings", "register"]
@@ -135,7 +135,7 @@ def _write_fitted(path: Path, workload: Workload, result: Plan) -> None:
     try:
         path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     except OSError as exc:
-        raise ConfigError(f"cannot write {path}: {exc.strerror}", key_path="--write") from exc
+        raise file_error(exc, path, action="write the fitted configuration (--write)") from exc
 
 
 def _short_gpu(name: str) -> str:

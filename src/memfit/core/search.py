@@ -442,7 +442,8 @@ def next_probe(
             anchor_value, anchor_peak = anchor
             predicted = prior_model.peak_bytes(anchor_value)
             ratio = anchor_peak / predicted if predicted > 0 else 1.0
-            factor = 1.0 + prior.uncertainty
+            # Lean by the prior's uncertainty, or by the error it showed here if larger.
+            factor = 1.0 + max(prior.uncertainty, abs(1.0 - ratio))
             if anchor_peak <= target:
                 slope = model.slope_bytes * max(1.0, ratio) * factor
             else:

@@ -34,7 +34,7 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from memfit.errors import ConfigError
+from memfit.errors import ConfigError, read_user_text
 from memfit.units import parse_bytes
 
 __all__ = [
@@ -99,9 +99,10 @@ def dtype_bytes(dtype: str) -> int:
 
 
 class _Strict(BaseModel):
-    """Base of every schema model: unknown keys are errors, models are frozen."""
+    """Base of every schema model: unknown keys are errors, models are frozen, and values are
+    not coerced (``num_envs: true`` or ``action_dim: "8"`` is an error, not 1 or 8)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 def _size(value: Any) -> Any:
@@ -529,10 +530,7 @@ def load_workload(ref: str | Path | Workload, *, variant: str | None = None) -> 
     if isinstance(ref, Workload):
         return ref
     path, at_variant = _resolve(ref)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror}", key_path=str(path)) from exc
+    text = read_user_text(path, what="the workload file")
     return parse_workload(
         text, source=str(path), variant=variant or at_variant, default_name=path.stem
     )

@@ -1,8 +1,11 @@
 """Gymnasium: a wrapper that records memory per environment step and guards ``step``.
 
->>> import gymnasium as gym                                   # doctest: +SKIP
->>> from memfit.integrations.gymnasium import MemoryWrapper   # doctest: +SKIP
->>> env = MemoryWrapper(gym.make("CartPole-v1"), recorder=memfit.Recorder("env.jsonl"))
+Usage::
+
+    import gymnasium as gym
+    from memfit.integrations.gymnasium import MemoryWrapper
+
+    env = MemoryWrapper(gym.make("CartPole-v1"), recorder=memfit.Recorder("env.jsonl"))
 
 ``step`` runs under :class:`memfit.RolloutGuard`: an out-of-memory error is left, the
 memory freed and the step retried. A Gymnasium step cannot be cut into parts (the

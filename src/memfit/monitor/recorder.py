@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-from memfit.errors import BackendUnavailable, ConfigError, MemfitError, OutOfMemory
+from memfit.errors import BackendUnavailable, ConfigError, MemfitError, OutOfMemory, file_error
 from memfit.runtime.events import MemoryEvent
 from memfit.units import MiB, format_bytes, parse_bytes
 
@@ -975,11 +975,7 @@ class Recorder:
             exists = path.exists() and path.stat().st_size > 0
             self._file = path.open("a", encoding="utf-8", newline="")
         except OSError as exc:
-            raise ConfigError(
-                f"cannot open the recording file: {exc.strerror or exc}",
-                key_path=str(path),
-                hint="check the directory exists and is writable",
-            ) from exc
+            raise file_error(exc, path, action="open the recording file") from exc
         if self.csv:
             self._csv_writer = _csv.DictWriter(
                 self._file, fieldnames=list(_CSV_FIELDS), extrasaction="ignore"
@@ -1324,9 +1320,10 @@ class Recorder:
                     pickle.dump(snapshot, binary)
                 written.append(snapshot_path)
         except OSError as exc_os:
-            raise ConfigError(
-                f"cannot write the OOM dump: {exc_os.strerror or exc_os}",
-                key_path=str(directory),
+            raise file_error(
+                exc_os,
+                directory,
+                action="write the OOM dump",
                 hint="pass oom_dir= a writable directory",
             ) from exc_os
         self.oom_files.extend(written)

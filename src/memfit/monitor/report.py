@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memfit.errors import ConfigError
+from memfit.errors import ConfigError, file_error, read_user_text
 from memfit.monitor.recorder import Leak, check_fragmentation, detect_leak
 from memfit.units import MiB, format_bytes
 
@@ -91,15 +91,9 @@ def load_run(path: str | Path) -> Run:
             (``key_path`` is ``FILE:LINE``), or the file holds no sample at all.
     """
     source = Path(path)
-    try:
-        text = source.read_text(encoding="utf-8")
-    except FileNotFoundError as exc:
-        raise ConfigError("no such file", key_path=str(source), hint=_HINT) from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise ConfigError(
-            f"cannot read the file: {reason}", key_path=str(source), hint=_HINT
-        ) from exc
+    if not source.exists():
+        raise ConfigError("no such file", key_path=str(source), hint=_HINT)
+    text = read_user_text(source, what="the file", hint=_HINT)
     run = Run(path=source)
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -505,11 +499,7 @@ def _write_bytes(target: Path, data: bytes) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
     except OSError as exc:
-        raise ConfigError(
-            f"cannot write the report: {exc.strerror or exc}",
-            key_path=str(target),
-            hint="check the directory exists and is writable",
-        ) from exc
+        raise file_error(exc, target, action="write the report") from exc
 
 
 _CSS = """

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from memfit.backends.base import DeviceProbe, DeviceSnapshot, SystemSnapshot
-from memfit.errors import ConfigError
+from memfit.errors import ConfigError, file_error
 
 __all__ = [
     "SPARK_CHARS",
@@ -194,8 +194,4 @@ def append_log(path: str | Path, frame: WatchFrame) -> None:
         with target.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(frame_record(frame), separators=(",", ":")) + "\n")
     except OSError as exc:
-        raise ConfigError(
-            f"cannot append to the log: {exc.strerror or exc}",
-            key_path=str(target),
-            hint="check the directory exists and is writable",
-        ) from exc
+        raise file_error(exc, target, action="append to the log") from exc

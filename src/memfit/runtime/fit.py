@@ -399,9 +399,9 @@ def trace_prior(
     """Trace a PyTorch step with fake tensors for a prior; again near the answer if needed.
 
     A step's peak is often the optimizer update at small batches and the activations at
-    large ones, so a line fitted far from the answer can be far off. The first trace spans
-    ``low`` to ``min(high, 1024)``; when its line puts the answer outside the traced span,
-    a second trace is taken at a half, three quarters and all of that answer.
+    large ones, so a line fitted across that kink can be far off near the answer. The first
+    trace spans ``low`` to ``min(high, 1024)``; a second one is then taken at a half, three
+    quarters and all of the answer the first one predicts, and its line is the prior.
 
     Args:
         step: The :class:`memfit.estimate.TorchStep`.
@@ -444,7 +444,7 @@ def trace_prior(
         return estimate
     answer = min(high, int(predicted))
     near = sorted({max(low, answer // 2), max(low, (3 * answer) // 4), answer})
-    if near[-1] <= max(sizes) and near[0] >= min(sizes):
+    if set(near) <= set(sizes):
         return estimate
     return trace(near)
 

@@ -575,8 +575,10 @@ class TrainGuard:
             objective = loss if weight == 1.0 else loss * weight
             if self.scaler is not None:
                 objective = self.scaler.scale(objective)
-            grads = torch.autograd.grad(objective.reshape(()), params, allow_unused=True)
-            value = float(loss.detach()) * weight
+            if objective.dim():
+                objective = objective.reshape(())
+            grads = torch.autograd.grad(objective, params, allow_unused=True)
+            value = loss.item() * weight
         # Add to the accumulated gradient in one operation (atomic), then fill the empty ones.
         acc_dst: list[torch.Tensor] = []
         acc_src: list[torch.Tensor] = []
@@ -618,6 +620,10 @@ class TrainGuard:
                 f"a micro-batch of {smallest} item(s) does not fit: shrink the model or the "
                 "item (sequence length, image size), use activation checkpointing or lower "
                 "precision, raise max_splits, or use a larger GPU (memfit plan tells how much)"
+                if smallest
+                else "the optimizer step itself does not fit next to the model: use an "
+                "optimizer with less state (SGD, Adafactor, 8-bit Adam), foreach=False, "
+                "or a larger GPU"
             ),
         )
 
@@ -736,19 +742,22 @@ class TrainGuard:
         if self._snapshot_policy == "always":
             return True
         state = self.optimizer.state
-        param_bytes = 0
         for group in self.optimizer.param_groups:
             for p in group["params"]:
-                if p not in state or not state[p]:
+                if not state.get(p):
                     return True  # this step creates optimizer state: the biggest allocation
-                param_bytes += p.numel() * p.element_size()
         if self._steps_since_oom is not None and self._steps_since_oom < self.grow_back_after:
             return True
         testing = sys.modules.get("memfit.testing")
         if testing is not None and testing.chaos_active():
             return True
         free = _free_device_bytes()
-        return free is not None and free < 2 * param_bytes
+        if free is None:
+            return False
+        param_bytes = sum(
+            p.numel() * p.element_size() for g in self.optimizer.param_groups for p in g["params"]
+        )
+        return bool(free < 2 * param_bytes)
 
     def _optimizer_step(self, tried: list[str]) -> str | None:
         """``optimizer.step()`` (through the scaler), undone and retried on out-of-memory."""
@@ -761,7 +770,7 @@ class TrainGuard:
             if failure is not None:
                 return failure
         self.last_step_snapshotted = snapshot is not None
-        saved_foreach = [g.get("foreach") for g in self.optimizer.param_groups]
+        saved_foreach: list[Any] | None = None
         # Retries are cheap (a copy back from host memory); a step that fails the same way
         # three times is retried without foreach, which needs fewer temporaries.
         attempts = [
@@ -778,6 +787,7 @@ class TrainGuard:
                 if attempt == "step foreach=False":
                     if not any("foreach" in g for g in self.optimizer.param_groups):
                         break
+                    saved_foreach = [g.get("foreach") for g in self.optimizer.param_groups]
                     for g in self.optimizer.param_groups:
                         if "foreach" in g:
                             g["foreach"] = False
@@ -818,9 +828,10 @@ class TrainGuard:
                 )
             return message
         finally:
-            for g, value in zip(self.optimizer.param_groups, saved_foreach, strict=True):
-                if "foreach" in g:
-                    g["foreach"] = value
+            if saved_foreach is not None:
+                for g, value in zip(self.optimizer.param_groups, saved_foreach, strict=True):
+                    if "foreach" in g:
+                        g["foreach"] = value
 
     def _reset_scaler_step(self) -> None:
         if self.scaler is None:
