@@ -99,7 +99,7 @@ def parse_bytes(text: str | int) -> int:
         raise ConfigError(f"a size cannot be negative: {text!r}", hint=_HINT)
     if "." not in number_text and "e" not in number_text.lower():
         return int(number_text) * multiplier
-    return int(round(value * multiplier))
+    return round(value * multiplier)
 
 
 def format_bytes(n: int | float, *, precision: int = 2) -> str:
@@ -131,8 +131,12 @@ def format_mib(n: int | float) -> str:
     return f"{round(n / MiB)}MiB"
 
 
-def parse_fraction(text: str | float) -> float:
+def parse_fraction(text: str | float, *, key_path: str | None = None) -> float:
     """Parse a fraction such as ``"10%"``, ``"0.1"`` or ``0.1`` into a float in ``[0, 1)``.
+
+    Args:
+        text: The fraction: a percentage (``"10%"``) or a number (``0.1``).
+        key_path: Where it comes from (``"--margin"``), for the error.
 
     Raises:
         ConfigError: When it is not a number, NaN, negative or at least 100%.
@@ -142,7 +146,7 @@ def parse_fraction(text: str | float) -> float:
     """
     hint = "write a fraction like 10% or 0.1"
     if isinstance(text, bool):
-        raise ConfigError(f"not a fraction: {text!r}", hint=hint)
+        raise ConfigError(f"not a fraction: {text!r}", key_path=key_path, hint=hint)
     if isinstance(text, (int, float)):
         value = float(text)
     else:
@@ -150,7 +154,11 @@ def parse_fraction(text: str | float) -> float:
         try:
             value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
         except ValueError:
-            raise ConfigError(f"not a fraction: {text!r}", hint=hint) from None
+            raise ConfigError(f"not a fraction: {text!r}", key_path=key_path, hint=hint) from None
+        if 1 <= value < 100 and not raw.endswith("%"):
+            hint = f"did you mean {raw}%? A number without % is a fraction: 0.1 is 10%"
     if math.isnan(value) or value < 0 or value >= 1:
-        raise ConfigError(f"fraction out of range [0, 100%): {text!r}", hint=hint)
+        raise ConfigError(
+            f"fraction out of range [0, 100%): {text!r}", key_path=key_path, hint=hint
+        )
     return value

@@ -21,9 +21,7 @@ def _noise(value: int, seed: int) -> float:
 
 
 @st.composite
-def curves(
-    draw: st.DrawFn, *, affine_only: bool = False, min_span: int = 40
-) -> dict[str, object]:
+def curves(draw: st.DrawFn, *, affine_only: bool = False, min_span: int = 40) -> dict[str, object]:
     intercept = draw(st.integers(0, 6 * GiB))
     slope = draw(st.integers(64 * 1024, 64 * MiB))
     budget = draw(st.integers(intercept + min_span * slope, intercept + 200_000 * slope))

@@ -25,7 +25,7 @@ from memfit.core.budget import DEFAULT_MARGIN
 from memfit.core.constraints import Violation, check, parse_set
 from memfit.core.plan import Plan
 from memfit.core.workload import Workload, bundled_names, load_workload
-from memfit.errors import InfeasiblePlan, file_error
+from memfit.errors import ConfigError, InfeasiblePlan, file_error
 from memfit.units import format_bytes, parse_bytes, parse_fraction
 
 __all__ = ["allocator_settings", "register"]
@@ -208,6 +208,15 @@ def _tiers(workload: Workload, overrides: dict[str, int], margin: float, as_json
     out_console.print(table)
 
 
+def _host_bytes(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        return parse_bytes(text)
+    except ConfigError as exc:
+        raise ConfigError(exc.message, key_path="--host-memory", hint=exc.hint) from exc
+
+
 def _plan_command(
     workload: str = WORKLOAD_ARG,
     gpu: str | None = typer.Option(
@@ -216,7 +225,9 @@ def _plan_command(
     all_gpus: bool = typer.Option(False, "--all-gpus", help="Plan for the tier table of GPUs."),
     set_: list[str] = SET_OPTION,
     margin: str = typer.Option(
-        f"{DEFAULT_MARGIN:.0%}", "--margin", help="Safety margin, a share of the total (10%)."
+        f"{DEFAULT_MARGIN:.0%}",
+        "--margin",
+        help="Safety margin, a share of the GPU's total memory (e.g. 10%).",
     ),
     host_memory: str | None = typer.Option(
         None, "--host-memory", help="Host RAM for a replay buffer on the host (64GiB)."
@@ -231,8 +242,8 @@ def _plan_command(
         raise typer.BadParameter("give exactly one of --gpu NAME|SIZE|local and --all-gpus")
     loaded = load_workload(workload)
     overrides = parse_set(set_)
-    fraction = parse_fraction(margin)
-    host = parse_bytes(host_memory) if host_memory is not None else None
+    fraction = parse_fraction(margin, key_path="--margin")
+    host = _host_bytes(host_memory)
     if all_gpus:
         if write is not None:
             raise typer.BadParameter("--write needs one --gpu, not --all-gpus")
@@ -242,21 +253,21 @@ def _plan_command(
 
     assert gpu is not None  # checked above
     result = plan(loaded, gpu, overrides, fraction, host_memory_bytes=host)
-    if write is not None:
+    if write is not None and result.fits:
         _write_fitted(write, loaded, result)
     if as_json:
         print_json(result.to_dict())
     else:
         _print_plan(loaded, result)
-        if write is not None:
+        if write is not None and result.fits:
             err_console.print(f"Wrote {escape(str(write))}")
     if not result.fits:
-        if not as_json:
-            err_console.print(
-                f"[bold red]Error:[/] {escape(loaded.name)} with these knobs does not fit "
-                f"{escape(result.gpu)} (limited by {escape(str(result.binding))})"
-            )
-            err_console.print("[bold]Hint:[/] drop some --set pins and let memfit choose")
+        unwritten = f"; {write} was not written" if write is not None else ""
+        err_console.print(
+            f"[bold red]Error:[/] {escape(loaded.name)} with these knobs does not fit "
+            f"{escape(result.gpu)} (limited by {escape(str(result.binding))}){escape(unwritten)}"
+        )
+        err_console.print("[bold]Hint:[/] drop some --set pins and let memfit choose")
         raise typer.Exit(1)
 
 
@@ -294,12 +305,13 @@ def _check_command(
     else:
         _print_violations(loaded.name, violations)
     if violations:
-        if not as_json:
-            first = violations[0]
-            err_console.print(f"[bold red]Error:[/] {escape(first.message)}")
-            if first.suggestions:
-                fix = ", ".join(f"--set {k}={v}" for k, v in first.suggestions[0].items())
-                err_console.print(f"[bold]Hint:[/] try {escape(fix)}")
+        first = violations[0]
+        err_console.print(f"[bold red]Error:[/] {escape(first.message)}")
+        if first.suggestions:
+            fix = ", ".join(f"--set {k}={v}" for k, v in first.suggestions[0].items())
+            err_console.print(f"[bold]Hint:[/] try {escape(fix)}")
+        else:
+            err_console.print("[bold]Hint:[/] change the knob values so the rule holds")
         raise typer.Exit(1)
 
 

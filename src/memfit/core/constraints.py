@@ -367,12 +367,22 @@ def parse_set(items: Iterable[str]) -> dict[str, int]:
             value = int(text.strip())
         except ValueError:
             raise ConfigError(
-                f"--set {name}: {text.strip()!r} is not a whole number",
-                key_path=name,
-                hint="knob values are positive integers",
+                f"{text.strip()!r} is not a whole number",
+                key_path=f"--set {name}",
+                hint="knob and setting values are positive integers, e.g. --set num_envs=2048",
             ) from None
         if value < 1:
-            raise ConfigError(f"--set {name}: {value} must be at least 1", key_path=name)
+            raise ConfigError(
+                f"{value} must be at least 1",
+                key_path=f"--set {name}",
+                hint="knob and setting values are positive integers, e.g. --set num_envs=2048",
+            )
+        if out.get(name, value) != value:
+            raise ConfigError(
+                f"given twice, as {out[name]} and as {value}",
+                key_path=f"--set {name}",
+                hint=f"keep one --set {name}=VALUE",
+            )
         out[name] = value
     return out
 

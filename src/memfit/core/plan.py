@@ -125,6 +125,7 @@ class _Space:
         self.env: dict[str, int] = {**environment(workload)}
         self.env.update({k: v for k, v in given.items() if k in workload.settings})
         pinned = {k: v for k, v in given.items() if k in workload.knobs}
+        self.pinned: dict[str, int] = pinned
         self.measured = measured
         self.host_memory_bytes = (
             host_memory_bytes if host_memory_bytes is not None else workload.host_memory_bytes
@@ -406,12 +407,55 @@ def _single(space: _Space, budget: Budget, gpu: GpuSpec) -> Plan:
     )
 
 
+def _no_valid_setting(space: _Space) -> ConfigError:
+    """Why no configuration keeps every rule: the pinned values, when there are any."""
+    name = space.workload.name
+    if not space.pinned:
+        return ConfigError(
+            f"no setting of the knobs of {name} keeps every rule",
+            key_path="constraints",
+            hint="run memfit check to see which rules conflict, or widen the knob ranges",
+        )
+    pins = " ".join(f"--set {k}={v}" for k, v in space.pinned.items())
+    known = {**space.env, **space.pinned}
+    broken = [
+        rule
+        for rule in space.rules
+        if all(n in known for n in rule.names) and not rule.holds(known)
+    ]
+    outside = [
+        f"{k}={v} is outside its range ({space.workload.knobs[k].describe()})"
+        for k, v in space.pinned.items()
+        if v not in space.workload.knobs[k].values()
+    ]
+    if broken:
+        why = f"{pins} breaks the rule {broken[0].name}"
+    else:
+        why = f"with {pins}, no value of the other knobs of {name} keeps every rule"
+    if outside:
+        why += "; " + "; ".join(outside)
+    return ConfigError(
+        why,
+        key_path="--set",
+        hint=f"run memfit check WORKLOAD {pins} for the nearest valid settings",
+    )
+
+
 def _infeasible(space: _Space, budget: Budget, gpu: GpuSpec) -> InfeasiblePlan:
     name = space.workload.name
     if budget.breaking_term == "jax_preallocation":
         assert budget.pool_bytes is not None
         room = budget.budget_bytes - budget.context_bytes
         fraction = max(room, 0) / budget.total_bytes
+        if fraction < 0.01:  # no pool fraction helps: the context alone fills the budget
+            return InfeasiblePlan(
+                f"the CUDA context ({format_bytes(budget.context_bytes)}) leaves no room on "
+                f"{gpu.name} within a budget of {format_bytes(budget.budget_bytes)}",
+                smallest_bytes=budget.context_bytes + budget.workspace_bytes,
+                budget_bytes=budget.budget_bytes,
+                binding_term="cuda_context",
+                hint="use a GPU with more memory, or lower --margin",
+            )
         return InfeasiblePlan(
             f"JAX preallocates {format_bytes(budget.pool_bytes)} on {gpu.name}, more than the "
             f"{format_bytes(max(room, 0))} left after the CUDA context, other processes and "
@@ -424,11 +468,7 @@ def _infeasible(space: _Space, budget: Budget, gpu: GpuSpec) -> InfeasiblePlan:
         )
     smallest = space.smallest_valid()
     if smallest is None:
-        raise ConfigError(
-            f"no setting of the knobs of {name} keeps every rule",
-            key_path="constraints",
-            hint="run memfit check to see which rules conflict, or widen the knob ranges",
-        )
+        raise _no_valid_setting(space)
     config, ev = smallest
     breakdown = _breakdown(budget, ev.evaluation)
     if budget.pool_bytes is not None:
@@ -456,15 +496,25 @@ def _infeasible(space: _Space, budget: Budget, gpu: GpuSpec) -> InfeasiblePlan:
         if budget.pool_bytes is not None
         else f"a budget of {format_bytes(budget.budget_bytes)}"
     )
+    if breaking == "cuda_context":
+        size = breakdown.get("cuda_context", 0)
+        what = "the CUDA context alone leaves no room"
+        hint = "use a GPU with more memory, or lower --margin"
+    else:
+        size = terms.get(breaking, 0)
+        what = f"the largest term is {breaking}"
+        hint = (
+            f"use a GPU with more memory, lower the smallest values of the knobs that drive "
+            f"{breaking}, or lower --margin"
+        )
     return InfeasiblePlan(
         f"{name} does not fit {gpu.name}: its smallest valid configuration ({knobs or 'fixed'}) "
-        f"needs {format_bytes(footprint)}, over {limit_text}; the largest term is {breaking} "
-        f"({format_bytes(terms.get(breaking, 0))})",
+        f"needs {format_bytes(footprint)}, over {limit_text}; {what} "
+        f"({format_bytes(size)})",
         smallest_bytes=footprint,
         budget_bytes=budget.budget_bytes,
         binding_term=breaking,
-        hint=f"use a GPU with more memory, lower the smallest values of the knobs that drive "
-        f"{breaking}, or lower --margin",
+        hint=hint,
     )
 
 

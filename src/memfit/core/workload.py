@@ -536,6 +536,38 @@ def load_workload(ref: str | Path | Workload, *, variant: str | None = None) -> 
     )
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error (PyYAML
+    keeps the last silently, so a second ``knobs:`` section would replace the first)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, yaml.Node] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                first = seen[key].start_mark
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"duplicate key {key!r} (first given on line {first.line + 1})",
+                    key_node.start_mark,
+                )
+            if isinstance(key, (str, int, float, bool)):
+                seen[key] = key_node
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_hint(exc: yaml.MarkedYAMLError) -> str:
+    problem = exc.problem or ""
+    if problem.startswith("duplicate key"):
+        return "give each key once; merge the two entries into one"
+    if "constructor for the tag" in problem:
+        return "workload files are plain YAML: remove the '!!' tag"
+    if "'\\t'" in problem:
+        return "indent with spaces; YAML does not allow tabs"
+    return "check the indentation and the punctuation (':', '-', quotes) at that spot"
+
+
 def parse_workload(
     text: str, *, source: str = "<workload>", variant: str | None = None, default_name: str = ""
 ) -> Workload:
@@ -546,15 +578,13 @@ def parse_workload(
             variant; the key path says where.
     """
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
         problem = exc.problem or "invalid YAML"
         raise ConfigError(
-            f"YAML syntax error: {problem}",
-            key_path=where,
-            hint="check the indentation and the punctuation (':', '-', quotes) at that spot",
+            f"YAML syntax error: {problem}", key_path=where, hint=_yaml_hint(exc)
         ) from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"YAML error: {exc}", key_path=source) from exc
@@ -677,6 +707,8 @@ def _line_of(text: str, loc: Sequence[int | str]) -> tuple[int, int] | None:
 def _translate(exc: ValidationError, text: str, source: str) -> ConfigError:
     """The first validation problem as a ConfigError with key path, place and hint."""
     errors = exc.errors(include_url=False)
+    # an unknown key first: a misspelt key also makes the key it stands for look missing
+    errors.sort(key=lambda e: e["type"] != "extra_forbidden")
     err = errors[0]
     loc = [p for p in err["loc"] if isinstance(p, (int, str))]
     if loc and isinstance(loc[-1], str) and loc[-1].startswith("function-after"):

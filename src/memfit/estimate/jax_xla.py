@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memfit.errors import ConfigError, EstimateError
-from memfit.estimate.torch_trace import AffineFit, fit_affine
+from memfit.estimate.affine import AffineFit, fit_affine
 
 __all__ = [
     "JaxEstimate",

@@ -40,6 +40,7 @@ from torch.utils._pytree import tree_flatten
 from memfit.core.allocator import AllocatorModel, round_size
 from memfit.core.measured import MeasuredTerms
 from memfit.errors import ConfigError, EstimateError, MemfitError
+from memfit.estimate.affine import AffineFit, fit_affine
 from memfit.units import format_bytes
 
 __all__ = [
@@ -102,29 +103,6 @@ _UNSUPPORTED_HINT = (
     ".item(), .tolist()); move logging and value-dependent code out of the traced step, or "
     "register a fake (meta) kernel for a custom op with torch.library.register_fake"
 )
-
-
-@dataclass(frozen=True)
-class AffineFit:
-    """Least-squares line ``bytes = intercept + slope * batch_size`` over the traced points.
-
-    Attributes:
-        intercept: Bytes at batch size zero.
-        slope: Bytes per item of the batch.
-        residual: Largest absolute difference between a traced point and the line (bytes).
-    """
-
-    intercept: float
-    slope: float
-    residual: float
-
-    def predict(self, batch_size: int) -> int:
-        """Predicted bytes at ``batch_size``."""
-        return round(self.intercept + self.slope * batch_size)
-
-    def to_dict(self) -> dict[str, float]:
-        """The fit as plain data."""
-        return {"intercept": self.intercept, "slope": self.slope, "residual": self.residual}
 
 
 @dataclass(frozen=True)
@@ -232,24 +210,6 @@ class TorchEstimate:
             source=f"torch fake-tensor trace on {self.device}",
             notes=tuple(self.deviations),
         )
-
-
-def fit_affine(xs: Sequence[int], ys: Sequence[int]) -> AffineFit | None:
-    """Least-squares line through ``(xs, ys)``; ``None`` with fewer than two distinct ``xs``.
-
-    >>> fit_affine([1, 2, 3], [10, 20, 30])
-    AffineFit(intercept=0.0, slope=10.0, residual=0.0)
-    """
-    if len(set(xs)) < 2:
-        return None
-    n = len(xs)
-    mx = sum(xs) / n
-    my = sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
-    intercept = my - slope * mx
-    residual = max(abs(y - (intercept + slope * x)) for x, y in zip(xs, ys, strict=True))
-    return AffineFit(intercept=intercept, slope=slope, residual=residual)
 
 
 # --- The tracker ------------------------------------------------------------------------------
