@@ -153,10 +153,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # an internal bug, not a user's mistake
         if debug:
             traceback.print_exc()
+        hint = "rerun with --debug for the traceback and report it as a memfit bug"
+        if _wants_json(args):
+            print_json(
+                {"error": "InternalError", "message": f"internal error: {exc!r}", "hint": hint}
+            )
         err_console.print(f"[bold red]Error:[/] internal error: {escape(repr(exc))}")
-        err_console.print(
-            "[bold]Hint:[/] rerun with --debug for the traceback and report it as a memfit bug"
-        )
+        err_console.print(f"[bold]Hint:[/] {hint}")
         return 1
     return int(result) if isinstance(result, int) else 0
 

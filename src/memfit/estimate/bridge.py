@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from memfit.core.measured import MeasuredTerms
-from memfit.errors import ConfigError
+from memfit.errors import ConfigError, MemfitError
 from memfit.estimate import JaxStep, TorchStep
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -48,6 +48,13 @@ def load_factory(spec: str, *, key_path: str = "factory") -> Callable[[], Any]:
         raise ConfigError(
             f"cannot import module {module_name!r}: {exc}", key_path=key_path, hint=_FACTORY_HINT
         ) from exc
+    except Exception as exc:  # the user's module fails while it loads (SyntaxError, ...)
+        raise ConfigError(
+            f"importing module {module_name!r} failed: {type(exc).__name__}: {exc}",
+            key_path=key_path,
+            hint="fix the module so `python -c 'import "
+            f"{module_name}'` works; rerun with --debug for the traceback",
+        ) from exc
     func: Any = module
     for part in func_name.split("."):
         func = getattr(func, part, None)
@@ -68,9 +75,20 @@ def make_step(spec: str, *, key_path: str = "factory") -> TorchStep | JaxStep:
     :class:`JaxStep`.
 
     Raises:
-        ConfigError: When the factory cannot be loaded or returns something else.
+        ConfigError: When the factory cannot be loaded, raises, or returns something else.
     """
-    step = load_factory(spec, key_path=key_path)()
+    factory = load_factory(spec, key_path=key_path)
+    try:
+        step = factory()
+    except MemfitError:
+        raise
+    except Exception as exc:  # the user's factory fails: their bug, not memfit's
+        raise ConfigError(
+            f"{spec}() failed: {type(exc).__name__}: {exc}",
+            key_path=key_path,
+            hint="the factory is called with no arguments and returns a TorchStep or JaxStep; "
+            "rerun with --debug for the traceback",
+        ) from exc
     if not isinstance(step, (TorchStep, JaxStep)):
         raise ConfigError(
             f"{spec} returned {type(step).__name__}, not TorchStep or JaxStep",
