@@ -66,14 +66,37 @@ __all__ = [
     "BackendUnavailable",
     "ConfigError",
     "EstimateError",
+    "EstimatePoint",
+    "FitResult",
+    "GpuSpec",
     "InfeasiblePlan",
+    "JaxEstimate",
+    "Leak",
     "MemfitError",
     "OutOfMemory",
+    "Plan",
+    "Recorder",
+    "RolloutGuard",
+    "TorchEstimate",
+    "TrainGuard",
+    "Violation",
+    "Workload",
     "__version__",
+    "check",
+    "cleanup",
+    "configure",
+    "estimate_jax",
+    "estimate_torch",
+    "fit",
     "format_bytes",
+    "gpu",
+    "is_oom",
+    "list_gpus",
+    "load_workload",
     "parse_bytes",
-    *sorted(_LAZY),
-    *sorted(_SUBMODULES),
+    "plan",
+    "simulate_gpu",
+    "testing",
 ]
 
 
@@ -93,6 +116,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from memfit import testing
     from memfit.core.catalog import GpuSpec, gpu, list_gpus
     from memfit.core.constraints import Violation, check
     from memfit.core.plan import Plan
@@ -107,4 +131,3 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from memfit.runtime.guard import RolloutGuard, TrainGuard
     from memfit.runtime.oom import is_oom
     from memfit.runtime.simulate import simulate_gpu
-    from memfit import testing

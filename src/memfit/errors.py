@@ -10,8 +10,9 @@ original cause stays attached for ``--debug``.
 
 from __future__ import annotations
 
+import difflib
 import errno
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ __all__ = [
     "InfeasiblePlan",
     "MemfitError",
     "OutOfMemory",
+    "did_you_mean",
     "file_error",
     "read_user_text",
 ]
@@ -156,6 +158,24 @@ class OutOfMemory(MemfitError):
             tried=list(self.tried),
         )
         return data
+
+
+# --------------------------------------------------------------------------------------------
+# Hints
+
+
+def did_you_mean(
+    word: str, known: Iterable[str], *, otherwise: str | None = None, cutoff: float = 0.6
+) -> str | None:
+    """A hint for a misspelt name: ``"did you mean 'num_envs'?"``, else ``otherwise``.
+
+    >>> did_you_mean("num_env", ["batch_size", "num_envs"])
+    "did you mean 'num_envs'?"
+    >>> did_you_mean("zzz", ["num_envs"], otherwise="known: num_envs")
+    'known: num_envs'
+    """
+    close = difflib.get_close_matches(word, sorted(known), n=1, cutoff=cutoff)
+    return f"did you mean {close[0]!r}?" if close else otherwise
 
 
 # --------------------------------------------------------------------------------------------

@@ -113,6 +113,12 @@ def env(
         elif current or check is not None:
             out_console.print(f"no problems in the {escape(checked)}")
     if strict and errors:
+        first = next(p for p in problems if p.severity == "error")
+        err_console.print(
+            f"[bold red]Error:[/] {errors} error-level problem(s) in the {escape(checked)}; "
+            f"first: {escape(first.message)}"
+        )
+        err_console.print(f"[bold]Hint:[/] {escape(first.hint or 'see the problems listed above')}")
         raise typer.Exit(1)
 
 

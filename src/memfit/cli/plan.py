@@ -267,7 +267,11 @@ def _plan_command(
             f"[bold red]Error:[/] {escape(loaded.name)} with these knobs does not fit "
             f"{escape(result.gpu)} (limited by {escape(str(result.binding))}){escape(unwritten)}"
         )
-        err_console.print("[bold]Hint:[/] drop some --set pins and let memfit choose")
+        if result.binding in ("cuda_context", "jax_preallocation", "host_memory"):
+            hint = "use a GPU (or host) with more memory, or lower --margin"
+        else:
+            hint = "drop some --set pins and let memfit choose"
+        err_console.print(f"[bold]Hint:[/] {hint}")
         raise typer.Exit(1)
 
 

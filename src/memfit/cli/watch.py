@@ -167,12 +167,16 @@ def watch(
     """Live view of GPU memory per device and per process (like `watch nvidia-smi`)."""
     if not math.isfinite(interval) or interval <= 0:
         raise ConfigError(
-            f"--interval must be a positive number of seconds, not {interval!r}",
+            f"must be a positive number of seconds, not {interval!r}",
             key_path="--interval",
             hint="use --interval 1 for one frame a second",
         )
     if count is not None and count < 1:
-        raise ConfigError(f"--count must be at least 1, not {count}", key_path="--count")
+        raise ConfigError(
+            f"must be at least 1, not {count}",
+            key_path="--count",
+            hint="leave --count out to watch until Ctrl-C, or use --once for one frame",
+        )
     probe, reasons = make_probe()
     if probe is None:
         _no_gpu(reasons, as_json)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memfit.errors import ConfigError
-from memfit.units import GiB, MiB, format_mib, parse_bytes
+from memfit.units import GiB, MiB, format_bytes, format_mib, parse_bytes
 
 __all__ = [
     "ARCHITECTURES",
@@ -521,7 +521,7 @@ def _build_index() -> dict[str, tuple[GpuSpec, ...]]:
 
 
 _INDEX: dict[str, tuple[GpuSpec, ...]] = _build_index()
-_SIZE_LIKE = re.compile(r"^\s*\d+(\.\d+)?\s*([kmgt]i?b|[kmgt]|b)?\s*$", re.IGNORECASE)
+_SIZE_LIKE = re.compile(r"^\s*[+-]?\d+(\.\d+)?\s*([kmgt]i?b|[kmgt]|b)?\s*$", re.IGNORECASE)
 
 
 def list_gpus() -> list[GpuSpec]:
@@ -538,12 +538,18 @@ def anonymous_gpu(size: int | str) -> GpuSpec:
     >>> anonymous_gpu("8GB").total_bytes
     8000000000
     """
-    total = parse_bytes(size)
+    try:
+        total = parse_bytes(size)
+    except ConfigError as exc:
+        raise ConfigError(exc.message, key_path="gpu", hint=exc.hint) from exc
     if total < MIN_GPU_BYTES:
+        bare = isinstance(size, int) or size.strip().isdigit()
         raise ConfigError(
             f"{size!r} is {total} bytes, too small for a GPU",
             key_path="gpu",
-            hint=f"give a unit, for instance {size}MiB or {size}GB",
+            hint=f"give a unit, for instance {size}MiB or {size}GB"
+            if bare and total > 0
+            else f"a GPU has at least {format_bytes(MIN_GPU_BYTES)}; give its memory, e.g. 12GiB",
         )
     return GpuSpec(
         name=f"GPU with {format_mib(total)}",

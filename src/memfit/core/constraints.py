@@ -23,7 +23,6 @@ allows only numbers, names, arithmetic (``+ - * / // % **``), comparisons and ``
 from __future__ import annotations
 
 import ast
-import difflib
 import operator
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -33,7 +32,7 @@ from typing import Any
 
 from memfit.core.workload import Rule as RuleSpec
 from memfit.core.workload import Workload, load_workload
-from memfit.errors import ConfigError
+from memfit.errors import ConfigError, did_you_mean
 
 __all__ = [
     "PRESETS",
@@ -95,6 +94,7 @@ class Expr:
     text: str
     names: tuple[str, ...]
     _fn: _Fn = field(repr=False, compare=False)
+    key_path: str | None = field(default=None, compare=False)
 
     def evaluate(self, values: Mapping[str, Value]) -> Value:
         """Evaluate with ``values`` for the names.
@@ -111,11 +111,15 @@ class Expr:
                 raise
             raise ConfigError(
                 f"expression {self.text!r} reads {', '.join(missing)}, which has no value",
+                key_path=self.key_path,
                 hint="add it to knobs or settings, or pass --set NAME=VALUE",
             ) from None
         except ZeroDivisionError:
+            shown = ", ".join(f"{k}={v}" for k, v in sorted(values.items()) if k in self.names)
             raise ConfigError(
-                f"division by zero in {self.text!r} at {dict(sorted(values.items()))}"
+                f"division by zero in {self.text!r} at {shown or 'any values'}",
+                key_path=self.key_path,
+                hint="divide only by knobs and settings (never 0), or by a constant other than 0",
             ) from None
 
 
@@ -139,7 +143,10 @@ def _compile(node: ast.AST, text: str, names: set[str]) -> _Fn:
             def power(v: Mapping[str, Value]) -> Value:
                 exponent = right(v)
                 if abs(exponent) > _MAX_EXPONENT:
-                    raise ConfigError(f"exponent {exponent} too large in {text!r}")
+                    raise ConfigError(
+                        f"exponent {exponent} too large in {text!r}",
+                        hint=f"keep exponents at most {_MAX_EXPONENT}",
+                    )
                 result: Value = op(left(v), exponent)
                 return result
 
@@ -207,7 +214,7 @@ def parse_expr(text: str, *, key_path: str | None = None) -> Expr:
         fn = _compile(tree, text, names)
     except ConfigError as exc:
         raise ConfigError(exc.message, key_path=key_path, hint=exc.hint) from None
-    return Expr(text=text, names=tuple(sorted(names)), _fn=fn)
+    return Expr(text=text, names=tuple(sorted(names)), _fn=fn, key_path=key_path)
 
 
 @dataclass(frozen=True)
@@ -270,11 +277,10 @@ def _expr_rule(name: str, text: str, key_path: str, known: set[str]) -> Compiled
     expr = parse_expr(text, key_path=key_path)
     unknown = [n for n in expr.names if n not in known]
     if unknown:
-        close = difflib.get_close_matches(unknown[0], sorted(known), n=1)
         raise ConfigError(
             f"expression {text!r} reads {unknown[0]!r}, which is neither a knob nor a setting",
             key_path=key_path,
-            hint=f"did you mean {close[0]!r}?" if close else "add it to knobs or settings",
+            hint=did_you_mean(unknown[0], known, otherwise="add it to knobs or settings"),
         )
     return CompiledRule(name=name, names=expr.names, test=lambda v: bool(expr.evaluate(v)))
 
@@ -314,11 +320,10 @@ def compile_rules(workload: Workload) -> list[CompiledRule]:
         knob = rule.knob
         assert knob is not None  # the schema requires it for these kinds
         if knob not in known:
-            close = difflib.get_close_matches(knob, sorted(known), n=1)
             raise ConfigError(
                 f"rule names unknown knob {knob!r}",
                 key_path=f"{key_path}.knob",
-                hint=f"did you mean {close[0]!r}?" if close else None,
+                hint=did_you_mean(knob, known, otherwise=f"known: {', '.join(sorted(known))}"),
             )
         rules.append(_simple_rule(rule.name, knob, rule))
     eb = workload.effective_batch
@@ -398,11 +403,10 @@ def apply_overrides(workload: Workload, overrides: Mapping[str, int] | None) -> 
     out: dict[str, int] = {}
     for name, value in (overrides or {}).items():
         if name not in known:
-            close = difflib.get_close_matches(name, known, n=1)
             raise ConfigError(
                 f"{name!r} is neither a knob nor a setting of {workload.name}",
                 key_path=name,
-                hint=f"did you mean {close[0]!r}?" if close else f"known: {', '.join(known)}",
+                hint=did_you_mean(name, known, otherwise=f"known: {', '.join(known)}"),
             )
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{name} must be a positive integer, not {value!r}", key_path=name)

@@ -35,4 +35,4 @@ class MeasuredTerms:
 
     def peak_bytes(self, knob_value: int) -> int:
         """Predicted allocated peak at ``knob_value``."""
-        return sum(self.fixed_bytes.values()) + int(round(self.per_item_bytes * knob_value))
+        return sum(self.fixed_bytes.values()) + round(self.per_item_bytes * knob_value)

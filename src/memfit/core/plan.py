@@ -47,7 +47,7 @@ from memfit.core.constraints import (
 from memfit.core.families import Evaluation, evaluate
 from memfit.core.measured import MeasuredTerms
 from memfit.core.workload import OffPolicySpec, Workload
-from memfit.errors import ConfigError, InfeasiblePlan
+from memfit.errors import ConfigError, InfeasiblePlan, did_you_mean
 from memfit.units import format_bytes
 
 __all__ = ["Plan", "plan", "plan_many"]
@@ -159,6 +159,11 @@ class _Space:
             raise ConfigError(
                 f"objective reads {unknown[0]!r}, which is neither a knob nor a setting",
                 key_path="objective",
+                hint=did_you_mean(
+                    unknown[0],
+                    [*workload.knobs, *self.env],
+                    otherwise="write it over knob and setting names",
+                ),
             )
         spec = workload.replay or OffPolicySpec()
         self.placement = spec.placement if workload.family == "offpolicy" else "gpu"
@@ -521,6 +526,9 @@ def _infeasible(space: _Space, budget: Budget, gpu: GpuSpec) -> InfeasiblePlan:
 def _plan_on(space: _Space, gpu: GpuSpec, budget: Budget, alternatives: int) -> Plan:
     if space.pinned_all:
         plan_ = _single(space, budget, gpu)
+        if not plan_.fits and not space.pinned:
+            # the workload itself allows one configuration (nothing was pinned): nothing fits
+            raise _infeasible(space, budget, gpu)
         return plan_
     if budget.breaking_term is not None:
         raise _infeasible(space, budget, gpu)

@@ -24,7 +24,6 @@ over the base document before validation.
 
 from __future__ import annotations
 
-import difflib
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -34,7 +33,7 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from memfit.errors import ConfigError, read_user_text
+from memfit.errors import ConfigError, did_you_mean, read_user_text
 from memfit.units import parse_bytes
 
 __all__ = [
@@ -493,11 +492,14 @@ def _resolve(ref: str | Path) -> tuple[Path, str | None]:
     if bundled.exists():
         return bundled, variant
     known = [p.stem for p in sorted(BUNDLED_DIR.glob("*.yaml"))]
-    close = difflib.get_close_matches(text, known, n=1)
-    hint = f"did you mean {close[0]!r}?" if close else None
     raise ConfigError(
         f"no workload file or bundled workload named {text!r}",
-        hint=hint or f"give a path to a YAML file, or one of: {', '.join(known)} (memfit examples)",
+        hint=did_you_mean(
+            text,
+            known,
+            otherwise=f"give a path to a YAML file, or one of: {', '.join(known)} "
+            "(memfit examples)",
+        ),
     )
 
 
@@ -578,7 +580,7 @@ def parse_workload(
             variant; the key path says where.
     """
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
@@ -587,7 +589,9 @@ def parse_workload(
             f"YAML syntax error: {problem}", key_path=where, hint=_yaml_hint(exc)
         ) from exc
     except yaml.YAMLError as exc:
-        raise ConfigError(f"YAML error: {exc}", key_path=source) from exc
+        raise ConfigError(
+            f"YAML error: {exc}", key_path=source, hint="check that the file is YAML"
+        ) from exc
     if not isinstance(data, dict):
         raise ConfigError(
             "a workload file must be a mapping of keys to values",
@@ -596,7 +600,11 @@ def parse_workload(
         )
     variants = data.pop("variants", None)
     if variants is not None and not isinstance(variants, dict):
-        raise ConfigError("variants must be a mapping of name -> overrides", key_path="variants")
+        raise ConfigError(
+            "variants must be a mapping of name -> overrides",
+            key_path="variants",
+            hint="write variants: {quick: {knobs: ...}}",
+        )
     if variant is not None and variant != "default":
         if not variants or variant not in variants:
             known = sorted(variants or {})
@@ -607,7 +615,11 @@ def parse_workload(
             )
         override = variants[variant]
         if not isinstance(override, dict):
-            raise ConfigError("a variant must be a mapping", key_path=f"variants.{variant}")
+            raise ConfigError(
+                "a variant must be a mapping",
+                key_path=f"variants.{variant}",
+                hint="a variant holds the keys it changes, e.g. {knobs: {num_envs: ...}}",
+            )
         data = _merge(data, override)
         data.setdefault("name", default_name)
         data["name"] = f"{data['name']}@{variant}"
@@ -723,11 +735,11 @@ def _translate(exc: ValidationError, text: str, source: str) -> ConfigError:
     if kind == "extra_forbidden":
         known = _fields_at(loc)
         unknown = str(loc[-1]) if loc else ""
-        close = difflib.get_close_matches(unknown, known, n=1, cutoff=0.5)
-        hint = (
-            f"did you mean {close[0]!r}?"
-            if close
-            else (f"known keys here: {', '.join(known)}" if known else None)
+        hint = did_you_mean(
+            unknown,
+            known,
+            otherwise=f"known keys here: {', '.join(known)}" if known else None,
+            cutoff=0.5,
         )
         return ConfigError(f"unknown key{where}{more}", key_path=key_path, hint=hint)
     if kind == "missing":

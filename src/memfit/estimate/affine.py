@@ -8,7 +8,39 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["AffineFit", "fit_affine"]
+from memfit.errors import ConfigError
+
+__all__ = ["AffineFit", "check_batch_sizes", "fit_affine"]
+
+
+def check_batch_sizes(batch_sizes: Sequence[int]) -> list[int]:
+    """The batch sizes to trace, as a list of positive integers.
+
+    Raises:
+        ConfigError: When ``batch_sizes`` is a string, is empty, or holds something other than
+            a positive integer.
+
+    >>> check_batch_sizes((32, 64))
+    [32, 64]
+    """
+    hint = "give positive integers, e.g. [32, 64, 128] (--batch 32,64,128)"
+    if isinstance(batch_sizes, (str, bytes)):
+        raise ConfigError(
+            f"batch sizes must be a list of integers, not the text {batch_sizes!r}",
+            key_path="batch_sizes",
+            hint=hint,
+        )
+    sizes = list(batch_sizes)
+    if not sizes:
+        raise ConfigError("no batch sizes to trace", key_path="batch_sizes", hint=hint)
+    for size in sizes:
+        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+            raise ConfigError(
+                f"batch size must be a positive integer, got {size!r}",
+                key_path="batch_sizes",
+                hint=hint,
+            )
+    return sizes
 
 
 @dataclass(frozen=True)

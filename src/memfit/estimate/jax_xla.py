@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memfit.errors import ConfigError, EstimateError
-from memfit.estimate.affine import AffineFit, fit_affine
+from memfit.estimate.affine import AffineFit, check_batch_sizes, fit_affine
 
 __all__ = [
     "JaxEstimate",
@@ -310,13 +310,7 @@ def estimate_jax_sweep(
         ConfigError: When ``batch_sizes`` is empty or holds a non-positive value.
         EstimateError: As :func:`estimate_jax`.
     """
-    sizes = list(batch_sizes)
-    if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b <= 0 for b in sizes):
-        raise ConfigError(
-            f"batch sizes must be positive integers, got {sizes!r}",
-            key_path="batch_sizes",
-            hint="give e.g. 1024,4096",
-        )
+    sizes = check_batch_sizes(batch_sizes)
     points = [
         estimate_jax(fn, *make_args(b), gpu=gpu, environ=environ, batch_size=b) for b in sizes
     ]

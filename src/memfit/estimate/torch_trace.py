@@ -40,7 +40,7 @@ from torch.utils._pytree import tree_flatten
 from memfit.core.allocator import AllocatorModel, round_size
 from memfit.core.measured import MeasuredTerms
 from memfit.errors import ConfigError, EstimateError, MemfitError
-from memfit.estimate.affine import AffineFit, fit_affine
+from memfit.estimate.affine import AffineFit, check_batch_sizes, fit_affine
 from memfit.units import format_bytes
 
 __all__ = [
@@ -613,20 +613,6 @@ def _summarise(
     )
 
 
-def _check_batch_sizes(batch_sizes: Sequence[int]) -> list[int]:
-    sizes = list(batch_sizes)
-    if not sizes:
-        raise ConfigError("no batch sizes to trace", key_path="batch_sizes", hint="give e.g. 32,64")
-    for size in sizes:
-        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
-            raise ConfigError(
-                f"batch size must be a positive integer, got {size!r}",
-                key_path="batch_sizes",
-                hint="give positive integers, e.g. 32,64,128",
-            )
-    return sizes
-
-
 def estimate_torch(
     build: Callable[[], tuple[Any, Any]],
     step: Callable[[Any, Any, Any], Any],
@@ -666,7 +652,7 @@ def estimate_torch(
         EstimateError: When the step calls an op fake tensors cannot run (data-dependent
             output, no fake kernel; the message names the op), or the user's code raises.
     """
-    sizes = _check_batch_sizes(batch_sizes)
+    sizes = check_batch_sizes(batch_sizes)
 
     def allocator() -> AllocatorModel:
         return AllocatorModel(expandable_segments, max_split_size)

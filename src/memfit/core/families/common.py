@@ -119,7 +119,11 @@ def camera_hw(workload: Workload, values: Mapping[str, int]) -> tuple[int, int]:
     """
     cams = workload.observations.cameras
     if cams is None:
-        raise ConfigError("this model needs observations.cameras", key_path="observations")
+        raise ConfigError(
+            "this model needs observations.cameras",
+            key_path="observations",
+            hint="add observations: {cameras: {count, height, width}}",
+        )
     h = values[cams.height] if isinstance(cams.height, str) else cams.height
     w = values[cams.width] if isinstance(cams.width, str) else cams.width
     return h, w
@@ -203,18 +207,29 @@ def network_input(
     )
     if kind == "raster":
         if obs.raster is None:
-            raise ConfigError("network input raster needs observations.raster")
+            raise ConfigError(
+                "network input raster needs observations.raster",
+                key_path="observations.raster",
+                hint="add observations: {raster: {channels, height, width}}, or set the "
+                "network's input:",
+            )
         return obs.raster.channels, obs.raster.height, obs.raster.width
     if kind == "camera":
         cams = obs.cameras
         if cams is None:
-            raise ConfigError("network input camera needs observations.cameras")
+            raise ConfigError(
+                "network input camera needs observations.cameras",
+                key_path="observations.cameras",
+                hint="add observations: {cameras: {count, height, width}}, or set the "
+                "network's input:",
+            )
         h, w = camera_hw(workload, values)
         return cams.channels * cams.frame_stack, h, w
     if obs.vector < 1:
         raise ConfigError(
             "an MLP network reads observations.vector, which is 0",
             key_path="observations.vector",
+            hint="give observations: {vector: DIM}, or conv: layers over a raster or cameras",
         )
     return obs.vector, 1, 1
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from memfit.core.constraints import Expr, parse_expr
 from memfit.core.families.common import Term
 from memfit.core.workload import Workload
-from memfit.errors import ConfigError
+from memfit.errors import ConfigError, did_you_mean
 from memfit.units import parse_bytes
 
 __all__ = ["compile_terms", "terms"]
@@ -58,6 +58,7 @@ def compile_terms(workload: Workload) -> dict[str, int | Expr]:
             raise ConfigError(
                 f"term reads {unknown[0]!r}, which is neither a knob nor a setting",
                 key_path=key_path,
+                hint=did_you_mean(unknown[0], known, otherwise="add it to knobs or settings"),
             )
         out[name] = expr
     return out
@@ -78,7 +79,11 @@ def terms(workload: Workload, values: Mapping[str, int]) -> list[Term]:
         value = spec.evaluate(env)
         if isinstance(value, bool) or value < 0:
             raise ConfigError(
-                f"term evaluates to {value!r}, not a number of bytes", key_path=f"terms.{name}"
+                f"term evaluates to {value!r} at "
+                + ", ".join(f"{k}={v}" for k, v in sorted(values.items()) if k in spec.names)
+                + ", not a number of bytes",
+                key_path=f"terms.{name}",
+                hint="a term must be a size or an expression that is never negative",
             )
         out.append(Term(name, (int(value),)))
     return out

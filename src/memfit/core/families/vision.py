@@ -53,6 +53,7 @@ def token_count(workload: Workload, values: Mapping[str, int]) -> int:
         raise ConfigError(
             "family vision_inference needs vision: and observations.cameras",
             key_path="vision",
+            hint="see the act_dual_camera workload in docs/workload.md",
         )
     h, w = camera_hw(workload, values)
     _, fh, fw = conv_shapes(cams.channels * cams.frame_stack, h, w, vision.backbone)[-1]
@@ -81,6 +82,7 @@ def terms(workload: Workload, values: Mapping[str, int]) -> list[Term]:
         raise ConfigError(
             "family vision_inference needs vision: and observations.cameras",
             key_path="vision",
+            hint="see the act_dual_camera workload in docs/workload.md",
         )
     envs = values["num_envs"]
     h, w = camera_hw(workload, values)
