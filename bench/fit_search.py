@@ -44,6 +44,7 @@ import argparse
 import datetime as dt
 import gc
 import json
+import os
 import platform
 import sys
 import time
@@ -582,7 +583,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{workload.name} at {format_bytes(budget)} ...", file=sys.stderr, flush=True)
             rows.extend(compare(workload, budget, args.cuda, curve))
     mode = "CUDA" if args.cuda else "CPU, simulated GPU"
-    machine = torch.cuda.get_device_name() if args.cuda else f"{platform.processor() or 'cpu'} CPU"
+    cores = f"{os.cpu_count()} CPU cores"
+    machine = f"{torch.cuda.get_device_name()}, {cores}" if args.cuda else cores
     meta = {
         "mode": mode,
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

@@ -9,6 +9,8 @@ import pytest
 
 MODULES = [
     "memfit.units",
+    "memfit.errors",
+    "memfit.estimate.affine",
     "memfit.core.allocator",
     "memfit.core.catalog",
     "memfit.core.budget",

@@ -62,7 +62,7 @@ def test_sweep_fits_bytes_per_item() -> None:
     # Every item adds at least its input row and its output row.
     assert sweep.fit.slope >= (256 + 64) * 4
     assert [p.batch_size for p in sweep.points] == [64, 128, 256]
-    with pytest.raises(ConfigError, match="positive integers"):
+    with pytest.raises(ConfigError, match="positive integer"):
         estimate_jax_sweep(_layer, lambda b: (), [0])
 
 

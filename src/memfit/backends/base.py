@@ -21,13 +21,14 @@ True
 from __future__ import annotations
 
 import datetime as _dt
+import importlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from memfit.errors import ConfigError, file_error, read_user_text
+from memfit.errors import BackendUnavailable, ConfigError, file_error, read_user_text
 
 __all__ = [
     "SNAPSHOT_FORMAT",
@@ -35,6 +36,7 @@ __all__ = [
     "DeviceSnapshot",
     "ProcessSnapshot",
     "SystemSnapshot",
+    "import_framework",
     "utc_now",
 ]
 
@@ -189,7 +191,7 @@ class DeviceSnapshot:
             raise ConfigError(
                 "a device needs an 'index' and a 'name'",
                 key_path=where,
-                hint="use a file written by `memfit devices --save` or `--json`",
+                hint=_SNAPSHOT_HINT,
             )
         cc_raw = data.get("compute_capability")
         compute_capability: tuple[int, int] | None = None
@@ -202,11 +204,14 @@ class DeviceSnapshot:
                 raise ConfigError(
                     f"compute_capability must be [major, minor], not {cc_raw!r}",
                     key_path=f"{where}.compute_capability",
+                    hint=_SNAPSHOT_HINT,
                 )
             compute_capability = (int(cc_raw[0]), int(cc_raw[1]))
         procs_raw = data.get("processes", [])
         if not isinstance(procs_raw, list):
-            raise ConfigError("processes must be a list", key_path=f"{where}.processes")
+            raise ConfigError(
+                "processes must be a list", key_path=f"{where}.processes", hint=_SNAPSHOT_HINT
+            )
         return cls(
             index=index,
             name=name,
@@ -289,12 +294,14 @@ class SystemSnapshot:
             raise ConfigError(
                 "a snapshot needs a 'source'",
                 key_path="snapshot.source",
-                hint="use a file written by `memfit devices --save` or `--json`",
+                hint=_SNAPSHOT_HINT,
             )
         taken_at = _opt_str(data, "taken_at", "snapshot")
         devices_raw = data.get("devices", [])
         if not isinstance(devices_raw, list):
-            raise ConfigError("devices must be a list", key_path="snapshot.devices")
+            raise ConfigError(
+                "devices must be a list", key_path="snapshot.devices", hint=_SNAPSHOT_HINT
+            )
         return cls(
             source=source,
             taken_at=taken_at if taken_at is not None else utc_now(),
@@ -378,16 +385,39 @@ def _require_mapping(data: object, where: str) -> None:
         raise ConfigError(
             f"expected an object, got {type(data).__name__}",
             key_path=where,
-            hint="use a file written by `memfit devices --save` or `--json`",
+            hint=_SNAPSHOT_HINT,
         )
+
+
+def import_framework(module: Any | None, name: str, label: str) -> Any:
+    """The framework a probe reads: ``module`` when given (tests pass a fake), else ``name``.
+
+    Raises:
+        BackendUnavailable: When the framework is not installed (the hint names the extra).
+    """
+    if module is not None:
+        return module
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise BackendUnavailable(
+            f"{label} is not installed", hint=f"pip install 'memfit[{name}]'"
+        ) from exc
+
+
+_SNAPSHOT_HINT = "use a file written by `memfit devices --save` or `--json`"
 
 
 def _opt_int(data: Mapping[str, Any], key: str, where: str) -> int | None:
     value = data.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"expected an integer or null, got {value!r}", key_path=f"{where}.{key}")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(
+            f"expected a whole number >= 0 or null, got {value!r}",
+            key_path=f"{where}.{key}",
+            hint=_SNAPSHOT_HINT,
+        )
     return value
 
 
@@ -396,7 +426,11 @@ def _opt_str(data: Mapping[str, Any], key: str, where: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
-        raise ConfigError(f"expected a string or null, got {value!r}", key_path=f"{where}.{key}")
+        raise ConfigError(
+            f"expected a string or null, got {value!r}",
+            key_path=f"{where}.{key}",
+            hint=_SNAPSHOT_HINT,
+        )
     return value
 
 
@@ -405,7 +439,13 @@ def _str_tuple(data: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]
     if value is None:
         return ()
     if not isinstance(value, Sequence) or isinstance(value, str):
-        raise ConfigError(f"expected a list of strings, got {value!r}", key_path=f"{where}.{key}")
+        raise ConfigError(
+            f"expected a list of strings, got {value!r}",
+            key_path=f"{where}.{key}",
+            hint=_SNAPSHOT_HINT,
+        )
     if not all(isinstance(v, str) for v in value):
-        raise ConfigError("expected a list of strings", key_path=f"{where}.{key}")
+        raise ConfigError(
+            "expected a list of strings", key_path=f"{where}.{key}", hint=_SNAPSHOT_HINT
+        )
     return tuple(value)

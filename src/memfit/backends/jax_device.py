@@ -12,11 +12,9 @@ probe through NVML instead.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
-from memfit.backends.base import DeviceSnapshot, SystemSnapshot
-from memfit.errors import BackendUnavailable
+from memfit.backends.base import DeviceSnapshot, SystemSnapshot, import_framework
 
 __all__ = ["JaxProbe", "device_from_stats"]
 
@@ -73,14 +71,7 @@ class JaxProbe:
         self._module = module
 
     def _jax(self) -> Any:
-        if self._module is not None:
-            return self._module
-        try:
-            return importlib.import_module("jax")
-        except ImportError as exc:
-            raise BackendUnavailable(
-                "JAX is not installed", hint="pip install 'memfit[jax]'"
-            ) from exc
+        return import_framework(self._module, "jax", "JAX")
 
     def snapshot(self) -> SystemSnapshot:
         """JAX's devices with their allocator statistics.

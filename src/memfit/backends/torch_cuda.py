@@ -11,11 +11,10 @@ outside. On a CPU-only torch the probe reports no device and a note; it does not
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from typing import Any
 
-from memfit.backends.base import DeviceSnapshot, SystemSnapshot
+from memfit.backends.base import DeviceSnapshot, SystemSnapshot, import_framework
 from memfit.errors import BackendUnavailable
 
 __all__ = ["TorchProbe"]
@@ -36,14 +35,7 @@ class TorchProbe:
         self._module = module
 
     def _torch(self) -> Any:
-        if self._module is not None:
-            return self._module
-        try:
-            return importlib.import_module("torch")
-        except ImportError as exc:
-            raise BackendUnavailable(
-                "PyTorch is not installed", hint="pip install 'memfit[torch]'"
-            ) from exc
+        return import_framework(self._module, "torch", "PyTorch")
 
     def snapshot(self) -> SystemSnapshot:
         """Every CUDA device torch sees, with free/total memory and allocator statistics.

@@ -118,8 +118,10 @@ def _report(exc: MemfitError, argv: Sequence[str]) -> None:
     if _wants_json(argv):
         print_json(exc.to_dict())
     err_console.print(f"[bold red]Error:[/] {escape(exc.message)}")
-    if exc.hint:
-        err_console.print(f"[bold]Hint:[/] {escape(exc.hint)}")
+    command = next((a for a in argv if not a.startswith("-")), None)
+    fallback = f"memfit {command} --help" if command else "memfit --help"
+    hint = exc.hint or f"see `{fallback}`; rerun with --debug for the details"
+    err_console.print(f"[bold]Hint:[/] {escape(hint)}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -45,6 +45,7 @@ __all__ = [
     "environment",
     "parse_expr",
     "parse_set",
+    "require_known",
 ]
 
 Number = int | float
@@ -105,6 +106,10 @@ class Expr:
         """
         try:
             return self._fn(values)
+        except ConfigError as exc:
+            if exc.key_path is None and self.key_path is not None:
+                raise ConfigError(exc.message, key_path=self.key_path, hint=exc.hint) from None
+            raise
         except KeyError:
             missing = [n for n in self.names if n not in values]
             if not missing:
@@ -273,15 +278,30 @@ def environment(workload: Workload) -> dict[str, int]:
     return env
 
 
-def _expr_rule(name: str, text: str, key_path: str, known: set[str]) -> CompiledRule:
-    expr = parse_expr(text, key_path=key_path)
-    unknown = [n for n in expr.names if n not in known]
+def require_known(expr: Expr, known: Iterable[str], *, what: str) -> None:
+    """Check that ``expr`` reads only ``known`` names (knobs, settings, ``device_count``).
+
+    Args:
+        expr: A parsed expression; its ``key_path`` says where it came from.
+        known: The names it may read.
+        what: What the expression is, for the message (``"objective"``, ``"term"``).
+
+    Raises:
+        ConfigError: Naming the first unknown name, with a did-you-mean hint.
+    """
+    names = set(known)
+    unknown = [n for n in expr.names if n not in names]
     if unknown:
         raise ConfigError(
-            f"expression {text!r} reads {unknown[0]!r}, which is neither a knob nor a setting",
-            key_path=key_path,
-            hint=did_you_mean(unknown[0], known, otherwise="add it to knobs or settings"),
+            f"{what} reads {unknown[0]!r}, which is neither a knob nor a setting",
+            key_path=expr.key_path,
+            hint=did_you_mean(unknown[0], names, otherwise="add it to knobs or settings"),
         )
+
+
+def _expr_rule(name: str, text: str, key_path: str, known: set[str]) -> CompiledRule:
+    expr = parse_expr(text, key_path=key_path)
+    require_known(expr, known, what=f"expression {text!r}")
     return CompiledRule(name=name, names=expr.names, test=lambda v: bool(expr.evaluate(v)))
 
 

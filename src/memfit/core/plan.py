@@ -43,11 +43,12 @@ from memfit.core.constraints import (
     compile_rules,
     environment,
     parse_expr,
+    require_known,
 )
 from memfit.core.families import Evaluation, evaluate
 from memfit.core.measured import MeasuredTerms
 from memfit.core.workload import OffPolicySpec, Workload
-from memfit.errors import ConfigError, InfeasiblePlan, did_you_mean
+from memfit.errors import ConfigError, InfeasiblePlan
 from memfit.units import format_bytes
 
 __all__ = ["Plan", "plan", "plan_many"]
@@ -154,17 +155,7 @@ class _Space:
         self.search_order = list(self.priority_order)
         self.rules: list[CompiledRule] = compile_rules(workload)
         self.objective = parse_expr(workload.objective_expr(), key_path="objective")
-        unknown = [n for n in self.objective.names if n not in set(workload.knobs) | set(self.env)]
-        if unknown:
-            raise ConfigError(
-                f"objective reads {unknown[0]!r}, which is neither a knob nor a setting",
-                key_path="objective",
-                hint=did_you_mean(
-                    unknown[0],
-                    [*workload.knobs, *self.env],
-                    otherwise="write it over knob and setting names",
-                ),
-            )
+        require_known(self.objective, [*workload.knobs, *self.env], what="objective")
         spec = workload.replay or OffPolicySpec()
         self.placement = spec.placement if workload.family == "offpolicy" else "gpu"
         self.pinned_all = all(len(d) == 1 for d in self.domains.values())

@@ -442,11 +442,14 @@ def next_probe(
             anchor_value, anchor_peak = anchor
             predicted = prior_model.peak_bytes(anchor_value)
             ratio = anchor_peak / predicted if predicted > 0 else 1.0
-            # Lean by the prior's uncertainty, or by the error it showed here if larger.
-            factor = 1.0 + max(prior.uncertainty, abs(1.0 - ratio))
+            # Lean by the prior's uncertainty, or by the error it showed here if larger; by
+            # half the uncertainty when the scaling already took the error in.
+            u = prior.uncertainty
             if anchor_peak <= target:
+                factor = 1.0 + (u / 2 if ratio > 1.0 else max(u, 1.0 - ratio))
                 slope = model.slope_bytes * max(1.0, ratio) * factor
             else:
+                factor = 1.0 + (u / 2 if ratio < 1.0 else max(u, ratio - 1.0))
                 slope = model.slope_bytes * min(1.0, ratio) / factor
             model = AffineModel(anchor_peak - slope * anchor_value, slope)
         model = _steepen_for_failures(model, history, budget, best)

@@ -483,14 +483,16 @@ def _resolve(ref: str | Path) -> tuple[Path, str | None]:
     text = str(ref)
     variant: str | None = None
     path = Path(text)
-    if not path.exists() and "@" in text:
+    if not path.is_file() and "@" in text:
         text, variant = text.rsplit("@", 1)
         path = Path(text)
-    if path.exists():
+    if path.is_file():
         return path, variant
     bundled = BUNDLED_DIR / f"{text}.yaml"
-    if bundled.exists():
-        return bundled, variant
+    if bundled.is_file() and "/" not in text and "\\" not in text:
+        return bundled, variant  # a bundled name wins over a folder of the same name
+    if path.exists():
+        return path, variant  # a folder: reading it says so
     known = [p.stem for p in sorted(BUNDLED_DIR.glob("*.yaml"))]
     raise ConfigError(
         f"no workload file or bundled workload named {text!r}",
@@ -727,6 +729,12 @@ def _translate(exc: ValidationError, text: str, source: str) -> ConfigError:
         loc = loc[:-1]
     # pydantic puts union branch names in the path ("int", "str"); drop them
     loc = [p for p in loc if p not in ("int", "str", "list[int]", "constrained-int")]
+    if not loc and err["type"] == "value_error":
+        # a whole-file check names its key first ("factory must be module:function, ...")
+        first = str(err["msg"]).removeprefix("Value error, ").split(" ", 1)[0]
+        if first.split(".", 1)[0] in Workload.model_fields:
+            parts: list[int | str] = list(first.split("."))
+            loc = parts
     key_path = _loc_text(loc) or "(top level)"
     place = _line_of(text, loc)
     where = f" ({source}:{place[0]}:{place[1]})" if place else f" ({source})"

@@ -14,13 +14,13 @@ __all__ = ["AffineFit", "check_batch_sizes", "fit_affine"]
 
 
 def check_batch_sizes(batch_sizes: Sequence[int]) -> list[int]:
-    """The batch sizes to trace, as a list of positive integers.
+    """The batch sizes to trace, as a list of distinct positive integers in the given order.
 
     Raises:
         ConfigError: When ``batch_sizes`` is a string, is empty, or holds something other than
             a positive integer.
 
-    >>> check_batch_sizes((32, 64))
+    >>> check_batch_sizes((32, 64, 32))
     [32, 64]
     """
     hint = "give positive integers, e.g. [32, 64, 128] (--batch 32,64,128)"
@@ -40,7 +40,7 @@ def check_batch_sizes(batch_sizes: Sequence[int]) -> list[int]:
                 key_path="batch_sizes",
                 hint=hint,
             )
-    return sizes
+    return list(dict.fromkeys(sizes))  # each size once: tracing it again tells nothing new
 
 
 @dataclass(frozen=True)

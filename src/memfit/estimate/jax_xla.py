@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from memfit.errors import ConfigError, EstimateError
+from memfit.errors import ConfigError, EstimateError, MemfitError
 from memfit.estimate.affine import AffineFit, check_batch_sizes, fit_affine
 
 __all__ = [
@@ -295,6 +295,29 @@ def estimate_jax(
     )
 
 
+def _call_make_args(
+    make_args: Callable[[int], tuple[Any, ...]], batch_size: int
+) -> tuple[Any, ...]:
+    """``make_args(batch_size)`` as a tuple; the user's failure as an :class:`EstimateError`."""
+    try:
+        args = make_args(batch_size)
+    except MemfitError:
+        raise
+    except Exception as exc:
+        raise EstimateError(
+            f"make_args({batch_size}) failed: {type(exc).__name__}: {exc}",
+            hint="make_args(batch_size) returns the step's arguments; rerun with --debug for "
+            "the traceback",
+        ) from exc
+    if not isinstance(args, (tuple, list)):
+        raise EstimateError(
+            f"make_args({batch_size}) returned {type(args).__name__}, not a tuple of arguments",
+            hint="return a tuple, e.g. (params, jax.ShapeDtypeStruct((batch_size, 64), "
+            "jnp.float32))",
+        )
+    return tuple(args)
+
+
 def estimate_jax_sweep(
     fn: Callable[..., Any],
     make_args: Callable[[int], tuple[Any, ...]],
@@ -312,7 +335,8 @@ def estimate_jax_sweep(
     """
     sizes = check_batch_sizes(batch_sizes)
     points = [
-        estimate_jax(fn, *make_args(b), gpu=gpu, environ=environ, batch_size=b) for b in sizes
+        estimate_jax(fn, *_call_make_args(make_args, b), gpu=gpu, environ=environ, batch_size=b)
+        for b in sizes
     ]
     fit = fit_affine(sizes, [p.executable_peak_bytes for p in points])
     return JaxSweep(points=points, fit=fit, batch_knob=batch_knob)

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -360,23 +360,18 @@ class _FakeDeepcopyMode(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def _modules_of(obj: Any) -> list[torch.nn.Module]:
-    if isinstance(obj, torch.nn.Module):
-        return [obj]
-    if isinstance(obj, dict):
-        return [m for v in obj.values() for m in _modules_of(v)]
-    if isinstance(obj, (list, tuple)):
-        return [m for v in obj for m in _modules_of(v)]
-    return []
+_T = TypeVar("_T")
 
 
-def _optimizers_of(obj: Any) -> list[torch.optim.Optimizer]:
-    if isinstance(obj, torch.optim.Optimizer):
+def _instances_of(obj: Any, cls: type[_T]) -> list[_T]:
+    """Every ``cls`` in ``obj``, looking inside dicts, lists and tuples (build() may return
+    several models or optimizers)."""
+    if isinstance(obj, cls):
         return [obj]
     if isinstance(obj, dict):
-        return [o for v in obj.values() for o in _optimizers_of(v)]
+        return [m for v in obj.values() for m in _instances_of(v, cls)]
     if isinstance(obj, (list, tuple)):
-        return [o for v in obj for o in _optimizers_of(v)]
+        return [m for v in obj for m in _instances_of(v, cls)]
     return []
 
 
@@ -485,7 +480,7 @@ def _run_trace(
                     hint="return the model and its optimizer (or None) as a pair",
                 )
             model, optimizer = built
-            modules = _modules_of(model)
+            modules = _instances_of(model, torch.nn.Module)
             for root in modules:
                 for name, mod in root.named_modules():
                     trace.module_names.setdefault(id(mod), name or type(root).__name__)
@@ -503,7 +498,7 @@ def _run_trace(
                 batch = make_batch(batch_size)
                 trace.phase = "step"
                 step(model, optimizer, batch)
-                for opt in _optimizers_of(optimizer):
+                for opt in _instances_of(optimizer, torch.optim.Optimizer):
                     for state in opt.state.values():
                         for value in tree_flatten(state)[0]:
                             if isinstance(value, torch.Tensor):

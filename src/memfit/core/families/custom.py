@@ -10,10 +10,10 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 
-from memfit.core.constraints import Expr, parse_expr
+from memfit.core.constraints import Expr, parse_expr, require_known
 from memfit.core.families.common import Term
 from memfit.core.workload import Workload
-from memfit.errors import ConfigError, did_you_mean
+from memfit.errors import ConfigError
 from memfit.units import parse_bytes
 
 __all__ = ["compile_terms", "terms"]
@@ -53,13 +53,7 @@ def compile_terms(workload: Workload) -> dict[str, int | Expr]:
             out[name] = constant
             continue
         expr = _parse(spec, key_path)
-        unknown = [n for n in expr.names if n not in known]
-        if unknown:
-            raise ConfigError(
-                f"term reads {unknown[0]!r}, which is neither a knob nor a setting",
-                key_path=key_path,
-                hint=did_you_mean(unknown[0], known, otherwise="add it to knobs or settings"),
-            )
+        require_known(expr, known, what="term")
         out[name] = expr
     return out
 

@@ -33,7 +33,7 @@ from memfit.core.families.common import (
     conv_shapes,
     parameter_terms,
 )
-from memfit.core.workload import Workload, dtype_bytes
+from memfit.core.workload import CameraSpec, VisionSpec, Workload, dtype_bytes
 from memfit.errors import ConfigError
 
 __all__ = ["terms", "token_count"]
@@ -41,12 +41,8 @@ __all__ = ["terms", "token_count"]
 _F32 = 4
 
 
-def token_count(workload: Workload, values: Mapping[str, int]) -> int:
-    """Transformer tokens per rollout: image-feature tokens, extra tokens, chunk queries.
-
-    Raises:
-        ConfigError: Without a vision section or cameras.
-    """
+def _vision_and_cameras(workload: Workload) -> tuple[VisionSpec, CameraSpec]:
+    """The workload's vision section and cameras, which this family needs."""
     vision = workload.vision
     cams = workload.observations.cameras
     if vision is None or cams is None:
@@ -55,6 +51,16 @@ def token_count(workload: Workload, values: Mapping[str, int]) -> int:
             key_path="vision",
             hint="see the act_dual_camera workload in docs/workload.md",
         )
+    return vision, cams
+
+
+def token_count(workload: Workload, values: Mapping[str, int]) -> int:
+    """Transformer tokens per rollout: image-feature tokens, extra tokens, chunk queries.
+
+    Raises:
+        ConfigError: Without a vision section or cameras.
+    """
+    vision, cams = _vision_and_cameras(workload)
     h, w = camera_hw(workload, values)
     _, fh, fw = conv_shapes(cams.channels * cams.frame_stack, h, w, vision.backbone)[-1]
     extra = vision.transformer.extra_tokens if vision.transformer else 0
@@ -76,14 +82,7 @@ def terms(workload: Workload, values: Mapping[str, int]) -> list[Term]:
         ConfigError: Without a vision section or cameras, or when the backbone shrinks the
             image to nothing.
     """
-    vision = workload.vision
-    cams = workload.observations.cameras
-    if vision is None or cams is None:
-        raise ConfigError(
-            "family vision_inference needs vision: and observations.cameras",
-            key_path="vision",
-            hint="see the act_dual_camera workload in docs/workload.md",
-        )
+    vision, cams = _vision_and_cameras(workload)
     envs = values["num_envs"]
     h, w = camera_hw(workload, values)
     ab = activation_bytes(workload)
