@@ -41,6 +41,7 @@ import os
 import pickle
 import statistics
 import sys
+import tempfile
 import threading
 import time
 import types
@@ -765,7 +766,8 @@ class Recorder:
         leak_check_seconds: Look for leaks (and warn) at most this often during the run, at a
             log point; and once more at :meth:`close`. A check costs a few milliseconds.
         history: Samples kept in memory (the oldest go first).
-        oom_dir: Where OOM dumps go; default: next to ``path``, else the working directory.
+        oom_dir: Where OOM dumps go; default: next to ``path``, else the system's temporary
+            directory (``tempfile.gettempdir()``); the log line names the files.
         oom_samples: Last samples written in an OOM dump.
         memory_history: On CUDA, record allocation history with this ``max_entries`` for the
             OOM snapshot (costs time per allocation); ``None`` leaves it off (the snapshot
@@ -1297,7 +1299,9 @@ class Recorder:
         if self._oom_dumps >= self.max_oom_dumps:
             return []
         self._oom_dumps += 1
-        directory = self.oom_dir or (self.path.parent if self.path is not None else Path.cwd())
+        directory = self.oom_dir or (
+            self.path.parent if self.path is not None else Path(tempfile.gettempdir())
+        )
         stem = self.path.stem if self.path is not None else f"memfit-{os.getpid()}"
         written: list[Path] = []
         try:
