@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import tempfile
 import time
@@ -66,6 +67,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--from-plan", default=None, help="train with a fitted configuration file")
     ap.add_argument("--tier", default=None, help="which GPU of --from-plan to use")
     ap.add_argument("--skip-train", action="store_true")
+    ap.add_argument(
+        "--fast-compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="turn XLA's expensive CPU optimisation passes off (halves compile time; "
+        "default: on for the small setting, num_timesteps <= 100000, unless XLA_FLAGS is set)",
+    )
     ap.add_argument("--log", default=str(Path(tempfile.gettempdir()) / "brax_ppo.jsonl"))
     return ap.parse_args(argv)
 
@@ -132,6 +140,17 @@ def main(argv: list[str] | None = None) -> int:
     # 1. allocator settings, before JAX initialises a backend
     written = memfit.configure(jax_preallocate=False)
     print("allocator settings: " + ", ".join(f"{k}={v}" for k, v in written.items()))
+    fast = args.fast_compile
+    if fast is None:
+        fast = args.num_timesteps <= 100_000 and "XLA_FLAGS" not in os.environ
+    if fast:
+        # Most of the small setting's time is XLA compiling Brax's training step for the CPU;
+        # these two flags halve it (measured: 67 s -> 36 s of CPU time for ppo.train).
+        os.environ["XLA_FLAGS"] = (
+            os.environ.get("XLA_FLAGS", "")
+            + " --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+        ).strip()
+        print("fast compile: XLA_FLAGS=" + os.environ["XLA_FLAGS"])
 
     import jax
     from brax import envs
