@@ -212,3 +212,10 @@ def test_user_mistakes_exit_1_without_traceback(
 def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], args: tuple[str, ...]) -> None:
     code, _, _ = _run(capsys, *args)
     assert code == 2
+
+
+def test_bare_memfit_prints_help_and_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main([])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "plan" in out and "Usage" in out

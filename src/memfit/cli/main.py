@@ -129,6 +129,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args or bool(os.environ.get("MEMFIT_DEBUG"))
     command = typer.main.get_command(app)
+    if not args:  # bare `memfit`: the help, as a request rather than a usage error
+        args = ["--help"]
     try:
         result = command.main(args=args, prog_name="memfit", standalone_mode=False)
     except MemfitError as exc:
