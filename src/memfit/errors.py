@@ -26,6 +26,7 @@ __all__ = [
     "did_you_mean",
     "file_error",
     "read_user_text",
+    "require_positive_int",
 ]
 
 
@@ -260,3 +261,19 @@ def read_user_text(path: str | Path, *, what: str = "the file", hint: str | None
             key_path=f"{source}:{line}:{column}",
             hint=hint or "save it as UTF-8 text, or check that this is the right file",
         ) from exc
+
+
+def require_positive_int(name: str, value: object, *, hint: str | None = None) -> int:
+    """Return ``value`` when it is an ``int`` of at least 1 (not a ``bool``).
+
+    Raises:
+        ConfigError: Otherwise, with ``name`` as the key path.
+
+    >>> require_positive_int("max_splits", 64)
+    64
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(
+            f"{name} must be a positive integer, not {value!r}", key_path=name, hint=hint
+        )
+    return value

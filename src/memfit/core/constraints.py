@@ -32,7 +32,7 @@ from typing import Any
 
 from memfit.core.workload import Rule as RuleSpec
 from memfit.core.workload import Workload, load_workload
-from memfit.errors import ConfigError, did_you_mean
+from memfit.errors import ConfigError, did_you_mean, require_positive_int
 
 __all__ = [
     "PRESETS",
@@ -428,9 +428,7 @@ def apply_overrides(workload: Workload, overrides: Mapping[str, int] | None) -> 
                 key_path=name,
                 hint=did_you_mean(name, known, otherwise=f"known: {', '.join(known)}"),
             )
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{name} must be a positive integer, not {value!r}", key_path=name)
-        out[name] = value
+        out[name] = require_positive_int(name, value)
     return out
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from memfit.errors import ConfigError, InfeasiblePlan
+from memfit.errors import ConfigError, InfeasiblePlan, require_positive_int
 from memfit.units import format_bytes, parse_bytes
 
 __all__ = ["batch_size_from_estimate", "keep_effective_batch"]
@@ -86,9 +86,8 @@ def keep_effective_batch(effective: int, micro: int) -> tuple[int, int]:
     Raises:
         ConfigError: When ``effective`` or ``micro`` is not a positive integer.
     """
-    for name, value in (("effective", effective), ("micro", micro)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{name} must be a positive integer, not {value!r}", key_path=name)
+    require_positive_int("effective", effective)
+    require_positive_int("micro", micro)
     size = min(micro, effective)
     while effective % size:
         size -= 1

@@ -53,7 +53,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from memfit.errors import ConfigError, OutOfMemory
+from memfit.errors import ConfigError, OutOfMemory, require_positive_int
 from memfit.runtime import distributed
 from memfit.runtime.events import EventSink, MemoryEvent, emit
 from memfit.runtime.oom import forget_exception, is_oom
@@ -445,21 +445,8 @@ class TrainGuard:
     ) -> None:
         import torch
 
-        if isinstance(max_splits, bool) or not isinstance(max_splits, int) or max_splits < 1:
-            raise ConfigError(
-                f"max_splits must be a positive integer, not {max_splits!r}",
-                key_path="max_splits",
-                hint="use a power of two such as 64",
-            )
-        if (
-            isinstance(grow_back_after, bool)
-            or not isinstance(grow_back_after, int)
-            or grow_back_after < 1
-        ):
-            raise ConfigError(
-                f"grow_back_after must be a positive integer, not {grow_back_after!r}",
-                key_path="grow_back_after",
-            )
+        require_positive_int("max_splits", max_splits, hint="use a power of two such as 64")
+        require_positive_int("grow_back_after", grow_back_after)
         if isinstance(optimizer, torch.optim.LBFGS):
             raise ConfigError(
                 "TrainGuard cannot drive LBFGS: its step re-evaluates the loss through a closure",
@@ -993,11 +980,8 @@ class RolloutGuard(Generic[T]):
         max_splits: int = 64,
         grow_back_after: int = 50,
     ) -> None:
-        for name, value in (("max_splits", max_splits), ("grow_back_after", grow_back_after)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(
-                    f"{name} must be a positive integer, not {value!r}", key_path=name
-                )
+        require_positive_int("max_splits", max_splits)
+        require_positive_int("grow_back_after", grow_back_after)
         self.fn = fn
         self.split_dim = split_dim
         self.on_event = on_event

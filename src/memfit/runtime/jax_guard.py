@@ -23,7 +23,7 @@ import gc
 from collections.abc import Callable
 from typing import Any
 
-from memfit.errors import ConfigError, OutOfMemory
+from memfit.errors import ConfigError, OutOfMemory, require_positive_int
 from memfit.runtime.events import EventSink, MemoryEvent, emit
 from memfit.runtime.oom import forget_exception, is_oom
 
@@ -81,11 +81,8 @@ class TrainGuard:
         on_event: EventSink | None = None,
         grow_back_after: int = 50,
     ) -> None:
-        for name, value in (("max_splits", max_splits), ("grow_back_after", grow_back_after)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(
-                    f"{name} must be a positive integer, not {value!r}", key_path=name
-                )
+        require_positive_int("max_splits", max_splits)
+        require_positive_int("grow_back_after", grow_back_after)
         self.loss_fn = loss_fn
         self.update_fn = update_fn
         self.count_fn = count_fn
