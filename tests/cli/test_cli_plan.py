@@ -181,3 +181,21 @@ def test_examples(capsys: pytest.CaptureFixture[str]) -> None:
     assert any("act" in n for n in names)
     code, out, _ = run(capsys, "examples")
     assert code == 0 and "dqn_fire_raster" in out
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_tier_table_exits_1_when_nothing_fits(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, as_json: bool
+) -> None:
+    path = tmp_path / "huge.yaml"
+    path.write_text(
+        "family: custom\nterms: {weights: 200GiB, per_env: 'n * 1024'}\n"
+        "knobs:\n  n: {min: 1, max: 8}\nobjective: n\n",
+        encoding="utf-8",
+    )
+    code, out, err = run(capsys, "plan", str(path), "--all-gpus", *(["--json"] if as_json else []))
+    assert code == 1
+    assert "fits on none of the" in err and "Hint:" in err
+    if as_json:
+        rows = json.loads(out)["plans"]
+        assert rows and not any(r["fits"] for r in rows)

@@ -171,6 +171,7 @@ def _tiers(workload: Workload, overrides: dict[str, int], margin: float, as_json
             for name, r in zip(names, results, strict=True)
         ]
         print_json({"workload": workload.name, "plans": rows})
+        _fail_if_none_fit(workload, results)
         return
     knob_names = list(workload.knobs)
     if workload.family == "offpolicy" and (workload.replay and workload.replay.placement) == "auto":
@@ -206,6 +207,26 @@ def _tiers(workload: Workload, overrides: dict[str, int], margin: float, as_json
             escape(r.binding or "-"),
         )
     out_console.print(table)
+    _fail_if_none_fit(workload, results)
+
+
+def _fail_if_none_fit(workload: Workload, results: list[Any]) -> None:
+    """Exit 1 (after the table or JSON is out) when the workload fits on none of the GPUs."""
+    if not all(isinstance(r, InfeasiblePlan) for r in results):
+        return
+    smallest = min(
+        (r.smallest_bytes for r in results if r.smallest_bytes is not None), default=None
+    )
+    need = f" (its smallest configuration needs {format_bytes(smallest)})" if smallest else ""
+    err_console.print(
+        f"[bold red]Error:[/] {escape(workload.name)} fits on none of the "
+        f"{len(results)} GPUs of the tier table{escape(need)}"
+    )
+    err_console.print(
+        "[bold]Hint:[/] widen the knob ranges (smaller minimums), lower the precision, or "
+        "plan for a bigger card with --gpu SIZE"
+    )
+    raise typer.Exit(1)
 
 
 def _host_bytes(text: str | None) -> int | None:
