@@ -6,12 +6,23 @@ small transformer encoder with AdamW) and the same memory budgets are searched b
 * **memfit** ``fit`` with a fake-tensor trace as its prior (``memfit.runtime.fit.trace_prior``),
   at margin 0 (the same target as the others: the largest batch that does not run out) and
   at its default 5% margin; and without a prior;
-* **Lightning** ``BatchSizeFinder`` rules ``power`` and ``binsearch``. Lightning is not
-  installed here, so this is a re-implementation of ``_run_power_scaling`` and
-  ``_run_binsearch_scaling`` in ``lightning/pytorch/tuner/batch_size_scaling.py`` (read from
-  Lightning-AI/pytorch-lightning at commit 7f0c343, 2026-07): init_val 2, steps_per_trial 3,
-  max_trials 25, max_val 8192, binsearch margin 0.05, doubling until the first OOM, halving
-  (power) or bisection (binsearch) after it;
+* **Lightning** ``BatchSizeFinder`` in modes ``power`` and ``binsearch``: where ``lightning``
+  imports, the real callback (``lightning.pytorch.callbacks.BatchSizeFinder`` with its
+  documented defaults: init_val 2, steps_per_trial 3, max_trials 25, max_val 8192, binsearch
+  margin 0.05) in a real ``lightning.Trainer`` on the same device (``trainer.fit``; the
+  LightningModule's ``training_step`` runs the workload's own step, manual optimization, so
+  it is the same forward, backward, optimizer step as every other method's). The whole
+  ``fit`` runs inside the simulated GPU (model and optimizer state counted, as for the other
+  methods; Lightning's checkpoint save and restore too). Lightning's ``is_oom_error`` looks
+  for ``"CUDA"`` and ``"out of memory"`` in the message, not at the type, so the step
+  rewords the simulated GPU's ``torch.OutOfMemoryError`` as the CUDA allocator's (see
+  ``_simulated_to_cuda_oom``); on ``--cuda`` the real error passes unchanged. After the
+  search Lightning trains 2 steps at the size found (``max_steps=2``): those are the "does
+  the final value run" check. Where lightning does not import, or with ``--reimplemented``,
+  a re-implementation of ``_run_power_scaling`` and ``_run_binsearch_scaling``
+  (``lightning/pytorch/tuner/batch_size_scaling.py``, Lightning-AI/pytorch-lightning 7f0c343,
+  2026-07, the same code as lightning 2.6.6) runs through the same trials as the other
+  methods, labelled "(re-implemented)";
 * **Accelerate** ``find_executable_batch_size`` (``accelerate/utils/memory.py``, commit
   16cb6eb, 2026-07): start at 128 (its default) and rerun, ``int(batch * 0.9)`` after each
   OOM; it never grows. A second row starts at 4096, as users do when they expect more.
@@ -35,7 +46,11 @@ Goal (issue 7): memfit reaches at least 97% of the true maximum, never above it,
 
 Writes ``bench/out/fit_search.json`` and ``bench/out/fit_search.md`` and prints the table.
 Run: ``python bench/fit_search.py`` (a few minutes on 2 CPU cores); ``--quick`` for one budget
-per workload; ``--cuda`` on a GPU machine.
+per workload; ``--cuda`` on a GPU machine; ``--reimplemented`` to add the re-implemented
+Lightning rules beside the real finder (a check that they try the same sizes). The objects
+that exist after the imports are frozen out of the garbage collector (``gc.freeze``): the
+searches call ``gc.collect`` after each OOM (Lightning before every trial), and with torch and
+lightning loaded each full collection otherwise costs about 0.4 s here.
 """
 
 from __future__ import annotations
@@ -64,9 +79,9 @@ from memfit.runtime.simulate import simulate_gpu
 from memfit.units import MiB, format_bytes
 
 OUT = Path(__file__).resolve().parent / "out"
-LIGHTNING_SOURCE = (
+LIGHTNING_REIMPLEMENTED = (
     "re-implementation of lightning/pytorch/tuner/batch_size_scaling.py "
-    "(Lightning-AI/pytorch-lightning 7f0c3436, 2026-07); lightning is not installed here"
+    "(Lightning-AI/pytorch-lightning 7f0c3436, 2026-07)"
 )
 ACCELERATE_SOURCE = (
     "re-implementation of accelerate/utils/memory.py find_executable_batch_size "
@@ -296,6 +311,160 @@ def accelerate_shrink(trial: Trial, *, starting_batch_size: int = 128, steps: in
         batch_size = int(batch_size * 0.9)
 
 
+# -- the real Lightning BatchSizeFinder ------------------------------------------------------------
+
+
+def lightning_version() -> str | None:
+    """The installed Lightning's version, or ``None`` when ``lightning`` does not import."""
+    try:
+        import lightning
+    except ImportError:
+        return None
+    return str(lightning.__version__)
+
+
+class _IndexCount(torch.utils.data.Dataset[int]):
+    """``HIGH * 3`` items; the loader's collate gives only the batch size (an int, no tensor).
+
+    The step builds its batch itself (``make_batch(n)``, inside the step, on the budgeted
+    device), as every other method's trial does, so the loader adds no memory of its own. The
+    length lets three full batches of ``max_val`` run and keeps Lightning's "batch size >= the
+    dataset's length" stop from firing.
+    """
+
+    def __len__(self) -> int:
+        return 3 * HIGH
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+def _simulated_to_cuda_oom(exc: torch.OutOfMemoryError) -> torch.OutOfMemoryError:
+    """The simulated GPU's OOM, worded as the CUDA caching allocator's.
+
+    Lightning's ``is_oom_error`` (``lightning/pytorch/utilities/memory.py``) does not look at
+    the type: it wants a ``RuntimeError`` with one argument containing ``"CUDA"`` and
+    ``"out of memory"`` (or the cuDNN / CPU-allocator texts). memfit's simulated GPU says
+    ``"Simulated GPU out of memory. ..."``, which it would re-raise as "not memory related";
+    a real capped GPU raises ``"CUDA out of memory. Tried to allocate ..."``, which it catches.
+    """
+    return torch.OutOfMemoryError(f"CUDA out of memory (memfit simulated GPU). {exc}")
+
+
+def _lightning_search(mode: str) -> Callable[[Workload, int, bool], dict[str, Any]]:
+    """Lightning's own ``BatchSizeFinder(mode)`` in a ``lightning.Trainer`` (``fit``)."""
+
+    def search(workload: Workload, budget: int, cuda: bool) -> dict[str, Any]:
+        return _run_lightning(mode, workload, budget, cuda)
+
+    return search
+
+
+def _run_lightning(mode: str, workload: Workload, budget: int, cuda: bool) -> dict[str, Any]:
+    import logging
+    import tempfile
+    import warnings
+
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import BatchSizeFinder
+
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    counter = Counter()
+    state = {"searching": True, "final_ran": 0}
+
+    class FinderModule(pl.LightningModule):
+        """The workload's model and step; Lightning drives it (manual optimization, so the
+        step is the same function every other method runs: forward, backward, step, zero)."""
+
+        def __init__(self, net: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+            super().__init__()
+            self.automatic_optimization = False
+            self.net = net
+            self.raw_optimizer = optimizer
+            self.batch_size = 2  # BatchSizeFinder sets it (init_val first)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return self.raw_optimizer
+
+        def train_dataloader(self) -> torch.utils.data.DataLoader[int]:
+            return torch.utils.data.DataLoader(
+                _IndexCount(), batch_size=self.batch_size, collate_fn=len
+            )
+
+        def on_train_start(self) -> None:  # once per trial (each trial reruns the fit loop)
+            if state["searching"]:
+                counter.trials += 1
+                counter.values.append(self.batch_size)
+
+        def training_step(self, batch: int, batch_idx: int) -> None:
+            if state["searching"]:
+                counter.steps += 1
+            opt = self.optimizers()
+            self.net.zero_grad(set_to_none=True)  # as Trial.run does before a trial
+            try:
+                with torch.device(self.device):
+                    workload.step.step(self.net, opt, workload.step.make_batch(batch))
+            except torch.OutOfMemoryError as exc:
+                if state["searching"]:
+                    counter.ooms += 1
+                if "CUDA" in str(exc):
+                    raise
+                raise _simulated_to_cuda_oom(exc) from None
+            if not state["searching"]:
+                state["final_ran"] += 1  # a training step after the search that completed
+
+    class SearchDone(pl.Callback):
+        """Listed after the finder: its ``on_fit_start`` runs when the search has returned."""
+
+        def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            state["searching"] = False
+
+    start = time.perf_counter()
+    finder = BatchSizeFinder(mode=mode, steps_per_trial=3, init_val=2, max_trials=25)
+    with _device_context(budget, cuda) as device, tempfile.TemporaryDirectory() as root:
+        with torch.device(device):
+            model, optimizer = workload.step.build()
+        Trial(model, optimizer, workload.step, device).run(1, 1)  # warm, as run_method does
+        trainer = pl.Trainer(
+            accelerator="gpu" if cuda else "cpu",
+            devices=[device.index] if cuda else 1,
+            callbacks=[finder, SearchDone()],
+            max_steps=2,  # after the search, train 2 steps at the size found
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            default_root_dir=root,
+        )
+        uncaught = 0
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                trainer.fit(FinderModule(model, optimizer))
+            except Exception as exc:
+                if not is_oom(exc):
+                    raise
+                if state["searching"]:
+                    uncaught = 1
+        value = int(finder.optimal_batch_size or 0) if not uncaught else 0
+        # The 2 training steps Lightning runs after the search are the "does it run" check.
+        used_ok = value > 0 and not state["searching"] and state["final_ran"] == 2
+        del trainer, model, optimizer
+        gc.collect()
+    return {
+        "trials": counter.trials,
+        "steps": counter.steps,
+        "ooms": counter.ooms,
+        "uncaught_ooms": uncaught,
+        "value": value,
+        "final_runs": used_ok,
+        "tried": counter.values,
+        "seconds": round(time.perf_counter() - start, 2),
+    }
+
+
 # -- truth -----------------------------------------------------------------------------------------
 
 
@@ -443,18 +612,35 @@ def _memfit(margin: float, prior: Any, steps: int = 2) -> Callable[[Trial], int]
 
 
 def compare(
-    workload: Workload, budget: int, cuda: bool, curve: SimulatedCurve | None
+    workload: Workload,
+    budget: int,
+    cuda: bool,
+    curve: SimulatedCurve | None,
+    lightning: tuple[str, ...] = ("real",),
 ) -> list[dict[str, Any]]:
+    """Every method on one workload and budget; ``lightning`` picks the Lightning rows
+    (``"real"``: the installed ``BatchSizeFinder``; ``"reimplemented"``: the rule above)."""
     t0 = time.perf_counter()
     prior0 = trace_prior(workload.step, low=1, high=HIGH, budget=budget, margin=0.0)
     prior5 = trace_prior(workload.step, low=1, high=HIGH, budget=budget, margin=0.05)
     trace_s = round(time.perf_counter() - t0, 2)
-    methods: list[tuple[str, Callable[[Trial], int], float]] = [
+    Search = Callable[[Trial], int] | Callable[[Workload, int, bool], dict[str, Any]]
+    methods: list[tuple[str, Search, float]] = [
         ("memfit (traced prior, margin 0)", _memfit(0.0, prior0), 0.0),
         ("memfit (traced prior, margin 5%)", _memfit(0.05, prior5), 0.05),
         ("memfit (no prior, margin 0)", _memfit(0.0, None), 0.0),
-        ("Lightning power", lightning_power, 0.0),
-        ("Lightning binsearch", lightning_binsearch, 0.0),
+    ]
+    if "real" in lightning:
+        methods += [
+            ("Lightning BatchSizeFinder power", _lightning_search("power"), 0.0),
+            ("Lightning BatchSizeFinder binsearch", _lightning_search("binsearch"), 0.0),
+        ]
+    if "reimplemented" in lightning:
+        methods += [
+            ("Lightning power (re-implemented)", lightning_power, 0.0),
+            ("Lightning binsearch (re-implemented)", lightning_binsearch, 0.0),
+        ]
+    methods += [
         ("Accelerate x0.9 from 128", accelerate_shrink, 0.0),
         (
             "Accelerate x0.9 from 4096",
@@ -464,7 +650,11 @@ def compare(
     ]
     rows = []
     for name, search, margin in methods:
-        row = run_method(name, workload, budget, cuda, search)
+        if name.startswith("Lightning BatchSizeFinder"):
+            row = {"method": name, "workload": workload.name, "budget_bytes": budget}
+            row.update(search(workload, budget, cuda))  # type: ignore[call-arg]
+        else:
+            row = run_method(name, workload, budget, cuda, search)  # type: ignore[arg-type]
         row["margin"] = margin
         if name.startswith("memfit (traced"):
             row["trace_seconds"] = trace_s
@@ -518,7 +708,7 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "",
         f"{meta['date']}, {meta['machine']}, torch {meta['torch']}. Command: `{meta['command']}`.",
         "",
-        f"Lightning: {LIGHTNING_SOURCE}. Accelerate: {ACCELERATE_SOURCE}.",
+        f"Lightning: {meta['lightning']}. Accelerate: {ACCELERATE_SOURCE}.",
         "",
         "| workload | budget | method | trials | steps | OOMs | value | true max | fraction "
         "| above max |",
@@ -564,6 +754,24 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
         "Goal (memfit with a traced prior: >= 97% of the true max, never above, <= 3 probes, "
         f"no uncaught OOM): {'met' if goal else 'NOT met'} in {len(memfit)} cases.",
     ]
+    for mode in ("power", "binsearch"):
+        real = {
+            (r["workload"], r["budget_bytes"]): r
+            for r in rows
+            if r["method"] == f"Lightning BatchSizeFinder {mode}"
+        }
+        again = [r for r in rows if r["method"] == f"Lightning {mode} (re-implemented)"]
+        pairs = [(real.get((r["workload"], r["budget_bytes"])), r) for r in again]
+        pairs = [(a, b) for a, b in pairs if a is not None]
+        if pairs:
+            same = sum(
+                a["tried"] == b["tried"] and a["value"] == b["value"] and a["ooms"] == b["ooms"]
+                for a, b in pairs
+            )
+            out.append(
+                f"Re-implemented Lightning {mode} rule: the same sizes tried, OOMs and result as "
+                f"the real BatchSizeFinder in {same} of {len(pairs)} cases."
+            )
     return out
 
 
@@ -571,17 +779,39 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="one budget per workload")
     parser.add_argument("--cuda", action="store_true", help="run on the CUDA GPU")
+    parser.add_argument(
+        "--reimplemented",
+        action="store_true",
+        help="also run the re-implemented Lightning rules beside the real BatchSizeFinder",
+    )
     args = parser.parse_args(argv)
     if args.cuda and not torch.cuda.is_available():
         print("--cuda: torch sees no CUDA device here", file=sys.stderr)
         return 2
+    version = lightning_version()
+    lightning: tuple[str, ...] = ("real",) if version else ("reimplemented",)
+    if version and args.reimplemented:
+        lightning = ("real", "reimplemented")
+    real_note = (
+        f"the real lightning.pytorch.callbacks.BatchSizeFinder (lightning {version}, defaults:"
+        " init_val 2, steps_per_trial 3, max_trials 25, max_val 8192, binsearch margin 5%) in"
+        " a lightning.Trainer; the simulated GPU's OOM is reworded as CUDA's, which is what"
+        " Lightning's is_oom_error matches"
+    )
+    lightning_note = {
+        ("real",): real_note,
+        ("reimplemented",): f"{LIGHTNING_REIMPLEMENTED}; lightning is not installed here",
+        ("real", "reimplemented"): f"{real_note}; and a {LIGHTNING_REIMPLEMENTED}",
+    }[lightning]
+    gc.collect()
+    gc.freeze()  # torch and lightning's objects: keep every later gc.collect short
     rows: list[dict[str, Any]] = []
     for workload in WORKLOADS:
         budgets = workload.budgets[1:2] if args.quick else workload.budgets
         curve = None if args.cuda else SimulatedCurve(workload)
         for budget in budgets:
             print(f"{workload.name} at {format_bytes(budget)} ...", file=sys.stderr, flush=True)
-            rows.extend(compare(workload, budget, args.cuda, curve))
+            rows.extend(compare(workload, budget, args.cuda, curve, lightning))
     mode = "CUDA" if args.cuda else "CPU, simulated GPU"
     cores = f"{os.cpu_count()} CPU cores"
     machine = f"{torch.cuda.get_device_name()}, {cores}" if args.cuda else cores
@@ -592,8 +822,9 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         "command": "python bench/fit_search.py"
         + (" --cuda" if args.cuda else "")
-        + (" --quick" if args.quick else ""),
-        "lightning": LIGHTNING_SOURCE,
+        + (" --quick" if args.quick else "")
+        + (" --reimplemented" if args.reimplemented else ""),
+        "lightning": lightning_note,
         "accelerate": ACCELERATE_SOURCE,
     }
     OUT.mkdir(parents=True, exist_ok=True)

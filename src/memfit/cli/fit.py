@@ -127,6 +127,40 @@ def _restored(model: Any, optimizer: Any, off_device: Callable[[], Any]) -> Iter
             optimizer.load_state_dict(optim_state)
 
 
+def _build(step: Any, torch_device: Any, budget: int) -> tuple[Any, Any]:
+    """``step.build()`` on the device; the model not fitting at all is the user's answer.
+
+    Raises:
+        InfeasiblePlan: When building the model and optimizer runs out of memory.
+        ConfigError: When ``build()`` fails otherwise.
+    """
+    import torch
+
+    from memfit.errors import InfeasiblePlan
+    from memfit.runtime.oom import forget_exception, is_oom
+
+    message: str | None = None
+    try:
+        with torch.device(torch_device):
+            return step.build()  # type: ignore[no-any-return]
+    except Exception as exc:
+        if not is_oom(exc):
+            raise ConfigError(
+                f"the factory's build() failed: {type(exc).__name__}: {exc}",
+                key_path="factory",
+                hint="build() returns (model, optimizer); rerun with --debug for the traceback",
+            ) from exc
+        message = forget_exception(exc)
+    raise InfeasiblePlan(
+        f"the model and optimizer alone do not fit in {format_bytes(budget)}: "
+        f"{message.splitlines()[0] if message else 'out of memory'}",
+        smallest_bytes=None,
+        budget_bytes=budget,
+        binding_term="parameters",
+        hint="raise --budget, use a larger GPU, or a smaller model (memfit plan tells how much)",
+    )
+
+
 def _probe_table(result_data: dict[str, Any], knob: str, budget: int, margin: float) -> Table:
     table = Table(title=f"probes (budget {format_bytes(budget)}, margin {margin:.0%})")
     table.add_column("#", justify="right")
@@ -197,12 +231,30 @@ def fit_command(
             key_path="factory",
             hint="for JAX, call memfit.fit(run, ...) with your own probe function",
         )
-    knob_name = knob or step.batch_knob
+    if knob is not None and knob != step.batch_knob:
+        raise ConfigError(
+            f"{spec} varies only its batch knob {step.batch_knob!r} (make_batch(n)); "
+            f"it cannot search {knob!r}",
+            key_path="--knob",
+            hint=f"leave --knob out, or use --knob {step.batch_knob}",
+        )
+    knob_name = step.batch_knob
     lo, hi, constraint, described = _domain(workload, knob_name, low, high)
+    # Checked before the (slow) trace: bounds that leave nothing to search, an empty budget.
+    from memfit.core.search import valid_values
+
+    valid_values(low=lo, high=hi, multiple_of=multiple_of, constraint=constraint)
+    if budget_bytes is not None and budget_bytes <= 0:
+        raise ConfigError(
+            f"the budget must be positive, got {budget!r}",
+            key_path="--budget",
+            hint="e.g. --budget 2GiB",
+        )
 
     import torch
 
     from memfit.runtime.fit import fit, trace_prior
+    from memfit.runtime.oom import is_oom
     from memfit.runtime.simulate import SimulatedGpu, simulate_gpu
 
     if dev == "cpu":
@@ -236,8 +288,7 @@ def fit_command(
         sim: SimulatedGpu | None = None
         if dev == "cpu":
             sim = stack.enter_context(simulate_gpu(search_budget))
-        with torch.device(torch_device):
-            model, optimizer = step.build()
+        model, optimizer = _build(step, torch_device, search_budget)
 
         def off_device() -> contextlib.AbstractContextManager[None]:
             return sim.paused() if sim is not None else contextlib.nullcontext()
@@ -247,7 +298,19 @@ def fit_command(
                 model.zero_grad(set_to_none=True)
             with torch.device(torch_device):
                 for _ in range(steps):
-                    step.step(model, optimizer, step.make_batch(value))
+                    try:
+                        step.step(model, optimizer, step.make_batch(value))
+                    except Exception as exc:
+                        if is_oom(exc):
+                            raise  # memfit.fit counts it as a probe that does not fit
+                        raise ConfigError(
+                            f"{spec}'s step failed at {knob_name}={value}: "
+                            f"{type(exc).__name__}: {exc}",
+                            key_path="factory",
+                            hint="check that build/make_batch/step run as they are on this "
+                            "machine; rerun with --debug (or read the chained exception) "
+                            "for the traceback",
+                        ) from exc
 
         with _restored(model, optimizer, off_device):
             result = fit(

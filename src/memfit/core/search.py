@@ -259,8 +259,16 @@ def valid_values(
     """A predicate for the values the search may return.
 
     Raises:
-        ConfigError: When ``low`` is below 1, ``high`` below ``low`` or ``multiple_of`` below 1.
+        ConfigError: When ``low``, ``high`` or ``multiple_of`` is not an integer, ``low`` is
+            below 1, ``high`` below ``low`` or ``multiple_of`` below 1.
     """
+    for name, given in (("low", low), ("high", high), ("multiple_of", multiple_of)):
+        if isinstance(given, bool) or not isinstance(given, int):
+            raise ConfigError(
+                f"must be a whole number, got {given!r}",
+                key_path=name,
+                hint="knob values are integers (a batch size, a count of environments)",
+            )
     if low < 1:
         raise ConfigError(f"must be at least 1, got {low!r}", key_path="low")
     if high < low:

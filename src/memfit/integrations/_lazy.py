@@ -37,6 +37,14 @@ def require(module: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError as exc:
         top = module.split(".")[0]
+        missing = (getattr(exc, "name", None) or top).split(".")[0]
+        if missing != top and missing in _PIP:
+            # The framework is there but one of its own requirements is not (torch under
+            # lightning or transformers): name the package that is really missing.
+            raise BackendUnavailable(
+                f"{module} needs {missing}, which is not installed ({exc})",
+                hint=_PIP[missing],
+            ) from exc
         raise BackendUnavailable(
             f"{module} is not installed ({exc})",
             hint=_PIP.get(top, f"pip install {top}"),

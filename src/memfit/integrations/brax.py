@@ -129,6 +129,15 @@ class PpoViolation:
         return f"{self.message}; nearest valid: {fixes}"
 
 
+def _whole_or(value: Any, default: int) -> int:
+    """``value`` as a positive int when it is one in disguise (``2048.0``, ``"2048"``)."""
+    if isinstance(value, float) and value.is_integer() and value >= 1:
+        return int(value)
+    if isinstance(value, str) and value.strip().isdigit() and int(value) >= 1:
+        return int(value)
+    return default
+
+
 def _multiples_near(value: int, unit: int, *, lowest: int = 1) -> list[int]:
     """The multiples of ``unit`` just below and just above ``value`` (at least ``lowest``)."""
     below = (value // unit) * unit
@@ -204,7 +213,7 @@ def ppo_violations(
                 PpoViolation(
                     rule=f"{key} >= 1",
                     message=f"{key} must be a positive integer, not {value!r}",
-                    suggestions=({key: BRAX_PPO_DEFAULTS[key]},),
+                    suggestions=({key: _whole_or(value, BRAX_PPO_DEFAULTS[key])},),
                 )
             )
     if not bad_sizes:

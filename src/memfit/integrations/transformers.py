@@ -94,6 +94,17 @@ def MemfitCallback(recorder: Any | None = None) -> Any:
     return callback_class()(recorder)
 
 
+def _require_training_args(args: Any, key_path: str) -> None:
+    for name in ("per_device_train_batch_size", "gradient_accumulation_steps"):
+        if not hasattr(args, name):
+            raise ConfigError(
+                f"{key_path} has no {name}: expected a transformers.TrainingArguments, "
+                f"not {type(args).__name__}",
+                key_path=key_path,
+                hint="pass trainer.args (a TrainingArguments)",
+            )
+
+
 def apply_batch(args: Any, micro_batch: int) -> tuple[int, int]:
     """Set the micro-batch and adjust gradient accumulation so the effective batch stays.
 
@@ -109,8 +120,10 @@ def apply_batch(args: Any, micro_batch: int) -> tuple[int, int]:
         ``(per_device_train_batch_size, gradient_accumulation_steps)`` as set.
 
     Raises:
-        ConfigError: When ``micro_batch`` is not a positive integer.
+        ConfigError: When ``micro_batch`` is not a positive integer, or ``args`` has no
+            ``per_device_train_batch_size`` / ``gradient_accumulation_steps``.
     """
+    _require_training_args(args, "args")
     effective = int(args.per_device_train_batch_size) * int(args.gradient_accumulation_steps)
     micro, accumulation = keep_effective_batch(effective, micro_batch)
     args.per_device_train_batch_size = micro
@@ -153,7 +166,8 @@ def train(
 
     Raises:
         OutOfMemory: When a micro-batch of 1 (or ``max_halvings`` halvings) still does not fit.
-        ConfigError: When ``max_halvings`` is negative.
+        ConfigError: When ``max_halvings`` is negative, or ``trainer`` is not a Trainer
+            with ``TrainingArguments``.
         BackendUnavailable: When transformers is not installed.
     """
     if isinstance(max_halvings, bool) or not isinstance(max_halvings, int) or max_halvings < 0:
@@ -162,6 +176,13 @@ def train(
             key_path="max_halvings",
         )
     require("transformers")
+    if not callable(getattr(trainer, "train", None)):
+        raise ConfigError(
+            f"trainer must be a transformers.Trainer, not {type(trainer).__name__}",
+            key_path="trainer",
+            hint="memfit.integrations.transformers.train(Trainer(model=..., args=...))",
+        )
+    _require_training_args(getattr(trainer, "args", None), "trainer.args")
     from memfit.runtime.guard import memory_figures
     from memfit.runtime.oom import forget_exception, is_oom
 

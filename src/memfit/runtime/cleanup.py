@@ -349,6 +349,9 @@ def after_call(
     Returns:
         The wrapped function, or a decorator when ``fn`` is not given.
 
+    Raises:
+        ConfigError: When ``fn`` is given and is not callable.
+
     >>> @after_call
     ... def fetch(i):
     ...     return i * 2
@@ -376,6 +379,13 @@ def after_call(
         return wrapper
 
     if fn is not None:
+        if not callable(fn):
+            raise ConfigError(
+                f"after_call decorates a function, not a {type(fn).__name__}",
+                key_path="fn",
+                hint="use @memfit.cleanup.after_call or "
+                "@memfit.cleanup.after_call(gc_collect=True)",
+            )
         return decorate(fn)
     return decorate
 

@@ -531,7 +531,8 @@ def fit(
         The :class:`FitResult`.
 
     Raises:
-        ConfigError: When a bound, the budget, the margin or the prior is invalid.
+        ConfigError: When ``run`` is not callable, or a bound, the budget, the margin, the
+            prior or ``max_probes`` is invalid.
         BackendUnavailable: When there is nothing to measure on (no simulated GPU, CUDA or
             JAX GPU).
         InfeasiblePlan: When not even the smallest valid value fits the budget.
@@ -546,8 +547,16 @@ def fit(
     >>> result.value, len(result.probes) <= 4
     (127, True)
     """
-    if max_probes < 1:
-        raise ConfigError(f"must be at least 1, got {max_probes!r}", key_path="max_probes")
+    if not callable(run):
+        raise ConfigError(
+            f"run must be a callable run(value) -> None, not {type(run).__name__}",
+            key_path="run",
+            hint="pass a function that runs one short probe at a knob value",
+        )
+    if isinstance(max_probes, bool) or not isinstance(max_probes, int) or max_probes < 1:
+        raise ConfigError(
+            f"must be an integer of at least 1, got {max_probes!r}", key_path="max_probes"
+        )
     valid_values(low=low, high=high, multiple_of=multiple_of, constraint=constraint)
     meter = _choose_meter(device)
     search_prior = prior_from(prior, knob=knob, reserved=isinstance(meter, _CudaMeter))

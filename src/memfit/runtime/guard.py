@@ -49,7 +49,7 @@ import dataclasses
 import gc
 import math
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -149,7 +149,7 @@ def _is_array(x: Any) -> bool:
 def _walk(tree: Any, path: str = "batch") -> Iterator[tuple[str, Any]]:
     if _is_array(tree):
         yield path, tree
-    elif isinstance(tree, dict):
+    elif isinstance(tree, Mapping):  # dict, OrderedDict, UserDict, transformers' BatchEncoding
         for key, value in tree.items():
             yield from _walk(value, f"{path}[{key!r}]")
     elif isinstance(tree, (list, tuple)):
@@ -163,9 +163,21 @@ def _walk(tree: Any, path: str = "batch") -> Iterator[tuple[str, Any]]:
 def _map(tree: Any, fn: Callable[[Any], Any]) -> Any:
     if _is_array(tree):
         return fn(tree)
-    if isinstance(tree, dict):
+    if isinstance(tree, Mapping):
         mapped = {k: _map(v, fn) for k, v in tree.items()}
-        return mapped if type(tree) is dict else type(tree)(mapped)
+        if type(tree) is dict:
+            return mapped
+        if isinstance(tree, MutableMapping):
+            # A copy keeps the type and its extra state (defaultdict's factory, a
+            # BatchEncoding's encodings) that a constructor call would not get.
+            copied = copy.copy(tree)
+            for k, v in mapped.items():
+                copied[k] = v
+            return copied
+        try:
+            return type(tree)(mapped)  # type: ignore[call-arg]
+        except TypeError:
+            return mapped
     if isinstance(tree, tuple) and hasattr(tree, "_fields"):  # namedtuple
         return type(tree)(*(_map(v, fn) for v in tree))
     if isinstance(tree, (list, tuple)):
@@ -419,7 +431,8 @@ class TrainGuard:
 
     Raises:
         ConfigError: When ``max_splits`` or ``grow_back_after`` is not a positive integer,
-            the optimizer needs a closure (``LBFGS``), or the DDP model broadcasts buffers in
+            ``optimizer`` is not an optimizer, ``loss_fn`` is not callable, the optimizer
+            needs a closure (``LBFGS``), or the DDP model broadcasts buffers in
             forward (a collective whose count would differ between ranks).
 
     Attributes:
@@ -447,6 +460,21 @@ class TrainGuard:
 
         require_positive_int("max_splits", max_splits, hint="use a power of two such as 64")
         require_positive_int("grow_back_after", grow_back_after)
+        if not all(hasattr(optimizer, a) for a in ("param_groups", "step", "zero_grad", "state")):
+            raise ConfigError(
+                f"optimizer must be a torch.optim.Optimizer, not {type(optimizer).__name__}",
+                key_path="optimizer",
+                hint="TrainGuard(torch.optim.AdamW(model.parameters()), loss_fn)",
+            )
+        for name, fn in (("loss_fn", loss_fn), ("count_fn", count_fn), ("on_event", on_event)):
+            if not callable(fn) and not (name != "loss_fn" and fn is None):
+                raise ConfigError(
+                    f"{name} must be callable, not {type(fn).__name__}",
+                    key_path=name,
+                    hint="loss_fn(batch) returns the mean loss over the batch as a tensor"
+                    if name == "loss_fn"
+                    else None,
+                )
         if isinstance(optimizer, torch.optim.LBFGS):
             raise ConfigError(
                 "TrainGuard cannot drive LBFGS: its step re-evaluates the loss through a closure",
@@ -555,9 +583,23 @@ class TrainGuard:
         with sync:
             loss = self.loss_fn(chunk)
             if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                got = (
+                    f"a tensor of shape {tuple(loss.shape)}"
+                    if isinstance(loss, torch.Tensor)
+                    else f"a {type(loss).__name__}"
+                )
                 raise ConfigError(
-                    "loss_fn must return the mean loss as a one-element tensor",
+                    f"loss_fn must return the mean loss as a one-element tensor, got {got}",
                     key_path="loss_fn",
+                    hint="return loss.mean() (a tensor that requires grad), not loss.item() "
+                    "or per-item losses",
+                )
+            if not loss.requires_grad:
+                raise ConfigError(
+                    "loss_fn returned a tensor that does not require grad, so there is "
+                    "no gradient to step with",
+                    key_path="loss_fn",
+                    hint="compute the loss from the model's output, outside torch.no_grad()",
                 )
             objective = loss if weight == 1.0 else loss * weight
             if self.scaler is not None:
@@ -842,16 +884,34 @@ class TrainGuard:
             OutOfMemory: When even ``max_splits`` micro-batches (or micro-batches of one
                 item) do not fit, or ``optimizer.step()`` runs out of memory and cannot be
                 undone; on every rank at once under ``torch.distributed``.
-            ConfigError: When the batch has no tensor to split or its tensors disagree on
-                their batch size, or ``loss_fn`` does not return a one-element tensor.
+            ConfigError: When the batch has no tensor to split, has 0 items or its tensors
+                disagree on their batch size (checked before the step), or ``loss_fn`` does
+                not return a one-element tensor that requires grad. Any error that is not an
+                out-of-memory propagates with the gradients cleared and the parameters as
+                they were.
         """
+        # Checked before the step, so that a batch the ladder could not split fails at the
+        # first step, not at the first out-of-memory hours later.
+        if batch_size(batch) == 0:
+            raise ConfigError(
+                "the batch has 0 items: there is no mean loss to step with",
+                key_path="batch",
+                hint="skip empty batches (drop_last=True in the DataLoader)",
+            )
         params = self._params()
         tried: list[str] = []
         self._oom_in_step = False
         for p in params:  # start from no gradient (cheaper than optimizer.zero_grad here)
             p.grad = None
         splits_before = self.splits
-        loss, split, failure, smallest = self._backward_all(batch, params, tried)
+        try:
+            loss, split, failure, smallest = self._backward_all(batch, params, tried)
+        except BaseException:
+            # Not an out-of-memory (loss_fn raised, a bad batch): leave no partial gradient
+            # behind for an optimizer.step() the caller might still make.
+            self._zero_grad()
+            self._reset_scaler_step()
+            raise
         decision = distributed.agree(gave_up=failure is not None, splits=self.splits, split=split)
         if decision.gave_up:
             self._reset_scaler_step()
@@ -939,8 +999,14 @@ def _concat(parts: Sequence[Any], dim: int) -> Any:
         if first.ndim <= dim:
             return np.stack(list(parts))
         return np.concatenate(list(parts), axis=dim)
-    if isinstance(first, dict):
-        return {k: _concat([p[k] for p in parts], dim) for k in first}
+    if isinstance(first, Mapping):
+        joined = {k: _concat([p[k] for p in parts], dim) for k in first}
+        if type(first) is dict or not isinstance(first, MutableMapping):
+            return joined
+        new = copy.copy(first)
+        for k, v in joined.items():
+            new[k] = v
+        return new
     if isinstance(first, tuple) and hasattr(first, "_fields"):
         return type(first)(*(_concat([p[i] for p in parts], dim) for i in range(len(first))))
     if isinstance(first, (list, tuple)) and all(len(p) == len(first) for p in parts):
@@ -966,7 +1032,8 @@ class RolloutGuard(Generic[T]):
     different ones are returned as a list.
 
     Raises:
-        ConfigError: When ``max_splits`` or ``grow_back_after`` is not a positive integer.
+        ConfigError: When ``max_splits`` or ``grow_back_after`` is not a positive integer,
+            ``fn`` is not callable or ``split_dim`` is not an integer >= 0.
     """
 
     source = "RolloutGuard"
@@ -982,6 +1049,18 @@ class RolloutGuard(Generic[T]):
     ) -> None:
         require_positive_int("max_splits", max_splits)
         require_positive_int("grow_back_after", grow_back_after)
+        if not callable(fn):
+            raise ConfigError(
+                f"fn must be callable, not {type(fn).__name__}",
+                key_path="fn",
+                hint="RolloutGuard(policy.select_action) or RolloutGuard(env.step)",
+            )
+        if isinstance(split_dim, bool) or not isinstance(split_dim, int) or split_dim < 0:
+            raise ConfigError(
+                f"split_dim must be an integer >= 0, not {split_dim!r}",
+                key_path="split_dim",
+                hint="the environment dimension counted from the front, usually 0",
+            )
         self.fn = fn
         self.split_dim = split_dim
         self.on_event = on_event

@@ -45,6 +45,24 @@ def next_divisor(n: int, at_least: int) -> int:
     return n
 
 
+def _jax_figures() -> tuple[str | None, int | None, int | None]:
+    """The first JAX device's name, peak bytes in use and byte limit, ``None`` where unknown."""
+    try:
+        import jax
+
+        device = jax.local_devices()[0]
+        stats = device.memory_stats() or {}
+    except Exception:  # a backend without memory statistics (the CPU) says nothing
+        return None, None, None
+    peak = stats.get("peak_bytes_in_use")
+    limit = stats.get("bytes_limit")
+    return (
+        str(device),
+        int(peak) if peak is not None else None,
+        int(limit) if limit is not None else None,
+    )
+
+
 class TrainGuard:
     """Run jitted JAX training steps that survive ``RESOURCE_EXHAUSTED``.
 
@@ -60,7 +78,8 @@ class TrainGuard:
         grow_back_after: Clean steps after which the number of chunks is halved again.
 
     Raises:
-        ConfigError: When ``max_splits`` or ``grow_back_after`` is not a positive integer.
+        ConfigError: When ``max_splits`` or ``grow_back_after`` is not a positive integer,
+            or ``loss_fn``, ``update_fn`` or ``count_fn`` is not callable.
 
     Attributes:
         splits: Chunks per step now.
@@ -83,6 +102,19 @@ class TrainGuard:
     ) -> None:
         require_positive_int("max_splits", max_splits)
         require_positive_int("grow_back_after", grow_back_after)
+        for name, fn, optional in (
+            ("loss_fn", loss_fn, False),
+            ("update_fn", update_fn, False),
+            ("count_fn", count_fn, True),
+            ("on_event", on_event, True),
+        ):
+            if not callable(fn) and not (optional and fn is None):
+                raise ConfigError(
+                    f"{name} must be callable, not {type(fn).__name__}",
+                    key_path=name,
+                    hint="loss_fn(params, batch) -> scalar; "
+                    "update_fn(params, opt_state, grads) -> (params, opt_state)",
+                )
         self.loss_fn = loss_fn
         self.update_fn = update_fn
         self.count_fn = count_fn
@@ -164,8 +196,8 @@ class TrainGuard:
         Raises:
             OutOfMemory: When ``max_splits`` chunks (or chunks of one item) still exhaust
                 the device.
-            ConfigError: When the batch has no array, or its arrays disagree on the
-                leading dimension.
+            ConfigError: When the batch has no array or 0 items, its arrays disagree on
+                the leading dimension, or ``loss_fn`` does not return a scalar.
         """
         import jax
 
@@ -178,6 +210,12 @@ class TrainGuard:
                 key_path="batch",
             )
         n = sizes.pop()
+        if n == 0:
+            raise ConfigError(
+                "the batch has 0 items: there is no mean loss to step with",
+                key_path="batch",
+                hint="skip empty batches",
+            )
         splits = next_divisor(n, min(self.splits, n))
         first = splits
         tried: list[str] = []
@@ -188,6 +226,12 @@ class TrainGuard:
                 new_params, new_state, loss = self.step_fn(splits)(params, opt_state, batch)
                 loss_value = float(loss)
             except Exception as exc:
+                if isinstance(exc, TypeError) and "scalar-output" in str(exc):
+                    raise ConfigError(
+                        f"loss_fn must return the mean loss as a scalar: {exc}",
+                        key_path="loss_fn",
+                        hint="return jnp.mean(per_item_losses), not the per-item losses",
+                    ) from exc
                 if not is_oom(exc):
                     raise
                 message = forget_exception(exc)
@@ -211,9 +255,13 @@ class TrainGuard:
                 self._event("split", f"micro-batched step with {splits} chunks", splits=splits)
             else:
                 self._event("give_up", "out of memory after " + ", ".join(tried), tried=tried)
+                device, peak, limit = _jax_figures()
                 raise OutOfMemory(
                     f"RESOURCE_EXHAUSTED at step {self.steps} even after {', '.join(tried)}: "
                     f"{message.splitlines()[0]}",
+                    device=device,
+                    peak_bytes=peak,
+                    budget_bytes=limit,
                     tried=tried,
                     hint=f"a chunk of {n // splits} item(s) does not fit: shrink the model or "
                     "the item, raise max_splits, or use a device with more memory",
