@@ -14,9 +14,10 @@ small transformer encoder with AdamW) and the same memory budgets are searched b
   it is the same forward, backward, optimizer step as every other method's). The whole
   ``fit`` runs inside the simulated GPU (model and optimizer state counted, as for the other
   methods; Lightning's checkpoint save and restore too). Lightning's ``is_oom_error`` looks
-  for ``"CUDA"`` and ``"out of memory"`` in the message, not at the type, so the step
-  rewords the simulated GPU's ``torch.OutOfMemoryError`` as the CUDA allocator's (see
-  ``_simulated_to_cuda_oom``); on ``--cuda`` the real error passes unchanged. After the
+  for ``"CUDA"`` and ``"out of memory"`` in the message, not at the type; the simulated
+  GPU's ``torch.OutOfMemoryError`` is worded as the CUDA allocator's ("CUDA out of memory.
+  Tried to allocate ... on memfit's simulated GPU"), so Lightning recognises it as it
+  recognises a real capped GPU's. After the
   search Lightning trains 2 steps at the size found (``max_steps=2``): those are the "does
   the final value run" check. Where lightning does not import, or with ``--reimplemented``,
   a re-implementation of ``_run_power_scaling`` and ``_run_binsearch_scaling``
@@ -339,18 +340,6 @@ class _IndexCount(torch.utils.data.Dataset[int]):
         return index
 
 
-def _simulated_to_cuda_oom(exc: torch.OutOfMemoryError) -> torch.OutOfMemoryError:
-    """The simulated GPU's OOM, worded as the CUDA caching allocator's.
-
-    Lightning's ``is_oom_error`` (``lightning/pytorch/utilities/memory.py``) does not look at
-    the type: it wants a ``RuntimeError`` with one argument containing ``"CUDA"`` and
-    ``"out of memory"`` (or the cuDNN / CPU-allocator texts). memfit's simulated GPU says
-    ``"Simulated GPU out of memory. ..."``, which it would re-raise as "not memory related";
-    a real capped GPU raises ``"CUDA out of memory. Tried to allocate ..."``, which it catches.
-    """
-    return torch.OutOfMemoryError(f"CUDA out of memory (memfit simulated GPU). {exc}")
-
-
 def _lightning_search(mode: str) -> Callable[[Workload, int, bool], dict[str, Any]]:
     """Lightning's own ``BatchSizeFinder(mode)`` in a ``lightning.Trainer`` (``fit``)."""
 
@@ -405,12 +394,10 @@ def _run_lightning(mode: str, workload: Workload, budget: int, cuda: bool) -> di
             try:
                 with torch.device(self.device):
                     workload.step.step(self.net, opt, workload.step.make_batch(batch))
-            except torch.OutOfMemoryError as exc:
+            except torch.OutOfMemoryError:
                 if state["searching"]:
                     counter.ooms += 1
-                if "CUDA" in str(exc):
-                    raise
-                raise _simulated_to_cuda_oom(exc) from None
+                raise
             if not state["searching"]:
                 state["final_ran"] += 1  # a training step after the search that completed
 
@@ -795,7 +782,7 @@ def main(argv: list[str] | None = None) -> int:
     real_note = (
         f"the real lightning.pytorch.callbacks.BatchSizeFinder (lightning {version}, defaults:"
         " init_val 2, steps_per_trial 3, max_trials 25, max_val 8192, binsearch margin 5%) in"
-        " a lightning.Trainer; the simulated GPU's OOM is reworded as CUDA's, which is what"
+        " a lightning.Trainer; the simulated GPU's OOM is worded as CUDA's, which is what"
         " Lightning's is_oom_error matches"
     )
     lightning_note = {

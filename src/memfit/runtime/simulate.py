@@ -132,8 +132,8 @@ class SimulatedGpu:
             self.oom_count += 1
             free = self.device.free_bytes
             raise torch.OutOfMemoryError(
-                f"Simulated GPU out of memory. Tried to allocate {format_bytes(total)} "
-                f"(in {op}). The simulated GPU has a total capacity of "
+                f"CUDA out of memory. Tried to allocate {format_bytes(total)} on memfit's "
+                f"simulated GPU (in {op}). The simulated GPU has a total capacity of "
                 f"{format_bytes(self.budget_bytes)} of which {format_bytes(free)} is free; "
                 f"{format_bytes(self.device.allocated_bytes)} is allocated by tensors created "
                 "inside memfit.simulate_gpu."
@@ -156,10 +156,10 @@ class SimulatedGpu:
         except OutOfMemory:
             self.oom_count += 1
             raise torch.OutOfMemoryError(
-                f"Simulated GPU out of memory. Tried to allocate {format_bytes(nbytes - old)} "
-                f"(resize in {op}). The simulated GPU has a total capacity of "
-                f"{format_bytes(self.budget_bytes)} of which {format_bytes(self.device.free_bytes)}"
-                " is free."
+                f"CUDA out of memory. Tried to allocate {format_bytes(nbytes - old)} on "
+                f"memfit's simulated GPU (resize in {op}). The simulated GPU has a total "
+                f"capacity of {format_bytes(self.budget_bytes)} of which "
+                f"{format_bytes(self.device.free_bytes)} is free."
             ) from None
         fin.detach()
         new_fin = weakref.finalize(storage, self._release, key, nbytes)
