@@ -165,3 +165,21 @@ def test_watch_logs_load_as_background_samples(tmp_path: Path) -> None:
     assert summary["metrics"]["device_used_bytes"]["peak"] == 2560 * MiB
     fig = plot(run)
     assert fig.axes[0].get_xlabel() == "seconds since the first sample"
+
+
+def test_run_that_died_before_its_first_step_still_reports_its_events(tmp_path: Path) -> None:
+    path = tmp_path / "died.jsonl"
+    events = [
+        MemoryEvent("oom", 0, "TrainGuard", "out of memory in micro-batch [0:64) of 64 items"),
+        MemoryEvent("give_up", 0, "TrainGuard", "gave up after 64 micro-batches"),
+    ]
+    path.write_text(
+        "".join(json.dumps({"type": "event", **e.to_dict()}) + "\n" for e in events),
+        encoding="utf-8",
+    )
+    run = load_run(path)
+    assert [e["kind"] for e in run.events] == ["oom", "give_up"]
+    assert not run.samples
+    html = tmp_path / "died.html"
+    write_html(run, html)
+    assert "give_up" in html.read_text(encoding="utf-8")

@@ -88,7 +88,8 @@ def load_run(path: str | Path) -> Run:
 
     Raises:
         ConfigError: When the file is missing or unreadable, a line is not a JSON object
-            (``key_path`` is ``FILE:LINE``), or the file holds no sample at all.
+            (``key_path`` is ``FILE:LINE``), or the file holds neither a sample nor an event
+            (a run that died before its first step still has its OOM events).
     """
     source = Path(path)
     if not source.exists():
@@ -114,8 +115,10 @@ def load_run(path: str | Path) -> Run:
                 hint=_HINT,
             )
         _add_record(run, record, where)
-    if not run.samples and not run.background:
-        raise ConfigError("the file holds no memory samples", key_path=str(source), hint=_HINT)
+    if not run.samples and not run.background and not run.events:
+        raise ConfigError(
+            "the file holds no memory samples and no events", key_path=str(source), hint=_HINT
+        )
     return run
 
 
@@ -266,8 +269,12 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     """
     rows: list[tuple[str, str]] = []
     first, last = summary["first_step"], summary["last_step"]
-    steps = f"{first} to {last}" if first is not None else "none (background samples only)"
-    rows.append(("steps", f"{steps} ({summary['samples']} samples)"))
+    if first is not None:
+        rows.append(("steps", f"{first} to {last} ({summary['samples']} samples)"))
+    elif summary["samples"]:
+        rows.append(("steps", f"none (background samples only: {summary['samples']})"))
+    else:
+        rows.append(("steps", "none: no memory sample, only events (the run ended before a step)"))
     if summary["source"]:
         rows.append(("source", str(summary["source"])))
     if summary["duration_seconds"] is not None:
