@@ -618,11 +618,8 @@ def ensure_jax_compat() -> bool:
         BackendUnavailable: When JAX is not installed.
     """
     jax: Any = require("jax")
-    try:
-        jax.device_put_replicated  # noqa: B018 - probing a deprecated attribute
+    if hasattr(jax, "device_put_replicated"):  # JAX still has its own
         return False
-    except AttributeError:
-        pass
     import jax.numpy as jnp
     import numpy as np
 
