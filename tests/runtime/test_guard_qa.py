@@ -209,3 +209,19 @@ def test_jax_guard_misuse_gives_config_errors() -> None:
     with pytest.raises(ConfigError, match=r"mean loss as a scalar") as info:
         per_item(params, None, {"x": jnp.ones((8, 4)), "y": jnp.zeros((8, 2))})
     assert info.value.key_path == "loss_fn"
+
+
+def test_stateless_optimizer_is_snapshotted_on_its_first_step_only() -> None:
+    import torch
+
+    import memfit
+
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)  # no momentum: never any state
+    batch = {"x": torch.randn(8, 4), "y": torch.randn(8, 1)}
+    guard = memfit.TrainGuard(opt, lambda b: torch.nn.functional.mse_loss(model(b["x"]), b["y"]))
+    snapshotted = []
+    for _ in range(3):
+        guard(batch)
+        snapshotted.append(guard.last_step_snapshotted)
+    assert snapshotted == [True, False, False]

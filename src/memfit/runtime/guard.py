@@ -503,6 +503,7 @@ class TrainGuard:
         self.snapshot_optimizer = snapshot_optimizer
         self.splits = 1
         self.steps = 0
+        self._params_at_last_step = -1  # parameters the optimizer had after its last step
         self.events: list[MemoryEvent] = []
         self._clean_steps = 0
         if snapshot_optimizer is True:
@@ -771,10 +772,15 @@ class TrainGuard:
         if self._snapshot_policy == "always":
             return True
         state = self.optimizer.state
-        for group in self.optimizer.param_groups:
-            for p in group["params"]:
-                if not state.get(p):
-                    return True  # this step creates optimizer state: the biggest allocation
+        n_params = sum(len(group["params"]) for group in self.optimizer.param_groups)
+        if n_params != self._params_at_last_step:
+            # The first step (or the first after add_param_group) may create optimizer state,
+            # the step's biggest allocation. After one step, a parameter still without state
+            # belongs to a stateless optimizer (SGD without momentum): no reason to copy.
+            for group in self.optimizer.param_groups:
+                for p in group["params"]:
+                    if not state.get(p):
+                        return True
         if self._steps_since_oom is not None and self._steps_since_oom < self.grow_back_after:
             return True
         testing = sys.modules.get("memfit.testing")
@@ -947,6 +953,7 @@ class TrainGuard:
                 )
         self._zero_grad()
         self.steps += 1
+        self._params_at_last_step = sum(len(g["params"]) for g in self.optimizer.param_groups)
         if decision.split:
             self._steps_since_oom = 0
         elif self._steps_since_oom is not None and not self._oom_in_step:
