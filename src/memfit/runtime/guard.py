@@ -544,20 +544,38 @@ class TrainGuard:
         """
         message: str | None = None
         for _ in range(attempts):
-            message = None
-            try:
-                fn()
-            except Exception as exc:
-                if not is_oom(exc):
-                    raise
-                message = forget_exception(exc)
+            message = self._attempt(fn)
             if message is None:
                 return None
-            _free_memory()
             self._event(
                 "oom", f"out of memory in {what}; trying again", error=message.splitlines()[0]
             )
         return message
+
+    @staticmethod
+    def _attempt(fn: Callable[[], Any]) -> str | None:
+        """Run ``fn`` once; on out-of-memory, leave the ``except`` block, free, and say why.
+
+        Returns:
+            ``None`` on success, else the out-of-memory message (the exception, its frames
+            and chained exceptions already released, and cached memory freed).
+        """
+        try:
+            fn()
+        except Exception as exc:
+            if not is_oom(exc):
+                raise
+            message = forget_exception(exc)
+        else:
+            return None
+        _free_memory()
+        return message
+
+    def _step_optimizer(self) -> None:
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+        else:
+            self.optimizer.step()
 
     # -- pieces of a step --------------------------------------------------------------------
     def _params(self) -> list[torch.nn.Parameter]:
@@ -826,19 +844,9 @@ class TrainGuard:
                     for g in self.optimizer.param_groups:
                         if "foreach" in g:
                             g["foreach"] = False
-                message = None
-                try:
-                    if self.scaler is not None:
-                        self.scaler.step(self.optimizer)
-                    else:
-                        self.optimizer.step()
-                except Exception as exc:
-                    if not is_oom(exc):
-                        raise
-                    message = forget_exception(exc)
+                message = self._attempt(self._step_optimizer)
                 if message is None:
                     return None
-                _free_memory()
                 self._event(
                     "oom", "out of memory inside optimizer.step()", error=message.splitlines()[0]
                 )
