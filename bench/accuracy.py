@@ -17,7 +17,7 @@ CPU against the CPU allocator's own reports (``torch.profiler`` memory events) o
 
 Both write ``bench/out/accuracy[_cpu].json`` and ``.md`` and print the markdown table.
 
-    python bench/accuracy.py          # on a CUDA machine
+    python bench/accuracy.py          # on a CUDA machine (--jobs 6: cases side by side)
     python bench/accuracy.py --cpu    # anywhere
 """
 
@@ -159,58 +159,74 @@ def _mib(x: int | None) -> str:
     return "n/a" if x is None else f"{x / MiB:.1f}"
 
 
-def run_gpu() -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def _gpu_row(kind: str, name: str, batch: int, gpu_arg: str | None) -> dict[str, Any]:
+    """One case: memfit's prediction, the real peaks (fresh child) and the other tools' rules."""
+    if kind == "jax":
+        from memfit.estimate.jax_xla import estimate_jax
+
+        jstep = W.JAX_WORKLOADS[name][0]()
+        est = estimate_jax(jstep.fn, *jstep.make_args(batch))
+        real = _child("jax", name, batch)
+        return {
+            "workload": name,
+            "batch": batch,
+            "pred_allocated": est.executable_peak_bytes,
+            "pred_reserved": None,
+            "real_allocated": real.get("peak_bytes_in_use"),
+            "real_reserved": None,
+            "memtracker": None,
+            "accelerate_rule": None,
+            "error": real.get("error"),
+        }
+    from memfit.estimate.torch_trace import estimate_torch
+
+    step = W.TORCH_WORKLOADS[name][0]()
+    point = estimate_torch(step.build, step.step, step.make_batch, [batch], gpu=gpu_arg).points[0]
+    real = _child("torch", name, batch)
+    return {
+        "workload": name,
+        "batch": batch,
+        "pred_allocated": point.allocated_peak,
+        "pred_reserved": point.reserved_peak,
+        "real_allocated": real.get("max_allocated"),
+        "real_reserved": real.get("max_reserved"),
+        "memtracker": _memtracker_peak(name, batch),
+        "accelerate_rule": _weights_rule(name),
+        "error": real.get("error"),
+    }
+
+
+def run_gpu(jobs: int = 1) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     import torch
 
     from memfit.core.catalog import gpu as lookup_gpu
     from memfit.errors import ConfigError
-    from memfit.estimate.jax_xla import estimate_jax
-    from memfit.estimate.torch_trace import estimate_torch
 
     gpu_name = torch.cuda.get_device_name(0)
     try:
         gpu_arg: str | None = lookup_gpu(gpu_name).name
     except ConfigError:
         gpu_arg = None  # unknown to the catalog: default context and workspace figures
-    rows: list[dict[str, Any]] = []
-    for name, (factory, sizes) in W.TORCH_WORKLOADS.items():
-        for batch in sizes:
-            step = factory()
-            point = estimate_torch(
-                step.build, step.step, step.make_batch, [batch], gpu=gpu_arg
-            ).points[0]
-            real = _child("torch", name, batch)
-            row = {
-                "workload": name,
-                "batch": batch,
-                "pred_allocated": point.allocated_peak,
-                "pred_reserved": point.reserved_peak,
-                "real_allocated": real.get("max_allocated"),
-                "real_reserved": real.get("max_reserved"),
-                "memtracker": _memtracker_peak(name, batch),
-                "accelerate_rule": _weights_rule(name),
-                "error": real.get("error"),
-            }
-            rows.append(row)
-            print(row, flush=True)
-    for name, (jfactory, sizes) in W.JAX_WORKLOADS.items():
-        for batch in sizes:
-            jstep = jfactory()
-            est = estimate_jax(jstep.fn, *jstep.make_args(batch))
-            real = _child("jax", name, batch)
-            row = {
-                "workload": name,
-                "batch": batch,
-                "pred_allocated": est.executable_peak_bytes,
-                "pred_reserved": None,
-                "real_allocated": real.get("peak_bytes_in_use"),
-                "real_reserved": None,
-                "memtracker": None,
-                "accelerate_rule": None,
-                "error": real.get("error"),
-            }
-            rows.append(row)
-            print(row, flush=True)
+    cases = [("torch", n, b) for n, (_, sizes) in W.TORCH_WORKLOADS.items() for b in sizes]
+    cases += [("jax", n, b) for n, (_, sizes) in W.JAX_WORKLOADS.items() for b in sizes]
+    if jobs > 1:
+        import concurrent.futures
+        import multiprocessing
+
+        # Each case traces in a worker and measures in a fresh child process of its own, so
+        # cases do not share allocator state; several run side by side on one GPU.
+        context = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
+            futures = [pool.submit(_gpu_row, kind, n, b, gpu_arg) for kind, n, b in cases]
+            rows = []
+            for future in futures:
+                rows.append(future.result())
+                print(rows[-1], flush=True)
+    else:
+        rows = []
+        for kind, n, b in cases:
+            rows.append(_gpu_row(kind, n, b, gpu_arg))
+            print(rows[-1], flush=True)
     for row in rows:
         row["err_allocated"] = _err(row["pred_allocated"], row["real_allocated"])
         row["err_reserved"] = _err(row["pred_reserved"], row["real_reserved"])
@@ -325,6 +341,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--cpu", action="store_true", help="CPU check: trace vs real CPU run")
     parser.add_argument(
+        "--jobs", type=int, default=1, help="GPU mode: cases measured side by side (default 1)"
+    )
+    parser.add_argument(
         "--child", nargs=3, metavar=("KIND", "NAME", "BATCH"), help=argparse.SUPPRESS
     )
     args = parser.parse_args(argv)
@@ -344,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
-        rows, summary = run_gpu()
+        rows, summary = run_gpu(max(1, args.jobs))
         stem, markdown = "accuracy", _markdown_gpu(rows, summary)
     else:
         rows, summary = run_cpu()

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Every check that needs a CUDA GPU, in one go, for a session that has one for a few minutes.
+#
+#   bash bench/gpu_session.sh OUTDIR [SECONDS]
+#
+# Three lanes run side by side (each check measures its own process's allocator, so they do not
+# disturb each other's figures; the timing benchmark runs alone at the end):
+#   A: pytest tests/gpu tests/runtime/test_fit_cuda.py
+#   B: python bench/accuracy.py --jobs 6
+#   C: python bench/fit_search.py --cuda --quick, then python bench/recorder_overhead.py
+# then python bench/guard_overhead.py --no-ddp (1 GPU: no NCCL pair to compare).
+# Logs go to OUTDIR/*.log and the benchmarks' own files (bench/out) to OUTDIR/bench_out.tar.gz.
+set -uo pipefail
+out=${1:?usage: bash bench/gpu_session.sh OUTDIR [SECONDS]}
+budget=${2:-540}
+mkdir -p "$out"
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+start=$(date +%s)
+left() { echo $(( budget - ($(date +%s) - start) )); }
+{ nvidia-smi; python3 -c 'import torch, jax; print(torch.__version__, torch.version.cuda, jax.__version__, jax.devices())'; } >"$out/env.log" 2>&1
+lane_a() {
+  timeout $(( budget / 2 )) python3 -m pytest -q -p no:cacheprovider tests/gpu tests/runtime/test_fit_cuda.py -m "gpu" -rA
+}
+lane_b() { timeout $(( budget * 2 / 3 )) python3 bench/accuracy.py --jobs 6; }
+lane_c() {
+  timeout $(( budget / 3 )) python3 bench/fit_search.py --cuda --quick
+  timeout 90 python3 bench/recorder_overhead.py --steps 300 --repeats 3 --background-seconds 5
+}
+lane_a >"$out/pytest_gpu.log" 2>&1 &
+a=$!
+lane_b >"$out/accuracy.log" 2>&1 &
+b=$!
+lane_c >"$out/fit_recorder.log" 2>&1 &
+c=$!
+wait $a; echo "pytest rc=$?" >>"$out/summary.log"
+wait $b; echo "accuracy rc=$?" >>"$out/summary.log"
+wait $c; echo "fit/recorder rc=$?" >>"$out/summary.log"
+t=$(left)
+if [ "$t" -gt 60 ]; then
+  timeout $(( t - 15 )) python3 bench/guard_overhead.py --no-ddp >"$out/guard_overhead.log" 2>&1
+  echo "guard_overhead rc=$?" >>"$out/summary.log"
+fi
+tar czf "$out/bench_out.tar.gz" bench/out 2>/dev/null
+cat "$out/summary.log"
