@@ -1,21 +1,29 @@
 """What TrainGuard costs per step, against a bare loop and against today's cleanup habit.
 
-Four ways to run the same training step, measured in one process, interleaved in rounds
-(bare, guard, guard always, habit, bare, ...) so drifts in machine load hit all alike:
+The same training step run six ways in one process:
 
 * ``bare``: ``zero_grad(); loss.backward(); step()``;
+* ``bare_again``: the same again, measured as if it were another mode: the noise floor of
+  the method (its ratio to ``bare`` should be 1 within the noise);
+* ``bare_item``: ``bare`` plus ``loss.item()``, i.e. a bare loop that also gets the loss as a
+  float, which ``TrainGuard.__call__`` returns (on a GPU this waits for the step to finish);
 * ``guard``: ``memfit.TrainGuard(optimizer, loss_fn)(batch)`` (no out-of-memory happens: this
-  is the price of being ready for one: ``autograd.grad`` and the bookkeeping; with the default
-  ``snapshot_optimizer="auto"`` no host snapshot is taken while memory is not at risk);
+  is the price of being ready for one; with the default ``snapshot_optimizer="auto"`` no host
+  snapshot is taken while memory is not at risk);
 * ``guard_snapshot_always``: the same with ``snapshot_optimizer="always"`` (a host copy of
   parameters and optimizer state before every ``optimizer.step()``);
 * ``habit``: the bare loop plus what many training loops do blindly: ``empty_cache()`` every 10
   steps, ``gc.collect()`` every 50, a full reset every 200 (``memfit.cleanup``).
 
-For a small MLP and a small CNN whose step takes about 5 ms on the device. The result is
-steps/s per mode and the ratios to bare (median over rounds). Then the DDP part: 2 processes
-(gloo on CPU, NCCL on 2+ GPUs is not attempted), plain DDP (reduce during backward) against
-the guard's way (``no_sync()`` backward, then one flattened all-reduce), steps/s each.
+For a small MLP and a small CNN whose batch is scaled until the bare step takes about
+``--step-ms`` (5 ms) on the device. The modes run in short blocks, in a new random order in
+every round, and each block's time is compared with the ``bare`` block of the same round
+(a paired design: a slow stretch of a shared machine hits a whole round, not one mode). The
+result is the median of those per-round ratios (steps/s of the mode over bare; 1.000 = free),
+with its interquartile range, from process CPU time and from wall-clock time (on CUDA the
+device is synchronised at the end of each block). Then the DDP part: 2 processes (gloo on CPU,
+NCCL on 2+ GPUs is not attempted), plain DDP (reduce during backward) against the guard's way
+(``no_sync()`` backward, then one flattened all-reduce), steps/s each.
 
     python bench/guard_overhead.py                 # CPU (and CUDA too when available)
     python bench/guard_overhead.py --quick         # fewer rounds
@@ -30,6 +38,7 @@ import datetime as dt
 import json
 import os
 import platform
+import random
 import socket
 import statistics
 import sys
@@ -42,7 +51,7 @@ HERE = Path(__file__).resolve().parent
 OUT = HERE / "out"
 
 
-def _mlp(device: str) -> tuple[Any, Any, Callable[[], Any]]:
+def _mlp(device: str, batch: int = 192) -> tuple[Any, Any, Callable[[], Any]]:
     import torch
     from torch import nn
 
@@ -50,12 +59,12 @@ def _mlp(device: str) -> tuple[Any, Any, Callable[[], Any]]:
     model = nn.Sequential(
         nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10)
     ).to(device)
-    x = torch.randn(192, 256, device=device)
-    y = torch.randint(0, 10, (192,), device=device)
+    x = torch.randn(batch, 256, device=device)
+    y = torch.randint(0, 10, (batch,), device=device)
     return model, (x, y), lambda: nn.functional.cross_entropy
 
 
-def _cnn(device: str) -> tuple[Any, Any, Callable[[], Any]]:
+def _cnn(device: str, batch: int = 8) -> tuple[Any, Any, Callable[[], Any]]:
     import torch
     from torch import nn
 
@@ -70,14 +79,14 @@ def _cnn(device: str) -> tuple[Any, Any, Callable[[], Any]]:
         nn.Flatten(),
         nn.Linear(16 * 16, 10),
     ).to(device)
-    x = torch.randn(8, 3, 32, 32, device=device)
-    y = torch.randint(0, 10, (8,), device=device)
+    x = torch.randn(batch, 3, 32, 32, device=device)
+    y = torch.randint(0, 10, (batch,), device=device)
     return model, (x, y), lambda: nn.functional.cross_entropy
 
 
-MODELS: dict[str, Callable[[str], tuple[Any, Any, Callable[[], Any]]]] = {
-    "mlp": _mlp,
-    "cnn": _cnn,
+MODELS: dict[str, tuple[Callable[..., tuple[Any, Any, Callable[[], Any]]], int]] = {
+    "mlp": (_mlp, 192),
+    "cnn": (_cnn, 8),
 }
 
 
@@ -88,14 +97,55 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def bench_model(name: str, device: str, rounds: int, steps: int) -> dict[str, Any]:
-    """Steps/s of bare, guard and habit for one model, interleaved over ``rounds``."""
+def _bare_ms(name: str, device: str, batch: int) -> float:
+    """Median wall-clock ms of a bare step at ``batch`` (for the calibration)."""
+    import torch
+
+    build, _ = MODELS[name]
+    model, (x, y), make_loss = build(device, batch)
+    loss = make_loss()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    times = []
+    for i in range(25):
+        _sync(device)
+        start = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss(model(x), y).backward()
+        opt.step()
+        _sync(device)
+        if i >= 5:
+            times.append(time.perf_counter() - start)
+    return 1000.0 * statistics.median(times)
+
+
+def calibrate(name: str, device: str, step_ms: float) -> int:
+    """The batch whose bare step takes about ``step_ms`` on ``device``."""
+    batch = MODELS[name][1]
+    for _ in range(6):
+        ms = _bare_ms(name, device, batch)
+        if abs(ms - step_ms) <= 0.1 * step_ms:
+            break
+        # Steps have a fixed part (launches, Python), so move in bounded jumps.
+        factor = min(8.0, max(0.125, step_ms / ms))
+        batch = max(1, round(batch * factor))
+    return batch
+
+
+def _quartiles(values: list[float]) -> tuple[float, float, float]:
+    q = statistics.quantiles(values, n=4)
+    return q[0], statistics.median(values), q[2]
+
+
+def bench_model(name: str, device: str, rounds: int, block: int, step_ms: float) -> dict[str, Any]:
+    """Paired, randomised comparison of the modes for one model (see the module docstring)."""
     import torch
 
     import memfit
     from memfit import cleanup
 
-    model, batch, make_loss = MODELS[name](device)
+    batch_items = calibrate(name, device, step_ms)
+    build, _ = MODELS[name]
+    model, batch, make_loss = build(device, batch_items)
     loss = make_loss()
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
 
@@ -106,6 +156,13 @@ def bench_model(name: str, device: str, rounds: int, steps: int) -> dict[str, An
         opt.zero_grad(set_to_none=True)
         loss_fn(batch).backward()
         opt.step()
+
+    def bare_item_step() -> None:
+        opt.zero_grad(set_to_none=True)
+        value = loss_fn(batch)
+        value.backward()
+        opt.step()
+        value.item()
 
     guard = memfit.TrainGuard(opt, loss_fn)
     guard_always = memfit.TrainGuard(opt, loss_fn, snapshot_optimizer="always")
@@ -126,8 +183,10 @@ def bench_model(name: str, device: str, rounds: int, steps: int) -> dict[str, An
         gc_50()
         reset_200()
 
-    modes = {
+    modes: dict[str, Callable[[], None]] = {
         "bare": bare_step,
+        "bare_again": bare_step,
+        "bare_item": bare_item_step,
         "guard": guard_step,
         "guard_snapshot_always": guard_always_step,
         "habit": habit_step,
@@ -136,42 +195,44 @@ def bench_model(name: str, device: str, rounds: int, steps: int) -> dict[str, An
         for _ in range(5):
             fn()
     _sync(device)
-    per_mode: dict[str, list[float]] = {m: [] for m in modes}
-    cpu_ms: dict[str, list[float]] = {m: [] for m in modes}
+    wall: dict[str, list[float]] = {m: [] for m in modes}
+    cpu: dict[str, list[float]] = {m: [] for m in modes}
+    shuffle = random.Random(0).shuffle
+    order = list(modes)
     for _ in range(rounds):
-        for mode, fn in modes.items():
+        shuffle(order)
+        for mode in order:
+            fn = modes[mode]
             _sync(device)
             start = time.perf_counter()
             cpu_start = time.process_time()
-            for _ in range(steps):
+            for _ in range(block):
                 fn()
             _sync(device)
-            per_mode[mode].append(steps / (time.perf_counter() - start))
-            cpu_ms[mode].append(1000.0 * (time.process_time() - cpu_start) / steps)
-    rate = {m: statistics.median(v) for m, v in per_mode.items()}
-    # The best round of each mode: what the step costs when nothing else interferes.
-    best = {m: max(v) for m, v in per_mode.items()}
-    # CPU time of this process per step: on a shared machine it leaves out the time the
-    # process waited for a core, which wall time does not (one torch thread: CPU = work).
-    cpu = {m: statistics.median(v) for m, v in cpu_ms.items()}
+            wall[mode].append((time.perf_counter() - start) / block)
+            cpu[mode].append((time.process_time() - cpu_start) / block)
+
+    def paired(times: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
+        for mode in modes:
+            ratios = [b / t for b, t in zip(times["bare"], times[mode], strict=True)]
+            low, mid, high = _quartiles(ratios)
+            # Whole-run ratio (total bare time over total mode time): what steps/s over the
+            # run say, and the right figure for costs that come every n steps (the habit).
+            total = sum(times["bare"]) / sum(times[mode])
+            out[mode] = {"ratio": total, "median": mid, "q1": low, "q3": high}
+        return out
+
     return {
-        "cpu_ms_per_step": cpu,
-        "cpu_guard_ratio": cpu["bare"] / cpu["guard"],
-        "cpu_guard_snapshot_always_ratio": cpu["bare"] / cpu["guard_snapshot_always"],
-        "cpu_habit_ratio": cpu["bare"] / cpu["habit"],
         "model": name,
         "device": device,
-        "step_ms_bare": 1000.0 / rate["bare"],
-        "steps_per_s": rate,
-        "best_steps_per_s": best,
-        "guard_ratio": rate["guard"] / rate["bare"],
-        "guard_snapshot_always_ratio": rate["guard_snapshot_always"] / rate["bare"],
-        "habit_ratio": rate["habit"] / rate["bare"],
-        "best_guard_ratio": best["guard"] / best["bare"],
-        "best_guard_snapshot_always_ratio": best["guard_snapshot_always"] / best["bare"],
-        "best_habit_ratio": best["habit"] / best["bare"],
+        "batch": batch_items,
         "rounds": rounds,
-        "steps_per_round": steps,
+        "steps_per_block": block,
+        "ms_per_step_wall": {m: 1000.0 * statistics.median(v) for m, v in wall.items()},
+        "ms_per_step_cpu": {m: 1000.0 * statistics.median(v) for m, v in cpu.items()},
+        "wall": paired(wall),
+        "cpu": paired(cpu),
         "habit_cleanups": {
             "empty_cache_every_10": empty_10.stats.to_dict(),
             "gc_collect_every_50": gc_50.stats.to_dict(),
@@ -254,70 +315,56 @@ def bench_ddp(steps: int) -> dict[str, Any]:
     }
 
 
+MODES = ("bare_again", "bare_item", "guard", "guard_snapshot_always", "habit")
+
+
 def _markdown(result: dict[str, Any]) -> str:
     lines = [
         f"# TrainGuard overhead ({result['date']}, {result['machine']})",
         "",
         f"Command: `{result['command']}`",
         "",
-        "| model | device | bare step (ms) | bare steps/s | guard steps/s "
-        "| guard, snapshot always | habit steps/s | guard / bare | guard always / bare "
-        "| habit / bare |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "Steps/s of each mode over steps/s of bare (1.000 = free, below 1 = slower): the "
+        "whole-run ratio, then in brackets the median and interquartile range of the "
+        "per-round paired ratios.",
+        "",
     ]
-    for r in result["models"]:
-        sps = r["steps_per_s"]
-        lines.append(
-            f"| {r['model']} | {r['device']} | {r['step_ms_bare']:.2f} | {sps['bare']:.1f} "
-            f"| {sps['guard']:.1f} | {sps['guard_snapshot_always']:.1f} | {sps['habit']:.1f} "
-            f"| {r['guard_ratio']:.3f} | {r['guard_snapshot_always_ratio']:.3f} "
-            f"| {r['habit_ratio']:.3f} |"
-        )
-    lines += [
-        "",
-        "CPU time of the process per step (median ms; ratio = bare / mode, as steps/s):",
-        "",
-        "| model | device | bare | guard | guard always | habit | guard / bare "
-        "| guard always / bare | habit / bare |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in result["models"]:
-        c = r["cpu_ms_per_step"]
-        lines.append(
-            f"| {r['model']} | {r['device']} | {c['bare']:.3f} | {c['guard']:.3f} "
-            f"| {c['guard_snapshot_always']:.3f} | {c['habit']:.3f} "
-            f"| {r['cpu_guard_ratio']:.3f} | {r['cpu_guard_snapshot_always_ratio']:.3f} "
-            f"| {r['cpu_habit_ratio']:.3f} |"
-        )
-    lines += [
-        "",
-        "Best round of each mode (least disturbed by other load):",
-        "",
-        "| model | device | guard / bare | guard always / bare | habit / bare |",
-        "|---|---|---:|---:|---:|",
-    ]
-    for r in result["models"]:
-        lines.append(
-            f"| {r['model']} | {r['device']} | {r['best_guard_ratio']:.3f} "
-            f"| {r['best_guard_snapshot_always_ratio']:.3f} | {r['best_habit_ratio']:.3f} |"
-        )
+    for clock, what in (("cpu", "process CPU time"), ("wall", "wall-clock time")):
+        lines += [
+            f"**{what}**",
+            "",
+            "| model | device | batch | bare ms | " + " | ".join(MODES) + " |",
+            "|---|---|---:|---:|" + "---:|" * len(MODES),
+        ]
+        for r in result["models"]:
+            ms = r[f"ms_per_step_{clock}"]["bare"]
+            cells = [
+                f"{r[clock][m]['ratio']:.3f} ({r[clock][m]['median']:.3f}; "
+                f"{r[clock][m]['q1']:.3f}-{r[clock][m]['q3']:.3f})"
+                for m in MODES
+            ]
+            lines.append(
+                f"| {r['model']} | {r['device']} | {r['batch']} | {ms:.2f} | "
+                + " | ".join(cells)
+                + " |"
+            )
+        lines.append("")
     ddp = result.get("ddp")
     if ddp:
         sps = ddp["steps_per_s"]
         lines += [
-            "",
             "| DDP (2 ranks, gloo, CPU) | plain DDP steps/s | guard (no_sync + 1 all-reduce) "
             "steps/s | guard / plain (median) | guard / plain (best round) |",
             "|---|---:|---:|---:|---:|",
             f"| {ddp['model']} | {sps['plain_ddp']:.1f} | {sps['guard_ddp']:.1f} "
             f"| {ddp['guard_ratio']:.3f} | {ddp['best_guard_ratio']:.3f} |",
+            "",
         ]
-    lines += [
-        "",
-        "Ratios are steps/s over bare (1.000 = free; below 1 = slower): wall-clock medians, "
-        "process CPU time, and best wall-clock rounds, over "
-        f"{result['models'][0]['rounds']} interleaved rounds.",
-    ]
+    r0 = result["models"][0]
+    lines.append(
+        f"{r0['rounds']} rounds of {r0['steps_per_block']} steps per mode, in a random order "
+        "each round; `bare_again` is bare measured as another mode (the method's noise)."
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -326,24 +373,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer rounds and steps")
     parser.add_argument("--no-ddp", action="store_true", help="skip the DDP comparison")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    parser.add_argument(
+        "--step-ms", type=float, default=5.0, help="bare step time to scale the batch to"
+    )
+    parser.add_argument(
+        "--devices", default=None, help="comma-separated, e.g. cpu,cuda (default: all here)"
+    )
     args = parser.parse_args(argv)
 
     import torch
 
     torch.set_num_threads(args.threads)
-    rounds, steps = (3, 40) if args.quick else (11, 60)
+    rounds, block = (40, 5) if args.quick else (150, 5)
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    models = [bench_model(name, dev, rounds, steps) for dev in devices for name in MODELS]
+    if args.devices:
+        devices = [d.strip() for d in args.devices.split(",") if d.strip()]
+    models = [
+        bench_model(name, dev, rounds, block, args.step_ms) for dev in devices for name in MODELS
+    ]
     result: dict[str, Any] = {
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, "
         f"torch {torch.__version__}, {args.threads} thread(s)"
         + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""),
-        "command": "python bench/guard_overhead.py" + (" --quick" if args.quick else ""),
+        "command": "python bench/guard_overhead.py " + " ".join(argv or sys.argv[1:]),
         "models": models,
     }
     if not args.no_ddp:
-        result["ddp"] = bench_ddp(steps)
+        result["ddp"] = bench_ddp(60)
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "guard_overhead.json").write_text(json.dumps(result, indent=2))
     table = _markdown(result)

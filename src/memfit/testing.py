@@ -17,7 +17,8 @@ The phase of an operation is found this way:
   ``torch.autograd.grad``.
 * ``"forward"``: everything else.
 
-View operations (``slice``, ``view``, ``t``...), which allocate no memory, never fail;
+View operations (``slice``, ``view``, ``t``...), which allocate no memory, never fail, nor
+do reads of a scalar to the host (``tensor.item()``);
 nor do operations inside :func:`memfit.runtime.oom.no_alloc_section` (memfit's own commit steps,
 which only write into existing memory and so cannot run out of it) are left alone.
 """
@@ -45,6 +46,9 @@ def chaos_active() -> bool:
 
 # Operator namespaces that never allocate tensor memory (profiler bookkeeping).
 _NEVER = frozenset({"profiler"})
+# Operators that return a Python number, not a tensor (``tensor.item()``, ``float(tensor)``):
+# they copy one value to the host and take nothing from the device's allocator.
+_SCALAR_READS = frozenset({"_local_scalar_dense"})
 
 #: The phases ``inject_oom`` can target.
 PHASES: tuple[str, ...] = ("forward", "backward", "optimizer")
@@ -168,7 +172,12 @@ def inject_oom(
             args: tuple[Any, ...] = (),
             kwargs: dict[str, Any] | None = None,
         ) -> Any:
-            if in_no_alloc_section() or func.is_view or func.namespace in _NEVER:
+            if (
+                in_no_alloc_section()
+                or func.is_view
+                or func.namespace in _NEVER
+                or func._opname in _SCALAR_READS
+            ):
                 return func(*args, **(kwargs or {}))
             phase = current()
             if phase in phases:
