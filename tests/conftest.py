@@ -26,3 +26,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if item.get_closest_marker("gpu"):
                 item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cuda_allocator(request: pytest.FixtureRequest) -> None:
+    """Before a ``gpu`` test: the previous tests' cached CUDA segments go back to the driver.
+
+    Tests run in one process; a segment cached by an earlier test (a 40 GB block from an
+    out-of-memory test, say) would hold this test's first tensors and defeat a cap on the
+    allocator (``simulate_gpu(device="cuda")`` refuses to start over such a segment).
+    """
+    if request.node.get_closest_marker("gpu") is None or not _cuda_available():
+        return
+    import gc
+
+    import torch
+
+    gc.collect()
+    torch.cuda.empty_cache()

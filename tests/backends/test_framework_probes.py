@@ -10,7 +10,7 @@ import pytest
 from memfit import BackendUnavailable
 from memfit.backends import probe_all
 from memfit.backends.jax_device import JaxProbe, device_from_stats
-from memfit.backends.torch_cuda import TorchProbe
+from memfit.backends.torch_cuda import TorchProbe, allocator_counts
 
 MiB = 2**20
 
@@ -68,6 +68,14 @@ class _FakeCuda:
 
     def max_memory_reserved(self, index: int) -> int:
         return 4100 * MiB
+
+    def memory_stats(self, index: int) -> dict[str, int]:  # torch.cuda's flat form
+        return {
+            "allocated_bytes.all.current": self.memory_allocated(index),
+            "reserved_bytes.all.current": self.memory_reserved(index),
+            "allocated_bytes.all.peak": self.max_memory_allocated(index),
+            "reserved_bytes.all.peak": self.max_memory_reserved(index),
+        }
 
 
 def _fake_torch(available: bool = True, cuda_version: str | None = "12.8") -> Any:
@@ -144,3 +152,28 @@ def test_jax_probe_reads_memory_stats_of_gpu_devices() -> None:
 def test_device_from_stats_ignores_non_integers() -> None:
     dev = device_from_stats(1, "x", {"bytes_in_use": "5", "bytes_limit": True}, platform="gpu")
     assert dev.allocated_bytes is None and dev.limit_bytes is None
+
+
+def test_allocator_counts_read_the_nested_statistics_once() -> None:
+    calls: list[int] = []
+
+    def nested(index: int) -> dict[str, Any]:
+        calls.append(index)
+        return {
+            "allocated_bytes": {"all": {"current": 1, "peak": 3}},
+            "reserved_bytes": {"all": {"current": 2, "peak": 4}},
+        }
+
+    fake = SimpleNamespace(_C=SimpleNamespace(_cuda_memoryStats=nested), cuda=_FakeCuda())
+    assert allocator_counts(fake, 0) == (1, 2, 3, 4)
+    assert calls == [0]
+
+
+def test_allocator_counts_fall_back_to_the_public_flat_statistics() -> None:
+    def changed(index: int) -> dict[str, Any]:
+        return {"allocated": 1}  # a future torch that renamed its keys
+
+    fake = SimpleNamespace(_C=SimpleNamespace(_cuda_memoryStats=changed), cuda=_FakeCuda())
+    counts = allocator_counts(fake, 0)
+    assert counts.allocated == 3000 * MiB and counts.peak_reserved == 4100 * MiB
+    assert allocator_counts(_fake_torch(), 0) == counts  # no private call at all

@@ -48,6 +48,14 @@ class _FakeCuda:
     def max_memory_allocated(self, index: int) -> int:
         return 2 * GiB
 
+    def memory_stats(self, index: int) -> dict[str, int]:  # torch.cuda's flat form
+        return {
+            "allocated_bytes.all.current": self.memory_allocated(index),
+            "reserved_bytes.all.current": self.memory_reserved(index),
+            "allocated_bytes.all.peak": self.max_memory_allocated(index),
+            "reserved_bytes.all.peak": 3 * GiB,
+        }
+
 
 @pytest.fixture
 def fake_torch(monkeypatch: pytest.MonkeyPatch) -> types.SimpleNamespace:

@@ -535,18 +535,21 @@ class _TorchCudaSource:
     """``torch.cuda`` figures of one device."""
 
     def __init__(self, torch_module: Any, index: int) -> None:
+        self._torch = torch_module
         self._cuda = torch_module.cuda
         self.index = index
         self.name = "torch.cuda"
         self.total = int(self._cuda.get_device_properties(index).total_memory)
 
     def read(self) -> dict[str, int | None]:
-        cuda = self._cuda
-        free, total = cuda.mem_get_info(self.index)
+        from memfit.backends.torch_cuda import allocator_counts
+
+        counts = allocator_counts(self._torch, self.index)
+        free, total = self._cuda.mem_get_info(self.index)
         return {
-            "allocated_bytes": int(cuda.memory_allocated(self.index)),
-            "reserved_bytes": int(cuda.memory_reserved(self.index)),
-            "peak_allocated_bytes": int(cuda.max_memory_allocated(self.index)),
+            "allocated_bytes": counts.allocated,
+            "reserved_bytes": counts.reserved,
+            "peak_allocated_bytes": counts.peak_allocated,
             "device_used_bytes": int(total) - int(free),
             "total_bytes": self.total,
             "budget_bytes": None,

@@ -178,22 +178,10 @@ class _CudaMeter:
 
     @contextmanager
     def capped(self, budget: int) -> Iterator[None]:
-        import torch
+        from memfit.runtime.simulate import cuda_allocator_cap
 
-        total = int(torch.cuda.get_device_properties(self._index).total_memory)
-        if budget > total:
-            raise ConfigError(
-                f"budget {format_bytes(budget)} is more than {self.name} ({format_bytes(total)})",
-                key_path="budget",
-                hint="give a budget no larger than the GPU, or leave it out",
-            )
-        previous = float(torch.cuda.get_per_process_memory_fraction(self._index))
-        torch.cuda.set_per_process_memory_fraction(budget / total, self._index)
-        torch.cuda.empty_cache()
-        try:
+        with cuda_allocator_cap(self._index, budget):
             yield
-        finally:
-            torch.cuda.set_per_process_memory_fraction(previous, self._index)
 
     def before_probe(self) -> None:
         import torch

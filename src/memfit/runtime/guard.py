@@ -136,9 +136,12 @@ def _free_device_bytes() -> int | None:
         return gpu.free_bytes
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
-        free, _ = torch.cuda.mem_get_info()
-        cached = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
-        return int(free) + int(cached)
+        from memfit.backends.torch_cuda import allocator_counts
+
+        index = torch.cuda.current_device()
+        free, _ = torch.cuda.mem_get_info(index)
+        counts = allocator_counts(torch, index)
+        return int(free) + counts.reserved - counts.allocated
     return None
 
 

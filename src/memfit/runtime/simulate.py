@@ -17,7 +17,13 @@ backward) are not seen; CPU backward passes run on the calling thread and are se
 
 On a CUDA machine ``device="cuda"`` (or ``"cuda:N"``) caps PyTorch's caching allocator with
 ``torch.cuda.set_per_process_memory_fraction(budget / total)`` and restores the previous
-fraction on exit; the figures then come from ``torch.cuda.memory_allocated``.
+fraction on exit; the figures then come from ``torch.cuda.memory_allocated``. The cap limits
+what the allocator *reserves* from the driver (new segments), not what it hands out of
+segments it already holds: a segment that holds a live tensor cannot be returned by
+``empty_cache()``, and its free part would be used beyond the budget without a word. So the
+context empties the cache and refuses to start (``ConfigError``) while the process still
+reserves more than the budget. The CUDA context itself (300-500 MB) is outside the cap, as
+it is outside ``max_memory_reserved``.
 """
 
 from __future__ import annotations
@@ -272,7 +278,8 @@ def simulate_gpu(budget: int | str, device: str = "cpu") -> Iterator[SimulatedGp
 
     Raises:
         ConfigError: When the budget is not a positive size, the device is neither ``cpu``
-            nor ``cuda[:N]``, or the budget is larger than the CUDA device.
+            nor ``cuda[:N]``, the budget is larger than the CUDA device, or (CUDA) the
+            process already reserves more than the budget after ``empty_cache()``.
         BackendUnavailable: When ``device`` is CUDA and torch has no CUDA device.
 
     Inside the context an allocation that does not fit raises ``torch.OutOfMemoryError``.
@@ -309,6 +316,51 @@ def simulate_gpu(budget: int | str, device: str = "cpu") -> Iterator[SimulatedGp
 
 
 @contextmanager
+def cuda_allocator_cap(index: int, budget_bytes: int) -> Iterator[None]:
+    """Cap torch's caching allocator on ``cuda:index`` at ``budget_bytes`` reserved.
+
+    Empties the cache, checks that what the process still reserves is within the budget
+    (the cap only limits new segments, see the module docstring), sets
+    ``set_per_process_memory_fraction(budget / total)`` and restores the previous fraction
+    on exit.
+
+    Raises:
+        ConfigError: When the budget is larger than the device, or the process still
+            reserves more than the budget after ``empty_cache()``.
+    """
+    import torch
+
+    total = int(torch.cuda.get_device_properties(index).total_memory)
+    if budget_bytes > total:
+        raise ConfigError(
+            f"budget {format_bytes(budget_bytes)} is more than cuda:{index} "
+            f"({format_bytes(total)})",
+            key_path="budget",
+            hint="give a budget no larger than the GPU",
+        )
+    previous = float(torch.cuda.get_per_process_memory_fraction(index))
+    # Cached blocks would let the process keep more than the budget: give back what can go.
+    torch.cuda.empty_cache()
+    reserved = int(torch.cuda.memory_reserved(index))
+    if reserved > budget_bytes:
+        allocated = int(torch.cuda.memory_allocated(index))
+        raise ConfigError(
+            f"this process already reserves {format_bytes(reserved)} on cuda:{index} "
+            f"({format_bytes(allocated)} in live tensors), more than the budget "
+            f"{format_bytes(budget_bytes)}: the allocator would hand out the free part of "
+            "segments it holds without looking at the cap",
+            key_path="budget",
+            hint="cap the allocator before allocating on the GPU (or free the tensors "
+            f"first), or give a budget above {format_bytes(reserved)}",
+        )
+    torch.cuda.set_per_process_memory_fraction(budget_bytes / total, index)
+    try:
+        yield
+    finally:
+        torch.cuda.set_per_process_memory_fraction(previous, index)
+
+
+@contextmanager
 def _cuda_cap(budget_bytes: int, kind: str) -> Iterator[SimulatedGpu]:
     import torch
 
@@ -321,24 +373,13 @@ def _cuda_cap(budget_bytes: int, kind: str) -> Iterator[SimulatedGpu]:
         )
     dev = torch.device(kind)
     index = dev.index if dev.index is not None else torch.cuda.current_device()
-    total = int(torch.cuda.get_device_properties(index).total_memory)
-    if budget_bytes > total:
-        raise ConfigError(
-            f"budget {format_bytes(budget_bytes)} is more than the device ({format_bytes(total)})",
-            key_path="budget",
-            hint="give a budget no larger than the GPU",
-        )
-    previous = float(torch.cuda.get_per_process_memory_fraction(index))
-    gpu = SimulatedGpu(budget_bytes, f"cuda:{index}")
-    torch.cuda.set_per_process_memory_fraction(budget_bytes / total, index)
-    # Cached blocks above the new cap would let the process keep more than the budget.
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats(index)
-    with _STACK_LOCK:
-        _STACK.append(gpu)
-    try:
-        yield gpu
-    finally:
+    with cuda_allocator_cap(index, budget_bytes):
+        gpu = SimulatedGpu(budget_bytes, f"cuda:{index}")
+        torch.cuda.reset_peak_memory_stats(index)
         with _STACK_LOCK:
-            _STACK.remove(gpu)
-        torch.cuda.set_per_process_memory_fraction(previous, index)
+            _STACK.append(gpu)
+        try:
+            yield gpu
+        finally:
+            with _STACK_LOCK:
+                _STACK.remove(gpu)
