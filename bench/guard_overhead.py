@@ -1,6 +1,6 @@
 """What TrainGuard costs per step, against a bare loop and against today's cleanup habit.
 
-The same training step run six ways in one process:
+The same training step run seven ways in one process:
 
 * ``bare``: ``zero_grad(); loss.backward(); step()``;
 * ``bare_again``: the same again, measured as if it were another mode: the noise floor of
@@ -9,7 +9,10 @@ The same training step run six ways in one process:
   float, which ``TrainGuard.__call__`` returns (on a GPU this waits for the step to finish);
 * ``guard``: ``memfit.TrainGuard(optimizer, loss_fn)(batch)`` (no out-of-memory happens: this
   is the price of being ready for one; with the default ``snapshot_optimizer="auto"`` no host
-  snapshot is taken while memory is not at risk);
+  snapshot is taken while memory is not at risk); it returns the loss as a float, so compare
+  it with ``bare_item``;
+* ``guard_step``: ``guard.step(batch)``, the same step returning the loss as a tensor, without
+  waiting for the device: compare it with ``bare``;
 * ``guard_snapshot_always``: the same with ``snapshot_optimizer="always"`` (a host copy of
   parameters and optimizer state before every ``optimizer.step()``);
 * ``habit``: the bare loop plus what many training loops do blindly: ``empty_cache()`` every 10
@@ -173,6 +176,9 @@ def bench_model(name: str, device: str, rounds: int, block: int, step_ms: float)
     def guard_always_step() -> None:
         guard_always(batch)
 
+    def guard_tensor_step() -> None:
+        guard.step(batch)
+
     empty_10 = cleanup.every(10, empty_cache=True)
     gc_50 = cleanup.every(50, empty_cache=False, gc_collect=True)
     reset_200 = cleanup.every(200, empty_cache=True, gc_collect=True, reset=True)
@@ -188,6 +194,7 @@ def bench_model(name: str, device: str, rounds: int, block: int, step_ms: float)
         "bare_again": bare_step,
         "bare_item": bare_item_step,
         "guard": guard_step,
+        "guard_step": guard_tensor_step,
         "guard_snapshot_always": guard_always_step,
         "habit": habit_step,
     }
@@ -315,7 +322,7 @@ def bench_ddp(steps: int) -> dict[str, Any]:
     }
 
 
-MODES = ("bare_again", "bare_item", "guard", "guard_snapshot_always", "habit")
+MODES = ("bare_again", "bare_item", "guard", "guard_step", "guard_snapshot_always", "habit")
 
 
 def _markdown(result: dict[str, Any]) -> str:

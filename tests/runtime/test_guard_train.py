@@ -421,3 +421,56 @@ def test_step_without_snapshot_that_fails_says_so() -> None:
     guard(batch)  # not snapshotted
     with pytest.raises(OutOfMemory, match="may be partly updated"):
         guard(batch)  # fails after a partial update: memfit must not pretend otherwise
+
+
+class _ScalarReads(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts reads of a tensor's value to the host (``item()``, ``float()``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if func._opname == "_local_scalar_dense":
+            self.reads += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_step_returns_the_loss_as_a_tensor_without_reading_it() -> None:
+    data = _data(4)
+    runs = []
+    for mode in ("bare", "call", "step"):
+        model = _model()
+        opt = _optimizer("adam", model)
+        guard = TrainGuard(opt, lambda b, m=model: nn.functional.mse_loss(m(b[0]), b[1]))
+        reads = _ScalarReads()
+        losses: list[Any] = []
+        with reads:
+            for b in data:
+                if mode == "bare":  # Adam reads its step counts (CPU tensors) itself
+                    opt.zero_grad()
+                    nn.functional.mse_loss(model(b[0]), b[1]).backward()
+                    opt.step()
+                else:
+                    losses.append(guard.step(b) if mode == "step" else guard(b))
+        runs.append((losses, [p.detach().clone() for p in model.parameters()], reads.reads))
+    (_, params_bare, reads_bare), (floats, _, reads_call), (tensors, params_step, reads_step) = runs
+    assert reads_step == reads_bare  # the loss itself was never read to the host
+    assert reads_call == reads_bare + len(data)  # one read per step, at its end
+    assert all(isinstance(t, torch.Tensor) and not t.requires_grad for t in tensors)
+    assert [float(t) for t in tensors] == floats
+    for p, q in zip(params_bare, params_step, strict=True):
+        assert torch.equal(p, q)
+
+
+def test_step_in_micro_batches_returns_the_weighted_loss_on_the_cpu() -> None:
+    model = _model()
+    opt = _optimizer("sgd", model)
+    guard = TrainGuard(opt, lambda b: nn.functional.mse_loss(model(b[0]), b[1]))
+    guard.splits = 4
+    x, y = _data(1)[0]
+    with torch.no_grad():
+        expected = float(nn.functional.mse_loss(model(x), y))
+    loss = guard.step((x, y))
+    assert loss.dtype == torch.float64 and loss.device.type == "cpu"
+    assert float(loss) == pytest.approx(expected, rel=1e-6)

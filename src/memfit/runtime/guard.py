@@ -996,12 +996,36 @@ class TrainGuard:
     def __call__(self, batch: Any) -> float:
         """Run one optimisation step over ``batch``; return the batch's mean loss.
 
+        Reading the loss as a number waits for the device to finish the step (as
+        ``loss.item()`` does in a bare loop); :meth:`step` runs the same step and returns
+        the loss as a tensor without waiting. Arguments and errors are :meth:`step`'s.
+
+        >>> import torch
+        >>> model = torch.nn.Linear(3, 1)
+        >>> guard = TrainGuard(
+        ...     torch.optim.SGD(model.parameters(), lr=0.1),
+        ...     lambda b: torch.nn.functional.mse_loss(model(b[0]), b[1]),
+        ... )
+        >>> isinstance(guard((torch.ones(4, 3), torch.zeros(4, 1))), float)
+        True
+        """
+        return math.fsum(float(t) for t in self._run(batch))
+
+    def step(self, batch: Any) -> torch.Tensor:
+        """Run one optimisation step over ``batch``; return the mean loss as a tensor.
+
+        The same step as calling the guard, without reading the loss to the host: on a GPU
+        the host goes on queueing the next step while the device works, as a bare loop
+        that does not call ``loss.item()`` does.
+
         Args:
             batch: Tensors in dicts, lists, tuples, namedtuples or dataclasses, split along
                 dim 0 when needed (non-tensor leaves are passed to every micro-batch).
 
         Returns:
-            The batch's mean loss (weighted over micro-batches, as the full batch's).
+            The batch's mean loss, detached: a 0-dim tensor on the loss's device when the
+            batch ran whole, or a float64 CPU tensor when it ran in micro-batches (their
+            losses were read as they finished).
 
         Raises:
             OutOfMemory: When even ``max_splits`` micro-batches (or micro-batches of one
@@ -1013,6 +1037,15 @@ class TrainGuard:
                 out-of-memory propagates with the gradients cleared and the parameters as
                 they were.
         """
+        import torch
+
+        losses = self._run(batch)
+        if len(losses) == 1 and isinstance(losses[0], torch.Tensor):
+            return losses[0]
+        return torch.tensor(math.fsum(float(t) for t in losses), dtype=torch.float64)
+
+    def _run(self, batch: Any) -> list[torch.Tensor | float]:
+        """One step; the micro-batches' weighted losses (see :meth:`_backward_all`)."""
         # Checked before the step, so that a batch the ladder could not split fails at the
         # first step, not at the first out-of-memory hours later.
         if batch_size(batch) == 0:
@@ -1104,9 +1137,9 @@ class TrainGuard:
                 f"following the other ranks: {self.splits} micro-batches",
                 splits=self.splits,
             )
-        # Read last: everything of the step is queued on the device by now, so waiting for
-        # the loss costs only the step's tail, not a stall in its middle.
-        return math.fsum(float(t) for t in losses)
+        # Read by the caller, last: everything of the step is queued on the device by then,
+        # so waiting for the loss costs only the step's tail, not a stall in its middle.
+        return losses
 
     def __repr__(self) -> str:
         return (
