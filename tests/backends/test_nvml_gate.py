@@ -352,3 +352,26 @@ def test_no_proc_filesystem_note(tmp_path: Path) -> None:
     assert proc.name is None
     assert "process details unavailable" in (proc.note or "")
     assert not any("PID namespace" in n for n in dev.notes)
+
+
+def test_static_facts_are_read_once_and_again_after_a_restart() -> None:
+    fake = FakeNvml()
+    calls: list[str] = []
+    for name in ("nvmlDeviceGetName", "nvmlDeviceGetMigMode", "nvmlDeviceGetMemoryInfo"):
+        original = getattr(fake, name)
+
+        def counted(*args: Any, _name: str = name, _fn: Any = original, **kwargs: Any) -> Any:
+            calls.append(_name)
+            return _fn(*args, **kwargs)
+
+        setattr(fake, name, counted)
+    probe = _probe(fake)
+    first = probe.snapshot()
+    second = probe.snapshot()
+    assert first == second
+    assert calls.count("nvmlDeviceGetName") == 1
+    assert calls.count("nvmlDeviceGetMigMode") == 1
+    assert calls.count("nvmlDeviceGetMemoryInfo") >= 2  # memory is read every time
+    probe.gate.shutdown()
+    probe.snapshot()
+    assert calls.count("nvmlDeviceGetName") == 2

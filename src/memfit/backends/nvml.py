@@ -194,6 +194,7 @@ class NvmlGate:
         self._lock = threading.RLock()
         self._initialized = False
         self._atexit_registered = False
+        self.generation = 0  # successful nvmlInit calls: handles from an older one are stale
 
     @property
     def initialized(self) -> bool:
@@ -247,6 +248,7 @@ class NvmlGate:
                     hint="install the NVIDIA driver",
                 ) from exc
             self._initialized = True
+            self.generation += 1
             if not self._atexit_registered:
                 atexit.register(self.shutdown)
                 self._atexit_registered = True
@@ -366,6 +368,15 @@ class NvmlProbe:
     def __init__(self, gate: NvmlGate | None = None, *, proc_root: str | Path = "/proc") -> None:
         self.gate = gate if gate is not None else default_gate()
         self.proc_root = Path(proc_root)
+        # What does not change while the driver is loaded is read once (a snapshot is taken
+        # ten times a second by a background Recorder; the MIG mode call alone costs 80 us on
+        # an H100): the driver and CUDA versions, the device count, and per device its
+        # handle, name, UUID, compute capability and MIG mode (a change needs a GPU reset);
+        # per process its name, command line and user, while the PID stays listed.
+        self._system: tuple[NvmlResult, NvmlResult, NvmlResult] | None = None
+        self._static: dict[int, tuple[NvmlResult, ...]] = {}
+        self._details: dict[int, tuple[str | None, str | None, str | None, str | None]] = {}
+        self._generation = -1
 
     def snapshot(self) -> SystemSnapshot:
         """Every GPU NVML sees, with memory, utilisation and processes.
@@ -376,11 +387,21 @@ class NvmlProbe:
         gate = self.gate
         gate.init()
         notes: list[str] = []
-        driver = gate.get("driver version", "nvmlSystemGetDriverVersion")
-        cuda = gate.get("CUDA version", "nvmlSystemGetCudaDriverVersion_v2")
-        if cuda.value is None:
-            cuda = gate.get("CUDA version", "nvmlSystemGetCudaDriverVersion")
-        count = gate.get("device count", "nvmlDeviceGetCount")
+        if gate.generation != self._generation:  # NVML restarted: read everything again
+            self._system = None
+            self._static.clear()
+            self._details.clear()
+            self._generation = gate.generation
+        if self._system is None:
+            driver = gate.get("driver version", "nvmlSystemGetDriverVersion")
+            cuda = gate.get("CUDA version", "nvmlSystemGetCudaDriverVersion_v2")
+            if cuda.value is None:
+                cuda = gate.get("CUDA version", "nvmlSystemGetCudaDriverVersion")
+            count = gate.get("device count", "nvmlDeviceGetCount")
+            if count.value is not None:
+                self._system = (driver, cuda, count)
+        else:
+            driver, cuda, count = self._system
         if count.value is None:
             notes.append(count.reason or "device count unknown")
         devices = tuple(self._device(i) for i in range(int(count.value or 0)))
@@ -432,8 +453,14 @@ class NvmlProbe:
                 seen[pid] = (kinds, prev_used, unknown)
         processes = []
         me = os.getpid()
+        for gone in [pid for pid in self._details if pid not in seen]:
+            del self._details[gone]
         for pid, (kinds, used, unknown) in sorted(seen.items()):
-            name, command, user, note = _process_details(pid, self.proc_root)
+            details = self._details.get(pid)
+            if details is None:
+                details = _process_details(pid, self.proc_root)
+                self._details[pid] = details
+            name, command, user, note = details
             if used is None and unknown:
                 extra = (
                     "per-process memory not available (Windows WDDM / WSL driver model, "
@@ -464,23 +491,31 @@ class NvmlProbe:
     def _device(self, index: int) -> DeviceSnapshot:
         gate = self.gate
         notes: list[str] = []
-        handle_r = gate.get("device handle", "nvmlDeviceGetHandleByIndex", index)
-        if handle_r.value is None:
-            return DeviceSnapshot(
-                index=index,
-                name="unknown",
-                notes=(handle_r.reason or "device handle unavailable",),
-                backend="nvml",
+        static = self._static.get(index)
+        if static is None:
+            handle_r = gate.get("device handle", "nvmlDeviceGetHandleByIndex", index)
+            if handle_r.value is None:
+                return DeviceSnapshot(
+                    index=index,
+                    name="unknown",
+                    notes=(handle_r.reason or "device handle unavailable",),
+                    backend="nvml",
+                )
+            handle = handle_r.value
+            static = (
+                handle_r,
+                gate.get("name", "nvmlDeviceGetName", handle),
+                gate.get("uuid", "nvmlDeviceGetUUID", handle),
+                gate.get("compute capability", "nvmlDeviceGetCudaComputeCapability", handle),
+                gate.get("MIG mode", "nvmlDeviceGetMigMode", handle),
             )
+            self._static[index] = static
+        handle_r, name_r, uuid_r, cc_r, mig_r = static
         handle = handle_r.value
-        name_r = gate.get("name", "nvmlDeviceGetName", handle)
-        uuid_r = gate.get("uuid", "nvmlDeviceGetUUID", handle)
         memory, is_v2 = self._memory(handle, notes)
         util_r = gate.get("utilization", "nvmlDeviceGetUtilizationRates", handle)
         if util_r.value is None and util_r.reason:
             notes.append(util_r.reason)
-        cc_r = gate.get("compute capability", "nvmlDeviceGetCudaComputeCapability", handle)
-        mig_r = gate.get("MIG mode", "nvmlDeviceGetMigMode", handle)
         mig_on = False
         if isinstance(mig_r.value, (list, tuple)) and mig_r.value:
             mig_on = bool(mig_r.value[0])
