@@ -38,3 +38,15 @@ def test_an_oom_probe_on_cuda_is_caught() -> None:
     assert not result.probes[0].ok
     assert result.oom_count >= 1
     assert result.value <= 256
+
+
+def test_fit_inside_a_capped_allocator_takes_the_cap_as_its_budget() -> None:
+    from memfit.runtime.simulate import simulate_gpu
+
+    def run(value: int) -> None:
+        torch.empty(value, MiB, dtype=torch.uint8, device="cuda").fill_(1)
+
+    with simulate_gpu("256MiB", device="cuda"):
+        result = fit(run, low=1, high=100_000, margin=0.0, device="cuda", prior=64)
+    assert result.budget_bytes == 256 * MiB
+    assert result.value <= 256

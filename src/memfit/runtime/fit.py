@@ -15,7 +15,8 @@ Where the peak comes from, in this order:
   for the whole search (the previous fraction is restored afterwards), so a probe cannot take
   the machine down. Reserved, not allocated, memory is what the cap limits, so it is what the
   budget is compared with. The budget defaults to what this process can still reach (free
-  memory plus what its allocator already holds);
+  memory plus what its allocator already holds, within a cap already set on the allocator
+  such as ``simulate_gpu(budget, device="cuda")``);
 * JAX on a GPU: ``peak_bytes_in_use`` from ``device.memory_stats()``. JAX cannot reset that
   peak, so a probe's peak is known only when it rises above every earlier one (otherwise it
   is ``None`` and the rule works from the other probes). JAX cannot be capped after it has
@@ -171,10 +172,16 @@ class _CudaMeter:
         self.name = f"cuda:{index}"
 
     def default_budget(self) -> int:
+        """What this process can still reach: free plus already reserved memory, and no
+        more than a cap already on the allocator (``simulate_gpu(device="cuda")`` or the
+        process's own ``set_per_process_memory_fraction``), which the search's own cap
+        replaces while it runs."""
         import torch
 
-        free, _total = torch.cuda.mem_get_info(self._index)
-        return int(free) + int(torch.cuda.memory_reserved(self._index))
+        free, total = torch.cuda.mem_get_info(self._index)
+        reachable = int(free) + int(torch.cuda.memory_reserved(self._index))
+        fraction = float(torch.cuda.get_per_process_memory_fraction(self._index))
+        return min(reachable, int(fraction * int(total)))
 
     @contextmanager
     def capped(self, budget: int) -> Iterator[None]:
