@@ -73,6 +73,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from memfit.errors import InfeasiblePlan
 from memfit.estimate import TorchStep
 from memfit.runtime.fit import fit, trace_prior
 from memfit.runtime.oom import is_oom
@@ -609,14 +610,17 @@ def _runs(trial: Trial, value: int) -> bool:
 
 def _memfit(margin: float, prior: Any, steps: int = 2) -> Callable[[Trial], int]:
     def search(trial: Trial) -> int:
-        result = fit(
-            lambda v: trial.run(v, steps),
-            low=1,
-            high=HIGH,
-            margin=margin,
-            prior=prior,
-            device="cpu" if trial.device.type == "cpu" else str(trial.device),
-        )
+        try:
+            result = fit(
+                lambda v: trial.run(v, steps),
+                low=1,
+                high=HIGH,
+                margin=margin,
+                prior=prior,
+                device="cpu" if trial.device.type == "cpu" else str(trial.device),
+            )
+        except InfeasiblePlan:
+            return 0  # not even a batch of 1 fits the budget less the margin: a result
         trial.counter.ooms = result.oom_count
         return result.value
 

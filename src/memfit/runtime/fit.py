@@ -181,7 +181,7 @@ class _CudaMeter:
         free, total = torch.cuda.mem_get_info(self._index)
         reachable = int(free) + int(torch.cuda.memory_reserved(self._index))
         fraction = float(torch.cuda.get_per_process_memory_fraction(self._index))
-        return min(reachable, int(fraction * int(total)))
+        return min(reachable, round(fraction * int(total)))
 
     @contextmanager
     def capped(self, budget: int) -> Iterator[None]:
