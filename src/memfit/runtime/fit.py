@@ -178,10 +178,15 @@ class _CudaMeter:
         replaces while it runs."""
         import torch
 
+        from memfit.runtime.simulate import active
+
         free, total = torch.cuda.mem_get_info(self._index)
         reachable = int(free) + int(torch.cuda.memory_reserved(self._index))
+        gpu = active()
+        if gpu is not None and gpu.device_kind == self.name:
+            return min(reachable, gpu.budget_bytes)  # exact, not through a float fraction
         fraction = float(torch.cuda.get_per_process_memory_fraction(self._index))
-        return min(reachable, round(fraction * int(total)))
+        return min(reachable, int(fraction * int(total)))
 
     @contextmanager
     def capped(self, budget: int) -> Iterator[None]:
