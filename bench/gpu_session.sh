@@ -7,8 +7,9 @@
 # disturb each other's figures; the timing benchmark runs alone at the end):
 #   A: pytest tests/gpu tests/runtime/test_fit_cuda.py
 #   B: python bench/accuracy.py --jobs 6
-#   C: python bench/fit_search.py --cuda --quick, then python bench/recorder_overhead.py
-# then python bench/guard_overhead.py --no-ddp (1 GPU: no NCCL pair to compare).
+#   C: python bench/fit_search.py --cuda --quick, python bench/recorder_overhead.py, then
+#      python bench/query_cost.py
+# then python bench/guard_overhead.py (its DDP part runs two gloo processes on the CPU).
 # Logs go to OUTDIR/*.log and the benchmarks' own files (bench/out) to OUTDIR/bench_out.tar.gz.
 set -uo pipefail
 out=${1:?usage: bash bench/gpu_session.sh OUTDIR [SECONDS]}
@@ -26,6 +27,7 @@ lane_b() { timeout $(( budget * 2 / 3 )) python3 bench/accuracy.py --jobs 6; }
 lane_c() {
   timeout $(( budget / 3 )) python3 bench/fit_search.py --cuda --quick
   timeout 90 python3 bench/recorder_overhead.py --steps 300 --repeats 3 --background-seconds 5
+  timeout 60 python3 bench/query_cost.py
 }
 lane_a >"$out/pytest_gpu.log" 2>&1 &
 a=$!
@@ -38,7 +40,7 @@ wait $b; echo "accuracy rc=$?" >>"$out/summary.log"
 wait $c; echo "fit/recorder rc=$?" >>"$out/summary.log"
 t=$(left)
 if [ "$t" -gt 60 ]; then
-  timeout $(( t - 15 )) python3 bench/guard_overhead.py --no-ddp >"$out/guard_overhead.log" 2>&1
+  timeout $(( t - 15 )) python3 bench/guard_overhead.py >"$out/guard_overhead.log" 2>&1
   echo "guard_overhead rc=$?" >>"$out/summary.log"
 fi
 tar czf "$out/bench_out.tar.gz" bench/out 2>/dev/null
