@@ -42,7 +42,7 @@ from memfit.units import format_bytes, parse_bytes
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["SimulatedGpu", "active", "simulate_gpu"]
+__all__ = ["SimulatedGpu", "active", "cuda_allocator_cap", "simulate_gpu"]
 
 _STACK: list[SimulatedGpu] = []
 _STACK_LOCK = threading.Lock()
