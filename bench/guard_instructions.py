@@ -1,13 +1,15 @@
 """What TrainGuard adds to a step, counted in instructions (deterministic, unlike time).
 
 Runs the 5 ms CPU MLP step of ``guard_overhead.py`` (batch 243, Adam) under
-``valgrind --tool=callgrind``, bare and under ``memfit.TrainGuard``, for 5 and for 25 steps;
-the difference between the two counts divided by 20 is one step's instructions, with the
-import, the model's construction and the warm-up cancelled out. OpenBLAS threads (numpy's) are
-pinned to one so their spin does not enter the count. Instructions are not time (cache
-behaviour is left out), but they are repeatable on a shared machine where a 1% timing is not.
+``valgrind --tool=callgrind``, bare, under ``memfit.TrainGuard`` and under ``TrainGuard.step``,
+for 5 and for 105 steps; the difference between the two counts divided by 100 is one step's
+instructions, with the import, the model's construction and the warm-up cancelled out (and
+one-time events between the two lengths, a garbage collection say, spread over 100 steps).
+OpenBLAS threads (numpy's) are pinned to one so their spin does not enter the count.
+Instructions are not time (cache behaviour is left out), but they are repeatable on a shared
+machine where a 1% timing is not.
 
-    python bench/guard_instructions.py     # needs valgrind; about 5 minutes
+    python bench/guard_instructions.py     # needs valgrind; about 15 minutes on 2 cores
 
 Writes ``bench/out/guard_instructions.json`` and ``.md`` and prints the markdown table.
 """
@@ -28,6 +30,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "out"
+SHORT, LONG = 5, 105  # steps of the two runs of each mode
 
 CHILD = """
 import sys, torch
@@ -87,10 +90,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         script = os.path.join(tmp, "step.py")
         Path(script).write_text(CHILD)
-        jobs = [(m, n) for m in ("bare", "guard", "guard_step") for n in (5, 25)]
+        jobs = [(m, n) for m in ("bare", "guard", "guard_step") for n in (SHORT, LONG)]
         with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
             counts = dict(zip(jobs, pool.map(lambda j: _count(*j, script), jobs), strict=True))
-    per_step = {m: (counts[(m, 25)] - counts[(m, 5)]) / 20 for m in ("bare", "guard", "guard_step")}
+    per_step = {
+        m: (counts[(m, LONG)] - counts[(m, SHORT)]) / (LONG - SHORT)
+        for m in ("bare", "guard", "guard_step")
+    }
     result = {
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{platform.node()} {platform.machine()}, torch {torch.__version__}",
