@@ -37,20 +37,9 @@ def allocator_counts(torch: Any, index: int) -> AllocatorCounts:
     reads the nested dictionary once (``torch._C._cuda_memoryStats``), falling back to the
     public flat ``torch.cuda.memory_stats()`` where the private call is missing or changed.
     """
-    raw = getattr(getattr(torch, "_C", None), "_cuda_memoryStats", None)
-    if raw is not None:
-        try:
-            stats = raw(index)
-            allocated = stats["allocated_bytes"]["all"]
-            reserved = stats["reserved_bytes"]["all"]
-            return AllocatorCounts(
-                int(allocated["current"]),
-                int(reserved["current"]),
-                int(allocated["peak"]),
-                int(reserved["peak"]),
-            )
-        except (KeyError, TypeError, RuntimeError):
-            pass
+    nested = _nested_counts(torch, index)
+    if nested is not None:
+        return nested
     flat = torch.cuda.memory_stats(index)
     return AllocatorCounts(
         int(flat.get("allocated_bytes.all.current", 0)),
@@ -58,6 +47,26 @@ def allocator_counts(torch: Any, index: int) -> AllocatorCounts:
         int(flat.get("allocated_bytes.all.peak", 0)),
         int(flat.get("reserved_bytes.all.peak", 0)),
     )
+
+
+def _nested_counts(torch: Any, index: int) -> AllocatorCounts | None:
+    """The counters from ``torch._C._cuda_memoryStats``; ``None`` where it is missing or its
+    layout is not the one known (a future torch)."""
+    raw = getattr(getattr(torch, "_C", None), "_cuda_memoryStats", None)
+    if raw is None:
+        return None
+    try:
+        stats = raw(index)
+        allocated = stats["allocated_bytes"]["all"]
+        reserved = stats["reserved_bytes"]["all"]
+        return AllocatorCounts(
+            int(allocated["current"]),
+            int(reserved["current"]),
+            int(allocated["peak"]),
+            int(reserved["peak"]),
+        )
+    except (KeyError, TypeError, RuntimeError):
+        return None
 
 
 class TorchProbe:
