@@ -17,10 +17,10 @@ The phase of an operation is found this way:
   ``torch.autograd.grad``.
 * ``"forward"``: everything else.
 
-View operations (``slice``, ``view``, ``t``...), which allocate no memory, never fail, nor
-do reads of a scalar to the host (``tensor.item()``);
-nor do operations inside :func:`memfit.runtime.oom.no_alloc_section` (memfit's own commit steps,
-which only write into existing memory and so cannot run out of it) are left alone.
+Three kinds of operation never fail, because they take no memory from the allocator: views
+(``slice``, ``view``, ``t``...), reads of a scalar to the host (``tensor.item()``), and
+operations inside :func:`memfit.runtime.oom.no_alloc_section` (memfit's own commit steps,
+which only write into existing memory).
 """
 
 from __future__ import annotations

@@ -898,8 +898,8 @@ class TrainGuard:
         from memfit.runtime.simulate import active
 
         now = 0.0
-        on_cuda = active() is None
-        if on_cuda:
+        throttled = active() is None
+        if throttled:
             torch = sys.modules.get("torch")
             if torch is None or not torch.cuda.is_initialized():
                 return False
@@ -917,7 +917,7 @@ class TrainGuard:
             )
             self._param_bytes = (n_params, total)
         low = free < 2 * self._param_bytes[1]
-        if on_cuda:
+        if throttled:
             self._next_free_check = now if low else now + self.free_check_seconds
         return low
 
