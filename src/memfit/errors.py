@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import difflib
 import errno
+import os
+import stat
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,8 +25,12 @@ __all__ = [
     "InfeasiblePlan",
     "MemfitError",
     "OutOfMemory",
+    "decode_user_text",
     "did_you_mean",
     "file_error",
+    "file_kind",
+    "not_a_file_error",
+    "read_user_bytes",
     "read_user_text",
     "require_positive_int",
 ]
@@ -228,27 +234,101 @@ def file_error(
     )
 
 
-def read_user_text(path: str | Path, *, what: str = "the file", hint: str | None = None) -> str:
-    """Read a text file the user named, as UTF-8, with every failure a :class:`ConfigError`.
+def file_kind(mode: int) -> str | None:
+    """What a file that is not a regular file is (``"a folder"``), or ``None`` for a file.
 
-    A missing file, a folder, no permission, and bytes that are not UTF-8 (a binary file, a
-    file saved as Latin-1) each say what is wrong; a decoding error names the line and column
-    of the first bad byte.
+    Args:
+        mode: ``st_mode`` from :func:`os.stat`.
+
+    >>> import stat
+    >>> file_kind(stat.S_IFIFO), file_kind(stat.S_IFREG)
+    ('a named pipe (FIFO)', None)
+    """
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISFIFO(mode):
+        return "a named pipe (FIFO)"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def not_a_file_error(path: str | Path, kind: str, *, action: str) -> ConfigError:
+    """A :class:`ConfigError` for a path that names a folder, a pipe or a device.
+
+    memfit reads and writes only regular files: a named pipe with no writer, or a device such
+    as ``/dev/zero``, would make it wait (or read) forever.
+
+    Args:
+        path: The path (it becomes the ``key_path``).
+        kind: What it is (``"a named pipe (FIFO)"``).
+        action: What failed, as it reads after "cannot" (``"read the workload file"``).
+    """
+    hint = (
+        "give the path of a file, not of a folder"
+        if kind == "a folder"
+        else "give the path of a regular file (memfit does not read or write pipes and "
+        "devices, which could make it wait forever)"
+    )
+    return ConfigError(f"cannot {action}: it is {kind}, not a file", key_path=str(path), hint=hint)
+
+
+def read_user_bytes(path: str | Path, *, what: str = "the file", hint: str | None = None) -> bytes:
+    """Read a file the user named, refusing anything that is not a regular file.
+
+    A folder, a named pipe (which would block until a writer comes) and a device file (which
+    may never end) are refused before any read; the check is made on the opened file
+    (non-blocking open, then ``fstat``), so nothing can be swapped in between.
 
     Args:
         path: The file.
         what: What the file is, for the message (``"the workload file"``).
-        hint: What to do; default: a hint for the kind of error.
+        hint: What to do when it cannot be read; default: a hint for the kind of error.
+
+    Returns:
+        The file's bytes.
 
     Raises:
-        ConfigError: When the file cannot be read or is not UTF-8 text (``key_path`` is the
-            file, or ``FILE:LINE:COLUMN`` for a bad byte).
+        ConfigError: When the file is missing, unreadable, or not a regular file.
     """
     source = Path(path)
+    action = f"read {what}"
     try:
-        data = source.read_bytes()
+        kind = file_kind(os.stat(source).st_mode)
+        if kind is not None:
+            raise not_a_file_error(source, kind, action=action)
+        flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+        fd = os.open(source, flags)
     except OSError as exc:
-        raise file_error(exc, source, action=f"read {what}", hint=hint) from exc
+        raise file_error(exc, source, action=action, hint=hint) from exc
+    try:
+        kind = file_kind(os.fstat(fd).st_mode)
+        if kind is not None:
+            raise not_a_file_error(source, kind, action=action)
+        with os.fdopen(fd, "rb", closefd=True) as handle:
+            fd = -1
+            return handle.read()
+    except OSError as exc:
+        raise file_error(exc, source, action=action, hint=hint) from exc
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def decode_user_text(
+    data: bytes, *, source: str | Path, what: str = "the file", hint: str | None = None
+) -> str:
+    """Decode bytes the user gave as UTF-8; a bad byte names its line and column.
+
+    Raises:
+        ConfigError: When the bytes are not UTF-8 (``key_path`` is ``SOURCE:LINE:COLUMN``).
+    """
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -261,6 +341,27 @@ def read_user_text(path: str | Path, *, what: str = "the file", hint: str | None
             key_path=f"{source}:{line}:{column}",
             hint=hint or "save it as UTF-8 text, or check that this is the right file",
         ) from exc
+
+
+def read_user_text(path: str | Path, *, what: str = "the file", hint: str | None = None) -> str:
+    """Read a text file the user named, as UTF-8, with every failure a :class:`ConfigError`.
+
+    A missing file, a folder, a named pipe or a device (refused before reading, see
+    :func:`read_user_bytes`), no permission, and bytes that are not UTF-8 (a binary file, a
+    file saved as Latin-1) each say what is wrong; a decoding error names the line and column
+    of the first bad byte.
+
+    Args:
+        path: The file.
+        what: What the file is, for the message (``"the workload file"``).
+        hint: What to do; default: a hint for the kind of error.
+
+    Raises:
+        ConfigError: When the file cannot be read, is not a regular file, or is not UTF-8
+            text (``key_path`` is the file, or ``FILE:LINE:COLUMN`` for a bad byte).
+    """
+    data = read_user_bytes(path, what=what, hint=hint)
+    return decode_user_text(data, source=Path(path), what=what, hint=hint)
 
 
 def require_positive_int(name: str, value: object, *, hint: str | None = None) -> int:

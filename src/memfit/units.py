@@ -26,14 +26,28 @@ from __future__ import annotations
 
 import math
 import re
+from fractions import Fraction
 
 from memfit.errors import ConfigError
 
-__all__ = ["GiB", "KiB", "MiB", "format_bytes", "format_mib", "parse_bytes", "parse_fraction"]
+__all__ = [
+    "MAX_BYTES",
+    "GiB",
+    "KiB",
+    "MiB",
+    "format_bytes",
+    "format_mib",
+    "parse_bytes",
+    "parse_fraction",
+]
 
 KiB = 1024
 MiB = 1024**2
 GiB = 1024**3
+
+#: The largest size memfit accepts: 16 EiB (2**64 bytes), far above any memory there is.
+#: A larger size is a typo (``1e308GB``), and refusing it keeps every sum and ratio finite.
+MAX_BYTES = 2**64
 
 _MULTIPLIERS: dict[str, int] = {
     "": 1,
@@ -80,7 +94,7 @@ def parse_bytes(text: str | int) -> int:
     if isinstance(text, int):
         if text < 0:
             raise ConfigError(f"a size cannot be negative: {text!r}", hint=_HINT)
-        return text
+        return _bounded(text, text)
     if not isinstance(text, str):
         raise ConfigError(f"not a size: {text!r}", hint=_HINT)
     if not text.strip():
@@ -93,13 +107,35 @@ def parse_bytes(text: str | int) -> int:
     if multiplier is None:
         raise ConfigError(f"unknown size suffix {suffix!r} in {text!r}", hint=_HINT)
     value = float(number_text)
-    if math.isnan(value) or math.isinf(value):
-        raise ConfigError(f"not a finite size: {text!r}", hint=_HINT)
+    if math.isnan(value):
+        raise ConfigError(f"not a finite size: {_shown(text)}", hint=_HINT)
     if value < 0:
-        raise ConfigError(f"a size cannot be negative: {text!r}", hint=_HINT)
+        raise ConfigError(f"a size cannot be negative: {_shown(text)}", hint=_HINT)
+    if value * multiplier > MAX_BYTES:  # also catches a number too long to be an int
+        return _bounded(MAX_BYTES + 1, text)
     if "." not in number_text and "e" not in number_text.lower():
-        return int(number_text) * multiplier
-    return round(value * multiplier)
+        return _bounded(int(number_text) * multiplier, text)
+    return _bounded(round(value * multiplier), text)
+
+
+def _shown(text: str | int) -> str:
+    """``repr(text)``, shortened in the middle when long (a pasted 5,000-digit number)."""
+    shown = repr(text)
+    return shown if len(shown) <= 40 else f"{shown[:18]}...{shown[-18:]}"
+
+
+def _bounded(nbytes: int, text: str | int) -> int:
+    """``nbytes`` when it is at most :data:`MAX_BYTES`.
+
+    Raises:
+        ConfigError: When it is larger.
+    """
+    if nbytes > MAX_BYTES:
+        raise ConfigError(
+            f"size {_shown(text)} is larger than memfit accepts (16 EiB, 2**64 bytes)",
+            hint="check the number and the unit: " + _HINT,
+        )
+    return nbytes
 
 
 def format_bytes(n: int | float, *, precision: int = 2) -> str:
@@ -116,7 +152,16 @@ def format_bytes(n: int | float, *, precision: int = 2) -> str:
     value = abs(n)
     if value < KiB:
         return f"{sign}{int(value)} B"
-    for unit, size in (("TiB", 2**40), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+    if value >= 2**60 * 1024:  # beyond any memory: no float division that could overflow
+        return f"{sign}more than 1024 EiB"
+    for unit, size in (
+        ("EiB", 2**60),
+        ("PiB", 2**50),
+        ("TiB", 2**40),
+        ("GiB", GiB),
+        ("MiB", MiB),
+        ("KiB", KiB),
+    ):
         if value >= size:
             return f"{sign}{value / size:.{precision}f} {unit}"
     raise AssertionError("unreachable")  # pragma: no cover
@@ -128,6 +173,8 @@ def format_mib(n: int | float) -> str:
     >>> format_mib(2**30)
     '1024MiB'
     """
+    if isinstance(n, int):
+        return f"{round(Fraction(n, MiB))}MiB"  # exact for any size, no float on the way
     return f"{round(n / MiB)}MiB"
 
 

@@ -167,14 +167,15 @@ def test_env_reports_problems_by_name(
     clean_env.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:16")
     clean_env.setenv("PYTORCH_ALLOC_CONF", "expandable_segments:True")
     code, out, _ = _run(capsys, "env", "--json")
-    assert code == 0
+    assert code == 1  # error-level problems: the JSON is printed, then the exit status says so
     problems = _json(out)["problems"]
     assert {(p["code"], p["variable"], p["option"]) for p in problems} == {
         ("bad-value", "PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb"),
         ("both-names-differ", "PYTORCH_CUDA_ALLOC_CONF", None),
     }
-    code, out, _ = _run(capsys, "env")
-    assert code == 0 and "max_split_size_mb" in out and "both-names-differ" in out
+    code, out, err = _run(capsys, "env")
+    assert code == 1 and "max_split_size_mb" in out and "both-names-differ" in out
+    assert "Error:" in err and "Hint:" in err
     code, _, _ = _run(capsys, "env", "--strict")
     assert code == 1
 
@@ -188,9 +189,9 @@ def test_env_check_file(
         "export PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128\n"
     )
     code, out, _ = _run(capsys, "env", "--check", str(script), "--json")
-    assert code == 0
+    assert code == 1  # the first export is silently lost: an error
     (problem,) = _json(out)["problems"]
-    assert problem["code"] == "exported-twice"
+    assert problem["code"] == "exported-twice" and problem["severity"] == "error"
     code, _, _ = _run(capsys, "env", "--check", str(script), "--strict")
     assert code == 1
     code, _, err = _run(capsys, "env", "--check", str(tmp_path / "missing.sh"))

@@ -19,13 +19,47 @@ from memfit.runtime.simulate import simulate_gpu
 def test_every_cleans_on_the_nth_call_and_times_it() -> None:
     events: list[MemoryEvent] = []
     policy = memfit.cleanup.every(10, gc_collect=True, on_event=events.append)
-    cleaned = [policy() for _ in range(35)]
+    cleaned = [policy(step=100 + i) for i in range(35)]
     assert [i + 1 for i, c in enumerate(cleaned) if c] == [10, 20, 30]
     assert policy.stats.calls == 35 and policy.stats.cleanups == 3
     assert policy.stats.seconds > 0
-    assert [e.step for e in events] == [10, 20, 30]
+    # stamped with the training step it was given, the call count kept apart
+    assert [e.step for e in events] == [109, 119, 129]
+    assert [e.data["call"] for e in events] == [10, 20, 30]
     assert all(e.kind == "cleanup" and e.source == "cleanup.every" for e in events)
     assert events[0].data["gc_collect"] is True and events[0].data["seconds"] >= 0
+
+
+def test_cleanup_events_never_pass_a_call_count_off_as_a_step() -> None:
+    every = memfit.cleanup.every(2)
+    pressure = memfit.cleanup.on_pressure(read=lambda: PressureReading(100, 1, 1, 1))
+    for _ in range(4):
+        every()
+        pressure()
+    assert [e.step for e in every.events] == [None, None]
+    assert [e.data["call"] for e in every.events] == [2, 4]
+    assert [e.step for e in pressure.events] == [None] * 4
+    pressure(step=7)
+    assert pressure.events[-1].step == 7 and pressure.events[-1].data["call"] == 5
+    with pytest.raises(ConfigError, match="training step"):
+        every(step=1.5)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="training step"):
+        every(step=True)
+
+
+def test_after_call_stamps_the_step_its_function_reads() -> None:
+    step = 0
+
+    @cleanup.after_call(step=lambda: step)
+    def save() -> None:
+        return None
+
+    for step in range(0, 200, 50):  # noqa: B007 - read by the lambda
+        save()
+    assert [e.step for e in save.cleanup.events] == [0, 50, 100, 150]
+    assert [e.data["call"] for e in save.cleanup.events] == [1, 2, 3, 4]
+    with pytest.raises(ConfigError, match="function returning the training step"):
+        cleanup.after_call(step=5)  # type: ignore[arg-type]
 
 
 def test_every_really_collects_garbage() -> None:
@@ -103,9 +137,9 @@ def test_after_call_bare_and_with_options() -> None:
 def test_full_reset_counts_and_reports() -> None:
     before = cleanup.full_reset.stats.cleanups
     events: list[MemoryEvent] = []
-    seconds = memfit.cleanup.full_reset(on_event=events.append)
+    seconds = memfit.cleanup.full_reset(step=12, on_event=events.append)
     assert seconds >= 0 and cleanup.full_reset.stats.cleanups == before + 1
-    assert events and events[0].source == "cleanup.full_reset"
+    assert events and events[0].source == "cleanup.full_reset" and events[0].step == 12
 
 
 def test_doctests() -> None:

@@ -8,24 +8,32 @@ nothing else there; human output goes through Rich; problems are raised as
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import json
 import math
+import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
+
+from memfit.errors import ConfigError
 
 __all__ = [
     "JSON_OPTION",
     "err_console",
     "out_console",
+    "plain",
     "print_json",
+    "safe",
     "to_jsonable",
+    "user_code",
 ]
 
 #: Rich console for human output on stdout.
@@ -37,6 +45,71 @@ err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 JSON_OPTION: bool = typer.Option(
     False, "--json", help="Print machine-readable JSON on stdout and nothing else there."
 )
+
+#: Characters a terminal acts on instead of showing: C0 and C1 controls (ESC starts colour
+#: and cursor sequences, BEL rings, CR overwrites the line) and the bidirectional overrides
+#: that reorder what follows them.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_CONTROL_KEEP_NEWLINES = re.compile(
+    "[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]"
+)
+
+
+def _escaped(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def plain(text: object, *, newlines: bool = False) -> str:
+    r"""``str(text)`` with every control character written as an escape (``\x1b``).
+
+    A name, a message or a process command line from a file or a driver is shown as text,
+    never acted on by the terminal.
+
+    Args:
+        text: What to show.
+        newlines: Keep line breaks (for multi-line text such as a shell snippet).
+
+    >>> plain("\x1b[31mred\x07")
+    '\\x1b[31mred\\x07'
+    """
+    pattern = _CONTROL_KEEP_NEWLINES if newlines else _CONTROL
+    return pattern.sub(_escaped, str(text))
+
+
+def safe(text: object, *, newlines: bool = False) -> str:
+    r""":func:`plain`, then escaped for Rich markup: any user text inside a Rich string.
+
+    >>> safe("[bold]x")
+    '\\[bold]x'
+    """
+    return escape(plain(text, newlines=newlines))
+
+
+@contextlib.contextmanager
+def user_code(what: str) -> Iterator[None]:
+    """Run the user's code (importing and calling a factory) without letting it break the CLI.
+
+    Whatever it prints goes to stderr, so stdout keeps exactly what the command prints (one
+    JSON document with ``--json``); a ``sys.exit()`` in it (at import or while it runs)
+    becomes a :class:`ConfigError` instead of ending memfit quietly with its status.
+
+    Args:
+        what: The code, for the message (``"module:function"``).
+
+    Raises:
+        ConfigError: When the code calls ``sys.exit`` (or raises ``SystemExit``).
+    """
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    except SystemExit as exc:
+        raise ConfigError(
+            f"{what} called sys.exit({exc.code!r}) while memfit imported or ran it",
+            key_path="factory",
+            hint="keep the module importable without side effects: put its script part "
+            'under `if __name__ == "__main__":`',
+        ) from exc
 
 
 def to_jsonable(obj: Any) -> Any:

@@ -5,20 +5,21 @@ as lines to paste into a shell (``--shell bash|fish|powershell``), then validate
 environment already holds (``PYTORCH_ALLOC_CONF`` / ``PYTORCH_CUDA_ALLOC_CONF`` and
 ``XLA_PYTHON_CLIENT_*``): unknown options, bad values, conflicts, both torch names set
 differently. ``--check FILE`` validates a shell snippet instead (catching a variable
-exported twice). With ``--strict`` an error-level problem makes the exit status 1.
+exported twice; ``-`` reads it from stdin). An error-level problem (the framework refuses the
+setting, or it is silently lost) makes the exit status 1, after everything is printed; with
+``--strict`` a warning does too.
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
-from memfit.cli._common import JSON_OPTION, err_console, out_console, print_json
-from memfit.errors import ConfigError, read_user_text
+from memfit.cli._common import JSON_OPTION, err_console, out_console, print_json, safe
+from memfit.cli._files import read_input_text
+from memfit.errors import ConfigError
 from memfit.runtime.allocator_env import (
     JAX_VARIABLES,
     PROFILES,
@@ -38,14 +39,14 @@ def env(
         "training", "--for", metavar="USE", help="training, inference or shared-gpu."
     ),
     shell: str = typer.Option("bash", "--shell", help="bash, fish or powershell."),
-    check: Path | None = typer.Option(
+    check: str | None = typer.Option(
         None,
         "--check",
         metavar="FILE",
-        help="Validate the exports in a shell file instead of the current environment.",
+        help="Validate the exports in a shell file (- for stdin) instead of the environment.",
     ),
     strict: bool = typer.Option(
-        False, "--strict", help="Exit 1 when a setting has an error-level problem."
+        False, "--strict", help="Exit 1 on warnings too (errors always exit 1)."
     ),
     as_json: bool = JSON_OPTION,
 ) -> None:
@@ -61,20 +62,20 @@ def env(
     rec = recommend(profile)
     script = render_shell(rec.settings, shell)
     if check is not None:
-        text = read_user_text(check, what="the shell file (--check)")
+        text, source = read_input_text(check, what="the shell file (--check)", stdin=True)
         try:
             problems = check_shell(text)
         except ConfigError as exc:
             # check_shell names the line; say which file it is in
-            raise ConfigError(exc.message, key_path=str(check), hint=exc.hint) from exc
-        checked = f"file {check}"
+            raise ConfigError(exc.message, key_path=source, hint=exc.hint) from exc
+        checked = f"file {source}"
     else:
         problems = check_environment()
         checked = "environment"
     current = {
         name: os.environ[name] for name in (*TORCH_VARIABLES, *JAX_VARIABLES) if name in os.environ
     }
-    errors = sum(1 for p in problems if p.severity == "error")
+    failing = [p for p in problems if p.severity == "error" or strict]
     if as_json:
         print_json(
             {
@@ -91,34 +92,33 @@ def env(
         for column in ("variable / option", "value", "why"):
             table.add_column(column)
         for key, value, reason in rec.options:
-            table.add_row(f"torch {escape(key)}", escape(value), escape(reason))
+            table.add_row(f"torch {safe(key)}", safe(value), safe(reason))
         for setting in rec.settings:
             if setting.framework == "jax":
-                table.add_row(
-                    escape(setting.variable), escape(setting.value), escape(setting.reason)
-                )
+                table.add_row(safe(setting.variable), safe(setting.value), safe(setting.reason))
         out_console.print(table)
         out_console.print(f"# paste into {shell}:")
-        out_console.print(escape(script), soft_wrap=True)
+        out_console.print(safe(script, newlines=True), soft_wrap=True)
         for note in rec.notes:
-            err_console.print(f"note: {escape(note)}")
+            err_console.print(f"note: {safe(note)}")
         if problems:
-            out_console.print(f"problems in the {escape(checked)}:")
+            out_console.print(f"problems in the {safe(checked)}:")
             for p in problems:
                 where = p.variable + (f" {p.option}" if p.option else "")
                 line = f"  {p.severity} [{p.code}] {where}: {p.message}"
                 if p.hint:
                     line += f" (fix: {p.hint})"
-                out_console.print(escape(line), soft_wrap=True)
+                out_console.print(safe(line), soft_wrap=True)
         elif current or check is not None:
-            out_console.print(f"no problems in the {escape(checked)}")
-    if strict and errors:
-        first = next(p for p in problems if p.severity == "error")
+            out_console.print(f"no problems in the {safe(checked)}")
+    if failing:
+        first = failing[0]
+        level = "problem(s)" if strict else "error-level problem(s)"
         err_console.print(
-            f"[bold red]Error:[/] {errors} error-level problem(s) in the {escape(checked)}; "
-            f"first: {escape(first.message)}"
+            f"[bold red]Error:[/] {len(failing)} {level} in the {safe(checked)}; "
+            f"first: {safe(first.message)}"
         )
-        err_console.print(f"[bold]Hint:[/] {escape(first.hint or 'see the problems listed above')}")
+        err_console.print(f"[bold]Hint:[/] {safe(first.hint or 'see the problems listed above')}")
         raise typer.Exit(1)
 
 

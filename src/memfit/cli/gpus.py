@@ -7,10 +7,9 @@ with ``Error:`` and the three nearest names.
 from __future__ import annotations
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
-from memfit.cli._common import JSON_OPTION, out_console, print_json
+from memfit.cli._common import JSON_OPTION, out_console, print_json, safe
 from memfit.core.catalog import GpuSpec, gpu, list_gpus
 from memfit.units import format_bytes, format_mib
 
@@ -35,7 +34,7 @@ def gpus(
         if as_json:
             print_json(spec.to_dict())
             return
-        table = Table(title=escape(spec.name), title_justify="left", show_header=False)
+        table = Table(title=safe(spec.name), title_justify="left", show_header=False)
         table.add_column("field")
         table.add_column("value")
         table.add_row("total (nvidia-smi)", f"{format_mib(spec.total_bytes)}")
@@ -47,8 +46,8 @@ def gpus(
         if spec.unified_memory:
             table.add_row("memory", "unified: shared with the CPU")
         if spec.aliases:
-            table.add_row("also called", escape(", ".join(spec.aliases)))
-        table.add_row("source", escape(spec.source))
+            table.add_row("also called", safe(", ".join(spec.aliases)))
+        table.add_row("source", safe(spec.source))
         out_console.print(table)
         return
     specs = list_gpus()
@@ -64,7 +63,7 @@ def gpus(
     for spec in specs:
         label = spec.name + (" (unified memory)" if spec.unified_memory else "")
         table.add_row(
-            escape(label),
+            safe(label),
             format_mib(spec.total_bytes).removesuffix("MiB"),
             f"{spec.total_bytes / 2**30:.2f}",
             spec.arch,

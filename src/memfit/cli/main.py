@@ -11,6 +11,7 @@ its command(s). :func:`main` runs the app and turns problems into the CLI contra
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
@@ -22,7 +23,7 @@ import typer
 from rich.markup import escape
 
 from memfit._version import __version__
-from memfit.cli._common import err_console, print_json
+from memfit.cli._common import err_console, print_json, safe
 from memfit.errors import MemfitError
 
 __all__ = ["COMMAND_MODULES", "app", "main", "run"]
@@ -117,11 +118,34 @@ def _wants_json(argv: Sequence[str]) -> bool:
 def _report(exc: MemfitError, argv: Sequence[str]) -> None:
     if _wants_json(argv):
         print_json(exc.to_dict())
-    err_console.print(f"[bold red]Error:[/] {escape(exc.message)}")
+    err_console.print(f"[bold red]Error:[/] {safe(exc.message, newlines=True)}")
     command = next((a for a in argv if not a.startswith("-")), None)
     fallback = f"memfit {command} --help" if command else "memfit --help"
     hint = exc.hint or f"see `{fallback}`; rerun with --debug for the details"
-    err_console.print(f"[bold]Hint:[/] {escape(hint)}")
+    err_console.print(f"[bold]Hint:[/] {safe(hint, newlines=True)}")
+
+
+def _flags_take_no_value(command: Any) -> None:
+    """Show on/off options (``--json``, ``--force``, ``--help``) without a value in the help.
+
+    Typer >= 0.29 writes a type after every option, so a flag reads ``--json <bool>`` as if
+    it took ``true`` or ``false``, which it refuses. An empty metavar leaves the type column
+    blank for flags; their help text says what they do.
+    """
+    commands = [command]
+    while commands:
+        current = commands.pop()
+        params = list(getattr(current, "params", ()))
+        get_help_option = getattr(current, "get_help_option", None)
+        context_class = getattr(current, "context_class", None)
+        if callable(get_help_option) and context_class is not None:
+            with contextlib.suppress(Exception):  # the help option is optional
+                context = context_class(current, help_option_names=["-h", "--help"])
+                params.append(get_help_option(context))
+        for param in params:
+            if getattr(param, "is_flag", False) and getattr(param, "metavar", "") is None:
+                param.metavar = ""
+        commands.extend(getattr(current, "commands", {}).values())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -129,6 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args or bool(os.environ.get("MEMFIT_DEBUG"))
     command = typer.main.get_command(app)
+    _flags_take_no_value(command)
     if not args:  # bare `memfit`: the help, as a request rather than a usage error
         args = ["--help"]
     try:

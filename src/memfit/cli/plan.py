@@ -17,25 +17,73 @@ from typing import Any
 
 import typer
 import yaml
-from rich.markup import escape
 from rich.table import Table
 
-from memfit.cli._common import JSON_OPTION, err_console, out_console, print_json
+from memfit.cli._common import JSON_OPTION, err_console, out_console, print_json, safe
+from memfit.cli._files import (
+    FORCE_OPTION,
+    STDIN,
+    check_output,
+    read_input_text,
+    write_output,
+)
 from memfit.core.budget import DEFAULT_MARGIN
 from memfit.core.constraints import Violation, check, parse_set
 from memfit.core.plan import Plan
-from memfit.core.workload import Workload, bundled_names, load_workload
-from memfit.errors import ConfigError, InfeasiblePlan, file_error
+from memfit.core.workload import Workload, bundled_names, load_workload, parse_workload
+from memfit.errors import ConfigError, InfeasiblePlan, did_you_mean
 from memfit.units import format_bytes, parse_bytes, parse_fraction
 
-__all__ = ["allocator_settings", "register"]
+__all__ = ["allocator_settings", "load_workload_arg", "parse_overrides", "register"]
 
 WORKLOAD_ARG: str = typer.Argument(
-    ..., metavar="WORKLOAD", help="A workload file, or a bundled name (memfit examples)."
+    ...,
+    metavar="WORKLOAD",
+    help="A workload file, a bundled name (memfit examples), or - to read it from stdin.",
 )
 SET_OPTION: list[str] = typer.Option(
-    [], "--set", metavar="KNOB=VALUE", help="Pin a knob (or change a setting); repeatable."
+    [],
+    "--set",
+    metavar="NAME=INT",
+    help="Pin a knob, or change a number under the workload's settings:, to a whole number "
+    "(e.g. --set num_envs=2048); repeatable. Other fields are edited in the workload file.",
 )
+
+
+def load_workload_arg(ref: str) -> Workload:
+    """The workload a command names: a file, a bundled name, or ``-`` for standard input.
+
+    Raises:
+        ConfigError: When it cannot be read or is not a valid workload.
+    """
+    if ref == STDIN:
+        text, source = read_input_text(STDIN, what="the workload", stdin=True)
+        return parse_workload(text, source=source, default_name="stdin")
+    return load_workload(ref)
+
+
+def parse_overrides(workload: Workload, items: list[str]) -> dict[str, int]:
+    """``--set NAME=INT`` items for ``workload``: the name first, then the value.
+
+    Raises:
+        ConfigError: When a name is neither a knob nor a setting of the workload (a field
+            such as ``precision`` is named as such), or a value is not a positive integer.
+    """
+    known = sorted(set(workload.knobs) | set(workload.settings))
+    for item in items:
+        name = item.partition("=")[0].strip()
+        if name and "=" in item and name not in known:
+            takes = f"--set takes the knobs and settings: {', '.join(known) or 'none here'}"
+            if name in type(workload).model_fields:
+                hint = f"{name} is a field of the workload file: edit it there; {takes}"
+            else:
+                hint = did_you_mean(name, known, otherwise=takes) or takes
+            raise ConfigError(
+                f"{name!r} is neither a knob nor a setting of {workload.name}",
+                key_path=f"--set {name}",
+                hint=hint,
+            )
+    return parse_set(items)
 
 
 def allocator_settings(workload: Workload) -> dict[str, str]:
@@ -71,7 +119,7 @@ def _print_plan(workload: Workload, result: Plan) -> None:
     console = out_console
     status = "[green]fits[/]" if result.fits else "[bold red]does not fit[/]"
     console.print(
-        f"[bold]{escape(workload.name)}[/] on [bold]{escape(result.gpu)}[/]: {status} "
+        f"[bold]{safe(workload.name)}[/] on [bold]{safe(result.gpu)}[/]: {status} "
         f"({format_bytes(result.predicted_bytes)} of a {format_bytes(result.budget_bytes)} "
         "budget)"
     )
@@ -82,7 +130,7 @@ def _print_plan(workload: Workload, result: Plan) -> None:
     table.add_column("share", justify="right")
     for name, nbytes in sorted(result.breakdown.items(), key=lambda kv: -kv[1]):
         table.add_row(
-            escape(name),
+            safe(name),
             format_bytes(nbytes),
             f"{nbytes / 2**20:,.1f}",
             _share(nbytes, result.predicted_bytes),
@@ -98,12 +146,12 @@ def _print_plan(workload: Workload, result: Plan) -> None:
     knobs.add_column("knob")
     knobs.add_column("value", justify="right")
     for name, value in result.knobs.items():
-        knobs.add_row(escape(name), str(value))
+        knobs.add_row(safe(name), str(value))
     console.print(knobs)
     headroom = result.budget_bytes - result.predicted_bytes
     console.print(f"Headroom: {format_bytes(headroom)}")
     if result.binding is not None:
-        console.print(f"Limited by: [bold]{escape(result.binding)}[/]")
+        console.print(f"Limited by: [bold]{safe(result.binding)}[/]")
     if "jax_pool_unused" in result.breakdown:
         console.print(
             "JAX preallocates its pool at start-up: the job's buffers must fit inside the pool "
@@ -113,16 +161,16 @@ def _print_plan(workload: Workload, result: Plan) -> None:
         console.print("Next best:")
         for alt in result.alternatives:
             console.print(
-                f"  {escape(_knob_text(alt['knobs']))}  ({format_bytes(alt['predicted_bytes'])})"
+                f"  {safe(_knob_text(alt['knobs']))}  ({format_bytes(alt['predicted_bytes'])})"
             )
     from memfit.runtime.allocator_env import render_shell
 
     console.print("Allocator settings to run it with:")
     for line in render_shell(allocator_settings(workload)).splitlines():
-        console.print(f"  {escape(line)}", soft_wrap=True)
+        console.print(f"  {safe(line)}", soft_wrap=True)
 
 
-def _write_fitted(path: Path, workload: Workload, result: Plan) -> None:
+def _write_fitted(path: Path, workload: Workload, result: Plan, *, force: bool) -> None:
     data: dict[str, Any] = {
         "workload": workload.name,
         "gpu": result.gpu,
@@ -132,10 +180,14 @@ def _write_fitted(path: Path, workload: Workload, result: Plan) -> None:
         "budget_bytes": result.budget_bytes,
         "environment": allocator_settings(workload),
     }
-    try:
-        path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
-    except OSError as exc:
-        raise file_error(exc, path, action="write the fitted configuration (--write)") from exc
+    write_output(
+        path,
+        yaml.safe_dump(data, sort_keys=False),
+        force=force,
+        inputs=[workload.source],
+        what="the fitted configuration",
+        option="--write",
+    )
 
 
 def _short_gpu(name: str) -> str:
@@ -177,7 +229,7 @@ def _tiers(workload: Workload, overrides: dict[str, int], margin: float, as_json
     if workload.family == "offpolicy" and (workload.replay and workload.replay.placement) == "auto":
         knob_names.append("replay_placement")
     table = Table(
-        title=f"{workload.name}: tier table",
+        title=f"{safe(workload.name)}: tier table",
         title_justify="left",
         caption="knobs: " + "/".join(knob_names),
         caption_justify="left",
@@ -192,19 +244,19 @@ def _tiers(workload: Workload, overrides: dict[str, int], margin: float, as_json
         if isinstance(r, InfeasiblePlan):
             smallest = format_bytes(r.smallest_bytes) if r.smallest_bytes is not None else "-"
             table.add_row(
-                escape(short),
+                safe(short),
                 "-",
                 f"[red]{smallest}[/]",
                 "[red]does not fit[/]",
-                escape(r.binding_term or "-"),
+                safe(r.binding_term or "-"),
             )
             continue
         table.add_row(
-            escape(short),
+            safe(short),
             "/".join(str(r.knobs.get(k, "-")) for k in knob_names),
             format_bytes(r.predicted_bytes, precision=1),
             format_bytes(r.budget_bytes - r.predicted_bytes, precision=1),
-            escape(r.binding or "-"),
+            safe(r.binding or "-"),
         )
     out_console.print(table)
     _fail_if_none_fit(workload, results)
@@ -219,8 +271,8 @@ def _fail_if_none_fit(workload: Workload, results: list[Any]) -> None:
     )
     need = f" (its smallest configuration needs {format_bytes(smallest)})" if smallest else ""
     err_console.print(
-        f"[bold red]Error:[/] {escape(workload.name)} fits on none of the "
-        f"{len(results)} GPUs of the tier table{escape(need)}"
+        f"[bold red]Error:[/] {safe(workload.name)} fits on none of the "
+        f"{len(results)} GPUs of the tier table{safe(need)}"
     )
     err_console.print(
         "[bold]Hint:[/] widen the knob ranges (smaller minimums), lower the precision, or "
@@ -254,20 +306,32 @@ def _plan_command(
         None, "--host-memory", help="Host RAM for a replay buffer on the host (64GiB)."
     ),
     write: Path | None = typer.Option(
-        None, "--write", help="Write the fitted configuration to this YAML file."
+        None,
+        "--write",
+        metavar="FILE",
+        help="Write the fitted configuration to this YAML file (a new file, or --force).",
     ),
+    force: bool = FORCE_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Fit a workload to a GPU: the biggest knob values that fit and keep every rule."""
     if (gpu is None) == (not all_gpus):
         raise typer.BadParameter("give exactly one of --gpu NAME|SIZE|local and --all-gpus")
-    loaded = load_workload(workload)
-    overrides = parse_set(set_)
+    if all_gpus and write is not None:
+        raise typer.BadParameter("--write needs one --gpu, not --all-gpus")
+    loaded = load_workload_arg(workload)
+    if write is not None:  # before the search: a plan is no reason to lose a file
+        check_output(
+            write,
+            force=force,
+            inputs=[loaded.source],
+            what="the fitted configuration",
+            option="--write",
+        )
+    overrides = parse_overrides(loaded, set_)
     fraction = parse_fraction(margin, key_path="--margin")
     host = _host_bytes(host_memory)
     if all_gpus:
-        if write is not None:
-            raise typer.BadParameter("--write needs one --gpu, not --all-gpus")
         _tiers(loaded, overrides, fraction, as_json)
         return
     from memfit.planning import plan
@@ -275,18 +339,18 @@ def _plan_command(
     assert gpu is not None  # checked above
     result = plan(loaded, gpu, overrides, fraction, host_memory_bytes=host)
     if write is not None and result.fits:
-        _write_fitted(write, loaded, result)
+        _write_fitted(write, loaded, result, force=force)
     if as_json:
         print_json(result.to_dict())
     else:
         _print_plan(loaded, result)
         if write is not None and result.fits:
-            err_console.print(f"Wrote {escape(str(write))}")
+            err_console.print(f"Wrote {safe(str(write))}")
     if not result.fits:
         unwritten = f"; {write} was not written" if write is not None else ""
         err_console.print(
-            f"[bold red]Error:[/] {escape(loaded.name)} with these knobs does not fit "
-            f"{escape(result.gpu)} (limited by {escape(str(result.binding))}){escape(unwritten)}"
+            f"[bold red]Error:[/] {safe(loaded.name)} with these knobs does not fit "
+            f"{safe(result.gpu)} (limited by {safe(str(result.binding))}){safe(unwritten)}"
         )
         if result.binding in ("cuda_context", "jax_preallocation", "host_memory"):
             hint = "use a GPU (or host) with more memory, or lower --margin"
@@ -298,16 +362,16 @@ def _plan_command(
 
 def _print_violations(name: str, violations: list[Violation]) -> None:
     if not violations:
-        out_console.print(f"[green]{escape(name)}: every rule holds[/]")
+        out_console.print(f"[green]{safe(name)}: every rule holds[/]")
         return
-    table = Table(title=f"{name}: broken rules", title_justify="left")
+    table = Table(title=f"{safe(name)}: broken rules", title_justify="left")
     table.add_column("rule")
     table.add_column("values")
     table.add_column("nearest valid settings")
     for v in violations:
         values = ", ".join(f"{k}={x}" for k, x in v.knobs.items())
         fixes = " or ".join(", ".join(f"{k}={x}" for k, x in s.items()) for s in v.suggestions)
-        table.add_row(escape(v.rule), escape(values), escape(fixes or "-"))
+        table.add_row(safe(v.rule), safe(values), safe(fixes or "-"))
     out_console.print(table)
 
 
@@ -317,8 +381,8 @@ def _check_command(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Check knob values against the workload's rules; exit 1 when one is broken."""
-    loaded = load_workload(workload)
-    violations = check(loaded, parse_set(set_))
+    loaded = load_workload_arg(workload)
+    violations = check(loaded, parse_overrides(loaded, set_))
     if as_json:
         print_json(
             {
@@ -331,10 +395,10 @@ def _check_command(
         _print_violations(loaded.name, violations)
     if violations:
         first = violations[0]
-        err_console.print(f"[bold red]Error:[/] {escape(first.message)}")
+        err_console.print(f"[bold red]Error:[/] {safe(first.message)}")
         if first.suggestions:
             fix = ", ".join(f"--set {k}={v}" for k, v in first.suggestions[0].items())
-            err_console.print(f"[bold]Hint:[/] try {escape(fix)}")
+            err_console.print(f"[bold]Hint:[/] try {safe(fix)}")
         else:
             err_console.print("[bold]Hint:[/] change the knob values so the rule holds")
         raise typer.Exit(1)
@@ -364,9 +428,9 @@ def _examples_command(as_json: bool = JSON_OPTION) -> None:
     table.add_column("knobs")
     for row in rows:
         table.add_row(
-            escape(row["name"]),
+            safe(row["name"]),
             f"{row['family']} ({row['framework']})",
-            escape(", ".join(row["knobs"])),
+            safe(", ".join(row["knobs"])),
         )
     out_console.print(table)
 

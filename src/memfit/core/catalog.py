@@ -521,7 +521,9 @@ def _build_index() -> dict[str, tuple[GpuSpec, ...]]:
 
 
 _INDEX: dict[str, tuple[GpuSpec, ...]] = _build_index()
-_SIZE_LIKE = re.compile(r"^\s*[+-]?\d+(\.\d+)?\s*([kmgt]i?b|[kmgt]|b)?\s*$", re.IGNORECASE)
+_SIZE_LIKE = re.compile(
+    r"^\s*[+-]?\d+(\.\d+)?(e[+-]?\d+)?\s*([kmgt]i?b|[kmgt]|b)?\s*$", re.IGNORECASE
+)
 
 
 def list_gpus() -> list[GpuSpec]:

@@ -23,6 +23,7 @@ allows only numbers, names, arithmetic (``+ - * / // % **``), comparisons and ``
 from __future__ import annotations
 
 import ast
+import math
 import operator
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ __all__ = [
     "environment",
     "parse_expr",
     "parse_set",
+    "range_violation",
     "require_known",
 ]
 
@@ -79,8 +81,29 @@ _CMPOPS: dict[type[ast.cmpop], Callable[[Any, Any], bool]] = {
     ast.GtE: operator.ge,
 }
 _MAX_EXPONENT = 64
+#: Every value an expression computes (constants, intermediate results, the result) stays
+#: within +-2**100 (about 1.3e30): far above any byte count or throughput proxy, and below
+#: the float range, so no result is infinite, NaN, or too large to compare with a float.
+_MAX_MAGNITUDE = 2**100
 
 _Fn = Callable[[Mapping[str, Value]], Value]
+
+
+class _OutOfRange(Exception):
+    """An expression's value left the range memfit computes in (caught by Expr.evaluate)."""
+
+
+def _in_range(value: Any) -> Value:
+    """``value`` when it is a real number within :data:`_MAX_MAGNITUDE` (or a bool)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, complex):
+        raise _OutOfRange("a complex number (a fractional power of a negative number)")
+    if isinstance(value, float) and math.isnan(value):
+        raise _OutOfRange("not a number (NaN)")
+    if abs(value) > _MAX_MAGNITUDE:
+        raise _OutOfRange("a value beyond 2**100 (about 1.3e30)")
+    return value  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)
@@ -102,10 +125,18 @@ class Expr:
 
         Raises:
             ConfigError: When a name has no value, or the arithmetic fails (division by zero,
-                an exponent above 64).
+                an exponent above 64, a value beyond 2**100 anywhere in the expression).
         """
         try:
             return self._fn(values)
+        except _OutOfRange as exc:
+            shown = ", ".join(f"{k}={v}" for k, v in sorted(values.items()) if k in self.names)
+            raise ConfigError(
+                f"{self.text!r} reaches {exc} at {shown or 'any values'}",
+                key_path=self.key_path,
+                hint="keep every part of the expression within 2**100; sizes are bytes and "
+                "objectives a throughput proxy, both far smaller",
+            ) from None
         except ConfigError as exc:
             if exc.key_path is None and self.key_path is not None:
                 raise ConfigError(exc.message, key_path=self.key_path, hint=exc.hint) from None
@@ -133,7 +164,14 @@ def _compile(node: ast.AST, text: str, names: set[str]) -> _Fn:
     if isinstance(node, ast.Expression):
         return _compile(node.body, text, names)
     if isinstance(node, ast.Constant) and isinstance(node.value, (int, float, bool)):
-        const: Value = node.value
+        try:
+            const: Value = _in_range(node.value)
+        except _OutOfRange as exc:
+            raise ConfigError(
+                f"the number {(ast.get_source_segment(text.strip(), node) or '?')[:40]} in "
+                f"{text!r} is {exc}",
+                hint="numbers in expressions stay within 2**100 (about 1.3e30)",
+            ) from None
         return lambda _v: const
     if isinstance(node, ast.Name):
         name = node.id
@@ -152,11 +190,18 @@ def _compile(node: ast.AST, text: str, names: set[str]) -> _Fn:
                         f"exponent {exponent} too large in {text!r}",
                         hint=f"keep exponents at most {_MAX_EXPONENT}",
                     )
-                result: Value = op(left(v), exponent)
-                return result
+                base = left(v)
+                # Refused before it is computed: (x ** 64) ** 64 would take a while.
+                if (
+                    abs(base) > 1
+                    and exponent > 0
+                    and exponent * math.log2(abs(base)) > math.log2(_MAX_MAGNITUDE)
+                ):
+                    raise _OutOfRange("a value beyond 2**100 (about 1.3e30)")
+                return _in_range(op(base, exponent))
 
             return power
-        return lambda v: op(left(v), right(v))
+        return lambda v: _in_range(op(left(v), right(v)))
     if isinstance(node, ast.UnaryOp):
         operand = _compile(node.operand, text, names)
         if isinstance(node.op, ast.USub):
@@ -432,6 +477,35 @@ def apply_overrides(workload: Workload, overrides: Mapping[str, int] | None) -> 
     return out
 
 
+def range_violation(workload: Workload, name: str, value: int) -> Violation | None:
+    """The one range rule of a knob: ``value`` must be one of the knob's values.
+
+    :func:`check` reports it and the planner refuses a ``--set`` pin that breaks it, so the
+    two never disagree.
+
+    Args:
+        workload: The workload.
+        name: A knob of the workload.
+        value: The value given for it.
+
+    Returns:
+        The violation, with the nearest allowed values below and above, or ``None`` when
+        the value is allowed.
+    """
+    knob = workload.knobs[name]
+    allowed = knob.values()
+    if value in allowed:
+        return None
+    below = [v for v in allowed if v < value]
+    above = [v for v in allowed if v > value]
+    return Violation(
+        rule=f"knobs.{name}: {knob.describe()}",
+        knobs={name: value},
+        message=f"{name} = {value} is outside its range ({knob.describe()})",
+        suggestions=tuple({name: v} for v in (below[-1:] + above[:1])),
+    )
+
+
 def _distance(a: int, b: int) -> Fraction:
     """How far apart two positive values are, as an exact ratio >= 1."""
     return Fraction(max(a, b), min(a, b))
@@ -515,22 +589,10 @@ def check(
         )
     rules = compile_rules(workload)
     violations: list[Violation] = []
-    for name, knob in workload.knobs.items():
-        allowed = knob.values()
-        value = values[name]
-        if value in allowed:
-            continue
-        below = [v for v in allowed if v < value]
-        above = [v for v in allowed if v > value]
-        near = tuple({name: v} for v in (below[-1:] + above[:1]))
-        violations.append(
-            Violation(
-                rule=f"knobs.{name}: {knob.describe()}",
-                knobs={name: value},
-                message=f"{name} = {value} is outside its range ({knob.describe()})",
-                suggestions=near,
-            )
-        )
+    for name in workload.knobs:
+        outside = range_violation(workload, name, values[name])
+        if outside is not None:
+            violations.append(outside)
     for rule in rules:
         if rule.holds(values):
             continue

@@ -43,6 +43,7 @@ from memfit.core.constraints import (
     compile_rules,
     environment,
     parse_expr,
+    range_violation,
     require_known,
 )
 from memfit.core.families import Evaluation, evaluate
@@ -126,6 +127,15 @@ class _Space:
         self.env: dict[str, int] = {**environment(workload)}
         self.env.update({k: v for k, v in given.items() if k in workload.settings})
         pinned = {k: v for k, v in given.items() if k in workload.knobs}
+        for name, value in pinned.items():
+            outside = range_violation(workload, name, value)
+            if outside is not None:  # the rule memfit check applies: one rule for both
+                near = " or ".join(f"--set {name}={s[name]}" for s in outside.suggestions)
+                raise ConfigError(
+                    outside.message,
+                    key_path=f"--set {name}",
+                    hint=f"try {near}, or widen knobs.{name} in the workload",
+                )
         self.pinned: dict[str, int] = pinned
         self.measured = measured
         self.host_memory_bytes = (

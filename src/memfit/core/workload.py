@@ -594,6 +594,12 @@ def parse_workload(
         raise ConfigError(
             f"YAML error: {exc}", key_path=source, hint="check that the file is YAML"
         ) from exc
+    except RecursionError:
+        raise ConfigError(
+            "the YAML is nested too deeply to read (hundreds of levels or more)",
+            key_path=source,
+            hint="a workload file is a few levels deep; check that this is the right file",
+        ) from None
     if not isinstance(data, dict):
         raise ConfigError(
             "a workload file must be a mapping of keys to values",

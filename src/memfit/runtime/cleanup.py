@@ -2,7 +2,10 @@
 
 Each policy counts its calls, the cleanups it actually ran and the seconds they took
 (:class:`CleanupStats`), and reports every cleanup as a ``"cleanup"``
-:class:`~memfit.runtime.events.MemoryEvent`:
+:class:`~memfit.runtime.events.MemoryEvent`. The event's ``step`` is the training step the
+caller gives (``policy(step=step)``, or ``after_call(step=lambda: step)``), ``None`` when it
+gives none (``memfit report`` then places it by its time); the policy's own count of calls is
+in ``data["call"]``, never passed off as a step:
 
 * :func:`every` — clean every *n*-th call (``empty_cache`` every 10 steps, ``gc.collect``
   every 50: what many training loops do blindly);
@@ -120,11 +123,31 @@ class CleanupPolicy:
         seconds = time.perf_counter() - start
         self.stats.cleanups += 1
         self.stats.seconds += seconds
-        data.update(seconds=seconds, empty_cache=self.empty_cache, gc_collect=self.gc_collect)
+        data.update(
+            seconds=seconds,
+            empty_cache=self.empty_cache,
+            gc_collect=self.gc_collect,
+            call=self.stats.calls,
+        )
         event = MemoryEvent("cleanup", step, self.source, reason, data)
         self.events.append(event)
         emit(self.on_event, event)
         return seconds
+
+
+def _training_step(step: object) -> int | None:
+    """The training step a caller gave, checked.
+
+    Raises:
+        ConfigError: When it is neither ``None`` nor a whole number.
+    """
+    if step is None or (isinstance(step, int) and not isinstance(step, bool)):
+        return step
+    raise ConfigError(
+        f"step must be the training step (a whole number) or None, not {step!r}",
+        key_path="step",
+        hint="call the policy as policy(step=step) inside the training loop",
+    )
 
 
 class Every(CleanupPolicy):
@@ -151,12 +174,23 @@ class Every(CleanupPolicy):
         self.n = n
         self.reset = reset
 
-    def __call__(self) -> bool:
-        """Count one step; clean when it is the ``n``-th. Returns whether it cleaned."""
+    def __call__(self, step: int | None = None) -> bool:
+        """Count one step; clean when it is the ``n``-th call.
+
+        Args:
+            step: The training step now, stamped on the cleanup's event (``None``: unknown).
+
+        Returns:
+            Whether it cleaned.
+
+        Raises:
+            ConfigError: When ``step`` is not a whole number or ``None``.
+        """
+        step = _training_step(step)
         self.stats.calls += 1
         if self.stats.calls % self.n:
             return False
-        self._run(f"scheduled cleanup every {self.n} steps", self.stats.calls, reset=self.reset)
+        self._run(f"scheduled cleanup every {self.n} steps", step, reset=self.reset)
         return True
 
 
@@ -168,7 +202,7 @@ def every(
     reset: bool = False,
     on_event: EventSink | None = None,
 ) -> Every:
-    """A policy that cleans on every ``n``-th call: ``policy()`` once per step.
+    """A policy that cleans on every ``n``-th call: ``policy(step=step)`` once per step.
 
     Args:
         n: Steps between cleanups.
@@ -184,8 +218,10 @@ def every(
         ConfigError: When ``n`` is not a positive integer.
 
     >>> policy = every(10, gc_collect=True)
-    >>> sum(policy() for _ in range(25)), policy.stats.calls
+    >>> sum(policy(step=step) for step in range(25)), policy.stats.calls
     (2, 25)
+    >>> [event.step for event in policy.events]  # the 10th and the 20th call
+    [9, 19]
     """
     return Every(n, empty_cache=empty_cache, gc_collect=gc_collect, reset=reset, on_event=on_event)
 
@@ -266,12 +302,19 @@ class OnPressure(CleanupPolicy):
         self.max_fragmentation = max_fragmentation
         self.read = read
 
-    def __call__(self) -> bool:
+    def __call__(self, step: int | None = None) -> bool:
         """Read memory; clean if free memory or fragmentation crosses its threshold.
+
+        Args:
+            step: The training step now, stamped on the cleanup's event (``None``: unknown).
 
         Returns:
             Whether it cleaned.
+
+        Raises:
+            ConfigError: When ``step`` is not a whole number or ``None``.
         """
+        step = _training_step(step)
         self.stats.calls += 1
         reading = self.read()
         reasons: list[str] = []
@@ -285,7 +328,7 @@ class OnPressure(CleanupPolicy):
             return False
         self._run(
             "memory pressure: " + ", ".join(reasons),
-            self.stats.calls,
+            step,
             free_bytes=reading.free_bytes,
             total_bytes=reading.total_bytes,
             reserved_bytes=reading.reserved_bytes,
@@ -334,6 +377,7 @@ def after_call(
     empty_cache: bool = True,
     gc_collect: bool = False,
     on_event: EventSink | None = None,
+    step: Callable[[], int | None] | None = None,
 ) -> Any:
     """Decorator: clean after each call of the function (even when it raises).
 
@@ -345,6 +389,8 @@ def after_call(
         empty_cache: Call ``torch.cuda.empty_cache()`` after each call.
         gc_collect: Call ``gc.collect()`` after each call.
         on_event: Called with each cleanup's event.
+        step: Returns the training step at the time of a call, stamped on its cleanup's
+            event (``step=lambda: step`` reads the loop's variable); ``None``: unknown.
 
     Returns:
         The wrapped function, or a decorator when ``fn`` is not given.
@@ -369,15 +415,22 @@ def after_call(
 
         @functools.wraps(func)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            at = _training_step(step()) if step is not None else None
             policy.stats.calls += 1
             try:
                 return func(*args, **kwargs)
             finally:
-                policy._run("cleanup after call", policy.stats.calls)
+                policy._run("cleanup after call", at)
 
         wrapper.cleanup = policy  # type: ignore[attr-defined]
         return wrapper
 
+    if step is not None and not callable(step):
+        raise ConfigError(
+            f"step must be a function returning the training step, not {step!r}",
+            key_path="step",
+            hint="write step=lambda: step to read the loop's variable at each call",
+        )
     if fn is not None:
         if not callable(fn):
             raise ConfigError(
@@ -391,17 +444,22 @@ def after_call(
 
 
 class _FullReset(CleanupPolicy):
-    def __call__(self, *, on_event: EventSink | None = None) -> float:
+    def __call__(self, *, step: int | None = None, on_event: EventSink | None = None) -> float:
         """Run ``gc.collect()``, ``empty_cache()``, ``ipc_collect()`` and reset the peaks.
 
         Args:
+            step: The training step now, stamped on the reset's event (``None``: unknown).
             on_event: Also send this reset's event here (besides the policy's sink).
 
         Returns:
             Seconds it took.
+
+        Raises:
+            ConfigError: When ``step`` is not a whole number or ``None``.
         """
+        step = _training_step(step)
         self.stats.calls += 1
-        seconds = self._run("full reset", self.stats.calls, reset=True)
+        seconds = self._run("full reset", step, reset=True)
         if on_event is not None:
             on_event(self.events[-1])
         return seconds

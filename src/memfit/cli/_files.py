@@ -1,0 +1,249 @@
+"""Files the CLI reads and writes: never hang, never harm a user's file.
+
+Every command that reads a file the user names goes through :func:`read_input` (``-`` is
+standard input where a command allows it); every command that writes one goes through
+:func:`check_output` (early, before the work) and :func:`write_output`. The rules:
+
+* only regular files are read or written: a folder, a named pipe (which blocks until a
+  writer or reader comes) or a device (``/dev/zero`` never ends) is refused before it is
+  opened for reading or writing;
+* an existing file is replaced only with ``--force``, and a file the command reads (its
+  input) never, not even with ``--force``; the same file under another name (a symbolic or
+  hard link, ``./x`` for ``x``) counts as the same file;
+* a file is written whole or not at all: the data goes to a temporary file in the same
+  folder, flushed to disk, which then takes the target's name in one ``rename``; without
+  ``--force`` the rename is a hard link, which fails rather than replace a file created in
+  the meantime.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+import typer
+
+from memfit.errors import (
+    ConfigError,
+    decode_user_text,
+    file_error,
+    file_kind,
+    not_a_file_error,
+    read_user_bytes,
+)
+
+__all__ = [
+    "FORCE_OPTION",
+    "STDIN",
+    "check_output",
+    "read_input",
+    "read_input_text",
+    "same_file",
+    "write_output",
+]
+
+#: The argument that means "read standard input".
+STDIN = "-"
+
+#: The ``--force`` option of every command that writes a file.
+FORCE_OPTION: bool = typer.Option(
+    False, "--force", help="Replace the output file if it exists (never an input file)."
+)
+
+
+def read_input(
+    arg: str | Path, *, what: str, hint: str | None = None, stdin: bool = False
+) -> tuple[bytes, str]:
+    """The bytes of a file the user named, and the name to show for it.
+
+    Args:
+        arg: The path, or ``-`` for standard input when ``stdin`` is true.
+        what: What the file is, for messages (``"the run log"``).
+        hint: What to do when it cannot be read.
+        stdin: Whether ``-`` means standard input.
+
+    Returns:
+        ``(data, source)``; ``source`` is the path as given, or ``"<stdin>"``.
+
+    Raises:
+        ConfigError: When the file is missing, unreadable, or not a regular file.
+    """
+    if stdin and str(arg) == STDIN:
+        return sys.stdin.buffer.read(), "<stdin>"
+    return read_user_bytes(arg, what=what, hint=hint), str(arg)
+
+
+def read_input_text(
+    arg: str | Path, *, what: str, hint: str | None = None, stdin: bool = False
+) -> tuple[str, str]:
+    """Like :func:`read_input`, decoded as UTF-8 (a bad byte names its line and column)."""
+    data, source = read_input(arg, what=what, hint=hint, stdin=stdin)
+    return decode_user_text(data, source=source, what=what, hint=hint), source
+
+
+def same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether two paths name the same existing file (links and spellings included)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_output(
+    path: str | Path,
+    *,
+    force: bool,
+    inputs: Iterable[str | Path | None] = (),
+    what: str,
+    option: str,
+) -> Path:
+    """Check that ``path`` may be written, before the command does its work.
+
+    Args:
+        path: The output file.
+        force: Whether an existing file may be replaced (``--force``).
+        inputs: Files the command reads; none of them is ever replaced.
+        what: What is written, as it reads after "write" (``"the report"``).
+        option: The option that named the file (``"--output"``), for messages.
+
+    Returns:
+        The path.
+
+    Raises:
+        ConfigError: When the path is an input of the command, is a folder, a pipe or a
+            device, exists and ``force`` is false, or its folder does not exist.
+    """
+    target = Path(path)
+    action = f"write {what} ({option})"
+    for source in inputs:
+        if source is not None and same_file(target, source):
+            raise ConfigError(
+                f"cannot {action}: it is the file this command reads",
+                key_path=str(target),
+                hint="write to another file; memfit never replaces its input, even with --force",
+            )
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:
+        raise file_error(exc, target, action=action) from exc
+    if mode is not None:
+        kind = file_kind(mode)
+        if kind is not None:
+            raise not_a_file_error(target, kind, action=action)
+        if not force:
+            raise ConfigError(
+                f"cannot {action}: the file exists",
+                key_path=str(target),
+                hint=f"add --force to replace it, or give {option} another file name",
+            )
+    parent = target.parent
+    if not parent.is_dir():
+        raise ConfigError(
+            f"cannot {action}: the folder {parent} does not exist",
+            key_path=str(target),
+            hint="create the folder first, or choose another path",
+        )
+    return target
+
+
+def _new_file_mode(existing: Path) -> int:
+    """The permission bits a plain ``open(..., "w")`` would give: the existing file's, or
+    0o666 less the umask."""
+    with contextlib.suppress(OSError):
+        return os.stat(existing).st_mode & 0o7777
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def write_output(
+    path: str | Path,
+    data: bytes | str,
+    *,
+    force: bool,
+    inputs: Iterable[str | Path | None] = (),
+    what: str,
+    option: str,
+) -> Path:
+    """Write a file whole or not at all, keeping the rules of :func:`check_output`.
+
+    Args:
+        path: The output file.
+        data: What to write (``str`` is written as UTF-8).
+        force: Whether an existing file may be replaced (``--force``).
+        inputs: Files the command reads; none of them is ever replaced.
+        what: What is written, as it reads after "write" (``"the report"``).
+        option: The option that named the file, for messages.
+
+    Returns:
+        The path written.
+
+    Raises:
+        ConfigError: When :func:`check_output` refuses the path, or the file cannot be
+            written (no space, no permission); the target is then left as it was.
+    """
+    inputs = tuple(inputs)
+    target = check_output(path, force=force, inputs=inputs, what=what, option=option)
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    action = f"write {what} ({option})"
+    folder = target.parent
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+    except OSError as exc:
+        raise file_error(exc, target, action=action) from exc
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, _new_file_mode(target))
+        # Checked again right before the rename: the target may have appeared meanwhile.
+        check_output(target, force=force, inputs=inputs, what=what, option=option)
+        if force:
+            os.replace(tmp, target)
+        else:
+            _link_new(tmp, target, action=action, option=option)
+    except OSError as exc:
+        raise file_error(exc, target, action=action) from exc
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+    _sync_folder(folder)
+    return target
+
+
+def _link_new(tmp: Path, target: Path, *, action: str, option: str) -> None:
+    """Give ``tmp`` the name ``target`` without replacing a file that exists by then."""
+    try:
+        os.link(tmp, target)
+    except FileExistsError:
+        raise ConfigError(
+            f"cannot {action}: the file exists",
+            key_path=str(target),
+            hint=f"add --force to replace it, or give {option} another file name",
+        ) from None
+    except OSError:
+        # A file system without hard links (FAT, some network shares): the check just made
+        # in write_output is the best there is.
+        os.replace(tmp, target)
+
+
+def _sync_folder(folder: Path) -> None:
+    """Flush the folder's entry for the new name to disk, where the system allows it."""
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+    try:
+        fd = os.open(folder, flags)
+    except OSError:
+        return
+    try:
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
+    finally:
+        os.close(fd)
