@@ -115,7 +115,7 @@ def rollout(
                 joints, cube, main, wrist, reward = env_step(joints, cube, action.float())
                 obs = {"main": main, "wrist": wrist, "state": joints}
                 total_reward += reward.float().cpu()
-                cleanup()
+                cleanup(step=step)
                 rec.step(step)
         seconds = time.perf_counter() - start
         peak = gpu.peak_allocated_bytes if gpu is not None else None

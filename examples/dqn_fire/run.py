@@ -212,8 +212,12 @@ def main(argv: list[str] | None = None) -> int:
 
         guard = memfit.TrainGuard(optimizer, loss_fn, on_event=rec.on_event, max_splits=16)
         # clean up after each checkpoint (gc + empty_cache), measured, reported to the recorder
+        # with the training step at which it ran (read from the loop's `step`)
+        step = 0
         save = (
-            memfit.cleanup.after_call(gc_collect=True, on_event=rec.on_event)(save_checkpoint)
+            memfit.cleanup.after_call(
+                gc_collect=True, on_event=rec.on_event, step=lambda: step
+            )(save_checkpoint)
             if args.checkpoint_every
             else None
         )

@@ -74,7 +74,7 @@ def test_a_budget_the_model_cannot_fit_in_is_infeasible_not_internal(
     data, err = _error(capsys, ["fit", f"{module}:factory", "--device", "cpu", "--budget", "100"])
     assert data["error"] == "InfeasiblePlan"
     assert "alone do not fit in 100 B" in str(data["message"])
-    assert "Hint: raise --budget" in err
+    assert "Hint: raise the budget (--budget)" in err
 
 
 def test_an_unknown_knob_is_refused(module: str, capsys: pytest.CaptureFixture[str]) -> None:

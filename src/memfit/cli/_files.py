@@ -39,6 +39,7 @@ from memfit.errors import (
 __all__ = [
     "FORCE_OPTION",
     "STDIN",
+    "check_append",
     "check_output",
     "read_input",
     "read_input_text",
@@ -148,6 +149,43 @@ def check_output(
             f"cannot {action}: the folder {parent} does not exist",
             key_path=str(target),
             hint="create the folder first, or choose another path",
+        )
+    return target
+
+
+def check_append(path: str | Path, *, what: str, option: str) -> Path:
+    """Check that lines can be appended to ``path`` (a log), before anything else runs.
+
+    Appending never harms what is there, so an existing file is fine; a folder, a pipe (an
+    append would wait for a reader) or a device is not, and neither is a missing folder.
+
+    Raises:
+        ConfigError: When the path is not a regular file, its folder does not exist, or it
+            may not be written.
+    """
+    target = Path(path)
+    action = f"append to {what} ({option})"
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:
+        raise file_error(exc, target, action=action) from exc
+    if mode is not None:
+        kind = file_kind(mode)
+        if kind is not None:
+            raise not_a_file_error(target, kind, action=action)
+    elif not target.parent.is_dir():
+        raise ConfigError(
+            f"cannot {action}: the folder {target.parent} does not exist",
+            key_path=str(target),
+            hint="create the folder first, or choose another path",
+        )
+    if not os.access(target if mode is not None else target.parent, os.W_OK):
+        raise ConfigError(
+            f"cannot {action}: no permission to write there",
+            key_path=str(target),
+            hint="choose a path you may write to",
         )
     return target
 

@@ -8,12 +8,21 @@ the predicted peaks and the breakdown per batch size, and the fitted line.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import typer
 from rich.table import Table
 
-from memfit.cli._common import JSON_OPTION, err_console, out_console, print_json
+from memfit.cli._common import (
+    JSON_OPTION,
+    err_console,
+    out_console,
+    plain,
+    print_json,
+    safe,
+    user_code,
+)
 from memfit.errors import ConfigError
 from memfit.units import format_bytes
 
@@ -32,11 +41,13 @@ def parse_batch_sizes(text: str) -> list[int]:
     sizes: list[int] = []
     for part in text.split(","):
         item = part.strip()
-        if not item.isdigit() or int(item) <= 0:
+        # ASCII digits only: str.isdigit() also takes '²', which int() refuses
+        if not re.fullmatch(r"[0-9]{1,12}", item) or int(item) <= 0:
             raise ConfigError(
-                f"not a positive integer: {item!r}",
+                f"not a positive integer: {plain(item)[:40]!r}",
                 key_path="--batch",
-                hint="give batch sizes as a comma-separated list, e.g. --batch 32,64,128",
+                hint="give batch sizes as a comma-separated list of whole numbers below "
+                "10**12, e.g. --batch 32,64,128",
             )
         sizes.append(int(item))
     return sizes
@@ -53,12 +64,12 @@ def allocator_settings(text: str | None, variable: str) -> tuple[bool, int | Non
     >>> allocator_settings(None, "X")
     (False, None)
     """
-    from memfit.runtime.allocator_env import parse_torch_conf
+    from memfit.runtime.allocator_env import check_torch_conf, parse_torch_conf
 
     if not text:
         return False, None
-    pairs, problems = parse_torch_conf(text, variable=variable)
-    errors = [p for p in problems if p.severity == "error"]
+    pairs, _ = parse_torch_conf(text, variable=variable)
+    errors = [p for p in check_torch_conf(text, variable=variable) if p.severity == "error"]
     if errors:
         raise ConfigError(errors[0].message, key_path=variable, hint=errors[0].hint)
     expandable = False
@@ -73,7 +84,7 @@ def allocator_settings(text: str | None, variable: str) -> tuple[bool, int | Non
                 )
             expandable = value == "True"
         elif key == "max_split_size_mb":
-            if not value.isdigit():
+            if not re.fullmatch(r"[0-9]{1,12}", value):
                 raise ConfigError(
                     f"max_split_size_mb must be a whole number of MiB, not {value!r}",
                     key_path=variable,
@@ -85,8 +96,8 @@ def allocator_settings(text: str | None, variable: str) -> tuple[bool, int | Non
 
 def _torch_tables(data: dict[str, Any]) -> tuple[Table, Table]:
     knob = data["batch_knob"]
-    peaks = Table(title=f"memfit estimate (torch, traced on {data['device']})")
-    peaks.add_column(knob, justify="right")
+    peaks = Table(title=f"memfit estimate (torch, traced on {safe(data['device'])})")
+    peaks.add_column(safe(knob), justify="right")
     for name in ("allocated peak", "reserved peak", "device used"):
         peaks.add_column(name, justify="right")
     for p in data["points"]:
@@ -100,7 +111,7 @@ def _torch_tables(data: dict[str, Any]) -> tuple[Table, Table]:
     parts = Table(title="allocated at the peak, by category")
     parts.add_column("category")
     for p in data["points"]:
-        parts.add_column(f"{knob}={p['batch_size']}", justify="right")
+        parts.add_column(f"{safe(knob)}={p['batch_size']}", justify="right")
     for key in data["points"][0]["breakdown"]:
         if any(p["breakdown"][key] for p in data["points"]):
             parts.add_row(
@@ -111,7 +122,7 @@ def _torch_tables(data: dict[str, Any]) -> tuple[Table, Table]:
 
 def _jax_table(data: dict[str, Any]) -> Table:
     table = Table(title="memfit estimate (jax, XLA memory analysis)")
-    table.add_column(data["batch_knob"], justify="right")
+    table.add_column(safe(data["batch_knob"]), justify="right")
     for name in ("arguments", "outputs", "aliased", "temporaries", "peak", "device used"):
         table.add_column(name, justify="right")
     for p in data["points"]:
@@ -167,7 +178,8 @@ def estimate_command(
         raise ConfigError(
             f"unknown framework {framework!r}", key_path="--framework", hint="use torch or jax"
         )
-    step = make_step(factory, key_path="factory")
+    with user_code(factory):
+        step = make_step(factory, key_path="factory")
     kind = "torch" if isinstance(step, TorchStep) else "jax"
     if framework is not None and framework != kind:
         raise ConfigError(
@@ -186,29 +198,31 @@ def estimate_command(
                     variable, alloc_conf = name, os.environ[name]
                     break
         expandable, max_split = allocator_settings(alloc_conf, variable)
-        data = estimate_torch(
-            step.build,
-            step.step,
-            step.make_batch,
-            sizes,
-            gpu=gpu,
-            expandable_segments=expandable,
-            max_split_size=max_split,
-            batch_knob=step.batch_knob,
-        ).to_dict()
+        with user_code(factory):  # build / make_batch / step are the user's code too
+            data = estimate_torch(
+                step.build,
+                step.step,
+                step.make_batch,
+                sizes,
+                gpu=gpu,
+                expandable_segments=expandable,
+                max_split_size=max_split,
+                batch_knob=step.batch_knob,
+            ).to_dict()
     elif isinstance(step, JaxStep):
         from memfit.estimate.jax_xla import estimate_jax_sweep
 
-        data = estimate_jax_sweep(
-            step.fn, step.make_args, sizes, gpu=gpu, batch_knob=step.batch_knob
-        ).to_dict()
+        with user_code(factory):
+            data = estimate_jax_sweep(
+                step.fn, step.make_args, sizes, gpu=gpu, batch_knob=step.batch_knob
+            ).to_dict()
     if json_out:
         print_json(data)
         return
     tables = _torch_tables(data) if kind == "torch" else (_jax_table(data),)
     for table in tables:
         out_console.print(table)
-    out_console.print(_fit_line(data["fit"], data["batch_knob"]))
+    out_console.print(safe(_fit_line(data["fit"], data["batch_knob"])))
     if kind == "torch":
         for point in data["points"][-1:]:
             if point["top_modules"]:
@@ -216,13 +230,13 @@ def estimate_command(
                     f"{m['module']} {format_bytes(m['bytes'])}" for m in point["top_modules"]
                 )
                 out_console.print(
-                    f"top modules by activation memory at {point['batch_size']}: {tops}"
+                    f"top modules by activation memory at {point['batch_size']}: {safe(tops)}"
                 )
         for note in data["deviations"]:
-            err_console.print(f"note: {note}")
+            err_console.print(f"note: {safe(note)}")
     else:
         for note in data["points"][-1]["notes"]:
-            err_console.print(f"note: {note}")
+            err_console.print(f"note: {safe(note)}")
 
 
 def register(app: typer.Typer) -> None:

@@ -2,34 +2,32 @@
 
 ``memfit fit WORKLOAD --device cuda:0`` takes a workload file (or bundled name) that names a
 ``factory: module:function`` returning a :class:`memfit.estimate.TorchStep`, or the
-``module:function`` itself. It traces the step with fake tensors for a prior (unless
-``--no-prior``), builds the model and optimizer on the device, runs :func:`memfit.fit` with
-``--steps`` real steps per probe, and restores the model's and the optimizer's state
-afterwards (host copies of their ``state_dict``). On a machine without a GPU,
-``--device cpu --budget 2GiB`` runs the probes under :func:`memfit.simulate_gpu`.
+``module:function`` itself. The work is :func:`memfit.runtime.fit_step.fit_step` (trace for a
+prior unless ``--no-prior``, build on the device, probe, restore the model's and the
+optimizer's state); this module reads the options, takes the knob's domain from the workload,
+and prints. On a machine without a GPU, ``--device cpu --budget 2GiB`` runs the probes under
+:func:`memfit.simulate_gpu`. What the user's code prints goes to stderr, so ``--json`` keeps
+stdout to one JSON document.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.table import Table
 
-from memfit.cli._common import JSON_OPTION, err_console, out_console, print_json
+from memfit.cli._common import JSON_OPTION, err_console, out_console, print_json, safe, user_code
 from memfit.errors import ConfigError
+from memfit.runtime.fit_step import DEFAULT_HIGH
 from memfit.units import format_bytes, parse_bytes, parse_fraction
 
 if TYPE_CHECKING:
     from memfit.core.workload import Workload
 
 __all__ = ["fit_command", "register"]
-
-#: Largest value searched when neither the workload nor ``--high`` bounds the knob.
-DEFAULT_HIGH = 65536
 
 
 def _needs_budget() -> ConfigError:
@@ -95,76 +93,10 @@ def _device(text: str) -> str:
     )
 
 
-def _host_copy(obj: Any) -> Any:
-    """A deep copy of a state dict with every tensor copied to the host."""
-    import torch
-    from torch.utils._pytree import tree_map
-
-    def copy(leaf: Any) -> Any:
-        if isinstance(leaf, torch.Tensor):
-            return leaf.detach().to("cpu", copy=True)
-        return leaf
-
-    return tree_map(copy, obj)
-
-
-@contextlib.contextmanager
-def _restored(model: Any, optimizer: Any, off_device: Callable[[], Any]) -> Iterator[None]:
-    """Restore the model's and the optimizer's state on exit (host copies taken on entry)."""
-    with off_device():
-        model_state = _host_copy(model.state_dict()) if hasattr(model, "state_dict") else None
-        optim_state = (
-            _host_copy(optimizer.state_dict()) if hasattr(optimizer, "state_dict") else None
-        )
-    try:
-        yield
-    finally:
-        if hasattr(model, "zero_grad"):
-            model.zero_grad(set_to_none=True)
-        if model_state is not None:
-            model.load_state_dict(model_state)
-        if optim_state is not None:
-            optimizer.load_state_dict(optim_state)
-
-
-def _build(step: Any, torch_device: Any, budget: int) -> tuple[Any, Any]:
-    """``step.build()`` on the device; the model not fitting at all is the user's answer.
-
-    Raises:
-        InfeasiblePlan: When building the model and optimizer runs out of memory.
-        ConfigError: When ``build()`` fails otherwise.
-    """
-    import torch
-
-    from memfit.errors import InfeasiblePlan
-    from memfit.runtime.oom import forget_exception, is_oom
-
-    message: str | None = None
-    try:
-        with torch.device(torch_device):
-            return step.build()  # type: ignore[no-any-return]
-    except Exception as exc:
-        if not is_oom(exc):
-            raise ConfigError(
-                f"the factory's build() failed: {type(exc).__name__}: {exc}",
-                key_path="factory",
-                hint="build() returns (model, optimizer); rerun with --debug for the traceback",
-            ) from exc
-        message = forget_exception(exc)
-    raise InfeasiblePlan(
-        f"the model and optimizer alone do not fit in {format_bytes(budget)}: "
-        f"{message.splitlines()[0] if message else 'out of memory'}",
-        smallest_bytes=None,
-        budget_bytes=budget,
-        binding_term="parameters",
-        hint="raise --budget, use a larger GPU, or a smaller model (memfit plan tells how much)",
-    )
-
-
 def _probe_table(result_data: dict[str, Any], knob: str, budget: int, margin: float) -> Table:
     table = Table(title=f"probes (budget {format_bytes(budget)}, margin {margin:.0%})")
     table.add_column("#", justify="right")
-    table.add_column(knob, justify="right")
+    table.add_column(safe(knob), justify="right")
     table.add_column("peak", justify="right")
     table.add_column("share", justify="right")
     table.add_column("result")
@@ -217,15 +149,20 @@ def fit_command(
     json_out: bool = JSON_OPTION,
 ) -> None:
     """Find the largest batch (knob value) that fits, confirmed on the device in a few probes."""
-    from memfit.estimate import JaxStep, TorchStep
+    from memfit.core.search import valid_values
+    from memfit.estimate import TorchStep
     from memfit.estimate.bridge import make_step
+    from memfit.runtime.fit_step import fit_step
 
     dev = _device(device)
-    margin_value = parse_fraction(margin)
-    budget_bytes = parse_bytes(budget) if budget is not None else None
+    margin_value = parse_fraction(margin, key_path="--margin")
+    budget_bytes = _budget(budget)
+    if dev == "cpu" and budget_bytes is None:
+        raise _needs_budget()
     spec, workload = _load(workload_ref)
-    step = make_step(spec, key_path="factory")
-    if isinstance(step, JaxStep) or not isinstance(step, TorchStep):
+    with user_code(spec):
+        step = make_step(spec, key_path="factory")
+    if not isinstance(step, TorchStep):
         raise ConfigError(
             f"{spec} returned a {type(step).__name__}; memfit fit runs PyTorch steps",
             key_path="factory",
@@ -240,103 +177,29 @@ def fit_command(
         )
     knob_name = step.batch_knob
     lo, hi, constraint, described = _domain(workload, knob_name, low, high)
-    # Checked before the (slow) trace: bounds that leave nothing to search, an empty budget.
-    from memfit.core.search import valid_values
-
+    # Checked before the (slow) trace: bounds that leave nothing to search.
     valid_values(low=lo, high=hi, multiple_of=multiple_of, constraint=constraint)
-    if budget_bytes is not None and budget_bytes <= 0:
-        raise ConfigError(
-            f"the budget must be positive, got {budget!r}",
-            key_path="--budget",
-            hint="e.g. --budget 2GiB",
-        )
-
-    import torch
-
-    from memfit.runtime.fit import fit, trace_prior
-    from memfit.runtime.oom import is_oom
-    from memfit.runtime.simulate import SimulatedGpu, simulate_gpu
-
-    if dev == "cpu":
-        if budget_bytes is None:
-            raise _needs_budget()
-        search_budget = budget_bytes
-        torch_device = torch.device("cpu")
-    else:
-        if not torch.cuda.is_available():
-            from memfit.errors import BackendUnavailable
-
-            raise BackendUnavailable(
-                f"--device {device} but torch sees no CUDA device",
-                hint="use --device cpu --budget SIZE to run the probes on a simulated GPU",
-            )
-        torch_device = torch.device(dev)
-        if budget_bytes is None:
-            free, _total = torch.cuda.mem_get_info(torch_device)
-            search_budget = int(free) + int(torch.cuda.memory_reserved(torch_device))
-        else:
-            search_budget = budget_bytes
-    prior = None
     if not no_prior:
-        # Before the simulated GPU starts counting: fake tensors occupy no device memory.
-        err_console.print(f"tracing {spec} with fake tensors for a first guess ...")
-        prior = trace_prior(
-            step, low=lo, high=hi, budget=search_budget, margin=margin_value, device=dev
+        err_console.print(f"tracing {safe(spec)} with fake tensors for a first guess ...")
+    with user_code(spec):
+        found = fit_step(
+            step,
+            device=dev,
+            budget=budget_bytes,
+            low=lo,
+            high=hi,
+            multiple_of=multiple_of,
+            constraint=constraint,
+            margin=margin_value,
+            steps=steps,
+            prior=not no_prior,
         )
-
-    with contextlib.ExitStack() as stack:
-        sim: SimulatedGpu | None = None
-        if dev == "cpu":
-            sim = stack.enter_context(simulate_gpu(search_budget))
-        model, optimizer = _build(step, torch_device, search_budget)
-
-        def off_device() -> contextlib.AbstractContextManager[None]:
-            return sim.paused() if sim is not None else contextlib.nullcontext()
-
-        def run(value: int) -> None:
-            if hasattr(model, "zero_grad"):
-                model.zero_grad(set_to_none=True)
-            with torch.device(torch_device):
-                for _ in range(steps):
-                    try:
-                        step.step(model, optimizer, step.make_batch(value))
-                    except Exception as exc:
-                        if is_oom(exc):
-                            raise  # memfit.fit counts it as a probe that does not fit
-                        raise ConfigError(
-                            f"{spec}'s step failed at {knob_name}={value}: "
-                            f"{type(exc).__name__}: {exc}",
-                            key_path="factory",
-                            hint="check that build/make_batch/step run as they are on this "
-                            "machine; rerun with --debug (or read the chained exception) "
-                            "for the traceback",
-                        ) from exc
-
-        with _restored(model, optimizer, off_device):
-            result = fit(
-                run,
-                low=lo,
-                high=hi,
-                budget=search_budget,
-                margin=margin_value,
-                multiple_of=multiple_of,
-                constraint=constraint,
-                prior=prior,
-                device=dev,
-            )
-    data = result.to_dict()
+    result = found.result
+    data = found.to_dict()
     data.update(
-        knob=knob_name,
         factory=spec,
         workload=workload.name if workload is not None else None,
         domain=described,
-        steps_per_probe=steps,
-        prior=(
-            {"intercept_bytes": prior.fit.intercept, "slope_bytes": prior.fit.slope}
-            if prior is not None and prior.fit is not None
-            else None
-        ),
-        state_restored=True,
     )
     if json_out:
         print_json(data)
@@ -345,11 +208,32 @@ def fit_command(
     peak = result.peak_bytes
     peak_text = format_bytes(peak) if peak is not None else "unknown"
     out_console.print(
-        f"[bold]{knob_name} = {result.value}[/] on {result.device}: peak {peak_text} of "
-        f"{format_bytes(result.budget_bytes)} (margin {result.margin:.0%}), "
+        f"[bold]{safe(knob_name)} = {result.value}[/] on {safe(result.device)}: peak "
+        f"{peak_text} of {format_bytes(result.budget_bytes)} (margin {result.margin:.0%}), "
         f"{len(result.probes)} probe(s), {result.oom_count} out-of-memory caught"
     )
     err_console.print("note: model and optimizer state restored to before the probes")
+
+
+def _budget(text: str | None) -> int | None:
+    """``--budget`` in bytes (``None`` when not given).
+
+    Raises:
+        ConfigError: When it is not a size, or not positive.
+    """
+    if text is None:
+        return None
+    try:
+        value = parse_bytes(text)
+    except ConfigError as exc:
+        raise ConfigError(exc.message, key_path="--budget", hint=exc.hint) from exc
+    if value <= 0:
+        raise ConfigError(
+            f"the budget must be positive, got {text!r}",
+            key_path="--budget",
+            hint="e.g. --budget 2GiB",
+        )
+    return value
 
 
 def register(app: typer.Typer) -> None:

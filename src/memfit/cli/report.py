@@ -1,8 +1,11 @@
 """``memfit report RUN.jsonl``: what a recorded run did with its memory.
 
-Prints a summary table (peak, mean, growth, events); ``-o report.png`` draws memory over
-steps with the budget line and the guard / cleanup events; ``-o report.html`` writes one
-self-contained page with the figure and the tables.
+Prints a summary table (peak, mean, growth, events) in MiB, as ``nvidia-smi`` counts;
+``-o report.png`` draws memory over steps with the budget and the guard / cleanup events;
+``-o report.html`` writes one self-contained page with the figure and the tables. The run log
+may be ``-`` (stdin). The output is a new file unless ``--force`` is given, never the run log
+itself, and is written whole or not at all. A cut-off last line (the log of a killed run) is
+skipped with a warning.
 """
 
 from __future__ import annotations
@@ -10,21 +13,40 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
-from memfit.cli._common import JSON_OPTION, err_console, out_console, print_json
+from memfit.cli._common import JSON_OPTION, err_console, out_console, print_json, safe
+from memfit.cli._files import FORCE_OPTION, STDIN, check_output, read_input, write_output
 from memfit.errors import ConfigError
-from memfit.monitor.report import load_run, summarize, summary_rows, write_html, write_png
+from memfit.monitor.report import (
+    event_rows,
+    parse_run,
+    png_bytes,
+    render_html,
+    step_text,
+    summarize,
+    summary_rows,
+)
 
 __all__ = ["register", "report"]
 
+_HINT = "pass a file written by memfit.Recorder(path) or `memfit watch --log FILE`"
+
+#: Events listed in the terminal (all are in the HTML page and counted in the summary).
+_MAX_EVENTS_SHOWN = 50
+
 
 def report(
-    run_file: Path = typer.Argument(..., metavar="RUN.jsonl", help="File a Recorder wrote."),
-    output: Path | None = typer.Option(
-        None, "-o", "--output", help="Write the figure (.png) or the full page (.html)."
+    run_file: str = typer.Argument(
+        ..., metavar="RUN.jsonl", help="File a Recorder (or memfit watch --log) wrote; - for stdin."
     ),
+    output: Path | None = typer.Option(
+        None,
+        "-o",
+        "--output",
+        help="Write the figure (.png) or the full page (.html); a new file, or --force.",
+    ),
+    force: bool = FORCE_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Summarise a recorded run; draw it to a PNG or a self-contained HTML page."""
@@ -35,40 +57,51 @@ def report(
             key_path="--output",
             hint="name the output report.png (figure) or report.html (page)",
         )
-    run = load_run(run_file)
+    inputs = [run_file] if run_file != STDIN else []
+    if output is not None:  # before reading: never the run log, never a file without --force
+        check_output(output, force=force, inputs=inputs, what="the report", option="--output")
+    if run_file != STDIN and not Path(run_file).exists():
+        raise ConfigError("no such file", key_path=run_file, hint=_HINT)
+    data, source = read_input(run_file, what="the run log", hint=_HINT, stdin=True)
+    run = parse_run(data, source=source)
+    if run_file != STDIN:
+        run.path = Path(run_file)
     summary = summarize(run)
     if output is not None:
-        if suffix == ".png":
-            write_png(run, output)
-        else:
-            write_html(run, output)
+        name = run.path.name if run.path is not None else "memfit run"
+        content = png_bytes(run, title=name) if suffix == ".png" else render_html(run)
+        write_output(
+            output, content, force=force, inputs=inputs, what="the report", option="--output"
+        )
         summary["output"] = str(output)
+    for warning in run.warnings:
+        err_console.print(f"[yellow]warning:[/] {safe(warning)}")
     if as_json:
         print_json(summary)
         return
-    table = Table(title=f"memfit report: {escape(run_file.name)}", title_justify="left")
+    label = run.path.name if run.path is not None else source
+    table = Table(title=f"memfit report: {safe(label)}", title_justify="left")
     table.add_column("")
     table.add_column("")
     table.show_header = False
-    for label, text in summary_rows(summary):
-        table.add_row(escape(label), escape(text))
+    for row_label, text in summary_rows(summary):
+        if row_label != "warning":
+            table.add_row(safe(row_label), safe(text))
     out_console.print(table)
-    if run.events:
+    rows = event_rows(run)
+    if rows:
         events = Table(title="events", title_justify="left")
         for column in ("step", "kind", "source", "message"):
-            events.add_column(column)
-        for event in run.events[:50]:
+            events.add_column(column, justify="right" if column == "step" else "left")
+        for row in rows[:_MAX_EVENTS_SHOWN]:
             events.add_row(
-                escape(str(event.get("step"))),
-                escape(str(event.get("kind"))),
-                escape(str(event.get("source"))),
-                escape(str(event.get("message"))),
+                safe(step_text(row)), safe(row["kind"]), safe(row["source"]), safe(row["message"])
             )
         out_console.print(events)
-        if len(run.events) > 50:
-            out_console.print(f"... and {len(run.events) - 50} more events")
+        if len(rows) > _MAX_EVENTS_SHOWN:
+            out_console.print(f"... and {len(rows) - _MAX_EVENTS_SHOWN} more events")
     if output is not None:
-        err_console.print(f"wrote {escape(str(output))}")
+        err_console.print(f"wrote {safe(output)}")
 
 
 def register(app: typer.Typer) -> None:

@@ -2,8 +2,10 @@
 
 Replaces ``watch -n 1 nvidia-smi``: per GPU a used/total bar (NVML v2, so reserved memory is
 shown apart), the driver's reserve, utilisation and a history sparkline; per process its
-pid, user, command and GPU memory. Figures a driver cannot give (containers, WSL, MIG) show
-``N/A`` with the reason.
+pid, user, command and GPU memory. Sizes are in MiB, as ``nvidia-smi`` shows them, so the two
+can be compared at a glance. Figures a driver cannot give (containers, WSL, MIG) show
+``N/A`` with the reason. ``--log FILE`` is checked before anything else (a file it can append
+to, not a pipe or a device), also on a machine without a GPU.
 """
 
 from __future__ import annotations
@@ -15,12 +17,12 @@ from pathlib import Path
 import typer
 from rich.console import Group, RenderableType
 from rich.live import Live
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
 from memfit.backends.base import DeviceProbe, DeviceSnapshot, SystemSnapshot
-from memfit.cli._common import JSON_OPTION, out_console, print_json
+from memfit.cli._common import JSON_OPTION, out_console, print_json, safe
+from memfit.cli._files import check_append
 from memfit.errors import ConfigError
 from memfit.monitor.watch import (
     Watcher,
@@ -31,7 +33,7 @@ from memfit.monitor.watch import (
     sparkline,
     used_fraction,
 )
-from memfit.units import format_bytes
+from memfit.units import format_mib
 
 __all__ = ["make_probe", "register", "render_frame"]
 
@@ -58,7 +60,7 @@ def _bar(fraction: float | None) -> Text:
 
 
 def _size(value: int | None) -> str:
-    return format_bytes(value) if value is not None else "N/A"
+    return format_mib(value) if value is not None else "N/A"
 
 
 def _missing(device: DeviceSnapshot) -> list[tuple[str, str]]:
@@ -113,7 +115,7 @@ def render_frame(frame: WatchFrame) -> RenderableType:
                 f"\nallocator reserved {_size(device.allocator_reserved_bytes)}", style="dim"
             )
         gpus.add_row(
-            f"{device.index}: {escape(device.name)}",
+            f"{device.index}: {safe(device.name)}",
             memory,
             util,
             sparkline(frame.history.get(device.index, ()), _SPARK_WIDTH),
@@ -122,8 +124,8 @@ def render_frame(frame: WatchFrame) -> RenderableType:
             procs.add_row(
                 str(device.index),
                 str(proc.pid) if proc.pid is not None else "N/A",
-                escape(proc.user) if proc.user else "N/A",
-                escape(proc.command or proc.name or "N/A"),
+                safe(proc.user) if proc.user else "N/A",
+                safe(proc.command or proc.name or "N/A"),
                 _size(proc.used_bytes),
             )
         for field, reason in _missing(device):
@@ -145,7 +147,7 @@ def _no_gpu(reasons: list[str], as_json: bool) -> None:
         )
         return
     why = "; ".join(reasons) if reasons else "no probe could look"
-    out_console.print(f"No GPU to watch: {escape(why)}", soft_wrap=True)
+    out_console.print(f"No GPU to watch: {safe(why)}", soft_wrap=True)
 
 
 def watch(
@@ -177,6 +179,8 @@ def watch(
             key_path="--count",
             hint="leave --count out to watch until Ctrl-C, or use --once for one frame",
         )
+    if log is not None:  # a bad --log is an error on any machine, GPU or not
+        check_append(log, what="the watch log", option="--log")
     probe, reasons = make_probe()
     if probe is None:
         _no_gpu(reasons, as_json)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from memfit.backends.base import DeviceProbe, DeviceSnapshot, SystemSnapshot
-from memfit.errors import ConfigError, file_error
+from memfit.errors import ConfigError, file_error, file_kind, not_a_file_error
 
 __all__ = [
     "SPARK_CHARS",
@@ -187,11 +188,23 @@ def append_log(path: str | Path, frame: WatchFrame) -> None:
         frame: The frame.
 
     Raises:
-        ConfigError: When the file cannot be written.
+        ConfigError: When the file cannot be written, or is not a regular file (a pipe, a
+            device, a folder).
     """
     target = Path(path)
+    line = (json.dumps(frame_record(frame), separators=(",", ":")) + "\n").encode("utf-8")
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0)
     try:
-        with target.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(frame_record(frame), separators=(",", ":")) + "\n")
+        # Non-blocking: a named pipe with no reader fails at once instead of waiting forever.
+        fd = os.open(target, flags, 0o666)
     except OSError as exc:
         raise file_error(exc, target, action="append to the log") from exc
+    try:
+        kind = file_kind(os.fstat(fd).st_mode)
+        if kind is not None:
+            raise not_a_file_error(target, kind, action="append to the log")
+        os.write(fd, line)
+    except OSError as exc:
+        raise file_error(exc, target, action="append to the log") from exc
+    finally:
+        os.close(fd)
