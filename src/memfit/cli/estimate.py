@@ -64,12 +64,12 @@ def allocator_settings(text: str | None, variable: str) -> tuple[bool, int | Non
     >>> allocator_settings(None, "X")
     (False, None)
     """
-    from memfit.runtime.allocator_env import check_torch_conf, parse_torch_conf
+    from memfit.runtime.allocator_env import parse_torch_conf
 
     if not text:
         return False, None
-    pairs, _ = parse_torch_conf(text, variable=variable)
-    errors = [p for p in check_torch_conf(text, variable=variable) if p.severity == "error"]
+    pairs, problems = parse_torch_conf(text, variable=variable)
+    errors = [p for p in problems if p.severity == "error"]
     if errors:
         raise ConfigError(errors[0].message, key_path=variable, hint=errors[0].hint)
     expandable = False

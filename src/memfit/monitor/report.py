@@ -156,9 +156,9 @@ def load_run(path: str | Path) -> Run:
 def parse_run(data: bytes | str, *, source: str = "<run>") -> Run:
     """Parse the bytes of a run log (see :func:`load_run`).
 
-    A last line with no line break after it that is not a whole JSON object is the normal
-    end of a log whose writer was stopped mid-line: it is skipped and said so in
-    :attr:`Run.warnings`. A bad line anywhere else is an error.
+    A last line with no line break after it that is not a whole JSON object, after whole
+    records, is the normal end of a log whose writer was stopped mid-line: it is skipped and
+    said so in :attr:`Run.warnings`. A bad line anywhere else is an error.
 
     Args:
         data: The log's content.
@@ -181,7 +181,8 @@ def parse_run(data: bytes | str, *, source: str = "<run>") -> Run:
         try:
             record = _record(line, number, where)
         except ConfigError as exc:
-            if number != cut_off:
+            whole_before = run.samples or run.background or run.events or run.meta
+            if number != cut_off or not whole_before:  # one bad line alone is no log
                 raise
             run.warnings.append(
                 f"{where}: the last line is cut off (its writer stopped mid-line); skipped "
