@@ -215,9 +215,9 @@ def main(argv: list[str] | None = None) -> int:
         # with the training step at which it ran (read from the loop's `step`)
         step = 0
         save = (
-            memfit.cleanup.after_call(
-                gc_collect=True, on_event=rec.on_event, step=lambda: step
-            )(save_checkpoint)
+            memfit.cleanup.after_call(gc_collect=True, on_event=rec.on_event, step=lambda: step)(
+                save_checkpoint
+            )
             if args.checkpoint_every
             else None
         )

@@ -98,7 +98,7 @@ def test_figure_marks_budget_and_events(tmp_path: Path) -> None:
     assert 90 < low < 101 and 180 < high < 300
     (gauge,) = ax.child_axes
     assert "budget 512 MiB" in gauge.get_title(loc="left")
-    assert "the peak (180.0 MiB) is 35.2% of it" in gauge.get_title(loc="left")
+    assert "the peak (180.0 MiB) is 35.2%" in gauge.get_title(loc="left")
     # one row per kind in the strip below; the split at step 30, the cleanup (no step of its
     # own) during step 50, where it happened
     rows = {t.get_text(): t.get_position()[1] for t in strip.get_yticklabels()}

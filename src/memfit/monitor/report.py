@@ -502,6 +502,13 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(("duration", f"{summary['duration_seconds']:.1f} s"))
     if summary["median_step_seconds"] is not None:
         rows.append(("median step time", f"{summary['median_step_seconds'] * 1000:.2f} ms"))
+    if not summary["metrics"] and (summary["samples"] or summary["background_samples"]):
+        rows.append(
+            (
+                "memory",
+                "none recorded: the memory source gave no figures (JAX on a CPU, or no GPU)",
+            )
+        )
     for key, label, _colour in _SERIES:
         m = summary["metrics"].get(key)
         if m is None:
@@ -570,7 +577,7 @@ def _kind_order(kinds: set[str]) -> list[str]:
 def _mib_ticks(ax: Any, span: float) -> None:
     from matplotlib.ticker import FuncFormatter
 
-    decimals = 0 if span >= 20 else 1 if span >= 2 else 2
+    decimals = 0 if span >= 5 else 1 if span >= 0.5 else 2
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:,.{decimals}f}"))
 
 
@@ -594,8 +601,8 @@ def _inset_corner(
 def _budget_inset(ax: Any, corner: str, peak: float, limit: float, label: str) -> None:
     """A small gauge in a top corner: the whole budget, and the peak's share of it."""
     share = peak / limit if limit else 0.0
-    x = 0.03 if corner == "left" else 0.60
-    inset = ax.inset_axes((x, 0.84, 0.37, 0.045))
+    x = 0.03 if corner == "left" else 0.57
+    inset = ax.inset_axes((x, 0.84, 0.40, 0.045))
     inset.barh([0], [limit], color="#fbe3e3", height=1.0)
     inset.barh([0], [peak], color="#1f77b4", height=1.0)
     inset.axvline(peak, color="#1f77b4", linewidth=1.5)  # visible even at a tiny share
@@ -607,9 +614,8 @@ def _budget_inset(ax: Any, corner: str, peak: float, limit: float, label: str) -
         spine.set_color("#d62728")
         spine.set_linewidth(0.8)
     inset.set_title(
-        f"{label} {limit:,.0f} MiB, far above the curves: the peak ({peak:,.1f} MiB) "
-        f"is {share:.1%} of it",
-        fontsize=7.5,
+        f"{label} {limit:,.0f} MiB, off the scale: the peak ({peak:,.1f} MiB) is {share:.1%}",
+        fontsize=8,
         loc="left",
         pad=2,
         color="#444444",
@@ -623,7 +629,8 @@ def plot(run: Run, *, title: str | None = None) -> Any:
     (where the run has them), scaled to the data. The budget (else the device total) is a
     dotted line when it is at most 1.5x the data's top; when it is far above, a line would
     squash the curves into a flat line at the bottom, so a gauge in a top corner shows the
-    peak's share of it instead. A detected leak is a dash-dotted line. Below, a strip with one
+    peak's share of it instead. A detected leak is a pale red band along the curve. Below, a
+    strip with one
     row per event kind marks every event at the step it happened (:func:`event_steps`);
     events that share a step and a kind show their count. A run without memory figures (JAX
     on a CPU reports none) draws its step times instead.
@@ -701,6 +708,25 @@ def plot(run: Run, *, title: str | None = None) -> Any:
                 fontsize=8,
                 color="#555555",
             )
+    if not every_point and (run.samples or run.background):
+        source = _last_text(samples, "source") or "unknown"
+        ax.text(
+            0.5,
+            0.5,
+            "Nothing to draw: the run recorded no memory figures and no step times\n"
+            f"(memory source: {source}; JAX on a CPU, or a machine without a GPU, "
+            "reports none).\nRecord it on the GPU to see its memory.",
+            transform=ax.transAxes,
+            ha="center",
+            va="center",
+            fontsize=10,
+            color="#555555",
+        )
+        ax.set_yticks([])
+        xs = sorted({x for s in samples if (x := _x(s, by_step, start_time)) is not None})
+        if xs:  # the steps that were sampled, and nothing else
+            ax.set_xticks(xs)
+            ax.set_xlim(xs[0] - 1, xs[-1] + 1)
     top = max((y for _, y in every_point), default=0.0)
     bottom = min((y for _, y in every_point), default=0.0)
 
@@ -727,12 +753,14 @@ def plot(run: Run, *, title: str | None = None) -> Any:
         label = f"growth {size_text(rate)}/step"
         if leak.projected_oom_step is not None:
             label += f", limit at step {leak.projected_oom_step}"
-        ax.plot(
+        ax.plot(  # a wide pale band under the curve it fits, so both stay visible
             [x0, x1],
             [(y1 - rate * (x1 - x0)) / MiB, y1 / MiB],
             color="#d62728",
-            linestyle="-.",
-            linewidth=1.0,
+            linewidth=5.0,
+            alpha=0.25,
+            solid_capstyle="butt",
+            zorder=1,
             label=label,
         )
 
@@ -795,9 +823,9 @@ def _event_strip(strip: Any, drawn: list[tuple[dict[str, Any], float]], kinds: l
                 strip.annotate(
                     f"x{n}",
                     (x, rows[kind]),
-                    xytext=(5, 3),
+                    xytext=(6, 2),
                     textcoords="offset points",
-                    fontsize=7,
+                    fontsize=8,
                     color=colour,
                 )
     strip.set_yticks([rows[k] for k in kinds])
@@ -820,6 +848,13 @@ def _step_time_points(
         if seconds is not None and x is not None:
             out.append((x, float(seconds) * 1000.0))
     return out
+
+
+def _last_text(samples: list[dict[str, Any]], key: str) -> str | None:
+    for sample in reversed(samples):
+        if sample.get(key) is not None:
+            return str(sample[key])
+    return None
 
 
 def _leak(run: Run) -> Leak | None:
