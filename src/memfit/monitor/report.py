@@ -723,10 +723,10 @@ def plot(run: Run, *, title: str | None = None) -> Any:
             color="#555555",
         )
         ax.set_yticks([])
-        xs = sorted({x for s in samples if (x := _x(s, by_step, start_time)) is not None})
-        if xs:  # the steps that were sampled, and nothing else
-            ax.set_xticks(xs)
-            ax.set_xlim(xs[0] - 1, xs[-1] + 1)
+        sampled = sorted({x for s in samples if (x := _x(s, by_step, start_time)) is not None})
+        if sampled:  # the steps that were sampled, and nothing else
+            ax.set_xticks(sampled)
+            ax.set_xlim(sampled[0] - 1, sampled[-1] + 1)
     top = max((y for _, y in every_point), default=0.0)
     bottom = min((y for _, y in every_point), default=0.0)
 
