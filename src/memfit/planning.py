@@ -120,6 +120,12 @@ def _measured(workload: Workload, gpu_name: str) -> MeasuredTerms | None:
         return None
     from memfit.estimate.bridge import measure
 
+    try:
+        catalog_gpu(gpu_name)
+    except ConfigError:
+        # a GPU known only by its size (--gpu 8GiB) has no name to look up; the measured
+        # (allocated) terms do not depend on it
+        return measure(workload, gpu=None)
     return measure(workload, gpu=gpu_name)
 
 

@@ -355,3 +355,24 @@ def test_report_of_a_killed_runs_log_warns_and_goes_on(
     assert code == 0, err
     assert "warning:" in err and "cut off" in err
     assert json.loads(out)["warnings"][0].startswith(f"{path}:2: the last line is cut off")
+
+
+def test_plan_of_a_measured_workload_keeps_stdout_to_its_json(
+    user_module: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The planner runs the workload's factory (the user's code): its prints go to stderr,
+    also for a GPU given by its size."""
+    (tmp_path / f"{user_module}.py").write_text('print("imported!")\n' + FACTORY)
+    path = tmp_path / "traced.yaml"
+    path.write_text(
+        f"name: traced\nfamily: custom\nestimator: torch\nfactory: {user_module}:factory\n"
+        "terms: {extra: 1MiB}\nknobs:\n  batch_size: {min: 1, max: 64, powers_of_two: true}\n"
+    )
+    code, out, err = run(capsys, "plan", str(path), "--gpu", "8GiB", "--json")
+    assert code == 0, err
+    assert json.loads(out)["knobs"] == {"batch_size": 64}
+    assert "imported!" in err and "building the step" in err
+    (tmp_path / f"{user_module}_exit.py").write_text("import sys\nsys.exit(3)\n")
+    path.write_text(path.read_text().replace(f"{user_module}:", f"{user_module}_exit:"))
+    code, _, err = run(capsys, "plan", str(path), "--gpu", "8GiB")
+    user_error(code, err, "called sys.exit(3)")

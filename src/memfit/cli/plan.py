@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,14 @@ import typer
 import yaml
 from rich.table import Table
 
-from memfit.cli._common import JSON_OPTION, err_console, out_console, print_json, safe
+from memfit.cli._common import (
+    JSON_OPTION,
+    err_console,
+    out_console,
+    print_json,
+    safe,
+    user_code,
+)
 from memfit.cli._files import (
     FORCE_OPTION,
     STDIN,
@@ -170,6 +178,12 @@ def _print_plan(workload: Workload, result: Plan) -> None:
         console.print(f"  {safe(line)}", soft_wrap=True)
 
 
+def _factory_code(workload: Workload) -> contextlib.AbstractContextManager[None]:
+    """Around planning: a measured workload runs its factory, the user's code (its prints go
+    to stderr; a ``sys.exit`` in it is an error)."""
+    return user_code(workload.factory) if workload.factory else contextlib.nullcontext()
+
+
 def _write_fitted(path: Path, workload: Workload, result: Plan, *, force: bool) -> None:
     data: dict[str, Any] = {
         "workload": workload.name,
@@ -215,7 +229,8 @@ def _infeasible_row(gpu: str, exc: InfeasiblePlan) -> dict[str, Any]:
 def _tiers(workload: Workload, overrides: dict[str, int], margin: float, as_json: bool) -> None:
     from memfit.planning import TIER_GPUS, plan_tiers, resolve_gpu
 
-    results = plan_tiers(workload, TIER_GPUS, overrides, margin)
+    with _factory_code(workload):
+        results = plan_tiers(workload, TIER_GPUS, overrides, margin)
     names = [resolve_gpu(g).name for g in TIER_GPUS]
     if as_json:
         rows = [
@@ -337,7 +352,8 @@ def _plan_command(
     from memfit.planning import plan
 
     assert gpu is not None  # checked above
-    result = plan(loaded, gpu, overrides, fraction, host_memory_bytes=host)
+    with _factory_code(loaded):
+        result = plan(loaded, gpu, overrides, fraction, host_memory_bytes=host)
     if write is not None and result.fits:
         _write_fitted(write, loaded, result, force=force)
     if as_json:
