@@ -152,16 +152,9 @@ def format_bytes(n: int | float, *, precision: int = 2) -> str:
     value = abs(n)
     if value < KiB:
         return f"{sign}{int(value)} B"
-    if value >= 2**60 * 1024:  # beyond any memory: no float division that could overflow
-        return f"{sign}more than 1024 EiB"
-    for unit, size in (
-        ("EiB", 2**60),
-        ("PiB", 2**50),
-        ("TiB", 2**40),
-        ("GiB", GiB),
-        ("MiB", MiB),
-        ("KiB", KiB),
-    ):
+    if value > 2**70:  # beyond any memory: no float division that could overflow
+        return f"{sign}more than 2**70 B"
+    for unit, size in (("TiB", 2**40), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
         if value >= size:
             return f"{sign}{value / size:.{precision}f} {unit}"
     raise AssertionError("unreachable")  # pragma: no cover
