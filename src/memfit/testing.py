@@ -35,7 +35,7 @@ anything) sees what it would see without the mode.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -129,6 +129,7 @@ def inject_oom(
     *,
     limit: int | None = None,
     inplace: bool = False,
+    at: Iterable[int] | None = None,
 ) -> Iterator[InjectedOom]:
     """Make PyTorch operations fail with ``torch.OutOfMemoryError`` at random.
 
@@ -139,6 +140,10 @@ def inject_oom(
         limit: Raise at most this many errors (``None``: no limit).
         inplace: Also fail operations that only write into existing tensors (harsher than
             a real out-of-memory).
+        at: Fail exactly these operations instead of drawing at random: indices, from 0,
+            into the operations the context sees in the targeted phases (``ops_seen``
+            before each). A sweep over ``range(ops)`` puts a fault at every point of a
+            step, one run each.
 
     Yields:
         An :class:`InjectedOom` with the counts, updated as the block runs.
@@ -166,6 +171,7 @@ def inject_oom(
     from torch.utils._python_dispatch import TorchDispatchMode
 
     record = InjectedOom(rate=float(rate), seed=seed, where=phases, limit=limit)
+    targets = frozenset(int(i) for i in at) if at is not None else None
     rng = random.Random(seed)
     state = {"optimizer": 0}
 
@@ -225,9 +231,11 @@ def inject_oom(
                 return _run(func, args, kwargs)
             phase = current()
             if phase in phases:
+                index = record.ops_seen
                 record.ops_seen += 1
                 under_limit = record.limit is None or record.total_raised < record.limit
-                if rng.random() < record.rate and under_limit:
+                chosen = index in targets if targets is not None else rng.random() < record.rate
+                if chosen and under_limit:
                     record.raised[phase] += 1
                     if phase == "optimizer":
                         state["optimizer"] = 0

@@ -4,11 +4,17 @@ A guard (:class:`memfit.TrainGuard`, :class:`memfit.RolloutGuard`, ``memfit.jax.
 works through a batch in chunks: the whole batch, or ``splits`` micro-batches of about
 ``n / splits`` items. When a chunk runs out of memory the guard asks :func:`on_oom` what to do:
 
-* :class:`Retry` the same chunk. A chunk of a size that has run since the last capacity
-  failure (a *proven* size) gets ``transient_retries`` retries: memory was there a moment ago,
-  so the failure is most likely transient (a spike from another process, fragmentation, an
-  injected fault). A size not yet seen to fit gets ``retries``, and none once the ladder has
-  already split at this point of the batch (the failures there were about capacity).
+* :class:`Retry` the same chunk. A chunk of a size that has run before (a *proven* size)
+  failed although memory was there a moment ago, so the failure is most likely transient (a
+  spike from another process, fragmentation, an injected fault): it gets at least
+  ``transient_retries`` retries, and more when failures here are often cured by a retry.
+  The ladder keeps a running count of attempts at proven sizes and of the failures a retry
+  cured; from their ratio ``p`` it retries until ``p ** failures`` falls below
+  ``1 / 1000`` (at most ``max_retries``): a run with many transient faults retries more
+  instead of splitting, which would not help (a smaller micro-batch has as many
+  operations to fail), and a run whose rare failures are about capacity splits soon. A size
+  not yet seen to fit gets ``retries``, and none once the ladder has already split at this
+  point of the batch (the failures there were about capacity).
 * :class:`Split` the rest of the batch into more, smaller chunks (doubling the count; with
   ``divisors`` the next count that divides the batch, so every chunk has one shape). A proven
   size that failed past its retries is no longer proven: memory is tighter than it was.
@@ -17,10 +23,10 @@ works through a batch in chunks: the whole batch, or ``splits`` micro-batches of
 
 After each completed step, :func:`end_step` counts clean steps (steps that did not have to
 split further) and, after ``grow_back_after`` of them, halves the split count again
-(:class:`GrowBack`). After a step that gave up, :func:`after_give_up` goes back to the split
-count of the last completed step: splitting further did not help, so the failure was not a
-matter of chunk size, and a guard that stayed at its maximum split would turn every later
-transient fault into another give-up (a congestion window that never opens again).
+(:class:`GrowBack`). After a step that gave up, :func:`after_give_up` halves the split count
+of the last completed step: splitting further did not help, so the failure was not a matter
+of chunk size, and a guard that stayed at its maximum split would turn every later transient
+fault into another give-up (a congestion window that never opens again).
 
 Everything here is plain data in, plain data out: no framework, no clock, no randomness.
 
@@ -39,6 +45,7 @@ Retry(transient=True)
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import TypeAlias
 
@@ -59,6 +66,7 @@ __all__ = [
     "next_splits",
     "on_fit",
     "on_oom",
+    "transient_budget",
 ]
 
 
@@ -110,8 +118,8 @@ class LadderConfig:
         max_splits: Most chunks per batch.
         grow_back_after: Clean steps after which the split count is halved.
         retries: Retries of a chunk whose size has not yet been seen to fit.
-        transient_retries: Retries of a chunk whose size has run since the last capacity
-            failure.
+        transient_retries: Fewest retries of a chunk whose size has run before.
+        max_retries: Most retries of a chunk whose size has run before.
         divisors: Split counts must divide the batch's item count (one chunk shape per
             count, as a compiled JAX step needs).
     """
@@ -120,12 +128,13 @@ class LadderConfig:
     grow_back_after: int = 50
     retries: int = 1
     transient_retries: int = 3
+    max_retries: int = 16
     divisors: bool = False
 
     def __post_init__(self) -> None:
         require_positive_int("max_splits", self.max_splits, hint="a power of two such as 64")
         require_positive_int("grow_back_after", self.grow_back_after)
-        for name in ("retries", "transient_retries"):
+        for name in ("retries", "transient_retries", "max_retries"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigError(
@@ -139,16 +148,24 @@ class LadderState:
 
     Attributes:
         splits: Chunks the next step starts with.
-        fits: The largest chunk (items) that has run since the last capacity failure
-            (0: none yet).
+        fits: The largest chunk (items) that has run (0: none yet).
         clean: Steps in a row that did not have to split further.
         completed: The split count the last completed step ran with.
+        attempts: Attempts of chunks that ran in the end, recent ones weighing more.
+        cured: Failures among those attempts that a retry at the same size cured.
     """
 
     splits: int = 1
     fits: int = 0
     clean: int = 0
     completed: int = 1
+    attempts: float = 0.0
+    cured: float = 0.0
+
+    @property
+    def transient_rate(self) -> float:
+        """The estimated chance that an attempt fails transiently (a small prior: 1%)."""
+        return (self.cured + 0.05) / (self.attempts + 5.0)
 
 
 def next_divisor(n: int, at_least: int) -> int:
@@ -218,21 +235,37 @@ def on_oom(
     """
     proven = 0 < size <= state.fits
     fresh_budget = 0 if split_here else config.retries
-    budget = config.transient_retries if proven else fresh_budget
+    budget = transient_budget(config, state) if proven else fresh_budget
     if failures <= budget:
         return state, Retry(transient=proven)
-    if proven:
-        # A size that ran before failed past its retries: memory is tighter now.
-        state = replace(state, fits=size - 1)
     larger = next_splits(config, splits, n) if size > 1 else None
     if larger is not None:
         return state, Split(larger)
     return state, GiveUp(smallest=size)
 
 
-def on_fit(state: LadderState, size: int) -> LadderState:
-    """A chunk of ``size`` items ran: that size is proven."""
-    return state if size <= state.fits else replace(state, fits=size)
+def transient_budget(config: LadderConfig, state: LadderState) -> int:
+    """Retries of a proven size: enough that a transient failure rate ``p`` leaves less
+    than one chance in a thousand of splitting for nothing.
+
+    >>> config, often = LadderConfig(), LadderState(attempts=100, cured=50)
+    >>> transient_budget(config, LadderState()), transient_budget(config, often)
+    (3, 10)
+    """
+    rate = min(state.transient_rate, 0.95)
+    wanted = math.ceil(math.log(1e-3) / math.log(rate))
+    return max(config.transient_retries, min(config.max_retries, wanted))
+
+
+def on_fit(state: LadderState, size: int, failures: int = 0) -> LadderState:
+    """A chunk of ``size`` items ran, after ``failures`` failures at that same size (which
+    a retry therefore cured): the size is proven, and the cure is counted."""
+    return replace(
+        state,
+        fits=max(state.fits, size),
+        attempts=state.attempts + failures + 1,
+        cured=state.cured + failures,
+    )
 
 
 def end_step(
@@ -250,7 +283,15 @@ def end_step(
         The new state and, when the split count was halved, the :class:`GrowBack`.
     """
     clean = 0 if split_further else state.clean + 1
-    state = replace(state, splits=splits, clean=clean, completed=splits)
+    keep = 1.0 - 1.0 / config.grow_back_after  # the counts' memory: about grow_back_after steps
+    state = replace(
+        state,
+        splits=splits,
+        clean=clean,
+        completed=splits,
+        attempts=state.attempts * keep,
+        cured=state.cured * keep,
+    )
     if splits > 1 and clean >= config.grow_back_after:
         smaller = max(1, splits // 2)
         return replace(state, splits=smaller, clean=0), GrowBack(smaller, splits)
@@ -258,5 +299,6 @@ def end_step(
 
 
 def after_give_up(state: LadderState) -> LadderState:
-    """A step gave up: start the next one from the last completed step's split count."""
-    return replace(state, splits=state.completed, clean=0)
+    """A step gave up: splitting did not help, so the next step starts from half the last
+    completed step's split count (at least 1), not from the top of the ladder."""
+    return replace(state, splits=max(1, state.completed // 2), clean=0)

@@ -10,6 +10,7 @@ for the buffers that change during a step, and decides what micro-batches do to 
 
 from __future__ import annotations
 
+import gc
 import inspect
 import random
 import sys
@@ -90,6 +91,25 @@ class RngState:
             set_(state)
 
 
+def _allocating(make: Callable[[], list[torch.Tensor]], attempts: int = 5) -> list[torch.Tensor]:
+    """Make a few small tensors, freeing and trying again on out-of-memory (they are made
+    between the guard's attempts, where no caller would catch the error)."""
+    from memfit.runtime.oom import forget_exception, is_oom
+
+    for attempt in range(attempts):
+        failed = False
+        try:
+            return make()
+        except Exception as exc:
+            if not is_oom(exc) or attempt == attempts - 1:
+                raise
+            forget_exception(exc)
+            failed = True
+        if failed:
+            gc.collect(1)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 def modules_of(fn: Any) -> list[torch.nn.Module]:
     """The ``torch.nn.Module`` objects a function refers to.
 
@@ -163,7 +183,7 @@ class BufferState:
         self._tracked: list[torch.Tensor] = []
         self._versions: list[int] | None = None  # of the candidates, before the first step
         self._saved: list[torch.Tensor] = []
-        self._acc: list[torch.Tensor | None] = []
+        self._acc: list[torch.Tensor] = []
         if not modules:
             return
         import torch
@@ -198,7 +218,7 @@ class BufferState:
         import torch
 
         if len(self._saved) != len(self._tracked):
-            self._saved = [torch.empty_like(b) for b in self._tracked]
+            self._saved = _allocating(lambda: [torch.empty_like(b) for b in self._tracked])
         with torch.no_grad(), no_alloc_section():
             torch._foreach_copy_(self._saved, self._tracked)
 
@@ -212,32 +232,31 @@ class BufferState:
             torch._foreach_copy_(self._tracked, self._saved)
 
     def add_to_average(self, weight: float) -> None:
-        """Add the buffers' values, weighted, to the running average of a split step."""
+        """Add the buffers' values, weighted, to the running average of a split step
+        (integer buffers, such as ``num_batches_tracked``, keep their latest value)."""
         if not self._tracked:
             return
         import torch
 
         if len(self._acc) != len(self._tracked):
-            self._acc = [
-                torch.zeros_like(b) if b.is_floating_point() else None for b in self._tracked
-            ]
-        with torch.no_grad():
+            self._acc = _allocating(lambda: [torch.zeros_like(b) for b in self._tracked])
+        with torch.no_grad(), no_alloc_section():
             for acc, buf in zip(self._acc, self._tracked, strict=True):
-                if acc is not None:
+                if buf.is_floating_point() or buf.is_complex():
                     acc.add_(buf, alpha=weight)
+                else:
+                    acc.copy_(buf)
 
     def commit_average(self) -> None:
-        """Write the averaged values into the buffers (integer buffers keep the last value)
-        and clear the average."""
+        """Write the averaged values into the buffers and clear the average."""
         if not self._acc:
             return
         import torch
 
         with torch.no_grad(), no_alloc_section():
             for acc, buf in zip(self._acc, self._tracked, strict=True):
-                if acc is not None:
-                    buf.copy_(acc)
-                    acc.zero_()
+                buf.copy_(acc)
+                acc.zero_()
 
     def discard_average(self) -> None:
         """Forget a split step's running average (the step failed)."""
@@ -247,8 +266,7 @@ class BufferState:
 
         with torch.no_grad(), no_alloc_section():
             for acc in self._acc:
-                if acc is not None:
-                    acc.zero_()
+                acc.zero_()
 
     def first_step_done(self) -> None:
         """After the first completed step: keep watching only the buffers that changed."""

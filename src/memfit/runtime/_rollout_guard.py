@@ -171,7 +171,7 @@ class RolloutGuard(Generic[T]):
                     raise
                 message = forget_exception(exc)
             if message is None:
-                self._ladder = ladder.on_fit(self._ladder, stop - done)
+                self._ladder = ladder.on_fit(self._ladder, stop - done, failures)
                 done = stop
                 failures = 0
                 split_here = False

@@ -542,7 +542,7 @@ class TrainGuard:
                     self._drop_grads(params)
             pending = None
             if message is None:
-                self._ladder = ladder.on_fit(self._ladder, size)
+                self._ladder = ladder.on_fit(self._ladder, size, failures)
                 failures = 0
                 split_here = False
                 done = stop

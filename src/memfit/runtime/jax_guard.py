@@ -243,7 +243,7 @@ class TrainGuard:
                     raise
                 message = forget_exception(exc)
             if message is None:
-                self._ladder = ladder.on_fit(self._ladder, n // splits)
+                self._ladder = ladder.on_fit(self._ladder, n // splits, failures)
                 break
             gc.collect(1)  # out of the except block: the failed call's arrays can go
             failures += 1
