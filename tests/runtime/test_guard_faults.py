@@ -16,7 +16,6 @@ import torch
 from torch import nn
 
 import memfit
-from memfit.core import ladder
 from memfit.errors import OutOfMemory
 from memfit.runtime.guard import RolloutGuard, TrainGuard, clip_grad_norm
 from memfit.testing import inject_oom
@@ -312,12 +311,6 @@ def test_buffers_of_modules_loss_fn_refers_to_are_found_without_model() -> None:
 
 
 # -- 6. the ladder comes back down after a give-up -------------------------------------------
-
-
-def test_after_a_give_up_the_ladder_returns_to_the_last_completed_split() -> None:
-    config = ladder.LadderConfig(max_splits=4)
-    state = ladder.LadderState(splits=4, completed=1)
-    assert ladder.after_give_up(state).splits == 1
 
 
 def test_high_fault_rates_do_not_freeze_the_run_at_the_maximum_split() -> None:

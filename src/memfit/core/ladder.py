@@ -205,7 +205,9 @@ def next_splits(config: LadderConfig, splits: int, n: int) -> int | None:
     if config.divisors:
         wanted = next_divisor(n, 2 * splits)
         if wanted > config.max_splits:
-            return None
+            # The largest divisor still within max_splits, if it is above splits.
+            below = [d for d in range(config.max_splits, splits, -1) if n % d == 0]
+            return below[0] if below else None
     return wanted if wanted > splits else None
 
 
