@@ -959,7 +959,24 @@ class TrainGuard:
             raise
         settled = distributed.settle(failed=failure_message is not None)
         if settled.aborted:
-            raise self._peer_stopped()
+            # Another rank stopped inside its step (and undid it where it could): undo ours
+            # too, so that every rank stops at the same step.
+            undone = False
+            if self.last_step_snapshotted and self._snapshot is not None:
+                undone = (
+                    self._retrying(
+                        "restoring the optimizer snapshot", self._snapshot.restore, attempts=10
+                    )
+                    is None
+                )
+            error = self._peer_stopped()
+            if not undone:
+                _add_note(
+                    error,
+                    "memfit: this rank's optimizer step had no snapshot to undo "
+                    "it, so it is one step ahead of the rank that stopped",
+                )
+            raise error
         if settled.failed and not settled.all_failed and settled.source is not None:
             # Some ranks could not step: they take the parameters and state of one that did.
             distributed.repair_optimizer(self.optimizer, settled.source)
