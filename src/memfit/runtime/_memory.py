@@ -1,37 +1,32 @@
-"""The running process's device memory, as the guards report it in their events."""
+"""The running process's device memory, as the guards report it in their events.
+
+Everything here reads through :func:`memfit.backends.live.active_reader`.
+"""
 
 from __future__ import annotations
 
 import gc
-import sys
 
-__all__ = ["device_name", "free_device_bytes", "free_memory", "memory_figures"]
+from memfit.backends.live import Reading, active_reader, torch_cuda
+
+__all__ = ["device_name", "free_device_bytes", "free_memory", "memory_figures", "reading"]
 
 
-def memory_figures() -> dict[str, int | None]:
-    """Allocated, peak and budget bytes of the device in use, ``None`` where unknown.
+def reading() -> Reading:
+    """The active device's figures now (every field ``None`` without a device)."""
+    return active_reader().read()
 
-    The innermost :func:`memfit.simulate_gpu` when one is active, else the current CUDA
-    device when torch has initialised CUDA, else unknown.
-    """
-    from memfit.runtime.simulate import active
 
-    gpu = active()
-    if gpu is not None:
-        return {
-            "allocated_bytes": gpu.allocated_bytes,
-            "peak_bytes": gpu.peak_allocated_bytes,
-            "budget_bytes": gpu.budget_bytes,
-        }
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        index = torch.cuda.current_device()
-        return {
-            "allocated_bytes": int(torch.cuda.memory_allocated(index)),
-            "peak_bytes": int(torch.cuda.max_memory_allocated(index)),
-            "budget_bytes": int(torch.cuda.get_device_properties(index).total_memory),
-        }
-    return {"allocated_bytes": None, "peak_bytes": None, "budget_bytes": None}
+def memory_figures(now: Reading | None = None) -> dict[str, int | None]:
+    """The figures a guard's event carries: allocated and peak bytes, the budget when one is
+    set (a simulated GPU's, JAX's limit), and the device's total, ``None`` where unknown."""
+    now = now if now is not None else reading()
+    return {
+        "allocated_bytes": now.allocated_bytes,
+        "peak_bytes": now.peak_allocated_bytes,
+        "budget_bytes": now.budget_bytes,
+        "total_bytes": now.total_bytes,
+    }
 
 
 def free_memory() -> None:
@@ -42,36 +37,16 @@ def free_memory() -> None:
     second in a process that has imported torch.
     """
     gc.collect(1)
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
+    torch = torch_cuda()
+    if torch is not None:
         torch.cuda.empty_cache()
 
 
 def device_name() -> str | None:
-    from memfit.runtime.simulate import active
-
-    gpu = active()
-    if gpu is not None:
-        return gpu.device.name if gpu.device_kind == "cpu" else gpu.device_kind
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        return f"cuda:{torch.cuda.current_device()}"
-    return None
+    """The active device's name, or ``None``."""
+    return reading().device
 
 
 def free_device_bytes() -> int | None:
-    """Free bytes of the simulated GPU, or of the CUDA device (free plus cached), or None."""
-    from memfit.runtime.simulate import active
-
-    gpu = active()
-    if gpu is not None:
-        return gpu.free_bytes
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        from memfit.backends.torch_cuda import allocator_counts
-
-        index = torch.cuda.current_device()
-        free, _ = torch.cuda.mem_get_info(index)
-        counts = allocator_counts(torch, index)
-        return int(free) + counts.reserved - counts.allocated
-    return None
+    """What this process can still get on its device (see ``Reading.free_bytes``)."""
+    return reading().free_bytes

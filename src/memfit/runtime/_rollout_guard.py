@@ -13,7 +13,7 @@ from typing import Any, Generic, TypeVar
 from memfit.core import ladder
 from memfit.errors import ConfigError, OutOfMemory, require_positive_int
 from memfit.runtime._batching import concat, map_arrays, walk
-from memfit.runtime._memory import device_name, free_memory, memory_figures
+from memfit.runtime._memory import free_memory, memory_figures, reading
 from memfit.runtime._rewind import RngState
 from memfit.runtime.events import EventSink, MemoryEvent, emit
 from memfit.runtime.oom import forget_exception, is_oom
@@ -211,15 +211,16 @@ class RolloutGuard(Generic[T]):
                     "split", f"running in {splits} chunks of the environments", splits=splits
                 )
             else:
-                figures = memory_figures()
+                now = reading()
                 self._ladder = ladder.after_give_up(self._ladder)
                 self._event("give_up", "out of memory after " + ", ".join(tried), tried=tried)
                 raise OutOfMemory(
                     f"out of memory in {getattr(self.fn, '__name__', 'the guarded call')} "
                     f"even after {', '.join(tried)}: {message.splitlines()[0]}",
-                    device=device_name(),
-                    peak_bytes=figures["peak_bytes"],
-                    budget_bytes=figures["budget_bytes"],
+                    device=now.device,
+                    peak_bytes=now.peak_allocated_bytes,
+                    budget_bytes=now.budget_bytes,
+                    free_bytes=now.free_bytes,
                     tried=tried,
                     hint="fewer environments per call, a smaller observation, or a larger GPU",
                 )

@@ -6,18 +6,24 @@ See :mod:`memfit.runtime.guard` for the whole story; this module holds the class
 from __future__ import annotations
 
 import math
-import sys
 import time
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from memfit.backends.live import simulated_gpu, torch_cuda
 from memfit.core import ladder
 from memfit.errors import ConfigError, MemfitError, OutOfMemory, require_positive_int
 from memfit.runtime import distributed
 from memfit.runtime._batching import batch_size, chunk_bounds, split_batch
-from memfit.runtime._memory import device_name, free_device_bytes, free_memory, memory_figures
+from memfit.runtime._memory import (
+    device_name,
+    free_device_bytes,
+    free_memory,
+    memory_figures,
+    reading,
+)
 from memfit.runtime._rewind import SPLIT_STATS, BufferState, RngState, modules_of
 from memfit.runtime._snapshot import (
     OptimizerSnapshot,
@@ -442,20 +448,16 @@ class TrainGuard:
 
     def _give_up(self, message: str, tried: list[str], smallest: int) -> OutOfMemory:
         self._zero_grad()
-        figures = memory_figures()
+        now = reading()
         self._event("give_up", message, tried=list(tried), splits=self.splits)
         return OutOfMemory(
             f"out of memory at step {self.steps}"
             + (f" even after {', '.join(tried)}" if tried else "")
             + f": {message.splitlines()[0] if message else 'no message'}",
-            device=device_name(),
-            peak_bytes=figures["peak_bytes"],
-            budget_bytes=figures["budget_bytes"],
-            free_bytes=(
-                figures["budget_bytes"] - figures["allocated_bytes"]
-                if figures["budget_bytes"] is not None and figures["allocated_bytes"] is not None
-                else None
-            ),
+            device=now.device,
+            peak_bytes=now.peak_allocated_bytes,
+            budget_bytes=now.budget_bytes,
+            free_bytes=now.free_bytes,
             tried=tried,
             hint=(
                 f"a micro-batch of {smallest} item(s) does not fit: shrink the model or the "
@@ -665,13 +667,10 @@ class TrainGuard:
         of a 5 ms step), so it is read at most every :attr:`free_check_seconds` while memory
         is not low, and every step once it is.
         """
-        from memfit.runtime.simulate import active
-
         now = 0.0
-        throttled = active() is None
+        throttled = simulated_gpu() is None
         if throttled:
-            torch = sys.modules.get("torch")
-            if torch is None or not torch.cuda.is_initialized():
+            if torch_cuda() is None:
                 return False
             now = time.monotonic()
             if now < self._next_free_check:

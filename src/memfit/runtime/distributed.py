@@ -250,9 +250,9 @@ def repair_optimizer(optimizer: Any, source: int) -> None:
 
     me = rank()
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    layout: list[Any] = [None]
+    layout_list: list[Any] = []
     if me == source:
-        layout[0] = [
+        layout_list = [
             {
                 key: (
                     (
@@ -268,10 +268,10 @@ def repair_optimizer(optimizer: Any, source: int) -> None:
             }
             for p in params
         ]
-    dist.broadcast_object_list(layout, src=source)
+    layout = _broadcast_object(layout_list, source)
     device = _collective_device()
     tensors: list[torch.Tensor] = []
-    for p, keys in zip(params, layout[0], strict=True):
+    for p, keys in zip(params, layout, strict=True):
         tensors.append(p)
         if me != source:
             state = optimizer.state[p]
@@ -301,7 +301,7 @@ def repair_optimizer(optimizer: Any, source: int) -> None:
             if t.device == device or (device.type == "cpu" and not t.is_cuda):
                 dist.broadcast(t, src=source)
             else:  # a CPU scalar under NCCL: through the collective device and back
-                moved = t.to(device)
+                moved = _allocate_retrying(_copy_to(t, device))
                 dist.broadcast(moved, src=source)
                 t.copy_(moved)
 
@@ -310,6 +310,44 @@ def _flattener(group: list[torch.Tensor]) -> Callable[[], torch.Tensor]:
     import torch
 
     return lambda: torch.cat([g.reshape(-1) for g in group])
+
+
+def _copy_to(t: torch.Tensor, device: torch.device) -> Callable[[], torch.Tensor]:
+    return lambda: t.to(device, copy=True)
+
+
+def _broadcast_object(obj: Any, source: int) -> Any:
+    """``source``'s ``obj`` on every rank: a pickle in two broadcasts (its size, its bytes).
+
+    Like ``broadcast_object_list``, with every allocation made before its collective and
+    retried on out-of-memory, so that a rank cannot drop out between the two collectives.
+    """
+    import pickle
+
+    import torch
+    import torch.distributed as dist
+
+    device = _collective_device()
+    payload = pickle.dumps(obj) if rank() == source else b""
+    size = _allocate_retrying(
+        lambda: torch.tensor([len(payload)], dtype=torch.int64, device=device)
+    )
+    with no_alloc_section():
+        dist.broadcast(size, src=source)
+    n = int(size.item())
+    buffer = _allocate_retrying(
+        lambda: (
+            torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
+            if payload
+            else torch.empty(n, dtype=torch.uint8, device=device)
+        )
+    )
+    with no_alloc_section():
+        dist.broadcast(buffer, src=source)
+    if rank() == source:
+        return obj
+    data = _allocate_retrying(lambda: buffer.cpu().numpy().tobytes())
+    return pickle.loads(data)
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Callable[[], Any]:
