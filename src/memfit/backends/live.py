@@ -299,13 +299,18 @@ class NoReader:
         """Nothing to reset."""
 
 
-def active_reader(kind: str = "auto", probe: Any | None = None) -> LiveReader:
+def active_reader(
+    kind: str = "auto", probe: Any | None = None, *, allow_cuda_init: bool = False
+) -> LiveReader:
     """The reader of the device this process uses now.
 
     Args:
         kind: ``"auto"`` (simulated GPU, then CUDA, then JAX, then ``probe``), or one of
             ``"simulated"``, ``"torch"``, ``"jax"``, ``"probe"`` to insist on it.
         probe: A device probe to fall back to (or to use, with ``kind="probe"``).
+        allow_cuda_init: With ``"auto"``, read CUDA also when torch has not initialised it
+            yet (reading initialises it): a Recorder started before the model moved to the
+            GPU still records the GPU. Guards leave it off, so a CPU job never starts CUDA.
 
     Returns:
         The reader; :class:`NoReader` when ``kind="auto"`` finds nothing.
@@ -321,7 +326,8 @@ def active_reader(kind: str = "auto", probe: Any | None = None) -> LiveReader:
             hint="read inside `with memfit.simulate_gpu(...)`",
         )
     if kind in ("auto", "torch"):
-        torch = torch_cuda_available() if kind == "torch" else torch_cuda()
+        wants_init = kind == "torch" or allow_cuda_init
+        torch = torch_cuda_available() if wants_init else torch_cuda()
         if torch is not None:
             return TorchCudaReader(torch)
         if kind == "torch":

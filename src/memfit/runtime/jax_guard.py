@@ -39,21 +39,14 @@ UpdateFn = Callable[[Any, Any, Any], tuple[Any, Any]]
 
 
 def _jax_figures() -> tuple[str | None, int | None, int | None]:
-    """The first JAX device's name, peak bytes in use and byte limit, ``None`` where unknown."""
-    try:
-        import jax
+    """The JAX GPU device's name, peak bytes in use and byte limit, ``None`` where unknown
+    (read through :func:`memfit.backends.live.active_reader`)."""
+    from memfit.backends.live import active_reader
 
-        device = jax.local_devices()[0]
-        stats = device.memory_stats() or {}
-    except Exception:  # a backend without memory statistics (the CPU) says nothing
+    now = active_reader("auto").read()
+    if now.source != "jax":
         return None, None, None
-    peak = stats.get("peak_bytes_in_use")
-    limit = stats.get("bytes_limit")
-    return (
-        str(device),
-        int(peak) if peak is not None else None,
-        int(limit) if limit is not None else None,
-    )
+    return now.device, now.peak_allocated_bytes, now.budget_bytes
 
 
 class TrainGuard:
