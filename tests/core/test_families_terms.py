@@ -181,7 +181,7 @@ def test_replay_optimize_memory_usage_and_host_placement() -> None:
     w = offpolicy(optimize=True)
     assert terms_of(w)["replay_buffer"] == 100 * (128 + 8 + 12)
     host = offpolicy(placement="host")
-    ev = evaluate(host, host.default_values(), replay_on_gpu=False)
+    ev = evaluate(host, host.default_values(), on_device=False)
     assert "replay_buffer" not in ev.terms
     assert ev.host_bytes == 100 * (128 + 128 + 8 + 12)
 
@@ -263,12 +263,20 @@ def test_budget_composition_by_hand() -> None:
     assert b.budget_bytes == 8 * 2**30 - margin - MiB
     assert b.job_limit_bytes == b.budget_bytes - 500 * MiB - 32 * MiB
     assert b.pool_bytes is None and b.breaking_term is None
-    jax = compose_budget(spec, framework="jax", margin=0.1)
+    jax = compose_budget(spec, framework="jax", margin=0.1, jax_mem_fraction=0.75)
     assert jax.pool_bytes == 6 * 2**30
     assert jax.job_limit_bytes == 6 * 2**30 - 32 * MiB
+    # memfit's recommended pool: 0.9 x 8 GiB - 500 MiB context leaves 0.839 -> 0.80
+    recommended = compose_budget(spec, framework="jax", margin=0.1)
+    assert recommended.pool_fraction == 0.8
+    assert recommended.pool_bytes == int(8 * 2**30 * 0.8)
+    assert recommended.outside_limit_bytes == b.budget_bytes + MiB - 500 * MiB - int(
+        8 * 2**30 * 0.8
+    )
     off = compose_budget(spec, framework="jax", jax_preallocate=False)
     assert off.pool_bytes is None
-    tight = compose_budget(anonymous_gpu(2**30), framework="jax", margin=0.2)
+    tight = compose_budget(anonymous_gpu(2**30), framework="jax", margin=0.2,
+                           jax_mem_fraction=0.75)  # fmt: skip
     assert tight.breaking_term == "jax_preallocation"  # 768 MiB pool + 500 MiB context
     tiny = compose_budget(anonymous_gpu(512 * MiB), framework="torch")
     assert tiny.breaking_term == "cuda_context"

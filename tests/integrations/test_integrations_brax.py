@@ -8,6 +8,7 @@ import sys
 import pytest
 
 import memfit
+from memfit.core.constraints import PRESETS
 from memfit.errors import BackendUnavailable, ConfigError
 from memfit.integrations import brax as mbrax
 from memfit.integrations._lazy import require
@@ -19,7 +20,9 @@ def test_issue_example_names_nearest_fixes() -> None:
     problems = mbrax.ppo_violations(
         num_envs=512, batch_size=128, num_minibatches=2, episode_length=1000, **ONE
     )
-    assert [p.rule for p in problems] == ["batch_size * num_minibatches % num_envs == 0"]
+    assert [p.rule for p in problems] == ["brax_ppo: batch_size * num_minibatches % num_envs == 0"]
+    assert isinstance(problems[0], memfit.Violation)
+    assert problems[0].knobs == {"batch_size": 128, "num_envs": 512, "num_minibatches": 2}
     fixes = problems[0].suggestions
     assert {"num_minibatches": 4} in fixes and {"batch_size": 256} in fixes
     for fix in fixes:
@@ -41,8 +44,8 @@ def test_device_count_rule_uses_max_devices_per_host_and_processes() -> None:
         num_envs=8, max_devices_per_host=2, local_device_count=4, process_count=3, **base
     )
     rules = {p.rule: p for p in problems}
-    assert "num_envs % device_count == 0" in rules
-    for fix in rules["num_envs % device_count == 0"].suggestions:
+    assert "brax_ppo: num_envs % device_count == 0" in rules
+    for fix in rules["brax_ppo: num_envs % device_count == 0"].suggestions:
         assert fix["num_envs"] % 6 == 0
     assert not mbrax.ppo_violations(num_envs=8, local_device_count=4, process_count=2, **base)
 
@@ -65,6 +68,16 @@ def test_device_count_rule_uses_max_devices_per_host_and_processes() -> None:
 )  # fmt: skip
 def test_each_brax_rule(kwargs: dict[str, object], rule: str) -> None:
     assert rule in [p.rule for p in mbrax.ppo_violations(**kwargs, **ONE)]
+
+
+def test_the_rules_are_the_core_preset_and_memfit_check_agrees() -> None:
+    assert mbrax.BRAX_PPO_RULES == PRESETS["brax_ppo"]
+    knobs = {"num_envs": 512, "batch_size": 128, "num_minibatches": 2}
+    from_check = memfit.check("brax_humanoid_ppo", knobs)
+    from_brax = mbrax.ppo_violations(episode_length=1000, unroll_length=20, **knobs, **ONE)
+    assert [v.rule for v in from_check] == [v.rule for v in from_brax]
+    # the two nearest fixes agree (memfit check searches the workload's knob domains)
+    assert list(from_check[0].suggestions[:2]) == list(from_brax[0].suggestions[:2])
 
 
 def test_valid_arguments_pass_and_defaults_are_brax_defaults() -> None:

@@ -173,9 +173,12 @@ def _tiers(workload: Workload, overrides: dict[str, int], margin: float, as_json
         print_json({"workload": workload.name, "plans": rows})
         _fail_if_none_fit(workload, results)
         return
+    from memfit.core.families import family_for
+
     knob_names = list(workload.knobs)
-    if workload.family == "offpolicy" and (workload.replay and workload.replay.placement) == "auto":
-        knob_names.append("replay_placement")
+    family = family_for(workload)
+    if family.placement_knob is not None and family.placement_of(workload) == "auto":
+        knob_names.append(family.placement_knob)
     table = Table(
         title=f"{workload.name}: tier table",
         title_justify="left",

@@ -45,9 +45,9 @@ from memfit.core.constraints import (
     parse_expr,
     require_known,
 )
-from memfit.core.families import Evaluation, evaluate
+from memfit.core.families import Evaluation, evaluate, family_for
 from memfit.core.measured import MeasuredTerms
-from memfit.core.workload import OffPolicySpec, Workload
+from memfit.core.workload import Workload
 from memfit.errors import ConfigError, InfeasiblePlan
 from memfit.units import format_bytes
 
@@ -156,8 +156,8 @@ class _Space:
         self.rules: list[CompiledRule] = compile_rules(workload)
         self.objective = parse_expr(workload.objective_expr(), key_path="objective")
         require_known(self.objective, [*workload.knobs, *self.env], what="objective")
-        spec = workload.replay or OffPolicySpec()
-        self.placement = spec.placement if workload.family == "offpolicy" else "gpu"
+        self.family = family_for(workload)
+        self.placement = self.family.placement_of(workload)
         self.pinned_all = all(len(d) == 1 for d in self.domains.values())
         self._cache: dict[tuple[tuple[int, ...], bool], Evaluation] = {}
         self._valid: dict[tuple[int, ...], bool] = {}
@@ -176,7 +176,7 @@ class _Space:
         found = self._cache.get(key)
         if found is None:
             found = evaluate(
-                self.workload, self.values(config), measured=self.measured, replay_on_gpu=on_gpu
+                self.workload, self.values(config), measured=self.measured, on_device=on_gpu
             )
             self._cache[key] = found
         return found
@@ -329,8 +329,8 @@ def _breakdown(budget: Budget, ev: Evaluation) -> dict[str, int]:
 def _knobs(space: _Space, config: tuple[int, ...], on_gpu: bool) -> dict[str, int | str]:
     values = space.values(config)
     knobs: dict[str, int | str] = {n: values[n] for n in space.workload.knobs}
-    if space.placement == "auto":
-        knobs["replay_placement"] = "gpu" if on_gpu else "host"
+    if space.placement == "auto" and space.family.placement_knob is not None:
+        knobs[space.family.placement_knob] = "gpu" if on_gpu else "host"
     return knobs
 
 

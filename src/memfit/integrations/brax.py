@@ -32,11 +32,11 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
+from memfit.core.constraints import PRESETS, Violation, parse_expr
 from memfit.core.plan import Plan
 from memfit.core.workload import Workload, parse_workload
 from memfit.errors import ConfigError
@@ -44,9 +44,11 @@ from memfit.integrations._lazy import require
 
 __all__ = [
     "BRAX_PPO_DEFAULTS",
+    "BRAX_PPO_RULES",
     "DEFAULT_RANGES",
     "PpoViolation",
     "check_ppo",
+    "describe",
     "ensure_jax_compat",
     "jax_allocator_settings",
     "plan_ppo",
@@ -107,26 +109,28 @@ _KNOBS = ("num_envs", "batch_size", "num_minibatches", "unroll_length")
 _POSITIVE = (*_KNOBS, "action_repeat", "num_updates_per_batch")
 
 
-@dataclass(frozen=True)
-class PpoViolation:
-    """One rule of Brax PPO that the arguments break.
+#: Brax's rules over the four knobs, exactly as the workload preset states them
+#: (:data:`memfit.core.constraints.PRESETS`): one source for ``memfit check``, the planner
+#: and :func:`check_ppo`.
+BRAX_PPO_RULES: tuple[str, ...] = PRESETS["brax_ppo"]
 
-    Attributes:
-        rule: The rule as Brax writes it (``"batch_size * num_minibatches % num_envs == 0"``).
-        message: One sentence for humans, with the values.
-        suggestions: Nearest valid settings, each a dict of the arguments to change.
-    """
+#: A broken rule of Brax PPO is a core :class:`memfit.core.constraints.Violation`.
+PpoViolation = Violation
 
-    rule: str
-    message: str
-    suggestions: tuple[dict[str, Any], ...] = field(default_factory=tuple)
 
-    def describe(self) -> str:
-        """The violation and its fixes in one line."""
-        if not self.suggestions:
-            return self.message
-        fixes = " or ".join(", ".join(f"{k}={v!r}" for k, v in s.items()) for s in self.suggestions)
-        return f"{self.message}; nearest valid: {fixes}"
+def describe(violation: Violation) -> str:
+    """A violation and its nearest fixes in one line."""
+    if not violation.suggestions:
+        return violation.message
+    fixes = " or ".join(
+        ", ".join(f"{k}={v!r}" for k, v in s.items()) for s in violation.suggestions
+    )
+    return f"{violation.message}; nearest valid: {fixes}"
+
+
+def _first_knob(violation: Violation) -> str:
+    """The key path of a violation: ``ppo.<the first knob it names>``."""
+    return "ppo." + (next(iter(violation.knobs), None) or violation.rule.split()[0])
 
 
 def _whole_or(value: Any, default: int) -> int:
@@ -175,7 +179,7 @@ def ppo_violations(
     local_device_count: int | None = None,
     process_count: int | None = None,
     **ppo_kwargs: Any,
-) -> list[PpoViolation]:
+) -> list[Violation]:
     """Every rule of Brax PPO that ``ppo_kwargs`` break, each with the nearest valid settings.
 
     Arguments not given take Brax's defaults (:data:`BRAX_PPO_DEFAULTS`).
@@ -203,15 +207,16 @@ def ppo_violations(
             hint=f"did you mean {near[0]!r}?" if near else "see brax.training.agents.ppo.train",
         )
     args = {**BRAX_PPO_DEFAULTS, **ppo_kwargs}
-    out: list[PpoViolation] = []
+    out: list[Violation] = []
     bad_sizes = False
     for key in _POSITIVE:
         value = args[key]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             bad_sizes = True
             out.append(
-                PpoViolation(
+                Violation(
                     rule=f"{key} >= 1",
+                    knobs={key: value},
                     message=f"{key} must be a positive integer, not {value!r}",
                     suggestions=({key: _whole_or(value, BRAX_PPO_DEFAULTS[key])},),
                 )
@@ -220,8 +225,9 @@ def ppo_violations(
         out.extend(_divisibility(args, local_device_count, process_count))
     if args["wrap_env"] and args["episode_length"] is None:
         out.append(
-            PpoViolation(
+            Violation(
                 rule="episode_length is not None when wrap_env",
+                knobs={"episode_length": None, "wrap_env": True},
                 message="episode_length must be given when wrap_env=True "
                 "(Brax raises 'episode_length must be specified in ppo.train')",
                 suggestions=({"episode_length": 1000},),
@@ -229,8 +235,9 @@ def ppo_violations(
         )
     if args["vision"] and args["action_repeat"] != 1:
         out.append(
-            PpoViolation(
+            Violation(
                 rule="action_repeat == 1 when vision",
+                knobs={"action_repeat": args["action_repeat"], "vision": True},
                 message=f"vision=True needs action_repeat=1, not {args['action_repeat']!r} "
                 "(repeat actions with the env's n_frames instead)",
                 suggestions=({"action_repeat": 1},),
@@ -238,8 +245,9 @@ def ppo_violations(
         )
     if args["use_distributional_critic"] and args["clipping_epsilon_value"] is None:
         out.append(
-            PpoViolation(
+            Violation(
                 rule="clipping_epsilon_value is not None when use_distributional_critic",
+                knobs={"clipping_epsilon_value": None, "use_distributional_critic": True},
                 message="use_distributional_critic=True needs clipping_epsilon_value "
                 "(it is the kappa of the quantile Huber loss)",
                 suggestions=(
@@ -252,8 +260,9 @@ def ppo_violations(
     schedule_name = getattr(schedule, "value", schedule)
     if schedule_name not in (None, "NONE", "ADAPTIVE_KL"):
         out.append(
-            PpoViolation(
+            Violation(
                 rule="learning_rate_schedule in (None, 'NONE', 'ADAPTIVE_KL')",
+                knobs={"learning_rate_schedule": schedule},
                 message=f"unknown learning_rate_schedule {schedule!r}",
                 suggestions=(
                     {"learning_rate_schedule": None},
@@ -263,8 +272,9 @@ def ppo_violations(
         )
     if args["normalize_observations_mode"] not in ("welford", "ema"):
         out.append(
-            PpoViolation(
+            Violation(
                 rule="normalize_observations_mode in ('welford', 'ema')",
+                knobs={"normalize_observations_mode": args["normalize_observations_mode"]},
                 message="unknown normalize_observations_mode "
                 f"{args['normalize_observations_mode']!r}",
                 suggestions=({"normalize_observations_mode": "welford"},),
@@ -275,35 +285,49 @@ def ppo_violations(
 
 def _divisibility(
     args: Mapping[str, Any], local_device_count: int | None, process_count: int | None
-) -> list[PpoViolation]:
-    out: list[PpoViolation] = []
+) -> list[Violation]:
+    """The ``brax_ppo`` preset's rules, evaluated by the core's expression evaluator, each
+    broken one with the nearest valid settings (Brax-specific arithmetic over any integers,
+    not a knob domain)."""
     envs, batch, minis = args["num_envs"], args["batch_size"], args["num_minibatches"]
     devices = _device_count(local_device_count, process_count, args["max_devices_per_host"])
+    values = {
+        "num_envs": envs,
+        "batch_size": batch,
+        "num_minibatches": minis,
+        "device_count": devices,
+    }
     trajectories = batch * minis
-    if trajectories % envs:
+    out: list[Violation] = []
+    for text in BRAX_PPO_RULES:
+        expr = parse_expr(text)
+        if expr.evaluate(values):
+            continue
+        involved = {n: values[n] for n in expr.names}
         fixes: list[dict[str, Any]] = []
-        minis_unit = envs // math.gcd(envs, batch)
-        fixes += [{"num_minibatches": m} for m in _multiples_near(minis, minis_unit)[:1]]
-        batch_unit = envs // math.gcd(envs, minis)
-        fixes += [{"batch_size": b} for b in _multiples_near(batch, batch_unit)[:1]]
-        fixes += [{"num_envs": e} for e in _divisors_near(trajectories, envs, devices)[:2]]
-        out.append(
-            PpoViolation(
-                rule="batch_size * num_minibatches % num_envs == 0",
-                message=f"batch_size * num_minibatches = {batch} x {minis} = {trajectories} "
-                f"is not a multiple of num_envs = {envs}",
-                suggestions=tuple(fixes),
+        if "batch_size" in expr.names:  # batch_size * num_minibatches % num_envs == 0
+            minis_unit = envs // math.gcd(envs, batch)
+            fixes += [{"num_minibatches": m} for m in _multiples_near(minis, minis_unit)[:1]]
+            batch_unit = envs // math.gcd(envs, minis)
+            fixes += [{"batch_size": b} for b in _multiples_near(batch, batch_unit)[:1]]
+            fixes += [{"num_envs": e} for e in _divisors_near(trajectories, envs, devices)[:2]]
+            message = (
+                f"batch_size * num_minibatches = {batch} x {minis} = {trajectories} "
+                f"is not a multiple of num_envs = {envs}"
             )
-        )
-    if envs % devices:
-        near = [e for e in _multiples_near(envs, devices, lowest=devices) if trajectories % e == 0]
-        fixes = [{"num_envs": e} for e in near] or [
-            {"num_envs": e} for e in _multiples_near(envs, devices, lowest=devices)
-        ]
+        else:  # num_envs % device_count == 0
+            near = [
+                e for e in _multiples_near(envs, devices, lowest=devices) if trajectories % e == 0
+            ]
+            fixes = [{"num_envs": e} for e in near] or [
+                {"num_envs": e} for e in _multiples_near(envs, devices, lowest=devices)
+            ]
+            message = f"num_envs = {envs} is not a multiple of device_count = {devices}"
         out.append(
-            PpoViolation(
-                rule="num_envs % device_count == 0",
-                message=f"num_envs = {envs} is not a multiple of device_count = {devices}",
+            Violation(
+                rule=f"brax_ppo: {text}",
+                knobs=involved,
+                message=message,
                 suggestions=tuple(fixes),
             )
         )
@@ -342,8 +366,8 @@ def check_ppo(
         first = problems[0]
         raise ConfigError(
             "Brax PPO would reject these arguments: " + "; ".join(p.message for p in problems),
-            key_path="ppo." + first.rule.split()[0],
-            hint="; ".join(p.describe().split("; ", 1)[-1] for p in problems if p.suggestions),
+            key_path=_first_knob(first),
+            hint="; ".join(describe(p).split("; ", 1)[-1] for p in problems if p.suggestions),
         )
     return {**BRAX_PPO_DEFAULTS, **ppo_kwargs}
 
@@ -524,13 +548,13 @@ def plan_ppo(
     # planning needs no episode length: check that rule only when the caller wraps the env
     checked = brax_args if "episode_length" in brax_args else {"wrap_env": False, **brax_args}
     problems = ppo_violations(local_device_count=devices, process_count=1, **checked)
-    if len(pinned) < len(_KNOBS):  # the planner keeps the divisibility rules for the rest
-        problems = [p for p in problems if not p.rule.startswith(("batch_size *", "num_envs %"))]
+    if len(pinned) < len(_KNOBS):  # the planner keeps the preset's rules for the rest
+        problems = [p for p in problems if not p.rule.startswith("brax_ppo: ")]
     if problems:
         raise ConfigError(
             "Brax PPO would reject these arguments: " + "; ".join(p.message for p in problems),
-            key_path="ppo." + problems[0].rule.split()[0],
-            hint="; ".join(p.describe() for p in problems),
+            key_path=_first_knob(problems[0]),
+            hint="; ".join(describe(p) for p in problems),
         )
     require("jax")
     workload = ppo_workload(
