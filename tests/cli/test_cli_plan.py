@@ -19,6 +19,13 @@ PLAN_FIELDS = [
     "breakdown",
     "binding",
     "alternatives",
+    "gpu_total_bytes",
+    "pool_bytes",
+    "used_bytes",
+    "headroom_bytes",
+    "environment",
+    "notes",
+    "would_fit",
 ]
 
 
@@ -74,7 +81,7 @@ def test_all_gpus_tier_table(capsys: pytest.CaptureFixture[str]) -> None:
     data = json.loads(out)
     plans = data["plans"]
     assert len(plans) == 12
-    assert all(list(p)[:8] == PLAN_FIELDS for p in plans)
+    assert all(list(p)[: len(PLAN_FIELDS)] == PLAN_FIELDS for p in plans)
     sizes = [p["knobs"]["buffer_size"] for p in plans if p["fits"]]
     assert sizes and all(isinstance(s, int) for s in sizes)
     code, out, _ = run(capsys, "plan", "dqn_fire_raster", "--all-gpus")

@@ -224,7 +224,16 @@ def test_plan_dict_has_exactly_the_plan_fields() -> None:
         "breakdown",
         "binding",
         "alternatives",
+        "gpu_total_bytes",
+        "pool_bytes",
+        "used_bytes",
+        "headroom_bytes",
+        "environment",
+        "notes",
+        "would_fit",
     ]
+    assert p.to_dict()["used_bytes"] == p.predicted_bytes  # torch: no pool
+    assert p.to_dict()["headroom_bytes"] == p.budget_bytes - p.predicted_bytes
 
 
 # ----------------------------------------------------------------------------------------------

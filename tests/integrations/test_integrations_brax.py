@@ -71,7 +71,7 @@ def test_each_brax_rule(kwargs: dict[str, object], rule: str) -> None:
 
 
 def test_the_rules_are_the_core_preset_and_memfit_check_agrees() -> None:
-    assert mbrax.BRAX_PPO_RULES == PRESETS["brax_ppo"]
+    assert PRESETS["brax_ppo"] == mbrax.BRAX_PPO_RULES
     knobs = {"num_envs": 512, "batch_size": 128, "num_minibatches": 2}
     from_check = memfit.check("brax_humanoid_ppo", knobs)
     from_brax = mbrax.ppo_violations(episode_length=1000, unroll_length=20, **knobs, **ONE)
