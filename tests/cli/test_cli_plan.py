@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from memfit.cli.main import main
+from memfit.planning import TIER_GPUS
 
 PLAN_FIELDS = [
     "gpu",
@@ -80,7 +81,9 @@ def test_all_gpus_tier_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0
     data = json.loads(out)
     plans = data["plans"]
-    assert len(plans) == 12
+    assert len(plans) == len(TIER_GPUS)
+    totals = [p["gpu_total_bytes"] for p in plans]
+    assert totals == sorted(totals) and all(isinstance(t, int) for t in totals)
     assert all(list(p)[: len(PLAN_FIELDS)] == PLAN_FIELDS for p in plans)
     sizes = [p["knobs"]["buffer_size"] for p in plans if p["fits"]]
     assert sizes and all(isinstance(s, int) for s in sizes)

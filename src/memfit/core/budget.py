@@ -300,6 +300,7 @@ class Budget:
         outside_limit_bytes: With a pool, what memory outside the pool (a simulator in the
             same process) may take: the budget less the context and the pool; ``None``
             without a pool (then everything shares ``job_limit_bytes``).
+        margin: The safety margin as the fraction of the total it was given as.
     """
 
     total_bytes: int
@@ -313,6 +314,7 @@ class Budget:
     breaking_term: str | None
     pool_fraction: float | None = None
     outside_limit_bytes: int | None = None
+    margin: float = DEFAULT_MARGIN
 
 
 def compose_budget(
@@ -406,4 +408,5 @@ def compose_budget(
         breaking_term=breaking,
         pool_fraction=fraction,
         outside_limit_bytes=outside,
+        margin=margin,
     )

@@ -191,9 +191,12 @@ class _Space:
         overrides: Mapping[str, int] | None,
         measured: MeasuredTerms | None,
         host_memory_bytes: int | None,
+        *,
+        device_is_host: bool = False,
     ) -> None:
         self.workload = workload
         given = apply_overrides(workload, overrides)
+        self.overrides: dict[str, int] = dict(given)
         self.env: dict[str, int] = {**environment(workload)}
         self.env.update({k: v for k, v in given.items() if k in workload.settings})
         pinned = {k: v for k, v in given.items() if k in workload.knobs}
@@ -228,7 +231,8 @@ class _Space:
         self.objective = parse_expr(workload.objective_expr(), key_path="objective")
         require_known(self.objective, [*workload.knobs, *self.env], what="objective")
         self.family = family_for(workload)
-        self.placement = self.family.placement_of(workload)
+        # on the host (--gpu cpu) the device is host RAM: placeable state stays "on device"
+        self.placement = "gpu" if device_is_host else self.family.placement_of(workload)
         self.pinned_all = all(len(d) == 1 for d in self.domains.values())
         self._cache: dict[tuple[tuple[int, ...], bool], Evaluation] = {}
         self._valid: dict[tuple[int, ...], bool] = {}
@@ -413,8 +417,14 @@ def _growth(before: Evaluation, after: Evaluation) -> str:
 
 
 def _binding(space: _Space, config: tuple[int, ...], chosen: _Eval, limit: _Limit) -> str:
-    """Why the next bigger configuration (one knob one step up, priority order) is not it."""
-    for name in space.priority_order:
+    """Why the next bigger configuration (one knob one step up, priority order) is not it.
+
+    Only the knobs the objective reads can limit it: when they all sit at the top of their
+    ranges, the plan is limited by the knob ranges, whatever stops a knob the objective
+    does not read (a larger ``num_minibatches`` gains no throughput).
+    """
+    in_objective = [n for n in space.priority_order if n in space.objective.names]
+    for name in in_objective or space.priority_order:
         index = space.search_order.index(name)
         domain = space.domains[name]
         position = domain.index(config[index])
@@ -587,19 +597,100 @@ def _infeasible(space: _Space, budget: Budget, gpu: GpuSpec) -> InfeasiblePlan:
     )
 
 
-def _plan_on(space: _Space, gpu: GpuSpec, budget: Budget, alternatives: int) -> Plan:
+def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _would_fit(space: _Space, gpu: GpuSpec, budget: Budget) -> list[dict[str, Any]]:
+    """The family's fallbacks, each planned: what fits when the request does not."""
+    family = space.family
+    if family.fallbacks is None:
+        return []
+    out: list[dict[str, Any]] = []
+    for fallback in family.fallbacks(space.workload):
+        data = _merge(space.workload.model_dump(exclude_none=True), fallback.changes)
+        try:
+            changed = Workload.model_validate(data)
+            overrides = {k: v for k, v in space.overrides.items() if k not in fallback.unpin}
+            trial = _Space(changed, overrides, space.measured, space.host_memory_bytes)
+            again = compose_budget(
+                gpu,
+                framework=changed.framework,
+                margin=budget.margin,
+                other_processes_bytes=budget.other_processes_bytes,
+                jax_preallocate=changed.jax.preallocate,
+                jax_mem_fraction=changed.jax.mem_fraction,
+                context_bytes=budget.context_bytes,
+            )
+            result = _plan_on(trial, gpu, again, 0, fallbacks=False)
+        except InfeasiblePlan:
+            out.append({"change": fallback.label, "fits": False})
+            continue
+        except (ConfigError, ValueError):
+            continue
+        values = {k: v for k, v in result.knobs.items() if isinstance(v, int)}
+        placed = result.knobs.get(family.placement_knob or "", None)
+        on_device = trial.placement == "gpu" or placed == "gpu"
+        ev = evaluate(changed, {**trial.env, **values}, measured=space.measured,
+                      on_device=on_device)  # fmt: skip
+        out.append(
+            {
+                "change": fallback.label,
+                "fits": result.fits,
+                "knobs": dict(result.knobs),
+                "predicted_bytes": result.predicted_bytes,
+                "host_bytes": ev.host_bytes,
+            }
+        )
+    return out
+
+
+def _would_fit_text(options: list[dict[str, Any]]) -> str | None:
+    fitting = [o for o in options if o.get("fits")]
+    if not fitting:
+        return None
+    parts = []
+    for o in fitting:
+        knobs = ", ".join(f"{k}={v}" for k, v in o["knobs"].items())
+        host = f", {format_bytes(o['host_bytes'])} of host RAM" if o.get("host_bytes") else ""
+        parts.append(f"{o['change']} ({knobs}{host})")
+    return "would fit: " + "; ".join(parts)
+
+
+def _infeasible_with_fallbacks(
+    space: _Space, budget: Budget, gpu: GpuSpec, fallbacks: bool
+) -> InfeasiblePlan:
+    exc = _infeasible(space, budget, gpu)
+    if fallbacks:
+        text = _would_fit_text(_would_fit(space, gpu, budget))
+        if text is not None:
+            exc.hint = f"{text}; or {exc.hint}" if exc.hint else text
+    return exc
+
+
+def _plan_on(
+    space: _Space, gpu: GpuSpec, budget: Budget, alternatives: int, *, fallbacks: bool = True
+) -> Plan:
     if space.pinned_all:
         plan_ = _single(space, budget, gpu)
         if not plan_.fits and not space.pinned:
             # the workload itself allows one configuration (nothing was pinned): nothing fits
-            raise _infeasible(space, budget, gpu)
+            raise _infeasible_with_fallbacks(space, budget, gpu, fallbacks)
+        if not plan_.fits and fallbacks:
+            plan_ = replace(plan_, would_fit=_would_fit(space, gpu, budget))
         return plan_
     if budget.breaking_term is not None:
-        raise _infeasible(space, budget, gpu)
+        raise _infeasible_with_fallbacks(space, budget, gpu, fallbacks)
     limit = _Limit.of(budget)
     found = space.search(limit)
     if not found:
-        raise _infeasible(space, budget, gpu)
+        raise _infeasible_with_fallbacks(space, budget, gpu, fallbacks)
     ranked = heapq.nlargest(1 + alternatives * 8, found, key=lambda item: item[0])
     best = ranked[0][1]
     chosen = space.resolve(best, limit)
@@ -744,7 +835,13 @@ def _finish(space: _Space, gpu: GpuSpec, budget: Budget, plan_: Plan) -> Plan:
     )
 
 
-def _budget(workload: Workload, gpu: GpuSpec, margin: float, other_processes_bytes: int) -> Budget:
+def _budget(
+    workload: Workload,
+    gpu: GpuSpec,
+    margin: float,
+    other_processes_bytes: int,
+    context_bytes: int | None = None,
+) -> Budget:
     return compose_budget(
         gpu,
         framework=workload.framework,
@@ -752,6 +849,7 @@ def _budget(workload: Workload, gpu: GpuSpec, margin: float, other_processes_byt
         other_processes_bytes=other_processes_bytes,
         jax_preallocate=workload.jax.preallocate,
         jax_mem_fraction=workload.jax.mem_fraction,
+        context_bytes=context_bytes,
     )
 
 
@@ -765,6 +863,7 @@ def plan(
     *,
     host_memory_bytes: int | None = None,
     alternatives: int = DEFAULT_ALTERNATIVES,
+    context_bytes: int | None = None,
 ) -> Plan:
     """The best configuration of ``workload`` on ``gpu``.
 
@@ -778,6 +877,9 @@ def plan(
         host_memory_bytes: Host RAM for a replay buffer on the host (default: the
             workload's ``host_memory_bytes``; ``None``: not checked).
         alternatives: How many next-best configurations to list.
+        context_bytes: The job's CUDA context; ``None``: the estimate for ``gpu``; ``0``
+            when the process already has one and ``other_processes_bytes`` counts it
+            (``memfit.autoconfig``).
 
     Returns:
         The plan. With every knob pinned it reports that configuration, fitting or not;
@@ -795,8 +897,8 @@ def plan(
     >>> p.fits and sum(p.breakdown.values()) == p.predicted_bytes <= p.budget_bytes
     True
     """
-    space = _Space(workload, overrides, measured, host_memory_bytes)
-    budget = _budget(workload, gpu, margin, other_processes_bytes)
+    space = _Space(workload, overrides, measured, host_memory_bytes, device_is_host=gpu.is_host)
+    budget = _budget(workload, gpu, margin, other_processes_bytes, context_bytes)
     return _plan_on(space, gpu, budget, alternatives)
 
 

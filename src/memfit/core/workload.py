@@ -34,6 +34,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from memfit.core.measured import BraxMeasurements
+from memfit.core.simulator import SimulatorSpec
 from memfit.errors import ConfigError, did_you_mean, read_user_text
 from memfit.units import parse_bytes
 
@@ -375,6 +377,10 @@ class Workload(_Strict):
     observations: Observations = Field(default_factory=Observations)
     action_dim: int = Field(default=1, ge=1)
     env_state_bytes: int = Field(default=0, ge=0)
+    env: str | None = None
+    backend: str | None = None
+    measurements: BraxMeasurements | None = None
+    simulator: SimulatorSpec | None = None
     devices: DeviceSpec = Field(default_factory=DeviceSpec)
     jax: JaxSettings = Field(default_factory=JaxSettings)
     ppo: PpoSpec | None = None
@@ -421,6 +427,27 @@ class Workload(_Strict):
         for field_name, message in family.requires:
             if not getattr(self, field_name):
                 raise ValueError(message)
+        if self.env is not None:
+            kind, _, env_name = self.env.partition(":")
+            if kind != "brax" or not env_name:
+                raise ValueError(
+                    f"env {self.env!r}: name it as brax:<environment> (brax:humanoid, brax:ant); "
+                    "other kinds of environment give env_state_bytes instead"
+                )
+            if self.family_key != "ppo/brax":
+                raise ValueError(f"env {self.env} needs family ppo with ppo: {{layout: brax}}")
+        if self.backend is not None and self.env is None:
+            raise ValueError("backend names the env's physics pipeline: give env: brax:<name>")
+        if self.measurements is not None:
+            if self.env is None or self.measurements.env != self.env:
+                raise ValueError(
+                    f"measurements are of {self.measurements.env!r}, not of env {self.env!r}"
+                )
+            if self.measurements.backend != self.backend:
+                raise ValueError(
+                    f"measurements were taken with backend {self.measurements.backend!r}, "
+                    f"not {self.backend!r}"
+                )
         if self.estimator != "analytic" and not self.factory:
             raise ValueError(f"estimator {self.estimator} needs factory: module:function")
         if self.factory is not None and ":" not in self.factory:

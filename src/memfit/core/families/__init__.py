@@ -19,7 +19,7 @@ import pkgutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from memfit.core.families.common import MODEL_TERMS, Term, allocator_slack
+from memfit.core.families.common import MODEL_TERMS, Term, allocator_slack, camera_hw
 from memfit.core.families.registry import (
     Fallback,
     Family,
@@ -28,6 +28,7 @@ from memfit.core.families.registry import (
     registered,
 )
 from memfit.core.measured import MeasuredTerms
+from memfit.core.simulator import simulator_terms
 from memfit.core.workload import Workload
 from memfit.errors import ConfigError
 
@@ -119,6 +120,21 @@ def family_terms(
     return list(terms), int(host)
 
 
+def _simulator(workload: Workload, values: Mapping[str, int]) -> list[Term]:
+    """The simulator's terms (:mod:`memfit.core.simulator`), outside the allocator."""
+    assert workload.simulator is not None
+    cams = workload.observations.cameras
+    pixels = None
+    if cams is not None:
+        h, w = camera_hw(workload, values)
+        pixels = cams.count * h * w
+    envs = values.get("num_envs", 1)
+    return [
+        Term(name, (nbytes,), outside_allocator=True)
+        for name, nbytes in simulator_terms(workload.simulator, envs, pixels)
+    ]
+
+
 def _apply_measured(
     terms: list[Term], measured: MeasuredTerms, values: Mapping[str, int]
 ) -> list[Term]:
@@ -165,6 +181,8 @@ def evaluate(
     terms, host = family_terms(workload, values, on_device=on_device)
     if measured is not None:
         terms = _apply_measured(terms, measured, values)
+    if workload.simulator is not None:
+        terms.extend(_simulator(workload, values))
     named: dict[str, int] = {}
     buffers: list[int] = []
     outside = 0

@@ -61,7 +61,19 @@ def _per_device(workload: Workload) -> int:
     return workload.devices.count if workload.devices.strategy == "pmap" else 1
 
 
+def _brax_measured(workload: Workload, values: Mapping[str, int]) -> list[Term]:
+    """Brax PPO from measurements of its real env and compiled training step
+    (:class:`memfit.core.measured.BraxMeasurements`)."""
+    assert workload.measurements is not None
+    return [
+        Term(name, (nbytes,))
+        for name, nbytes in workload.measurements.terms(values, _per_device(workload))
+    ]
+
+
 def _brax(workload: Workload, values: Mapping[str, int]) -> list[Term]:
+    if workload.measurements is not None:
+        return _brax_measured(workload, values)
     dc = _per_device(workload)
     envs = values["num_envs"] // dc
     trajectories = values["batch_size"] * values["num_minibatches"] // dc
