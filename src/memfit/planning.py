@@ -39,6 +39,7 @@ __all__ = [
     "plan",
     "plan_tiers",
     "resolve_gpu",
+    "with_measurements",
 ]
 
 #: The cards of the tier table (``memfit plan --all-gpus``), by memory: a 4 GB laptop card,
@@ -173,6 +174,24 @@ def resolve_gpu(gpu: str | int | GpuSpec) -> GpuSpec:
     return catalog_gpu(gpu)
 
 
+def with_measurements(workload: Workload, measure: str = "auto") -> tuple[Workload, list[str]]:
+    """The workload with the measurements its environment needs (``env: brax:...``), and
+    notes saying where they come from
+    (:func:`memfit.integrations.brax.resolve_measurements`: ``auto``, ``fresh`` or
+    ``recorded``); a workload without ``env`` as it is.
+
+    Raises:
+        ConfigError: When the mode is unknown or no measurement is available.
+        BackendUnavailable: For ``fresh`` without brax or jax.
+        EstimateError: When measuring fails.
+    """
+    if workload.env is None:
+        return workload, []
+    from memfit.integrations._brax_measure import resolve_measurements
+
+    return resolve_measurements(workload, measure)
+
+
 def _measured(workload: Workload, gpu_name: str) -> MeasuredTerms | None:
     if workload.estimator == "analytic":
         return None
@@ -209,6 +228,7 @@ def plan(
     *,
     host_memory_bytes: int | None = None,
     device_index: int = 0,
+    measure: str = "auto",
 ) -> Plan:
     """The best configuration of a workload on a GPU.
 
@@ -224,6 +244,10 @@ def plan(
         host_memory_bytes: Host RAM for a replay buffer on the host (default: the workload's,
             else this machine's available RAM); with ``gpu="cpu"``, the RAM to plan for.
         device_index: Which local GPU, for ``gpu="local"``.
+        measure: For a workload that names its environment (``env: brax:humanoid``): use
+            the best measurement at hand (``"auto"``), measure now (``"fresh"``), or only the
+            measurements recorded in the workload (``"recorded"``); see
+            :func:`with_measurements`.
 
     Returns:
         The plan (see :class:`memfit.core.plan.Plan`).
@@ -236,17 +260,18 @@ def plan(
         EstimateError: When the workload's traced estimator cannot trace its step.
     """
     loaded = load_workload(workload) if not isinstance(workload, Workload) else workload
+    loaded, notes = with_measurements(loaded, measure)
     fraction = parse_fraction(margin)
     others = 0
-    notes: list[str] = []
     if isinstance(gpu, str) and gpu.strip().lower() == "local":
         local = local_gpu(device_index)
         spec, others = local.spec, local.other_processes_bytes
     elif isinstance(gpu, str) and gpu.strip().lower() in HOST_NAMES:
-        spec, others, notes = _host_spec(host_memory_bytes)
+        spec, others, host_notes = _host_spec(host_memory_bytes)
+        notes.extend(host_notes)
     else:
         spec = resolve_gpu(gpu)
-    host, host_notes = _host_check(loaded, host_memory_bytes, spec)
+    host, check_notes = _host_check(loaded, host_memory_bytes, spec)
     result = core_plan(
         loaded,
         spec,
@@ -256,7 +281,7 @@ def plan(
         other_processes_bytes=others,
         host_memory_bytes=host,
     )
-    return replace(result, notes=[*notes, *host_notes, *result.notes])
+    return replace(result, notes=[*notes, *check_notes, *result.notes])
 
 
 def _host_spec(host_memory_bytes: int | None) -> tuple[GpuSpec, int, list[str]]:
@@ -292,6 +317,7 @@ def plan_tiers(
     margin: float | str = DEFAULT_MARGIN,
     *,
     host_memory_bytes: int | None = None,
+    measure: str = "auto",
 ) -> list[Plan | InfeasiblePlan]:
     """The tier table: one plan per GPU (an :class:`InfeasiblePlan` where nothing fits).
 
@@ -300,9 +326,11 @@ def plan_tiers(
         EstimateError: When the workload's traced estimator cannot trace its step.
     """
     loaded = load_workload(workload) if not isinstance(workload, Workload) else workload
+    loaded, notes = with_measurements(loaded, measure)
     specs = [resolve_gpu(g) for g in gpus]
     measured = _measured(loaded, specs[0].name) if specs else None
     host, host_notes = (None, []) if not specs else _host_check(loaded, host_memory_bytes, specs[0])
+    host_notes = [*notes, *host_notes]
     results = plan_many(
         loaded,
         specs,

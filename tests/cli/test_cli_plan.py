@@ -37,7 +37,7 @@ def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
 
 
 def test_plan_human_output(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run(capsys, "plan", "dqn_fire_raster", "--gpu", "RTX 4070")
+    code, out, err = run(capsys, "plan", "dqn_fire_raster@device_replay", "--gpu", "RTX 4070")
     assert code == 0, err
     assert "replay_buffer" in out
     assert "Limited by: replay_buffer" in out
@@ -107,7 +107,7 @@ def test_pinned_plan_that_does_not_fit_exits_1(capsys: pytest.CaptureFixture[str
     code, out, err = run(
         capsys,
         "plan",
-        "dqn_fire_raster",
+        "dqn_fire_raster@device_replay",
         "--gpu",
         "3.7GB",
         "--set",

@@ -298,16 +298,35 @@ def test_measured_terms_replace_the_model_terms() -> None:
     assert "gradients" not in t and "target_network" not in t
 
 
-BUNDLED = ["brax_humanoid_ppo", "dqn_fire_raster", "act_dual_camera", "brax_humanoid_ppo@quick"]
+BUNDLED = [
+    "brax_humanoid_ppo",
+    "dqn_fire_raster",
+    "dqn_fire_raster@device_replay",
+    "act_dual_camera",
+    "act_dual_camera@no_sim",
+    "brax_humanoid_ppo@quick",
+    "analytic_brax",
+]
+
+#: The one term allowed to fall: what Brax's SGD phase needs beyond the rollout and the env
+#: step's scratch (XLA reuses that scratch), which shrinks as the env step's part grows; the
+#: sum with it, the larger of the two phases, never falls.
+PHASE_TERMS = {"sgd_temporaries"}
 
 
 @settings(max_examples=80, deadline=None)
 @given(data=st.data(), name=st.sampled_from(BUNDLED))
 def test_memory_never_falls_when_a_knob_grows(data: st.DataObject, name: str) -> None:
-    """The planner prunes on this: every term (so the allocated total) is non-decreasing in
-    every knob. Reserved bytes are not: the allocator's segment slack can fall when a block
-    crosses 10 MiB and leaves a shared 20 MiB segment, so the planner bounds with allocated."""
-    w = load_workload(name)
+    """The planner prunes on this: the allocated total is non-decreasing in every knob, and
+    so is every term but the measured Brax step's phase term. Reserved bytes are not: the
+    allocator's segment slack can fall when a block crosses 10 MiB and leaves a shared 20 MiB
+    segment, so the planner bounds with allocated."""
+    if name == "analytic_brax":  # the bundled humanoid without its measurements
+        w = load_workload("brax_humanoid_ppo").model_copy(
+            update={"measurements": None, "env": None, "backend": None}
+        )
+    else:
+        w = load_workload(name)
     values = dict(w.settings)
     for knob, spec in w.knobs.items():
         values[knob] = data.draw(st.sampled_from(spec.values()), label=knob)
@@ -320,5 +339,6 @@ def test_memory_never_falls_when_a_knob_grows(data: st.DataObject, name: str) ->
     bigger = {**values, knob: domain[position + 1]}
     small, large = evaluate(w, values), evaluate(w, bigger)
     for term, nbytes in small.terms.items():
-        assert large.terms[term] >= nbytes, term
+        if term not in PHASE_TERMS:
+            assert large.terms[term] >= nbytes, term
     assert large.allocated_bytes >= small.allocated_bytes

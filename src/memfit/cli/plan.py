@@ -193,11 +193,17 @@ def _infeasible_row(spec: GpuSpec, exc: InfeasiblePlan) -> dict[str, Any]:
     }
 
 
-def _tiers(workload: Workload, overrides: dict[str, int], margin: float, as_json: bool) -> None:
+def _tiers(
+    workload: Workload,
+    overrides: dict[str, int],
+    margin: float,
+    as_json: bool,
+    measure: str = "auto",
+) -> None:
     from memfit.core.families import family_for
     from memfit.planning import TIER_GPUS, plan_tiers, resolve_gpu
 
-    results = plan_tiers(workload, TIER_GPUS, overrides, margin)
+    results = plan_tiers(workload, TIER_GPUS, overrides, margin, measure=measure)
     specs = [resolve_gpu(g) for g in TIER_GPUS]
     if as_json:
         rows = [
@@ -257,6 +263,10 @@ def _tiers(workload: Workload, overrides: dict[str, int], margin: float, as_json
     for names, cells in merged:
         table.add_row(escape(" / ".join(names)), *cells)
     out_console.print(table)
+    fitted = [r for r in results if not isinstance(r, InfeasiblePlan)]
+    common = [n for n in fitted[0].notes if all(n in r.notes for r in fitted)] if fitted else []
+    for note in common:
+        out_console.print(f"Note: {escape(note)}", soft_wrap=True)
     _fail_if_none_fit(workload, results)
 
 
@@ -306,6 +316,12 @@ def _plan_command(
     write: Path | None = typer.Option(
         None, "--write", help="Write the fitted configuration to this YAML file."
     ),
+    measure: str = typer.Option(
+        "auto",
+        "--measure",
+        help="For a workload that names its env (brax:...): auto (cache, else the workload's "
+        "recorded measurements, else measure now), fresh (measure now) or recorded.",
+    ),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Fit a workload to a GPU: the biggest knob values that fit and keep every rule."""
@@ -318,12 +334,12 @@ def _plan_command(
     if all_gpus:
         if write is not None:
             raise typer.BadParameter("--write needs one --gpu, not --all-gpus")
-        _tiers(loaded, overrides, fraction, as_json)
+        _tiers(loaded, overrides, fraction, as_json, measure)
         return
     from memfit.planning import plan
 
     assert gpu is not None  # checked above
-    result = plan(loaded, gpu, overrides, fraction, host_memory_bytes=host)
+    result = plan(loaded, gpu, overrides, fraction, host_memory_bytes=host, measure=measure)
     if write is not None and result.fits:
         _write_fitted(write, loaded, result)
     if as_json:

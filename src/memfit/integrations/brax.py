@@ -30,16 +30,22 @@ Nothing here imports brax or jax at import time; the functions that need them ra
 from __future__ import annotations
 
 import difflib
+import json
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import yaml
 
+from memfit.core.budget import recommended_xla_fraction
+from memfit.core.catalog import anonymous_gpu
+from memfit.core.catalog import gpu as catalog_gpu
 from memfit.core.constraints import PRESETS, Violation, parse_expr
+from memfit.core.measured import BraxMeasurements
 from memfit.core.plan import Plan
 from memfit.core.workload import Workload, parse_workload
 from memfit.errors import ConfigError
+from memfit.integrations._brax_measure import measure_ppo, resolve_measurements
 from memfit.integrations._lazy import require
 
 __all__ = [
@@ -51,10 +57,12 @@ __all__ = [
     "describe",
     "ensure_jax_compat",
     "jax_allocator_settings",
+    "measure_ppo",
     "plan_ppo",
     "ppo_kwargs",
     "ppo_violations",
     "ppo_workload",
+    "resolve_measurements",
     "train",
 ]
 
@@ -394,8 +402,10 @@ def ppo_workload(
     policy_hidden_layer_sizes: Sequence[int] = (32,) * 4,
     value_hidden_layer_sizes: Sequence[int] = (256,) * 5,
     device_count: int = 1,
-    jax_preallocate: bool = False,
+    jax_preallocate: bool = True,
     name: str = "brax_ppo",
+    measurements: BraxMeasurements | None = None,
+    settings: Mapping[str, int] | None = None,
 ) -> Workload:
     """A ``ppo`` workload in Brax's layout, for :func:`memfit.plan`.
 
@@ -412,8 +422,13 @@ def ppo_workload(
         policy_hidden_layer_sizes: Brax's ``policy_hidden_layer_sizes``.
         value_hidden_layer_sizes: Brax's ``value_hidden_layer_sizes``.
         device_count: Devices Brax ``pmap`` s over.
-        jax_preallocate: Plan with JAX's default 75% preallocation (``True``) or allocation
-            on demand (``False``: the breakdown then shows what the job itself needs).
+        jax_preallocate: Plan against the XLA pool memfit recommends for the card
+            (``True``, the default: :func:`memfit.core.budget.recommended_xla_fraction`) or
+            allocation on demand (``False``).
+        measurements: The env and Brax's training step measured (:func:`measure_ppo`): the
+            plan's terms are then these measurements instead of the analytic model.
+        settings: Fixed Brax arguments the measurement depends on
+            (``num_updates_per_batch``, ``episode_length``).
         name: The workload's name.
 
     Returns:
@@ -459,10 +474,15 @@ def ppo_workload(
         },
         "devices": {"count": device_count, "strategy": "pmap" if device_count > 1 else "single"},
         "jax": {"preallocate": jax_preallocate},
+        "settings": dict(settings or {}),
         "knobs": knobs,
         "objective": "num_envs * unroll_length",
         "constraints": {"presets": ["brax_ppo"]},
     }
+    if measurements is not None:
+        data["env"] = measurements.env
+        data["backend"] = measurements.backend
+        data["measurements"] = json.loads(measurements.model_dump_json())
     return parse_workload(yaml.safe_dump(data, sort_keys=False), source=name)
 
 
@@ -494,13 +514,18 @@ def plan_ppo(
     ranges: Mapping[str, tuple[int, ...]] | None = None,
     local_device_count: int | None = None,
     process_count: int | None = None,
-    jax_preallocate: bool = False,
+    jax_preallocate: bool = True,
     state_bytes: int | None = None,
+    measure: bool = True,
+    measurements: BraxMeasurements | None = None,
     **ppo_kwargs: Any,
 ) -> Plan:
     """Plan Brax PPO's ``num_envs`` / ``batch_size`` / ``num_minibatches`` / ``unroll_length``.
 
-    The environment state is measured with ``jax.eval_shape(env.reset, key)``; knobs given
+    The plan's terms are measurements of this env and of Brax's own training step
+    (:func:`measure_ppo`, cached: the env state, the env step's temporaries, and the step
+    compiled at three settings); with ``measure=False`` only the env state is measured
+    (``jax.eval_shape(env.reset, key)``) and the rest is memfit's analytic model. Knobs given
     in ``ppo_kwargs`` are pinned, the others searched over :data:`DEFAULT_RANGES` (or
     ``ranges``) under Brax's rules.
 
@@ -511,9 +536,13 @@ def plan_ppo(
         ranges: Search ranges for knobs that are not pinned.
         local_device_count: Devices on this host (``None``: ask JAX).
         process_count: JAX processes (``None``: ask JAX).
-        jax_preallocate: Plan with JAX's default preallocation (see :func:`ppo_workload`).
-        state_bytes: Bytes of one environment state when already measured (``None``:
-            measure it with ``jax.eval_shape(env.reset, key)``).
+        jax_preallocate: Plan against memfit's recommended XLA pool (see
+            :func:`ppo_workload`); ``False``: allocation on demand.
+        state_bytes: With ``measure=False``, bytes of one environment state when already
+            measured (``None``: ``jax.eval_shape(env.reset, key)``).
+        measure: Measure Brax's training step (the default; about half a minute on a CPU
+            for a small env the first time, then cached) or plan analytically.
+        measurements: Measurements already taken (:func:`measure_ppo`), to reuse.
         **ppo_kwargs: Arguments meant for ``ppo.train``; the four knobs among them are pinned,
             ``policy_hidden_layer_sizes`` / ``value_hidden_layer_sizes`` size the networks,
             and every rule :func:`check_ppo` knows is checked on the pinned values.
@@ -557,10 +586,28 @@ def plan_ppo(
             hint="; ".join(describe(p) for p in problems),
         )
     require("jax")
+    fixed = {
+        k: int(brax_args[k])
+        for k in ("num_updates_per_batch", "episode_length")
+        if isinstance(brax_args.get(k), int)
+    }
+    if measurements is None and measure:
+        measurements = measure_ppo(
+            env,
+            policy_hidden_layer_sizes=policy,
+            value_hidden_layer_sizes=value,
+            num_updates_per_batch=fixed.get("num_updates_per_batch", 2),
+            normalize_observations=bool(brax_args.get("normalize_observations", False)),
+            episode_length=fixed.get("episode_length", 1000),
+        )
+    if measurements is not None:
+        state = measurements.env_state_bytes
+    else:
+        state = env_state_bytes(env) if state_bytes is None else state_bytes
     workload = ppo_workload(
         observation_size=_observation_size(env),
         action_size=int(env.action_size),
-        env_state_bytes=env_state_bytes(env) if state_bytes is None else state_bytes,
+        env_state_bytes=state,
         pinned=pinned,
         ranges=ranges,
         policy_hidden_layer_sizes=policy,
@@ -568,6 +615,8 @@ def plan_ppo(
         device_count=devices,
         jax_preallocate=jax_preallocate,
         name=f"brax_ppo_{type(env).__name__.lower()}",
+        measurements=measurements,
+        settings=fixed,
     )
     return plan(workload, gpu=gpu, margin=margin)
 
@@ -588,24 +637,25 @@ def ppo_kwargs(plan: Plan) -> dict[str, int]:
     return {k: int(plan.knobs[k]) for k in _KNOBS}
 
 
-def jax_allocator_settings(plan: Plan, total_bytes: int, *, step: float = 0.05) -> dict[str, str]:
-    """XLA client settings for a planned job: preallocate the fraction the plan needs.
+def jax_allocator_settings(plan: Plan, total_bytes: int) -> dict[str, str]:
+    """XLA client settings for a planned job: memfit's one XLA fraction recommendation.
 
-    Preallocation keeps XLA's BFC allocator fast and unfragmented. The pool XLA preallocates
-    holds the job's buffers, not the CUDA context, so the fraction is the plan's predicted
-    peak without the ``cuda_context`` term, plus the plan's safety margin
-    (``total - budget``), as a fraction of the GPU, rounded up to ``step`` and at most 1.
+    A plan made against a preallocated pool (the default) carries its settings
+    (``plan.environment``): preallocate that pool, whose fraction is
+    :func:`memfit.core.budget.recommended_xla_fraction` for the card unless the workload set
+    one. A plan made without preallocation gets the same recommendation for a card of
+    ``total_bytes``, once its buffers are checked to fit that pool.
 
     Args:
         plan: A plan from :func:`plan_ppo` (or :func:`memfit.plan` of a JAX workload).
         total_bytes: The GPU's total memory.
-        step: Granularity of the fraction.
 
     Returns:
         ``{"XLA_PYTHON_CLIENT_PREALLOCATE": "true", "XLA_PYTHON_CLIENT_MEM_FRACTION": ...}``.
 
     Raises:
-        ConfigError: When ``total_bytes`` is not positive or the plan does not fit.
+        ConfigError: When ``total_bytes`` is not positive, the plan does not fit, or its
+            buffers need more than the recommended pool.
     """
     if total_bytes <= 0:
         raise ConfigError(
@@ -617,14 +667,24 @@ def jax_allocator_settings(plan: Plan, total_bytes: int, *, step: float = 0.05) 
             key_path="plan",
             hint="plan a smaller configuration first",
         )
-    pool = plan.predicted_bytes - plan.breakdown.get("cuda_context", 0)
-    need = pool + max(total_bytes - plan.budget_bytes, 0)
-    steps = math.ceil(round(need / total_bytes / step, 9))  # round: no 18.0000001 -> 19
-    fraction = min(1.0, steps * step)
-    return {
-        "XLA_PYTHON_CLIENT_PREALLOCATE": "true",
-        "XLA_PYTHON_CLIENT_MEM_FRACTION": f"{fraction:.2f}",
-    }
+    if "XLA_PYTHON_CLIENT_MEM_FRACTION" in plan.environment:
+        return dict(plan.environment)
+    try:
+        spec = catalog_gpu(plan.gpu)
+    except ConfigError:
+        spec = anonymous_gpu(total_bytes)
+    if spec.total_bytes != total_bytes:
+        spec = anonymous_gpu(total_bytes)
+    advice = recommended_xla_fraction(spec)
+    need = plan.predicted_bytes - plan.breakdown.get("cuda_context", 0)
+    if need > advice.fraction * total_bytes:
+        raise ConfigError(
+            f"the plan's buffers ({need} bytes) need more than the {advice.value} pool memfit "
+            f"recommends on {plan.gpu}",
+            key_path="plan",
+            hint="plan with jax_preallocate=True, so the plan fits the pool",
+        )
+    return {"XLA_PYTHON_CLIENT_PREALLOCATE": "true", "XLA_PYTHON_CLIENT_MEM_FRACTION": advice.value}
 
 
 def ensure_jax_compat() -> bool:
