@@ -301,6 +301,8 @@ class Budget:
             same process) may take: the budget less the context and the pool; ``None``
             without a pool (then everything shares ``job_limit_bytes``).
         margin: The safety margin as the fraction of the total it was given as.
+        advice: memfit's XLA fraction recommendation for this budget (with a pool), whether
+            or not the pool uses it.
     """
 
     total_bytes: int
@@ -315,6 +317,7 @@ class Budget:
     pool_fraction: float | None = None
     outside_limit_bytes: int | None = None
     margin: float = DEFAULT_MARGIN
+    advice: FractionAdvice | None = None
 
 
 def compose_budget(
@@ -379,14 +382,12 @@ def compose_budget(
     fraction: float | None = None
     outside: int | None = None
     breaking: str | None = None
+    advice: FractionAdvice | None = None
     if framework == "jax" and jax_preallocate and spec.arch != "cpu":
-        if jax_mem_fraction is None:
-            advice = recommended_xla_fraction(
-                spec, margin=margin, other_processes_bytes=other_processes_bytes
-            )
-            fraction = advice.fraction
-        else:
-            fraction = jax_mem_fraction
+        advice = recommended_xla_fraction(
+            spec, margin=margin, other_processes_bytes=other_processes_bytes
+        )
+        fraction = advice.fraction if jax_mem_fraction is None else jax_mem_fraction
         pool = int(total * fraction)
         limit = pool - workspace
         outside = budget - context - pool
@@ -409,4 +410,5 @@ def compose_budget(
         pool_fraction=fraction,
         outside_limit_bytes=outside,
         margin=margin,
+        advice=advice,
     )

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from memfit.core.allocator_settings import workload_settings
-from memfit.core.budget import DEFAULT_MARGIN, Budget, compose_budget, recommended_xla_fraction
+from memfit.core.budget import DEFAULT_MARGIN, Budget, compose_budget
 from memfit.core.catalog import GpuSpec, size_note
 from memfit.core.constraints import (
     CompiledRule,
@@ -619,14 +619,8 @@ def _would_fit(space: _Space, gpu: GpuSpec, budget: Budget) -> list[dict[str, An
             changed = Workload.model_validate(data)
             overrides = {k: v for k, v in space.overrides.items() if k not in fallback.unpin}
             trial = _Space(changed, overrides, space.measured, space.host_memory_bytes)
-            again = compose_budget(
-                gpu,
-                framework=changed.framework,
-                margin=budget.margin,
-                other_processes_bytes=budget.other_processes_bytes,
-                jax_preallocate=changed.jax.preallocate,
-                jax_mem_fraction=changed.jax.mem_fraction,
-                context_bytes=budget.context_bytes,
+            again = _budget(
+                changed, gpu, budget.margin, budget.other_processes_bytes, budget.context_bytes
             )
             result = _plan_on(trial, gpu, again, 0, fallbacks=False)
         except InfeasiblePlan:
@@ -801,12 +795,8 @@ def _finish(space: _Space, gpu: GpuSpec, budget: Budget, plan_: Plan) -> Plan:
     size = size_note(gpu)
     if size is not None:
         notes.append(size)
-    if budget.pool_bytes is not None and budget.pool_fraction is not None:
-        advice = recommended_xla_fraction(
-            gpu,
-            margin=budget.margin_bytes / budget.total_bytes if budget.total_bytes else 0.0,
-            other_processes_bytes=budget.other_processes_bytes,
-        )
+    advice = budget.advice
+    if budget.pool_bytes is not None and advice is not None:
         if workload.jax.mem_fraction is None:
             notes.append(f"XLA_PYTHON_CLIENT_MEM_FRACTION={advice.value}: {advice.reason}")
         elif f"{workload.jax.mem_fraction:.2f}" != advice.value:
@@ -820,9 +810,20 @@ def _finish(space: _Space, gpu: GpuSpec, budget: Budget, plan_: Plan) -> Plan:
             "planned for the host: the job trains on the CPU, everything (replay buffer "
             "included) in host RAM; no CUDA context, no allocator settings to apply"
         )
+    if (
+        workload.framework == "jax"
+        and workload.jax.preallocate
+        and not _preallocates(workload)
+        and gpu.arch != "cpu"
+    ):
+        notes.append(
+            "XLA_PYTHON_CLIENT_PREALLOCATE=false: the simulator in this process takes memory "
+            "outside XLA's pool that grows with num_envs, so the two share the card as they "
+            "need it (give jax.mem_fraction to plan with a pool instead)"
+        )
     environment = workload_settings(
         workload.framework,
-        jax_preallocate=workload.jax.preallocate,
+        jax_preallocate=_preallocates(workload),
         pool_fraction=budget.pool_fraction,
         gpu=gpu,
     )
@@ -847,10 +848,20 @@ def _budget(
         framework=workload.framework,
         margin=margin,
         other_processes_bytes=other_processes_bytes,
-        jax_preallocate=workload.jax.preallocate,
+        jax_preallocate=_preallocates(workload),
         jax_mem_fraction=workload.jax.mem_fraction,
         context_bytes=context_bytes,
     )
+
+
+def _preallocates(workload: Workload) -> bool:
+    """Whether the plan models XLA's preallocated pool. A simulator in the job's process
+    takes memory outside the pool that grows with the environments, so without a fraction
+    the workload sets, memfit's recommendation there is no preallocation (the two share the
+    card as they need it)."""
+    if workload.simulator is not None and workload.jax.mem_fraction is None:
+        return False
+    return workload.jax.preallocate
 
 
 def plan(
