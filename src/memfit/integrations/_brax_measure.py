@@ -113,7 +113,7 @@ def _guess_platform() -> str:
                 return str(jax.default_backend())
         except Exception:  # a JAX internals change must not break planning
             pass
-    for plugin in ("jax-cuda12-plugin", "jax-cuda13-plugin", "jax_cuda12_plugin"):
+    for plugin in ("jax-cuda12-plugin", "jax-cuda13-plugin", "jax-cuda12-pjrt", "jax-cuda13-pjrt"):
         try:
             metadata.version(plugin)
             return "gpu"
