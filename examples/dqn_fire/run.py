@@ -75,9 +75,7 @@ def choose(args: argparse.Namespace) -> tuple[str, memfit.Plan]:
     """Plan both networks; take the enhanced one when it keeps --min-buffer transitions."""
     plans: dict[str, memfit.Plan] = {}
     for name in ("enhanced", "basic"):
-        workload = fire_workload(
-            args.size, name, args.num_envs, args.host_memory, args.batch_size
-        )
+        workload = fire_workload(args.size, name, args.num_envs, args.host_memory, args.batch_size)
         try:
             plans[name] = memfit.plan(workload, gpu=args.gpu, margin=args.margin)
         except memfit.InfeasiblePlan as exc:
