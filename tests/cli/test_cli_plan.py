@@ -22,6 +22,7 @@ PLAN_FIELDS = [
     "alternatives",
     "gpu_total_bytes",
     "pool_bytes",
+    "host_bytes",
     "used_bytes",
     "headroom_bytes",
     "environment",

@@ -267,6 +267,7 @@ def test_plan_dict_has_exactly_the_plan_fields() -> None:
         "alternatives",
         "gpu_total_bytes",
         "pool_bytes",
+        "host_bytes",
         "used_bytes",
         "headroom_bytes",
         "environment",

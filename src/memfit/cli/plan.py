@@ -86,6 +86,12 @@ def _print_plan(workload: Workload, result: Plan) -> None:
             f"{format_bytes(result.headroom_bytes)}",
             soft_wrap=True,
         )
+    if result.host_bytes:
+        console.print(
+            f"  in host RAM besides: {format_bytes(result.host_bytes)} (the replay buffer, "
+            "as Stable-Baselines3 and CleanRL keep it)",
+            soft_wrap=True,
+        )
     table = Table(title="Predicted peak, term by term", title_justify="left")
     table.add_column("term")
     table.add_column("size", justify="right")
@@ -184,6 +190,7 @@ def _infeasible_row(spec: GpuSpec, exc: InfeasiblePlan) -> dict[str, Any]:
         "alternatives": [],
         "gpu_total_bytes": spec.total_bytes,
         "pool_bytes": None,
+        "host_bytes": 0,
         "used_bytes": exc.smallest_bytes,
         "headroom_bytes": None,
         "environment": {},

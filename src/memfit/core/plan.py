@@ -84,6 +84,8 @@ class Plan:
             preallocation every configuration's footprint is the whole pool).
         gpu_total_bytes: The GPU's total memory (as the driver reports it).
         pool_bytes: JAX's preallocated pool (``None`` without preallocation).
+        host_bytes: Host RAM the plan puts state in (a replay buffer in host RAM), not part
+            of ``predicted_bytes``.
         environment: The allocator settings the plan assumes, to run the job with
             (:func:`memfit.core.allocator_settings.workload_settings`).
         notes: Sentences a reader needs: the XLA fraction's reason, what a size given in
@@ -105,6 +107,7 @@ class Plan:
     alternatives: list[dict[str, Any]] = field(default_factory=list)
     gpu_total_bytes: int | None = None
     pool_bytes: int | None = None
+    host_bytes: int = 0
     environment: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     would_fit: list[dict[str, Any]] = field(default_factory=list)
@@ -137,6 +140,7 @@ class Plan:
             "alternatives": [dict(a) for a in self.alternatives],
             "gpu_total_bytes": self.gpu_total_bytes,
             "pool_bytes": self.pool_bytes,
+            "host_bytes": self.host_bytes,
             "used_bytes": self.used_bytes,
             "headroom_bytes": self.headroom_bytes,
             "environment": dict(self.environment),
@@ -482,6 +486,7 @@ def _single(space: _Space, budget: Budget, gpu: GpuSpec) -> Plan:
             breakdown=breakdown,
             binding=binding,
             alternatives=[],
+            host_bytes=ev.evaluation.host_bytes,
         ),
     )
 
@@ -700,6 +705,7 @@ def _plan_on(
         breakdown=breakdown,
         binding=binding,
         alternatives=_alternatives(space, budget, limit, ranked, alternatives),
+        host_bytes=chosen.evaluation.host_bytes,
     )
     plan_ = _finish(space, gpu, budget, plan_)
     if binding == "knob ranges":
