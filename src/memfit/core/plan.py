@@ -811,6 +811,15 @@ def _finish(space: _Space, gpu: GpuSpec, budget: Budget, plan_: Plan) -> Plan:
                 f"recommends {advice.value} here ({advice.reason}); leave jax.mem_fraction "
                 "out to plan with it"
             )
+    if workload.simulator is not None:
+        base, per_env, per_pixel, source = workload.simulator.resolved()
+        name = workload.simulator.name or workload.simulator.preset
+        notes.append(
+            f"simulator {name}: {format_bytes(base)} at start, {format_bytes(per_env)} per env, "
+            f"{per_pixel:,} B per camera pixel ({source}); outside the framework's allocator. "
+            "With it in this process, call memfit.autoconfig after it starts to plan against "
+            "what it really holds"
+        )
     if gpu.arch == "cpu":
         notes.append(
             "planned for the host: the job trains on the CPU, everything (replay buffer "
