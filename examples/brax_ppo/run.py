@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     configs = []
     gpus = [args.gpu, *(g for g in tier_gpus(args.tiers) if g != args.gpu)]
     print(f"{'GPU':<32} {'num_envs':>8} {'batch':>6} {'minib':>5} {'unroll':>6} "
-          f"{'needs':>10} {'XLA pool':>10}  XLA mem fraction")  # fmt: skip
+          f"{'buffers':>10} {'XLA pool':>10}  XLA mem fraction")  # fmt: skip
     for name in gpus:
         spec = memfit.gpu(name)
         try:
@@ -226,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
         k = config["ppo"]
         print(
             f"{p.gpu:<32} {k['num_envs']:>8} {k['batch_size']:>6} {k['num_minibatches']:>5} "
-            f"{k['unroll_length']:>6} {format_bytes(p.used_bytes):>10} "
+            f"{k['unroll_length']:>6} "
+            f"{format_bytes(p.used_bytes - p.breakdown['cuda_context']):>10} "
             f"{format_bytes(p.pool_bytes or 0):>10}  "
             f"{config['env']['XLA_PYTHON_CLIENT_MEM_FRACTION']}"
         )

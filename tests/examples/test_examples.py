@@ -95,3 +95,10 @@ def test_act_dual_camera_small(tmp_path: Path) -> None:
     assert "cleanup.every at step 10" in out
     assert "on-pressure cleaned" in out
     assert (tmp_path / "act.every10.jsonl").stat().st_size > 0
+
+
+def test_autoconfig_rehearsal() -> None:
+    out = _run("autoconfig_rehearsal.py", timeout=120)
+    assert "{'num_envs': 2} fits" in out
+    assert "their terms are left out of the plan" in out
+    assert "'PYTORCH_ALLOC_CONF': 'expandable_segments:True'" in out
