@@ -38,6 +38,8 @@ _LAZY: dict[str, str] = {
     "Plan": "memfit.core.plan",
     # runtime: allocator settings, guards
     "configure": "memfit.runtime.allocator_env",
+    "autoconfig": "memfit.runtime.autoconfig",
+    "AutoConfig": "memfit.runtime.autoconfig",
     "is_oom": "memfit.runtime.oom",
     "TrainGuard": "memfit.runtime.guard",
     "RolloutGuard": "memfit.runtime.guard",
@@ -63,6 +65,7 @@ _SUBMODULES: dict[str, str] = {
 }
 
 __all__ = [
+    "AutoConfig",
     "BackendUnavailable",
     "ConfigError",
     "EstimateError",
@@ -82,6 +85,7 @@ __all__ = [
     "Violation",
     "Workload",
     "__version__",
+    "autoconfig",
     "check",
     "cleanup",
     "configure",
@@ -127,6 +131,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from memfit.planning import plan
     from memfit.runtime import cleanup
     from memfit.runtime.allocator_env import configure
+    from memfit.runtime.autoconfig import AutoConfig, autoconfig
     from memfit.runtime.fit import FitResult, fit
     from memfit.runtime.guard import RolloutGuard, TrainGuard
     from memfit.runtime.oom import is_oom
