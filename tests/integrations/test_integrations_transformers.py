@@ -106,9 +106,7 @@ def _exact_trainer(tmp_path: Path, micro: int, accumulation: int, **extra: Any) 
         "seed": 0,
         **extra,
     }
-    return tf.Trainer(
-        model=model, args=tf.TrainingArguments(**settings), train_dataset=Tokens(256)
-    )
+    return tf.Trainer(model=model, args=tf.TrainingArguments(**settings), train_dataset=Tokens(256))
 
 
 def _oom_from_step(trainer: Any, step: int, limit: int) -> list[int]:
