@@ -144,25 +144,28 @@ def read_device(device: int = 0, *, probe: Any | None = None) -> DeviceReading:
     """
     if probe is not None:
         return _from_snapshot(probe, device, "probe")
-    from memfit.runtime import simulate
+    from memfit.backends import live
 
-    sim = simulate.active()
+    sim = live.simulated_gpu()
     if sim is not None:
-        return DeviceReading(sim.device.name, sim.budget_bytes, sim.free_bytes, "simulated", True)
-    if _torch_cuda_started():
-        torch = sys.modules["torch"]
-        free, total = torch.cuda.mem_get_info(device)
+        now = live.SimulatedReader().read()
+        budget = now.budget_bytes if now.budget_bytes is not None else int(sim.budget_bytes)
+        free = now.free_bytes if now.free_bytes is not None else budget
+        return DeviceReading(sim.device.name, budget, free, "simulated", True)
+    torch = live.torch_cuda()
+    if torch is not None:
+        now = live.TorchCudaReader(torch, device).read()
         name = str(torch.cuda.get_device_name(device))
-        return DeviceReading(name, int(total), int(free), "torch", True)
+        # What this process can still get: the driver's free memory and its own cache.
+        return DeviceReading(name, now.total_bytes or 0, now.free_bytes or 0, "torch", True)
     if _jax_gpu_started():
         jax = sys.modules["jax"]
         dev = jax.devices()[device]
-        stats = dev.memory_stats() or {}
-        limit = stats.get("bytes_limit")
-        if limit:
-            in_use = int(stats.get("bytes_in_use", 0))
+        now = live.JaxReader(dev).read()
+        if now.budget_bytes:
             name = str(getattr(dev, "device_kind", "JAX GPU"))
-            return DeviceReading(name, int(limit), int(limit) - in_use, "jax", True, pool=True)
+            free = now.free_bytes if now.free_bytes is not None else now.budget_bytes
+            return DeviceReading(name, now.budget_bytes, free, "jax", True, pool=True)
     from memfit.backends import local_probe
 
     nvml, reasons = local_probe(try_torch=False)
