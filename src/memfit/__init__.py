@@ -43,6 +43,7 @@ _LAZY: dict[str, str] = {
     "is_oom": "memfit.runtime.oom",
     "TrainGuard": "memfit.runtime.guard",
     "RolloutGuard": "memfit.runtime.guard",
+    "clip_grad_norm": "memfit.runtime.guard",
     "simulate_gpu": "memfit.runtime.simulate",
     # estimate
     "estimate_torch": "memfit.estimate.torch_trace",
@@ -88,6 +89,7 @@ __all__ = [
     "autoconfig",
     "check",
     "cleanup",
+    "clip_grad_norm",
     "configure",
     "estimate_jax",
     "estimate_torch",
@@ -133,6 +135,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from memfit.runtime.allocator_env import configure
     from memfit.runtime.autoconfig import AutoConfig, autoconfig
     from memfit.runtime.fit import FitResult, fit
-    from memfit.runtime.guard import RolloutGuard, TrainGuard
+    from memfit.runtime.guard import RolloutGuard, TrainGuard, clip_grad_norm
     from memfit.runtime.oom import is_oom
     from memfit.runtime.simulate import simulate_gpu
