@@ -43,5 +43,13 @@ if [ "$t" -gt 60 ]; then
   timeout $(( t - 15 )) python3 bench/guard_overhead.py >"$out/guard_overhead.log" 2>&1
   echo "guard_overhead rc=$?" >>"$out/summary.log"
 fi
+# --- issue 13: the seed systems at their planned settings, plan vs measured peak ------------
+# (Brax humanoid mjx, DQN fire rasters, ACT dual camera; writes bench/out/seed_truth.{json,md})
+t=$(left)
+if [ "$t" -gt 120 ]; then
+  timeout $(( t - 20 )) python3 bench/seed_truth.py --timeout $(( t - 30 )) >"$out/seed_truth.log" 2>&1
+  echo "seed_truth rc=$?" >>"$out/summary.log"
+fi
+# --- end of issue 13 block ----------------------------------------------------------------------
 tar czf "$out/bench_out.tar.gz" bench/out 2>/dev/null
 cat "$out/summary.log"

@@ -1,6 +1,6 @@
-"""How long the planner takes: the whole tier table (12 GPUs) for each bundled workload.
+"""How long the planner takes: the whole tier table (TIER_GPUS) for each bundled workload.
 
-For every bundled workload and variant, ``memfit.planning.plan_tiers`` plans for the 12 GPUs
+For every bundled workload and variant, ``memfit.planning.plan_tiers`` plans for the GPUs
 of ``TIER_GPUS`` (one shared evaluation cache, as ``memfit plan --all-gpus`` does). Each
 table is timed ``--repeat`` times from a cold start (the workload is reloaded, so nothing is
 cached between runs); the table reports the fastest and the median and the size of the
@@ -91,7 +91,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"{result['machine']['cpus']} CPUs, Python {result['machine']['python']}; "
         f"`{result['command']}`.",
         "",
-        "| workload | knob space | GPUs fitting | tier table (12 GPUs) min / median "
+        f"| workload | knob space | GPUs fitting | tier table ({len(TIER_GPUS)} GPUs) min / median "
         "| one GPU min / median |",
         "|---|---:|---:|---:|---:|",
     ]

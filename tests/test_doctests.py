@@ -12,6 +12,7 @@ MODULES = [
     "memfit.errors",
     "memfit.estimate.affine",
     "memfit.core.allocator",
+    "memfit.core.ladder",
     "memfit.core.catalog",
     "memfit.core.budget",
     "memfit.backends.base",

@@ -48,6 +48,9 @@ RESOLUTIONS = [128, 192, 256, 320, 384, 448, 512]
 def act_workload(policy: ACTPolicy, num_envs: int, autocast: bool) -> Workload:
     """The bundled ACT workload with this policy and ``image_size`` as the knob."""
     data = yaml.safe_load((BUNDLED_DIR / "act_dual_camera.yaml").read_text(encoding="utf-8"))
+    # this example renders its frames itself, not with Isaac Sim: the @no_sim case
+    data.pop("simulator", None)
+    data.pop("variants", None)
     w = Backbone.WIDTHS
     d_model = policy.transformer.d_model
     data["name"] = "act_dual_camera_example"

@@ -4,10 +4,12 @@
    allocate on demand, so the Recorder sees what the job really uses).
 2. Check: ``memfit.integrations.brax.check_ppo`` tests every rule Brax's ``ppo.train``
    asserts, before Brax does, and names the nearest valid settings.
-3. Plan: ``plan_ppo`` measures one environment state with ``jax.eval_shape(env.reset)``,
-   builds a PPO workload in Brax's layout and plans ``num_envs`` / ``batch_size`` /
-   ``num_minibatches`` / ``unroll_length`` for ``--gpu`` and for each ``--tiers`` card;
-   ``--out`` writes the fitted configurations (YAML or JSON) with the XLA settings to use.
+3. Plan: ``measure_ppo`` measures the env and Brax's own training step (the env state as
+   ``ppo.train`` holds it, the vmapped step's temporaries, and the step compiled at three
+   settings; cached), and ``plan_ppo`` plans ``num_envs`` / ``batch_size`` /
+   ``num_minibatches`` / ``unroll_length`` from those measurements for ``--gpu`` and for
+   each ``--tiers`` card; ``--out`` writes the fitted configurations (YAML or JSON) with the
+   XLA settings to use (memfit's one recommendation, as ``memfit plan`` prints it).
 4. Train: Brax's own PPO at the small setting, with a :class:`memfit.Recorder` called from
    ``progress_fn`` (``--skip-train`` only plans).
 
@@ -63,7 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--gpu", default="RTX 3060 Ti", help="GPU to plan for")
     ap.add_argument("--tiers", default="", help="GB tiers to plan, e.g. 8,12,16,24")
     ap.add_argument("--out", default=None, help="write the fitted configurations here")
-    ap.add_argument("--margin", default="10%")
+    ap.add_argument("--margin", default="5%", help="safety margin (memfit's default)")
     ap.add_argument("--from-plan", default=None, help="train with a fitted configuration file")
     ap.add_argument("--tier", default=None, help="which GPU of --from-plan to use")
     ap.add_argument("--skip-train", action="store_true")
@@ -95,6 +97,8 @@ def fitted(plan: memfit.Plan, total_bytes: int) -> dict[str, Any]:
         "ppo": mbrax.ppo_kwargs(plan),
         "env": mbrax.jax_allocator_settings(plan, total_bytes),
         "predicted_bytes": plan.predicted_bytes,
+        "used_bytes": plan.used_bytes,
+        "pool_bytes": plan.pool_bytes,
         "budget_bytes": plan.budget_bytes,
         "binding": plan.binding,
         "breakdown": plan.breakdown,
@@ -188,21 +192,31 @@ def main(argv: list[str] | None = None) -> int:
         f"env {args.env} ({args.backend}): obs {env.observation_size}, action {env.action_size}, "
         f"state {format_bytes(state_bytes)} per env (jax.eval_shape)"
     )
-    # 3. plans: this setting on --gpu, then the best configuration per tier
-    mine = mbrax.plan_ppo(env, gpu=args.gpu, margin=args.margin, state_bytes=state_bytes, **knobs)
+    # 3. measure the env and Brax's own training step (cached), then plan: this setting on
+    #    --gpu, then the best configuration per tier
+    t_measure = time.perf_counter()
+    measured = mbrax.measure_ppo(env)
+    took = time.perf_counter() - t_measure
     print(
-        f"this setting on {mine.gpu}: {format_bytes(mine.predicted_bytes)} predicted "
-        f"of {format_bytes(mine.budget_bytes)}"
+        f"measured: {format_bytes(measured.env_state_bytes)} per env as ppo.train holds it, "
+        f"env step {format_bytes(round(measured.env_step.per_item_bytes))} per env, "
+        f"training step compiled at {len(measured.step.points)} settings "
+        f"({took:.1f} s; {'from the cache' if took < 1 else 'cached for next time'})"
+    )
+    mine = mbrax.plan_ppo(env, gpu=args.gpu, margin=args.margin, measurements=measured, **knobs)
+    print(
+        f"this setting on {mine.gpu}: needs {format_bytes(mine.used_bytes)} (with the CUDA "
+        f"context) of a {format_bytes(mine.budget_bytes)} budget"
     )
     configs = []
     gpus = [args.gpu, *(g for g in tier_gpus(args.tiers) if g != args.gpu)]
     print(f"{'GPU':<32} {'num_envs':>8} {'batch':>6} {'minib':>5} {'unroll':>6} "
-          f"{'predicted':>10} {'budget':>10}  XLA mem fraction")  # fmt: skip
+          f"{'buffers':>10} {'XLA pool':>10}  XLA mem fraction")  # fmt: skip
     for name in gpus:
         spec = memfit.gpu(name)
         try:
             p = mbrax.plan_ppo(
-                env, gpu=spec, margin=args.margin, ranges=RANGES, state_bytes=state_bytes
+                env, gpu=spec, margin=args.margin, ranges=RANGES, measurements=measured
             )
         except memfit.InfeasiblePlan as exc:
             print(f"{spec.name:<32} does not fit: {exc.message}")
@@ -212,8 +226,10 @@ def main(argv: list[str] | None = None) -> int:
         k = config["ppo"]
         print(
             f"{p.gpu:<32} {k['num_envs']:>8} {k['batch_size']:>6} {k['num_minibatches']:>5} "
-            f"{k['unroll_length']:>6} {format_bytes(p.predicted_bytes):>10} "
-            f"{format_bytes(p.budget_bytes):>10}  {config['env']['XLA_PYTHON_CLIENT_MEM_FRACTION']}"
+            f"{k['unroll_length']:>6} "
+            f"{format_bytes(p.used_bytes - p.breakdown['cuda_context']):>10} "
+            f"{format_bytes(p.pool_bytes or 0):>10}  "
+            f"{config['env']['XLA_PYTHON_CLIENT_MEM_FRACTION']}"
         )
     if args.out:
         write(args.out, configs)

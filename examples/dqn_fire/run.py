@@ -50,9 +50,12 @@ def host_memory_bytes() -> int:
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
-def fire_workload(size: int, network: str, num_envs: int, host_bytes: int) -> Workload:
-    """The bundled DQN workload with this grid, these channels and this Q-network."""
+def fire_workload(
+    size: int, network: str, num_envs: int, host_bytes: int, batch_size: int
+) -> Workload:
+    """The bundled DQN workload with this grid, these channels, this Q-network and batch."""
     data = yaml.safe_load((BUNDLED_DIR / "dqn_fire_raster.yaml").read_text(encoding="utf-8"))
+    data.pop("variants", None)
     spec = NETWORK_SPECS[network]
     data["name"] = f"dqn_fire_{network}_{size}"
     data["observations"] = {
@@ -60,7 +63,7 @@ def fire_workload(size: int, network: str, num_envs: int, host_bytes: int) -> Wo
     }
     data["networks"] = {"q": spec, "q_target": {**spec, "target": True}}
     data["replay"] = {**data["replay"], "placement": "auto"}
-    data["settings"] = {"num_envs": num_envs}
+    data["settings"] = {"num_envs": num_envs, "batch_size": batch_size}
     data["host_memory_bytes"] = host_bytes
     data["constraints"] = {
         "rules": [{"knob": "buffer_size", "divisible_by": num_envs, "name": "buffer per env"}]
@@ -72,7 +75,7 @@ def choose(args: argparse.Namespace) -> tuple[str, memfit.Plan]:
     """Plan both networks; take the enhanced one when it keeps --min-buffer transitions."""
     plans: dict[str, memfit.Plan] = {}
     for name in ("enhanced", "basic"):
-        workload = fire_workload(args.size, name, args.num_envs, args.host_memory)
+        workload = fire_workload(args.size, name, args.num_envs, args.host_memory, args.batch_size)
         try:
             plans[name] = memfit.plan(workload, gpu=args.gpu, margin=args.margin)
         except memfit.InfeasiblePlan as exc:
@@ -81,7 +84,7 @@ def choose(args: argparse.Namespace) -> tuple[str, memfit.Plan]:
         p = plans[name]
         print(
             f"plan {name:8s}: buffer_size={p.knobs['buffer_size']} "
-            f"batch_size={p.knobs['batch_size']} replay on {p.knobs['replay_placement']}, "
+            f"batch_size={args.batch_size} replay on {p.knobs['replay_placement']}, "
             f"predicted {format_bytes(p.predicted_bytes)} of {format_bytes(p.budget_bytes)} "
             f"(limited by {p.binding})"
         )
@@ -151,7 +154,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--learning-starts", type=int, default=64, help="transitions first")
     ap.add_argument("--train-every", type=int, default=4, help="env steps per update")
     ap.add_argument("--buffer-cap", type=int, default=4000, help="cap the planned buffer (0: none)")
-    ap.add_argument("--batch-cap", type=int, default=64, help="cap the planned batch (0: none)")
+    ap.add_argument(
+        "--batch-size", type=int, default=128, help="the DQN's batch (CleanRL's default)"
+    )
+    ap.add_argument("--batch-cap", type=int, default=64, help="cap the batch (0: none)")
     ap.add_argument("--min-buffer", type=int, default=100_000)
     ap.add_argument("--margin", default="10%")
     ap.add_argument("--host-memory", type=parse_bytes, default=host_memory_bytes())
@@ -172,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     network, plan = choose(args)
     capacity = int(plan.knobs["buffer_size"])
-    batch = int(plan.knobs["batch_size"])
+    batch = args.batch_size
     if args.buffer_cap:
         capacity = min(capacity, args.buffer_cap)
     if args.batch_cap:
@@ -181,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"chosen: {network} Q-network, replay {capacity} transitions on the "
         f"{'GPU' if on_gpu else 'host'}, batch {batch} (plan: {plan.knobs['buffer_size']}, "
-        f"{plan.knobs['batch_size']})"
+        f"{args.batch_size})"
     )
     Path(args.log).unlink(missing_ok=True)
     device = torch.device(args.device)

@@ -38,9 +38,12 @@ _LAZY: dict[str, str] = {
     "Plan": "memfit.core.plan",
     # runtime: allocator settings, guards
     "configure": "memfit.runtime.allocator_env",
+    "autoconfig": "memfit.runtime.autoconfig",
+    "AutoConfig": "memfit.runtime.autoconfig",
     "is_oom": "memfit.runtime.oom",
     "TrainGuard": "memfit.runtime.guard",
     "RolloutGuard": "memfit.runtime.guard",
+    "clip_grad_norm": "memfit.runtime.guard",
     "simulate_gpu": "memfit.runtime.simulate",
     # estimate
     "estimate_torch": "memfit.estimate.torch_trace",
@@ -63,6 +66,7 @@ _SUBMODULES: dict[str, str] = {
 }
 
 __all__ = [
+    "AutoConfig",
     "BackendUnavailable",
     "ConfigError",
     "EstimateError",
@@ -82,8 +86,10 @@ __all__ = [
     "Violation",
     "Workload",
     "__version__",
+    "autoconfig",
     "check",
     "cleanup",
+    "clip_grad_norm",
     "configure",
     "estimate_jax",
     "estimate_torch",
@@ -127,7 +133,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from memfit.planning import plan
     from memfit.runtime import cleanup
     from memfit.runtime.allocator_env import configure
+    from memfit.runtime.autoconfig import AutoConfig, autoconfig
     from memfit.runtime.fit import FitResult, fit
-    from memfit.runtime.guard import RolloutGuard, TrainGuard
+    from memfit.runtime.guard import RolloutGuard, TrainGuard, clip_grad_norm
     from memfit.runtime.oom import is_oom
     from memfit.runtime.simulate import simulate_gpu

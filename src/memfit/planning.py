@@ -14,36 +14,95 @@ imports neither torch, jax nor pynvml.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from memfit.core.budget import DEFAULT_MARGIN
-from memfit.core.catalog import GpuSpec, anonymous_gpu
+from memfit.core.catalog import GpuSpec, anonymous_gpu, host_device
 from memfit.core.catalog import gpu as catalog_gpu
+from memfit.core.families import family_for
 from memfit.core.measured import MeasuredTerms
 from memfit.core.plan import Plan, plan_many
 from memfit.core.plan import plan as core_plan
 from memfit.core.workload import Workload, load_workload
 from memfit.errors import BackendUnavailable, ConfigError, InfeasiblePlan
-from memfit.units import parse_fraction
+from memfit.units import format_bytes, parse_fraction
 
-__all__ = ["TIER_GPUS", "LocalGpu", "local_gpu", "plan", "plan_tiers", "resolve_gpu"]
+__all__ = [
+    "HOST_NAMES",
+    "TIER_GPUS",
+    "LocalGpu",
+    "host_memory",
+    "local_gpu",
+    "plan",
+    "plan_tiers",
+    "resolve_gpu",
+    "with_measurements",
+]
 
-#: The GPUs of the tier table (``memfit plan --all-gpus``): laptop to data centre.
-TIER_GPUS: tuple[str, ...] = (
+#: The cards of the tier table (``memfit plan --all-gpus``), by memory: a 4 GB laptop card,
+#: then every consumer card of the 8, 12, 16 and 24 GB tiers, then data-centre cards.
+_TIER_NAMES: tuple[str, ...] = (
     "GTX 1650",
-    "RTX 3060",
+    "RTX 3060 Ti",
     "RTX 3070",
     "RTX 4060 Ti",
+    "RTX 3080",
+    "RTX 5070",
     "RTX 4070",
-    "RTX 4090",
+    "RTX 4070 SUPER",
+    "RTX 4070 Ti",
+    "RTX 3060",
+    "RTX 3080 Ti",
     "T4",
-    "L4",
+    "RTX 5070 Ti",
+    "RTX 5080",
+    "RTX 4080",
+    "RTX 4080 SUPER",
+    "RTX 4070 Ti SUPER",
+    "RTX 4060 Ti 16GB",
     "A10G",
+    "L4",
+    "RTX 4090",
+    "RTX 3090",
+    "RTX 5090",
     "A100 40GB",
     "A100 80GB",
     "H100",
 )
+
+#: The tier table's GPUs as catalog names, sorted by total memory (then name).
+TIER_GPUS: tuple[str, ...] = tuple(
+    spec.name
+    for spec in sorted((catalog_gpu(n) for n in _TIER_NAMES), key=lambda g: (g.total_bytes, g.name))
+)
+
+#: ``--gpu`` values that mean the host: the job trains on the CPU, in host RAM.
+HOST_NAMES: tuple[str, ...] = ("cpu", "host")
+
+
+def host_memory() -> tuple[int, int] | None:
+    """This machine's RAM as ``(total, available now)`` in bytes, or ``None`` where the
+    operating system does not say (``/proc/meminfo``, else ``os.sysconf``)."""
+    try:
+        fields: dict[str, int] = {}
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                key, _, rest = line.partition(":")
+                parts = rest.split()
+                if parts and parts[0].isdigit():
+                    fields[key] = int(parts[0]) * 1024
+        if "MemTotal" in fields:
+            return fields["MemTotal"], fields.get("MemAvailable", fields["MemTotal"])
+    except OSError:
+        pass
+    try:
+        total = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, OSError, ValueError):
+        return None
+    return total, total
 
 
 class LocalGpu:
@@ -115,6 +174,24 @@ def resolve_gpu(gpu: str | int | GpuSpec) -> GpuSpec:
     return catalog_gpu(gpu)
 
 
+def with_measurements(workload: Workload, measure: str = "auto") -> tuple[Workload, list[str]]:
+    """The workload with the measurements its environment needs (``env: brax:...``), and
+    notes saying where they come from
+    (:func:`memfit.integrations.brax.resolve_measurements`: ``auto``, ``fresh`` or
+    ``recorded``); a workload without ``env`` as it is.
+
+    Raises:
+        ConfigError: When the mode is unknown or no measurement is available.
+        BackendUnavailable: For ``fresh`` without brax or jax.
+        EstimateError: When measuring fails.
+    """
+    if workload.env is None:
+        return workload, []
+    from memfit.integrations._brax_measure import resolve_measurements
+
+    return resolve_measurements(workload, measure)
+
+
 def _measured(workload: Workload, gpu_name: str) -> MeasuredTerms | None:
     if workload.estimator == "analytic":
         return None
@@ -129,6 +206,26 @@ def _measured(workload: Workload, gpu_name: str) -> MeasuredTerms | None:
     return measure(workload, gpu=gpu_name)
 
 
+def _host_check(
+    workload: Workload, host_memory_bytes: int | None, gpu: GpuSpec
+) -> tuple[int | None, list[str]]:
+    """Host RAM to check a host-placed buffer against: the caller's, the workload's, else
+    this machine's available RAM (said in a note)."""
+    if host_memory_bytes is not None or workload.host_memory_bytes is not None:
+        return host_memory_bytes, []
+    family = family_for(workload)
+    if gpu.is_host or family.placement is None or family.placement_of(workload) == "gpu":
+        return None, []
+    here = host_memory()
+    if here is None:
+        return None, ["host RAM not checked: pass --host-memory (this OS does not say its RAM)"]
+    total, available = here
+    return available, [
+        f"host RAM: this machine's {format_bytes(available)} available now (of "
+        f"{format_bytes(total)}); pass --host-memory to plan for another machine"
+    ]
+
+
 def plan(
     workload: Workload | str | Path,
     gpu: str | int | GpuSpec = "local",
@@ -137,6 +234,7 @@ def plan(
     *,
     host_memory_bytes: int | None = None,
     device_index: int = 0,
+    measure: str = "auto",
 ) -> Plan:
     """The best configuration of a workload on a GPU.
 
@@ -144,38 +242,77 @@ def plan(
         workload: A :class:`Workload`, a path to a workload file, or a bundled name
             (``"dqn_fire_raster"``, ``"brax_humanoid_ppo@quick"``).
         gpu: A catalog name (``"RTX 4070"``), a size (``"12GiB"``, bytes), a
-            :class:`GpuSpec`, or ``"local"``: this machine's GPU ``device_index``, with the
-            memory other processes already use taken off.
+            :class:`GpuSpec`, ``"local"``: this machine's GPU ``device_index``, with the
+            memory other processes already use taken off, or ``"cpu"``: this machine's host
+            RAM (or ``host_memory_bytes``), for a job that trains on the CPU.
         overrides: Knob values to pin, or settings to change.
         margin: Safety margin, a fraction of the total (``0.1`` or ``"10%"``).
-        host_memory_bytes: Host RAM for a replay buffer on the host (default: the workload's).
+        host_memory_bytes: Host RAM for a replay buffer on the host (default: the workload's,
+            else this machine's available RAM); with ``gpu="cpu"``, the RAM to plan for.
         device_index: Which local GPU, for ``gpu="local"``.
+        measure: For a workload that names its environment (``env: brax:humanoid``): use
+            the best measurement at hand (``"auto"``), measure now (``"fresh"``), or only the
+            measurements recorded in the workload (``"recorded"``); see
+            :func:`with_measurements`.
 
     Returns:
         The plan (see :class:`memfit.core.plan.Plan`).
 
     Raises:
         ConfigError: On a bad workload, GPU name, override or margin.
-        BackendUnavailable: For ``"local"`` without a GPU.
+        BackendUnavailable: For ``"local"`` without a GPU, or ``"cpu"`` where the OS does not
+            say its RAM and none is given.
         InfeasiblePlan: When nothing fits (smallest footprint and breaking term attached).
         EstimateError: When the workload's traced estimator cannot trace its step.
     """
     loaded = load_workload(workload) if not isinstance(workload, Workload) else workload
+    loaded, notes = with_measurements(loaded, measure)
     fraction = parse_fraction(margin)
     others = 0
     if isinstance(gpu, str) and gpu.strip().lower() == "local":
         local = local_gpu(device_index)
         spec, others = local.spec, local.other_processes_bytes
+    elif isinstance(gpu, str) and gpu.strip().lower() in HOST_NAMES:
+        spec, others, host_notes = _host_spec(host_memory_bytes)
+        notes.extend(host_notes)
     else:
         spec = resolve_gpu(gpu)
-    return core_plan(
+    host, check_notes = _host_check(loaded, host_memory_bytes, spec)
+    result = core_plan(
         loaded,
         spec,
         overrides,
         margin=fraction,
         measured=_measured(loaded, spec.name),
         other_processes_bytes=others,
-        host_memory_bytes=host_memory_bytes,
+        host_memory_bytes=host,
+    )
+    return replace(result, notes=[*notes, *check_notes, *result.notes])
+
+
+def _host_spec(host_memory_bytes: int | None) -> tuple[GpuSpec, int, list[str]]:
+    """The host as the device (``--gpu cpu``): the given RAM, else this machine's, with what
+    other processes use now taken off."""
+    if host_memory_bytes is not None:
+        return (
+            host_device(host_memory_bytes, source="--host-memory"),
+            0,
+            [f"the host: {format_bytes(host_memory_bytes)} of RAM (--host-memory)"],
+        )
+    here = host_memory()
+    if here is None:
+        raise BackendUnavailable(
+            "this operating system does not say how much RAM it has",
+            hint="give it: --gpu cpu --host-memory 16GiB",
+        )
+    total, available = here
+    return (
+        host_device(total, source="this machine's RAM (/proc/meminfo)"),
+        total - available,
+        [
+            f"the host: {format_bytes(total)} of RAM, {format_bytes(available)} available now "
+            "(what other processes use is taken off)"
+        ],
     )
 
 
@@ -186,6 +323,7 @@ def plan_tiers(
     margin: float | str = DEFAULT_MARGIN,
     *,
     host_memory_bytes: int | None = None,
+    measure: str = "auto",
 ) -> list[Plan | InfeasiblePlan]:
     """The tier table: one plan per GPU (an :class:`InfeasiblePlan` where nothing fits).
 
@@ -194,13 +332,18 @@ def plan_tiers(
         EstimateError: When the workload's traced estimator cannot trace its step.
     """
     loaded = load_workload(workload) if not isinstance(workload, Workload) else workload
+    loaded, notes = with_measurements(loaded, measure)
     specs = [resolve_gpu(g) for g in gpus]
     measured = _measured(loaded, specs[0].name) if specs else None
-    return plan_many(
+    host, host_notes = (None, []) if not specs else _host_check(loaded, host_memory_bytes, specs[0])
+    host_notes = [*notes, *host_notes]
+    results = plan_many(
         loaded,
         specs,
         overrides,
         margin=parse_fraction(margin),
         measured=measured,
-        host_memory_bytes=host_memory_bytes,
+        host_memory_bytes=host,
     )
+    return [r if isinstance(r, InfeasiblePlan) else replace(r, notes=[*host_notes, *r.notes])
+            for r in results]  # fmt: skip

@@ -17,16 +17,25 @@ The phase of an operation is found this way:
   ``torch.autograd.grad``.
 * ``"forward"``: everything else.
 
-Three kinds of operation never fail, because they take no memory from the allocator: views
-(``slice``, ``view``, ``t``...), reads of a scalar to the host (``tensor.item()``), and
+Four kinds of operation never fail, because they take no memory from the allocator: views
+(``slice``, ``view``, ``t``...), reads of a scalar to the host (``tensor.item()``),
 operations inside :func:`memfit.runtime.oom.no_alloc_section` (memfit's own commit steps,
-which only write into existing memory).
+which only write into existing memory), and, unless ``inplace=True``, operations that only
+write into tensors they were given (``add_``, ``_foreach_mul_``, ``copy_``, ``out=``
+variants: a real out-of-memory strikes at an allocation, and these make none, so injecting
+there would test failures that cannot happen, such as an optimizer step that fails while
+counting its steps).
+
+Under a ``TorchDispatchMode`` PyTorch does not raise the version counters of the tensors an
+in-place operation writes; :func:`inject_oom` raises them itself, so code that reads
+``tensor._version`` (TrainGuard does, to tell whether a failed ``optimizer.step()`` changed
+anything) sees what it would see without the mode.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,7 +49,11 @@ _ACTIVE = [0]
 
 
 def chaos_active() -> bool:
-    """Whether an :func:`inject_oom` context is active (TrainGuard then always snapshots)."""
+    """Whether an :func:`inject_oom` context is active.
+
+    Guards do not change their policy under it (a chaos test exercises the policy the run
+    will use); it is for code that wants to label its output as a chaos run.
+    """
     return _ACTIVE[0] > 0
 
 
@@ -80,6 +93,12 @@ class InjectedOom:
         return sum(self.raised.values())
 
 
+def _writes_only_into_inputs(func: Any) -> bool:
+    """An in-place or ``out=`` operation: it returns (aliases of) tensors it was given."""
+    schema = func._schema
+    return bool(schema.is_mutable) and all(r.alias_info is not None for r in schema.returns)
+
+
 def _check(rate: float, where: Sequence[str], limit: int | None) -> tuple[str, ...]:
     if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate <= 1:
         raise ConfigError(
@@ -109,6 +128,8 @@ def inject_oom(
     where: Sequence[str] = PHASES,
     *,
     limit: int | None = None,
+    inplace: bool = False,
+    at: Iterable[int] | None = None,
 ) -> Iterator[InjectedOom]:
     """Make PyTorch operations fail with ``torch.OutOfMemoryError`` at random.
 
@@ -117,6 +138,12 @@ def inject_oom(
         seed: Seed; the same seed and the same program give the same failures.
         where: Phases to target: any of ``"forward"``, ``"backward"``, ``"optimizer"``.
         limit: Raise at most this many errors (``None``: no limit).
+        inplace: Also fail operations that only write into existing tensors (harsher than
+            a real out-of-memory).
+        at: Fail exactly these operations instead of drawing at random: indices, from 0,
+            into the operations the context sees in the targeted phases (``ops_seen``
+            before each). A sweep over ``range(ops)`` puts a fault at every point of a
+            step, one run each.
 
     Yields:
         An :class:`InjectedOom` with the counts, updated as the block runs.
@@ -136,6 +163,7 @@ def inject_oom(
     """
     phases = _check(rate, where, limit)
     import torch
+    from torch.autograd.graph import increment_version
     from torch.optim.optimizer import (
         register_optimizer_step_post_hook,
         register_optimizer_step_pre_hook,
@@ -143,6 +171,7 @@ def inject_oom(
     from torch.utils._python_dispatch import TorchDispatchMode
 
     record = InjectedOom(rate=float(rate), seed=seed, where=phases, limit=limit)
+    targets = frozenset(int(i) for i in at) if at is not None else None
     rng = random.Random(seed)
     state = {"optimizer": 0}
 
@@ -164,7 +193,27 @@ def inject_oom(
 
     current: Callable[[], str] = _phase
 
+    def _run(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        schema = func._schema
+        if schema.is_mutable:
+            written: list[Any] = []
+            for arg, value in zip(schema.arguments, args, strict=False):
+                if arg.alias_info is not None and arg.alias_info.is_write:
+                    written.extend(value if isinstance(value, (list, tuple)) else [value])
+            for name, value in (kwargs or {}).items():
+                spec = next((a for a in schema.arguments if a.name == name), None)
+                if spec is not None and spec.alias_info is not None and spec.alias_info.is_write:
+                    written.extend(value if isinstance(value, (list, tuple)) else [value])
+            tensors = [t for t in written if isinstance(t, torch.Tensor)]
+            if tensors:
+                increment_version(tensors)
+        return out
+
     class _InjectMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
+        #: TrainGuard may trust version counters under this mode (see the module's doc).
+        keeps_versions = True
+
         def __torch_dispatch__(
             self,
             func: Any,
@@ -177,13 +226,16 @@ def inject_oom(
                 or func.is_view
                 or func.namespace in _NEVER
                 or func._opname in _SCALAR_READS
+                or (not inplace and _writes_only_into_inputs(func))
             ):
-                return func(*args, **(kwargs or {}))
+                return _run(func, args, kwargs)
             phase = current()
             if phase in phases:
+                index = record.ops_seen
                 record.ops_seen += 1
                 under_limit = record.limit is None or record.total_raised < record.limit
-                if rng.random() < record.rate and under_limit:
+                chosen = index in targets if targets is not None else rng.random() < record.rate
+                if chosen and under_limit:
                     record.raised[phase] += 1
                     if phase == "optimizer":
                         state["optimizer"] = 0
@@ -191,7 +243,7 @@ def inject_oom(
                         f"CUDA out of memory. Tried to allocate 2.00 MiB (injected by "
                         f"memfit.testing.inject_oom in {phase}, {func}; seed {seed})"
                     )
-            return func(*args, **(kwargs or {}))
+            return _run(func, args, kwargs)
 
     pre_handle = register_optimizer_step_pre_hook(_pre)
     post_handle = register_optimizer_step_post_hook(_post)

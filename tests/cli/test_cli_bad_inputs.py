@@ -204,16 +204,18 @@ def test_yaml_nested_5000_deep_is_an_error(
 # --- one --set rule for plan and check --------------------------------------------------------
 
 
-@pytest.mark.parametrize("value", ["16", "1024"])
+@pytest.mark.parametrize("value", ["5000", "15000", "2000000"])
 def test_plan_and_check_refuse_a_knob_outside_its_range_alike(
     capsys: pytest.CaptureFixture[str], value: str
 ) -> None:
-    code, out, err = run(capsys, "plan", str(DQN), "--gpu", "3.7GB", "--set", f"batch_size={value}")
-    user_error(code, err, f"batch_size = {value} is outside its range (powers of two 32..512)")
+    pin = f"buffer_size={value}"
+    rule = f"buffer_size = {value} is outside its range (10000..1000000 step 10000)"
+    code, out, err = run(capsys, "plan", str(DQN), "--gpu", "3.7GB", "--set", pin)
+    user_error(code, err, rule)
     assert out == ""
-    code, _, err = run(capsys, "check", str(DQN), "--set", f"batch_size={value}")
-    assert code == 1 and f"batch_size = {value} is outside its range" in err
-    code, _, err = run(capsys, "plan", str(DQN), "--gpu", "3.7GB", "--set", "batch_size=64")
+    code, _, err = run(capsys, "check", str(DQN), "--set", pin)
+    assert code == 1 and rule in err
+    code, _, err = run(capsys, "plan", str(DQN), "--gpu", "3.7GB", "--set", "buffer_size=50000")
     assert code == 0, err
 
 
@@ -317,7 +319,7 @@ def test_names_with_terminal_escapes_are_shown_escaped(
         assert code == 0, err
         assert "\x1b" not in out and "\x07" not in out
         assert "\\x1b[31mRED\\x1b[0m\\x07[bold]" in out
-    code, out, _ = run(capsys, "check", str(path), "--set", "batch_size=16")
+    code, out, _ = run(capsys, "check", str(path), "--set", "buffer_size=5000")
     assert code == 1 and "\x1b" not in out and "\\x1b[31mRED" in out
 
 

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from memfit.cli.main import main
+from memfit.planning import TIER_GPUS
 
 PLAN_FIELDS = [
     "gpu",
@@ -19,6 +20,14 @@ PLAN_FIELDS = [
     "breakdown",
     "binding",
     "alternatives",
+    "gpu_total_bytes",
+    "pool_bytes",
+    "host_bytes",
+    "used_bytes",
+    "headroom_bytes",
+    "environment",
+    "notes",
+    "would_fit",
 ]
 
 
@@ -29,7 +38,7 @@ def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
 
 
 def test_plan_human_output(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run(capsys, "plan", "dqn_fire_raster", "--gpu", "RTX 4070")
+    code, out, err = run(capsys, "plan", "dqn_fire_raster@device_replay", "--gpu", "RTX 4070")
     assert code == 0, err
     assert "replay_buffer" in out
     assert "Limited by: replay_buffer" in out
@@ -73,8 +82,10 @@ def test_all_gpus_tier_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0
     data = json.loads(out)
     plans = data["plans"]
-    assert len(plans) == 12
-    assert all(list(p)[:8] == PLAN_FIELDS for p in plans)
+    assert len(plans) == len(TIER_GPUS)
+    totals = [p["gpu_total_bytes"] for p in plans]
+    assert totals == sorted(totals) and all(isinstance(t, int) for t in totals)
+    assert all(list(p)[: len(PLAN_FIELDS)] == PLAN_FIELDS for p in plans)
     sizes = [p["knobs"]["buffer_size"] for p in plans if p["fits"]]
     assert sizes and all(isinstance(s, int) for s in sizes)
     code, out, _ = run(capsys, "plan", "dqn_fire_raster", "--all-gpus")
@@ -97,7 +108,7 @@ def test_pinned_plan_that_does_not_fit_exits_1(capsys: pytest.CaptureFixture[str
     code, out, err = run(
         capsys,
         "plan",
-        "dqn_fire_raster",
+        "dqn_fire_raster@device_replay",
         "--gpu",
         "3.7GB",
         "--set",

@@ -181,7 +181,7 @@ def test_replay_optimize_memory_usage_and_host_placement() -> None:
     w = offpolicy(optimize=True)
     assert terms_of(w)["replay_buffer"] == 100 * (128 + 8 + 12)
     host = offpolicy(placement="host")
-    ev = evaluate(host, host.default_values(), replay_on_gpu=False)
+    ev = evaluate(host, host.default_values(), on_device=False)
     assert "replay_buffer" not in ev.terms
     assert ev.host_bytes == 100 * (128 + 128 + 8 + 12)
 
@@ -263,12 +263,20 @@ def test_budget_composition_by_hand() -> None:
     assert b.budget_bytes == 8 * 2**30 - margin - MiB
     assert b.job_limit_bytes == b.budget_bytes - 500 * MiB - 32 * MiB
     assert b.pool_bytes is None and b.breaking_term is None
-    jax = compose_budget(spec, framework="jax", margin=0.1)
+    jax = compose_budget(spec, framework="jax", margin=0.1, jax_mem_fraction=0.75)
     assert jax.pool_bytes == 6 * 2**30
     assert jax.job_limit_bytes == 6 * 2**30 - 32 * MiB
+    # memfit's recommended pool: 0.9 x 8 GiB - 500 MiB context leaves 0.839 -> 0.80
+    recommended = compose_budget(spec, framework="jax", margin=0.1)
+    assert recommended.pool_fraction == 0.8
+    assert recommended.pool_bytes == int(8 * 2**30 * 0.8)
+    assert recommended.outside_limit_bytes == b.budget_bytes + MiB - 500 * MiB - int(
+        8 * 2**30 * 0.8
+    )
     off = compose_budget(spec, framework="jax", jax_preallocate=False)
     assert off.pool_bytes is None
-    tight = compose_budget(anonymous_gpu(2**30), framework="jax", margin=0.2)
+    tight = compose_budget(anonymous_gpu(2**30), framework="jax", margin=0.2,
+                           jax_mem_fraction=0.75)  # fmt: skip
     assert tight.breaking_term == "jax_preallocation"  # 768 MiB pool + 500 MiB context
     tiny = compose_budget(anonymous_gpu(512 * MiB), framework="torch")
     assert tiny.breaking_term == "cuda_context"
@@ -290,16 +298,35 @@ def test_measured_terms_replace_the_model_terms() -> None:
     assert "gradients" not in t and "target_network" not in t
 
 
-BUNDLED = ["brax_humanoid_ppo", "dqn_fire_raster", "act_dual_camera", "brax_humanoid_ppo@quick"]
+BUNDLED = [
+    "brax_humanoid_ppo",
+    "dqn_fire_raster",
+    "dqn_fire_raster@device_replay",
+    "act_dual_camera",
+    "act_dual_camera@no_sim",
+    "brax_humanoid_ppo@quick",
+    "analytic_brax",
+]
+
+#: The one term allowed to fall: what Brax's SGD phase needs beyond the rollout and the env
+#: step's scratch (XLA reuses that scratch), which shrinks as the env step's part grows; the
+#: sum with it, the larger of the two phases, never falls.
+PHASE_TERMS = {"sgd_temporaries"}
 
 
 @settings(max_examples=80, deadline=None)
 @given(data=st.data(), name=st.sampled_from(BUNDLED))
 def test_memory_never_falls_when_a_knob_grows(data: st.DataObject, name: str) -> None:
-    """The planner prunes on this: every term (so the allocated total) is non-decreasing in
-    every knob. Reserved bytes are not: the allocator's segment slack can fall when a block
-    crosses 10 MiB and leaves a shared 20 MiB segment, so the planner bounds with allocated."""
-    w = load_workload(name)
+    """The planner prunes on this: the allocated total is non-decreasing in every knob, and
+    so is every term but the measured Brax step's phase term. Reserved bytes are not: the
+    allocator's segment slack can fall when a block crosses 10 MiB and leaves a shared 20 MiB
+    segment, so the planner bounds with allocated."""
+    if name == "analytic_brax":  # the bundled humanoid without its measurements
+        w = load_workload("brax_humanoid_ppo").model_copy(
+            update={"measurements": None, "env": None, "backend": None}
+        )
+    else:
+        w = load_workload(name)
     values = dict(w.settings)
     for knob, spec in w.knobs.items():
         values[knob] = data.draw(st.sampled_from(spec.values()), label=knob)
@@ -312,5 +339,6 @@ def test_memory_never_falls_when_a_knob_grows(data: st.DataObject, name: str) ->
     bigger = {**values, knob: domain[position + 1]}
     small, large = evaluate(w, values), evaluate(w, bigger)
     for term, nbytes in small.terms.items():
-        assert large.terms[term] >= nbytes, term
+        if term not in PHASE_TERMS:
+            assert large.terms[term] >= nbytes, term
     assert large.allocated_bytes >= small.allocated_bytes

@@ -15,7 +15,7 @@ from memfit.core.catalog import GpuSpec, anonymous_gpu, gpu
 from memfit.core.constraints import check, compile_rules, environment, parse_expr
 from memfit.core.families import evaluate
 from memfit.core.plan import Plan, plan, plan_many
-from memfit.core.workload import Workload, load_workload, parse_workload
+from memfit.core.workload import JaxSettings, Workload, load_workload, parse_workload
 from memfit.errors import ConfigError, InfeasiblePlan
 from memfit.units import GiB, MiB
 
@@ -38,19 +38,36 @@ def test_bundled_plans_fit_and_add_up() -> None:
 
 
 def test_reference_cases_from_the_issue() -> None:
-    # the 3.7 GB GPU case: the replay buffer is what limits the DQN
-    dqn = plan(load_workload("dqn_fire_raster"), anonymous_gpu(3_700_000_000))
+    # the 3.7 GB GPU case with the replay buffer on the GPU: the buffer limits the DQN
+    device = load_workload("dqn_fire_raster@device_replay")
+    dqn = plan(device, anonymous_gpu(3_700_000_000))
     assert dqn.binding == "replay_buffer"
     assert 50_000 <= int(dqn.knobs["buffer_size"]) < 100_000
     assert dqn.breakdown["replay_buffer"] == max(dqn.breakdown.values())
-    # the 8 GB GPU case: parallel dual-camera ACT rollouts, limited by the backbone
+    # by default the buffer lives in host RAM, as in SB3 and CleanRL: host RAM limits it
+    host = plan(load_workload("dqn_fire_raster"), anonymous_gpu(3_700_000_000),
+                host_memory_bytes=16 * GiB)  # fmt: skip
+    assert host.binding == "host_memory" and "replay_buffer" not in host.breakdown
+    per_transition = 2 * 4 * 64 * 64 + 8 + 3 * 4
+    assert int(host.knobs["buffer_size"]) == 16 * GiB // per_transition // 10000 * 10000
+    # the 8 GB GPU case: dual-camera ACT rollouts rendered by Isaac Sim in the same process:
+    # the renderer, not the policy, limits them
     act = plan(load_workload("act_dual_camera"), gpu("RTX 4060 Ti"))
-    assert act.knobs == {"num_envs": 128}
-    assert act.binding == "backbone_activations"
-    # the README command: a Brax humanoid PPO on an RTX 4070
+    assert act.knobs == {"num_envs": 2}
+    assert act.binding == "renderer_cameras"
+    assert act.breakdown["simulator_base"] == round(3.5 * GiB)
+    no_sim = plan(load_workload("act_dual_camera@no_sim"), gpu("RTX 4060 Ti"))
+    assert no_sim.knobs == {"num_envs": 128}
+    assert no_sim.binding == "backbone_activations"
+    # the README command: Brax humanoid (mjx) PPO from its measurements on an RTX 4070
     brax = plan(load_workload("brax_humanoid_ppo"), gpu("RTX 4070"))
-    assert brax.knobs["num_envs"] == 16384
-    assert brax.binding == "rollout_buffer"
+    assert brax.knobs["num_envs"] == 65536
+    assert brax.binding == "sgd_temporaries"
+    assert {"env_state", "env_step_temporaries", "rollout_buffer", "sgd_temporaries",
+            "training_state"} <= set(brax.breakdown)  # fmt: skip
+    # no longer the top of the range on every card: a 4 GB card gets fewer environments
+    small = plan(load_workload("brax_humanoid_ppo"), gpu("GTX 1650"))
+    assert int(small.knobs["num_envs"]) < 65536 and small.binding == "env_state"
 
 
 def test_one_knob_plan_by_hand() -> None:
@@ -127,22 +144,46 @@ def test_infeasible_when_no_setting_keeps_the_rules() -> None:
 def test_jax_preallocation_is_checked() -> None:
     w = load_workload("brax_humanoid_ppo")
     p = plan(w, gpu("RTX 4070"))
-    pool = int(gpu("RTX 4070").total_bytes * 0.75)
+    pool = int(gpu("RTX 4070").total_bytes * 0.90)  # memfit's recommendation on this card
+    assert p.pool_bytes == pool
     assert p.predicted_bytes == p.breakdown["cuda_context"] + pool
-    assert p.breakdown["jax_pool_unused"] >= 0
+    assert p.breakdown["jax_pool_unused"] == p.headroom_bytes >= 0
+    assert p.used_bytes == p.predicted_bytes - p.breakdown["jax_pool_unused"]
+    assert p.environment == {
+        "XLA_PYTHON_CLIENT_PREALLOCATE": "true",
+        "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.90",
+    }
+    assert any(n.startswith("XLA_PYTHON_CLIENT_MEM_FRACTION=0.90: ") for n in p.notes)
+    # a fraction the workload sets is planned with, and the note says memfit's
+    w75 = w.model_copy(update={"jax": JaxSettings(mem_fraction=0.75)})
+    p75 = plan(w75, gpu("RTX 4070"))
+    assert p75.pool_bytes == int(gpu("RTX 4070").total_bytes * 0.75)
+    assert p75.environment["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.75"
+    assert any("memfit recommends 0.90" in n for n in p75.notes)
     with pytest.raises(InfeasiblePlan, match="JAX preallocates") as info:
-        plan(w, anonymous_gpu(4 * GiB), margin=0.3)
+        plan(w75, anonymous_gpu(4 * GiB), margin=0.3)
     assert info.value.binding_term == "jax_preallocation"
     assert info.value.hint is not None and "XLA_PYTHON_CLIENT_MEM_FRACTION=" in info.value.hint
 
 
 def test_pinned_configuration_is_reported_even_when_it_does_not_fit() -> None:
-    w = load_workload("dqn_fire_raster")
-    p = plan(w, anonymous_gpu(3_700_000_000), {"buffer_size": 200000, "batch_size": 64})
+    w = load_workload("dqn_fire_raster@device_replay")
+    p = plan(w, anonymous_gpu(3_700_000_000), {"buffer_size": 200000, "batch_size": 64},
+             host_memory_bytes=16 * GiB)  # fmt: skip
     assert not p.fits
     assert p.binding == "replay_buffer"
     assert p.predicted_bytes > p.budget_bytes
-    assert p.knobs == {"buffer_size": 200000, "batch_size": 64}
+    assert p.knobs == {"buffer_size": 200000}
+    # what would fit instead: the family's fallbacks, each planned
+    options = {o["change"]: o for o in p.would_fit}
+    host = options["replay buffer in host RAM"]
+    assert host["fits"] and host["knobs"] == {"buffer_size": 200000}
+    assert host["host_bytes"] == 200000 * (2 * 4 * 64 * 64 + 8 + 3 * 4)
+    assert host["predicted_bytes"] <= p.budget_bytes
+    once = options["optimize_memory_usage: observations stored once (Stable-Baselines3)"]
+    assert not once["fits"]  # 200000 x 16 KiB is still over 3.7 GB
+    smaller = options["a smaller replay buffer"]
+    assert smaller["fits"] and 50_000 <= smaller["knobs"]["buffer_size"] < 100_000
     with pytest.raises(ConfigError, match="buffer_size"):
         plan(w, anonymous_gpu(3_700_000_000), {"buffer_size": 200004, "batch_size": 64})
 
@@ -224,7 +265,17 @@ def test_plan_dict_has_exactly_the_plan_fields() -> None:
         "breakdown",
         "binding",
         "alternatives",
+        "gpu_total_bytes",
+        "pool_bytes",
+        "host_bytes",
+        "used_bytes",
+        "headroom_bytes",
+        "environment",
+        "notes",
+        "would_fit",
     ]
+    assert p.to_dict()["used_bytes"] == p.predicted_bytes  # torch: no pool
+    assert p.to_dict()["headroom_bytes"] == p.budget_bytes - p.predicted_bytes
 
 
 # ----------------------------------------------------------------------------------------------

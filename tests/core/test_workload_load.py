@@ -48,8 +48,8 @@ def test_variant_overrides_the_base_document() -> None:
     production = load_workload("brax_humanoid_ppo", variant="production")
     assert quick.name == "brax_humanoid_ppo@quick"
     assert quick.knobs["num_envs"].max == 1024
-    assert base.knobs["num_envs"].max == 16384
-    assert production.knobs["num_envs"].max == 65536
+    assert base.knobs["num_envs"].max == 65536
+    assert production.knobs["num_envs"].max == 131072
     # untouched parts of the base document stay
     assert quick.networks == base.networks
 

@@ -86,8 +86,11 @@ def test_preallocation_settings_are_validated() -> None:
     assert preallocation_from_env({"XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}).platform_allocator
     with pytest.raises(ConfigError, match="XLA_PYTHON_CLIENT_MEM_FRACTION"):
         preallocation_from_env({"XLA_PYTHON_CLIENT_MEM_FRACTION": "1.5"})
-    with pytest.raises(ConfigError, match="XLA_PYTHON_CLIENT_PREALLOCATE"):
-        preallocation_from_env({"XLA_PYTHON_CLIENT_PREALLOCATE": "maybe"})
+    # read as jaxlib reads it (the one reading, memfit.core.allocator_settings.read_jax_env):
+    # only false / False / 0 turn preallocation off
+    for text, expected in (("maybe", True), ("no", True), ("FALSE", True), ("0", False)):
+        got = preallocation_from_env({"XLA_PYTHON_CLIENT_PREALLOCATE": text}).preallocate
+        assert got is expected, text
 
 
 def test_value_dependent_python_control_flow_is_an_estimate_error() -> None:

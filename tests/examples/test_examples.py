@@ -44,6 +44,7 @@ def test_brax_ppo_small(tmp_path: Path) -> None:
     assert "allocator settings: XLA_PYTHON_CLIENT_PREALLOCATE=false" in out
     assert "check_ppo: ok" in out
     assert "(jax.eval_shape)" in out
+    assert "measured: " in out and "training step compiled at 3 settings" in out
     assert "trained " in out and "memory log:" in out
     configs = yaml.safe_load(fitted.read_text())["configs"]
     assert [c["gpu"] for c in configs] == [
@@ -56,6 +57,9 @@ def test_brax_ppo_small(tmp_path: Path) -> None:
         k = c["ppo"]
         assert k["batch_size"] * k["num_minibatches"] % k["num_envs"] == 0
         assert c["predicted_bytes"] <= c["budget_bytes"]
+        # the one XLA fraction memfit recommends (memfit plan and memfit env say the same)
+        assert c["env"]["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.90"
+        assert {"env_state", "env_step_temporaries", "sgd_temporaries"} <= set(c["breakdown"])
     assert (tmp_path / "brax.jsonl").stat().st_size > 0
 
 
@@ -91,3 +95,10 @@ def test_act_dual_camera_small(tmp_path: Path) -> None:
     assert "cleanup.every at step 9:" in out  # the 10th step, stamped as the loop counts
     assert "on-pressure cleaned" in out
     assert (tmp_path / "act.every10.jsonl").stat().st_size > 0
+
+
+def test_autoconfig_rehearsal() -> None:
+    out = _run("autoconfig_rehearsal.py", timeout=120)
+    assert "{'num_envs': 2} fits" in out
+    assert "their terms are left out of the plan" in out
+    assert "'PYTORCH_ALLOC_CONF': 'expandable_segments:True'" in out

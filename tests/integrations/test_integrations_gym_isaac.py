@@ -146,3 +146,24 @@ def test_guarded_term_rejects_bad_arguments() -> None:
         misaac.guarded_term("mdp.image")
     with pytest.raises(ConfigError, match="budget_bytes"):
         misaac.guarded_term(fake_image, budget_bytes=0)
+
+
+def test_isaac_autoconfig_reads_the_env_and_pins_num_envs() -> None:
+    from memfit.backends.simulated import SimulatedDevice
+
+    class StandInEnv:  # what Isaac Lab's ManagerBasedRLEnv exposes: num_envs, device
+        num_envs = 2
+        device = "cuda:0"
+
+    # the simulator started with the env: 4 GiB of the 8 GiB card are in use
+    probe = SimulatedDevice("8GiB", used_by_others="4GiB")
+    cfg = misaac.autoconfig(StandInEnv(), "act_dual_camera", probe=probe)
+    assert cfg.knobs == {"num_envs": 2}
+    assert "renderer_cameras" not in cfg.plan.breakdown
+    assert misaac._device_index("cuda:1") == 1 and misaac._device_index("cuda") == 0
+
+    class NoEnvs:
+        device = "cuda:0"
+
+    with pytest.raises(ConfigError, match="num_envs"):
+        misaac.autoconfig(NoEnvs(), "act_dual_camera", probe=probe)

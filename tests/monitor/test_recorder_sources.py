@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+import memfit.backends.live as live
 import memfit.monitor.recorder as recorder_module
 from memfit.backends.simulated import SimulatedDevice
 from memfit.monitor.recorder import Recorder
@@ -60,6 +61,9 @@ class _FakeCuda:
 @pytest.fixture
 def fake_torch(monkeypatch: pytest.MonkeyPatch) -> types.SimpleNamespace:
     fake = types.SimpleNamespace(cuda=_FakeCuda())
+    # The one live-memory reader looks torch up among the imported modules: make it this.
+    monkeypatch.setattr(live, "torch_cuda_available", lambda: fake)
+    monkeypatch.setattr(live, "torch_cuda", lambda: fake)
     monkeypatch.setattr(recorder_module, "_torch_cuda", lambda: fake)
     return fake
 

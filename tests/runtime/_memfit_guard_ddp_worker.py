@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 from typing import Any
 
@@ -97,4 +98,12 @@ def worker(
             results[name] = _run(rank, name, data, rate, oom_rank, max_splits)
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
+        # DDP modules sit in reference cycles that keep the process group alive until the
+        # interpreter's final collection; a gloo worker thread that frees a finished
+        # collective's tensor then (it needs the GIL) aborts the process with SIGABRT
+        # ("terminate called without an active exception": about 1 run in 3 on a busy
+        # 2-core machine). Collecting first lets destroy_process_group() really destroy the
+        # group, joining its threads while the interpreter is alive.
+        gc.collect()
+        dist.barrier()
         dist.destroy_process_group()

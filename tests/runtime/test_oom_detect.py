@@ -87,7 +87,12 @@ def test_other_runtime_errors_are_not_oom(message: str) -> None:
 def test_table_matches_only_runtime_errors() -> None:
     # The message table is for RuntimeError paths; a ValueError quoting it is not an OOM.
     assert not is_oom(ValueError("CUDA error: out of memory"))
-    assert is_oom(MemoryError("CUDA error: out of memory")) is not False or True
+
+
+def test_host_memory_error_is_oom_by_type() -> None:
+    # Python's MemoryError is the host allocator's out-of-memory, whatever its message.
+    assert is_oom(MemoryError())
+    assert is_oom(MemoryError("Unable to allocate 8.00 GiB for an array"))
 
 
 def test_types_come_first() -> None:

@@ -48,6 +48,12 @@ def env(
     strict: bool = typer.Option(
         False, "--strict", help="Exit 1 on warnings too (errors always exit 1)."
     ),
+    gpu: str | None = typer.Option(
+        None,
+        "--gpu",
+        help="The card (name or size) to size XLA's pool for; by default any card of 8 GB "
+        "or more (the same rule memfit plan uses).",
+    ),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Recommend PyTorch/JAX allocator settings and validate the ones already set."""
@@ -59,7 +65,10 @@ def env(
         raise ConfigError(
             f"unknown shell {shell!r}", key_path="--shell", hint="use " + ", ".join(SHELLS)
         )
-    rec = recommend(profile)
+    from memfit.core.catalog import gpu as catalog_gpu
+
+    spec = catalog_gpu(gpu) if gpu is not None else None
+    rec = recommend(profile, gpu=spec)
     script = render_shell(rec.settings, shell)
     if check is not None:
         text, source = read_input_text(check, what="the shell file (--check)", stdin=True)

@@ -26,7 +26,7 @@ from memfit.cli._common import (
 from memfit.errors import ConfigError
 from memfit.units import format_bytes
 
-__all__ = ["allocator_settings", "parse_batch_sizes", "register"]
+__all__ = ["parse_batch_sizes", "register"]
 
 
 def parse_batch_sizes(text: str) -> list[int]:
@@ -51,47 +51,6 @@ def parse_batch_sizes(text: str) -> list[int]:
             )
         sizes.append(int(item))
     return sizes
-
-
-def allocator_settings(text: str | None, variable: str) -> tuple[bool, int | None]:
-    """``(expandable_segments, max_split_size in bytes)`` from a PyTorch allocator string.
-
-    Raises:
-        ConfigError: When the string is malformed or a value is not what PyTorch accepts.
-
-    >>> allocator_settings("expandable_segments:True,max_split_size_mb:128", "X")
-    (True, 134217728)
-    >>> allocator_settings(None, "X")
-    (False, None)
-    """
-    from memfit.runtime.allocator_env import parse_torch_conf
-
-    if not text:
-        return False, None
-    pairs, problems = parse_torch_conf(text, variable=variable)
-    errors = [p for p in problems if p.severity == "error"]
-    if errors:
-        raise ConfigError(errors[0].message, key_path=variable, hint=errors[0].hint)
-    expandable = False
-    max_split: int | None = None
-    for key, value in pairs:
-        if key == "expandable_segments":
-            if value not in ("True", "False"):
-                raise ConfigError(
-                    f"expandable_segments must be True or False, not {value!r}",
-                    key_path=variable,
-                    hint="write expandable_segments:True",
-                )
-            expandable = value == "True"
-        elif key == "max_split_size_mb":
-            if not re.fullmatch(r"[0-9]{1,12}", value):
-                raise ConfigError(
-                    f"max_split_size_mb must be a whole number of MiB, not {value!r}",
-                    key_path=variable,
-                    hint="write e.g. max_split_size_mb:128",
-                )
-            max_split = int(value) * 1024 * 1024
-    return expandable, max_split
 
 
 def _torch_tables(data: dict[str, Any]) -> tuple[Table, Table]:
@@ -189,6 +148,7 @@ def estimate_command(
         )
     data: dict[str, Any]
     if isinstance(step, TorchStep):
+        from memfit.core.allocator_settings import torch_allocator_options
         from memfit.estimate.torch_trace import estimate_torch
 
         variable = "--alloc-conf"
@@ -197,7 +157,7 @@ def estimate_command(
                 if os.environ.get(name):
                     variable, alloc_conf = name, os.environ[name]
                     break
-        expandable, max_split = allocator_settings(alloc_conf, variable)
+        expandable, max_split = torch_allocator_options(alloc_conf, variable)
         with user_code(factory):  # build / make_batch / step are the user's code too
             data = estimate_torch(
                 step.build,

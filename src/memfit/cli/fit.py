@@ -86,7 +86,9 @@ def _domain(
 
 def _device(text: str) -> str:
     kind = text.strip().lower()
-    if kind in ("cpu", "cuda") or (kind.startswith("cuda:") and kind[5:].isdigit()):
+    if kind in ("cpu", "cuda") or (
+        kind.startswith("cuda:") and kind[5:].isdecimal() and kind[5:].isascii()
+    ):
         return kind
     raise ConfigError(
         f"unknown device {text!r}", key_path="--device", hint="use cpu (simulated) or cuda:N"

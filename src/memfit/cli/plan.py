@@ -36,13 +36,14 @@ from memfit.cli._files import (
     write_output,
 )
 from memfit.core.budget import DEFAULT_MARGIN
+from memfit.core.catalog import GpuSpec
 from memfit.core.constraints import Violation, check, parse_set
 from memfit.core.plan import Plan
 from memfit.core.workload import Workload, bundled_names, load_workload, parse_workload
 from memfit.errors import ConfigError, InfeasiblePlan, did_you_mean
 from memfit.units import format_bytes, parse_bytes, parse_fraction
 
-__all__ = ["allocator_settings", "load_workload_arg", "parse_overrides", "register"]
+__all__ = ["load_workload_arg", "parse_overrides", "register"]
 
 WORKLOAD_ARG: str = typer.Argument(
     ...,
@@ -94,25 +95,10 @@ def parse_overrides(workload: Workload, items: list[str]) -> dict[str, int]:
     return parse_set(items)
 
 
-def allocator_settings(workload: Workload) -> dict[str, str]:
-    """Environment settings to run the fitted job with.
-
-    For JAX: preallocation on or off and the pool's fraction, exactly as the plan modelled
-    them (the plan checks the job against that pool). For PyTorch: the torch part of
-    :func:`memfit.runtime.allocator_env.recommend` for training (expandable segments); the
-    plan's allocator slack assumes classic segments, so with expandable segments the job
-    holds at most what the plan predicts.
-    """
-    if workload.framework == "jax":
-        if not workload.jax.preallocate:
-            return {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
-        return {
-            "XLA_PYTHON_CLIENT_PREALLOCATE": "true",
-            "XLA_PYTHON_CLIENT_MEM_FRACTION": f"{workload.jax.mem_fraction:.2f}",
-        }
-    from memfit.runtime.allocator_env import recommend
-
-    return {s.variable: s.value for s in recommend("training").settings if s.framework == "torch"}
+def _factory_code(workload: Workload) -> contextlib.AbstractContextManager[None]:
+    """Around planning: a measured workload runs its factory, the user's code (its prints go
+    to stderr; a ``sys.exit`` in it is an error)."""
+    return user_code(workload.factory) if workload.factory else contextlib.nullcontext()
 
 
 def _share(part: int, whole: int) -> str:
@@ -123,22 +109,62 @@ def _knob_text(knobs: dict[str, int | str]) -> str:
     return ", ".join(f"{k}={v}" for k, v in knobs.items()) or "(fixed)"
 
 
+def _limited_text(binding: str | None) -> str:
+    if binding == "knob ranges":
+        return "knob range, not memory"
+    return binding or "-"
+
+
 def _print_plan(workload: Workload, result: Plan) -> None:
     console = out_console
     status = "[green]fits[/]" if result.fits else "[bold red]does not fit[/]"
-    console.print(
-        f"[bold]{safe(workload.name)}[/] on [bold]{safe(result.gpu)}[/]: {status} "
-        f"({format_bytes(result.predicted_bytes)} of a {format_bytes(result.budget_bytes)} "
-        "budget)"
+    console.print(f"[bold]{safe(workload.name)}[/] on [bold]{safe(result.gpu)}[/]: {status}")
+    total = (
+        f" ({format_bytes(result.gpu_total_bytes)} total)"
+        if result.gpu_total_bytes is not None
+        else ""
     )
+    if result.pool_bytes is not None:
+        fraction = result.environment.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "?")
+        console.print(
+            f"  the job needs {format_bytes(result.used_bytes)} with its CUDA context; XLA "
+            f"preallocates {format_bytes(result.pool_bytes)} "
+            f"(XLA_PYTHON_CLIENT_MEM_FRACTION={fraction}) and the job's buffers fit inside it"
+            if result.fits
+            else f"  the job needs {format_bytes(result.used_bytes)} with its CUDA context; "
+            f"its buffers do not fit XLA's pool of {format_bytes(result.pool_bytes)}",
+            soft_wrap=True,
+        )
+        console.print(
+            f"  headroom inside the pool: {format_bytes(result.headroom_bytes)}; on the card: "
+            f"{format_bytes(result.predicted_bytes)} of a {format_bytes(result.budget_bytes)} "
+            f"budget{total}",
+            soft_wrap=True,
+        )
+    else:
+        console.print(
+            f"  predicted peak {format_bytes(result.predicted_bytes)} of a "
+            f"{format_bytes(result.budget_bytes)} budget{total}; headroom "
+            f"{format_bytes(result.headroom_bytes)}",
+            soft_wrap=True,
+        )
+    if result.host_bytes:
+        console.print(
+            f"  in host RAM besides: {format_bytes(result.host_bytes)} (the replay buffer, "
+            "as Stable-Baselines3 and CleanRL keep it)",
+            soft_wrap=True,
+        )
     table = Table(title="Predicted peak, term by term", title_justify="left")
     table.add_column("term")
     table.add_column("size", justify="right")
     table.add_column("MiB", justify="right")
     table.add_column("share", justify="right")
-    for name, nbytes in sorted(result.breakdown.items(), key=lambda kv: -kv[1]):
+    rows = sorted(result.breakdown.items(), key=lambda kv: -kv[1])
+    rows.sort(key=lambda kv: kv[0] == "jax_pool_unused")  # the pool's free part last
+    for name, nbytes in rows:
+        label = "jax_pool_unused (headroom)" if name == "jax_pool_unused" else name
         table.add_row(
-            safe(name),
+            safe(label),
             format_bytes(nbytes),
             f"{nbytes / 2**20:,.1f}",
             _share(nbytes, result.predicted_bytes),
@@ -156,32 +182,38 @@ def _print_plan(workload: Workload, result: Plan) -> None:
     for name, value in result.knobs.items():
         knobs.add_row(safe(name), str(value))
     console.print(knobs)
-    headroom = result.budget_bytes - result.predicted_bytes
-    console.print(f"Headroom: {format_bytes(headroom)}")
     if result.binding is not None:
-        console.print(f"Limited by: [bold]{safe(result.binding)}[/]")
-    if "jax_pool_unused" in result.breakdown:
-        console.print(
-            "JAX preallocates its pool at start-up: the job's buffers must fit inside the pool "
-            "(jax_pool_unused is what is left of it), not inside the whole card."
-        )
+        console.print(f"Limited by: [bold]{safe(_limited_text(result.binding))}[/]")
     if result.alternatives:
         console.print("Next best:")
         for alt in result.alternatives:
+            used = alt.get("used_bytes", alt["predicted_bytes"])
             console.print(
-                f"  {safe(_knob_text(alt['knobs']))}  ({format_bytes(alt['predicted_bytes'])})"
+                f"  {safe(_knob_text(alt['knobs']))}  (needs {format_bytes(used)}, "
+                f"objective {alt['objective']:,.0f})",
+                soft_wrap=True,
             )
-    from memfit.runtime.allocator_env import render_shell
+    if result.would_fit:
+        console.print("What would fit instead:")
+        for option in result.would_fit:
+            if not option.get("fits"):
+                console.print(f"  {safe(option['change'])}: does not fit either")
+                continue
+            host = option.get("host_bytes") or 0
+            host_text = f", {format_bytes(host)} of host RAM" if host else ""
+            console.print(
+                f"  {safe(option['change'])}: {safe(_knob_text(option['knobs']))} "
+                f"(device {format_bytes(option['predicted_bytes'])}{host_text})",
+                soft_wrap=True,
+            )
+    for note in result.notes:
+        console.print(f"Note: {safe(note)}", soft_wrap=True)
+    from memfit.core.allocator_settings import render_shell
 
-    console.print("Allocator settings to run it with:")
-    for line in render_shell(allocator_settings(workload)).splitlines():
-        console.print(f"  {safe(line)}", soft_wrap=True)
-
-
-def _factory_code(workload: Workload) -> contextlib.AbstractContextManager[None]:
-    """Around planning: a measured workload runs its factory, the user's code (its prints go
-    to stderr; a ``sys.exit`` in it is an error)."""
-    return user_code(workload.factory) if workload.factory else contextlib.nullcontext()
+    if result.environment:
+        console.print("Allocator settings to run it with:")
+        for line in render_shell(result.environment).splitlines():
+            console.print(f"  {safe(line)}", soft_wrap=True)
 
 
 def _write_fitted(path: Path, workload: Workload, result: Plan, *, force: bool) -> None:
@@ -192,7 +224,7 @@ def _write_fitted(path: Path, workload: Workload, result: Plan, *, force: bool) 
         "settings": dict(workload.settings),
         "predicted_bytes": result.predicted_bytes,
         "budget_bytes": result.budget_bytes,
-        "environment": allocator_settings(workload),
+        "environment": dict(result.environment),
     }
     write_output(
         path,
@@ -212,9 +244,9 @@ def _short_gpu(name: str) -> str:
     return name
 
 
-def _infeasible_row(gpu: str, exc: InfeasiblePlan) -> dict[str, Any]:
+def _infeasible_row(spec: GpuSpec, exc: InfeasiblePlan) -> dict[str, Any]:
     return {
-        "gpu": gpu,
+        "gpu": spec.name,
         "budget_bytes": exc.budget_bytes,
         "predicted_bytes": exc.smallest_bytes,
         "fits": False,
@@ -222,58 +254,93 @@ def _infeasible_row(gpu: str, exc: InfeasiblePlan) -> dict[str, Any]:
         "breakdown": {},
         "binding": exc.binding_term,
         "alternatives": [],
+        "gpu_total_bytes": spec.total_bytes,
+        "pool_bytes": None,
+        "host_bytes": 0,
+        "used_bytes": exc.smallest_bytes,
+        "headroom_bytes": None,
+        "environment": {},
+        "notes": [],
+        "would_fit": [],
         "error": exc.to_dict(),
     }
 
 
-def _tiers(workload: Workload, overrides: dict[str, int], margin: float, as_json: bool) -> None:
+def _tiers(
+    workload: Workload,
+    overrides: dict[str, int],
+    margin: float,
+    as_json: bool,
+    measure: str = "auto",
+) -> None:
+    from memfit.core.families import family_for
     from memfit.planning import TIER_GPUS, plan_tiers, resolve_gpu
 
     with _factory_code(workload):
-        results = plan_tiers(workload, TIER_GPUS, overrides, margin)
-    names = [resolve_gpu(g).name for g in TIER_GPUS]
+        results = plan_tiers(workload, TIER_GPUS, overrides, margin, measure=measure)
+    specs = [resolve_gpu(g) for g in TIER_GPUS]
     if as_json:
         rows = [
-            _infeasible_row(name, r) if isinstance(r, InfeasiblePlan) else r.to_dict()
-            for name, r in zip(names, results, strict=True)
+            _infeasible_row(spec, r) if isinstance(r, InfeasiblePlan) else r.to_dict()
+            for spec, r in zip(specs, results, strict=True)
         ]
         print_json({"workload": workload.name, "plans": rows})
         _fail_if_none_fit(workload, results)
         return
     knob_names = list(workload.knobs)
-    if workload.family == "offpolicy" and (workload.replay and workload.replay.placement) == "auto":
-        knob_names.append("replay_placement")
+    family = family_for(workload)
+    if family.placement_knob is not None and family.placement_of(workload) == "auto":
+        knob_names.append(family.placement_knob)
+    pooled = any(not isinstance(r, InfeasiblePlan) and r.pool_bytes is not None for r in results)
     table = Table(
-        title=f"{safe(workload.name)}: tier table",
+        title=f"{safe(workload.name)}: tier table, by memory",
         title_justify="left",
-        caption="knobs: " + "/".join(knob_names),
+        caption="knobs: "
+        + "/".join(knob_names)
+        + (
+            "; needs: the job's own memory with its CUDA context; headroom: inside XLA's pool"
+            if pooled
+            else "; needs: the predicted peak"
+        ),
         caption_justify="left",
     )
-    table.add_column("GPU", no_wrap=True)
+    table.add_column("GPU", min_width=14, overflow="fold")
+    table.add_column("total", justify="right", no_wrap=True)
     table.add_column("knobs", justify="right", no_wrap=True)
-    table.add_column("predicted", justify="right", no_wrap=True)
+    table.add_column("needs", justify="right", no_wrap=True)
     table.add_column("headroom", justify="right", no_wrap=True)
-    table.add_column("limited by", no_wrap=True)
-    for name, r in zip(names, results, strict=True):
-        short = _short_gpu(name)
+    table.add_column("limited by", overflow="fold")
+    merged: list[tuple[list[str], tuple[str, ...]]] = []
+    for spec, r in zip(specs, results, strict=True):
+        total = format_bytes(spec.total_bytes, precision=1)
         if isinstance(r, InfeasiblePlan):
             smallest = format_bytes(r.smallest_bytes) if r.smallest_bytes is not None else "-"
-            table.add_row(
-                safe(short),
+            cells: tuple[str, ...] = (
+                total,
                 "-",
                 f"[red]{smallest}[/]",
                 "[red]does not fit[/]",
                 safe(r.binding_term or "-"),
             )
-            continue
-        table.add_row(
-            safe(short),
-            "/".join(str(r.knobs.get(k, "-")) for k in knob_names),
-            format_bytes(r.predicted_bytes, precision=1),
-            format_bytes(r.budget_bytes - r.predicted_bytes, precision=1),
-            safe(r.binding or "-"),
-        )
+        else:
+            cells = (
+                total,
+                "/".join(str(r.knobs.get(k, "-")) for k in knob_names),
+                format_bytes(r.used_bytes, precision=1),
+                format_bytes(r.headroom_bytes, precision=1),
+                safe(_limited_text(r.binding)),
+            )
+        if merged and merged[-1][1] == cells:  # same memory, same plan: one row
+            merged[-1][0].append(_short_gpu(spec.name))
+        else:
+            merged.append(([_short_gpu(spec.name)], cells))
+    for names, cells in merged:
+        table.add_row(safe(" / ".join(names)), *cells)
     out_console.print(table)
+    fitted = [r for r in results if not isinstance(r, InfeasiblePlan)]
+    common = [n for n in fitted[0].notes if all(n in r.notes for r in fitted)] if fitted else []
+    for note in common:
+        out_console.print(f"Note: {safe(note)}", soft_wrap=True)
     _fail_if_none_fit(workload, results)
 
 
@@ -327,6 +394,12 @@ def _plan_command(
         help="Write the fitted configuration to this YAML file (a new file, or --force).",
     ),
     force: bool = FORCE_OPTION,
+    measure: str = typer.Option(
+        "auto",
+        "--measure",
+        help="For a workload that names its env (brax:...): auto (cache, else the workload's "
+        "recorded measurements, else measure now), fresh (measure now) or recorded.",
+    ),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Fit a workload to a GPU: the biggest knob values that fit and keep every rule."""
@@ -347,13 +420,13 @@ def _plan_command(
     fraction = parse_fraction(margin, key_path="--margin")
     host = _host_bytes(host_memory)
     if all_gpus:
-        _tiers(loaded, overrides, fraction, as_json)
+        _tiers(loaded, overrides, fraction, as_json, measure)
         return
     from memfit.planning import plan
 
     assert gpu is not None  # checked above
     with _factory_code(loaded):
-        result = plan(loaded, gpu, overrides, fraction, host_memory_bytes=host)
+        result = plan(loaded, gpu, overrides, fraction, host_memory_bytes=host, measure=measure)
     if write is not None and result.fits:
         _write_fitted(write, loaded, result, force=force)
     if as_json:

@@ -17,6 +17,7 @@ True
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -34,11 +35,15 @@ __all__ = [
     "CUDA_CONTEXT_UNKNOWN_BYTES",
     "DEFAULT_MARGIN",
     "JAX_DEFAULT_MEM_FRACTION",
+    "XLA_FRACTION_CAP",
+    "XLA_FRACTION_STEP",
     "Budget",
+    "FractionAdvice",
     "compose_budget",
     "cublas_workspace_bytes",
     "cuda_context_bytes",
     "parse_cublas_workspace_config",
+    "recommended_xla_fraction",
 ]
 
 #: Where the context figures come from.
@@ -136,6 +141,8 @@ def cuda_context_bytes(spec: GpuSpec | None, *, lazy_loading: bool = True) -> in
     >>> cuda_context_bytes(None, lazy_loading=False) == CUDA_CONTEXT_EAGER_BYTES
     True
     """
+    if spec is not None and spec.arch == "cpu":
+        return 0  # planning for the host: no CUDA context
     lazy = (
         CUDA_CONTEXT_UNKNOWN_BYTES
         if spec is None
@@ -171,6 +178,8 @@ def cublas_workspace_bytes(
     """
     if handles < 0:
         raise ConfigError(f"handles must be >= 0, not {handles}", key_path="handles")
+    if spec is not None and spec.arch == "cpu":
+        return 0  # no cuBLAS on the host
     if config is not None:
         per_handle = parse_cublas_workspace_config(config)
     else:
@@ -190,6 +199,79 @@ DEFAULT_MARGIN = 0.05
 #: JAX preallocates this fraction of the total GPU memory by default (shared REFERENCE.md).
 JAX_DEFAULT_MEM_FRACTION = 0.75
 
+#: memfit recommends XLA pool fractions in steps of this size.
+XLA_FRACTION_STEP = 0.05
+
+#: The largest XLA pool fraction memfit recommends: besides the CUDA context, cuDNN/cuBLAS
+#: handles and XLA's autotuning scratch are allocated outside the pool (on an H100 the first
+#: run's peak exceeded XLA's own analysis by about 141 MiB, shared REFERENCE.md).
+XLA_FRACTION_CAP = 0.90
+
+
+@dataclass(frozen=True)
+class FractionAdvice:
+    """memfit's one recommendation for ``XLA_PYTHON_CLIENT_MEM_FRACTION``, with its reason.
+
+    Attributes:
+        fraction: The fraction of the GPU's total memory for XLA's preallocated pool.
+        reason: Why, in one sentence (shown by ``memfit plan``, ``memfit env`` and the
+            examples alike).
+    """
+
+    fraction: float
+
+    reason: str
+
+    @property
+    def value(self) -> str:
+        """The fraction as the environment variable's text (``"0.90"``)."""
+        return f"{self.fraction:.2f}"
+
+
+def recommended_xla_fraction(
+    spec: GpuSpec | None = None,
+    *,
+    margin: float = DEFAULT_MARGIN,
+    other_processes_bytes: int = 0,
+) -> FractionAdvice:
+    """The XLA pool fraction memfit recommends for one JAX training job on ``spec``.
+
+    The rule (the only place memfit decides this): the largest multiple of
+    :data:`XLA_FRACTION_STEP`, at most :data:`XLA_FRACTION_CAP`, that leaves the CUDA
+    context, the memory other processes use and the safety margin outside the pool, since
+    those live outside XLA's allocator. With the default 5% margin that is 0.90 on every card
+    of 8 GB or more, and 0.85 on a 4 GB card; an unknown GPU gets 0.90.
+
+    Args:
+        spec: The GPU, or ``None`` when unknown.
+        margin: The safety margin, a fraction of the total.
+        other_processes_bytes: Memory other processes already hold on the GPU.
+
+    Returns:
+        The fraction and the reason.
+
+    >>> from memfit.core.catalog import gpu
+    >>> recommended_xla_fraction(gpu("RTX 4070")).value, recommended_xla_fraction(gpu("1650")).value
+    ('0.90', '0.85')
+    """
+    cap_steps = round(XLA_FRACTION_CAP / XLA_FRACTION_STEP)
+    outside = "the CUDA context (0.3-0.5 GB), other processes and the safety margin"
+    if spec is None or spec.total_bytes <= 0:
+        steps = cap_steps
+        where = "on any card of 8 GB or more"
+    else:
+        room = spec.total_bytes * (1 - margin) - cuda_context_bytes(spec) - other_processes_bytes
+        steps = min(cap_steps, math.floor(round(room / spec.total_bytes / XLA_FRACTION_STEP, 9)))
+        steps = max(steps, 1)
+        where = f"on {spec.name}"
+    fraction = steps * XLA_FRACTION_STEP
+    reason = (
+        f"one JAX job owns the GPU: preallocate {fraction:.0%} of it {where} instead of JAX's "
+        f"default 75%, leaving {outside} outside XLA's pool (they are not allocated from it); "
+        f"memfit plans the job to fit inside that pool"
+    )
+    return FractionAdvice(round(fraction, 2), reason)
+
 
 @dataclass(frozen=True)
 class Budget:
@@ -207,12 +289,20 @@ class Budget:
         other_processes_bytes: Memory other processes already use.
         margin_bytes: The safety margin.
         budget_bytes: What the job's footprint may reach.
-        context_bytes: The job's CUDA context.
+        context_bytes: The job's CUDA context (0 when it already exists and is counted in
+            ``other_processes_bytes``, or on the host).
         workspace_bytes: cuBLAS workspace (from the framework's allocator).
         pool_bytes: JAX's preallocated pool, or ``None`` when nothing is preallocated.
         job_limit_bytes: What the job's buffers may take (may be negative: nothing fits).
         breaking_term: When even an empty job does not fit, the term that breaks it
             (``"cuda_context"``, ``"jax_preallocation"``), else ``None``.
+        pool_fraction: The pool's fraction of the total (``None`` without preallocation).
+        outside_limit_bytes: With a pool, what memory outside the pool (a simulator in the
+            same process) may take: the budget less the context and the pool; ``None``
+            without a pool (then everything shares ``job_limit_bytes``).
+        margin: The safety margin as the fraction of the total it was given as.
+        advice: memfit's XLA fraction recommendation for this budget (with a pool), whether
+            or not the pool uses it.
     """
 
     total_bytes: int
@@ -224,6 +314,10 @@ class Budget:
     pool_bytes: int | None
     job_limit_bytes: int
     breaking_term: str | None
+    pool_fraction: float | None = None
+    outside_limit_bytes: int | None = None
+    margin: float = DEFAULT_MARGIN
+    advice: FractionAdvice | None = None
 
 
 def compose_budget(
@@ -233,17 +327,22 @@ def compose_budget(
     margin: float = DEFAULT_MARGIN,
     other_processes_bytes: int = 0,
     jax_preallocate: bool = True,
-    jax_mem_fraction: float = JAX_DEFAULT_MEM_FRACTION,
+    jax_mem_fraction: float | None = None,
+    context_bytes: int | None = None,
 ) -> Budget:
     """Compose the budget of a job on ``spec``.
 
     Args:
-        spec: The GPU.
+        spec: The GPU (``arch="cpu"`` for the host: no context, workspace or pool).
         framework: ``"torch"`` or ``"jax"``.
         margin: Safety margin as a fraction of the total, in ``[0, 1)``.
         other_processes_bytes: Memory other processes already hold on the GPU.
         jax_preallocate: Whether JAX preallocates its pool (``XLA_PYTHON_CLIENT_PREALLOCATE``).
-        jax_mem_fraction: The pool's fraction of the total (``XLA_PYTHON_CLIENT_MEM_FRACTION``).
+        jax_mem_fraction: The pool's fraction of the total (``XLA_PYTHON_CLIENT_MEM_FRACTION``);
+            ``None``: memfit's recommendation (:func:`recommended_xla_fraction`).
+        context_bytes: The job's CUDA context; ``None``: the estimate for ``spec``
+            (:func:`cuda_context_bytes`); ``0`` when the process already has its context
+            and it is counted in ``other_processes_bytes`` (``memfit.autoconfig``).
 
     Returns:
         The budget.
@@ -253,7 +352,8 @@ def compose_budget(
             negative, or the JAX fraction is outside ``(0, 1]``.
 
     >>> from memfit.core.catalog import anonymous_gpu
-    >>> b = compose_budget(anonymous_gpu(8 * 2**30), framework="jax", margin=0.1)
+    >>> b = compose_budget(anonymous_gpu(8 * 2**30), framework="jax", margin=0.1,
+    ...                    jax_mem_fraction=0.75)
     >>> b.pool_bytes == 6 * 2**30, b.job_limit_bytes == b.pool_bytes - b.workspace_bytes
     (True, True)
     """
@@ -264,21 +364,33 @@ def compose_budget(
             f"other processes' memory cannot be negative: {other_processes_bytes}",
             key_path="other_processes_bytes",
         )
-    if not 0 < jax_mem_fraction <= 1:
+    if jax_mem_fraction is not None and not 0 < jax_mem_fraction <= 1:
         raise ConfigError(
             f"mem_fraction must be in (0, 1], not {jax_mem_fraction!r}",
             key_path="jax.mem_fraction",
         )
+    if context_bytes is not None and context_bytes < 0:
+        raise ConfigError(
+            f"context bytes cannot be negative: {context_bytes}", key_path="context_bytes"
+        )
     total = spec.total_bytes
     margin_bytes = int(total * margin)
     budget = total - other_processes_bytes - margin_bytes
-    context = cuda_context_bytes(spec)
+    context = cuda_context_bytes(spec) if context_bytes is None else context_bytes
     workspace = cublas_workspace_bytes(spec)
     pool: int | None = None
+    fraction: float | None = None
+    outside: int | None = None
     breaking: str | None = None
-    if framework == "jax" and jax_preallocate:
-        pool = int(total * jax_mem_fraction)
+    advice: FractionAdvice | None = None
+    if framework == "jax" and jax_preallocate and spec.arch != "cpu":
+        advice = recommended_xla_fraction(
+            spec, margin=margin, other_processes_bytes=other_processes_bytes
+        )
+        fraction = advice.fraction if jax_mem_fraction is None else jax_mem_fraction
+        pool = int(total * fraction)
         limit = pool - workspace
+        outside = budget - context - pool
         if context + pool > budget:
             breaking = "jax_preallocation"
     else:
@@ -295,4 +407,8 @@ def compose_budget(
         pool_bytes=pool,
         job_limit_bytes=limit,
         breaking_term=breaking,
+        pool_fraction=fraction,
+        outside_limit_bytes=outside,
+        margin=margin,
+        advice=advice,
     )

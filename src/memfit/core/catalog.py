@@ -36,12 +36,15 @@ __all__ = [
     "GpuSpec",
     "anonymous_gpu",
     "gpu",
+    "host_device",
     "list_gpus",
     "normalize_name",
+    "size_note",
 ]
 
 #: Architecture names a :class:`GpuSpec` may carry.
 ARCHITECTURES: tuple[str, ...] = (
+    "cpu",
     "volta",
     "turing",
     "ampere",
@@ -73,6 +76,7 @@ class GpuSpec:
             what the OS and other processes leave, not ``total_bytes``.
         cuda_total_bytes: What CUDA / PyTorch report as total capacity, where a public
             report shows it (slightly below ``total_bytes``), else ``None``.
+        given_as: For a GPU made from a size, the text the user gave (``"3.7GB"``).
     """
 
     name: str
@@ -83,11 +87,17 @@ class GpuSpec:
     aliases: tuple[str, ...] = ()
     unified_memory: bool = False
     cuda_total_bytes: int | None = None
+    given_as: str | None = None
 
     @property
     def is_anonymous(self) -> bool:
         """``True`` for a GPU made from a bare size (not a catalog model)."""
         return self.arch == "unknown" and self.compute_capability is None and not self.aliases
+
+    @property
+    def is_host(self) -> bool:
+        """``True`` for the host (``--gpu cpu``): the job runs on the CPU, in host RAM."""
+        return self.arch == "cpu"
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as plain JSON data."""
@@ -115,23 +125,33 @@ _MODAL = (
 )
 
 
-def _smi(where: str) -> str:
+def _nvidia_smi_report(where: str) -> str:
+    """Source text for a total read from ``nvidia-smi`` output in a public report."""
     return f"nvidia-smi output in a public bug report ({where})"
 
 
-def _spec(detail: str) -> str:
+def _spec_sheet(detail: str) -> str:
+    """Source text for a total taken from the spec sheet (no ``nvidia-smi`` report checked)."""
     return (
         f"spec sheet ({detail}); no public nvidia-smi report was checked, so the driver's "
         "figure may be a few MiB lower"
     )
 
 
-def _cuda(gib: float) -> int:
-    # A "total capacity of X GiB" printed with two decimals by PyTorch.
+def _torch_total_gib(gib: float) -> int:
+    """Bytes of a "total capacity of X GiB" that PyTorch printed with two decimals."""
     return round(gib * GiB)
 
 
-def _g(
+#: Blackwell GeForce cards report 0.995 of their nominal size (RTX 5070: 12227 of 12288 MiB,
+#: RTX 5090: 32607 of 32768 MiB).
+_BLACKWELL_16GB_ESTIMATE = (
+    "16 GB GDDR7; the driver's total is estimated as 0.995 of 16384 MiB, as the RTX 5070 "
+    "(12227 of 12288 MiB) and 5090 (32607 of 32768 MiB) report"
+)
+
+
+def _catalog_entry(
     name: str,
     mib: int,
     arch: str,
@@ -142,6 +162,7 @@ def _g(
     unified: bool = False,
     cuda_total: int | None = None,
 ) -> GpuSpec:
+    """One catalog row: its total in MiB as ``nvidia-smi`` shows it, and where that comes from."""
     return GpuSpec(
         name=name,
         total_bytes=mib * MiB,
@@ -156,177 +177,238 @@ def _g(
 
 _CATALOG: tuple[GpuSpec, ...] = (
     # -- 4 GB laptop / entry class: torch sees about 3.7-3.8 GiB -------------------------------
-    _g(
+    _catalog_entry(
         "NVIDIA GeForce GTX 1650",
         4096,
         "turing",
         (7, 5),
-        _spec("4 GB GDDR5/GDDR6")
+        _spec_sheet("4 GB GDDR5/GDDR6")
         + "; torch reports 3.81 GiB total capacity (ultralytics/yolov5#285)",
         ("gtx 1650", "1650", "gtx1650 4gb"),
-        cuda_total=_cuda(3.81),
+        cuda_total=_torch_total_gib(3.81),
     ),
-    _g(
+    _catalog_entry(
         "NVIDIA GeForce RTX 3050 Laptop GPU",
         4096,
         "ampere",
         (8, 6),
-        _spec("4 GB GDDR6")
+        _spec_sheet("4 GB GDDR6")
         + "; 4 GB laptop cards show about 3.68 GiB to torch (see RTX A500 Laptop GPU)",
         ("rtx 3050 laptop", "3050 laptop", "rtx 3050 laptop 4gb", "3050m", "rtx 3050 mobile"),
     ),
-    _g(
+    _catalog_entry(
         "NVIDIA GeForce RTX 3050 Ti Laptop GPU",
         4096,
         "ampere",
         (8, 6),
-        _spec("4 GB GDDR6"),
+        _spec_sheet("4 GB GDDR6"),
         ("rtx 3050 ti laptop", "3050 ti laptop", "3050ti laptop", "3050 ti mobile"),
     ),
-    _g(
+    _catalog_entry(
         "NVIDIA RTX A500 Laptop GPU",
         4096,
         "ampere",
         (8, 6),
-        _spec("4 GB GDDR6") + "; torch reports 3.68 GiB total capacity (Robbyant/lingbot-map#73)",
+        _spec_sheet("4 GB GDDR6")
+        + "; torch reports 3.68 GiB total capacity (Robbyant/lingbot-map#73)",
         ("rtx a500 laptop", "a500 laptop", "a500"),
-        cuda_total=_cuda(3.68),
+        cuda_total=_torch_total_gib(3.68),
     ),
     # -- consumer Turing / Ampere ----------------------------------------------------------------
-    _g(
+    _catalog_entry(
         "NVIDIA GeForce RTX 2080 Ti",
         11264,
         "turing",
         (7, 5),
-        _spec("11 GB GDDR6"),
+        _spec_sheet("11 GB GDDR6"),
         ("2080 ti", "2080ti", "rtx 2080ti"),
     ),
-    _g(
+    _catalog_entry(
         "NVIDIA GeForce RTX 3060",
         12288,
         "ampere",
         (8, 6),
-        _smi("geerlingguy/raspberry-pi-pcie-devices#790: 12288MiB"),
+        _nvidia_smi_report("geerlingguy/raspberry-pi-pcie-devices#790: 12288MiB"),
         ("rtx 3060 12gb", "3060", "3060 12gb"),
     ),
-    _g(
+    _catalog_entry(
         "NVIDIA GeForce RTX 3060 Ti",
         8192,
         "ampere",
         (8, 6),
-        _spec("8 GB GDDR6/GDDR6X = 8192 MiB"),
+        _spec_sheet("8 GB GDDR6/GDDR6X = 8192 MiB"),
         ("3060 ti", "3060ti", "rtx 3060ti"),
     ),
-    _g(
+    _catalog_entry(
         "NVIDIA GeForce RTX 3070",
         8192,
         "ampere",
         (8, 6),
-        _spec("8 GB GDDR6") + "; an RTX 3070 laptop card shows 8192MiB in Akisoft41/py-nvtool#2",
+        _spec_sheet("8 GB GDDR6")
+        + "; an RTX 3070 laptop card shows 8192MiB in Akisoft41/py-nvtool#2",
         ("3070", "rtx 3070 8gb"),
     ),
-    _g(
+    _catalog_entry(
         "NVIDIA GeForce RTX 3080",
         10240,
         "ampere",
         (8, 6),
-        _spec("10 GB GDDR6X")
+        _spec_sheet("10 GB GDDR6X")
         + "; torch reports 9.78 GiB total capacity on Linux (zai-org/CogVideo#34)",
         ("3080", "rtx 3080 10gb", "3080 10gb"),
-        cuda_total=_cuda(9.78),
+        cuda_total=_torch_total_gib(9.78),
     ),
-    _g(
+    _catalog_entry(
         "NVIDIA GeForce RTX 3080 12GB",
         12288,
         "ampere",
         (8, 6),
-        _spec("12 GB GDDR6X; NVML names it 'NVIDIA GeForce RTX 3080' too"),
+        _spec_sheet("12 GB GDDR6X; NVML names it 'NVIDIA GeForce RTX 3080' too"),
         ("3080 12gb", "rtx 3080 12 gb"),
     ),
-    _g(
+    _catalog_entry(
+        "NVIDIA GeForce RTX 3080 Ti",
+        12288,
+        "ampere",
+        (8, 6),
+        _spec_sheet(
+            "12 GB GDDR6X = 12288 MiB; Ampere cards report the full size, as the RTX 3060 "
+            "(12288MiB) does"
+        ),
+        ("3080 ti", "3080ti", "rtx 3080ti"),
+    ),
+    _catalog_entry(
         "NVIDIA GeForce RTX 3090",
         24576,
         "ampere",
         (8, 6),
-        _smi("noonghunna/club-3090#1127: 24576MiB"),
+        _nvidia_smi_report("noonghunna/club-3090#1127: 24576MiB"),
         ("3090",),
     ),
     # -- consumer Ada / Blackwell ----------------------------------------------------------------
-    _g(
+    _catalog_entry(
         "NVIDIA GeForce RTX 4060 Ti",
         8188,
         "ada",
         (8, 9),
-        _spec("8 GB GDDR6; Ada cards report a few MiB under the nominal size"),
+        _spec_sheet("8 GB GDDR6; Ada cards report a few MiB under the nominal size"),
         ("4060 ti", "4060ti", "4060 ti 8gb", "rtx 4060 ti 8gb"),
     ),
-    _g(
+    _catalog_entry(
         "NVIDIA GeForce RTX 4060 Ti 16GB",
         16380,
         "ada",
         (8, 9),
-        _spec("16 GB GDDR6; NVML names it 'NVIDIA GeForce RTX 4060 Ti' too"),
+        _spec_sheet("16 GB GDDR6; NVML names it 'NVIDIA GeForce RTX 4060 Ti' too"),
         ("4060 ti 16gb", "4060ti 16gb", "rtx 4060ti 16gb"),
     ),
-    _g(
+    _catalog_entry(
         "NVIDIA GeForce RTX 4070",
         12282,
         "ada",
         (8, 9),
-        _spec("12 GB GDDR6X"),
+        _spec_sheet("12 GB GDDR6X"),
         ("4070",),
     ),
-    _g(
+    _catalog_entry(
         "NVIDIA GeForce RTX 4080",
         16376,
         "ada",
         (8, 9),
-        _spec("16 GB GDDR6X"),
+        _spec_sheet("16 GB GDDR6X"),
         ("4080",),
     ),
-    _g(
+    _catalog_entry(
+        "NVIDIA GeForce RTX 4070 SUPER",
+        12282,
+        "ada",
+        (8, 9),
+        _spec_sheet("12 GB GDDR6X; taken equal to the RTX 4070's figure, same memory"),
+        ("4070 super", "4070super", "rtx 4070super"),
+    ),
+    _catalog_entry(
+        "NVIDIA GeForce RTX 4070 Ti",
+        12282,
+        "ada",
+        (8, 9),
+        _spec_sheet("12 GB GDDR6X; taken equal to the RTX 4070's figure, same memory"),
+        ("4070 ti", "4070ti", "rtx 4070ti"),
+    ),
+    _catalog_entry(
+        "NVIDIA GeForce RTX 4070 Ti SUPER",
+        16376,
+        "ada",
+        (8, 9),
+        _spec_sheet("16 GB GDDR6X; taken equal to the RTX 4080's figure, same memory"),
+        ("4070 ti super", "4070ti super", "rtx 4070 ti super"),
+    ),
+    _catalog_entry(
+        "NVIDIA GeForce RTX 4080 SUPER",
+        16376,
+        "ada",
+        (8, 9),
+        _spec_sheet("16 GB GDDR6X; taken equal to the RTX 4080's figure, same memory"),
+        ("4080 super", "4080super", "rtx 4080super"),
+    ),
+    _catalog_entry(
         "NVIDIA GeForce RTX 4090",
         24564,
         "ada",
         (8, 9),
-        _smi("RLinf/RLinf#255: 24564MiB"),
+        _nvidia_smi_report("RLinf/RLinf#255: 24564MiB"),
         ("4090",),
     ),
-    _g(
+    _catalog_entry(
         "NVIDIA GeForce RTX 5070",
         12227,
         "blackwell",
         (12, 0),
-        _smi("shkhln/libc6-shim#14: 12227MiB"),
+        _nvidia_smi_report("shkhln/libc6-shim#14: 12227MiB"),
         ("5070",),
     ),
-    _g(
+    _catalog_entry(
+        "NVIDIA GeForce RTX 5070 Ti",
+        16303,
+        "blackwell",
+        (12, 0),
+        _spec_sheet(_BLACKWELL_16GB_ESTIMATE),
+        ("5070 ti", "5070ti", "rtx 5070ti"),
+    ),
+    _catalog_entry(
+        "NVIDIA GeForce RTX 5080",
+        16303,
+        "blackwell",
+        (12, 0),
+        _spec_sheet(_BLACKWELL_16GB_ESTIMATE),
+        ("5080",),
+    ),
+    _catalog_entry(
         "NVIDIA GeForce RTX 5090",
         32607,
         "blackwell",
         (12, 0),
-        _smi("noonghunna/club-3090#617: 32607MiB"),
+        _nvidia_smi_report("noonghunna/club-3090#617: 32607MiB"),
         ("5090",),
     ),
     # -- workstation -----------------------------------------------------------------------------
-    _g(
+    _catalog_entry(
         "NVIDIA RTX A5000",
         24564,
         "ampere",
         (8, 6),
-        _spec("24 GB GDDR6 with ECC support"),
+        _spec_sheet("24 GB GDDR6 with ECC support"),
         ("a5000", "rtx a5000"),
     ),
-    _g(
+    _catalog_entry(
         "NVIDIA RTX A6000",
         49140,
         "ampere",
         (8, 6),
-        _spec("48 GB GDDR6 with ECC support"),
+        _spec_sheet("48 GB GDDR6 with ECC support"),
         ("a6000", "rtx a6000"),
     ),
     # -- data centre -----------------------------------------------------------------------------
-    _g(
+    _catalog_entry(
         "Tesla T4",
         15360,
         "turing",
@@ -334,7 +416,7 @@ _CATALOG: tuple[GpuSpec, ...] = (
         _MODAL,
         ("t4", "nvidia t4", "tesla t4 16gb"),
     ),
-    _g(
+    _catalog_entry(
         "NVIDIA L4",
         23034,
         "ada",
@@ -342,15 +424,15 @@ _CATALOG: tuple[GpuSpec, ...] = (
         _MODAL,
         ("l4",),
     ),
-    _g(
+    _catalog_entry(
         "NVIDIA A10G",
         23028,
         "ampere",
         (8, 6),
-        _smi("NVIDIA/DCGM#232: 23028MiB (AWS g5)"),
+        _nvidia_smi_report("NVIDIA/DCGM#232: 23028MiB (AWS g5)"),
         ("a10g",),
     ),
-    _g(
+    _catalog_entry(
         "NVIDIA A10",
         23028,
         "ampere",
@@ -358,7 +440,7 @@ _CATALOG: tuple[GpuSpec, ...] = (
         _MODAL,
         ("a10",),
     ),
-    _g(
+    _catalog_entry(
         "NVIDIA L40S",
         46068,
         "ada",
@@ -366,23 +448,23 @@ _CATALOG: tuple[GpuSpec, ...] = (
         _MODAL,
         ("l40s",),
     ),
-    _g(
+    _catalog_entry(
         "Tesla V100-SXM2-16GB",
         16384,
         "volta",
         (7, 0),
-        _spec("16 GB HBM2; older drivers show about 16160MiB"),
+        _spec_sheet("16 GB HBM2; older drivers show about 16160MiB"),
         ("v100", "v100 16gb", "v100-16gb", "v100 sxm2 16gb", "tesla v100", "v100-pcie-16gb"),
     ),
-    _g(
+    _catalog_entry(
         "Tesla V100-SXM2-32GB",
         32768,
         "volta",
         (7, 0),
-        _spec("32 GB HBM2; older drivers show about 32510MiB"),
+        _spec_sheet("32 GB HBM2; older drivers show about 32510MiB"),
         ("v100 32gb", "v100-32gb", "v100 sxm2 32gb", "v100-pcie-32gb"),
     ),
-    _g(
+    _catalog_entry(
         "NVIDIA A100-SXM4-40GB",
         40960,
         "ampere",
@@ -390,7 +472,7 @@ _CATALOG: tuple[GpuSpec, ...] = (
         _MODAL,
         ("a100 40gb", "a100-40gb", "a100 sxm4 40gb", "a100-pcie-40gb", "a100 40"),
     ),
-    _g(
+    _catalog_entry(
         "NVIDIA A100-SXM4-80GB",
         81920,
         "ampere",
@@ -398,31 +480,31 @@ _CATALOG: tuple[GpuSpec, ...] = (
         _MODAL,
         ("a100 80gb", "a100-80gb", "a100 sxm4 80gb", "a100 sxm 80gb", "a100 80"),
     ),
-    _g(
+    _catalog_entry(
         "NVIDIA A100 80GB PCIe",
         81920,
         "ampere",
         (8, 0),
-        _spec("80 GB HBM2e, same memory as the SXM4 80GB"),
+        _spec_sheet("80 GB HBM2e, same memory as the SXM4 80GB"),
         ("a100 pcie 80gb", "a100-pcie-80gb", "a100 80gb pcie"),
     ),
-    _g(
+    _catalog_entry(
         "NVIDIA H100 80GB HBM3",
         81559,
         "hopper",
         (9, 0),
-        _smi("NVIDIA/nccl#1264: 81559MiB") + "; also " + _MODAL,
+        _nvidia_smi_report("NVIDIA/nccl#1264: 81559MiB") + "; also " + _MODAL,
         ("h100", "h100 80gb", "h100-80gb", "h100 sxm", "h100 sxm5", "h100 sxm 80gb"),
     ),
-    _g(
+    _catalog_entry(
         "NVIDIA H100 PCIe",
         81559,
         "hopper",
         (9, 0),
-        _spec("80 GB HBM2e; taken equal to the SXM figure"),
+        _spec_sheet("80 GB HBM2e; taken equal to the SXM figure"),
         ("h100 pcie", "h100-pcie", "h100 pcie 80gb"),
     ),
-    _g(
+    _catalog_entry(
         "NVIDIA H200",
         143771,
         "hopper",
@@ -431,7 +513,7 @@ _CATALOG: tuple[GpuSpec, ...] = (
         "against a public report here",
         ("h200", "h200 141gb", "h200 sxm"),
     ),
-    _g(
+    _catalog_entry(
         "NVIDIA GH200 480GB",
         97871,
         "hopper",
@@ -441,39 +523,39 @@ _CATALOG: tuple[GpuSpec, ...] = (
         "NVLink-C2C but is not counted here",
         ("gh200", "gh200 96gb", "grace hopper"),
     ),
-    _g(
+    _catalog_entry(
         "NVIDIA B200",
         183359,
         "blackwell",
         (10, 0),
-        _smi("NVIDIA/TensorRT-LLM#10278: 183359MiB"),
+        _nvidia_smi_report("NVIDIA/TensorRT-LLM#10278: 183359MiB"),
         ("b200", "b200 180gb", "b200 192gb"),
     ),
     # -- Jetson (unified memory) -----------------------------------------------------------------
-    _g(
+    _catalog_entry(
         "NVIDIA Jetson AGX Orin 64GB",
         65536,
         "ampere",
         (8, 7),
-        _spec("64 GB LPDDR5 shared by CPU and GPU (unified memory)"),
+        _spec_sheet("64 GB LPDDR5 shared by CPU and GPU (unified memory)"),
         ("jetson orin", "agx orin", "jetson agx orin", "orin 64gb", "agx orin 64gb", "orin"),
         unified=True,
     ),
-    _g(
+    _catalog_entry(
         "NVIDIA Jetson AGX Orin 32GB",
         32768,
         "ampere",
         (8, 7),
-        _spec("32 GB LPDDR5 shared by CPU and GPU (unified memory)"),
+        _spec_sheet("32 GB LPDDR5 shared by CPU and GPU (unified memory)"),
         ("agx orin 32gb", "orin 32gb", "jetson agx orin 32gb"),
         unified=True,
     ),
-    _g(
+    _catalog_entry(
         "NVIDIA Jetson Orin Nano 8GB",
         8192,
         "ampere",
         (8, 7),
-        _spec("8 GB LPDDR5 shared by CPU and GPU (unified memory)"),
+        _spec_sheet("8 GB LPDDR5 shared by CPU and GPU (unified memory)"),
         ("orin nano", "jetson orin nano", "orin nano 8gb"),
         unified=True,
     ),
@@ -559,7 +641,68 @@ def anonymous_gpu(size: int | str) -> GpuSpec:
         arch="unknown",
         compute_capability=None,
         source=f"size given by the user ({size!r})",
+        given_as=size.strip() if isinstance(size, str) else None,
     )
+
+
+def host_device(total_bytes: int, *, source: str = "host RAM") -> GpuSpec:
+    """The host as a device to plan for (``--gpu cpu``): a job that trains on the CPU, with
+    everything in host RAM. No CUDA context, no cuBLAS workspace, no JAX pool.
+
+    Raises:
+        ConfigError: When ``total_bytes`` is not positive.
+
+    >>> host_device(16 * 2**30).name, host_device(16 * 2**30).is_host
+    ('CPU (host RAM)', True)
+    """
+    if isinstance(total_bytes, bool) or total_bytes <= 0:
+        raise ConfigError(
+            f"host memory must be a positive size, not {total_bytes!r}",
+            key_path="--host-memory",
+            hint="give the RAM to plan for, e.g. --host-memory 16GiB",
+        )
+    return GpuSpec(
+        name="CPU (host RAM)",
+        total_bytes=int(total_bytes),
+        arch="cpu",
+        compute_capability=None,
+        source=source,
+    )
+
+
+_DECIMAL_UNIT = re.compile(r"^\s*[\d.]+\s*([kmgt]b)\s*$", re.IGNORECASE)
+_BINARY_UNIT = re.compile(r"^\s*[\d.]+\s*([kmgt]i?b?|[kmgt])\s*$", re.IGNORECASE)
+
+
+def size_note(spec: GpuSpec) -> str | None:
+    """For a GPU given as a size, what that size is in bytes and in the other unit system.
+
+    ``GB`` is decimal (10^9 bytes, as on a spec sheet), ``GiB`` binary (2^30, as
+    ``nvidia-smi`` and PyTorch count): ``--gpu 3.7GB`` is 3.45 GiB, about 6% less than the
+    3.68 GiB a 4 GB laptop card shows to torch, so the two plan different knobs.
+
+    >>> print(size_note(gpu("3.7GB")))  # doctest: +ELLIPSIS
+    3.7GB is decimal: 3,700,000,000 bytes = 3.45 GiB. nvidia-smi and PyTorch count in GiB ...
+    >>> size_note(gpu("RTX 4090")) is None
+    True
+    """
+    text = spec.given_as
+    if text is None or not spec.is_anonymous:
+        return None
+    total = spec.total_bytes
+    if _DECIMAL_UNIT.match(text):
+        return (
+            f"{text} is decimal: {total:,} bytes = {format_bytes(total)}. nvidia-smi and "
+            "PyTorch count in GiB (2^30 bytes): a 4 GB laptop card shows 3.68 GiB to torch "
+            f"({round(3.68 * GiB):,} bytes); give --gpu 3.68GiB to plan for that, or the "
+            "card's name"
+        )
+    if _BINARY_UNIT.match(text) or text.isdigit():
+        return (
+            f"{text} is binary: {total:,} bytes ({total / 10**9:.2f} GB in the decimal units "
+            "of a spec sheet), as nvidia-smi and PyTorch count"
+        )
+    return None
 
 
 def _nearest(query: str, n: int = 3) -> list[str]:

@@ -292,16 +292,18 @@ class Violation:
 
     Attributes:
         rule: The rule's name.
-        knobs: The knobs (and settings) it reads, with their current values.
+        knobs: The knobs (and settings) it reads, with their current values (integers for
+            knob rules; a framework's own argument rules, such as Brax's, may hold other
+            values, ``None`` for an argument that is missing).
         message: One sentence for humans.
         suggestions: Nearest valid settings, each a dict of the knobs to change, the knob to
             shrink first (lowest priority) first.
     """
 
     rule: str
-    knobs: dict[str, int]
+    knobs: dict[str, Any]
     message: str
-    suggestions: tuple[dict[str, int], ...] = ()
+    suggestions: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for ``--json``."""

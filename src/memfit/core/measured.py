@@ -4,13 +4,21 @@ The estimators (``memfit.estimate``) trace the user's real step and reduce it to
 model of peak bytes over one knob; the planner (``memfit.core.plan``) uses that instead of its
 analytic parameter and activation terms. This module is the plain-data meeting point, so the
 core never imports an estimator.
+
+It also holds the schema of measurements recorded in a workload file
+(:class:`BraxMeasurements`: a Brax PPO job measured from its real environment and Brax's own
+compiled training step), so a workload plans from measurements on a machine without Brax.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-__all__ = ["MeasuredTerms"]
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["AffineLine", "BraxMeasurements", "MeasuredTerms", "Provenance", "StepFit"]
 
 
 @dataclass(frozen=True)
@@ -36,3 +44,148 @@ class MeasuredTerms:
     def peak_bytes(self, knob_value: int) -> int:
         """Predicted allocated peak at ``knob_value``."""
         return sum(self.fixed_bytes.values()) + round(self.per_item_bytes * knob_value)
+
+
+# --------------------------------------------------------------------------------------------
+# Brax PPO measured from the real environment and Brax's own training step
+
+
+class _Record(BaseModel):
+    """Strict, frozen, unknown keys refused (as every workload section)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class AffineLine(_Record):
+    """``fixed + per_item * n`` bytes over one quantity ``n``, with the points it was fitted
+    on (``[n, bytes]`` pairs, as compiled) and the largest error of the fit over them.
+
+    Attributes:
+        fixed_bytes: The intercept (may be negative: XLA reuses buffers).
+        per_item_bytes: Bytes per unit of ``n``.
+        points: The measured ``[n, bytes]`` pairs.
+        residual_bytes: Largest absolute error of the line over ``points``.
+    """
+
+    fixed_bytes: float
+    per_item_bytes: float
+    points: list[list[int]] = Field(default_factory=list)
+    residual_bytes: int = 0
+
+    def at(self, n: int) -> int:
+        """The line at ``n`` (bytes, never below zero)."""
+        return max(0, round(self.fixed_bytes + self.per_item_bytes * n))
+
+
+class StepFit(_Record):
+    """Brax's training step, compiled: the bytes besides the training state and the env
+    state, as ``fixed + per_transition * B*M*U + per_minibatch_item * B*U``.
+
+    ``B*M*U`` (``batch_size * num_minibatches * unroll_length``) counts the transitions one
+    training step collects (the rollout and the copies ``sgd_step`` permutes); ``B*U`` the
+    items of one minibatch (its gathered data, the activations and their gradients). The
+    three coefficients are solved from three compiled points that vary those two counts
+    independently (``points``: ``{num_envs, batch_size, num_minibatches, unroll_length,
+    bytes}``).
+    """
+
+    fixed_bytes: float
+    per_transition_bytes: float
+    per_minibatch_item_bytes: float
+    points: list[dict[str, int]] = Field(default_factory=list)
+
+    def at(self, transitions: int, minibatch_items: int) -> int:
+        """The step's bytes at these counts (never below zero)."""
+        value = (
+            self.fixed_bytes
+            + self.per_transition_bytes * transitions
+            + self.per_minibatch_item_bytes * minibatch_items
+        )
+        return max(0, round(value))
+
+
+class Provenance(_Record):
+    """Where a recorded measurement comes from.
+
+    Attributes:
+        versions: Package versions it was taken with (``brax``, ``jax``, ``jaxlib``).
+        platform: The XLA backend that compiled it (``cpu``, ``gpu``).
+        date: When (ISO date).
+        command: The command that took it (so anyone can take it again).
+        machine: Where, in words.
+        seconds: How long the measurement took.
+    """
+
+    versions: dict[str, str]
+    platform: str
+    date: str
+    command: str
+    machine: str | None = None
+    seconds: float | None = None
+
+
+class BraxMeasurements(_Record):
+    """A Brax PPO workload measured from its real environment and Brax's own training step.
+
+    Written by :func:`memfit.integrations.brax.measure_ppo` (into the cache, or into a
+    workload's ``measurements:`` section with its provenance); read by the ``ppo`` family
+    (:mod:`memfit.core.families.ppo`), which then uses these terms instead of its analytic
+    ones:
+
+    * ``training_state``: ``training_state_bytes`` (parameters, Adam's two states and the
+      observation normaliser, as Brax's ``TrainingState`` holds them);
+    * ``env_state``: ``num_envs x env_state_bytes``, the state as ``ppo.train`` holds it (after
+      Brax's training wrappers, which keep the first state for automatic resets: about twice
+      ``jax.eval_shape(env.reset)``, kept as ``env_state_raw_bytes``);
+    * ``rollout_buffer``: ``batch_size x num_minibatches x unroll_length x transition_bytes``;
+    * ``env_step_temporaries``: ``env_step`` at ``num_envs`` (XLA's temporaries of the vmapped
+      ``env.step``, compiled at two sizes);
+    * ``sgd_temporaries``: what the SGD phase of the compiled training step needs beyond the
+      rollout and the env step's scratch, which XLA reuses for it (``step`` less those two,
+      never below zero): so the sum is the larger of the two phases.
+
+    Attributes:
+        env: The environment (``brax:humanoid``).
+        backend: Its physics pipeline (``mjx``, ``generalized``, ``positional``, ``spring``).
+        config: What else decides the measurement (network widths, ``num_updates_per_batch``,
+            ...), as it was measured.
+        provenance: Versions, platform, date and command.
+    """
+
+    env: str
+    backend: str | None = None
+    config: dict[str, Any] = Field(default_factory=dict)
+    provenance: Provenance
+    env_state_bytes: int = Field(ge=0)
+    env_state_raw_bytes: int | None = Field(default=None, ge=0)
+    transition_bytes: int = Field(ge=0)
+    training_state_bytes: int = Field(ge=0)
+    env_step: AffineLine
+    step: StepFit
+
+    def terms(self, values: Mapping[str, int], device_count: int = 1) -> list[tuple[str, int]]:
+        """The measured terms at these knob values, per device (``pmap`` splits the
+        environments and the trajectories over ``device_count`` devices).
+
+        >>> m = BraxMeasurements(env="brax:x", provenance=Provenance(versions={}, platform="cpu",
+        ...     date="2026-01-01", command="test"), env_state_bytes=100, transition_bytes=10,
+        ...     training_state_bytes=1000, env_step=AffineLine(fixed_bytes=0, per_item_bytes=50),
+        ...     step=StepFit(fixed_bytes=0, per_transition_bytes=30, per_minibatch_item_bytes=5))
+        >>> dict(m.terms({"num_envs": 8, "batch_size": 4, "num_minibatches": 2,
+        ...               "unroll_length": 5}))["sgd_temporaries"]
+        500
+        """
+        envs = values["num_envs"] // device_count
+        trajectories = values["batch_size"] * values["num_minibatches"] // device_count
+        transitions = trajectories * values["unroll_length"]
+        minibatch_items = values["batch_size"] // device_count * values["unroll_length"]
+        rollout = transitions * self.transition_bytes
+        env_step = self.env_step.at(envs)
+        sgd = self.step.at(transitions, minibatch_items)
+        return [
+            ("training_state", self.training_state_bytes),
+            ("env_state", envs * self.env_state_bytes),
+            ("rollout_buffer", rollout),
+            ("env_step_temporaries", env_step),
+            ("sgd_temporaries", max(0, sgd - rollout - env_step)),
+        ]

@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from memfit.core.allocator_settings import workload_settings
 from memfit.core.budget import DEFAULT_MARGIN, Budget, compose_budget
-from memfit.core.catalog import GpuSpec
+from memfit.core.catalog import GpuSpec, size_note
 from memfit.core.constraints import (
     CompiledRule,
     apply_overrides,
@@ -46,9 +47,9 @@ from memfit.core.constraints import (
     range_violation,
     require_known,
 )
-from memfit.core.families import Evaluation, evaluate
+from memfit.core.families import Evaluation, evaluate, family_for
 from memfit.core.measured import MeasuredTerms
-from memfit.core.workload import OffPolicySpec, Workload
+from memfit.core.workload import Workload
 from memfit.errors import ConfigError, InfeasiblePlan
 from memfit.units import format_bytes
 
@@ -77,8 +78,24 @@ class Plan:
         breakdown: Term name -> bytes; the values sum to ``predicted_bytes``.
         binding: What stops the next bigger configuration: a term name, ``rule: ...``,
             ``host_memory``, or ``knob ranges``; ``None`` when nothing was searched.
-        alternatives: The next best configurations: ``{"knobs", "predicted_bytes",
-            "objective"}`` each, best first.
+        alternatives: The next best configurations, best first, each different from the
+            chosen one and from each other in what it achieves or needs: ``{"knobs",
+            "predicted_bytes", "used_bytes", "objective"}``, where ``used_bytes`` is what the
+            job itself takes (``predicted_bytes`` without ``jax_pool_unused``: with
+            preallocation every configuration's footprint is the whole pool).
+        gpu_total_bytes: The GPU's total memory (as the driver reports it).
+        pool_bytes: JAX's preallocated pool (``None`` without preallocation).
+        host_bytes: Host RAM the plan puts state in (a replay buffer in host RAM), not part
+            of ``predicted_bytes``.
+        environment: The allocator settings the plan assumes, to run the job with
+            (:func:`memfit.core.allocator_settings.workload_settings`).
+        notes: Sentences a reader needs: the XLA fraction's reason, what a size given in
+            decimal units means, a knob range that limits the plan, where measurements came
+            from.
+        would_fit: When the requested configuration does not fit: changes that would
+            (``{"change", "fits", "knobs", "predicted_bytes", "host_bytes"}`` each), from
+            the workload family's fallbacks (an off-policy replay buffer in host RAM,
+            ``optimize_memory_usage``, a smaller buffer).
     """
 
     gpu: str
@@ -89,9 +106,30 @@ class Plan:
     breakdown: dict[str, int]
     binding: str | None
     alternatives: list[dict[str, Any]] = field(default_factory=list)
+    gpu_total_bytes: int | None = None
+    pool_bytes: int | None = None
+    host_bytes: int = 0
+    environment: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    would_fit: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def used_bytes(self) -> int:
+        """What the job itself takes on the device: ``predicted_bytes`` without the unused
+        part of a preallocated pool."""
+        return self.predicted_bytes - self.breakdown.get("jax_pool_unused", 0)
+
+    @property
+    def headroom_bytes(self) -> int:
+        """Room left: inside the preallocated pool when there is one (the rest of the card
+        is already the pool's), else within the budget."""
+        if self.pool_bytes is not None:
+            return self.breakdown.get("jax_pool_unused", 0)
+        return self.budget_bytes - self.predicted_bytes
 
     def to_dict(self) -> dict[str, Any]:
-        """Exactly the plan's fields, as plain data (the CLI's ``--json``)."""
+        """The plan's fields and the two figures derived from them (``used_bytes``,
+        ``headroom_bytes``), as plain data (the CLI's ``--json``)."""
         return {
             "gpu": self.gpu,
             "budget_bytes": self.budget_bytes,
@@ -101,6 +139,14 @@ class Plan:
             "breakdown": dict(self.breakdown),
             "binding": self.binding,
             "alternatives": [dict(a) for a in self.alternatives],
+            "gpu_total_bytes": self.gpu_total_bytes,
+            "pool_bytes": self.pool_bytes,
+            "host_bytes": self.host_bytes,
+            "used_bytes": self.used_bytes,
+            "headroom_bytes": self.headroom_bytes,
+            "environment": dict(self.environment),
+            "notes": list(self.notes),
+            "would_fit": [dict(w) for w in self.would_fit],
         }
 
 
@@ -112,6 +158,35 @@ class _Eval:
     on_gpu: bool
 
 
+@dataclass(frozen=True)
+class _Limit:
+    """What a configuration may take: the framework's allocator (``job``) and, with a JAX
+    pool, the device memory outside it (``outside``; ``None`` without a pool, where terms
+    outside the allocator share ``job``)."""
+
+    job: int
+    outside: int | None = None
+
+    @classmethod
+    def of(cls, budget: Budget) -> _Limit:
+        return cls(budget.job_limit_bytes, budget.outside_limit_bytes)
+
+    def holds(self, ev: Evaluation) -> bool:
+        """Whether the configuration's reserved memory fits."""
+        if self.outside is None:
+            return ev.reserved_bytes <= self.job
+        return ev.framework_reserved_bytes <= self.job and ev.outside_bytes <= self.outside
+
+    def may_hold(self, ev: Evaluation) -> bool:
+        """Whether the configuration's allocated memory fits (a lower bound of every larger
+        configuration's reserved memory, for pruning)."""
+        if self.outside is None:
+            return ev.allocated_bytes <= self.job
+        return (
+            ev.allocated_bytes - ev.outside_bytes <= self.job and ev.outside_bytes <= self.outside
+        )
+
+
 class _Space:
     """The search space and the GPU-independent evaluation cache of one workload."""
 
@@ -121,9 +196,12 @@ class _Space:
         overrides: Mapping[str, int] | None,
         measured: MeasuredTerms | None,
         host_memory_bytes: int | None,
+        *,
+        device_is_host: bool = False,
     ) -> None:
         self.workload = workload
         given = apply_overrides(workload, overrides)
+        self.overrides: dict[str, int] = dict(given)
         self.env: dict[str, int] = {**environment(workload)}
         self.env.update({k: v for k, v in given.items() if k in workload.settings})
         pinned = {k: v for k, v in given.items() if k in workload.knobs}
@@ -166,8 +244,9 @@ class _Space:
         self.rules: list[CompiledRule] = compile_rules(workload)
         self.objective = parse_expr(workload.objective_expr(), key_path="objective")
         require_known(self.objective, [*workload.knobs, *self.env], what="objective")
-        spec = workload.replay or OffPolicySpec()
-        self.placement = spec.placement if workload.family == "offpolicy" else "gpu"
+        self.family = family_for(workload)
+        # on the host (--gpu cpu) the device is host RAM: placeable state stays "on device"
+        self.placement = "gpu" if device_is_host else self.family.placement_of(workload)
         self.pinned_all = all(len(d) == 1 for d in self.domains.values())
         self._cache: dict[tuple[tuple[int, ...], bool], Evaluation] = {}
         self._valid: dict[tuple[int, ...], bool] = {}
@@ -186,7 +265,7 @@ class _Space:
         found = self._cache.get(key)
         if found is None:
             found = evaluate(
-                self.workload, self.values(config), measured=self.measured, replay_on_gpu=on_gpu
+                self.workload, self.values(config), measured=self.measured, on_device=on_gpu
             )
             self._cache[key] = found
         return found
@@ -194,28 +273,28 @@ class _Space:
     def host_ok(self, ev: Evaluation) -> bool:
         return self.host_memory_bytes is None or ev.host_bytes <= self.host_memory_bytes
 
-    def resolve(self, config: tuple[int, ...], limit: int) -> _Eval | None:
+    def resolve(self, config: tuple[int, ...], limit: _Limit) -> _Eval | None:
         """The configuration's memory with its placement, or ``None`` if it cannot fit."""
         if self.placement in ("gpu", "auto"):
             ev = self.evaluation(config, True)
-            if ev.reserved_bytes <= limit:
+            if limit.holds(ev):
                 return _Eval(ev, True)
             if self.placement == "gpu":
                 return None
         ev = self.evaluation(config, False)
-        if ev.reserved_bytes <= limit and self.host_ok(ev):
+        if limit.holds(ev) and self.host_ok(ev):
             return _Eval(ev, False)
         return None
 
-    def could_fit(self, config: tuple[int, ...], limit: int) -> bool:
+    def could_fit(self, config: tuple[int, ...], limit: _Limit) -> bool:
         """``False`` when neither this configuration nor any larger one can fit ``limit``."""
         if self.placement in ("gpu", "auto"):
-            if self.evaluation(config, True).allocated_bytes <= limit:
+            if limit.may_hold(self.evaluation(config, True)):
                 return True
             if self.placement == "gpu":
                 return False
         ev = self.evaluation(config, False)
-        return ev.allocated_bytes <= limit and self.host_ok(ev)
+        return limit.may_hold(ev) and self.host_ok(ev)
 
     def lower_bound(self, config: tuple[int, ...]) -> int:
         """Allocated bytes of the smallest placement: no larger configuration reserves less."""
@@ -262,7 +341,7 @@ class _Space:
             self._ranks[config] = found
         return found
 
-    def search(self, limit: int) -> list[tuple[tuple[float, tuple[int, ...]], tuple[int, ...]]]:
+    def search(self, limit: _Limit) -> list[tuple[tuple[float, tuple[int, ...]], tuple[int, ...]]]:
         """Every configuration that fits ``limit`` and keeps the rules, with its rank."""
         order = self.search_order
         domains = [self.domains[n] for n in order]
@@ -331,7 +410,7 @@ def _breakdown(budget: Budget, ev: Evaluation) -> dict[str, int]:
     out.update(ev.terms)
     out["allocator_slack"] = ev.slack_bytes
     if budget.pool_bytes is not None:
-        used = budget.workspace_bytes + ev.reserved_bytes
+        used = budget.workspace_bytes + ev.framework_reserved_bytes
         out["jax_pool_unused"] = max(0, budget.pool_bytes - used)
     return out
 
@@ -339,8 +418,8 @@ def _breakdown(budget: Budget, ev: Evaluation) -> dict[str, int]:
 def _knobs(space: _Space, config: tuple[int, ...], on_gpu: bool) -> dict[str, int | str]:
     values = space.values(config)
     knobs: dict[str, int | str] = {n: values[n] for n in space.workload.knobs}
-    if space.placement == "auto":
-        knobs["replay_placement"] = "gpu" if on_gpu else "host"
+    if space.placement == "auto" and space.family.placement_knob is not None:
+        knobs[space.family.placement_knob] = "gpu" if on_gpu else "host"
     return knobs
 
 
@@ -351,9 +430,15 @@ def _growth(before: Evaluation, after: Evaluation) -> str:
     return max(sorted(deltas), key=lambda n: deltas[n])
 
 
-def _binding(space: _Space, config: tuple[int, ...], chosen: _Eval, limit: int) -> str:
-    """Why the next bigger configuration (one knob one step up, priority order) is not it."""
-    for name in space.priority_order:
+def _binding(space: _Space, config: tuple[int, ...], chosen: _Eval, limit: _Limit) -> str:
+    """Why the next bigger configuration (one knob one step up, priority order) is not it.
+
+    Only the knobs the objective reads can limit it: when they all sit at the top of their
+    ranges, the plan is limited by the knob ranges, whatever stops a knob the objective
+    does not read (a larger ``num_minibatches`` gains no throughput).
+    """
+    in_objective = [n for n in space.priority_order if n in space.objective.names]
+    for name in in_objective or space.priority_order:
         index = space.search_order.index(name)
         domain = space.domains[name]
         position = domain.index(config[index])
@@ -365,7 +450,7 @@ def _binding(space: _Space, config: tuple[int, ...], chosen: _Eval, limit: int) 
         if space.resolve(bigger, limit) is None:
             if space.placement != "gpu":
                 host_ev = space.evaluation(bigger, False)
-                if host_ev.reserved_bytes <= limit and not space.host_ok(host_ev):
+                if limit.holds(host_ev) and not space.host_ok(host_ev):
                     return "host_memory"
             after = space.smallest_eval(bigger).evaluation
             return _growth(chosen.evaluation, after)
@@ -386,14 +471,11 @@ def _single(space: _Space, budget: Budget, gpu: GpuSpec) -> Plan:
     if violations:
         first = violations[0]
         raise ConfigError(first.message, key_path=first.rule, hint="run memfit check for fixes")
-    fitted = space.resolve(config, budget.job_limit_bytes)
+    fitted = space.resolve(config, _Limit.of(budget))
     ev = fitted or space.smallest_eval(config)
     breakdown = _breakdown(budget, ev.evaluation)
     fits = fitted is not None and budget.breaking_term is None
-    if budget.pool_bytes is not None and fits:
-        predicted = budget.context_bytes + budget.pool_bytes
-    else:
-        predicted = sum(breakdown.values())
+    predicted = sum(breakdown.values())
     binding: str | None = None
     if not fits:
         binding = budget.breaking_term or max(
@@ -401,15 +483,21 @@ def _single(space: _Space, budget: Budget, gpu: GpuSpec) -> Plan:
         )
         if fitted is None and not space.host_ok(ev.evaluation):
             binding = "host_memory"
-    return Plan(
-        gpu=gpu.name,
-        budget_bytes=budget.budget_bytes,
-        predicted_bytes=predicted,
-        fits=fits,
-        knobs=_knobs(space, config, ev.on_gpu),
-        breakdown=breakdown,
-        binding=binding,
-        alternatives=[],
+    return _finish(
+        space,
+        gpu,
+        budget,
+        Plan(
+            gpu=gpu.name,
+            budget_bytes=budget.budget_bytes,
+            predicted_bytes=predicted,
+            fits=fits,
+            knobs=_knobs(space, config, ev.on_gpu),
+            breakdown=breakdown,
+            binding=binding,
+            alternatives=[],
+            host_bytes=ev.evaluation.host_bytes,
+        ),
     )
 
 
@@ -484,7 +572,7 @@ def _infeasible(space: _Space, budget: Budget, gpu: GpuSpec) -> InfeasiblePlan:
     breaking = max(sorted(terms), key=lambda n: terms[n]) if terms else "cuda_context"
     if budget.breaking_term == "cuda_context":
         breaking = "cuda_context"
-    device_fits = ev.evaluation.reserved_bytes <= budget.job_limit_bytes
+    device_fits = _Limit.of(budget).holds(ev.evaluation)
     if not ev.on_gpu and not space.host_ok(ev.evaluation) and device_fits:
         return InfeasiblePlan(
             f"{name}'s replay buffer on the host needs {format_bytes(ev.evaluation.host_bytes)} "
@@ -524,57 +612,281 @@ def _infeasible(space: _Space, budget: Budget, gpu: GpuSpec) -> InfeasiblePlan:
     )
 
 
-def _plan_on(space: _Space, gpu: GpuSpec, budget: Budget, alternatives: int) -> Plan:
+def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _would_fit(space: _Space, gpu: GpuSpec, budget: Budget) -> list[dict[str, Any]]:
+    """The family's fallbacks, each planned: what fits when the request does not."""
+    family = space.family
+    if family.fallbacks is None:
+        return []
+    out: list[dict[str, Any]] = []
+    for fallback in family.fallbacks(space.workload):
+        data = _merge(space.workload.model_dump(exclude_none=True), fallback.changes)
+        try:
+            changed = Workload.model_validate(data)
+            overrides = {k: v for k, v in space.overrides.items() if k not in fallback.unpin}
+            trial = _Space(changed, overrides, space.measured, space.host_memory_bytes)
+            again = _budget(
+                changed, gpu, budget.margin, budget.other_processes_bytes, budget.context_bytes
+            )
+            result = _plan_on(trial, gpu, again, 0, fallbacks=False)
+        except InfeasiblePlan:
+            out.append({"change": fallback.label, "fits": False})
+            continue
+        except (ConfigError, ValueError):
+            continue
+        values = {k: v for k, v in result.knobs.items() if isinstance(v, int)}
+        placed = result.knobs.get(family.placement_knob or "", None)
+        on_device = trial.placement == "gpu" or placed == "gpu"
+        ev = evaluate(changed, {**trial.env, **values}, measured=space.measured,
+                      on_device=on_device)  # fmt: skip
+        out.append(
+            {
+                "change": fallback.label,
+                "fits": result.fits,
+                "knobs": dict(result.knobs),
+                "predicted_bytes": result.predicted_bytes,
+                "host_bytes": ev.host_bytes,
+            }
+        )
+    return out
+
+
+def _would_fit_text(options: list[dict[str, Any]]) -> str | None:
+    fitting = [o for o in options if o.get("fits")]
+    if not fitting:
+        return None
+    parts = []
+    for o in fitting:
+        knobs = ", ".join(f"{k}={v}" for k, v in o["knobs"].items())
+        host = f", {format_bytes(o['host_bytes'])} of host RAM" if o.get("host_bytes") else ""
+        parts.append(f"{o['change']} ({knobs}{host})")
+    return "would fit: " + "; ".join(parts)
+
+
+def _infeasible_with_fallbacks(
+    space: _Space, budget: Budget, gpu: GpuSpec, fallbacks: bool
+) -> InfeasiblePlan:
+    exc = _infeasible(space, budget, gpu)
+    if fallbacks:
+        text = _would_fit_text(_would_fit(space, gpu, budget))
+        if text is not None:
+            exc.hint = f"{text}; or {exc.hint}" if exc.hint else text
+    return exc
+
+
+def _plan_on(
+    space: _Space, gpu: GpuSpec, budget: Budget, alternatives: int, *, fallbacks: bool = True
+) -> Plan:
     if space.pinned_all:
         plan_ = _single(space, budget, gpu)
         if not plan_.fits and not space.pinned:
             # the workload itself allows one configuration (nothing was pinned): nothing fits
-            raise _infeasible(space, budget, gpu)
+            raise _infeasible_with_fallbacks(space, budget, gpu, fallbacks)
+        if not plan_.fits and fallbacks:
+            plan_ = replace(plan_, would_fit=_would_fit(space, gpu, budget))
         return plan_
     if budget.breaking_term is not None:
-        raise _infeasible(space, budget, gpu)
-    limit = budget.job_limit_bytes
+        raise _infeasible_with_fallbacks(space, budget, gpu, fallbacks)
+    limit = _Limit.of(budget)
     found = space.search(limit)
     if not found:
-        raise _infeasible(space, budget, gpu)
-    top = heapq.nlargest(1 + alternatives, found, key=lambda item: item[0])
-    best = top[0][1]
+        raise _infeasible_with_fallbacks(space, budget, gpu, fallbacks)
+    ranked = heapq.nlargest(1 + alternatives * 8, found, key=lambda item: item[0])
+    best = ranked[0][1]
     chosen = space.resolve(best, limit)
     assert chosen is not None  # the search only keeps configurations that fit
     breakdown = _breakdown(budget, chosen.evaluation)
-    alts: list[dict[str, Any]] = []
-    for rank, config in top[1:]:
-        alt = space.resolve(config, limit)
-        assert alt is not None
-        alt_breakdown = _breakdown(budget, alt.evaluation)
-        alts.append(
-            {
-                "knobs": _knobs(space, config, alt.on_gpu),
-                "predicted_bytes": sum(alt_breakdown.values()),
-                "objective": rank[0],
-            }
-        )
-    return Plan(
+    binding = _binding(space, best, chosen, limit)
+    plan_ = Plan(
         gpu=gpu.name,
         budget_bytes=budget.budget_bytes,
         predicted_bytes=sum(breakdown.values()),
         fits=True,
         knobs=_knobs(space, best, chosen.on_gpu),
         breakdown=breakdown,
-        binding=_binding(space, best, chosen, limit),
-        alternatives=alts,
+        binding=binding,
+        alternatives=_alternatives(space, budget, limit, ranked, alternatives),
+        host_bytes=chosen.evaluation.host_bytes,
+    )
+    plan_ = _finish(space, gpu, budget, plan_)
+    if binding == "knob ranges":
+        plan_.notes.append(_range_note(space, best, limit))
+    return plan_
+
+
+def _alternatives(
+    space: _Space,
+    budget: Budget,
+    limit: _Limit,
+    ranked: list[tuple[tuple[float, tuple[int, ...]], tuple[int, ...]]],
+    count: int,
+) -> list[dict[str, Any]]:
+    """The next best configurations after ``ranked[0]``, each differing from the chosen one
+    and from the others listed in its objective or in the memory the job itself takes
+    (a line that repeats another's figures tells the reader nothing)."""
+    seen: set[tuple[float, int]] = set()
+    out: list[dict[str, Any]] = []
+    for index, (rank, config) in enumerate(ranked):
+        alt = space.resolve(config, limit)
+        assert alt is not None
+        alt_breakdown = _breakdown(budget, alt.evaluation)
+        predicted = sum(alt_breakdown.values())
+        used = predicted - alt_breakdown.get("jax_pool_unused", 0)
+        key = (rank[0], used // 2**20)
+        if key in seen:
+            continue
+        seen.add(key)
+        if index == 0:
+            continue
+        out.append(
+            {
+                "knobs": _knobs(space, config, alt.on_gpu),
+                "predicted_bytes": predicted,
+                "used_bytes": used,
+                "objective": rank[0],
+            }
+        )
+        if len(out) == count:
+            break
+    return out
+
+
+def _next_value(space: _Space, name: str, value: int) -> int | None:
+    """The value a knob would take after ``value`` if its range went on."""
+    spec = space.workload.knobs[name]
+    if spec.choices is not None:
+        values = spec.values()
+        return value + (values[-1] - values[-2]) if len(values) > 1 else None
+    if spec.powers_of_two:
+        return value * 2
+    return value + (spec.step or 1)
+
+
+def _range_note(space: _Space, config: tuple[int, ...], limit: _Limit) -> str:
+    """Say plainly that the knob ranges, not memory, stop the plan, and whether the next
+    value of the first knob at its top would still fit."""
+    at_top = [
+        n
+        for n in space.priority_order
+        if n not in space.pinned
+        and len(space.domains[n]) > 1
+        and config[space.search_order.index(n)] == space.domains[n][-1]
+    ]
+    if not at_top:
+        return (
+            "limited by the knob ranges, not by memory: no larger value of any knob keeps "
+            "every rule"
+        )
+    name = at_top[0]
+    value = config[space.search_order.index(name)]
+    text = (
+        f"limited by the knob range, not by memory: {name}={value} is the largest value "
+        f"knobs.{name} allows"
+    )
+    beyond = _next_value(space, name, value)
+    if beyond is not None:
+        values = {**space.values(config), name: beyond}
+        ev = evaluate(space.workload, values, measured=space.measured, on_device=True)
+        if limit.holds(ev):
+            text += f"; {name}={beyond} would fit too (raise knobs.{name}.max to plan it)"
+        else:
+            text += f"; {name}={beyond} would not fit"
+    return text
+
+
+def _finish(space: _Space, gpu: GpuSpec, budget: Budget, plan_: Plan) -> Plan:
+    """Add what every plan carries besides its numbers: the GPU's total, the pool, the
+    allocator settings and the notes that explain them."""
+    workload = space.workload
+    notes: list[str] = []
+    size = size_note(gpu)
+    if size is not None:
+        notes.append(size)
+    advice = budget.advice
+    if budget.pool_bytes is not None and advice is not None:
+        if workload.jax.mem_fraction is None:
+            notes.append(f"XLA_PYTHON_CLIENT_MEM_FRACTION={advice.value}: {advice.reason}")
+        elif f"{workload.jax.mem_fraction:.2f}" != advice.value:
+            notes.append(
+                f"the workload sets jax.mem_fraction {workload.jax.mem_fraction:.2f}; memfit "
+                f"recommends {advice.value} here ({advice.reason}); leave jax.mem_fraction "
+                "out to plan with it"
+            )
+    if workload.simulator is not None:
+        base, per_env, per_pixel, source = workload.simulator.resolved()
+        name = workload.simulator.name or workload.simulator.preset
+        notes.append(
+            f"simulator {name}: {format_bytes(base)} at start, {format_bytes(per_env)} per env, "
+            f"{per_pixel:,} B per camera pixel ({source}); outside the framework's allocator. "
+            "With it in this process, call memfit.autoconfig after it starts to plan against "
+            "what it really holds"
+        )
+    if gpu.arch == "cpu":
+        notes.append(
+            "planned for the host: the job trains on the CPU, everything (replay buffer "
+            "included) in host RAM; no CUDA context, no allocator settings to apply"
+        )
+    if (
+        workload.framework == "jax"
+        and workload.jax.preallocate
+        and not _preallocates(workload)
+        and gpu.arch != "cpu"
+    ):
+        notes.append(
+            "XLA_PYTHON_CLIENT_PREALLOCATE=false: the simulator in this process takes memory "
+            "outside XLA's pool that grows with num_envs, so the two share the card as they "
+            "need it (give jax.mem_fraction to plan with a pool instead)"
+        )
+    environment = workload_settings(
+        workload.framework,
+        jax_preallocate=_preallocates(workload),
+        pool_fraction=budget.pool_fraction,
+        gpu=gpu,
+    )
+    return replace(
+        plan_,
+        gpu_total_bytes=gpu.total_bytes,
+        pool_bytes=budget.pool_bytes,
+        environment=environment,
+        notes=[*notes, *plan_.notes],
     )
 
 
-def _budget(workload: Workload, gpu: GpuSpec, margin: float, other_processes_bytes: int) -> Budget:
+def _budget(
+    workload: Workload,
+    gpu: GpuSpec,
+    margin: float,
+    other_processes_bytes: int,
+    context_bytes: int | None = None,
+) -> Budget:
     return compose_budget(
         gpu,
         framework=workload.framework,
         margin=margin,
         other_processes_bytes=other_processes_bytes,
-        jax_preallocate=workload.jax.preallocate,
+        jax_preallocate=_preallocates(workload),
         jax_mem_fraction=workload.jax.mem_fraction,
+        context_bytes=context_bytes,
     )
+
+
+def _preallocates(workload: Workload) -> bool:
+    """Whether the plan models XLA's preallocated pool. A simulator in the job's process
+    takes memory outside the pool that grows with the environments, so without a fraction
+    the workload sets, memfit's recommendation there is no preallocation (the two share the
+    card as they need it)."""
+    if workload.simulator is not None and workload.jax.mem_fraction is None:
+        return False
+    return workload.jax.preallocate
 
 
 def plan(
@@ -587,6 +899,7 @@ def plan(
     *,
     host_memory_bytes: int | None = None,
     alternatives: int = DEFAULT_ALTERNATIVES,
+    context_bytes: int | None = None,
 ) -> Plan:
     """The best configuration of ``workload`` on ``gpu``.
 
@@ -600,6 +913,9 @@ def plan(
         host_memory_bytes: Host RAM for a replay buffer on the host (default: the
             workload's ``host_memory_bytes``; ``None``: not checked).
         alternatives: How many next-best configurations to list.
+        context_bytes: The job's CUDA context; ``None``: the estimate for ``gpu``; ``0``
+            when the process already has one and ``other_processes_bytes`` counts it
+            (``memfit.autoconfig``).
 
     Returns:
         The plan. With every knob pinned it reports that configuration, fitting or not;
@@ -617,8 +933,8 @@ def plan(
     >>> p.fits and sum(p.breakdown.values()) == p.predicted_bytes <= p.budget_bytes
     True
     """
-    space = _Space(workload, overrides, measured, host_memory_bytes)
-    budget = _budget(workload, gpu, margin, other_processes_bytes)
+    space = _Space(workload, overrides, measured, host_memory_bytes, device_is_host=gpu.is_host)
+    budget = _budget(workload, gpu, margin, other_processes_bytes, context_bytes)
     return _plan_on(space, gpu, budget, alternatives)
 
 

@@ -32,7 +32,10 @@ from typing import Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
+from memfit.core.measured import BraxMeasurements
+from memfit.core.simulator import SimulatorSpec
 from memfit.errors import ConfigError, did_you_mean, read_user_text
 from memfit.units import parse_bytes
 
@@ -299,10 +302,13 @@ class DeviceSpec(_Strict):
 
 class JaxSettings(_Strict):
     """JAX's allocator: preallocation (``XLA_PYTHON_CLIENT_PREALLOCATE``) and its fraction
-    (``XLA_PYTHON_CLIENT_MEM_FRACTION``, 0.75 of the total by default)."""
+    (``XLA_PYTHON_CLIENT_MEM_FRACTION``). Without ``mem_fraction`` the plan uses the fraction
+    memfit recommends for the card (:func:`memfit.core.budget.recommended_xla_fraction`: 0.90
+    on cards of 8 GB or more) and says to set it; give one to plan with yours (JAX's own
+    default is 0.75)."""
 
     preallocate: bool = True
-    mem_fraction: float = Field(default=0.75, gt=0, le=1)
+    mem_fraction: float | None = Field(default=None, gt=0, le=1)
 
 
 class PpoSpec(_Strict):
@@ -349,17 +355,12 @@ class EffectiveBatch(_Strict):
     value: int = Field(ge=1)
 
 
-Family = Literal["ppo", "offpolicy", "vision_inference", "custom"]
+def _family(name: str) -> Any:
+    """The registered family ``name`` (:mod:`memfit.core.families.registry`), imported here
+    rather than at the top: the family modules import this schema."""
+    from memfit.core.families import get_family
 
-#: Names each family/layout reads from knobs or settings.
-REQUIRED_NAMES: dict[str, tuple[str, ...]] = {
-    "ppo/brax": ("num_envs", "batch_size", "num_minibatches", "unroll_length"),
-    "ppo/cleanrl": ("num_envs", "num_steps", "num_minibatches"),
-    "ppo/rl_games": ("num_actors", "horizon_length", "minibatch_size"),
-    "offpolicy": ("buffer_size", "batch_size"),
-    "vision_inference": ("num_envs",),
-    "custom": (),
-}
+    return get_family(name)
 
 
 class Workload(_Strict):
@@ -367,7 +368,7 @@ class Workload(_Strict):
 
     name: str = "workload"
     description: str | None = None
-    family: Family
+    family: str
     framework: Literal["torch", "jax"] = "torch"
     precision: Literal["fp32", "bf16", "fp16", "amp"] = "fp32"
     optimizer: Literal["adam", "adamw", "sgd", "sgd_momentum", "rmsprop", "none"] = "adam"
@@ -376,6 +377,10 @@ class Workload(_Strict):
     observations: Observations = Field(default_factory=Observations)
     action_dim: int = Field(default=1, ge=1)
     env_state_bytes: int = Field(default=0, ge=0)
+    env: str | None = None
+    backend: str | None = None
+    measurements: BraxMeasurements | None = None
+    simulator: SimulatorSpec | None = None
     devices: DeviceSpec = Field(default_factory=DeviceSpec)
     jax: JaxSettings = Field(default_factory=JaxSettings)
     ppo: PpoSpec | None = None
@@ -394,22 +399,55 @@ class Workload(_Strict):
 
     _size_fields = field_validator("env_state_bytes", "host_memory_bytes", mode="before")(_size)
 
+    @field_validator("family")
+    @classmethod
+    def _known_family(cls, value: str) -> str:
+        from memfit.core.families import family_names
+
+        known = family_names()
+        if value not in known:
+            raise PydanticCustomError(
+                "literal_error",
+                "Input should be {expected}",
+                {"expected": ", ".join(repr(k) for k in known[:-1]) + f" or {known[-1]!r}"},
+            )
+        return value
+
     @model_validator(mode="after")
     def _consistent(self) -> Workload:
         overlap = sorted(set(self.knobs) & set(self.settings))
         if overlap:
             raise ValueError(f"{', '.join(overlap)} is both a knob and a setting; keep one")
         names = set(self.knobs) | set(self.settings)
-        key = self.family_key
-        missing = [n for n in REQUIRED_NAMES[key] if n not in names]
+        family = _family(self.family)
+        key = family.family_key(self)
+        missing = [n for n in family.required_names(self) if n not in names]
         if missing:
             raise ValueError(f"the {key} model needs {', '.join(missing)} as a knob or a setting")
-        if self.family == "vision_inference" and self.vision is None:
-            raise ValueError("family vision_inference needs a vision: section")
-        if self.family == "custom" and not self.terms:
-            raise ValueError("family custom needs a terms: section (name: bytes or expression)")
-        if self.family in ("ppo", "offpolicy") and not self.networks:
-            raise ValueError(f"family {self.family} needs at least one network under networks:")
+        for field_name, message in family.requires:
+            if not getattr(self, field_name):
+                raise ValueError(message)
+        if self.env is not None:
+            kind, _, env_name = self.env.partition(":")
+            if kind != "brax" or not env_name:
+                raise ValueError(
+                    f"env {self.env!r}: name it as brax:<environment> (brax:humanoid, brax:ant); "
+                    "other kinds of environment give env_state_bytes instead"
+                )
+            if self.family_key != "ppo/brax":
+                raise ValueError(f"env {self.env} needs family ppo with ppo: {{layout: brax}}")
+        if self.backend is not None and self.env is None:
+            raise ValueError("backend names the env's physics pipeline: give env: brax:<name>")
+        if self.measurements is not None:
+            if self.env is None or self.measurements.env != self.env:
+                raise ValueError(
+                    f"measurements are of {self.measurements.env!r}, not of env {self.env!r}"
+                )
+            if self.measurements.backend != self.backend:
+                raise ValueError(
+                    f"measurements were taken with backend {self.measurements.backend!r}, "
+                    f"not {self.backend!r}"
+                )
         if self.estimator != "analytic" and not self.factory:
             raise ValueError(f"estimator {self.estimator} needs factory: module:function")
         if self.factory is not None and ":" not in self.factory:
@@ -433,9 +471,8 @@ class Workload(_Strict):
     @property
     def family_key(self) -> str:
         """``"ppo/brax"``, ``"offpolicy"``, ... : the family and, for PPO, its layout."""
-        if self.family == "ppo":
-            return f"ppo/{(self.ppo or PpoSpec()).layout}"
-        return self.family
+        key: str = _family(self.family).family_key(self)
+        return key
 
     @property
     def device_count(self) -> int:

@@ -35,8 +35,6 @@ __all__ = [
     "tree_nbytes",
 ]
 
-_DEFAULT_FRACTION = 0.75
-
 
 @dataclass(frozen=True)
 class JaxPreallocation:
@@ -56,45 +54,23 @@ class JaxPreallocation:
 def preallocation_from_env(environ: Mapping[str, str] | None = None) -> JaxPreallocation:
     """Read JAX's allocator settings from ``environ`` (default: ``os.environ``).
 
+    The reading is :func:`memfit.core.allocator_settings.read_jax_env`, the same one
+    ``memfit env`` and ``memfit.configure`` use: as ``jaxlib`` reads them, only ``false``,
+    ``False`` and ``0`` turn preallocation off.
+
     Raises:
-        ConfigError: When a setting has a value JAX would not accept (a fraction outside
-            (0, 1], a preallocate flag that is not true/false).
+        ConfigError: Where JAX would refuse to start its GPU backend (a fraction outside
+            (0, 1], both fraction variables set, an unknown allocator).
 
     >>> preallocation_from_env({})
     JaxPreallocation(preallocate=True, fraction=0.75, platform_allocator=False)
     >>> preallocation_from_env({"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}).preallocate
     False
     """
-    env = os.environ if environ is None else environ
-    raw = env.get("XLA_PYTHON_CLIENT_PREALLOCATE", "true").strip().lower()
-    if raw in ("true", "1", "yes"):
-        preallocate = True
-    elif raw in ("false", "0", "no"):
-        preallocate = False
-    else:
-        raise ConfigError(
-            f"not a boolean: {raw!r}",
-            key_path="XLA_PYTHON_CLIENT_PREALLOCATE",
-            hint="set it to true or false",
-        )
-    fraction = _DEFAULT_FRACTION
-    for key in ("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_CLIENT_MEM_FRACTION"):
-        if key in env:
-            try:
-                fraction = float(env[key])
-            except ValueError:
-                raise ConfigError(
-                    f"not a fraction: {env[key]!r}", key_path=key, hint="write e.g. .50"
-                ) from None
-            if not 0 < fraction <= 1:
-                raise ConfigError(
-                    f"fraction out of range (0, 1]: {env[key]!r}",
-                    key_path=key,
-                    hint="write e.g. .50",
-                )
-            break
-    allocator = env.get("XLA_PYTHON_CLIENT_ALLOCATOR", "").strip().lower()
-    return JaxPreallocation(preallocate, fraction, allocator == "platform")
+    from memfit.core.allocator_settings import read_jax_env
+
+    policy = read_jax_env(os.environ if environ is None else environ)
+    return JaxPreallocation(policy.preallocate, policy.fraction, policy.platform_allocator)
 
 
 @dataclass(frozen=True)

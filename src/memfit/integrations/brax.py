@@ -30,29 +30,39 @@ Nothing here imports brax or jax at import time; the functions that need them ra
 from __future__ import annotations
 
 import difflib
+import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
+from memfit.core.budget import recommended_xla_fraction
+from memfit.core.catalog import anonymous_gpu
+from memfit.core.catalog import gpu as catalog_gpu
+from memfit.core.constraints import PRESETS, Violation, parse_expr
+from memfit.core.measured import BraxMeasurements
 from memfit.core.plan import Plan
 from memfit.core.workload import Workload, parse_workload
 from memfit.errors import ConfigError
+from memfit.integrations._brax_measure import measure_ppo, resolve_measurements
 from memfit.integrations._lazy import require
 
 __all__ = [
     "BRAX_PPO_DEFAULTS",
+    "BRAX_PPO_RULES",
     "DEFAULT_RANGES",
     "PpoViolation",
     "check_ppo",
+    "describe",
     "ensure_jax_compat",
     "jax_allocator_settings",
+    "measure_ppo",
     "plan_ppo",
     "ppo_kwargs",
     "ppo_violations",
     "ppo_workload",
+    "resolve_measurements",
     "train",
 ]
 
@@ -107,26 +117,28 @@ _KNOBS = ("num_envs", "batch_size", "num_minibatches", "unroll_length")
 _POSITIVE = (*_KNOBS, "action_repeat", "num_updates_per_batch")
 
 
-@dataclass(frozen=True)
-class PpoViolation:
-    """One rule of Brax PPO that the arguments break.
+#: Brax's rules over the four knobs, exactly as the workload preset states them
+#: (:data:`memfit.core.constraints.PRESETS`): one source for ``memfit check``, the planner
+#: and :func:`check_ppo`.
+BRAX_PPO_RULES: tuple[str, ...] = PRESETS["brax_ppo"]
 
-    Attributes:
-        rule: The rule as Brax writes it (``"batch_size * num_minibatches % num_envs == 0"``).
-        message: One sentence for humans, with the values.
-        suggestions: Nearest valid settings, each a dict of the arguments to change.
-    """
+#: A broken rule of Brax PPO is a core :class:`memfit.core.constraints.Violation`.
+PpoViolation = Violation
 
-    rule: str
-    message: str
-    suggestions: tuple[dict[str, Any], ...] = field(default_factory=tuple)
 
-    def describe(self) -> str:
-        """The violation and its fixes in one line."""
-        if not self.suggestions:
-            return self.message
-        fixes = " or ".join(", ".join(f"{k}={v!r}" for k, v in s.items()) for s in self.suggestions)
-        return f"{self.message}; nearest valid: {fixes}"
+def describe(violation: Violation) -> str:
+    """A violation and its nearest fixes in one line."""
+    if not violation.suggestions:
+        return violation.message
+    fixes = " or ".join(
+        ", ".join(f"{k}={v!r}" for k, v in s.items()) for s in violation.suggestions
+    )
+    return f"{violation.message}; nearest valid: {fixes}"
+
+
+def _first_knob(violation: Violation) -> str:
+    """The key path of a violation: ``ppo.<the first knob it names>``."""
+    return "ppo." + (next(iter(violation.knobs), None) or violation.rule.split()[0])
 
 
 def _whole_or(value: Any, default: int) -> int:
@@ -175,7 +187,7 @@ def ppo_violations(
     local_device_count: int | None = None,
     process_count: int | None = None,
     **ppo_kwargs: Any,
-) -> list[PpoViolation]:
+) -> list[Violation]:
     """Every rule of Brax PPO that ``ppo_kwargs`` break, each with the nearest valid settings.
 
     Arguments not given take Brax's defaults (:data:`BRAX_PPO_DEFAULTS`).
@@ -203,15 +215,16 @@ def ppo_violations(
             hint=f"did you mean {near[0]!r}?" if near else "see brax.training.agents.ppo.train",
         )
     args = {**BRAX_PPO_DEFAULTS, **ppo_kwargs}
-    out: list[PpoViolation] = []
+    out: list[Violation] = []
     bad_sizes = False
     for key in _POSITIVE:
         value = args[key]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             bad_sizes = True
             out.append(
-                PpoViolation(
+                Violation(
                     rule=f"{key} >= 1",
+                    knobs={key: value},
                     message=f"{key} must be a positive integer, not {value!r}",
                     suggestions=({key: _whole_or(value, BRAX_PPO_DEFAULTS[key])},),
                 )
@@ -220,8 +233,9 @@ def ppo_violations(
         out.extend(_divisibility(args, local_device_count, process_count))
     if args["wrap_env"] and args["episode_length"] is None:
         out.append(
-            PpoViolation(
+            Violation(
                 rule="episode_length is not None when wrap_env",
+                knobs={"episode_length": None, "wrap_env": True},
                 message="episode_length must be given when wrap_env=True "
                 "(Brax raises 'episode_length must be specified in ppo.train')",
                 suggestions=({"episode_length": 1000},),
@@ -229,8 +243,9 @@ def ppo_violations(
         )
     if args["vision"] and args["action_repeat"] != 1:
         out.append(
-            PpoViolation(
+            Violation(
                 rule="action_repeat == 1 when vision",
+                knobs={"action_repeat": args["action_repeat"], "vision": True},
                 message=f"vision=True needs action_repeat=1, not {args['action_repeat']!r} "
                 "(repeat actions with the env's n_frames instead)",
                 suggestions=({"action_repeat": 1},),
@@ -238,8 +253,9 @@ def ppo_violations(
         )
     if args["use_distributional_critic"] and args["clipping_epsilon_value"] is None:
         out.append(
-            PpoViolation(
+            Violation(
                 rule="clipping_epsilon_value is not None when use_distributional_critic",
+                knobs={"clipping_epsilon_value": None, "use_distributional_critic": True},
                 message="use_distributional_critic=True needs clipping_epsilon_value "
                 "(it is the kappa of the quantile Huber loss)",
                 suggestions=(
@@ -252,8 +268,9 @@ def ppo_violations(
     schedule_name = getattr(schedule, "value", schedule)
     if schedule_name not in (None, "NONE", "ADAPTIVE_KL"):
         out.append(
-            PpoViolation(
+            Violation(
                 rule="learning_rate_schedule in (None, 'NONE', 'ADAPTIVE_KL')",
+                knobs={"learning_rate_schedule": schedule},
                 message=f"unknown learning_rate_schedule {schedule!r}",
                 suggestions=(
                     {"learning_rate_schedule": None},
@@ -263,8 +280,9 @@ def ppo_violations(
         )
     if args["normalize_observations_mode"] not in ("welford", "ema"):
         out.append(
-            PpoViolation(
+            Violation(
                 rule="normalize_observations_mode in ('welford', 'ema')",
+                knobs={"normalize_observations_mode": args["normalize_observations_mode"]},
                 message="unknown normalize_observations_mode "
                 f"{args['normalize_observations_mode']!r}",
                 suggestions=({"normalize_observations_mode": "welford"},),
@@ -275,35 +293,49 @@ def ppo_violations(
 
 def _divisibility(
     args: Mapping[str, Any], local_device_count: int | None, process_count: int | None
-) -> list[PpoViolation]:
-    out: list[PpoViolation] = []
+) -> list[Violation]:
+    """The ``brax_ppo`` preset's rules, evaluated by the core's expression evaluator, each
+    broken one with the nearest valid settings (Brax-specific arithmetic over any integers,
+    not a knob domain)."""
     envs, batch, minis = args["num_envs"], args["batch_size"], args["num_minibatches"]
     devices = _device_count(local_device_count, process_count, args["max_devices_per_host"])
+    values = {
+        "num_envs": envs,
+        "batch_size": batch,
+        "num_minibatches": minis,
+        "device_count": devices,
+    }
     trajectories = batch * minis
-    if trajectories % envs:
+    out: list[Violation] = []
+    for text in BRAX_PPO_RULES:
+        expr = parse_expr(text)
+        if expr.evaluate(values):
+            continue
+        involved = {n: values[n] for n in expr.names}
         fixes: list[dict[str, Any]] = []
-        minis_unit = envs // math.gcd(envs, batch)
-        fixes += [{"num_minibatches": m} for m in _multiples_near(minis, minis_unit)[:1]]
-        batch_unit = envs // math.gcd(envs, minis)
-        fixes += [{"batch_size": b} for b in _multiples_near(batch, batch_unit)[:1]]
-        fixes += [{"num_envs": e} for e in _divisors_near(trajectories, envs, devices)[:2]]
-        out.append(
-            PpoViolation(
-                rule="batch_size * num_minibatches % num_envs == 0",
-                message=f"batch_size * num_minibatches = {batch} x {minis} = {trajectories} "
-                f"is not a multiple of num_envs = {envs}",
-                suggestions=tuple(fixes),
+        if "batch_size" in expr.names:  # batch_size * num_minibatches % num_envs == 0
+            minis_unit = envs // math.gcd(envs, batch)
+            fixes += [{"num_minibatches": m} for m in _multiples_near(minis, minis_unit)[:1]]
+            batch_unit = envs // math.gcd(envs, minis)
+            fixes += [{"batch_size": b} for b in _multiples_near(batch, batch_unit)[:1]]
+            fixes += [{"num_envs": e} for e in _divisors_near(trajectories, envs, devices)[:2]]
+            message = (
+                f"batch_size * num_minibatches = {batch} x {minis} = {trajectories} "
+                f"is not a multiple of num_envs = {envs}"
             )
-        )
-    if envs % devices:
-        near = [e for e in _multiples_near(envs, devices, lowest=devices) if trajectories % e == 0]
-        fixes = [{"num_envs": e} for e in near] or [
-            {"num_envs": e} for e in _multiples_near(envs, devices, lowest=devices)
-        ]
+        else:  # num_envs % device_count == 0
+            near = [
+                e for e in _multiples_near(envs, devices, lowest=devices) if trajectories % e == 0
+            ]
+            fixes = [{"num_envs": e} for e in near] or [
+                {"num_envs": e} for e in _multiples_near(envs, devices, lowest=devices)
+            ]
+            message = f"num_envs = {envs} is not a multiple of device_count = {devices}"
         out.append(
-            PpoViolation(
-                rule="num_envs % device_count == 0",
-                message=f"num_envs = {envs} is not a multiple of device_count = {devices}",
+            Violation(
+                rule=f"brax_ppo: {text}",
+                knobs=involved,
+                message=message,
                 suggestions=tuple(fixes),
             )
         )
@@ -342,8 +374,8 @@ def check_ppo(
         first = problems[0]
         raise ConfigError(
             "Brax PPO would reject these arguments: " + "; ".join(p.message for p in problems),
-            key_path="ppo." + first.rule.split()[0],
-            hint="; ".join(p.describe().split("; ", 1)[-1] for p in problems if p.suggestions),
+            key_path=_first_knob(first),
+            hint="; ".join(describe(p).split("; ", 1)[-1] for p in problems if p.suggestions),
         )
     return {**BRAX_PPO_DEFAULTS, **ppo_kwargs}
 
@@ -370,8 +402,10 @@ def ppo_workload(
     policy_hidden_layer_sizes: Sequence[int] = (32,) * 4,
     value_hidden_layer_sizes: Sequence[int] = (256,) * 5,
     device_count: int = 1,
-    jax_preallocate: bool = False,
+    jax_preallocate: bool = True,
     name: str = "brax_ppo",
+    measurements: BraxMeasurements | None = None,
+    settings: Mapping[str, int] | None = None,
 ) -> Workload:
     """A ``ppo`` workload in Brax's layout, for :func:`memfit.plan`.
 
@@ -388,8 +422,13 @@ def ppo_workload(
         policy_hidden_layer_sizes: Brax's ``policy_hidden_layer_sizes``.
         value_hidden_layer_sizes: Brax's ``value_hidden_layer_sizes``.
         device_count: Devices Brax ``pmap`` s over.
-        jax_preallocate: Plan with JAX's default 75% preallocation (``True``) or allocation
-            on demand (``False``: the breakdown then shows what the job itself needs).
+        jax_preallocate: Plan against the XLA pool memfit recommends for the card
+            (``True``, the default: :func:`memfit.core.budget.recommended_xla_fraction`) or
+            allocation on demand (``False``).
+        measurements: The env and Brax's training step measured (:func:`measure_ppo`): the
+            plan's terms are then these measurements instead of the analytic model.
+        settings: Fixed Brax arguments the measurement depends on
+            (``num_updates_per_batch``, ``episode_length``).
         name: The workload's name.
 
     Returns:
@@ -435,10 +474,15 @@ def ppo_workload(
         },
         "devices": {"count": device_count, "strategy": "pmap" if device_count > 1 else "single"},
         "jax": {"preallocate": jax_preallocate},
+        "settings": dict(settings or {}),
         "knobs": knobs,
         "objective": "num_envs * unroll_length",
         "constraints": {"presets": ["brax_ppo"]},
     }
+    if measurements is not None:
+        data["env"] = measurements.env
+        data["backend"] = measurements.backend
+        data["measurements"] = json.loads(measurements.model_dump_json())
     return parse_workload(yaml.safe_dump(data, sort_keys=False), source=name)
 
 
@@ -470,13 +514,18 @@ def plan_ppo(
     ranges: Mapping[str, tuple[int, ...]] | None = None,
     local_device_count: int | None = None,
     process_count: int | None = None,
-    jax_preallocate: bool = False,
+    jax_preallocate: bool = True,
     state_bytes: int | None = None,
+    measure: bool = True,
+    measurements: BraxMeasurements | None = None,
     **ppo_kwargs: Any,
 ) -> Plan:
     """Plan Brax PPO's ``num_envs`` / ``batch_size`` / ``num_minibatches`` / ``unroll_length``.
 
-    The environment state is measured with ``jax.eval_shape(env.reset, key)``; knobs given
+    The plan's terms are measurements of this env and of Brax's own training step
+    (:func:`measure_ppo`, cached: the env state, the env step's temporaries, and the step
+    compiled at three settings); with ``measure=False`` only the env state is measured
+    (``jax.eval_shape(env.reset, key)``) and the rest is memfit's analytic model. Knobs given
     in ``ppo_kwargs`` are pinned, the others searched over :data:`DEFAULT_RANGES` (or
     ``ranges``) under Brax's rules.
 
@@ -487,9 +536,13 @@ def plan_ppo(
         ranges: Search ranges for knobs that are not pinned.
         local_device_count: Devices on this host (``None``: ask JAX).
         process_count: JAX processes (``None``: ask JAX).
-        jax_preallocate: Plan with JAX's default preallocation (see :func:`ppo_workload`).
-        state_bytes: Bytes of one environment state when already measured (``None``:
-            measure it with ``jax.eval_shape(env.reset, key)``).
+        jax_preallocate: Plan against memfit's recommended XLA pool (see
+            :func:`ppo_workload`); ``False``: allocation on demand.
+        state_bytes: With ``measure=False``, bytes of one environment state when already
+            measured (``None``: ``jax.eval_shape(env.reset, key)``).
+        measure: Measure Brax's training step (the default; about half a minute on a CPU
+            for a small env the first time, then cached) or plan analytically.
+        measurements: Measurements already taken (:func:`measure_ppo`), to reuse.
         **ppo_kwargs: Arguments meant for ``ppo.train``; the four knobs among them are pinned,
             ``policy_hidden_layer_sizes`` / ``value_hidden_layer_sizes`` size the networks,
             and every rule :func:`check_ppo` knows is checked on the pinned values.
@@ -524,19 +577,37 @@ def plan_ppo(
     # planning needs no episode length: check that rule only when the caller wraps the env
     checked = brax_args if "episode_length" in brax_args else {"wrap_env": False, **brax_args}
     problems = ppo_violations(local_device_count=devices, process_count=1, **checked)
-    if len(pinned) < len(_KNOBS):  # the planner keeps the divisibility rules for the rest
-        problems = [p for p in problems if not p.rule.startswith(("batch_size *", "num_envs %"))]
+    if len(pinned) < len(_KNOBS):  # the planner keeps the preset's rules for the rest
+        problems = [p for p in problems if not p.rule.startswith("brax_ppo: ")]
     if problems:
         raise ConfigError(
             "Brax PPO would reject these arguments: " + "; ".join(p.message for p in problems),
-            key_path="ppo." + problems[0].rule.split()[0],
-            hint="; ".join(p.describe() for p in problems),
+            key_path=_first_knob(problems[0]),
+            hint="; ".join(describe(p) for p in problems),
         )
     require("jax")
+    fixed = {
+        k: int(brax_args[k])
+        for k in ("num_updates_per_batch", "episode_length")
+        if isinstance(brax_args.get(k), int)
+    }
+    if measurements is None and measure:
+        measurements = measure_ppo(
+            env,
+            policy_hidden_layer_sizes=policy,
+            value_hidden_layer_sizes=value,
+            num_updates_per_batch=fixed.get("num_updates_per_batch", 2),
+            normalize_observations=bool(brax_args.get("normalize_observations", False)),
+            episode_length=fixed.get("episode_length", 1000),
+        )
+    if measurements is not None:
+        state = measurements.env_state_bytes
+    else:
+        state = env_state_bytes(env) if state_bytes is None else state_bytes
     workload = ppo_workload(
         observation_size=_observation_size(env),
         action_size=int(env.action_size),
-        env_state_bytes=env_state_bytes(env) if state_bytes is None else state_bytes,
+        env_state_bytes=state,
         pinned=pinned,
         ranges=ranges,
         policy_hidden_layer_sizes=policy,
@@ -544,6 +615,8 @@ def plan_ppo(
         device_count=devices,
         jax_preallocate=jax_preallocate,
         name=f"brax_ppo_{type(env).__name__.lower()}",
+        measurements=measurements,
+        settings=fixed,
     )
     return plan(workload, gpu=gpu, margin=margin)
 
@@ -564,24 +637,25 @@ def ppo_kwargs(plan: Plan) -> dict[str, int]:
     return {k: int(plan.knobs[k]) for k in _KNOBS}
 
 
-def jax_allocator_settings(plan: Plan, total_bytes: int, *, step: float = 0.05) -> dict[str, str]:
-    """XLA client settings for a planned job: preallocate the fraction the plan needs.
+def jax_allocator_settings(plan: Plan, total_bytes: int) -> dict[str, str]:
+    """XLA client settings for a planned job: memfit's one XLA fraction recommendation.
 
-    Preallocation keeps XLA's BFC allocator fast and unfragmented. The pool XLA preallocates
-    holds the job's buffers, not the CUDA context, so the fraction is the plan's predicted
-    peak without the ``cuda_context`` term, plus the plan's safety margin
-    (``total - budget``), as a fraction of the GPU, rounded up to ``step`` and at most 1.
+    A plan made against a preallocated pool (the default) carries its settings
+    (``plan.environment``): preallocate that pool, whose fraction is
+    :func:`memfit.core.budget.recommended_xla_fraction` for the card unless the workload set
+    one. A plan made without preallocation gets the same recommendation for a card of
+    ``total_bytes``, once its buffers are checked to fit that pool.
 
     Args:
         plan: A plan from :func:`plan_ppo` (or :func:`memfit.plan` of a JAX workload).
         total_bytes: The GPU's total memory.
-        step: Granularity of the fraction.
 
     Returns:
         ``{"XLA_PYTHON_CLIENT_PREALLOCATE": "true", "XLA_PYTHON_CLIENT_MEM_FRACTION": ...}``.
 
     Raises:
-        ConfigError: When ``total_bytes`` is not positive or the plan does not fit.
+        ConfigError: When ``total_bytes`` is not positive, the plan does not fit, or its
+            buffers need more than the recommended pool.
     """
     if total_bytes <= 0:
         raise ConfigError(
@@ -593,14 +667,24 @@ def jax_allocator_settings(plan: Plan, total_bytes: int, *, step: float = 0.05) 
             key_path="plan",
             hint="plan a smaller configuration first",
         )
-    pool = plan.predicted_bytes - plan.breakdown.get("cuda_context", 0)
-    need = pool + max(total_bytes - plan.budget_bytes, 0)
-    steps = math.ceil(round(need / total_bytes / step, 9))  # round: no 18.0000001 -> 19
-    fraction = min(1.0, steps * step)
-    return {
-        "XLA_PYTHON_CLIENT_PREALLOCATE": "true",
-        "XLA_PYTHON_CLIENT_MEM_FRACTION": f"{fraction:.2f}",
-    }
+    if "XLA_PYTHON_CLIENT_MEM_FRACTION" in plan.environment:
+        return dict(plan.environment)
+    try:
+        spec = catalog_gpu(plan.gpu)
+    except ConfigError:
+        spec = anonymous_gpu(total_bytes)
+    if spec.total_bytes != total_bytes:
+        spec = anonymous_gpu(total_bytes)
+    advice = recommended_xla_fraction(spec)
+    need = plan.predicted_bytes - plan.breakdown.get("cuda_context", 0)
+    if need > advice.fraction * total_bytes:
+        raise ConfigError(
+            f"the plan's buffers ({need} bytes) need more than the {advice.value} pool memfit "
+            f"recommends on {plan.gpu}",
+            key_path="plan",
+            hint="plan with jax_preallocate=True, so the plan fits the pool",
+        )
+    return {"XLA_PYTHON_CLIENT_PREALLOCATE": "true", "XLA_PYTHON_CLIENT_MEM_FRACTION": advice.value}
 
 
 def ensure_jax_compat() -> bool:

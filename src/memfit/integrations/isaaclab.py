@@ -17,6 +17,16 @@ with any object shaped like its ``ManagerBasedRLEnv``::
                              params={"sensor_cfg": SceneEntityCfg("tiled_camera"),
                                      "data_type": "rgb"})
 
+:func:`autoconfig` is :func:`memfit.autoconfig` for an Isaac Lab env: Isaac Sim and its
+renderer run in the training process, so once the env exists (the simulator started, its
+cameras allocated) it reads what the env's device has free, pins ``num_envs`` to the env's,
+leaves the workload's ``simulator`` terms out (they are in the used memory now) and plans the
+rest::
+
+    env = gym.make("Isaac-Lift-Cube-Franka-v0", cfg=env_cfg)
+    cfg = mf.autoconfig(env.unwrapped, "act_dual_camera")
+    batch = cfg.knobs.get("batch_size")
+
 Isaac Lab needs Isaac Sim and does not install on a CPU-only machine; memfit tests these
 against its documented call signatures with a stand-in environment object.
 """
@@ -30,7 +40,7 @@ from typing import Any
 from memfit.errors import ConfigError
 from memfit.runtime.events import EventSink, MemoryEvent, emit
 
-__all__ = ["cleanup_event", "guarded_term"]
+__all__ = ["autoconfig", "cleanup_event", "guarded_term"]
 
 _DEFAULT_ATTR = "_memfit_cleanup_policy"
 
@@ -153,3 +163,51 @@ def _nbytes(out: Any) -> int | None:
     if callable(numel) and callable(size):
         return int(numel()) * int(size())
     return None
+
+
+def _device_index(device: Any) -> int:
+    """``"cuda:1"`` -> 1; ``"cuda"`` or a ``torch.device`` without an index -> 0."""
+    index = getattr(device, "index", None)
+    if isinstance(index, int):
+        return index
+    text = str(device)
+    if ":" in text and text.rsplit(":", 1)[1].isdigit():
+        return int(text.rsplit(":", 1)[1])
+    return 0
+
+
+def autoconfig(env: Any, workload: Any, **kwargs: Any) -> Any:
+    """:func:`memfit.autoconfig` for an Isaac Lab env that has started: the env's device,
+    ``num_envs`` pinned to the env's, the simulator and renderer already running.
+
+    Args:
+        env: An Isaac Lab env (``ManagerBasedRLEnv`` / ``DirectRLEnv``, or ``env.unwrapped``):
+            its ``num_envs`` and ``device`` are read.
+        workload: A workload, a path, or a bundled name.
+        **kwargs: More arguments for :func:`memfit.autoconfig` (``margin``, ``probe``,
+            ``apply``, more ``overrides``).
+
+    Returns:
+        The :class:`memfit.runtime.autoconfig.AutoConfig`.
+
+    Raises:
+        ConfigError: When the env has no ``num_envs``.
+        BackendUnavailable: When the device cannot be read.
+        InfeasiblePlan: When nothing fits what is free.
+    """
+    from memfit.core.workload import load_workload
+    from memfit.runtime.autoconfig import autoconfig as plan_now
+
+    num_envs = getattr(env, "num_envs", None)
+    if not isinstance(num_envs, int) or num_envs < 1:
+        raise ConfigError(
+            f"{type(env).__name__} has no num_envs",
+            key_path="env.num_envs",
+            hint="pass the Isaac Lab env (or env.unwrapped) after it was created",
+        )
+    loaded = load_workload(workload)
+    overrides = dict(kwargs.pop("overrides", None) or {})
+    if "num_envs" in loaded.knobs or "num_envs" in loaded.settings:
+        overrides.setdefault("num_envs", num_envs)
+    device = kwargs.pop("device", _device_index(getattr(env, "device", "cuda:0")))
+    return plan_now(loaded, device=device, overrides=overrides, **kwargs)

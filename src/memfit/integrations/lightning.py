@@ -13,12 +13,28 @@
   averages the gradients once, and every rank takes the same split decision (one small
   all-reduce per step): no rank is left waiting in a collective.
 
+How the guard lives with the rest of Lightning:
+
+* **BatchSizeFinder** (``Trainer(callbacks=[BatchSizeFinder()])`` or ``Tuner``): its trial
+  steps run *unguarded* (:meth:`memfit.TrainGuard.run_unguarded`), so the finder sees every
+  out-of-memory it is looking for, instead of a guard that hides it by splitting (the finder
+  would then pick a batch that only runs split). The guard's split count and events are left
+  as they were, and its events go to the :func:`MemfitCallback` recorder that is attached
+  when they happen (the finder detaches all callbacks during its trials).
+* **Gradient accumulation**: Lightning refuses ``Trainer(accumulate_grad_batches=k)`` with
+  manual optimisation. Pass ``accumulate=k`` to :func:`guard` instead: it collects ``k``
+  batches and takes one guarded step over all their items (split into micro-batches only
+  when they do not fit), at the ``k``-th batch and at the last batch of an epoch.
+* **Gradient clipping**: Lightning refuses ``gradient_clip_val`` with manual optimisation;
+  pass ``before_step=memfit.clip_grad_norm(max_norm)`` to :func:`guard`.
+
 Lightning is imported when a callback or guard is made, not when this module is imported.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -27,10 +43,12 @@ from memfit.integrations._batch import batch_size_from_estimate, keep_effective_
 from memfit.integrations._lazy import require
 
 __all__ = [
+    "LightningGuard",
     "MemfitCallback",
     "batch_size_from_estimate",
     "callback_class",
     "guard",
+    "in_batch_size_trial",
     "keep_effective_batch",
 ]
 
@@ -123,6 +141,85 @@ def MemfitCallback(
     return callback_class()(recorder, batch_size, attribute)
 
 
+@functools.cache
+def _trial_code() -> Any:
+    """The code object of Lightning's batch-size search (its trials run inside it)."""
+    scaling = require("lightning.pytorch.tuner.batch_size_scaling")
+    return scaling._scale_batch_size.__code__
+
+
+def in_batch_size_trial(trainer: Any) -> bool:
+    """Whether ``trainer`` is running a trial step of Lightning's batch-size finder.
+
+    The finder detaches every callback for its trials and runs them inside
+    ``lightning.pytorch.tuner.batch_size_scaling._scale_batch_size``; the (cheap) first test
+    is the empty callback list, the second looks for that function on the call stack.
+    """
+    if getattr(trainer, "callbacks", None):
+        return False
+    code = _trial_code()
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+class LightningGuard:
+    """The guard :func:`guard` returns: a :class:`memfit.TrainGuard` that knows Lightning.
+
+    Calling it runs one guarded step (or, with ``accumulate`` > 1, collects the batch and
+    steps over every ``accumulate`` batches); during a batch-size finder's trials it runs
+    the step unguarded. Other attributes (``splits``, ``events``, ``steps``...) are the
+    TrainGuard's.
+    """
+
+    def __init__(self, pl_module: Any, train_guard: Any, accumulate: int) -> None:
+        self.pl_module = pl_module
+        self.train_guard = train_guard
+        self.accumulate = accumulate
+        self.pending: list[Any] = []
+        self.trial_steps = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["train_guard"], name)
+
+    def __call__(self, batch: Any) -> Any:
+        """One step over ``batch`` (or over the batches collected so far).
+
+        Returns:
+            The mean loss (a float) when a step ran; ``None`` for a batch that was only
+            collected for a later step.
+        """
+        from memfit.runtime._batching import concat
+
+        trainer = self.pl_module.trainer
+        if in_batch_size_trial(trainer):
+            self.trial_steps += 1
+            return float(self.train_guard.run_unguarded(batch))
+        if self.accumulate == 1:
+            return self.train_guard(batch)
+        self.pending.append(batch)
+        if len(self.pending) < self.accumulate and not getattr(trainer, "is_last_batch", False):
+            return None
+        batches, self.pending = self.pending, []
+        return self.train_guard(batches[0] if len(batches) == 1 else concat(batches, 0))
+
+
+def _recorder_sink(pl_module: Any) -> Any:
+    """An event sink that finds the attached :func:`MemfitCallback` recorder when called."""
+
+    def sink(event: Any) -> None:
+        trainer = getattr(pl_module, "_trainer", None) or pl_module.trainer
+        for cb in getattr(trainer, "callbacks", ()):
+            if isinstance(cb, callback_class()) and cb.recorder is not None:
+                cb.recorder.on_event(event)
+                return
+
+    return sink
+
+
 def guard(
     pl_module: Any,
     loss_fn: Callable[[Any], Any],
@@ -130,8 +227,11 @@ def guard(
     count_fn: Callable[[Any], float] | None = None,
     max_splits: int = 64,
     on_event: Any | None = None,
-) -> Any:
-    """The :class:`memfit.TrainGuard` of a manually optimised LightningModule (made once).
+    accumulate: int = 1,
+    before_step: Callable[[Any], Any] | None = None,
+    **guard_options: Any,
+) -> LightningGuard:
+    """The guard of a manually optimised LightningModule (made once, then the same object).
 
     Call it in ``training_step``: ``loss = memfit_lightning.guard(self, self.loss)(batch)``.
     It does forward, backward, ``optimizer.step()`` and ``zero_grad`` itself (micro-batched
@@ -143,21 +243,34 @@ def guard(
         loss_fn: ``loss_fn(batch) -> mean loss over the batch's items``.
         count_fn: What the mean is over (tokens, valid items), per batch.
         max_splits: Most micro-batches per step.
-        on_event: Where guard events go; default: the :func:`MemfitCallback` recorder's.
+        on_event: Where guard events go; default: the recorder of the
+            :func:`MemfitCallback` attached when the event happens.
+        accumulate: Batches per optimizer step (what ``accumulate_grad_batches`` does for
+            automatic optimisation); the step's loss is the mean over all their items.
+        before_step: ``before_step(optimizer)`` between the gradient and the step, e.g.
+            ``memfit.clip_grad_norm(1.0)`` (Lightning's ``gradient_clip_val`` is refused
+            with manual optimisation).
+        **guard_options: More :class:`memfit.TrainGuard` options (``split_stats``,
+            ``snapshot_optimizer``, ``grow_back_after``...).
 
     Returns:
-        The guard (the same object on every call for this module).
+        The :class:`LightningGuard` (the same object on every call for this module).
 
     Raises:
-        ConfigError: When the module uses automatic optimisation or has several optimisers.
+        ConfigError: When the module uses automatic optimisation, has several optimisers,
+            or ``accumulate`` is not a positive integer.
         BackendUnavailable: When lightning is not installed.
     """
     existing = getattr(pl_module, _GUARD_ATTR, None)
     if existing is not None:
-        return existing
+        return existing  # type: ignore[no-any-return]
     require("lightning.pytorch")
+    from memfit.errors import require_positive_int
     from memfit.runtime.guard import TrainGuard
 
+    require_positive_int(
+        "accumulate", accumulate, hint="batches per optimizer step, as accumulate_grad_batches"
+    )
     if getattr(pl_module, "automatic_optimization", True):
         raise ConfigError(
             "memfit's guard drives the optimiser itself: it needs manual optimisation",
@@ -176,20 +289,18 @@ def guard(
     # global_step); it shares param_groups and state with the wrapped optimiser.
     optimizer = optimizers
     trainer = pl_module.trainer
-    if on_event is None:
-        for cb in trainer.callbacks:
-            if isinstance(cb, callback_class()) and cb.recorder is not None:
-                on_event = cb.recorder.on_event
-                break
     model = getattr(trainer.strategy, "model", None)
     wrapped = model if model is not None and model is not pl_module else None
     made = TrainGuard(
         optimizer,
         loss_fn,
-        model=wrapped,
+        model=wrapped if wrapped is not None else pl_module,
         count_fn=count_fn,
         max_splits=max_splits,
-        on_event=on_event,
+        on_event=on_event if on_event is not None else _recorder_sink(pl_module),
+        before_step=before_step,
+        **guard_options,
     )
-    object.__setattr__(pl_module, _GUARD_ATTR, made)
-    return made
+    lightning_guard = LightningGuard(pl_module, made, accumulate)
+    object.__setattr__(pl_module, _GUARD_ATTR, lightning_guard)
+    return lightning_guard

@@ -12,9 +12,14 @@ step. memfit covers what the API allows:
   :func:`batch_size_from_estimate` over a :func:`memfit.estimate_torch` trace.
 * :func:`train` runs ``trainer.train()``; when it runs out of memory it leaves the ``except``
   block, frees the memory, halves the micro-batch while doubling the accumulation (the
-  effective batch stays), and resumes from the newest checkpoint in ``output_dir`` when there
-  is one. Accelerate's ``find_executable_batch_size`` (``auto_find_batch_size=True``) restarts
-  the whole function and leaves the accumulation alone, so its effective batch shrinks.
+  effective batch stays), and trains again from a state that is exactly right: the newest
+  checkpoint this call wrote (weights, optimizer, scheduler, RNG and step, as Trainer saves
+  them), or, when there is none, the start: the model's weights, the optimizer and scheduler
+  and the random generators as they were when :func:`train` was called (kept in host memory).
+  It never goes on from weights the failed attempt had already updated with a fresh
+  optimizer. Accelerate's ``find_executable_batch_size`` (``auto_find_batch_size=True``)
+  halves the batch and leaves the accumulation alone, so the effective batch silently
+  shrinks: :func:`train` refuses it.
 
 transformers is imported when these are used, not when this module is imported.
 """
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import time
 from pathlib import Path
 from typing import Any
 
@@ -131,14 +137,67 @@ def apply_batch(args: Any, micro_batch: int) -> tuple[int, int]:
     return micro, accumulation
 
 
-def _latest_checkpoint(output_dir: str | None) -> str | None:
-    if not output_dir:
+def _checkpoints(output_dir: str | None) -> dict[str, float]:
+    """``checkpoint-N`` directories of ``output_dir`` and their modification times."""
+    if not output_dir or not Path(output_dir).is_dir():
+        return {}
+    found: dict[str, float] = {}
+    for path in Path(output_dir).glob("checkpoint-*"):
+        if path.is_dir() and path.name.split("-")[-1].isdigit():
+            found[str(path)] = path.stat().st_mtime
+    return found
+
+
+def _newest_since(output_dir: str | None, before: dict[str, float], started: float) -> str | None:
+    """The newest checkpoint written since ``started`` (new, or rewritten since)."""
+    fresh = [
+        path
+        for path, mtime in _checkpoints(output_dir).items()
+        if path not in before or mtime > before[path] or mtime >= started
+    ]
+    if not fresh:
         return None
-    found = sorted(
-        Path(output_dir).glob("checkpoint-*"),
-        key=lambda p: int(p.name.split("-")[-1]) if p.name.split("-")[-1].isdigit() else -1,
-    )
-    return str(found[-1]) if found else None
+    return max(fresh, key=lambda p: int(p.rsplit("-", 1)[-1]))
+
+
+class _StartState:
+    """What :func:`train` puts back to train again from the start: the model's weights, the
+    optimizer and scheduler, and the random generators, as they were at the call."""
+
+    def __init__(self, trainer: Any) -> None:
+        import copy
+
+        from memfit.runtime._rewind import RngState
+
+        self.model_state = {
+            k: v.detach().to("cpu", copy=True) for k, v in trainer.model.state_dict().items()
+        }
+        # An optimizer Trainer makes itself is made again; one the user passed is reset.
+        self.optimizer_state = (
+            copy.deepcopy(trainer.optimizer.state_dict()) if trainer.optimizer is not None else None
+        )
+        self.scheduler_state = (
+            copy.deepcopy(trainer.lr_scheduler.state_dict())
+            if trainer.lr_scheduler is not None and hasattr(trainer.lr_scheduler, "state_dict")
+            else None
+        )
+        self.user_scheduler = trainer.lr_scheduler is not None
+        self.rng = RngState()
+        self.rng.capture()
+
+    def restore(self, trainer: Any) -> None:
+        trainer.model.load_state_dict(self.model_state)
+        if self.optimizer_state is None:
+            trainer.optimizer = None
+        else:
+            trainer.optimizer.load_state_dict(self.optimizer_state)
+        if not self.user_scheduler:
+            trainer.lr_scheduler = None
+            if hasattr(trainer, "_created_lr_scheduler"):
+                trainer._created_lr_scheduler = False
+        elif self.scheduler_state is not None:
+            trainer.lr_scheduler.load_state_dict(self.scheduler_state)
+        self.rng.restore()
 
 
 def train(
@@ -146,34 +205,47 @@ def train(
     *,
     max_halvings: int = 6,
     on_event: EventSink | None = None,
+    restart: str = "auto",
     **train_kwargs: Any,
 ) -> Any:
     """``trainer.train()`` that survives out-of-memory, keeping the effective batch.
 
     On OOM: leave the ``except`` block, free memory (traceback frames, ``gc``,
     ``empty_cache``), halve ``per_device_train_batch_size`` and double
-    ``gradient_accumulation_steps``, and train again, resuming from the newest checkpoint in
-    ``args.output_dir`` when there is one (training then goes on from that step).
+    ``gradient_accumulation_steps``, and train again from an exact state: the newest
+    checkpoint this call wrote in ``args.output_dir``, else the start (weights, optimizer,
+    scheduler and random generators as they were at the call; the steps since are done
+    again, and the ``restart`` event says how many).
 
     Args:
         trainer: A ``transformers.Trainer``.
         max_halvings: Most halvings before giving up.
-        on_event: Where the ``oom`` / ``split`` events go (a Recorder's ``on_event``).
+        on_event: Where the ``oom`` / ``split`` / ``restart`` events go (a Recorder's
+            ``on_event``).
+        restart: ``"auto"`` (a checkpoint of this call, else the start), ``"checkpoint"``
+            (only from a checkpoint: with none, raise instead of redoing the steps; the
+            weights are then not copied to host memory at the start) .
         **train_kwargs: Passed to ``trainer.train``.
 
     Returns:
         What ``trainer.train`` returns.
 
     Raises:
-        OutOfMemory: When a micro-batch of 1 (or ``max_halvings`` halvings) still does not fit.
-        ConfigError: When ``max_halvings`` is negative, or ``trainer`` is not a Trainer
-            with ``TrainingArguments``.
+        OutOfMemory: When a micro-batch of 1 (or ``max_halvings`` halvings) still does not
+            fit, or with ``restart="checkpoint"`` when there is no checkpoint to go on from.
+        ConfigError: When ``max_halvings`` is negative, ``restart`` is unknown, ``trainer``
+            is not a Trainer with ``TrainingArguments``, or ``auto_find_batch_size`` is on
+            (it would shrink the effective batch behind memfit's back).
         BackendUnavailable: When transformers is not installed.
     """
     if isinstance(max_halvings, bool) or not isinstance(max_halvings, int) or max_halvings < 0:
         raise ConfigError(
             f"max_halvings must be a whole number >= 0, not {max_halvings!r}",
             key_path="max_halvings",
+        )
+    if restart not in ("auto", "checkpoint"):
+        raise ConfigError(
+            f"restart must be 'auto' or 'checkpoint', not {restart!r}", key_path="restart"
         )
     require("transformers")
     if not callable(getattr(trainer, "train", None)):
@@ -183,11 +255,25 @@ def train(
             hint="memfit.integrations.transformers.train(Trainer(model=..., args=...))",
         )
     _require_training_args(getattr(trainer, "args", None), "trainer.args")
+    args = trainer.args
+    if getattr(args, "auto_find_batch_size", False):
+        raise ConfigError(
+            "auto_find_batch_size=True halves the batch on out-of-memory without raising "
+            "gradient_accumulation_steps, so the effective batch (and the training) silently "
+            "changes; memfit keeps the effective batch itself",
+            key_path="trainer.args.auto_find_batch_size",
+            hint="set TrainingArguments(auto_find_batch_size=False) and let memfit's train() "
+            "halve the micro-batch",
+        )
     from memfit.runtime.guard import memory_figures
     from memfit.runtime.oom import forget_exception, is_oom
 
+    output_dir = getattr(args, "output_dir", None)
+    started = time.time()
+    before = _checkpoints(output_dir)
+    start = _StartState(trainer) if restart == "auto" else None
+    user_resume = train_kwargs.get("resume_from_checkpoint")
     tried: list[str] = []
-    args = trainer.args
     for _ in range(max_halvings + 1):
         message: str | None = None
         try:
@@ -201,6 +287,7 @@ def train(
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.empty_cache()
         micro = int(args.per_device_train_batch_size)
+        lost = int(getattr(getattr(trainer, "state", None), "global_step", 0) or 0)
         emit(
             on_event,
             MemoryEvent(
@@ -212,18 +299,42 @@ def train(
         new_micro, accumulation = apply_batch(args, micro // 2)
         tried.append(f"micro-batch {new_micro} x {accumulation}")
         trainer._train_batch_size = args.train_batch_size  # what Trainer's dataloader uses
-        checkpoint = _latest_checkpoint(getattr(args, "output_dir", None))
+        checkpoint = _newest_since(output_dir, before, started)
         if checkpoint is not None:
             train_kwargs["resume_from_checkpoint"] = checkpoint
+            how = f"resuming from {checkpoint}"
+        elif start is not None:
+            start.restore(trainer)
+            train_kwargs["resume_from_checkpoint"] = user_resume
+            how = (
+                f"restarting from the start ({lost} optimizer step(s) done again)"
+                if user_resume is None
+                else f"restarting from {user_resume}"
+            )
+        else:
+            figures = memory_figures()
+            raise OutOfMemory(
+                "Trainer ran out of memory and this call wrote no checkpoint to go on from "
+                f"(restart='checkpoint'); the model is {lost} optimizer step(s) past its start",
+                peak_bytes=figures["peak_bytes"],
+                budget_bytes=figures["budget_bytes"],
+                tried=tried,
+                hint="save checkpoints (save_strategy='steps', save_steps=...) or use "
+                "restart='auto' to train again from the start",
+            )
         emit(
             on_event,
             MemoryEvent(
                 "split",
                 None,
                 "transformers.train",
-                f"micro-batch {micro} -> {new_micro}, accumulation {accumulation}"
-                + (f", resuming from {checkpoint}" if checkpoint else ""),
-                {"micro_batch": new_micro, "accumulation": accumulation},
+                f"micro-batch {micro} -> {new_micro}, accumulation {accumulation}, {how}",
+                {
+                    "micro_batch": new_micro,
+                    "accumulation": accumulation,
+                    "resume_from": checkpoint if checkpoint is not None else user_resume,
+                    "steps_redone": 0 if checkpoint is not None else lost,
+                },
             ),
         )
     figures = memory_figures()

@@ -49,9 +49,17 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, Any
 
-from memfit.errors import BackendUnavailable, ConfigError, MemfitError, OutOfMemory, file_error
+from memfit.backends.live import (
+    LiveReader,
+    NoReader,
+    ProbeReader,
+    Reading,
+    active_reader,
+    torch_cuda_available,
+)
+from memfit.errors import ConfigError, MemfitError, OutOfMemory, file_error
 from memfit.runtime.events import MemoryEvent
 from memfit.units import MiB, format_bytes, parse_bytes
 
@@ -514,202 +522,24 @@ def check_fragmentation(
 # -- where the numbers come from ------------------------------------------------------------
 
 
-class _Source(Protocol):
-    name: str
-
-    def read(self) -> dict[str, int | None]: ...
-
-
-def _empty_reading() -> dict[str, int | None]:
-    return {
-        "allocated_bytes": None,
-        "reserved_bytes": None,
-        "peak_allocated_bytes": None,
-        "device_used_bytes": None,
-        "total_bytes": None,
-        "budget_bytes": None,
-    }
+_SAMPLE_FIELDS = (
+    "allocated_bytes",
+    "reserved_bytes",
+    "peak_allocated_bytes",
+    "device_used_bytes",
+    "total_bytes",
+    "budget_bytes",
+)
 
 
-class _TorchCudaSource:
-    """``torch.cuda`` figures of one device."""
-
-    def __init__(self, torch_module: Any, index: int) -> None:
-        self._torch = torch_module
-        self._cuda = torch_module.cuda
-        self.index = index
-        self.name = "torch.cuda"
-        self.total = int(self._cuda.get_device_properties(index).total_memory)
-
-    def read(self) -> dict[str, int | None]:
-        from memfit.backends.torch_cuda import allocator_counts
-
-        counts = allocator_counts(self._torch, self.index)
-        free, total = self._cuda.mem_get_info(self.index)
-        return {
-            "allocated_bytes": counts.allocated,
-            "reserved_bytes": counts.reserved,
-            "peak_allocated_bytes": counts.peak_allocated,
-            "device_used_bytes": int(total) - int(free),
-            "total_bytes": self.total,
-            "budget_bytes": None,
-        }
-
-
-class _JaxSource:
-    """JAX ``memory_stats()`` of one GPU device."""
-
-    def __init__(self, device: Any) -> None:
-        self._device = device
-        self.name = "jax"
-
-    def read(self) -> dict[str, int | None]:
-        stats = self._device.memory_stats() or {}
-
-        def get(key: str) -> int | None:
-            value = stats.get(key)
-            return int(value) if value is not None else None
-
-        reading = _empty_reading()
-        reading["allocated_bytes"] = get("bytes_in_use")
-        reading["reserved_bytes"] = get("bytes_reserved")
-        reading["peak_allocated_bytes"] = get("peak_bytes_in_use")
-        reading["budget_bytes"] = get("bytes_limit")
-        return reading
-
-
-class _SimulatedSource:
-    """The innermost active :func:`memfit.simulate_gpu` (looked up at each read)."""
-
-    def __init__(self, active: Callable[[], Any]) -> None:
-        self._active = active
-        self.name = "simulated"
-
-    def read(self) -> dict[str, int | None]:
-        reading = _empty_reading()
-        sim = self._active()
-        if sim is None:
-            return reading
-        reading["allocated_bytes"] = int(sim.allocated_bytes)
-        reading["peak_allocated_bytes"] = int(sim.peak_allocated_bytes)
-        reading["budget_bytes"] = int(sim.budget_bytes)
-        device = getattr(sim, "device", None)
-        total = getattr(device, "total_bytes", None)
-        reading["total_bytes"] = int(total) if total is not None else None
-        return reading
-
-
-class _ProbeSource:
-    """One device of a :class:`~memfit.backends.base.DeviceProbe`."""
-
-    def __init__(self, probe: Any, index: int = 0) -> None:
-        self.probe = probe
-        self.index = index
-        self.name = str(getattr(probe, "name", "probe"))
-
-    def read(self) -> dict[str, int | None]:
-        reading = _empty_reading()
-        for dev in self.probe.snapshot().devices:
-            if dev.index == self.index:
-                reading["allocated_bytes"] = dev.allocated_bytes
-                reading["reserved_bytes"] = dev.allocator_reserved_bytes
-                reading["peak_allocated_bytes"] = dev.peak_allocated_bytes
-                reading["device_used_bytes"] = dev.device_used_bytes
-                reading["total_bytes"] = dev.total_bytes
-                reading["budget_bytes"] = dev.limit_bytes
-                break
-        return reading
-
-
-class _NoSource:
-    name = "none"
-
-    def read(self) -> dict[str, int | None]:
-        return _empty_reading()
+def _sample_fields(reading: Reading) -> dict[str, int | None]:
+    """A reading's figures as a Recorder sample carries them."""
+    return {key: getattr(reading, key) for key in _SAMPLE_FIELDS}
 
 
 def _torch_cuda() -> Any | None:
     """The torch module when it is imported and has CUDA, else ``None`` (never imports it)."""
-    torch_module = sys.modules.get("torch")
-    if torch_module is None:
-        return None
-    try:
-        return torch_module if torch_module.cuda.is_available() else None
-    except (AttributeError, RuntimeError):
-        return None
-
-
-def _jax_gpu() -> Any | None:
-    """A JAX GPU device with memory statistics, when JAX is imported, else ``None``."""
-    jax_module = sys.modules.get("jax")
-    if jax_module is None:
-        return None
-    try:
-        for dev in jax_module.devices():
-            if getattr(dev, "platform", "") == "gpu" and dev.memory_stats() is not None:
-                return dev
-    except RuntimeError:
-        return None
-    return None
-
-
-def _simulate_active() -> Callable[[], Any] | None:
-    """``memfit.runtime.simulate.active`` when that module is loaded (it needs torch)."""
-    module = sys.modules.get("memfit.runtime.simulate")
-    if module is None:
-        return None
-    active = getattr(module, "active", None)
-    return active if callable(active) else None
-
-
-def _simulated_budget() -> int | None:
-    """The budget of the active :func:`memfit.simulate_gpu`, or ``None``."""
-    active = _simulate_active()
-    sim = active() if active is not None else None
-    return int(sim.budget_bytes) if sim is not None else None
-
-
-def _resolve_source(kind: str, probe: Any | None) -> _Source:
-    """The source of step samples for ``kind`` (``"auto"`` picks as the module docstring says).
-
-    Raises:
-        BackendUnavailable: When a source named explicitly is not there.
-    """
-    if kind in ("auto", "torch"):
-        torch_module = _torch_cuda()
-        if torch_module is not None:
-            return _TorchCudaSource(torch_module, int(torch_module.cuda.current_device()))
-        if kind == "torch":
-            raise BackendUnavailable(
-                "torch with CUDA is not there to record from",
-                hint="import torch with CUDA first, or use source='auto'",
-            )
-    if kind in ("auto", "jax"):
-        device = _jax_gpu()
-        if device is not None:
-            return _JaxSource(device)
-        if kind == "jax":
-            raise BackendUnavailable(
-                "no JAX GPU device with memory statistics",
-                hint="import jax with a GPU backend first, or use source='auto'",
-            )
-    if kind in ("auto", "simulated"):
-        active = _simulate_active()
-        if active is not None and (kind == "simulated" or active() is not None):
-            return _SimulatedSource(active)
-        if kind == "simulated":
-            raise BackendUnavailable(
-                "memfit.simulate_gpu has not been used in this process",
-                hint="record inside `with memfit.simulate_gpu(...)`",
-            )
-    if probe is not None:
-        return _ProbeSource(probe)
-    if kind == "probe":
-        raise BackendUnavailable(
-            "source='probe' needs a DeviceProbe as device=",
-            hint="pass device=memfit.backends.simulated.SimulatedDevice(...) or an NVML probe",
-        )
-    return _NoSource()
+    return torch_cuda_available()
 
 
 def _default_probe() -> Any | None:
@@ -876,7 +706,7 @@ class Recorder:
         self._lock = threading.RLock()
         self._file: IO[str] | None = None
         self._csv_writer: Any = None
-        self._source: _Source | None = None
+        self._source: LiveReader | None = None
         self._started = False
         self._closed = False
         self._count = 0
@@ -924,7 +754,7 @@ class Recorder:
             )
         if self._started:
             return self
-        self._source = _resolve_source(self.source_kind, self.device)
+        self._source = active_reader(self.source_kind, self.device, allow_cuda_init=True)
         if self.path is not None:
             self._open_file(self.path)
         self._started = True
@@ -946,9 +776,9 @@ class Recorder:
         if self.log:
             where = f" to {self.path}" if self.path is not None else ""
             reading = self._source.read()
-            total = reading.get("total_bytes")
+            total = reading.total_bytes
             size = f", device {format_bytes(total)}" if total is not None else ""
-            budget = self.budget_bytes or reading.get("budget_bytes")
+            budget = self.budget_bytes or reading.budget_bytes
             size += f", budget {format_bytes(budget)}" if budget is not None else ""
             back = f", background every {self.interval:g} s" if self.interval else ""
             note = (
@@ -967,7 +797,7 @@ class Recorder:
             )
         return self
 
-    def _require_source(self) -> _Source:
+    def _require_source(self) -> LiveReader:
         if self._source is None:
             self.start()
         if self._source is None:  # start() always sets it; this keeps the type exact
@@ -1056,7 +886,7 @@ class Recorder:
             return None
         source = self._require_source()
         clock = time.perf_counter()
-        reading = source.read()
+        reading = _sample_fields(source.read())
         step_seconds: float | None = None
         if (
             self._last_sample_clock is not None
@@ -1068,8 +898,6 @@ class Recorder:
         self._last_sample_step = n
         if self.budget_bytes is not None:
             reading["budget_bytes"] = self.budget_bytes
-        elif reading["budget_bytes"] is None and source.name == "torch.cuda":
-            reading["budget_bytes"] = _simulated_budget()  # simulate_gpu(device="cuda")
         sample: dict[str, Any] = {
             "step": n,
             "time": time.time(),
@@ -1124,9 +952,9 @@ class Recorder:
 
     def _start_background(self) -> None:
         probe = self.device if self.device is not None else _default_probe()
-        background: _Source
+        background: LiveReader
         if probe is not None:
-            background = _ProbeSource(probe)
+            background = ProbeReader(probe)
             read_all = True
         else:
             background = self._require_source()
@@ -1140,7 +968,7 @@ class Recorder:
         )
         self._thread.start()
 
-    def _background_loop(self, source: _Source, read_all: bool) -> None:
+    def _background_loop(self, source: LiveReader, read_all: bool) -> None:
         interval = float(self.interval or 1.0)
         cpu_start = time.thread_time()
         next_tick = time.monotonic()
@@ -1166,9 +994,9 @@ class Recorder:
                 delay = 0.0
             self._stop.wait(delay)
 
-    def _background_records(self, source: _Source, read_all: bool) -> list[dict[str, Any]]:
+    def _background_records(self, source: LiveReader, read_all: bool) -> list[dict[str, Any]]:
         now = time.time()
-        if read_all and isinstance(source, _ProbeSource):
+        if read_all and isinstance(source, ProbeReader):
             snapshot = source.probe.snapshot()
             records = []
             for dev in snapshot.devices:
@@ -1188,7 +1016,7 @@ class Recorder:
                     }
                 )
             return records
-        reading = source.read()
+        reading = _sample_fields(source.read())
         if self.budget_bytes is not None:
             reading["budget_bytes"] = self.budget_bytes
         return [
@@ -1251,7 +1079,9 @@ class Recorder:
             self._events.append(event)
             self._write_event(event)
         if event.kind == "cleanup" and self.log:
-            reading = self._source.read() if self._source is not None else _empty_reading()
+            reading = _sample_fields(
+                self._source.read() if self._source is not None else NoReader().read()
+            )
             logger.info(
                 "memfit: %s at step %s: %s; now allocated %s, reserved %s",
                 event.source,

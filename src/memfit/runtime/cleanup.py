@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import functools
 import gc
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -72,17 +71,12 @@ class CleanupStats:
         return {"calls": self.calls, "cleanups": self.cleanups, "seconds": self.seconds}
 
 
-def _torch_cuda_ready() -> Any:
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
-        return torch
-    return None
-
-
 def _clean(*, empty_cache: bool, gc_collect: bool, reset: bool = False) -> None:
     if gc_collect:
         gc.collect()
-    torch = _torch_cuda_ready()
+    from memfit.backends.live import torch_cuda
+
+    torch = torch_cuda()
     if torch is None:
         return
     if empty_cache:
@@ -260,27 +254,34 @@ class PressureReading:
 
 
 def read_pressure() -> PressureReading:
-    """Memory of the innermost :func:`memfit.simulate_gpu`, else of the current CUDA device.
+    """Memory of the innermost :func:`memfit.simulate_gpu`, else of the current CUDA device
+    (through :func:`memfit.backends.live.active_reader`).
+
+    Under a budget (a simulated GPU) the total is the budget and free is what it leaves; on
+    a device, free is what the driver has free (the allocator's cache not counted: that is
+    what a cleanup gives back).
 
     Returns:
         The reading; every field ``None`` when there is neither.
     """
-    from memfit.runtime.simulate import active
+    from memfit.backends.live import active_reader
 
-    gpu = active()
-    if gpu is not None and gpu.device_kind == "cpu":
-        allocated = gpu.allocated_bytes
-        return PressureReading(gpu.budget_bytes, gpu.free_bytes, allocated, allocated)
-    torch = _torch_cuda_ready()
-    if torch is None:
+    now = active_reader().read()
+    if now.source == "simulated":
+        return PressureReading(
+            now.budget_bytes,
+            now.free_bytes,
+            now.reserved_bytes if now.reserved_bytes is not None else now.allocated_bytes,
+            now.allocated_bytes,
+        )
+    if now.source != "torch.cuda":
         return PressureReading(None, None, None, None)
-    free, total = torch.cuda.mem_get_info()
-    return PressureReading(
-        int(total),
-        int(free),
-        int(torch.cuda.memory_reserved()),
-        int(torch.cuda.memory_allocated()),
+    free = (
+        now.total_bytes - now.device_used_bytes
+        if now.total_bytes is not None and now.device_used_bytes is not None
+        else None
     )
+    return PressureReading(now.total_bytes, free, now.reserved_bytes, now.allocated_bytes)
 
 
 class OnPressure(CleanupPolicy):

@@ -5,9 +5,11 @@ JAX reports an out-of-memory as a runtime error whose message starts with
 JAX has no allocator cache to empty: the memory of a failed call is its live temporaries,
 freed when nothing references them. So on ``RESOURCE_EXHAUSTED`` the guard clears the
 exception's traceback frames and chained exceptions (which hold the failed call's arrays),
-collects young garbage, and climbs the same ladder as the PyTorch guard: retry once, then a
-micro-batched step with 2, 4, ... chunks, up to ``max_splits``, then
-:class:`memfit.OutOfMemory`.
+collects young garbage, and climbs the same ladder as the PyTorch guard
+(:mod:`memfit.core.ladder`): retry (more often for a chunk size that ran before), then a
+micro-batched step with more chunks, up to ``max_splits``, then
+:class:`memfit.OutOfMemory`; after a give-up the next step starts from the last completed
+step's chunk count.
 
 The micro-batched step is one jitted function per split count: the batch (a pytree of arrays
 whose leading dimension is the batch) is reshaped to ``(splits, n // splits, ...)`` and
@@ -21,8 +23,11 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
+from memfit.core import ladder
+from memfit.core.ladder import next_divisor
 from memfit.errors import ConfigError, OutOfMemory, require_positive_int
 from memfit.runtime.events import EventSink, MemoryEvent, emit
 from memfit.runtime.oom import forget_exception, is_oom
@@ -33,34 +38,15 @@ LossFn = Callable[[Any, Any], Any]
 UpdateFn = Callable[[Any, Any, Any], tuple[Any, Any]]
 
 
-def next_divisor(n: int, at_least: int) -> int:
-    """The smallest divisor of ``n`` that is at least ``at_least`` (``n`` when none smaller).
-
-    >>> next_divisor(12, 5), next_divisor(12, 1), next_divisor(7, 2)
-    (6, 1, 7)
-    """
-    for d in range(max(1, at_least), n + 1):
-        if n % d == 0:
-            return d
-    return n
-
-
 def _jax_figures() -> tuple[str | None, int | None, int | None]:
-    """The first JAX device's name, peak bytes in use and byte limit, ``None`` where unknown."""
-    try:
-        import jax
+    """The JAX GPU device's name, peak bytes in use and byte limit, ``None`` where unknown
+    (read through :func:`memfit.backends.live.active_reader`)."""
+    from memfit.backends.live import active_reader
 
-        device = jax.local_devices()[0]
-        stats = device.memory_stats() or {}
-    except Exception:  # a backend without memory statistics (the CPU) says nothing
+    now = active_reader("auto").read()
+    if now.source != "jax":
         return None, None, None
-    peak = stats.get("peak_bytes_in_use")
-    limit = stats.get("bytes_limit")
-    return (
-        str(device),
-        int(peak) if peak is not None else None,
-        int(limit) if limit is not None else None,
-    )
+    return now.device, now.peak_allocated_bytes, now.budget_bytes
 
 
 class TrainGuard:
@@ -121,12 +107,24 @@ class TrainGuard:
         self.max_splits = max_splits
         self.on_event = on_event
         self.grow_back_after = grow_back_after
-        self.splits = 1
+        self._config = ladder.LadderConfig(
+            max_splits=max_splits, grow_back_after=grow_back_after, divisors=True
+        )
+        self._ladder = ladder.LadderState()
         self.steps = 0
         self.events: list[MemoryEvent] = []
         self.traces: dict[int, int] = {}
         self._compiled: dict[int, Callable[[Any, Any, Any], tuple[Any, Any, Any]]] = {}
-        self._clean_steps = 0
+
+    @property
+    def splits(self) -> int:
+        """Chunks the next step starts with."""
+        return self._ladder.splits
+
+    @splits.setter
+    def splits(self, value: int) -> None:
+        require_positive_int("splits", value)
+        self._ladder = replace(self._ladder, splits=value)
 
     def _event(self, kind: str, message: str, **data: Any) -> None:
         event = MemoryEvent(kind, self.steps, self.source, message, dict(data))
@@ -216,10 +214,12 @@ class TrainGuard:
                 key_path="batch",
                 hint="skip empty batches",
             )
-        splits = next_divisor(n, min(self.splits, n))
+        config = self._config
+        splits = ladder.first_splits(config, self._ladder, n)
         first = splits
         tried: list[str] = []
-        retried = False
+        failures = 0
+        split_here = False
         while True:
             message: str | None = None
             try:
@@ -236,24 +236,36 @@ class TrainGuard:
                     raise
                 message = forget_exception(exc)
             if message is None:
+                self._ladder = ladder.on_fit(self._ladder, n // splits, failures)
                 break
             gc.collect(1)  # out of the except block: the failed call's arrays can go
+            failures += 1
             self._event(
                 "oom",
                 "RESOURCE_EXHAUSTED in the jitted step",
                 splits=splits,
                 error=message.splitlines()[0],
             )
-            larger = next_divisor(n, splits * 2)
-            if not retried:
-                retried = True
+            self._ladder, action = ladder.on_oom(
+                config,
+                self._ladder,
+                n=n,
+                splits=splits,
+                size=n // splits,
+                failures=failures,
+                split_here=split_here,
+            )
+            if isinstance(action, ladder.Retry):
                 tried.append(f"retry x{splits}")
                 self._event("retry", f"retrying with {splits} chunk(s)", splits=splits)
-            elif splits < n and larger <= self.max_splits:
-                splits = larger
+            elif isinstance(action, ladder.Split):
+                splits = action.splits
+                failures = 0
+                split_here = True
                 tried.append(f"split x{splits}")
                 self._event("split", f"micro-batched step with {splits} chunks", splits=splits)
             else:
+                self._ladder = ladder.after_give_up(replace(self._ladder, splits=splits))
                 self._event("give_up", "out of memory after " + ", ".join(tried), tried=tried)
                 device, peak, limit = _jax_figures()
                 raise OutOfMemory(
@@ -267,11 +279,9 @@ class TrainGuard:
                     "the item, raise max_splits, or use a device with more memory",
                 )
         self.steps += 1
-        self.splits = splits
-        self._clean_steps = 0 if splits > first else self._clean_steps + 1
-        if self.splits > 1 and self._clean_steps >= self.grow_back_after:
-            previous = self.splits
-            self.splits = max(1, self.splits // 2)
-            self._clean_steps = 0
-            self._event("grow_back", f"chunks {previous} -> {self.splits}", splits=self.splits)
+        self._ladder, grow = ladder.end_step(
+            config, self._ladder, splits=splits, split_further=splits > first
+        )
+        if grow is not None:
+            self._event("grow_back", f"chunks {grow.previous} -> {grow.splits}", splits=grow.splits)
         return new_params, new_state, loss_value

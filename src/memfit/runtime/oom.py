@@ -7,7 +7,9 @@ type first:
   imported (memfit never imports a framework just to inspect an error);
 * a JAX runtime error (``jax.errors.JaxRuntimeError``, older ``XlaRuntimeError``) whose message
   starts with ``RESOURCE_EXHAUSTED``, when jax is already imported;
-* :class:`memfit.OutOfMemory`.
+* :class:`memfit.OutOfMemory`;
+* Python's ``MemoryError`` (the host's allocator failed: NumPy, a Python list, a pinned
+  buffer; memfit guards host-side work too, and a smaller chunk needs less host memory).
 
 Then one table of real messages, :data:`OOM_MESSAGES`, for the paths that still raise a plain
 ``RuntimeError`` (or ``torch.AcceleratorError``): the driver's ``CUDA error: out of memory``,
@@ -111,15 +113,15 @@ def is_oom(exc: BaseException) -> bool:
 
     Returns:
         ``True`` for ``torch.OutOfMemoryError``, a JAX ``RESOURCE_EXHAUSTED`` runtime error,
-        :class:`memfit.OutOfMemory`, or a ``RuntimeError`` whose message is in
-        :data:`OOM_MESSAGES`; ``False`` for everything else.
+        :class:`memfit.OutOfMemory`, ``MemoryError``, or a ``RuntimeError`` whose message is
+        in :data:`OOM_MESSAGES`; ``False`` for everything else.
 
     >>> is_oom(RuntimeError("CUDA error: out of memory"))
     True
     >>> is_oom(RuntimeError("shape mismatch"))
     False
     """
-    if isinstance(exc, OutOfMemory):
+    if isinstance(exc, (OutOfMemory, MemoryError)):
         return True
     torch_oom = _torch_oom_type()
     if torch_oom is not None and isinstance(exc, torch_oom):

@@ -34,6 +34,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from memfit.backends.live import register_simulated
 from memfit.backends.simulated import SimulatedDevice
 from memfit.core.allocator import round_size
 from memfit.errors import ConfigError, OutOfMemory
@@ -251,6 +252,9 @@ def active() -> SimulatedGpu | None:
     """The innermost active :func:`simulate_gpu` context, or ``None`` outside one."""
     with _STACK_LOCK:
         return _STACK[-1] if _STACK else None
+
+
+register_simulated(active)  # the live-memory reader finds simulated GPUs through it
 
 
 def _resolve_budget(budget: int | str) -> int:

@@ -14,16 +14,62 @@ True
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from memfit.core.families import custom, offpolicy, ppo, vision
-from memfit.core.families.common import MODEL_TERMS, Term, allocator_slack
+from memfit.core.families.common import MODEL_TERMS, Term, allocator_slack, camera_hw
+from memfit.core.families.registry import (
+    Fallback,
+    Family,
+    get_family,
+    register,
+    registered,
+)
 from memfit.core.measured import MeasuredTerms
+from memfit.core.simulator import simulator_terms
 from memfit.core.workload import Workload
 from memfit.errors import ConfigError
 
-__all__ = ["Evaluation", "Term", "evaluate", "family_terms"]
+__all__ = [
+    "Evaluation",
+    "Fallback",
+    "Family",
+    "Term",
+    "evaluate",
+    "family_for",
+    "family_names",
+    "family_terms",
+    "get_family",
+    "register",
+]
+
+_NOT_FAMILIES = frozenset({"common", "registry"})
+
+
+def _discover() -> None:
+    """Import every module of this package: each family module registers its ``FAMILY``."""
+    for info in pkgutil.iter_modules(__path__):
+        if info.name not in _NOT_FAMILIES and not info.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{info.name}")
+
+
+_discover()
+
+
+def family_names() -> list[str]:
+    """Names of the registered families, sorted."""
+    return sorted(registered())
+
+
+def family_for(workload: Workload) -> Family:
+    """The registered family of ``workload``.
+
+    Raises:
+        ConfigError: When the workload names an unregistered family.
+    """
+    return get_family(workload.family)
 
 
 @dataclass(frozen=True)
@@ -31,15 +77,19 @@ class Evaluation:
     """The memory of one configuration, per device.
 
     Attributes:
-        terms: Term name -> bytes the framework allocates for it (no context, no slack).
+        terms: Term name -> bytes on the device (no context, no slack).
         slack_bytes: Reserved-vs-allocated slack of the framework's allocator over the terms'
             buffers (``allocator_slack``).
         host_bytes: Host RAM the job's GPU-side choices need (a replay buffer on the host).
+        outside_bytes: The part of ``terms`` that is not allocated through the framework's
+            allocator (a simulator and its renderer in the same process): it takes device
+            memory, but not from the caching allocator or XLA's pool.
     """
 
     terms: dict[str, int]
     slack_bytes: int
     host_bytes: int
+    outside_bytes: int = 0
 
     @property
     def allocated_bytes(self) -> int:
@@ -48,25 +98,41 @@ class Evaluation:
 
     @property
     def reserved_bytes(self) -> int:
-        """Terms plus allocator slack: what the framework's allocator holds."""
+        """Terms plus allocator slack: the job's device memory besides its context."""
         return self.allocated_bytes + self.slack_bytes
+
+    @property
+    def framework_reserved_bytes(self) -> int:
+        """What the framework's allocator holds (the terms outside it left out)."""
+        return self.reserved_bytes - self.outside_bytes
 
 
 def family_terms(
-    workload: Workload, values: Mapping[str, int], *, replay_on_gpu: bool = True
+    workload: Workload, values: Mapping[str, int], *, on_device: bool = True
 ) -> tuple[list[Term], int]:
     """The analytic terms of the workload's family and the host bytes it needs.
 
     Raises:
-        ConfigError: When the workload lacks a fact its family needs.
+        ConfigError: When the workload lacks a fact its family needs, or names an
+            unregistered family.
     """
-    if workload.family == "ppo":
-        return ppo.terms(workload, values), 0
-    if workload.family == "offpolicy":
-        return offpolicy.terms(workload, values, replay_on_gpu=replay_on_gpu)
-    if workload.family == "vision_inference":
-        return vision.terms(workload, values), 0
-    return custom.terms(workload, values), 0
+    terms, host = family_for(workload).terms(workload, values, on_device=on_device)
+    return list(terms), int(host)
+
+
+def _simulator(workload: Workload, values: Mapping[str, int]) -> list[Term]:
+    """The simulator's terms (:mod:`memfit.core.simulator`), outside the allocator."""
+    assert workload.simulator is not None
+    cams = workload.observations.cameras
+    pixels = None
+    if cams is not None:
+        h, w = camera_hw(workload, values)
+        pixels = cams.count * h * w
+    envs = values.get("num_envs", 1)
+    return [
+        Term(name, (nbytes,), outside_allocator=True)
+        for name, nbytes in simulator_terms(workload.simulator, envs, pixels)
+    ]
 
 
 def _apply_measured(
@@ -93,7 +159,7 @@ def evaluate(
     values: Mapping[str, int],
     *,
     measured: MeasuredTerms | None = None,
-    replay_on_gpu: bool = True,
+    on_device: bool = True,
 ) -> Evaluation:
     """Memory terms of ``workload`` at ``values`` (per device).
 
@@ -102,7 +168,8 @@ def evaluate(
         values: Every knob and setting value (``Workload.default_values`` plus overrides).
         measured: Measured parameter/activation terms from an estimator, replacing the
             analytic ones.
-        replay_on_gpu: For off-policy workloads, whether the replay buffer is on the GPU.
+        on_device: Where the family's placeable state lives (an off-policy replay buffer):
+            on the device, or in host RAM.
 
     Returns:
         The terms, the allocator slack and the host bytes.
@@ -111,16 +178,23 @@ def evaluate(
         ConfigError: When the workload lacks a fact its family needs, or ``measured`` follows
             a knob the workload does not have.
     """
-    terms, host = family_terms(workload, values, replay_on_gpu=replay_on_gpu)
+    terms, host = family_terms(workload, values, on_device=on_device)
     if measured is not None:
         terms = _apply_measured(terms, measured, values)
+    if workload.simulator is not None:
+        terms.extend(_simulator(workload, values))
     named: dict[str, int] = {}
     buffers: list[int] = []
+    outside = 0
     for term in terms:
         named[term.name] = named.get(term.name, 0) + term.nbytes
-        buffers.extend(term.tensors)
+        if term.outside_allocator:
+            outside += term.nbytes
+        else:
+            buffers.extend(term.tensors)
     return Evaluation(
         terms=named,
         slack_bytes=allocator_slack(workload.framework, buffers),
         host_bytes=host,
+        outside_bytes=outside,
     )

@@ -76,10 +76,14 @@ class Term:
     Attributes:
         name: The term's name in the breakdown (``"rollout_buffer"``).
         tensors: Sizes of the separate buffers, for the allocator model.
+        outside_allocator: ``True`` for device memory the framework's allocator does not
+            hand out (a simulator or renderer in the job's process): no allocator slack, and
+            not inside JAX's preallocated pool.
     """
 
     name: str
     tensors: tuple[int, ...]
+    outside_allocator: bool = False
 
     @property
     def nbytes(self) -> int:

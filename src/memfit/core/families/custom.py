@@ -12,11 +12,12 @@ from collections.abc import Mapping
 
 from memfit.core.constraints import Expr, parse_expr, require_known
 from memfit.core.families.common import Term
+from memfit.core.families.registry import Family, register
 from memfit.core.workload import Workload
 from memfit.errors import ConfigError
 from memfit.units import parse_bytes
 
-__all__ = ["compile_terms", "terms"]
+__all__ = ["FAMILY", "compile_terms", "terms"]
 
 
 def _size(text: str) -> int | None:
@@ -81,3 +82,20 @@ def terms(workload: Workload, values: Mapping[str, int]) -> list[Term]:
             )
         out.append(Term(name, (int(value),)))
     return out
+
+
+def _family_terms(
+    workload: Workload, values: Mapping[str, int], *, on_device: bool = True
+) -> tuple[list[Term], int]:
+    return terms(workload, values), 0
+
+
+FAMILY = register(
+    Family(
+        name="custom",
+        summary="terms given directly, as sizes or expressions over knobs",
+        terms=_family_terms,
+        section="terms",
+        requires=(("terms", "family custom needs a terms: section (name: bytes or expression)"),),
+    )
+)

@@ -24,9 +24,10 @@ from memfit.core.families.common import (
     observation_bytes,
     parameter_terms,
 )
+from memfit.core.families.registry import Fallback, Family, register
 from memfit.core.workload import OffPolicySpec, Workload, dtype_bytes
 
-__all__ = ["replay_transition_bytes", "terms"]
+__all__ = ["FAMILY", "replay_transition_bytes", "terms"]
 
 _F32 = 4
 
@@ -42,14 +43,14 @@ def replay_transition_bytes(workload: Workload, values: Mapping[str, int]) -> tu
 
 
 def terms(
-    workload: Workload, values: Mapping[str, int], *, replay_on_gpu: bool = True
+    workload: Workload, values: Mapping[str, int], *, on_device: bool = True
 ) -> tuple[list[Term], int]:
     """Memory terms of an off-policy workload (per device) and the host bytes it needs.
 
     Args:
         workload: A ``family: offpolicy`` workload.
         values: Knob and setting values (``buffer_size``, ``batch_size``).
-        replay_on_gpu: Whether the replay buffer is on the device (else in host RAM).
+        on_device: Whether the replay buffer is on the device (else in host RAM).
 
     Returns:
         The device terms, and the bytes of host RAM the replay buffer takes (0 on the GPU).
@@ -77,7 +78,47 @@ def terms(
         Term("minibatch_data", (batch * obs, batch * obs, *(batch * f for f in fields[-4:]))),
         Term("activations", (batch * online * ab, batch * target * ab)),
     ]
-    if replay_on_gpu:
+    if on_device:
         out.insert(0, Term("replay_buffer", replay))
         return out, 0
     return out, sum(replay)
+
+
+def _spec(workload: Workload) -> OffPolicySpec:
+    return workload.replay or OffPolicySpec()
+
+
+def fallbacks(workload: Workload) -> list[Fallback]:
+    """What may fit when the requested replay buffer does not: the buffer in host RAM (as
+    Stable-Baselines3 and CleanRL keep it), observations stored once
+    (``optimize_memory_usage``, about half the buffer), or a smaller buffer."""
+    spec = _spec(workload)
+    out: list[Fallback] = []
+    if spec.placement != "host":
+        out.append(Fallback("replay buffer in host RAM", {"replay": {"placement": "host"}}))
+    if not spec.optimize_memory_usage:
+        out.append(
+            Fallback(
+                "optimize_memory_usage: observations stored once (Stable-Baselines3)",
+                {"replay": {"optimize_memory_usage": True}},
+            )
+        )
+    if "buffer_size" in workload.knobs:
+        out.append(Fallback("a smaller replay buffer", unpin=("buffer_size",)))
+    return out
+
+
+FAMILY = register(
+    Family(
+        name="offpolicy",
+        summary="off-policy (DQN, SAC) with a replay buffer in host RAM or on the device",
+        terms=terms,
+        section="replay",
+        schema=OffPolicySpec,
+        requires=(("networks", "family offpolicy needs at least one network under networks:"),),
+        required_names=lambda _w: ("buffer_size", "batch_size"),
+        placement=lambda w: _spec(w).placement,
+        placement_knob="replay_placement",
+        fallbacks=fallbacks,
+    )
+)

@@ -31,9 +31,10 @@ from memfit.core.families.common import (
     observation_bytes,
     parameter_terms,
 )
+from memfit.core.families.registry import Family, register
 from memfit.core.workload import PpoSpec, Workload
 
-__all__ = ["rollout_item_values", "terms", "training_item_values"]
+__all__ = ["FAMILY", "rollout_item_values", "terms", "training_item_values"]
 
 _F32 = 4
 
@@ -60,7 +61,19 @@ def _per_device(workload: Workload) -> int:
     return workload.devices.count if workload.devices.strategy == "pmap" else 1
 
 
+def _brax_measured(workload: Workload, values: Mapping[str, int]) -> list[Term]:
+    """Brax PPO from measurements of its real env and compiled training step
+    (:class:`memfit.core.measured.BraxMeasurements`)."""
+    assert workload.measurements is not None
+    return [
+        Term(name, (nbytes,))
+        for name, nbytes in workload.measurements.terms(values, _per_device(workload))
+    ]
+
+
 def _brax(workload: Workload, values: Mapping[str, int]) -> list[Term]:
+    if workload.measurements is not None:
+        return _brax_measured(workload, values)
     dc = _per_device(workload)
     envs = values["num_envs"] // dc
     trajectories = values["batch_size"] * values["num_minibatches"] // dc
@@ -144,3 +157,35 @@ def terms(workload: Workload, values: Mapping[str, int]) -> list[Term]:
     if layout == "cleanrl":
         return _cleanrl(workload, values)
     return _rl_games(workload, values)
+
+
+#: Names each layout reads from knobs or settings, named as the framework names its arguments.
+LAYOUT_NAMES: dict[str, tuple[str, ...]] = {
+    "brax": ("num_envs", "batch_size", "num_minibatches", "unroll_length"),
+    "cleanrl": ("num_envs", "num_steps", "num_minibatches"),
+    "rl_games": ("num_actors", "horizon_length", "minibatch_size"),
+}
+
+
+def _layout(workload: Workload) -> str:
+    return (workload.ppo or PpoSpec()).layout
+
+
+def _family_terms(
+    workload: Workload, values: Mapping[str, int], *, on_device: bool = True
+) -> tuple[list[Term], int]:
+    return terms(workload, values), 0
+
+
+FAMILY = register(
+    Family(
+        name="ppo",
+        summary="on-policy PPO (Brax, CleanRL or rl_games layout)",
+        terms=_family_terms,
+        section="ppo",
+        schema=PpoSpec,
+        requires=(("networks", "family ppo needs at least one network under networks:"),),
+        required_names=lambda w: LAYOUT_NAMES[_layout(w)],
+        key=lambda w: f"ppo/{_layout(w)}",
+    )
+)

@@ -33,10 +33,11 @@ from memfit.core.families.common import (
     conv_shapes,
     parameter_terms,
 )
+from memfit.core.families.registry import Family, register
 from memfit.core.workload import CameraSpec, VisionSpec, Workload, dtype_bytes
 from memfit.errors import ConfigError
 
-__all__ = ["terms", "token_count"]
+__all__ = ["FAMILY", "terms", "token_count"]
 
 _F32 = 4
 
@@ -107,3 +108,22 @@ def terms(workload: Workload, values: Mapping[str, int]) -> list[Term]:
     queue = envs * vision.chunk_size * workload.action_dim * _F32
     out.append(Term("action_queue", (queue,)))
     return out
+
+
+def _family_terms(
+    workload: Workload, values: Mapping[str, int], *, on_device: bool = True
+) -> tuple[list[Term], int]:
+    return terms(workload, values), 0
+
+
+FAMILY = register(
+    Family(
+        name="vision_inference",
+        summary="policy rollout with cameras (ACT-style)",
+        terms=_family_terms,
+        section="vision",
+        schema=None,
+        requires=(("vision", "family vision_inference needs a vision: section"),),
+        required_names=lambda _w: ("num_envs",),
+    )
+)

@@ -1,0 +1,354 @@
+"""The one reader of the running process's device memory.
+
+Guards, cleanup policies, the Recorder and ``fit`` all ask the same question: how much memory
+is this process using on its device now, and how much is left? :func:`active_reader` answers
+it once, with the first of:
+
+* the innermost active :func:`memfit.simulate_gpu` (on the CPU), registered here by
+  :mod:`memfit.runtime.simulate` when it starts (this module never imports the runtime);
+* the current CUDA device, when torch is imported and has CUDA (``torch.cuda`` allocator
+  statistics, one statistics call per read, and ``mem_get_info`` for the device);
+* a JAX GPU device with ``memory_stats()``, when jax is imported;
+* a :class:`~memfit.backends.base.DeviceProbe` (NVML, or a simulated device) when given;
+* nothing: every figure ``None``.
+
+Each reader is one small class with ``read() -> Reading`` and ``reset_peak()``; a ROCm or
+another framework's allocator is one more class here. No framework is imported by this
+module: torch and jax are looked up among the modules already imported.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
+from typing import Any, Protocol
+
+from memfit.errors import BackendUnavailable
+
+__all__ = [
+    "JaxReader",
+    "LiveReader",
+    "NoReader",
+    "ProbeReader",
+    "Reading",
+    "SimulatedReader",
+    "TorchCudaReader",
+    "active_reader",
+    "register_simulated",
+    "simulated_gpu",
+]
+
+
+@dataclass(frozen=True)
+class Reading:
+    """The running process's memory on one device; ``None`` where the source cannot say.
+
+    Attributes:
+        source: Which reader (``"simulated"``, ``"torch.cuda"``, ``"jax"``, a probe's name,
+            ``"none"``).
+        device: The device's name (``"cuda:0"``, the simulated GPU's name...).
+        allocated_bytes: Held by live tensors (buffers).
+        reserved_bytes: Held by the framework's allocator (allocated plus its cache).
+        peak_allocated_bytes: The largest ``allocated_bytes`` since the last peak reset.
+        device_used_bytes: What the device has in use, all processes and the context
+            included (``nvidia-smi``'s figure).
+        total_bytes: The device's capacity.
+        budget_bytes: A limit this process must stay under, when one is set
+            (a simulated GPU's budget, JAX's ``bytes_limit``); ``None`` when there is none.
+        free_bytes: What this process can still get: under a budget, the budget less what
+            it holds; on a device, its free memory plus the allocator's unused cache.
+    """
+
+    source: str
+    device: str | None = None
+    allocated_bytes: int | None = None
+    reserved_bytes: int | None = None
+    peak_allocated_bytes: int | None = None
+    device_used_bytes: int | None = None
+    total_bytes: int | None = None
+    budget_bytes: int | None = None
+    free_bytes: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The figures as a plain dict (the Recorder's sample fields)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+class LiveReader(Protocol):
+    """Reads one device's memory as the running process sees it."""
+
+    name: str
+
+    def read(self) -> Reading:
+        """The figures now."""
+        ...
+
+    def reset_peak(self) -> None:
+        """Start a new peak (``peak_allocated_bytes``) from what is allocated now."""
+        ...
+
+
+# -- simulated GPU ----------------------------------------------------------------------------
+
+_SIMULATED: list[Callable[[], Any]] = []
+
+
+def register_simulated(active: Callable[[], Any]) -> None:
+    """Tell the reader how to find the active simulated GPU (called by ``simulate_gpu``)."""
+    if active not in _SIMULATED:
+        _SIMULATED.append(active)
+
+
+def simulated_gpu() -> Any | None:
+    """The innermost active :func:`memfit.simulate_gpu`, or ``None``."""
+    for active in _SIMULATED:
+        gpu = active()
+        if gpu is not None:
+            return gpu
+    return None
+
+
+class SimulatedReader:
+    """The innermost active :func:`memfit.simulate_gpu`, looked up at each read."""
+
+    name = "simulated"
+
+    def read(self) -> Reading:
+        gpu = simulated_gpu()
+        if gpu is None:
+            return Reading(self.name)
+        budget = int(gpu.budget_bytes)
+        kind = str(getattr(gpu, "device_kind", "cpu"))
+        if kind != "cpu":
+            # simulate_gpu(device="cuda"): the real allocator, capped at the budget.
+            torch = torch_cuda()
+            if torch is not None:
+                index = int(torch.device(kind).index or 0)
+                real = TorchCudaReader(torch, index).read()
+                allocated = real.allocated_bytes or 0
+                return replace(
+                    real,
+                    source=self.name,
+                    budget_bytes=budget,
+                    free_bytes=max(0, budget - allocated),
+                )
+        allocated = int(gpu.allocated_bytes)
+        device = getattr(gpu, "device", None)
+        total = getattr(device, "total_bytes", None)
+        return Reading(
+            self.name,
+            device=getattr(device, "name", None) if kind == "cpu" else kind,
+            allocated_bytes=allocated,
+            peak_allocated_bytes=int(gpu.peak_allocated_bytes),
+            total_bytes=int(total) if total is not None else None,
+            budget_bytes=budget,
+            free_bytes=max(0, budget - allocated),
+        )
+
+    def reset_peak(self) -> None:
+        gpu = simulated_gpu()
+        if gpu is not None:
+            gpu.reset_peak()
+
+
+# -- torch.cuda ---------------------------------------------------------------------------------
+
+
+def torch_cuda() -> Any | None:
+    """The torch module when it is imported and CUDA is initialised, else ``None``."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        return torch if torch.cuda.is_initialized() else None
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def torch_cuda_available() -> Any | None:
+    """The torch module when it is imported and has a CUDA device (initialised or not)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        return torch if torch.cuda.is_available() else None
+    except (AttributeError, RuntimeError):
+        return None
+
+
+class TorchCudaReader:
+    """``torch.cuda`` figures of one device: allocator statistics and the driver's free."""
+
+    name = "torch.cuda"
+
+    def __init__(self, torch_module: Any, index: int | None = None) -> None:
+        self._torch = torch_module
+        self.index = int(torch_module.cuda.current_device()) if index is None else index
+        self.total = int(torch_module.cuda.get_device_properties(self.index).total_memory)
+
+    def read(self) -> Reading:
+        from memfit.backends.torch_cuda import allocator_counts
+
+        counts = allocator_counts(self._torch, self.index)
+        free, total = self._torch.cuda.mem_get_info(self.index)
+        return Reading(
+            self.name,
+            device=f"cuda:{self.index}",
+            allocated_bytes=counts.allocated,
+            reserved_bytes=counts.reserved,
+            peak_allocated_bytes=counts.peak_allocated,
+            device_used_bytes=int(total) - int(free),
+            total_bytes=self.total,
+            free_bytes=int(free) + counts.reserved - counts.allocated,
+        )
+
+    def reset_peak(self) -> None:
+        self._torch.cuda.reset_peak_memory_stats(self.index)
+
+
+# -- JAX ----------------------------------------------------------------------------------------
+
+
+def jax_gpu() -> Any | None:
+    """A JAX GPU device with memory statistics, when jax is imported, else ``None``."""
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return None
+    try:
+        for dev in jax.devices():
+            if getattr(dev, "platform", "") == "gpu" and dev.memory_stats() is not None:
+                return dev
+    except RuntimeError:
+        return None
+    return None
+
+
+class JaxReader:
+    """JAX ``memory_stats()`` of one device."""
+
+    name = "jax"
+
+    def __init__(self, device: Any) -> None:
+        self._device = device
+
+    def read(self) -> Reading:
+        stats = self._device.memory_stats() or {}
+
+        def get(key: str) -> int | None:
+            value = stats.get(key)
+            return int(value) if value is not None else None
+
+        in_use, limit = get("bytes_in_use"), get("bytes_limit")
+        return Reading(
+            self.name,
+            device=str(self._device),
+            allocated_bytes=in_use,
+            reserved_bytes=get("bytes_reserved"),
+            peak_allocated_bytes=get("peak_bytes_in_use"),
+            budget_bytes=limit,
+            free_bytes=limit - in_use if limit is not None and in_use is not None else None,
+        )
+
+    def reset_peak(self) -> None:
+        """JAX has no peak reset: the peak stays the process's."""
+
+
+# -- a device probe -------------------------------------------------------------------------------
+
+
+class ProbeReader:
+    """One device of a :class:`~memfit.backends.base.DeviceProbe` (NVML, a simulated one)."""
+
+    def __init__(self, probe: Any, index: int = 0) -> None:
+        self.probe = probe
+        self.index = index
+        self.name = str(getattr(probe, "name", "probe"))
+
+    def read(self) -> Reading:
+        for dev in self.probe.snapshot().devices:
+            if dev.index == self.index:
+                return Reading(
+                    self.name,
+                    device=dev.name,
+                    allocated_bytes=dev.allocated_bytes,
+                    reserved_bytes=dev.allocator_reserved_bytes,
+                    peak_allocated_bytes=dev.peak_allocated_bytes,
+                    device_used_bytes=dev.device_used_bytes,
+                    total_bytes=dev.total_bytes,
+                    budget_bytes=dev.limit_bytes,
+                    free_bytes=dev.free_bytes,
+                )
+        return Reading(self.name)
+
+    def reset_peak(self) -> None:
+        reset = getattr(self.probe, "reset_peak", None)
+        if callable(reset):
+            reset()
+
+
+class NoReader:
+    """No device: every figure unknown."""
+
+    name = "none"
+
+    def read(self) -> Reading:
+        return Reading(self.name)
+
+    def reset_peak(self) -> None:
+        """Nothing to reset."""
+
+
+def active_reader(
+    kind: str = "auto", probe: Any | None = None, *, allow_cuda_init: bool = False
+) -> LiveReader:
+    """The reader of the device this process uses now.
+
+    Args:
+        kind: ``"auto"`` (simulated GPU, then CUDA, then JAX, then ``probe``), or one of
+            ``"simulated"``, ``"torch"``, ``"jax"``, ``"probe"`` to insist on it.
+        probe: A device probe to fall back to (or to use, with ``kind="probe"``).
+        allow_cuda_init: With ``"auto"``, read CUDA also when torch has not initialised it
+            yet (reading initialises it): a Recorder started before the model moved to the
+            GPU still records the GPU. Guards leave it off, so a CPU job never starts CUDA.
+
+    Returns:
+        The reader; :class:`NoReader` when ``kind="auto"`` finds nothing.
+
+    Raises:
+        BackendUnavailable: When the source named by ``kind`` is not there.
+    """
+    if kind in ("auto", "simulated") and simulated_gpu() is not None:
+        return SimulatedReader()
+    if kind == "simulated":
+        raise BackendUnavailable(
+            "no memfit.simulate_gpu is active",
+            hint="read inside `with memfit.simulate_gpu(...)`",
+        )
+    if kind in ("auto", "torch"):
+        wants_init = kind == "torch" or allow_cuda_init
+        torch = torch_cuda_available() if wants_init else torch_cuda()
+        if torch is not None:
+            return TorchCudaReader(torch)
+        if kind == "torch":
+            raise BackendUnavailable(
+                "torch with CUDA is not there to read from",
+                hint="import torch with CUDA first, or use kind='auto'",
+            )
+    if kind in ("auto", "jax"):
+        device = jax_gpu()
+        if device is not None:
+            return JaxReader(device)
+        if kind == "jax":
+            raise BackendUnavailable(
+                "no JAX GPU device with memory statistics",
+                hint="import jax with a GPU backend first, or use kind='auto'",
+            )
+    if probe is not None:
+        return ProbeReader(probe)
+    if kind == "probe":
+        raise BackendUnavailable(
+            "kind='probe' needs a DeviceProbe",
+            hint="pass probe=memfit.backends.simulated.SimulatedDevice(...) or an NVML probe",
+        )
+    return NoReader()

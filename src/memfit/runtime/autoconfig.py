@@ -1,0 +1,294 @@
+"""``memfit.autoconfig``: read what this device has free now, plan the rest, return the knobs.
+
+For the case a plan made before launch cannot see: the simulator runs in the same process
+(Isaac Lab starts Isaac Sim and its renderer inside the training script), or other jobs
+share the card. After the simulator has started, and before the job allocates its own
+buffers, a script calls::
+
+    cfg = memfit.autoconfig("act_dual_camera", overrides={"num_envs": env.num_envs})
+    batch = cfg.knobs["batch_size"]
+
+:func:`autoconfig` reads the device (the simulated GPU of :func:`memfit.simulate_gpu` or a
+probe you pass, for tests and rehearsals; else torch's ``mem_get_info`` once torch has started
+CUDA; else JAX's ``memory_stats`` inside its pool once JAX has started on the GPU; else NVML),
+takes what is in use now as already spoken for (the simulator's memory with it, so the
+workload's ``simulator`` terms are dropped from the plan rather than counted twice; the
+process's CUDA context with it once the framework has started), plans the workload against
+what is left, and returns the knob values, the plan and the allocator settings, which it
+applies with ``apply=True`` when the framework has not started yet (the seed DQN user's
+"auto-detect the GPU and apply settings").
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from memfit.core.budget import DEFAULT_MARGIN
+from memfit.core.catalog import GpuSpec, anonymous_gpu
+from memfit.core.catalog import gpu as catalog_gpu
+from memfit.core.plan import Plan
+from memfit.core.plan import plan as core_plan
+from memfit.core.workload import JaxSettings, Workload, load_workload
+from memfit.errors import BackendUnavailable, ConfigError
+from memfit.units import format_bytes, parse_fraction
+
+__all__ = ["AutoConfig", "DeviceReading", "autoconfig", "read_device"]
+
+
+@dataclass(frozen=True)
+class DeviceReading:
+    """What one device has, read now.
+
+    Attributes:
+        name: The device's name.
+        total_bytes: Its total memory (for JAX: its pool, ``bytes_limit``).
+        free_bytes: What is free now.
+        source: Who said so: ``"simulated"``, ``"probe"``, ``"torch"``, ``"jax"``, ``"nvml"``.
+        context_counted: Whether this process's CUDA context is already in the used memory
+            (the framework has started, or the device is simulated and has none).
+        pool: For JAX: the reading is inside XLA's preallocated pool.
+    """
+
+    name: str
+    total_bytes: int
+    free_bytes: int
+    source: str
+    context_counted: bool
+    pool: bool = False
+
+
+@dataclass(frozen=True)
+class AutoConfig:
+    """What :func:`autoconfig` decided.
+
+    Attributes:
+        knobs: The knob values for the script (the plan's).
+        plan: The plan, against what the device had free.
+        reading: The device reading it was planned against.
+        environment: The allocator settings the plan assumes.
+        applied: The settings written to the environment (``apply=True``), else empty.
+        notes: What was assumed (terms already running, the context, settings not applied).
+    """
+
+    knobs: dict[str, int | str]
+    plan: Plan
+    reading: DeviceReading
+    environment: dict[str, str]
+    applied: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data."""
+        return {
+            "knobs": dict(self.knobs),
+            "plan": self.plan.to_dict(),
+            "reading": {
+                "name": self.reading.name,
+                "total_bytes": self.reading.total_bytes,
+                "free_bytes": self.reading.free_bytes,
+                "source": self.reading.source,
+                "context_counted": self.reading.context_counted,
+                "pool": self.reading.pool,
+            },
+            "environment": dict(self.environment),
+            "applied": dict(self.applied),
+            "notes": list(self.notes),
+        }
+
+
+def _from_snapshot(probe: Any, device: int, source: str) -> DeviceReading:
+    snap = probe.snapshot()
+    matches = [d for d in snap.devices if d.index == device]
+    if not matches:
+        raise BackendUnavailable(
+            f"{source} shows no device {device} ({len(snap.devices)} found)",
+            hint="pick an index that memfit devices lists",
+        )
+    dev = matches[0]
+    if dev.total_bytes is None:
+        raise BackendUnavailable(
+            f"{dev.name} does not report its total memory", hint="pass probe= or plan by name"
+        )
+    used = dev.device_used_bytes if dev.device_used_bytes is not None else 0
+    free = dev.free_bytes if dev.free_bytes is not None else dev.total_bytes - used
+    started = _torch_cuda_started() or _jax_gpu_started()
+    return DeviceReading(dev.name, dev.total_bytes, free, source, started or source == "probe")
+
+
+def _torch_cuda_started() -> bool:
+    from memfit.runtime.allocator_env import torch_cuda_initialized
+
+    return torch_cuda_initialized()
+
+
+def _jax_gpu_started() -> bool:
+    from memfit.runtime.allocator_env import jax_gpu_started
+
+    return jax_gpu_started()
+
+
+def read_device(device: int = 0, *, probe: Any | None = None) -> DeviceReading:
+    """Read what ``device`` has free now (see the module docstring for the order).
+
+    Args:
+        device: The device index.
+        probe: A :class:`memfit.backends.base.DeviceProbe` to read instead
+            (:class:`memfit.backends.SimulatedDevice` for a rehearsal).
+
+    Raises:
+        BackendUnavailable: When nothing can read a device here.
+    """
+    if probe is not None:
+        return _from_snapshot(probe, device, "probe")
+    from memfit.backends import live
+
+    sim = live.simulated_gpu()
+    if sim is not None:
+        now = live.SimulatedReader().read()
+        budget = now.budget_bytes if now.budget_bytes is not None else int(sim.budget_bytes)
+        free = now.free_bytes if now.free_bytes is not None else budget
+        return DeviceReading(sim.device.name, budget, free, "simulated", True)
+    torch = live.torch_cuda()
+    if torch is not None:
+        now = live.TorchCudaReader(torch, device).read()
+        name = str(torch.cuda.get_device_name(device))
+        # What this process can still get: the driver's free memory and its own cache.
+        return DeviceReading(name, now.total_bytes or 0, now.free_bytes or 0, "torch", True)
+    if _jax_gpu_started():
+        jax = sys.modules["jax"]
+        dev = jax.devices()[device]
+        now = live.JaxReader(dev).read()
+        if now.budget_bytes:
+            name = str(getattr(dev, "device_kind", "JAX GPU"))
+            free = now.free_bytes if now.free_bytes is not None else now.budget_bytes
+            return DeviceReading(name, now.budget_bytes, free, "jax", True, pool=True)
+    from memfit.backends import local_probe
+
+    nvml, reasons = local_probe(try_torch=False)
+    if nvml is None:
+        raise BackendUnavailable(
+            "no device to read: " + ("; ".join(reasons) or "no GPU found"),
+            hint="run on the GPU machine, or pass probe=SimulatedDevice('8GiB') to rehearse",
+        )
+    return _from_snapshot(nvml, device, "nvml")
+
+
+def _spec_for(reading: DeviceReading) -> GpuSpec:
+    try:
+        known = catalog_gpu(reading.name)
+    except ConfigError:
+        known = None
+    if known is not None and known.total_bytes == reading.total_bytes:
+        return known
+    base = anonymous_gpu(reading.total_bytes)
+    return replace(
+        base,
+        name=reading.name,
+        arch=known.arch if known is not None else base.arch,
+        compute_capability=known.compute_capability if known is not None else None,
+        source=f"read now ({reading.source})",
+    )
+
+
+def autoconfig(
+    workload: Workload | str | Path,
+    *,
+    device: int = 0,
+    overrides: Mapping[str, int] | None = None,
+    margin: float | str = DEFAULT_MARGIN,
+    already_running: Sequence[str] = ("simulator", "renderer"),
+    probe: Any | None = None,
+    apply: bool = False,
+    host_memory_bytes: int | None = None,
+) -> AutoConfig:
+    """Plan a workload against what this device has free now, and return the knob values.
+
+    Call it after the parts of the job that are already running (a simulator in the same
+    process) have started, and before the job allocates its own buffers.
+
+    Args:
+        workload: A workload, a path to one, or a bundled name.
+        device: The device index.
+        overrides: Knob values to pin (the simulator's ``num_envs``, fixed when it started).
+        margin: Safety margin, a fraction of the device's total.
+        already_running: What is already running and so in the used memory: with
+            ``"simulator"`` or ``"renderer"`` here (the default), the workload's
+            ``simulator`` terms are left out of the plan; ``()`` keeps them (the simulator
+            starts after this call).
+        probe: A device probe to read instead of the real device (tests, rehearsals).
+        apply: Write the plan's allocator settings into this process's environment when
+            the framework has not started on the GPU yet (``memfit.configure``).
+        host_memory_bytes: Host RAM for a host-placed replay buffer.
+
+    Returns:
+        The knobs, the plan, the reading, and the settings.
+
+    Raises:
+        BackendUnavailable: When no device can be read.
+        InfeasiblePlan: When nothing fits what is free.
+        ConfigError: On a bad workload, override or margin.
+    """
+    loaded = load_workload(workload)
+    reading = read_device(device, probe=probe)
+    notes: list[str] = [
+        f"{reading.name}: {format_bytes(reading.free_bytes)} free of "
+        f"{format_bytes(reading.total_bytes)} now ({reading.source}"
+        + (", inside XLA's pool" if reading.pool else "")
+        + ")"
+    ]
+    running = tuple(already_running)
+    if loaded.simulator is not None and {"simulator", "renderer"} & set(running):
+        loaded = loaded.model_copy(update={"simulator": None})
+        notes.append(
+            "the simulator and its renderer are running: their memory is in the used figure, "
+            "so their terms are left out of the plan"
+        )
+    if reading.pool:
+        loaded = loaded.model_copy(update={"jax": JaxSettings(preallocate=False)})
+    spec = _spec_for(reading)
+    context = 0 if reading.context_counted else None
+    if context == 0:
+        notes.append("this process's CUDA context is already in the used memory")
+    result = core_plan(
+        loaded,
+        spec,
+        overrides,
+        margin=parse_fraction(margin),
+        other_processes_bytes=max(0, reading.total_bytes - reading.free_bytes),
+        host_memory_bytes=host_memory_bytes,
+        context_bytes=context,
+    )
+    applied: dict[str, str] = {}
+    if apply and result.environment:
+        from memfit.runtime.allocator_env import configure, torch_cuda_initialized
+
+        env = result.environment
+        torch_vars = {k: v for k, v in env.items() if k.startswith("PYTORCH")}
+        jax_vars = {k: v for k, v in env.items() if k.startswith("XLA")}
+        if torch_vars and torch_cuda_initialized():
+            notes.append("torch has already started CUDA: its allocator settings were not applied")
+        elif torch_vars:
+            conf = next(iter(torch_vars.values()))
+            applied.update(configure(expandable_segments="expandable_segments:True" in conf))
+        if jax_vars and _jax_gpu_started():
+            notes.append("JAX has already started on the GPU: XLA settings were not applied")
+        elif jax_vars:
+            fraction = jax_vars.get("XLA_PYTHON_CLIENT_MEM_FRACTION")
+            applied.update(
+                configure(
+                    jax_preallocate=jax_vars.get("XLA_PYTHON_CLIENT_PREALLOCATE") != "false",
+                    jax_mem_fraction=float(fraction) if fraction else None,
+                )
+            )
+    return AutoConfig(
+        knobs=dict(result.knobs),
+        plan=result,
+        reading=reading,
+        environment=dict(result.environment),
+        applied=applied,
+        notes=notes,
+    )

@@ -1,0 +1,104 @@
+"""``memfit plan`` for the three seed systems: pool headroom, one XLA fraction, the host as the
+device, replay fallbacks, sizes in decimal and binary units, recorded measurements."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from memfit.cli.main import main
+from memfit.units import GiB
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_brax_plan_shows_the_pool_and_its_headroom(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "plan", "brax_humanoid_ppo", "--gpu", "RTX 4070")
+    assert code == 0
+    flat = " ".join(out.split())
+    assert "XLA preallocates" in flat and "headroom inside the pool:" in flat
+    assert "env_step_temporaries" in out and "sgd_temporaries" in out
+    assert "measurements recorded in the workload with brax 0.14.2" in flat
+    assert "export XLA_PYTHON_CLIENT_MEM_FRACTION=0.90" in out
+    code, out, _ = run(capsys, "plan", "brax_humanoid_ppo", "--gpu", "RTX 4070", "--json")
+    data = json.loads(out)
+    assert data["headroom_bytes"] == data["breakdown"]["jax_pool_unused"]
+    assert data["used_bytes"] < data["pool_bytes"] + data["breakdown"]["cuda_context"]
+    # the alternatives differ from the plan and from each other in what they need
+    seen = {(data["used_bytes"], data["knobs"]["num_envs"] * data["knobs"]["unroll_length"])}
+    for alt in data["alternatives"]:
+        key = (alt["used_bytes"], alt["objective"])
+        assert key not in seen
+        seen.add(key)
+
+
+def test_one_xla_fraction_in_plan_and_env(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "plan", "brax_humanoid_ppo", "--gpu", "RTX 4070", "--json")
+    planned = json.loads(out)["environment"]["XLA_PYTHON_CLIENT_MEM_FRACTION"]
+    code, out, _ = run(capsys, "env", "--gpu", "RTX 4070", "--json")
+    assert code == 0
+    env = {s["variable"]: s for s in json.loads(out)["settings"]}
+    assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"]["value"] == planned == "0.90"
+    code, out, _ = run(capsys, "env", "--json")
+    assert {s["variable"]: s["value"] for s in json.loads(out)["settings"]}[
+        "XLA_PYTHON_CLIENT_MEM_FRACTION"
+    ] == "0.90"
+
+
+def test_decimal_and_binary_sizes_are_explained(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "plan", "dqn_fire_raster@device_replay", "--gpu", "3.7GB", "--json")
+    decimal = json.loads(out)
+    code, out, _ = run(
+        capsys, "plan", "dqn_fire_raster@device_replay", "--gpu", "3.68GiB", "--json"
+    )
+    binary = json.loads(out)
+    assert decimal["gpu_total_bytes"] == 3_700_000_000
+    assert binary["gpu_total_bytes"] == round(3.68 * GiB)
+    assert decimal["knobs"]["buffer_size"] < binary["knobs"]["buffer_size"]
+    assert decimal["notes"][0].startswith("3.7GB is decimal: 3,700,000,000 bytes = 3.45 GiB")
+    assert binary["notes"][0].startswith("3.68GiB is binary: 3,951,369,912 bytes")
+    code, out, _ = run(capsys, "plan", "dqn_fire_raster@device_replay", "--gpu", "3.7GB")
+    assert code == 0
+    assert "Note: 3.7GB is decimal" in out
+
+
+def test_a_buffer_that_does_not_fit_gets_what_would(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys, "plan", "dqn_fire_raster@device_replay", "--gpu", "3.68GiB",
+        "--set", "buffer_size=300000", "--host-memory", "32GiB",
+    )  # fmt: skip
+    assert code == 1 and "does not fit" in out
+    flat = " ".join(out.split())
+    assert "What would fit instead:" in flat
+    assert "replay buffer in host RAM: buffer_size=300000" in flat
+    assert "a smaller replay buffer: buffer_size=" in flat
+
+
+def test_the_host_as_the_device(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys, "plan", "dqn_fire_raster", "--gpu", "cpu", "--host-memory", "16GiB", "--json"
+    )
+    assert code == 0
+    data = json.loads(out)
+    assert data["gpu"] == "CPU (host RAM)" and data["gpu_total_bytes"] == 16 * GiB
+    assert data["breakdown"]["cuda_context"] == 0 and data["breakdown"]["cublas_workspace"] == 0
+    assert "replay_buffer" in data["breakdown"]  # the buffer is in the same RAM
+    assert data["environment"] == {}
+    assert any("planned for the host" in n for n in data["notes"])
+    per_transition = 2 * 4 * 64 * 64 + 8 + 3 * 4
+    assert data["knobs"]["buffer_size"] * per_transition <= 16 * GiB
+
+
+def test_measure_modes_through_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys, "plan", "brax_humanoid_ppo", "--gpu", "T4", "--measure", "recorded", "--json"
+    )
+    assert code == 0
+    assert json.loads(out)["notes"][0].startswith("measurements recorded in the workload")
+    code, _, err = run(capsys, "plan", "brax_humanoid_ppo", "--gpu", "T4", "--measure", "x")
+    assert code == 1 and "unknown measurement mode" in err

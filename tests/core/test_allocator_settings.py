@@ -1,0 +1,124 @@
+"""One pure home for allocator configuration: one reading, one recommendation, everywhere."""
+
+from __future__ import annotations
+
+import doctest
+
+import pytest
+
+import memfit.core.allocator_settings as settings_module
+from memfit.core.allocator_settings import (
+    check_jax_env,
+    read_jax_env,
+    recommend,
+    torch_allocator_options,
+    workload_settings,
+)
+from memfit.core.budget import XLA_FRACTION_CAP, compose_budget, recommended_xla_fraction
+from memfit.core.catalog import gpu, list_gpus
+from memfit.errors import ConfigError
+from memfit.units import GiB
+
+# What jaxlib's generate_pjrt_gpu_plugin_options does with XLA_PYTHON_CLIENT_PREALLOCATE:
+# preallocate = value not in ('false', 'False', '0') when the value is set.
+PREALLOCATE_TABLE = [
+    ("", True),
+    ("true", True),
+    ("True", True),
+    ("1", True),
+    ("false", False),
+    ("False", False),
+    ("0", False),
+    ("no", True),
+    ("FALSE", True),
+    ("off", True),
+]
+
+
+def test_doctests() -> None:
+    result = doctest.testmod(settings_module, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 5 and result.failed == 0
+
+
+@pytest.mark.parametrize(("text", "expected"), PREALLOCATE_TABLE)
+def test_every_reader_of_preallocate_agrees_with_jaxlib(text: str, expected: bool) -> None:
+    from memfit.estimate.jax_xla import preallocation_from_env
+
+    env = {"XLA_PYTHON_CLIENT_PREALLOCATE": text} if text else {}
+    assert read_jax_env(env).preallocate is expected
+    assert preallocation_from_env(env).preallocate is expected
+    # the checker warns exactly about the values that read as true by accident
+    warned = [p for p in check_jax_env(env) if p.variable == "XLA_PYTHON_CLIENT_PREALLOCATE"]
+    accidental = text not in ("", "true", "True", "1", "false", "False", "0")
+    assert bool(warned) is accidental
+
+
+def test_fraction_variables_are_read_as_jaxlib_reads_them() -> None:
+    assert read_jax_env({"XLA_CLIENT_MEM_FRACTION": ".6"}).fraction == 0.6
+    assert read_jax_env({"XLA_PYTHON_CLIENT_MEM_FRACTION": ".6"}).fraction_variable == (
+        "XLA_PYTHON_CLIENT_MEM_FRACTION"
+    )
+    with pytest.raises(ConfigError, match="both set"):
+        read_jax_env({"XLA_CLIENT_MEM_FRACTION": ".6", "XLA_PYTHON_CLIENT_MEM_FRACTION": ".5"})
+    with pytest.raises(ConfigError, match=r"\(0, 1\]"):
+        read_jax_env({"XLA_CLIENT_MEM_FRACTION": "1.5"})
+    assert read_jax_env({"XLA_PYTHON_CLIENT_ALLOCATOR": "Platform"}).platform_allocator
+    with pytest.raises(ConfigError, match="unknown allocator"):
+        read_jax_env({"XLA_PYTHON_CLIENT_ALLOCATOR": "arena"})
+
+
+def test_torch_options_for_the_replay() -> None:
+    assert torch_allocator_options("expandable_segments:True", "X") == (True, None)
+    assert torch_allocator_options("max_split_size_mb:256", "X") == (False, 256 * 2**20)
+    with pytest.raises(ConfigError, match="True or False"):
+        torch_allocator_options("expandable_segments:yes", "PYTORCH_ALLOC_CONF")
+    with pytest.raises(ConfigError, match="no ':value'"):
+        torch_allocator_options("max_split_size_mb=128", "PYTORCH_ALLOC_CONF")
+
+
+def test_one_xla_fraction_recommendation_everywhere() -> None:
+    spec = gpu("RTX 4070")
+    advice = recommended_xla_fraction(spec)
+    env_rec = recommend("training", platform="linux", torch_version=(2, 13), gpu=spec)
+    jax_settings = [s for s in env_rec.settings if s.framework == "jax"]
+    assert [(s.variable, s.value, s.reason) for s in jax_settings] == [
+        ("XLA_PYTHON_CLIENT_MEM_FRACTION", advice.value, advice.reason)
+    ]
+    # the plan's pool uses the same fraction when the workload leaves it to memfit
+    budget = compose_budget(spec, framework="jax")
+    assert budget.pool_fraction == advice.fraction
+    assert budget.pool_bytes == int(spec.total_bytes * advice.fraction)
+    assert workload_settings("jax", gpu=spec)["XLA_PYTHON_CLIENT_MEM_FRACTION"] == advice.value
+    # without a GPU (memfit env with no card named) it is the value of every card >= 8 GB
+    assert recommended_xla_fraction(None).fraction == XLA_FRACTION_CAP
+    assert "CUDA context" in advice.reason and "pool" in advice.reason
+
+
+def test_recommended_fraction_leaves_context_margin_and_others_outside_the_pool() -> None:
+    for spec in list_gpus():
+        for margin, others in ((0.05, 0), (0.1, 0), (0.05, spec.total_bytes // 10)):
+            advice = recommended_xla_fraction(spec, margin=margin, other_processes_bytes=others)
+            budget = compose_budget(spec, framework="jax", margin=margin,
+                                    other_processes_bytes=others)  # fmt: skip
+            assert 0 < advice.fraction <= XLA_FRACTION_CAP
+            if advice.fraction > 0.05:  # the smallest step is the floor
+                assert budget.breaking_term is None, spec.name
+                assert budget.context_bytes + (budget.pool_bytes or 0) <= budget.budget_bytes
+    assert recommended_xla_fraction(gpu("GTX 1650")).value == "0.85"
+    assert recommended_xla_fraction(gpu("H100")).value == "0.90"
+    assert recommended_xla_fraction(gpu("8GiB"), margin=0.2).value == "0.70"
+    explicit = compose_budget(gpu("4090"), framework="jax", jax_mem_fraction=0.5)
+    assert explicit.pool_fraction == 0.5 and explicit.pool_bytes == int(gpu("4090").total_bytes / 2)
+    assert compose_budget(gpu("4090"), framework="jax", jax_preallocate=False).pool_bytes is None
+    assert compose_budget(gpu(8 * GiB), framework="torch").pool_fraction is None
+
+
+def test_workload_settings_for_torch_are_the_training_recommendation() -> None:
+    torch_env = workload_settings("torch", platform="linux", torch_version=(2, 13))
+    assert torch_env == {
+        "PYTORCH_ALLOC_CONF": "expandable_segments:True",
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+    }
+    assert workload_settings("torch", platform="linux", torch_version=(2, 5)) == {
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"
+    }

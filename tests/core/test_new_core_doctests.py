@@ -1,0 +1,18 @@
+"""Docstring examples of the core modules issue 13 added (the shared list is
+tests/test_doctests.py)."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+
+import pytest
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["memfit.core.simulator", "memfit.core.measured", "memfit.core.families.registry"],
+)
+def test_module_doctests(name: str) -> None:
+    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0

@@ -1,0 +1,84 @@
+"""TrainGuard under DDP with faults on one rank (issue 14, items 2 and 3): the ranks never
+drift apart and never wait for a rank that is gone (gloo, 2 CPU ranks, float64)."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).parent))
+import _memfit_guard_faults_ddp_worker as worker_module
+
+pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed missing")
+
+TIMEOUT_S = 240
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    out = tmp_path_factory.mktemp("ddp_faults")
+    context = mp.start_processes(
+        worker_module.worker,
+        args=(2, _free_port(), str(out)),
+        nprocs=2,
+        join=False,
+        start_method="spawn",
+    )
+    deadline = time.monotonic() + TIMEOUT_S
+    while not context.join(timeout=5):
+        if time.monotonic() > deadline:  # a hang is what these tests exist to catch
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"the ranks did not finish in {TIMEOUT_S} s (a hang?)")
+    return [torch.load(out / f"rank{r}.pt") for r in range(2)]
+
+
+def _same(a: list[torch.Tensor], b: list[torch.Tensor], tol: float = 0.0) -> bool:
+    return all(float((p - q).abs().max()) <= tol for p, q in zip(a, b, strict=True))
+
+
+@pytest.mark.slow
+def test_a_step_that_fails_halfway_on_one_rank_is_repaired_from_another(
+    ranks: list[dict[str, Any]],
+) -> None:
+    r0, r1 = (r["one_rank_step_fails"] for r in ranks)
+    assert r0["raised"] is None and r1["raised"] is None
+    assert r0["steps"] == r1["steps"] == worker_module.STEPS
+    assert sum("copied from rank 0" in m for m in r1["messages"]) == 2
+    assert _same(r0["params"], r1["params"])  # identical, bit for bit
+    assert _same(r0["params"], ranks[0]["reference"], 1e-12)  # and equal to plain DDP
+
+
+@pytest.mark.slow
+def test_when_every_rank_fails_they_give_up_together_unchanged(
+    ranks: list[dict[str, Any]],
+) -> None:
+    r0, r1 = (r["every_rank_step_fails"] for r in ranks)
+    assert r0["raised"].startswith("OutOfMemory") and r1["raised"].startswith("OutOfMemory")
+    assert r0["steps"] == r1["steps"] == 4
+    assert _same(r0["params"], r1["params"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", ["error_in_step", "interrupt_in_forward"])
+def test_an_error_on_one_rank_stops_every_rank(ranks: list[dict[str, Any]], scenario: str) -> None:
+    r0, r1 = (r[scenario] for r in ranks)
+    expected = "RuntimeError: a bug" if scenario == "error_in_step" else "KeyboardInterrupt"
+    assert r1["raised"].startswith(expected)
+    assert r0["raised"].startswith("MemfitError: another rank stopped")
+    assert r0["steps"] == r1["steps"]
+    assert _same(r0["params"], r1["params"])  # the failed step was undone on rank 1
