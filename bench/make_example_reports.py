@@ -3,7 +3,7 @@
 Writes ``docs/report_dqn_fire.png``, ``docs/report_act_dual_camera.png`` and
 ``docs/report_brax_ppo.png`` (and the HTML pages next to the run logs in ``bench/out/``):
 
-* DQN on fire rasters, small setting (``examples/dqn_fire/run.py``): injected OOMs in updates
+* DQN on fire rasters, small setting (``examples/dqn_fire/run.py``): OOMs injected in updates
   10-19, a cleanup after each checkpoint;
 * the ACT dual-camera rollout with the simulated GPU squeezed to 24 MiB, so the policy call
   does not fit whole and ``RolloutGuard`` retries and splits it (the run with the habit
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     dqn = OUT / "dqn_fire.jsonl"
     _run("dqn_fire/run.py", "--log", str(dqn))
     _draw(
-        dqn, "dqn_fire", "DQN on fire rasters: injected OOMs, a cleanup per checkpoint", args.docs
+        dqn, "dqn_fire", "DQN on fire rasters: an injected OOM, a cleanup per checkpoint", args.docs
     )
 
     act = OUT / "act_dual_camera.jsonl"

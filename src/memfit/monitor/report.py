@@ -549,7 +549,9 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def _signed(value: int) -> str:
-    return ("+" if value >= 0 else "") + size_text(value)
+    if value == 0:
+        return "+0 MiB"
+    return ("+" if value > 0 else "") + size_text(value)
 
 
 # -- figure ---------------------------------------------------------------------------------
