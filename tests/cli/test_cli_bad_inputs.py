@@ -387,3 +387,22 @@ def test_doctests(name: str) -> None:
 
     result = doctest.testmod(importlib.import_module(name))
     assert result.attempted > 0 and result.failed == 0
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["plan", "{long}", "--gpu", "4GB"],
+        ["check", "{long}"],
+        ["report", "{long}"],
+        ["fit", "{long}", "--device", "cpu", "--budget", "1GiB"],
+        ["env", "--check", "{long}"],
+        ["devices", "--from-json", "{long}"],
+    ],
+)
+def test_a_file_name_too_long_for_the_system_is_a_user_error(
+    capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    long = "x" * 5000  # longer than any file name a system allows (ENAMETOOLONG)
+    code, _, err = run(capsys, *(a.replace("{long}", long) for a in argv))
+    user_error(code, err)

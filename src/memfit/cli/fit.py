@@ -40,8 +40,11 @@ def _needs_budget() -> ConfigError:
 
 def _is_factory_spec(ref: str) -> bool:
     """``module:function`` rather than a file or a bundled workload name."""
-    if Path(ref).exists():
-        return False
+    try:
+        if Path(ref).exists():
+            return False
+    except OSError:  # not a path the system can look up (a name too long): not a file
+        pass
     module, sep, func = ref.partition(":")
     return bool(sep and module and func and "/" not in module and not module.endswith(".yaml"))
 

@@ -20,6 +20,7 @@ from memfit.cli._files import FORCE_OPTION, STDIN, check_output, read_input, wri
 from memfit.errors import ConfigError
 from memfit.monitor.report import (
     event_rows,
+    load_run,
     parse_run,
     png_bytes,
     render_html,
@@ -60,12 +61,11 @@ def report(
     inputs = [run_file] if run_file != STDIN else []
     if output is not None:  # before reading: never the run log, never a file without --force
         check_output(output, force=force, inputs=inputs, what="the report", option="--output")
-    if run_file != STDIN and not Path(run_file).exists():
-        raise ConfigError("no such file", key_path=run_file, hint=_HINT)
-    data, source = read_input(run_file, what="the run log", hint=_HINT, stdin=True)
-    run = parse_run(data, source=source)
     if run_file != STDIN:
-        run.path = Path(run_file)
+        run = load_run(run_file)
+    else:
+        data, source = read_input(run_file, what="the run log", hint=_HINT, stdin=True)
+        run = parse_run(data, source=source)
     summary = summarize(run)
     if output is not None:
         name = run.path.name if run.path is not None else "memfit run"
@@ -79,7 +79,7 @@ def report(
     if as_json:
         print_json(summary)
         return
-    label = run.path.name if run.path is not None else source
+    label = run.path.name if run.path is not None else "<stdin>"
     table = Table(title=f"memfit report: {safe(label)}", title_justify="left")
     table.add_column("")
     table.add_column("")

@@ -36,7 +36,7 @@ from pydantic_core import PydanticCustomError
 
 from memfit.core.measured import BraxMeasurements
 from memfit.core.simulator import SimulatorSpec
-from memfit.errors import ConfigError, did_you_mean, read_user_text
+from memfit.errors import ConfigError, did_you_mean, file_error, read_user_text
 from memfit.units import parse_bytes
 
 __all__ = [
@@ -570,7 +570,10 @@ def load_workload(ref: str | Path | Workload, *, variant: str | None = None) -> 
     """
     if isinstance(ref, Workload):
         return ref
-    path, at_variant = _resolve(ref)
+    try:
+        path, at_variant = _resolve(ref)
+    except OSError as exc:  # a path the system cannot even look up (a name too long, ...)
+        raise file_error(exc, str(ref), action="read the workload file") from exc
     text = read_user_text(path, what="the workload file")
     return parse_workload(
         text, source=str(path), variant=variant or at_variant, default_name=path.stem

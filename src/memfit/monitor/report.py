@@ -27,6 +27,7 @@ import html
 import io
 import json
 import math
+import os
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
@@ -145,12 +146,24 @@ def load_run(path: str | Path) -> Run:
             an event (a run that died before its first step still has its OOM events).
     """
     source = Path(path)
-    if not source.exists():
+    if _missing(source):
         raise ConfigError("no such file", key_path=str(source), hint=_HINT)
     data = read_user_bytes(source, what="the run log", hint=_HINT)
     run = parse_run(data, source=str(source))
     run.path = source
     return run
+
+
+def _missing(path: Path) -> bool:
+    """Whether nothing is at ``path`` (a path the system cannot look up, such as a name too
+    long, is left to the reader, which says what is wrong)."""
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def parse_run(data: bytes | str, *, source: str = "<run>") -> Run:
