@@ -14,7 +14,7 @@ from memfit.core import ladder
 from memfit.errors import ConfigError, OutOfMemory, require_positive_int
 from memfit.runtime._batching import concat, map_arrays, walk
 from memfit.runtime._memory import free_memory, memory_figures, reading
-from memfit.runtime._rewind import RngState
+from memfit.runtime._rewind import rng_state as _rng_state
 from memfit.runtime.events import EventSink, MemoryEvent, emit
 from memfit.runtime.oom import forget_exception, is_oom
 
@@ -34,7 +34,8 @@ class RolloutGuard(Generic[T]):
         grow_back_after: Clean calls after which the chunk count is halved again.
         restore_rng: Put random number generators back before a retry (torch CPU and CUDA,
             NumPy's global generator, Python's ``random``, and ``rngs``), so a retried
-            epsilon-greedy policy draws what it would have drawn.
+            epsilon-greedy policy draws what it would have drawn; ``"torch"`` only torch's,
+            ``False`` none.
         rngs: More generators to put back (a Gymnasium space's ``np_random``, say).
         transient_retries: Retries of a chunk size that ran before, before splitting.
 
@@ -65,7 +66,7 @@ class RolloutGuard(Generic[T]):
         on_event: EventSink | None = None,
         max_splits: int = 64,
         grow_back_after: int = 50,
-        restore_rng: bool = True,
+        restore_rng: bool | str = True,
         rngs: Iterable[Any] = (),
         transient_retries: int = 3,
     ) -> None:
@@ -96,7 +97,7 @@ class RolloutGuard(Generic[T]):
             transient_retries=transient_retries,
         )
         self._ladder = ladder.LadderState()
-        self._rng = RngState(rngs) if restore_rng else None
+        self._rng = _rng_state(restore_rng, rngs)
 
     @property
     def splits(self) -> int:
