@@ -10,7 +10,6 @@ for the buffers that change during a step, and decides what micro-batches do to 
 
 from __future__ import annotations
 
-import gc
 import inspect
 import random
 import sys
@@ -18,7 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from memfit.errors import ConfigError
-from memfit.runtime.oom import no_alloc_section
+from memfit.runtime.oom import allocate_retrying, no_alloc_section
 
 if TYPE_CHECKING:
     import torch
@@ -95,25 +94,6 @@ class RngState:
         """Set every generator back to the last :meth:`capture` (no-op before one)."""
         for set_, state in self._saved:
             set_(state)
-
-
-def _allocating(make: Callable[[], list[torch.Tensor]], attempts: int = 5) -> list[torch.Tensor]:
-    """Make a few small tensors, freeing and trying again on out-of-memory (they are made
-    between the guard's attempts, where no caller would catch the error)."""
-    from memfit.runtime.oom import forget_exception, is_oom
-
-    for attempt in range(attempts):
-        failed = False
-        try:
-            return make()
-        except Exception as exc:
-            if not is_oom(exc) or attempt == attempts - 1:
-                raise
-            forget_exception(exc)
-            failed = True
-        if failed:
-            gc.collect(1)
-    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def rng_state(restore_rng: bool | str, extra: Iterable[Any]) -> RngState | None:
@@ -242,7 +222,7 @@ class BufferState:
         import torch
 
         if len(self._saved) != len(self._tracked):
-            self._saved = _allocating(lambda: [torch.empty_like(b) for b in self._tracked])
+            self._saved = allocate_retrying(lambda: [torch.empty_like(b) for b in self._tracked])
         with torch.no_grad(), no_alloc_section():
             torch._foreach_copy_(self._saved, self._tracked)
 
@@ -263,7 +243,7 @@ class BufferState:
         import torch
 
         if len(self._acc) != len(self._tracked):
-            self._acc = _allocating(lambda: [torch.zeros_like(b) for b in self._tracked])
+            self._acc = allocate_retrying(lambda: [torch.zeros_like(b) for b in self._tracked])
         with torch.no_grad(), no_alloc_section():
             for acc, buf in zip(self._acc, self._tracked, strict=True):
                 if buf.is_floating_point() or buf.is_complex():
