@@ -182,6 +182,11 @@ def test_dropout_draws_the_same_masks_after_a_retry() -> None:
     assert _max_diff(faulty, clean) <= 1e-12
     drifted = _dropout_run(inject_oom(0.05, seed=2, where=("backward",)), restore_rng=False)
     assert _max_diff(drifted, clean) > 1e-3  # what happened before: the run drifts
+    # Dropout draws from torch alone: putting back torch's generators is enough.
+    torch_only = _dropout_run(inject_oom(0.05, seed=2, where=("backward",)), restore_rng="torch")
+    assert _max_diff(torch_only, clean) <= 1e-12
+    with pytest.raises(memfit.ConfigError, match="restore_rng"):
+        _dropout_run(inject_oom(0.0), restore_rng="numpy")
 
 
 def test_rollout_guard_restores_numpy_random_and_extra_generators() -> None:

@@ -10,7 +10,6 @@ for the buffers that change during a step, and decides what micro-batches do to 
 
 from __future__ import annotations
 
-import gc
 import inspect
 import random
 import sys
@@ -18,12 +17,12 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from memfit.errors import ConfigError
-from memfit.runtime.oom import no_alloc_section
+from memfit.runtime.oom import allocate_retrying, no_alloc_section
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["SPLIT_STATS", "BufferState", "RngState", "modules_of"]
+__all__ = ["SPLIT_STATS", "BufferState", "RngState", "modules_of", "rng_state"]
 
 #: What micro-batches do to buffers that change during a step (see :class:`BufferState`).
 SPLIT_STATS: tuple[str, ...] = ("average", "first", "each")
@@ -54,31 +53,37 @@ def _getter_setter(gen: Any) -> tuple[Callable[[], Any], Callable[[Any], None]]:
 class RngState:
     """The states of the random number generators an attempt may draw from.
 
-    Always: torch's CPU generator, every initialised CUDA device's generator, NumPy's global
-    ``RandomState`` (when NumPy is imported) and Python's ``random``; plus ``extra``
-    generators (a Gymnasium space's ``np_random``, a ``torch.Generator`` a sampler uses).
-    Capturing costs a few microseconds (the CPU generator's 5 KB state, NumPy's 2.5 KB).
+    Always: torch's CPU generator and every initialised CUDA device's generator (under a
+    microsecond); unless ``torch_only``, also NumPy's global ``RandomState`` (when NumPy is
+    imported) and Python's ``random`` (about 25 and 8 microseconds on a 2-core VM: NumPy
+    copies its 2.5 KB state into a new dict each time); plus ``extra`` generators (a
+    Gymnasium space's ``np_random``, a ``torch.Generator`` a sampler uses).
 
     Args:
         extra: More generators to save and put back.
+        torch_only: Leave NumPy's and Python's global generators alone (for steps that
+            draw only from torch).
 
     Raises:
         ConfigError: When an ``extra`` generator is of a kind memfit cannot save.
     """
 
-    def __init__(self, extra: Iterable[Any] = ()) -> None:
+    def __init__(self, extra: Iterable[Any] = (), *, torch_only: bool = False) -> None:
         self._extra = [_getter_setter(g) for g in extra]
+        self._torch_only = torch_only
         self._saved: list[tuple[Callable[[Any], None], Any]] = []
 
     def capture(self) -> None:
         """Copy every generator's state (replacing the previous copy)."""
-        saved: list[tuple[Callable[[Any], None], Any]] = [(random.setstate, random.getstate())]
+        saved: list[tuple[Callable[[Any], None], Any]] = []
+        if not self._torch_only:
+            saved.append((random.setstate, random.getstate()))
         torch = sys.modules.get("torch")
         if torch is not None:
             saved.append((torch.set_rng_state, torch.get_rng_state()))
             if torch.cuda.is_initialized():
                 saved.append((torch.cuda.set_rng_state_all, torch.cuda.get_rng_state_all()))
-        np = sys.modules.get("numpy")
+        np = sys.modules.get("numpy") if not self._torch_only else None
         if np is not None:
             saved.append((np.random.set_state, np.random.get_state()))
         for get, set_ in self._extra:
@@ -91,23 +96,22 @@ class RngState:
             set_(state)
 
 
-def _allocating(make: Callable[[], list[torch.Tensor]], attempts: int = 5) -> list[torch.Tensor]:
-    """Make a few small tensors, freeing and trying again on out-of-memory (they are made
-    between the guard's attempts, where no caller would catch the error)."""
-    from memfit.runtime.oom import forget_exception, is_oom
+def rng_state(restore_rng: bool | str, extra: Iterable[Any]) -> RngState | None:
+    """The :class:`RngState` a guard's ``restore_rng`` asks for (``None``: do not restore).
 
-    for attempt in range(attempts):
-        failed = False
-        try:
-            return make()
-        except Exception as exc:
-            if not is_oom(exc) or attempt == attempts - 1:
-                raise
-            forget_exception(exc)
-            failed = True
-        if failed:
-            gc.collect(1)
-    raise AssertionError("unreachable")  # pragma: no cover
+    Raises:
+        ConfigError: When ``restore_rng`` is not ``True``, ``False`` or ``"torch"``.
+    """
+    if restore_rng is False:
+        return None
+    if restore_rng is True or restore_rng == "torch":
+        return RngState(extra, torch_only=restore_rng == "torch")
+    raise ConfigError(
+        f"restore_rng must be True, False or 'torch', not {restore_rng!r}",
+        key_path="restore_rng",
+        hint="'torch' puts back only torch's generators (cheaper, for steps that draw "
+        "nothing from NumPy or random)",
+    )
 
 
 def modules_of(fn: Any) -> list[torch.nn.Module]:
@@ -218,7 +222,7 @@ class BufferState:
         import torch
 
         if len(self._saved) != len(self._tracked):
-            self._saved = _allocating(lambda: [torch.empty_like(b) for b in self._tracked])
+            self._saved = allocate_retrying(lambda: [torch.empty_like(b) for b in self._tracked])
         with torch.no_grad(), no_alloc_section():
             torch._foreach_copy_(self._saved, self._tracked)
 
@@ -239,7 +243,7 @@ class BufferState:
         import torch
 
         if len(self._acc) != len(self._tracked):
-            self._acc = _allocating(lambda: [torch.zeros_like(b) for b in self._tracked])
+            self._acc = allocate_retrying(lambda: [torch.zeros_like(b) for b in self._tracked])
         with torch.no_grad(), no_alloc_section():
             for acc, buf in zip(self._acc, self._tracked, strict=True):
                 if buf.is_floating_point() or buf.is_complex():

@@ -13,9 +13,10 @@ from typing import Any, Generic, TypeVar
 from memfit.core import ladder
 from memfit.errors import ConfigError, OutOfMemory, require_positive_int
 from memfit.runtime._batching import concat, map_arrays, walk
+from memfit.runtime._guard_base import GuardBase
 from memfit.runtime._memory import free_memory, memory_figures, reading
-from memfit.runtime._rewind import RngState
-from memfit.runtime.events import EventSink, MemoryEvent, emit
+from memfit.runtime._rewind import rng_state as _rng_state
+from memfit.runtime.events import EventSink
 from memfit.runtime.oom import forget_exception, is_oom
 
 __all__ = ["RolloutGuard"]
@@ -23,7 +24,7 @@ __all__ = ["RolloutGuard"]
 T = TypeVar("T")
 
 
-class RolloutGuard(Generic[T]):
+class RolloutGuard(GuardBase, Generic[T]):
     """Guard inference and environment stepping: retry, then run in chunks along the envs.
 
     Args:
@@ -34,7 +35,8 @@ class RolloutGuard(Generic[T]):
         grow_back_after: Clean calls after which the chunk count is halved again.
         restore_rng: Put random number generators back before a retry (torch CPU and CUDA,
             NumPy's global generator, Python's ``random``, and ``rngs``), so a retried
-            epsilon-greedy policy draws what it would have drawn.
+            epsilon-greedy policy draws what it would have drawn; ``"torch"`` only torch's,
+            ``False`` none.
         rngs: More generators to put back (a Gymnasium space's ``np_random``, say).
         transient_retries: Retries of a chunk size that ran before, before splitting.
 
@@ -65,7 +67,7 @@ class RolloutGuard(Generic[T]):
         on_event: EventSink | None = None,
         max_splits: int = 64,
         grow_back_after: int = 50,
-        restore_rng: bool = True,
+        restore_rng: bool | str = True,
         rngs: Iterable[Any] = (),
         transient_retries: int = 3,
     ) -> None:
@@ -85,37 +87,23 @@ class RolloutGuard(Generic[T]):
             )
         self.fn = fn
         self.split_dim = split_dim
-        self.on_event = on_event
         self.max_splits = max_splits
         self.grow_back_after = grow_back_after
         self.calls = 0
-        self.events: list[MemoryEvent] = []
-        self._config = ladder.LadderConfig(
-            max_splits=max_splits,
-            grow_back_after=grow_back_after,
-            transient_retries=transient_retries,
+        self._start_ladder(
+            ladder.LadderConfig(
+                max_splits=max_splits,
+                grow_back_after=grow_back_after,
+                transient_retries=transient_retries,
+            ),
+            on_event,
         )
-        self._ladder = ladder.LadderState()
-        self._rng = RngState(rngs) if restore_rng else None
-
-    @property
-    def splits(self) -> int:
-        """Chunks the next call starts with."""
-        return self._ladder.splits
-
-    @splits.setter
-    def splits(self, value: int) -> None:
-        require_positive_int("splits", value)
-        self._ladder = replace(self._ladder, splits=value)
+        self._rng = _rng_state(restore_rng, rngs)
 
     def _event(self, kind: str, message: str, **data: Any) -> None:
-        figures = memory_figures()
+        figures: dict[str, Any] = memory_figures()
         figures.update(data)
-        event = MemoryEvent(
-            kind=kind, step=self.calls, source=self.source, message=message, data=figures
-        )
-        self.events.append(event)
-        emit(self.on_event, event)
+        self._record(kind, message, self.calls, figures)
 
     def _envs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
         for _, leaf in walk((list(args), kwargs)):

@@ -26,12 +26,11 @@ one rank.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from memfit.runtime.oom import forget_exception, is_oom, no_alloc_section
+from memfit.runtime.oom import allocate_retrying, no_alloc_section
 
 if TYPE_CHECKING:
     import torch
@@ -52,25 +51,6 @@ __all__ = [
 
 
 T = TypeVar("T")
-
-
-def _allocate_retrying(fn: Callable[[], T], attempts: int = 5) -> T:
-    """Run an allocation that comes before a collective; on out-of-memory free and retry.
-
-    Nothing has been sent yet, so the other ranks simply wait a little longer.
-    """
-    for attempt in range(attempts):
-        failed = False
-        try:
-            return fn()
-        except Exception as exc:
-            if not is_oom(exc) or attempt == attempts - 1:
-                raise
-            forget_exception(exc)
-            failed = True
-        if failed:
-            gc.collect(1)
-    raise AssertionError("unreachable")  # pragma: no cover
 
 
 @dataclass(frozen=True)
@@ -157,7 +137,7 @@ def _all_max(values: list[int]) -> list[int]:
     import torch.distributed as dist
 
     device = _collective_device()
-    flags = _allocate_retrying(lambda: torch.tensor(values, dtype=torch.int64, device=device))
+    flags = allocate_retrying(lambda: torch.tensor(values, dtype=torch.int64, device=device))
     with no_alloc_section():
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         return [int(v) for v in flags.tolist()]
@@ -293,7 +273,7 @@ def repair_optimizer(optimizer: Any, source: int) -> None:
                 and current.dtype == dtype
                 and current.device == where
             ):
-                current = _allocate_retrying(_zeros(shape, dtype, where))
+                current = allocate_retrying(_zeros(shape, dtype, where))
                 optimizer.state[p][key] = current
             tensors.append(current)
     with torch.no_grad(), no_alloc_section():
@@ -301,7 +281,7 @@ def repair_optimizer(optimizer: Any, source: int) -> None:
             if t.device == device or (device.type == "cpu" and not t.is_cuda):
                 dist.broadcast(t, src=source)
             else:  # a CPU scalar under NCCL: through the collective device and back
-                moved = _allocate_retrying(_copy_to(t, device))
+                moved = allocate_retrying(_copy_to(t, device))
                 dist.broadcast(moved, src=source)
                 t.copy_(moved)
 
@@ -329,13 +309,11 @@ def _broadcast_object(obj: Any, source: int) -> Any:
 
     device = _collective_device()
     payload = pickle.dumps(obj) if rank() == source else b""
-    size = _allocate_retrying(
-        lambda: torch.tensor([len(payload)], dtype=torch.int64, device=device)
-    )
+    size = allocate_retrying(lambda: torch.tensor([len(payload)], dtype=torch.int64, device=device))
     with no_alloc_section():
         dist.broadcast(size, src=source)
     n = int(size.item())
-    buffer = _allocate_retrying(
+    buffer = allocate_retrying(
         lambda: (
             torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
             if payload
@@ -346,7 +324,7 @@ def _broadcast_object(obj: Any, source: int) -> Any:
         dist.broadcast(buffer, src=source)
     if rank() == source:
         return obj
-    data = _allocate_retrying(lambda: buffer.cpu().numpy().tobytes())
+    data = allocate_retrying(lambda: buffer.cpu().numpy().tobytes())
     return pickle.loads(data)
 
 
@@ -378,14 +356,14 @@ def average_gradients(params: Sequence[torch.nn.Parameter]) -> None:
     grads: list[torch.Tensor] = []
     for p in params:
         if p.grad is None:
-            p.grad = _allocate_retrying(_zeros_like(p))
+            p.grad = allocate_retrying(_zeros_like(p))
         grads.append(p.grad)
     by_dtype: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
     for g in grads:
         by_dtype.setdefault((g.dtype, g.device), []).append(g)
     n = dist.get_world_size()
     for group in by_dtype.values():
-        flat = _allocate_retrying(_flattener(group))
+        flat = allocate_retrying(_flattener(group))
         with no_alloc_section():
             dist.all_reduce(flat, op=dist.ReduceOp.SUM)
             flat.div_(n)

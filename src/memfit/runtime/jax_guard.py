@@ -29,7 +29,8 @@ from typing import Any
 from memfit.core import ladder
 from memfit.core.ladder import next_divisor
 from memfit.errors import ConfigError, OutOfMemory, require_positive_int
-from memfit.runtime.events import EventSink, MemoryEvent, emit
+from memfit.runtime._guard_base import GuardBase
+from memfit.runtime.events import EventSink
 from memfit.runtime.oom import forget_exception, is_oom
 
 __all__ = ["TrainGuard", "next_divisor"]
@@ -49,7 +50,7 @@ def _jax_figures() -> tuple[str | None, int | None, int | None]:
     return now.device, now.peak_allocated_bytes, now.budget_bytes
 
 
-class TrainGuard:
+class TrainGuard(GuardBase):
     """Run jitted JAX training steps that survive ``RESOURCE_EXHAUSTED``.
 
     Args:
@@ -105,31 +106,19 @@ class TrainGuard:
         self.update_fn = update_fn
         self.count_fn = count_fn
         self.max_splits = max_splits
-        self.on_event = on_event
         self.grow_back_after = grow_back_after
-        self._config = ladder.LadderConfig(
-            max_splits=max_splits, grow_back_after=grow_back_after, divisors=True
+        self._start_ladder(
+            ladder.LadderConfig(
+                max_splits=max_splits, grow_back_after=grow_back_after, divisors=True
+            ),
+            on_event,
         )
-        self._ladder = ladder.LadderState()
         self.steps = 0
-        self.events: list[MemoryEvent] = []
         self.traces: dict[int, int] = {}
         self._compiled: dict[int, Callable[[Any, Any, Any], tuple[Any, Any, Any]]] = {}
 
-    @property
-    def splits(self) -> int:
-        """Chunks the next step starts with."""
-        return self._ladder.splits
-
-    @splits.setter
-    def splits(self, value: int) -> None:
-        require_positive_int("splits", value)
-        self._ladder = replace(self._ladder, splits=value)
-
     def _event(self, kind: str, message: str, **data: Any) -> None:
-        event = MemoryEvent(kind, self.steps, self.source, message, dict(data))
-        self.events.append(event)
-        emit(self.on_event, event)
+        self._record(kind, message, self.steps, dict(data))
 
     def step_fn(self, splits: int) -> Callable[[Any, Any, Any], tuple[Any, Any, Any]]:
         """The jitted step for ``splits`` chunks (built and cached on first use).

@@ -20,17 +20,20 @@ counts: a ``RuntimeError`` that merely mentions memory is not an out-of-memory.
 
 from __future__ import annotations
 
+import gc
 import re
 import sys
 import threading
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 from memfit.errors import OutOfMemory
 
 __all__ = [
     "OOM_MESSAGES",
+    "allocate_retrying",
     "forget_exception",
     "in_no_alloc_section",
     "is_oom",
@@ -164,6 +167,34 @@ def forget_exception(exc: BaseException) -> str:
         current.__context__ = None
         current.__cause__ = None
     return message
+
+
+T = TypeVar("T")
+
+
+def allocate_retrying(make: Callable[[], T], attempts: int = 5) -> T:
+    """Run a small allocation that no caller would catch an out-of-memory from; on one,
+    release it, collect young garbage and try again, ``attempts`` times in all.
+
+    For memfit's own bookkeeping between the guard's attempts (copies of buffers, the
+    flags of an agreement before its collective: nothing has been sent yet, so the other
+    ranks just wait a little longer).
+
+    Raises:
+        Exception: The last out-of-memory when every attempt failed, or any other error.
+    """
+    for attempt in range(attempts):
+        failed = False
+        try:
+            return make()
+        except Exception as exc:
+            if not is_oom(exc) or attempt == attempts - 1:
+                raise
+            forget_exception(exc)
+            failed = True
+        if failed:
+            gc.collect(1)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 _SECTION = threading.local()
