@@ -7,7 +7,7 @@ import random
 import pytest
 
 from memfit.errors import ConfigError
-from memfit.monitor.recorder import check_fragmentation, detect_leak, theil_sen
+from memfit.monitor._leaks import check_fragmentation, detect_leak, theil_sen
 
 MiB = 2**20
 GiB = 2**30

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 import memfit.backends.live as live
+import memfit.monitor._oom_dump as oom_dump
 import memfit.monitor.recorder as recorder_module
 from memfit.backends.simulated import SimulatedDevice
 from memfit.monitor.recorder import Recorder
@@ -65,6 +66,7 @@ def fake_torch(monkeypatch: pytest.MonkeyPatch) -> types.SimpleNamespace:
     monkeypatch.setattr(live, "torch_cuda_available", lambda: fake)
     monkeypatch.setattr(live, "torch_cuda", lambda: fake)
     monkeypatch.setattr(recorder_module, "_torch_cuda", lambda: fake)
+    monkeypatch.setattr(oom_dump, "torch_cuda_available", lambda: fake)
     return fake
 
 

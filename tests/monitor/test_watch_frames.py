@@ -106,9 +106,9 @@ def test_history_must_be_positive() -> None:
 def test_module_doctests() -> None:
     import doctest
 
-    import memfit.monitor.recorder as recorder
+    import memfit.monitor._leaks as leaks
     import memfit.monitor.watch as watch
 
-    for module in (recorder, watch):
+    for module in (leaks, watch):
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0, module.__name__

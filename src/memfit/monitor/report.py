@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from memfit.errors import ConfigError, file_error, read_user_bytes
-from memfit.monitor.recorder import Leak, check_fragmentation, detect_leak
+from memfit.monitor._leaks import Leak, check_fragmentation, detect_leak
 from memfit.units import MAX_BYTES, MiB, format_bytes
 
 __all__ = [
