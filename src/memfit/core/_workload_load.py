@@ -1,0 +1,196 @@
+"""Loading a workload: bundled names and variants, strict YAML, validation."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from memfit.core._workload_errors import translate_validation_error
+from memfit.core._workload_schema import Workload
+from memfit.errors import ConfigError, did_you_mean, file_error, read_user_text
+
+#: Folder of the bundled workload files, shipped inside the package.
+BUNDLED_DIR = Path(__file__).resolve().parent.parent / "workloads"
+
+
+def bundled_names() -> list[str]:
+    """Names of the bundled workloads and their variants (``brax_humanoid_ppo@quick``)."""
+    names: list[str] = []
+    for path in sorted(BUNDLED_DIR.glob("*.yaml")):
+        names.append(path.stem)
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except yaml.YAMLError:
+            continue
+        variants = data.get("variants") if isinstance(data, dict) else None
+        if isinstance(variants, dict):
+            names.extend(f"{path.stem}@{v}" for v in variants)
+    return names
+
+
+def _resolve(ref: str | Path) -> tuple[Path, str | None]:
+    """Find the file for a path or a bundled name; split off an ``@variant``."""
+    text = str(ref)
+    variant: str | None = None
+    path = Path(text)
+    if not path.is_file() and "@" in text:
+        text, variant = text.rsplit("@", 1)
+        path = Path(text)
+    if path.is_file():
+        return path, variant
+    bundled = BUNDLED_DIR / f"{text}.yaml"
+    if bundled.is_file() and "/" not in text and "\\" not in text:
+        return bundled, variant  # a bundled name wins over a folder of the same name
+    if path.exists():
+        return path, variant  # a folder: reading it says so
+    known = [p.stem for p in sorted(BUNDLED_DIR.glob("*.yaml"))]
+    raise ConfigError(
+        f"no workload file or bundled workload named {text!r}",
+        hint=did_you_mean(
+            text,
+            known,
+            otherwise=f"give a path to a YAML file, or one of: {', '.join(known)} "
+            "(memfit examples)",
+        ),
+    )
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_workload(ref: str | Path | Workload, *, variant: str | None = None) -> Workload:
+    """Load and validate a workload file or a bundled workload.
+
+    Args:
+        ref: A path to a YAML file, a bundled name (``"dqn_fire_raster"``), a bundled name with
+            a variant (``"brax_humanoid_ppo@production"``), or an already loaded workload.
+        variant: A variant to apply (same as ``@variant``).
+
+    Returns:
+        The validated workload.
+
+    Raises:
+        ConfigError: When the file is missing, is not valid YAML (the key path is
+            ``file:line:column``), has an unknown key (with a did-you-mean hint), or a value of
+            the wrong type or out of range (the key path names it), or the variant is unknown.
+    """
+    if isinstance(ref, Workload):
+        return ref
+    try:
+        path, at_variant = _resolve(ref)
+    except OSError as exc:  # a path the system cannot even look up (a name too long, ...)
+        raise file_error(exc, str(ref), action="read the workload file") from exc
+    text = read_user_text(path, what="the workload file")
+    return parse_workload(
+        text, source=str(path), variant=variant or at_variant, default_name=path.stem
+    )
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error (PyYAML
+    keeps the last silently, so a second ``knobs:`` section would replace the first)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, yaml.Node] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                first = seen[key].start_mark
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"duplicate key {key!r} (first given on line {first.line + 1})",
+                    key_node.start_mark,
+                )
+            if isinstance(key, (str, int, float, bool)):
+                seen[key] = key_node
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_hint(exc: yaml.MarkedYAMLError) -> str:
+    problem = exc.problem or ""
+    if problem.startswith("duplicate key"):
+        return "give each key once; merge the two entries into one"
+    if "constructor for the tag" in problem:
+        return "workload files are plain YAML: remove the '!!' tag"
+    if "'\\t'" in problem:
+        return "indent with spaces; YAML does not allow tabs"
+    return "check the indentation and the punctuation (':', '-', quotes) at that spot"
+
+
+def parse_workload(
+    text: str, *, source: str = "<workload>", variant: str | None = None, default_name: str = ""
+) -> Workload:
+    """Validate workload YAML text (see :func:`load_workload`).
+
+    Raises:
+        ConfigError: On a syntax error, an unknown key, a wrong type or range, or an unknown
+            variant; the key path says where.
+    """
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+        problem = exc.problem or "invalid YAML"
+        raise ConfigError(
+            f"YAML syntax error: {problem}", key_path=where, hint=_yaml_hint(exc)
+        ) from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(
+            f"YAML error: {exc}", key_path=source, hint="check that the file is YAML"
+        ) from exc
+    except RecursionError:
+        raise ConfigError(
+            "the YAML is nested too deeply to read (hundreds of levels or more)",
+            key_path=source,
+            hint="a workload file is a few levels deep; check that this is the right file",
+        ) from None
+    if not isinstance(data, dict):
+        raise ConfigError(
+            "a workload file must be a mapping of keys to values",
+            key_path=source,
+            hint="start with 'family: ppo' (see docs/workload.md)",
+        )
+    variants = data.pop("variants", None)
+    if variants is not None and not isinstance(variants, dict):
+        raise ConfigError(
+            "variants must be a mapping of name -> overrides",
+            key_path="variants",
+            hint="write variants: {quick: {knobs: ...}}",
+        )
+    if variant is not None and variant != "default":
+        if not variants or variant not in variants:
+            known = sorted(variants or {})
+            raise ConfigError(
+                f"unknown variant {variant!r}",
+                key_path="variants",
+                hint=f"variants here: {', '.join(known)}" if known else "this file has none",
+            )
+        override = variants[variant]
+        if not isinstance(override, dict):
+            raise ConfigError(
+                "a variant must be a mapping",
+                key_path=f"variants.{variant}",
+                hint="a variant holds the keys it changes, e.g. {knobs: {num_envs: ...}}",
+            )
+        data = _merge(data, override)
+        data.setdefault("name", default_name)
+        data["name"] = f"{data['name']}@{variant}"
+    data.setdefault("name", default_name or "workload")
+    data["source"] = source
+    try:
+        return Workload.model_validate(data)
+    except ValidationError as exc:
+        raise translate_validation_error(exc, text, source) from None

@@ -1,0 +1,443 @@
+"""The workload schema: the pydantic models of a workload file (see ``docs/workload.md``)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from memfit.core.measured import BraxMeasurements
+from memfit.core.simulator import SimulatorSpec
+from memfit.errors import ConfigError
+from memfit.units import parse_bytes
+
+#: Most values one knob may take (the planner enumerates them).
+MAX_KNOB_VALUES = 4096
+
+_DTYPE_BYTES: dict[str, int] = {
+    "uint8": 1,
+    "int8": 1,
+    "bool": 1,
+    "float16": 2,
+    "bfloat16": 2,
+    "int16": 2,
+    "float32": 4,
+    "int32": 4,
+    "float64": 8,
+    "int64": 8,
+}
+
+Dtype = Literal[
+    "uint8", "int8", "bool", "float16", "bfloat16", "int16", "float32", "int32", "float64", "int64"
+]
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per element of a dtype name (``"float32"`` -> 4).
+
+    Raises:
+        ConfigError: When the dtype is not one memfit knows.
+    """
+    try:
+        return _DTYPE_BYTES[dtype]
+    except KeyError:
+        raise ConfigError(
+            f"unknown dtype {dtype!r}", hint=f"use one of {', '.join(sorted(_DTYPE_BYTES))}"
+        ) from None
+
+
+class _Strict(BaseModel):
+    """Base of every schema model: unknown keys are errors, models are frozen, and values are
+    not coerced (``num_envs: true`` or ``action_dim: "8"`` is an error, not 1 or 8)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+def _size(value: Any) -> Any:
+    """Accept ``"512MiB"`` or a plain int for a size field."""
+    if isinstance(value, str):
+        return parse_bytes(value)
+    return value
+
+
+class KnobSpec(_Strict):
+    """A tunable parameter: a range (``min``/``max`` with ``step`` or ``powers_of_two``) or
+    ``choices``, a ``default`` (what ``check`` tests without ``--set``) and a ``priority``
+    (knobs with a higher priority are kept high; lower ones shrink first)."""
+
+    min: int | None = Field(default=None, ge=1)
+    max: int | None = Field(default=None, ge=1)
+    step: int | None = Field(default=None, ge=1)
+    powers_of_two: bool = False
+    choices: list[Annotated[int, Field(ge=1)]] | None = None
+    default: int | None = Field(default=None, ge=1)
+    priority: int = 0
+    description: str | None = None
+
+    @model_validator(mode="after")
+    def _check_domain(self) -> KnobSpec:
+        if self.choices is not None:
+            if self.min is not None or self.max is not None or self.step or self.powers_of_two:
+                raise ValueError("give either choices or min/max, not both")
+            if not self.choices:
+                raise ValueError("choices must not be empty")
+            return self
+        if self.min is None or self.max is None:
+            raise ValueError("a knob needs choices, or both min and max")
+        if self.max < self.min:
+            raise ValueError(f"max ({self.max}) is below min ({self.min})")
+        if self.powers_of_two and self.step is not None:
+            raise ValueError("give either step or powers_of_two, not both")
+        if self.powers_of_two and self.min & (self.min - 1):
+            raise ValueError(f"min ({self.min}) is not a power of two")
+        if not self.powers_of_two:
+            count = (self.max - self.min) // (self.step or 1) + 1
+            if count > MAX_KNOB_VALUES:
+                raise ValueError(
+                    f"{count} values is too many to search (at most {MAX_KNOB_VALUES}); "
+                    "use a larger step or powers_of_two"
+                )
+        return self
+
+    def values(self) -> tuple[int, ...]:
+        """Every value the knob may take, ascending and without duplicates."""
+        if self.choices is not None:
+            return tuple(sorted(set(self.choices)))
+        assert self.min is not None and self.max is not None  # checked by the validator
+        if self.powers_of_two:
+            out = []
+            value = self.min
+            while value <= self.max:
+                out.append(value)
+                value *= 2
+            return tuple(out)
+        return tuple(range(self.min, self.max + 1, self.step or 1))
+
+    def describe(self) -> str:
+        """The domain in words (``"powers of two 128..8192"``, ``"one of 5, 10, 20"``)."""
+        if self.choices is not None:
+            return "one of " + ", ".join(str(v) for v in self.values())
+        if self.powers_of_two:
+            return f"powers of two {self.min}..{self.max}"
+        step = f" step {self.step}" if self.step and self.step > 1 else ""
+        return f"{self.min}..{self.max}{step}"
+
+
+class Rule(_Strict):
+    """A user rule over knobs: exactly one of ``divisible_by``, ``min``, ``max``, ``choices``
+    (each with ``knob``) or ``expr`` (a boolean expression over knob and setting names)."""
+
+    knob: str | None = None
+    divisible_by: int | None = Field(default=None, ge=1)
+    min: int | None = None
+    max: int | None = None
+    choices: list[int] | None = None
+    expr: str | None = None
+    name: str | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Rule:
+        kinds = [
+            k
+            for k in ("divisible_by", "min", "max", "choices", "expr")
+            if getattr(self, k) is not None
+        ]
+        if len(kinds) != 1:
+            raise ValueError(
+                "a rule needs exactly one of divisible_by, min, max, choices, expr "
+                f"(got {', '.join(kinds) or 'none'})"
+            )
+        if kinds[0] != "expr" and self.knob is None:
+            raise ValueError(f"a {kinds[0]} rule needs knob: NAME")
+        if kinds[0] == "expr" and self.knob is not None:
+            raise ValueError("an expr rule names its knobs inside the expression; drop knob")
+        return self
+
+
+class Constraints(_Strict):
+    """Preset rule sets (``brax_ppo``, ``rl_games``, ``cleanrl``) and user rules."""
+
+    presets: list[Literal["brax_ppo", "rl_games", "cleanrl"]] = Field(default_factory=list)
+    rules: list[Rule] = Field(default_factory=list)
+
+
+class ConvLayer(_Strict):
+    """A convolution (``kind: conv``) or pooling (``kind: pool``) layer, repeated ``repeat``
+    times (later repeats use stride 1, as in a ResNet stage)."""
+
+    kind: Literal["conv", "pool"] = "conv"
+    out_channels: int | None = Field(default=None, ge=1)
+    kernel: int = Field(ge=1)
+    stride: int = Field(default=1, ge=1)
+    padding: int = Field(default=0, ge=0)
+    repeat: int = Field(default=1, ge=1)
+
+    @model_validator(mode="after")
+    def _channels(self) -> ConvLayer:
+        if self.kind == "conv" and self.out_channels is None:
+            raise ValueError("a conv layer needs out_channels")
+        if self.kind == "pool" and self.out_channels is not None:
+            raise ValueError("a pool layer keeps its channels; drop out_channels")
+        return self
+
+
+class NetworkSpec(_Strict):
+    """A network: ``params`` (a parameter count), or ``layers`` (MLP widths after the input,
+    output last) optionally after ``conv`` layers over the raster or camera input."""
+
+    params: int | None = Field(default=None, ge=1)
+    layers: list[Annotated[int, Field(ge=1)]] | None = None
+    conv: list[ConvLayer] | None = None
+    input: Literal["vector", "raster", "camera"] | None = None
+    target: bool = False
+    activation_items: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _shape(self) -> NetworkSpec:
+        if self.params is None and self.layers is None and self.conv is None:
+            raise ValueError("a network needs params, layers or conv")
+        if self.params is not None and (self.layers is not None or self.conv is not None):
+            raise ValueError("give either params or layers/conv, not both")
+        return self
+
+
+class RasterSpec(_Strict):
+    """A 2-D grid observation (fire-spread maps, occupancy grids): channels x height x width."""
+
+    channels: int = Field(ge=1)
+    height: int = Field(ge=1)
+    width: int = Field(ge=1)
+    dtype: Dtype = "float32"
+
+
+class CameraSpec(_Strict):
+    """Cameras: ``count`` frames of height x width x channels each, ``frame_stack`` deep.
+
+    ``height`` and ``width`` may name a knob or setting instead of a number.
+    """
+
+    count: int = Field(default=1, ge=1)
+    height: int | str
+    width: int | str
+    channels: int = Field(default=3, ge=1)
+    dtype: Dtype = "uint8"
+    frame_stack: int = Field(default=1, ge=1)
+
+
+class Observations(_Strict):
+    """What one environment observes per step."""
+
+    vector: int = Field(default=0, ge=0)
+    dtype: Dtype = "float32"
+    raster: RasterSpec | None = None
+    cameras: CameraSpec | None = None
+
+
+class DeviceSpec(_Strict):
+    """Devices the job runs on and how it spreads over them; memory terms are per device."""
+
+    count: int = Field(default=1, ge=1)
+    strategy: Literal["single", "ddp", "fsdp", "pmap"] = "single"
+
+    @model_validator(mode="after")
+    def _single(self) -> DeviceSpec:
+        if self.strategy == "single" and self.count != 1:
+            raise ValueError(f"strategy single runs on one device, not {self.count}")
+        return self
+
+
+class JaxSettings(_Strict):
+    """JAX's allocator: preallocation (``XLA_PYTHON_CLIENT_PREALLOCATE``) and its fraction
+    (``XLA_PYTHON_CLIENT_MEM_FRACTION``). Without ``mem_fraction`` the plan uses the fraction
+    memfit recommends for the card (:func:`memfit.core.budget.recommended_xla_fraction`: 0.90
+    on cards of 8 GB or more) and says to set it; give one to plan with yours (JAX's own
+    default is 0.75)."""
+
+    preallocate: bool = True
+    mem_fraction: float | None = Field(default=None, gt=0, le=1)
+
+
+class PpoSpec(_Strict):
+    """On-policy layout: ``brax`` (``num_envs``, ``batch_size``, ``num_minibatches``,
+    ``unroll_length``), ``cleanrl`` (``num_envs``, ``num_steps``, ``num_minibatches``) or
+    ``rl_games`` (``num_actors``, ``horizon_length``, ``minibatch_size``). ``store_value``: a
+    Brax-layout variant that also keeps the value estimate in every transition."""
+
+    layout: Literal["brax", "cleanrl", "rl_games"] = "brax"
+    store_value: bool = False
+
+
+class OffPolicySpec(_Strict):
+    """Replay buffer (Stable-Baselines3 / CleanRL layout) and target network."""
+
+    placement: Literal["gpu", "host", "auto"] = "gpu"
+    optimize_memory_usage: bool = False
+    action_dtype: Dtype = "int64"
+
+
+class TransformerSpec(_Strict):
+    """An encoder/decoder over image-feature tokens (ACT): width, feed-forward width, heads."""
+
+    dim_model: int = Field(ge=1)
+    ff_dim: int = Field(ge=1)
+    heads: int = Field(default=8, ge=1)
+    extra_tokens: int = Field(default=2, ge=0)
+
+
+class VisionSpec(_Strict):
+    """Policy rollout with cameras (ACT-style): backbone, transformer, action chunks."""
+
+    backbone: list[ConvLayer]
+    transformer: TransformerSpec | None = None
+    chunk_size: int = Field(default=1, ge=1)
+    autocast: bool = False
+
+
+class EffectiveBatch(_Strict):
+    """Trade micro-batch for gradient accumulation: ``micro * accumulation == value``."""
+
+    micro: str
+    accumulation: str
+    value: int = Field(ge=1)
+
+
+def _family(name: str) -> Any:
+    """The registered family ``name`` (:mod:`memfit.core.families.registry`), imported here
+    rather than at the top: the family modules import this schema."""
+    from memfit.core.families import get_family
+
+    return get_family(name)
+
+
+class Workload(_Strict):
+    """A validated workload file. See ``docs/workload.md`` for every field."""
+
+    name: str = "workload"
+    description: str | None = None
+    family: str
+    framework: Literal["torch", "jax"] = "torch"
+    precision: Literal["fp32", "bf16", "fp16", "amp"] = "fp32"
+    optimizer: Literal["adam", "adamw", "sgd", "sgd_momentum", "rmsprop", "none"] = "adam"
+    optimizer_states: int | None = Field(default=None, ge=0)
+    networks: dict[str, NetworkSpec] = Field(default_factory=dict)
+    observations: Observations = Field(default_factory=Observations)
+    action_dim: int = Field(default=1, ge=1)
+    env_state_bytes: int = Field(default=0, ge=0)
+    env: str | None = None
+    backend: str | None = None
+    measurements: BraxMeasurements | None = None
+    simulator: SimulatorSpec | None = None
+    devices: DeviceSpec = Field(default_factory=DeviceSpec)
+    jax: JaxSettings = Field(default_factory=JaxSettings)
+    ppo: PpoSpec | None = None
+    replay: OffPolicySpec | None = None
+    vision: VisionSpec | None = None
+    terms: dict[str, int | str] | None = None
+    settings: dict[str, int] = Field(default_factory=dict)
+    knobs: dict[str, KnobSpec] = Field(default_factory=dict)
+    objective: str | None = None
+    effective_batch: EffectiveBatch | None = None
+    constraints: Constraints = Field(default_factory=Constraints)
+    estimator: Literal["analytic", "torch", "jax"] = "analytic"
+    factory: str | None = None
+    host_memory_bytes: int | None = Field(default=None, ge=0)
+    source: str | None = None
+
+    _size_fields = field_validator("env_state_bytes", "host_memory_bytes", mode="before")(_size)
+
+    @field_validator("family")
+    @classmethod
+    def _known_family(cls, value: str) -> str:
+        from memfit.core.families import family_names
+
+        known = family_names()
+        if value not in known:
+            raise PydanticCustomError(
+                "literal_error",
+                "Input should be {expected}",
+                {"expected": ", ".join(repr(k) for k in known[:-1]) + f" or {known[-1]!r}"},
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Workload:
+        overlap = sorted(set(self.knobs) & set(self.settings))
+        if overlap:
+            raise ValueError(f"{', '.join(overlap)} is both a knob and a setting; keep one")
+        names = set(self.knobs) | set(self.settings)
+        family = _family(self.family)
+        key = family.family_key(self)
+        missing = [n for n in family.required_names(self) if n not in names]
+        if missing:
+            raise ValueError(f"the {key} model needs {', '.join(missing)} as a knob or a setting")
+        for field_name, message in family.requires:
+            if not getattr(self, field_name):
+                raise ValueError(message)
+        if self.env is not None:
+            kind, _, env_name = self.env.partition(":")
+            if kind != "brax" or not env_name:
+                raise ValueError(
+                    f"env {self.env!r}: name it as brax:<environment> (brax:humanoid, brax:ant); "
+                    "other kinds of environment give env_state_bytes instead"
+                )
+            if self.family_key != "ppo/brax":
+                raise ValueError(f"env {self.env} needs family ppo with ppo: {{layout: brax}}")
+        if self.backend is not None and self.env is None:
+            raise ValueError("backend names the env's physics pipeline: give env: brax:<name>")
+        if self.measurements is not None:
+            if self.env is None or self.measurements.env != self.env:
+                raise ValueError(
+                    f"measurements are of {self.measurements.env!r}, not of env {self.env!r}"
+                )
+            if self.measurements.backend != self.backend:
+                raise ValueError(
+                    f"measurements were taken with backend {self.measurements.backend!r}, "
+                    f"not {self.backend!r}"
+                )
+        if self.estimator != "analytic" and not self.factory:
+            raise ValueError(f"estimator {self.estimator} needs factory: module:function")
+        if self.factory is not None and ":" not in self.factory:
+            raise ValueError(f"factory must be module:function, not {self.factory!r}")
+        if self.effective_batch is not None:
+            eb = self.effective_batch
+            for role, name in (("micro", eb.micro), ("accumulation", eb.accumulation)):
+                if name not in self.knobs:
+                    raise ValueError(f"effective_batch.{role} {name!r} is not a knob")
+        cams = self.observations.cameras
+        if cams is not None:
+            for axis in ("height", "width"):
+                ref = getattr(cams, axis)
+                if isinstance(ref, str) and ref not in names:
+                    raise ValueError(
+                        f"observations.cameras.{axis} names {ref!r}, which is neither a knob "
+                        "nor a setting"
+                    )
+        return self
+
+    @property
+    def family_key(self) -> str:
+        """``"ppo/brax"``, ``"offpolicy"``, ... : the family and, for PPO, its layout."""
+        key: str = _family(self.family).family_key(self)
+        return key
+
+    @property
+    def device_count(self) -> int:
+        """Devices the job spreads over."""
+        return self.devices.count
+
+    def objective_expr(self) -> str:
+        """The throughput proxy to maximise (default: the product of every knob)."""
+        if self.objective:
+            return self.objective
+        if not self.knobs:
+            return "1"
+        return " * ".join(sorted(self.knobs))
+
+    def default_values(self) -> dict[str, int]:
+        """Settings and knob defaults (knobs without a default are left out)."""
+        values = dict(self.settings)
+        for name, knob in self.knobs.items():
+            if knob.default is not None:
+                values[name] = knob.default
+        return values
