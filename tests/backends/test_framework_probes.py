@@ -98,7 +98,7 @@ def test_torch_probe_reads_allocator_stats() -> None:
     assert dev.peak_allocated_bytes == 3500 * MiB
     assert dev.peak_reserved_bytes == 4100 * MiB
     assert dev.compute_capability == (8, 9)
-    assert dev.reserved_bytes is None and dev.utilization_percent is None
+    assert dev.driver_reserved_bytes is None and dev.utilization_percent is None
 
 
 def test_torch_probe_cuda_build_without_device() -> None:

@@ -210,7 +210,7 @@ def test_full_snapshot_v2(tmp_path: Path) -> None:
     assert dev.name == "NVIDIA H100 80GB HBM3"
     assert dev.uuid == "GPU-1234"
     assert dev.total_bytes == 81559 * MiB
-    assert dev.reserved_bytes == 527 * MiB
+    assert dev.driver_reserved_bytes == 527 * MiB
     assert dev.device_used_bytes == 1032 * MiB
     assert dev.free_bytes == 80000 * MiB
     assert dev.utilization_percent == 37
@@ -230,7 +230,7 @@ def test_memory_v2_failure_falls_back_to_v1(kind: str) -> None:
     fake = FakeNvml(errors={"memory_v2": CODES[kind]})
     (dev,) = _probe(fake).snapshot().devices
     assert "memory_v1" in fake.calls
-    assert dev.reserved_bytes is None
+    assert dev.driver_reserved_bytes is None
     assert dev.device_used_bytes == 1559 * MiB
     assert any("fell back to the v1 call" in n for n in dev.notes)
 

@@ -35,7 +35,7 @@ def _snapshot() -> SystemSnapshot:
         total_bytes=85520809984,
         device_used_bytes=2**31,
         free_bytes=85520809984 - 2**31,
-        reserved_bytes=552599552,
+        driver_reserved_bytes=552599552,
         utilization_percent=50,
         processes=(proc, hidden),
         notes=("n1",),

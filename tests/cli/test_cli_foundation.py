@@ -107,7 +107,7 @@ def _snapshot() -> SystemSnapshot:
         total_bytes=81559 * MiB,
         device_used_bytes=1500 * MiB,
         free_bytes=80059 * MiB,
-        reserved_bytes=527 * MiB,
+        driver_reserved_bytes=527 * MiB,
         utilization_percent=12,
         processes=procs,
         notes=("a device note",),

@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 #: Version of the JSON layout written by :meth:`SystemSnapshot.to_dict`.
-SNAPSHOT_FORMAT = 1
+SNAPSHOT_FORMAT = 2
 
 
 def utc_now() -> str:
@@ -117,8 +117,10 @@ class DeviceSnapshot:
         total_bytes: Total memory as the driver reports it, or ``None``.
         device_used_bytes: Used memory as ``nvidia-smi`` shows it (contexts included).
         free_bytes: Free memory.
-        reserved_bytes: Memory the driver reserves for itself (NVML v2 ``reserved``);
-            ``None`` when only the v1 call was available (then it is counted in used).
+        driver_reserved_bytes: Memory the driver reserves for itself (NVML v2
+            ``reserved``); ``None`` when only the v1 call was available (then it is counted
+            in used). Not the framework allocator's reserve: that is
+            ``allocator_reserved_bytes``.
         utilization_percent: GPU utilisation over the driver's last sample, 0-100.
         processes: Processes holding memory on the device; empty when none or unknown
             (``notes`` says which).
@@ -141,7 +143,7 @@ class DeviceSnapshot:
     total_bytes: int | None = None
     device_used_bytes: int | None = None
     free_bytes: int | None = None
-    reserved_bytes: int | None = None
+    driver_reserved_bytes: int | None = None
     utilization_percent: int | None = None
     processes: tuple[ProcessSnapshot, ...] = ()
     notes: tuple[str, ...] = ()
@@ -163,7 +165,7 @@ class DeviceSnapshot:
             "total_bytes": self.total_bytes,
             "device_used_bytes": self.device_used_bytes,
             "free_bytes": self.free_bytes,
-            "reserved_bytes": self.reserved_bytes,
+            "driver_reserved_bytes": self.driver_reserved_bytes,
             "utilization_percent": self.utilization_percent,
             "allocated_bytes": self.allocated_bytes,
             "allocator_reserved_bytes": self.allocator_reserved_bytes,
@@ -219,7 +221,12 @@ class DeviceSnapshot:
             total_bytes=_opt_int(data, "total_bytes", where),
             device_used_bytes=_opt_int(data, "device_used_bytes", where),
             free_bytes=_opt_int(data, "free_bytes", where),
-            reserved_bytes=_opt_int(data, "reserved_bytes", where),
+            # Format 1 called it reserved_bytes.
+            driver_reserved_bytes=_opt_int(
+                data,
+                "driver_reserved_bytes" if "driver_reserved_bytes" in data else "reserved_bytes",
+                where,
+            ),
             utilization_percent=_opt_int(data, "utilization_percent", where),
             processes=tuple(
                 ProcessSnapshot.from_dict(p, where=f"{where}.processes[{i}]")

@@ -541,7 +541,7 @@ class NvmlProbe:
             total_bytes=total,
             device_used_bytes=used,
             free_bytes=free,
-            reserved_bytes=reserved,
+            driver_reserved_bytes=reserved,
             utilization_percent=_opt_int(getattr(util_r.value, "gpu", None)),
             processes=processes,
             notes=tuple(notes),

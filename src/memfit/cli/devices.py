@@ -38,8 +38,8 @@ def _device_table(dev: DeviceSnapshot) -> Table:
     table.add_row("total", _mib(dev.total_bytes))
     table.add_row("used (nvidia-smi)", _mib(dev.device_used_bytes))
     table.add_row("free", _mib(dev.free_bytes))
-    if dev.reserved_bytes is not None:
-        table.add_row("reserved by the driver", _mib(dev.reserved_bytes))
+    if dev.driver_reserved_bytes is not None:
+        table.add_row("reserved by the driver", _mib(dev.driver_reserved_bytes))
     if dev.allocated_bytes is not None:
         table.add_row("allocated (this process)", _mib(dev.allocated_bytes))
     if dev.allocator_reserved_bytes is not None:

@@ -68,7 +68,7 @@ def _missing(device: DeviceSnapshot) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     checks = (
         ("memory", device.device_used_bytes is None or device.total_bytes is None),
-        ("reserved", device.reserved_bytes is None and device.backend == "nvml"),
+        ("reserved", device.driver_reserved_bytes is None and device.backend == "nvml"),
         ("utilization", device.utilization_percent is None and device.backend == "nvml"),
         (
             "processes",
@@ -106,8 +106,8 @@ def render_frame(frame: WatchFrame) -> RenderableType:
         memory.append(
             f"\n{_size(device.device_used_bytes)} / {_size(device.total_bytes)}", style="bold"
         )
-        if device.backend == "nvml" or device.reserved_bytes is not None:
-            memory.append(f"\ndriver reserved {_size(device.reserved_bytes)}", style="dim")
+        if device.backend == "nvml" or device.driver_reserved_bytes is not None:
+            memory.append(f"\ndriver reserved {_size(device.driver_reserved_bytes)}", style="dim")
         if device.allocated_bytes is not None:
             memory.append(f"\nallocated {_size(device.allocated_bytes)}", style="dim")
         if device.allocator_reserved_bytes is not None:
