@@ -17,6 +17,11 @@ at the same time as everything else) but never appears as an output:
   transient at that op. Calls whose real tensors would exceed a memory cap run at smaller
   batches and are extrapolated linearly (the result says so); measured figures are cached for
   the process.
+* **Both devices**: losses with a reduction (``mse_loss``, ``smooth_l1_loss``,
+  ``huber_loss``, ``binary_cross_entropy[_with_logits]``, ``soft_margin_loss``) compute the
+  unreduced loss into a buffer of the input's size inside the op (``aten/src/ATen/native/
+  Loss.cpp``, the same code on every device), then reduce it. They are measured the same way
+  on the CPU and count for the CUDA figures too.
 * **CUDA** (``allocated_peak``/``reserved_peak``): the cuBLAS workspace, one per (handle,
   stream), is modelled by the tracer itself; see :mod:`memfit.estimate.torch_trace`.
 """
@@ -33,7 +38,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["CPU_SCRATCH_OPS", "DEFAULT_SCRATCH_CAP", "ScratchRecorder"]
+__all__ = ["CPU_SCRATCH_OPS", "DEFAULT_SCRATCH_CAP", "GENERIC_SCRATCH_OPS", "ScratchRecorder"]
 
 #: Most bytes of real tensors one measured call may hold (inputs and outputs); larger calls
 #: are measured at smaller batches and extrapolated.
@@ -48,8 +53,30 @@ CPU_SCRATCH_OPS: dict[str, tuple[int, ...]] = {
     "aten._scaled_dot_product_flash_attention_for_cpu_backward.default": (0, 1, 2, 3, 4, 5),
 }
 
-# (op, argument descriptors, threads) -> scratch bytes, for every estimate in this process.
-_MEASURED: dict[tuple[Any, ...], int] = {}
+#: Ops whose scratch comes from device-generic code (measured on the CPU, counted for every
+#: device), with the positions of their batch arguments.
+GENERIC_SCRATCH_OPS: dict[str, tuple[int, ...]] = {
+    f"aten.{name}.default": batch
+    for name, batch in (
+        ("mse_loss", (0, 1)),
+        ("mse_loss_backward", (0, 1, 2)),
+        ("smooth_l1_loss", (0, 1)),
+        ("smooth_l1_loss_backward", (0, 1, 2)),
+        ("huber_loss", (0, 1)),
+        ("huber_loss_backward", (0, 1, 2)),
+        ("binary_cross_entropy", (0, 1, 2)),
+        ("binary_cross_entropy_backward", (0, 1, 2, 3)),
+        ("binary_cross_entropy_with_logits", (0, 1, 2, 3)),
+        ("soft_margin_loss", (0, 1)),
+        ("soft_margin_loss_backward", (0, 1, 2)),
+    )
+}
+
+# (op, argument descriptors, threads) -> (scratch bytes, bytes of the outputs' storages), for
+# every estimate in this process. A kernel may return a result that keeps a larger storage
+# alive than its shape needs (a loss reduced into a view of its unreduced buffer): the outputs'
+# real storage bytes let the trace count that too.
+_MEASURED: dict[tuple[Any, ...], tuple[int, int]] = {}
 
 
 @dataclass(frozen=True)
@@ -105,7 +132,9 @@ class _Call:
     name: str
     args: tuple[Any, ...]  # descriptors
     batch_args: tuple[int, ...]
-    records: list[Any] = field(default_factory=list)
+    target: str  # "all" (device-generic code) or "cpu"
+    # per call in the trace: (the transient's record, the records of the outputs' storages)
+    records: list[tuple[Any, list[Any]]] = field(default_factory=list)
 
     @property
     def key(self) -> tuple[Any, ...]:
@@ -139,11 +168,12 @@ class ScratchRecorder:
     them afterwards (see the module docstring).
 
     Args:
-        cap_bytes: Most bytes of real tensors one measured call may hold.
+        cap_bytes: Most bytes of real tensors one measured call may hold (default
+            :data:`DEFAULT_SCRATCH_CAP`).
     """
 
-    def __init__(self, cap_bytes: int = DEFAULT_SCRATCH_CAP) -> None:
-        self.cap_bytes = cap_bytes
+    def __init__(self, cap_bytes: int | None = None) -> None:
+        self.cap_bytes = DEFAULT_SCRATCH_CAP if cap_bytes is None else cap_bytes
         self.calls: dict[tuple[Any, ...], _Call] = {}
         self.extrapolated: set[str] = set()
         self.failed: set[str] = set()
@@ -152,16 +182,27 @@ class ScratchRecorder:
         """Called by the tracer after each op: a transient of yet unknown size for the ops
         that take scratch."""
         name = str(func)
-        batch_args = CPU_SCRATCH_OPS.get(name)
-        if batch_args is None or trace.device_type != "cpu":
+        target = "all"
+        batch_args = GENERIC_SCRATCH_OPS.get(name)
+        if batch_args is None and trace.device_type == "cpu":
+            batch_args = CPU_SCRATCH_OPS.get(name)
+            target = "cpu"
+        if batch_args is None:
             return
-        record = trace.add_transient(0, "kernel_workspace", "cpu")
-        call = _Call(func, name, tuple(_describe(a) for a in args), batch_args)
+        outputs = []
+        for item in tree_flatten(out)[0]:
+            if isinstance(item, torch.Tensor) and item.device.type == trace.device_type:
+                found = trace.live.get(id(item.untyped_storage()))
+                if found is not None and found not in outputs:
+                    outputs.append(found)
+        record = trace.add_transient(0, "kernel_workspace", target)
+        call = _Call(func, name, tuple(_describe(a) for a in args), batch_args, target)
         known = self.calls.setdefault(call.key, call)
-        known.records.append(record)
+        known.records.append((record, outputs))
 
     def measure(self) -> None:
-        """Run each distinct call for real and give its records their scratch bytes."""
+        """Run each distinct call for real; give its transients their scratch bytes, and its
+        outputs' records the bytes their real storages hold."""
         todo = [c for c in self.calls.values() if c.key not in _MEASURED]
         plans: list[tuple[_Call, list[int]]] = []
         for call in todo:
@@ -178,9 +219,9 @@ class ScratchRecorder:
             figures = [measured.get((id(call), b)) for b in batches]
             if any(f is None for f in figures):
                 self.failed.add(call.name)
-                _MEASURED[call.key] = 0
+                _MEASURED[call.key] = (0, 0)
                 continue
-            values = [int(f) for f in figures if f is not None]
+            values = [f for f in figures if f is not None]
             full = call.batch()
             if len(batches) == 1 and (full is None or batches[0] in (0, full)):
                 _MEASURED[call.key] = values[0]
@@ -188,23 +229,32 @@ class ScratchRecorder:
             self.extrapolated.add(call.name)
             assert full is not None
             if len(batches) == 1:  # one row fits the cap: scale it
-                _MEASURED[call.key] = values[0] * full // max(1, batches[0])
+                b1 = max(1, batches[0])
+                _MEASURED[call.key] = (values[0][0] * full // b1, values[0][1] * full // b1)
             else:
-                (b1, s1), (b2, s2) = zip(batches, values, strict=True)
-                slope = max(0.0, (s2 - s1) / (b2 - b1))
-                _MEASURED[call.key] = round(s2 + slope * (full - b2))
+                (b1, b2), (v1, v2) = batches, values
+                _MEASURED[call.key] = (
+                    _extrapolate(b1, v1[0], b2, v2[0], full),
+                    _extrapolate(b1, v1[1], b2, v2[1], full),
+                )
         for call in self.calls.values():
-            for record in call.records:
-                record.nbytes = _MEASURED.get(call.key, 0)
+            scratch, real_out = _MEASURED.get(call.key, (0, 0))
+            for record, outputs in call.records:
+                record.nbytes = scratch
+                traced_out = sum(r.nbytes for r in outputs)
+                # only device-generic code keeps the same storages on every device
+                if call.target == "all" and outputs and real_out > traced_out:
+                    outputs[0].nbytes += real_out - traced_out
 
     def notes(self) -> list[str]:
         """What the result should say about these figures."""
         out: list[str] = []
         if self.calls:
             out.append(
-                f"CPU kernel scratch (oneDNN convolution reorders, CPU flash attention) measured "
-                f"by running {len(self.calls)} distinct op call(s) once for real on this "
-                "machine; it is in exact_peak only (CUDA kernels differ)"
+                "scratch memory kernels take inside an op (oneDNN convolution reorders and "
+                "CPU flash attention: exact_peak of a CPU trace only; the unreduced buffer of "
+                f"losses: every figure) measured by running {len(self.calls)} distinct op "
+                "call(s) once for real on this machine's CPU"
             )
         if self.extrapolated:
             out.append(
@@ -239,8 +289,16 @@ def _quiet_stderr() -> Iterator[None]:
         os.close(devnull)
 
 
-def _profile_scratch(runs: Sequence[tuple[_Call, int]]) -> dict[tuple[int, int], int]:
-    """Scratch bytes of each (call, batch): one profiler session, one marked window each."""
+def _extrapolate(b1: int, v1: int, b2: int, v2: int, full: int) -> int:
+    slope = max(0.0, (v2 - v1) / (b2 - b1))
+    return round(v2 + slope * (full - b2))
+
+
+def _profile_scratch(
+    runs: Sequence[tuple[_Call, int]],
+) -> dict[tuple[int, int], tuple[int, int]]:
+    """(scratch bytes, outputs' storage bytes) of each (call, batch): one profiler session,
+    one marked window each."""
     if not runs:
         return {}
     from torch.profiler import ProfilerActivity, profile, record_function
@@ -278,7 +336,7 @@ def _profile_scratch(runs: Sequence[tuple[_Call, int]]) -> dict[tuple[int, int],
         if e.name().startswith("memfit_scratch_")
     }
     memory = sorted((e for e in events if e.name() == "[memory]"), key=lambda e: e.start_ns())
-    result: dict[tuple[int, int], int] = {}
+    result: dict[tuple[int, int], tuple[int, int]] = {}
     for index, (call, batch) in enumerate(runs):
         marker = f"memfit_scratch_{index}"
         if marker not in windows or marker not in outputs:
@@ -289,5 +347,5 @@ def _profile_scratch(runs: Sequence[tuple[_Call, int]]) -> dict[tuple[int, int],
             if start <= event.start_ns() <= end:
                 live += event.nbytes()
                 peak = max(peak, live)
-        result[(id(call), batch)] = max(0, peak - outputs[marker])
+        result[(id(call), batch)] = (max(0, peak - outputs[marker]), outputs[marker])
     return result

@@ -727,11 +727,12 @@ def estimate_torch(
         max_split_size: Replay it with ``max_split_size_mb`` (given here in bytes).
         steps: Steps to run per batch size (2: the second sees the optimizer state).
         batch_knob: The workload knob the batch size stands for.
-        kernel_scratch: On a CPU trace, measure the scratch memory CPU kernels take inside
-            an op (oneDNN convolutions, CPU flash attention) by running each distinct call
-            once for real on this machine (see :mod:`memfit.estimate.kernels`); it goes into
-            ``exact_peak`` only. ``None`` (default): on for CPU traces. Turn it off when only
-            the GPU figures matter (it costs a real run of those ops).
+        kernel_scratch: Measure the scratch memory kernels take inside an op by running each
+            distinct call of such an op once for real on this machine's CPU (see
+            :mod:`memfit.estimate.kernels`): oneDNN convolutions and CPU flash attention
+            (``exact_peak`` of a CPU trace only) and the unreduced buffer of losses (every
+            figure). ``None`` (default) or ``True``: measure; ``False``: skip (faster; those
+            buffers are then not counted).
 
     Returns:
         A :class:`TorchEstimate` with one point per batch size and the affine fit.
@@ -773,7 +774,7 @@ def estimate_torch(
     workspace = cublas_workspace_bytes(spec)
     context = cuda_context_bytes(spec)
     on_cuda = device == "cuda"
-    measure_scratch = (not on_cuda) if kernel_scratch is None else (kernel_scratch and not on_cuda)
+    measure_scratch = kernel_scratch is not False
     deviations: list[str] = [
         f"cuBLAS workspace: {format_bytes(workspace)} per cuBLAS handle that runs a matmul "
         "(one for the calling thread, one for the autograd engine's device thread that runs "
