@@ -54,9 +54,11 @@ __all__ = [
     "CATEGORIES",
     "AffineFit",
     "EstimatePoint",
+    "Request",
     "TorchEstimate",
     "estimate_torch",
     "fit_affine",
+    "trace_requests",
 ]
 
 #: Breakdown keys, in the order reports show them.
@@ -228,6 +230,7 @@ class _Storage:
     # "all": a tensor's storage; "cuda" / "cpu": memory a library takes inside a kernel on
     # that device only (cuBLAS workspace, CPU convolution scratch), counted for that target.
     target: str = "all"
+    op: str | None = None  # the ATen op whose output (or kernel) this is; None in build glue
 
 
 @dataclass
@@ -249,10 +252,18 @@ class _Trace:
     stand_ins: int = 0
     retargeted: int = 0
     kernel_scratch: Any = None  # a memfit.estimate.kernels.ScratchRecorder, or None
+    current_op: str | None = None
     closed: bool = False
 
     def add(self, nbytes: int, category: str, module: str | None, target: str = "all") -> _Storage:
-        record = _Storage(nbytes, category, module, alloc_index=len(self.events), target=target)
+        record = _Storage(
+            nbytes,
+            category,
+            module,
+            alloc_index=len(self.events),
+            target=target,
+            op=self.current_op,
+        )
         self.records.append(record)
         self.events.append((record, True))
         return record
@@ -318,6 +329,7 @@ class _Trace:
 
     def on_op(self, func: Any, args: tuple[Any, ...], out: Any) -> None:
         name = func.overloadpacket.__name__
+        self.current_op = str(func)
         if self.cublas_bytes and name in _CUBLAS_OPS:
             self._cublas_workspace()
         for item in tree_flatten(out)[0]:
@@ -325,6 +337,7 @@ class _Trace:
                 self.see(item)
         if self.kernel_scratch is not None:
             self.kernel_scratch.on_op(self, func, args, out)
+        self.current_op = None
 
     def _cublas_workspace(self) -> None:
         """The workspace cuBLAS takes per (handle, stream) at its first matmul.
@@ -695,6 +708,80 @@ def _summarise(
         exact_peak=exact_peak,
         num_allocations=sum(1 for r in trace.records if r.target == "all"),
     )
+
+
+@dataclass(frozen=True)
+class Request:
+    """One allocation of a traced run, as the GPU truth corpus's traces list them.
+
+    Attributes:
+        nbytes: Bytes requested (exact, before the allocator rounds them).
+        op: The ATen op whose output or kernel took it (``"aten.mm.default"``), or ``None``.
+        target: ``"all"`` (a tensor), ``"cuda"`` or ``"cpu"`` (memory a library takes inside a
+            kernel on that device only: cuBLAS workspace, CPU convolution scratch).
+        transient: Given back inside the same op (scratch).
+    """
+
+    nbytes: int
+    op: str | None
+    target: str
+    transient: bool
+
+
+def trace_requests(
+    build: Callable[[], tuple[Any, Any]],
+    step: Callable[[Any, Any, Any], Any],
+    make_batch: Callable[[int], Any],
+    batch_size: int,
+    *,
+    device: str = "cpu",
+    gpu: str | None = None,
+    steps: int = 2,
+    kernel_scratch: bool = True,
+) -> list[Request]:
+    """The allocation requests of one traced run (build and ``steps`` steps), in order.
+
+    What :func:`estimate_torch` replays, for a diff against a real run's allocator trace
+    (``memfit.estimate.truth.diff_requests``).
+
+    Raises:
+        ConfigError: When the GPU name is unknown or ``build`` returns the wrong thing.
+        EstimateError: When the step cannot be traced.
+    """
+    spec = None
+    if gpu is not None:
+        from memfit.core.catalog import gpu as lookup_gpu
+
+        spec = lookup_gpu(gpu)
+    from memfit.core.budget import cublas_workspace_bytes
+
+    recorder = None
+    if kernel_scratch:
+        from memfit.estimate.kernels import ScratchRecorder
+
+        recorder = ScratchRecorder()
+    trace = _run_trace(
+        build,
+        step,
+        make_batch,
+        batch_size,
+        device,
+        cublas_workspace_bytes(spec),
+        steps,
+        kernel_scratch=recorder,
+    )
+    if recorder is not None:
+        recorder.measure()
+    return [
+        Request(
+            r.nbytes,
+            r.op,
+            r.target,
+            r.free_index is not None and r.free_index == r.alloc_index + 1,
+        )
+        for r, is_alloc in trace.events
+        if is_alloc
+    ]
 
 
 def estimate_torch(
