@@ -48,6 +48,7 @@ from memfit.estimate._fake_compat import (
     scalar_stand_in,
 )
 from memfit.estimate.affine import AffineFit, check_batch_sizes, fit_affine
+from memfit.estimate.sequence import Fit, SequenceModel
 from memfit.units import format_bytes
 
 __all__ = [
@@ -125,6 +126,9 @@ class EstimatePoint:
         exact_peak: Peak of the sum of exact storage sizes (no rounding), for comparison with
             allocators that do not round (the CPU allocator).
         num_allocations: Storages allocated in the whole trace.
+        tensor_peak: Peak of the tensors' storages alone, each rounded to 512 B, without the
+            memory libraries take inside kernels (cuBLAS workspace) or block slack: what
+            :func:`memfit.simulate_gpu` counts.
     """
 
     batch_size: int
@@ -135,6 +139,7 @@ class EstimatePoint:
     top_modules: list[tuple[str, int]]
     exact_peak: int
     num_allocations: int
+    tensor_peak: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The point as plain data."""
@@ -147,6 +152,7 @@ class EstimatePoint:
             "top_modules": [{"module": name, "bytes": n} for name, n in self.top_modules],
             "exact_peak": self.exact_peak,
             "num_allocations": self.num_allocations,
+            "tensor_peak": self.tensor_peak,
         }
 
 
@@ -163,6 +169,12 @@ class TorchEstimate:
         gpu: Name of the GPU the device-level figures are for, or ``None`` (defaults).
         deviations: Known ways this trace differs from a real run on the GPU.
         batch_knob: The knob the batch size stands for.
+        sequence: The GPU-side allocation sequence as a function of the batch size, from
+            the two largest sizes traced, or ``None`` (see :meth:`largest_fitting`).
+        expandable_segments: The allocator setting the replays use.
+        max_split_size: Likewise (bytes), or ``None``.
+        tensor_fit: Affine fit of ``tensor_peak`` (what :func:`memfit.simulate_gpu`
+            counts), or ``None`` with fewer than two distinct batch sizes.
     """
 
     points: list[EstimatePoint]
@@ -172,6 +184,60 @@ class TorchEstimate:
     gpu: str | None
     deviations: list[str]
     batch_knob: str = "batch_size"
+    sequence: SequenceModel | None = field(default=None, repr=False, compare=False)
+    expandable_segments: bool = False
+    max_split_size: int | None = None
+    tensor_fit: AffineFit | None = None
+
+    def replay(
+        self,
+        value: int,
+        *,
+        limit_bytes: int | None = None,
+        target_bytes: int | None = None,
+        extra_bytes: float = 0.0,
+    ) -> Fit | None:
+        """Replay the traced GPU-side allocations at ``value`` through the allocator model
+        (see :meth:`memfit.estimate.sequence.SequenceModel.replay`); ``None`` without a
+        sequence model."""
+        if self.sequence is None:
+            return None
+        return self.sequence.replay(
+            value,
+            limit_bytes=limit_bytes,
+            target_bytes=target_bytes,
+            expandable_segments=self.expandable_segments,
+            max_split_size=self.max_split_size,
+            extra_bytes=extra_bytes,
+        )
+
+    def largest_fitting(
+        self,
+        limit_bytes: int,
+        *,
+        low: int,
+        high: int,
+        target_bytes: int | None = None,
+    ) -> Fit | None:
+        """The largest batch whose traced allocations fit under ``limit_bytes`` in the
+        allocator model (and keep its reserved peak within ``target_bytes``), from the two
+        largest batch sizes traced (:class:`memfit.estimate.sequence.SequenceModel`).
+
+        Returns:
+            The replay at that batch, or ``None`` when the traces cannot be interpolated
+            (fewer than two sizes, or a step whose allocations change with the batch size)
+            or ``low`` does not fit.
+        """
+        if self.sequence is None:
+            return None
+        return self.sequence.largest_fitting(
+            low,
+            high,
+            limit_bytes=limit_bytes,
+            target_bytes=target_bytes,
+            expandable_segments=self.expandable_segments,
+            max_split_size=self.max_split_size,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The estimate as plain data (for ``--json``)."""
@@ -663,10 +729,13 @@ def _summarise(
     model = allocator()
     handles: dict[int, int] = {}
     peak_index = -1
-    exact = exact_peak = 0
+    exact = exact_peak = tensors = tensor_peak = 0
     for index, (record, is_alloc) in enumerate(trace.events):
         on_gpu = record.target in ("all", "cuda")
         on_device = record.target in ("all", trace.device_type)
+        if record.target == "all" and record.category != "kernel_workspace" and record.nbytes:
+            tensors += round_size(record.nbytes) if is_alloc else -round_size(record.nbytes)
+            tensor_peak = max(tensor_peak, tensors)
         if is_alloc:
             if on_gpu:
                 handles[id(record)] = model.malloc(record.nbytes)
@@ -707,6 +776,7 @@ def _summarise(
         top_modules=top,
         exact_peak=exact_peak,
         num_allocations=sum(1 for r in trace.records if r.target == "all"),
+        tensor_peak=tensor_peak,
     )
 
 
@@ -881,6 +951,7 @@ def estimate_torch(
     points: list[EstimatePoint] = []
     stand_ins = retargeted = 0
     recorder = None
+    gpu_events: dict[int, list[tuple[bool, int, int]]] = {}
     for size in sizes:
         if measure_scratch:
             from memfit.estimate.kernels import ScratchRecorder
@@ -894,6 +965,7 @@ def estimate_torch(
         stand_ins = max(stand_ins, trace.stand_ins)
         retargeted = max(retargeted, trace.retargeted)
         points.append(_summarise(trace, size, allocator, context))
+        gpu_events[size] = _gpu_events(trace)
     if recorder is not None:
         deviations += recorder.notes()
     if stand_ins:
@@ -906,6 +978,10 @@ def estimate_torch(
             f"{retargeted} call(s) named a CUDA device explicitly and were traced on the CPU"
         )
     xs = [p.batch_size for p in points]
+    sequence = None
+    if len(gpu_events) >= 2:
+        v1, v2 = sorted(gpu_events)[-2:]
+        sequence = SequenceModel.from_traces(v1, gpu_events[v1], v2, gpu_events[v2])
     return TorchEstimate(
         points=points,
         fit=fit_affine(xs, [p.allocated_peak for p in points]),
@@ -914,4 +990,18 @@ def estimate_torch(
         gpu=None if spec is None else spec.name,
         deviations=deviations,
         batch_knob=batch_knob,
+        sequence=sequence,
+        expandable_segments=expandable_segments,
+        max_split_size=max_split_size,
+        tensor_fit=fit_affine(xs, [p.tensor_peak for p in points]),
     )
+
+
+def _gpu_events(trace: _Trace) -> list[tuple[bool, int, int]]:
+    """The trace's CUDA-side events as ``(is_alloc, record index, bytes)``."""
+    index = {id(r): i for i, r in enumerate(trace.records)}
+    return [
+        (is_alloc, index[id(r)], r.nbytes)
+        for r, is_alloc in trace.events
+        if r.target in ("all", "cuda")
+    ]
