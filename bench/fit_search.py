@@ -891,7 +891,8 @@ class ReplayedCuda(fit_mod._CudaMeter):
 
 def replayed_true_max(gpu: Any, budget: int, margin: float) -> int:
     """The largest batch that runs under the cap with its reserved peak within the margin:
-    a bisection, then every batch up to 15% above it (a step function need not be monotone)."""
+    a bisection, then every batch up to 35% above it: a step function need not be monotone
+    (a batch can run where a smaller one broke the margin, its segments packed otherwise)."""
     target = int(budget * (1 - margin))
 
     def fits(v: int) -> bool:
@@ -905,7 +906,7 @@ def replayed_true_max(gpu: Any, budget: int, margin: float) -> int:
         else:
             hi = mid - 1
     best = lo
-    for v in range(lo + 1, min(HIGH, int(lo * 1.15) + 2)):
+    for v in range(lo + 1, min(HIGH, int(lo * 1.35) + 1) + 1):
         if fits(v):
             best = v
     return best
