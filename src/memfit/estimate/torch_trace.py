@@ -18,6 +18,16 @@ and ``max_memory_reserved`` would read, and each storage is put in one category:
 buffers, gradients, optimizer state, activations (made in the forward pass, attributed to the
 innermost module running), temporaries (backward and optimizer intermediates), inputs (the
 batch) and other (left over from ``build``).
+
+Besides the tensors, the sequence holds what kernels take inside an op, each for the device it
+belongs to: the cuBLAS workspace of every (handle, stream) that runs a matmul (CUDA only; on a
+CPU trace the backward pass stands for the autograd device thread's handle), and the scratch
+that :mod:`memfit.estimate.kernels` measures (oneDNN convolutions and CPU attention for the
+CPU's ``exact_peak``; losses' unreduced buffers for every figure). Ordinary model code that
+fake tensors refuse as such (``module.to(device)``, initialisers that read values, logging
+inside a library, an explicit ``"cuda"`` on a machine without one) is made to trace by
+:mod:`memfit.estimate._fake_compat`; what cannot be traced is refused with the phase
+(``build()``, ``make_batch()``, ``step()``), the line, and a hint.
 """
 
 from __future__ import annotations
