@@ -1,8 +1,10 @@
 """Accuracy of ``memfit estimate`` against real runs.
 
 GPU mode (default; needs CUDA): for each workload in ``bench/estimate_workloads.py`` (12 PyTorch
-workloads and a JAX PPO update, 3 batch sizes each) compare the prediction with a real run in a
-fresh subprocess (so cuBLAS handles and cached blocks of one run do not leak into the next):
+workloads and a JAX PPO update, 3 batch sizes each) and ``bench/estimate_third_party.py``
+(transformers GPT-2/BERT/ViT/T5 and stable-baselines3 DQN-CNN/PPO-MLP/multi-input PPO, 3 batch
+sizes each) compare the prediction with a real run in a fresh subprocess (so cuBLAS handles
+and cached blocks of one run do not leak into the next):
 
 * PyTorch: ``torch.cuda.max_memory_allocated`` / ``max_memory_reserved`` after two steps,
   against memfit's ``allocated_peak`` / ``reserved_peak`` (traced on the fake ``cuda`` device);
@@ -12,8 +14,11 @@ fresh subprocess (so cuBLAS handles and cached blocks of one run do not leak int
 * JAX: ``device.memory_stats()["peak_bytes_in_use"]`` with ``XLA_PYTHON_CLIENT_PREALLOCATE=false``
   against XLA's compiled memory analysis.
 
-CPU mode (``--cpu``): the same PyTorch workloads at their smallest batch size, fake trace on
-CPU against the CPU allocator's own reports (``torch.profiler`` memory events) of a real run.
+CPU mode (``--cpu``): the 12 PyTorch workloads at their smallest batch size and the
+third-party ones at all three, fake trace on CPU against the CPU allocator's own reports
+(``torch.profiler`` memory events) of a real run; the summary gives the third-party goal
+(nothing refused, mean |err| <= 3%, worst <= 8%) separately. ``--only NAME[,NAME]`` runs a
+subset.
 
 Both write ``bench/out/accuracy[_cpu].json`` and ``.md`` and print the markdown table.
 
@@ -42,11 +47,25 @@ import estimate_workloads as W  # noqa: E402
 MiB = 1024 * 1024
 
 
+def third_party() -> dict[str, Any]:
+    """The third-party workloads, or none when transformers / stable-baselines3 are missing."""
+    try:
+        import estimate_third_party as TP
+    except ImportError:  # pragma: no cover - the dev extra installs both
+        return {}
+    return dict(TP.THIRD_PARTY_WORKLOADS)
+
+
+def torch_workloads() -> dict[str, Any]:
+    """Every PyTorch workload: name -> (factory, three batch sizes)."""
+    return {**W.TORCH_WORKLOADS, **third_party()}
+
+
 def _run_torch_real(name: str, batch: int) -> dict[str, Any]:
     """Child process: build and run two real steps on CUDA, report the allocator's peaks."""
     import torch
 
-    factory, _ = W.TORCH_WORKLOADS[name]
+    factory, _ = torch_workloads()[name]
     step = factory()
     torch.manual_seed(0)
     torch.set_default_device("cuda")
@@ -102,7 +121,7 @@ def _memtracker_peak(name: str, batch: int) -> int | None:
         from torch.distributed._tools.mem_tracker import MemTracker
     except ImportError:
         return None
-    factory, _ = W.TORCH_WORKLOADS[name]
+    factory, _ = torch_workloads()[name]
     step = factory()
     previous = torch.get_default_device()
     try:
@@ -129,7 +148,7 @@ def _weights_rule(name: str) -> int:
     """Accelerate's rule: parameter bytes (on the meta device); x4 for training with Adam."""
     import torch
 
-    factory, _ = W.TORCH_WORKLOADS[name]
+    factory, _ = torch_workloads()[name]
     step = factory()
     previous = torch.get_default_device()
     torch.set_default_device("meta")
@@ -180,7 +199,7 @@ def _gpu_row(kind: str, name: str, batch: int, gpu_arg: str | None) -> dict[str,
         }
     from memfit.estimate.torch_trace import estimate_torch
 
-    step = W.TORCH_WORKLOADS[name][0]()
+    step = torch_workloads()[name][0]()
     point = estimate_torch(step.build, step.step, step.make_batch, [batch], gpu=gpu_arg).points[0]
     real = _child("torch", name, batch)
     return {
@@ -207,7 +226,7 @@ def run_gpu(jobs: int = 1) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         gpu_arg: str | None = lookup_gpu(gpu_name).name
     except ConfigError:
         gpu_arg = None  # unknown to the catalog: default context and workspace figures
-    cases = [("torch", n, b) for n, (_, sizes) in W.TORCH_WORKLOADS.items() for b in sizes]
+    cases = [("torch", n, b) for n, (_, sizes) in torch_workloads().items() for b in sizes]
     cases += [("jax", n, b) for n, (_, sizes) in W.JAX_WORKLOADS.items() for b in sizes]
     if jobs > 1:
         import concurrent.futures
@@ -244,48 +263,81 @@ def run_gpu(jobs: int = 1) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         "reserved_worst_abs_error": max(res) if res else None,
         "largest_under_prediction": max(under) if under else None,
     }
+    names = set(third_party())
+    tp = [abs(r["err_allocated"]) for r in rows if r["workload"] in names and r["err_allocated"]]
+    summary["third_party_allocated_mean_abs_error"] = sum(tp) / len(tp) if tp else None
+    summary["third_party_allocated_worst_abs_error"] = max(tp) if tp else None
     return rows, summary
 
 
-def run_cpu() -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def real_cpu_peak(step: Any, batch: int) -> int:
+    """Peak live bytes of two real steps on the CPU, from the CPU allocator's own reports."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    torch.manual_seed(0)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        model, opt = step.build()
+        for _ in range(2):
+            data = step.make_batch(batch)
+            step.step(model, opt, data)
+            del data
+        del model, opt
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    events.sort(key=lambda e: e.start_ns())
+    live = peak = 0
+    for event in events:
+        live += event.nbytes()
+        peak = max(peak, live)
+    return peak
+
+
+def _errors(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    errs = [abs(r["err"]) for r in rows if r["err"] is not None]
+    return {
+        "cases": len(rows),
+        "refused": sum(1 for r in rows if r.get("refused")),
+        "mean_abs_error": sum(errs) / len(errs) if errs else None,
+        "worst_abs_error": max(errs) if errs else None,
+    }
+
+
+def run_cpu(only: set[str] | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    import torch
+
+    from memfit.errors import EstimateError
     from memfit.estimate.torch_trace import estimate_torch
 
+    tp = third_party()
+    cases = [(n, f, sizes[:1], "ours") for n, (f, sizes) in W.TORCH_WORKLOADS.items()]
+    cases += [(n, f, sizes, "third_party") for n, (f, sizes) in tp.items()]
     rows: list[dict[str, Any]] = []
-    for name, (factory, sizes) in W.TORCH_WORKLOADS.items():
-        batch = sizes[0]
-        step = factory()
-        point = estimate_torch(step.build, step.step, step.make_batch, [batch]).points[0]
-        torch.manual_seed(0)
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            model, opt = step.build()
-            for _ in range(2):
-                data = step.make_batch(batch)
-                step.step(model, opt, data)
-                del data
-            del model, opt
-        events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-        events.sort(key=lambda e: e.start_ns())
-        live = peak = 0
-        for event in events:
-            live += event.nbytes()
-            peak = max(peak, live)
-        row = {
-            "workload": name,
-            "batch": batch,
-            "traced_exact_peak": point.exact_peak,
-            "real_cpu_peak": peak,
-            "err": _err(point.exact_peak, peak),
-        }
-        rows.append(row)
-        print(row, flush=True)
-    errs = [abs(r["err"]) for r in rows if r["err"] is not None]
+    for name, factory, sizes, group in cases:
+        if only and name not in only:
+            continue
+        for batch in sizes:
+            step = factory()
+            row: dict[str, Any] = {"workload": name, "group": group, "batch": batch}
+            try:
+                point = estimate_torch(step.build, step.step, step.make_batch, [batch]).points[0]
+            except EstimateError as exc:
+                row.update(refused=str(exc), traced_exact_peak=None, real_cpu_peak=None, err=None)
+                rows.append(row)
+                print(row, flush=True)
+                continue
+            peak = real_cpu_peak(factory(), batch)
+            row.update(
+                traced_exact_peak=point.exact_peak,
+                real_cpu_peak=peak,
+                err=_err(point.exact_peak, peak),
+            )
+            rows.append(row)
+            print(row, flush=True)
     summary = {
         "torch": torch.__version__,
-        "mean_abs_error": sum(errs) / len(errs),
-        "worst_abs_error": max(errs),
+        "all": _errors(rows),
+        "ours": _errors([r for r in rows if r["group"] == "ours"]),
+        "third_party": _errors([r for r in rows if r["group"] == "third_party"]),
     }
     return rows, summary
 
@@ -325,21 +377,27 @@ def _markdown_cpu(rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
         "|---|---:|---:|---:|---:|",
     ]
     for r in rows:
+        err = "refused" if r.get("refused") else _pct(r["err"])
         lines.append(
             f"| {r['workload']} | {r['batch']} | {_mib(r['real_cpu_peak'])} | "
-            f"{_mib(r['traced_exact_peak'])} | {_pct(r['err'])} |"
+            f"{_mib(r['traced_exact_peak'])} | {err} |"
         )
-    lines += [
-        "",
-        f"mean |err| {_abs_pct(summary['mean_abs_error'])}, "
-        f"worst {_abs_pct(summary['worst_abs_error'])}",
-    ]
+    lines.append("")
+    for key, label in (("third_party", "third-party"), ("ours", "memfit's 12"), ("all", "all")):
+        part = summary[key]
+        if not part["cases"]:
+            continue
+        lines.append(
+            f"{label}: {part['cases']} cases, {part['refused']} refused, mean |err| "
+            f"{_abs_pct(part['mean_abs_error'])}, worst {_abs_pct(part['worst_abs_error'])}"
+        )
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--cpu", action="store_true", help="CPU check: trace vs real CPU run")
+    parser.add_argument("--only", help="comma-separated workload names (CPU mode)")
     parser.add_argument(
         "--jobs", type=int, default=1, help="GPU mode: cases measured side by side (default 1)"
     )
@@ -366,11 +424,11 @@ def main(argv: list[str] | None = None) -> int:
         rows, summary = run_gpu(max(1, args.jobs))
         stem, markdown = "accuracy", _markdown_gpu(rows, summary)
     else:
-        rows, summary = run_cpu()
+        rows, summary = run_cpu(set(args.only.split(",")) if args.only else None)
         stem, markdown = "accuracy_cpu", _markdown_cpu(rows, summary)
     summary["date"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     summary["machine"] = f"{platform.node()} {platform.machine()} {os.cpu_count()} CPUs"
-    summary["command"] = "python bench/accuracy.py" + (" --cpu" if args.cpu else "")
+    summary["command"] = "python bench/accuracy.py " + " ".join(argv or sys.argv[1:])
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"{stem}.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=2))
     (OUT / f"{stem}.md").write_text(markdown)

@@ -1,5 +1,6 @@
-"""Speed and footprint of ``estimate_torch``: ResNet-18-like + Adam at batch 64, and a model
-whose predicted peak is far beyond this machine's memory.
+"""Speed and footprint of ``estimate_torch``: ResNet-18-like + Adam at batch 64 (with and
+without measuring kernel scratch, which runs each distinct convolution once for real), and a
+model whose predicted peak is far beyond this machine's memory.
 
 Each case runs in a fresh subprocess so its peak RSS is its own. Writes
 ``bench/out/estimate_speed.json`` and ``.md`` and prints the table.
@@ -26,6 +27,7 @@ sys.path.insert(0, str(HERE))
 
 CASES = {
     "resnet18_224_adam_b64": 64,
+    "resnet18_224_adam_b64_no_scratch": 64,  # kernel_scratch=False: the trace alone
     "linear_100k_adam_b8": 8,
 }
 
@@ -36,7 +38,7 @@ def _case(name: str) -> dict[str, Any]:
 
     from memfit.estimate.torch_trace import estimate_torch
 
-    if name == "resnet18_224_adam_b64":
+    if name.startswith("resnet18_224_adam_b64"):
         step = W.make_resnet18(224)
         build, fn, make = step.build, step.step, step.make_batch
     else:
@@ -54,7 +56,7 @@ def _case(name: str) -> dict[str, Any]:
 
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     start = time.perf_counter()
-    est = estimate_torch(build, fn, make, [CASES[name]])
+    est = estimate_torch(build, fn, make, [CASES[name]], kernel_scratch="no_scratch" not in name)
     seconds = time.perf_counter() - start
     rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     point = est.points[0]

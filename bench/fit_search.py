@@ -75,6 +75,7 @@ from torch import nn
 
 from memfit.errors import InfeasiblePlan
 from memfit.estimate import TorchStep
+from memfit.runtime import fit as fit_mod
 from memfit.runtime.fit import fit, trace_prior
 from memfit.runtime.oom import is_oom
 from memfit.runtime.simulate import simulate_gpu
@@ -637,8 +638,9 @@ def compare(
     """Every method on one workload and budget; ``lightning`` picks the Lightning rows
     (``"real"``: the installed ``BatchSizeFinder``; ``"reimplemented"``: the rule above)."""
     t0 = time.perf_counter()
-    prior0 = trace_prior(workload.step, low=1, high=HIGH, budget=budget, margin=0.0)
-    prior5 = trace_prior(workload.step, low=1, high=HIGH, budget=budget, margin=0.05)
+    device = "cuda" if cuda else "cpu"
+    prior0 = trace_prior(workload.step, low=1, high=HIGH, budget=budget, margin=0.0, device=device)
+    prior5 = trace_prior(workload.step, low=1, high=HIGH, budget=budget, margin=0.05, device=device)
     trace_s = round(time.perf_counter() - t0, 2)
     Search = Callable[[Trial], int] | Callable[[Workload, int, bool], dict[str, Any]]
     methods: list[tuple[str, Search, float]] = [
@@ -791,16 +793,266 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+# -- the CUDA allocator replayed on the CPU (--replayed) ------------------------------------------
+#
+# On a GPU a probe's reserved memory is a step function of the batch (20 MiB segments, cached
+# blocks given back at the cap). Without a GPU, the "device" here is the caching allocator
+# model (memfit.core.allocator) replaying a step's allocations under the same cap that
+# set_per_process_memory_fraction puts on the real allocator, with what a fake-tensor trace
+# does not see on a real GPU added on purpose. memfit.fit runs unchanged against it (its CUDA
+# meter replaced by one that replays), with a prior traced on the CPU; the rule of the H100
+# run (an affine line through reserved peaks) runs beside it on the same device.
+
+#: Perturbations of the traced sequence: what the real GPU adds that the trace cannot see.
+PERTURBATIONS = {
+    "exact": "the trace's own allocations",
+    "mild": "activations 3% larger, a kernel workspace (0.5 MiB + 64 B per item) around every "
+    "tenth allocation",
+    "unknown-ws": "mild, and an 8.125 MiB workspace the trace knows nothing of, all run long",
+}
+REPLAYED_AT = (768, 2304, 6144)
+
+
+def perturbed(traced: Any, kind: str) -> Any:
+    """The traced :class:`~memfit.estimate.sequence.SequenceModel` as a real GPU runs it."""
+    from memfit.estimate.sequence import SequenceModel
+
+    if kind == "exact":
+        return traced
+    allocs: list[bool] = []
+    records: list[int] = []
+    intercepts: list[float] = []
+    slopes: list[float] = []
+    extra = max(traced.records) + 1
+    if kind == "unknown-ws":
+        allocs.append(True)
+        records.append(extra)
+        intercepts.append(8.125 * MiB)
+        slopes.append(0.0)
+        extra += 1
+    count = 0
+    for is_alloc, record, a, b in zip(
+        traced.allocs, traced.records, traced.intercepts, traced.slopes, strict=True
+    ):
+        allocs.append(is_alloc)
+        records.append(record)
+        intercepts.append(a)
+        slopes.append(b * 1.03)
+        if is_alloc:
+            count += 1
+            if count % 10 == 0:
+                for flag in (True, False):
+                    allocs.append(flag)
+                    records.append(extra)
+                    intercepts.append(0.5 * MiB)
+                    slopes.append(64.0)
+                extra += 1
+    return SequenceModel(tuple(allocs), tuple(records), tuple(intercepts), tuple(slopes))
+
+
+class ReplayedCuda(fit_mod._CudaMeter):
+    """memfit.fit's CUDA meter, with the allocator model under the cap as the GPU."""
+
+    def __init__(self, gpu: Any, budget: int) -> None:
+        super().__init__(0)
+        self.name = "cuda:replayed"
+        self.gpu = gpu
+        self.budget = budget
+        self.cap: int | None = None
+        self.peaks = (0, 0)
+
+    def default_budget(self) -> int:
+        return self.budget
+
+    @contextmanager
+    def capped(self, budget: int) -> Iterator[None]:
+        self.cap = budget
+        try:
+            yield
+        finally:
+            self.cap = None
+
+    def before_probe(self) -> None:
+        self.peaks = (0, 0)
+
+    def after_probe(self) -> int | None:
+        self.last_reserved = self.peaks[1]
+        return self.peaks[0]
+
+    def release(self) -> None:
+        pass
+
+    def run(self, value: int) -> None:
+        got = self.gpu.replay(value, limit_bytes=self.cap)
+        self.peaks = (got.allocated_peak, got.reserved_peak)
+        if not got.fits:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB")
+
+
+def replayed_true_max(gpu: Any, budget: int, margin: float) -> int:
+    """The largest batch that runs under the cap with its reserved peak within the margin:
+    a bisection, then every batch up to 35% above it: a step function need not be monotone
+    (a batch can run where a smaller one broke the margin, its segments packed otherwise)."""
+    target = int(budget * (1 - margin))
+
+    def fits(v: int) -> bool:
+        return bool(gpu.replay(v, limit_bytes=budget, target_bytes=target).fits)
+
+    lo, hi = 0, HIGH
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    best = lo
+    for v in range(lo + 1, min(HIGH, int(lo * 1.35) + 1) + 1):
+        if fits(v):
+            best = v
+    return best
+
+
+def reserved_line_search(gpu: Any, budget: int, margin: float, prior: Any) -> tuple[int, int]:
+    """The H100 run's rule: the affine search over reserved peaks with the reserved-level
+    prior, under the cap; returns (value, probes)."""
+    from memfit.core.search import Probe, best_probe, next_probe
+
+    search_prior = fit_mod.prior_from(prior, reserved=True)
+    history: list[Any] = []
+    while len(history) < 16:
+        value = next_probe(
+            history, low=1, high=HIGH, budget=budget, margin=margin, prior=search_prior
+        )
+        if value is None:
+            break
+        got = gpu.replay(value, limit_bytes=budget)
+        history.append(Probe(value, got.reserved_peak, got.fits))
+    best = best_probe(history, budget=budget, margin=margin)
+    return (best.value if best is not None else 0), len(history)
+
+
+def replayed_case(workload: Workload, kind: str, at: int, margin: float) -> dict[str, Any]:
+    """One workload, perturbation, budget and margin on the replayed allocator."""
+    from memfit.estimate.torch_trace import estimate_torch
+
+    step = workload.step
+    base = estimate_torch(
+        step.build, step.step, step.make_batch, [1024, 4096], kernel_scratch=False
+    )
+    assert base.sequence is not None
+    gpu = perturbed(base.sequence, kind)
+    budget = int(gpu.replay(at).reserved_peak / (1 - margin))
+    truth = replayed_true_max(gpu, budget, margin)
+    prior = trace_prior(step, low=1, high=HIGH, budget=budget, margin=margin, device="cuda")
+    meter = ReplayedCuda(gpu, budget)
+    chooser = fit_mod._choose_meter
+    fit_mod._choose_meter = lambda device: meter  # type: ignore[assignment]
+    try:
+        result = fit(meter.run, low=1, high=HIGH, budget=budget, margin=margin, prior=prior)
+        value, probes, ooms = result.value, len(result.probes), result.oom_count
+    except InfeasiblePlan:
+        value, probes, ooms = 0, 0, 0
+    finally:
+        fit_mod._choose_meter = chooser  # type: ignore[assignment]
+    old_value, old_probes = reserved_line_search(gpu, budget, margin, prior)
+    return {
+        "workload": workload.name,
+        "perturbation": kind,
+        "budget_at": at,
+        "budget_bytes": budget,
+        "margin": margin,
+        "true_max": truth,
+        "value": value,
+        "probes": probes,
+        "ooms": ooms,
+        "fraction": round(value / truth, 4) if truth else None,
+        "above_max": value > truth,
+        "reserved_line_value": old_value,
+        "reserved_line_probes": old_probes,
+        "reserved_line_fraction": round(old_value / truth, 4) if truth else None,
+    }
+
+
+def replayed_markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    lines = [
+        f"{meta['date']}, {meta['machine']}, torch {meta['torch']}: `{meta['command']}`",
+        "",
+        "| workload | device adds | budget (reserved at) | margin | true max | memfit: value "
+        "(fraction) | probes | OOMs | reserved-line rule: value (fraction) | probes |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        frac = "n/a" if r["fraction"] is None else f"{100 * r['fraction']:.1f}%"
+        old = (
+            "n/a"
+            if r["reserved_line_fraction"] is None
+            else (f"{100 * r['reserved_line_fraction']:.1f}%")
+        )
+        lines.append(
+            f"| {r['workload']} | {r['perturbation']} | {r['budget_bytes'] / MiB:.1f} MiB "
+            f"({r['budget_at']}) | {r['margin']:.0%} | {r['true_max']} | {r['value']} ({frac}) "
+            f"| {r['probes']} | {r['ooms']} | {r['reserved_line_value']} ({old}) | "
+            f"{r['reserved_line_probes']} |"
+        )
+    lines.append("")
+    for kind in PERTURBATIONS:
+        part = [r for r in rows if r["perturbation"] == kind and r["fraction"] is not None]
+        if not part:
+            continue
+        goal = sum(1 for r in part if r["fraction"] >= 0.97 and r["probes"] <= 3)
+        lines.append(
+            f"{kind} ({PERTURBATIONS[kind]}): {len(part)} cases; memfit min "
+            f"{100 * min(r['fraction'] for r in part):.1f}%, mean probes "
+            f"{sum(r['probes'] for r in part) / len(part):.1f}, >= 97% in <= 3 probes: "
+            f"{goal}/{len(part)}, above max: {sum(r['above_max'] for r in part)}; "
+            f"reserved-line rule min "
+            f"{100 * min(r['reserved_line_fraction'] for r in part):.1f}%, mean probes "
+            f"{sum(r['reserved_line_probes'] for r in part) / len(part):.1f}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main_replayed() -> int:
+    rows = []
+    for workload in WORKLOADS:
+        for kind in PERTURBATIONS:
+            for at in REPLAYED_AT:
+                for margin in (0.0, 0.05):
+                    rows.append(replayed_case(workload, kind, at, margin))
+                    print(rows[-1], file=sys.stderr, flush=True)
+    meta = {
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{platform.node()} ({os.cpu_count()} CPU cores, {platform.system()})",
+        "torch": torch.__version__,
+        "command": "python bench/fit_search.py --replayed",
+    }
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "fit_search_replayed.json").write_text(
+        json.dumps({"meta": meta, "rows": rows}, indent=2)
+    )
+    text = replayed_markdown(rows, meta)
+    (OUT / "fit_search_replayed.md").write_text(text)
+    print(text)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="one budget per workload")
     parser.add_argument("--cuda", action="store_true", help="run on the CUDA GPU")
+    parser.add_argument(
+        "--replayed",
+        action="store_true",
+        help="memfit's CUDA search on the caching allocator model replayed on the CPU",
+    )
     parser.add_argument(
         "--reimplemented",
         action="store_true",
         help="also run the re-implemented Lightning rules beside the real BatchSizeFinder",
     )
     args = parser.parse_args(argv)
+    if args.replayed:
+        return main_replayed()
     if args.cuda and not torch.cuda.is_available():
         print("--cuda: torch sees no CUDA device here", file=sys.stderr)
         return 2

@@ -3,14 +3,18 @@
 #
 #   bash bench/gpu_session.sh OUTDIR [SECONDS]
 #
-# Three lanes run side by side (each check measures its own process's allocator, so they do not
+# Four lanes run side by side (each check measures its own process's allocator, so they do not
 # disturb each other's figures; the timing benchmark runs alone at the end):
 #   A: pytest tests/gpu tests/runtime/test_fit_cuda.py
 #   B: python bench/accuracy.py --jobs 6
 #   C: python bench/fit_search.py --cuda --quick, python bench/recorder_overhead.py, then
 #      python bench/query_cost.py
+#   D: python bench/gpu_truth.py --jobs 4 (the GPU truth corpus: tests/data/gpu_truth/<gpu>/;
+#      entries already stored are skipped, so a second session goes on where one stopped),
+#      then python bench/gpu_truth.py --report (the replay table)
 # then python bench/guard_overhead.py (its DDP part runs two gloo processes on the CPU).
-# Logs go to OUTDIR/*.log and the benchmarks' own files (bench/out) to OUTDIR/bench_out.tar.gz.
+# Logs go to OUTDIR/*.log, the benchmarks' own files (bench/out) to OUTDIR/bench_out.tar.gz and
+# the corpus to OUTDIR/gpu_truth.tar.gz (commit tests/data/gpu_truth/ from the repository).
 set -uo pipefail
 out=${1:?usage: bash bench/gpu_session.sh OUTDIR [SECONDS]}
 budget=${2:-540}
@@ -33,11 +37,18 @@ lane_a >"$out/pytest_gpu.log" 2>&1 &
 a=$!
 lane_b >"$out/accuracy.log" 2>&1 &
 b=$!
+lane_d() {
+  timeout $(( budget * 2 / 3 )) python3 bench/gpu_truth.py --jobs 4
+  timeout $(( budget / 6 )) python3 bench/gpu_truth.py --report
+}
 lane_c >"$out/fit_recorder.log" 2>&1 &
 c=$!
+lane_d >"$out/gpu_truth.log" 2>&1 &
+d=$!
 wait $a; echo "pytest rc=$?" >>"$out/summary.log"
 wait $b; echo "accuracy rc=$?" >>"$out/summary.log"
 wait $c; echo "fit/recorder rc=$?" >>"$out/summary.log"
+wait $d; echo "gpu_truth rc=$?" >>"$out/summary.log"
 t=$(left)
 if [ "$t" -gt 60 ]; then
   timeout $(( t - 15 )) python3 bench/guard_overhead.py >"$out/guard_overhead.log" 2>&1
@@ -52,4 +63,5 @@ if [ "$t" -gt 120 ]; then
 fi
 # --- end of issue 13 block ----------------------------------------------------------------------
 tar czf "$out/bench_out.tar.gz" bench/out 2>/dev/null
+tar czf "$out/gpu_truth.tar.gz" tests/data/gpu_truth 2>/dev/null
 cat "$out/summary.log"

@@ -1,12 +1,23 @@
 """Shared test setup.
 
+Hypothesis runs the deterministic ``ci`` profile unless ``HYPOTHESIS_PROFILE`` names another.
 Every test under ``tests/gpu/`` is marked ``gpu``; ``gpu`` tests skip themselves where torch has
 no CUDA device (this machine and CI), and run on a machine that has one.
 """
 
 from __future__ import annotations
 
+import os
+
 import pytest
+from hypothesis import settings
+
+# Property tests run the same examples on every run (CI must be deterministic): the "ci"
+# profile derandomizes hypothesis and keeps no example database between runs. To search for
+# new counterexamples, run with HYPOTHESIS_PROFILE=explore (random examples).
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+settings.register_profile("explore", derandomize=False, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def _cuda_available() -> bool:

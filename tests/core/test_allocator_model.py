@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memfit.core.allocator import AllocatorModel
-from memfit.errors import ConfigError
+from memfit.errors import ConfigError, OutOfMemory
 
 KiB = 1024
 MiB = 1024 * 1024
@@ -188,6 +188,85 @@ def test_peaks_stay_after_frees() -> None:
     assert m.allocated_bytes == 0
     assert m.peak_allocated_bytes == 9 * MiB
     assert m.peak_reserved_bytes == m.reserved_bytes == 20 * MiB
+
+
+def test_a_block_freed_on_one_stream_is_not_reused_on_another() -> None:
+    m = AllocatorModel()
+    a = m.malloc(4 * MiB, stream=1)
+    m.free(a)
+    m.malloc(4 * MiB, stream=2)  # stream 1's cached 20 MiB segment does not serve stream 2
+    assert m.segment_count == 2
+    assert m.reserved_bytes == 40 * MiB
+    m.malloc(4 * MiB, stream=1)  # but it serves stream 1 again
+    assert m.segment_count == 2
+
+
+def test_at_the_limit_cached_segments_go_back_before_an_out_of_memory() -> None:
+    m = AllocatorModel(limit_bytes=44 * MiB)
+    a = m.malloc(12 * MiB)  # segment of 12 MiB
+    b = m.malloc(12 * MiB)  # another 12 MiB: 24 MiB reserved
+    m.free(a)
+    m.free(b)  # both cached, whole: reserved stays 24 MiB
+    assert m.reserved_bytes == 24 * MiB
+    m.malloc(30 * MiB)  # 24 + 30 > 44: both cached segments are given back, then it fits
+    assert m.reserved_bytes == 30 * MiB
+    assert m.peak_reserved_bytes == 30 * MiB
+    assert m.num_segment_frees == 2 and m.num_alloc_retries == 1
+    with pytest.raises(OutOfMemory, match="cannot fit") as info:
+        m.malloc(16 * MiB)  # 30 + 16 > 44 and nothing cached is whole: out of memory
+    assert info.value.requested_bytes == 16 * MiB
+
+
+def test_a_split_segment_is_not_given_back() -> None:
+    m = AllocatorModel()
+    keep = m.malloc(3 * MiB)  # splits a 20 MiB segment
+    m.free(m.malloc(3 * MiB))
+    m.empty_cache()
+    assert m.reserved_bytes == 20 * MiB  # in use by `keep`
+    m.free(keep)
+    m.empty_cache()
+    assert m.reserved_bytes == 0
+
+
+def test_with_max_split_size_an_oversize_segment_goes_back_first() -> None:
+    m = AllocatorModel(max_split_size=32 * MiB, limit_bytes=70 * MiB)
+    big = m.malloc(40 * MiB)  # oversize: its own 40 MiB segment, never split
+    mid = m.malloc(12 * MiB)  # a 12 MiB segment: 52 MiB reserved
+    m.free(big)
+    m.free(mid)
+    # 24 MiB may not take the cached oversize block; a new 24 MiB segment would make 76 > 70:
+    # release_available_cached_blocks gives back the oversize one (>= max_split_size) only.
+    m.malloc(24 * MiB)
+    assert m.reserved_bytes == 12 * MiB + 24 * MiB
+    assert m.num_segment_frees == 1
+
+
+def test_when_oversize_segments_do_not_free_enough_every_cached_segment_goes() -> None:
+    m = AllocatorModel(max_split_size=32 * MiB, limit_bytes=100 * MiB)
+    big = m.malloc(40 * MiB)
+    small = m.malloc(3 * MiB)  # a 20 MiB segment
+    m.free(big)
+    m.free(small)
+    # 60 MiB: 60 + 60 > 100. The 40 MiB oversize segment is released but is less than 60,
+    # so (as in PyTorch) the next step gives back every cached unsplit segment.
+    m.malloc(60 * MiB)
+    assert m.reserved_bytes == 60 * MiB
+    assert m.num_segment_frees == 2
+
+
+def test_expandable_segments_unmap_their_free_tail_pages() -> None:
+    m = AllocatorModel(expandable_segments=True)
+    a = m.malloc(30 * MiB)  # maps two 20 MiB pages
+    b = m.malloc(5 * MiB)  # fits in the mapped 40 MiB
+    assert m.reserved_bytes == 40 * MiB
+    m.free(b)
+    m.empty_cache()  # the free tail [30, 40) MiB holds no whole page
+    assert m.reserved_bytes == 40 * MiB
+    m.free(a)
+    m.empty_cache()
+    assert m.reserved_bytes == 0
+    m.malloc(2 * MiB)  # maps a large-pool page again
+    assert m.reserved_bytes == 20 * MiB
 
 
 @settings(max_examples=60, deadline=None)

@@ -72,8 +72,8 @@ CASES: list[tuple[str, Any, int, float]] = [
     ("checkpointed_mlp", lambda: W.make_checkpointed_mlp(128, 4), 64, 0.002),
     ("dqn_cnn", lambda: W.make_dqn_cnn(84), 8, 0.002),
     # The CPU flash-attention kernel of scaled_dot_product_attention allocates scratch
-    # buffers inside the kernel, which no dispatcher-level tracker sees.
-    ("transformer_block", lambda: W.make_transformer_block(64, 16), 8, 0.03),
+    # buffers inside the kernel; the tracer measures them (memfit.estimate.kernels).
+    ("transformer_block", lambda: W.make_transformer_block(64, 16), 8, 0.002),
 ]
 
 
@@ -84,9 +84,9 @@ def test_trace_peak_matches_real_cpu_run(name: str, factory: Any, batch: int, to
     traced = estimate.points[0].exact_peak
     real = real_cpu_peak(step, batch)
     assert traced == pytest.approx(real, rel=tol), (name, traced, real)
-    # The tracker never claims more than the real allocator used (it can only miss
-    # kernel-internal scratch), beyond a few bytes of scalar bookkeeping.
-    assert traced <= real + 64
+    # The tracker never claims more than the real allocator used, beyond a few bytes of
+    # scalar bookkeeping and what a kernel's scratch varies between runs.
+    assert traced <= real * 1.001 + 64
 
 
 def _mlp_step(hidden: int = 512) -> TorchStep:

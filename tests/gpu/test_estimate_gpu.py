@@ -81,3 +81,38 @@ def test_jax_compiled_peak_matches_peak_bytes_in_use() -> None:
     est = estimate_jax(step.fn, *step.make_args(sizes[1]))
     real = _real("jax", "jax_ppo_update", sizes[1])
     assert est.executable_peak_bytes == pytest.approx(real["peak_bytes_in_use"], rel=0.10)
+
+
+def test_gpu_truth_capture_on_cuda_tags_ops_and_its_trace_replays() -> None:
+    """bench/gpu_truth.py's capture on a real GPU, in a fresh process: the allocator trace
+    has the ops on its allocations, its segment events add up to max_memory_reserved, and
+    the allocator model replays it to the same reserved peak (within 1%)."""
+    import tempfile
+
+    from memfit.estimate.truth import Trace, replay
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "child.json"
+        subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "bench" / "gpu_truth.py"),
+                "--child",
+                "torch",
+                "ppo_mlp_small",
+                "1024",
+                "1",
+                str(out),
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        got = json.loads(out.read_text())
+    assert not got["dropped"]
+    trace = Trace.from_json(got["trace"])
+    ops = {e.op for e in trace.events() if e.action == "alloc"}
+    assert any(op and ("mm" in op or "addmm" in op) for op in ops), ops
+    result = replay(trace)
+    assert result.real_reserved_peak == got["max_reserved"]
+    assert result.model_reserved_peak == pytest.approx(result.real_reserved_peak, rel=0.01)

@@ -3,7 +3,9 @@
 Facts from ``c10/cuda/CUDACachingAllocator.cpp`` (see shared REFERENCE.md): every block is
 rounded up to a multiple of 512 bytes; requests of at most 1 MiB use the small pool (2 MiB
 segments); requests up to 10 MiB get a 20 MiB segment; larger ones a segment rounded up to
-2 MiB.
+2 MiB. Free blocks are cached per stream and chosen best-fit; a memory limit (the device's
+free memory, or ``set_per_process_memory_fraction``) makes the allocator give cached segments
+back before it reports out of memory.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from memfit.errors import ConfigError
+from memfit.errors import ConfigError, OutOfMemory
 
 __all__ = [
     "K_LARGE_BUFFER",
@@ -65,24 +67,32 @@ def segment_size(nbytes: int) -> int:
 # (PyTorch 2.x):
 #
 # * ``get_pool``: a rounded request of at most ``kSmallSize`` (1 MiB) uses the small pool.
-# * ``get_free_block``: best fit, the free block with the smallest ``(size, address)`` that holds
-#   the request (``pool.blocks.lower_bound``); with ``max_split_size`` set, a request below it
-#   never takes a block at or above it ("do not return an oversized block for a large
-#   request"), and a request at or above it never takes a block ``kLargeBuffer`` or more larger
-#   than itself.
-# * ``alloc_block``: no free block fits -> a new segment of ``get_allocation_size(size)`` bytes
-#   (:func:`segment_size`).
+# * ``get_free_block``: best fit among the free blocks *of the request's stream*, the one with
+#   the smallest ``(size, address)`` that holds the request (the C++ set orders blocks by
+#   stream, size and address and ``lower_bound`` must land on the same stream); with
+#   ``max_split_size`` set, a request below it never takes a block at or above it ("do not
+#   return an oversized block for a large request"), and a request at or above it never takes
+#   a block ``kLargeBuffer`` (20 MiB, ``max_non_split_rounding_size``) or more larger.
+# * ``alloc_block``: no free block fits -> a new segment of ``get_allocation_size(size)``
+#   bytes (:func:`segment_size`), unless that would take the allocator past its limit; then
+#   ``release_available_cached_blocks`` (only with ``max_split_size`` set: free cached
+#   oversize segments of the stream, largest first, until the request's size is freed), retry;
+#   then ``release_cached_blocks`` (every free, unsplit segment of every pool and stream),
+#   retry; then out of memory.
 # * ``should_split``: in the small pool (or with expandable segments) split when the remainder
 #   is at least ``kMinBlockSize`` (512 B); in the large pool only when the request is below
 #   ``max_split_size`` and the remainder is more than ``kSmallSize`` (1 MiB). An unsplit block
 #   counts whole in ``allocated_bytes``.
 # * ``free_block`` / ``try_merge_blocks``: a freed block merges with free neighbours of the same
-#   segment and goes back to its pool; segments are only returned by ``empty_cache``.
-# * Expandable segments (``ExpandableSegment``): one growing segment per pool, mapped in pages of
-#   ``kSmallBuffer`` (2 MiB) in the small pool and ``kLargeBuffer`` (20 MiB) in the large pool.
-#   For best fit the free block at the end of the mapped range ranks by the size it can grow
-#   to, so any other free block that holds the request is preferred; when none holds it, the
-#   free tail plus newly mapped pages serve it (``try_allocate_expandable_block``).
+#   segment and goes back to its pool; segments are only returned by ``empty_cache`` or the
+#   release steps above. A free that waits on other streams' events (``record_stream``) is
+#   replayed at its ``free_completed`` event, not at ``free_requested``.
+# * Expandable segments (``ExpandableSegment``): one growing segment per pool and stream,
+#   mapped in pages of ``kSmallBuffer`` (2 MiB) in the small pool and ``kLargeBuffer`` (20 MiB)
+#   in the large pool. For best fit the free block at the end of the mapped range ranks by the
+#   size it can grow to, so any other free block that holds the request is preferred; when
+#   none holds it, the free tail plus newly mapped pages serve it
+#   (``try_allocate_expandable_block``). Releasing unmaps the free tail's whole pages.
 
 _NO_LIMIT = 1 << 62
 
@@ -92,6 +102,7 @@ class _Block:
     """A contiguous range of one segment: allocated, or free in its pool."""
 
     small: bool
+    stream: int
     segment: int
     address: int
     size: int
@@ -102,9 +113,10 @@ class _Block:
 
 @dataclass
 class _Pool:
-    """Free blocks of one pool, kept sorted by ``(size, address)`` as the C++ ``std::set``."""
+    """Free blocks of one pool and stream, sorted by ``(size, address)`` as the C++ set."""
 
     small: bool
+    stream: int
     keys: list[tuple[int, int]] = field(default_factory=list)
     blocks: dict[tuple[int, int], _Block] = field(default_factory=dict)
     # Expandable segments: the pool's one segment, its mapped bytes, its last block.
@@ -125,27 +137,39 @@ class _Pool:
 
 
 class AllocatorModel:
-    """Replay of PyTorch's CUDA caching allocator on one stream: allocated -> reserved.
+    """Replay of PyTorch's CUDA caching allocator: allocated -> reserved.
 
-    Feed it the allocation sequence of a step (``malloc`` / ``free`` in program order) and it
-    tracks what ``torch.cuda.memory_allocated`` and ``memory_reserved`` would read, and their
-    peaks. Nothing is allocated; blocks are bookkeeping over virtual addresses.
+    Feed it the allocation sequence of a step (``malloc`` / ``free`` in program order, each on
+    its stream) and it tracks what ``torch.cuda.memory_allocated`` and ``memory_reserved``
+    would read, and their peaks. Nothing is allocated; blocks are bookkeeping over virtual
+    addresses.
 
     Args:
         expandable_segments: Model ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``.
         max_split_size: Model ``max_split_size_mb`` (given here in bytes); ``None`` = unlimited.
+        limit_bytes: Most bytes the allocator may reserve (the device's memory left for the
+            process, or the cap ``set_per_process_memory_fraction`` sets); ``None`` = no limit.
+            At the limit it gives cached segments back, then raises
+            :class:`~memfit.errors.OutOfMemory` as PyTorch does.
 
     Raises:
-        ConfigError: When ``max_split_size`` is not more than 20 MiB (PyTorch refuses it too).
+        ConfigError: When ``max_split_size`` is not more than 20 MiB (PyTorch refuses it too)
+            or ``limit_bytes`` is negative.
 
     >>> m = AllocatorModel()
     >>> a = m.malloc(1000); b = m.malloc(3 << 20)
     >>> m.allocated_bytes == 1024 + (3 << 20), m.reserved_bytes == (2 << 20) + (20 << 20)
     (True, True)
+    >>> c = m.malloc(3 << 20, stream=7)  # another stream: its own segment
+    >>> m.reserved_bytes == (2 << 20) + 2 * (20 << 20)
+    True
     """
 
     def __init__(
-        self, expandable_segments: bool = False, max_split_size: int | None = None
+        self,
+        expandable_segments: bool = False,
+        max_split_size: int | None = None,
+        limit_bytes: int | None = None,
     ) -> None:
         if max_split_size is not None and max_split_size <= K_LARGE_BUFFER:
             raise ConfigError(
@@ -153,10 +177,12 @@ class AllocatorModel:
                 key_path="max_split_size_mb",
                 hint="use a value above 20 (MiB), or leave it unset",
             )
+        if limit_bytes is not None and limit_bytes < 0:
+            raise ConfigError(f"limit_bytes must be >= 0, got {limit_bytes}", key_path="limit")
         self.expandable_segments = expandable_segments
         self.max_split_size = _NO_LIMIT if max_split_size is None else max_split_size
-        self._small = _Pool(small=True)
-        self._large = _Pool(small=False)
+        self.limit_bytes = _NO_LIMIT if limit_bytes is None else limit_bytes
+        self._pools: dict[tuple[int, bool], _Pool] = {}
         self._handles: dict[int, _Block | None] = {}
         self._next_handle = 1
         self._next_address = 0
@@ -166,6 +192,8 @@ class AllocatorModel:
         self.peak_allocated_bytes = 0
         self.peak_reserved_bytes = 0
         self.num_mallocs = 0
+        self.num_alloc_retries = 0
+        self.num_segment_frees = 0
 
     # -- public -----------------------------------------------------------------------------
 
@@ -179,14 +207,16 @@ class AllocatorModel:
         """Bytes reserved but not allocated (cached free blocks, the fragmentation headroom)."""
         return self.reserved_bytes - self.allocated_bytes
 
-    def malloc(self, nbytes: int) -> int:
-        """Allocate ``nbytes`` and return a handle for :meth:`free`.
+    def malloc(self, nbytes: int, stream: int = 0) -> int:
+        """Allocate ``nbytes`` on ``stream`` and return a handle for :meth:`free`.
 
         A zero-byte request gets a handle but no block, as ``cudaMalloc``-free ``nullptr``
         allocations in PyTorch.
 
         Raises:
             ConfigError: When ``nbytes`` is negative.
+            OutOfMemory: When the request does not fit under ``limit_bytes`` even after the
+                cached segments are given back.
         """
         if nbytes < 0:
             raise ConfigError(f"cannot allocate a negative size: {nbytes}", hint="pass bytes >= 0")
@@ -196,13 +226,32 @@ class AllocatorModel:
             self._handles[handle] = None
             return handle
         size = round_size(nbytes)
-        pool = self._small if size <= K_SMALL_SIZE else self._large
+        pool = self._pool(stream, size <= K_SMALL_SIZE)
         block = self._get_free_block(pool, size)
         if block is None:
             block = self._alloc_block(pool, size)
+        if block is None and self._release_available(pool, size):
+            self.num_alloc_retries += 1
+            block = self._alloc_block(pool, size)
+        if block is None:
+            self.num_alloc_retries += 1
+            self.empty_cache()
+            block = self._alloc_block(pool, size)
+        if block is None:
+            raise OutOfMemory(
+                f"the allocator model cannot fit {size} more bytes under its limit of "
+                f"{self.limit_bytes} ({self.reserved_bytes} reserved, "
+                f"{self.allocated_bytes} allocated)",
+                device="model",
+                requested_bytes=size,
+                free_bytes=max(0, self.limit_bytes - self.reserved_bytes),
+                budget_bytes=self.limit_bytes,
+                tried=["cached block", "new segment", "release cached segments"],
+            )
         if self._should_split(block, size):
             rest = _Block(
                 small=pool.small,
+                stream=pool.stream,
                 segment=block.segment,
                 address=block.address + size,
                 size=block.size - size,
@@ -237,7 +286,7 @@ class AllocatorModel:
         block = self._handles.pop(handle)
         if block is None:
             return
-        pool = self._small if block.small else self._large
+        pool = self._pool(block.stream, block.small)
         block.allocated = False
         self.allocated_bytes -= block.size
         for neighbour in (block.prev, block.next):
@@ -248,7 +297,25 @@ class AllocatorModel:
                     pool.tail = block
         pool.insert(block)
 
+    def empty_cache(self) -> None:
+        """Give every free, unsplit segment back (``torch.cuda.empty_cache()``); with
+        expandable segments, unmap the whole free pages at the end of each segment."""
+        for pool in self._pools.values():
+            for key in list(pool.keys):
+                block = pool.blocks[key]
+                if self.expandable_segments:
+                    if block is pool.tail:
+                        self._unmap_tail(pool, block)
+                elif block.prev is None and block.next is None:
+                    self._release(pool, block)
+
     # -- internals --------------------------------------------------------------------------
+
+    def _pool(self, stream: int, small: bool) -> _Pool:
+        pool = self._pools.get((stream, small))
+        if pool is None:
+            pool = self._pools[(stream, small)] = _Pool(small=small, stream=stream)
+        return pool
 
     def _page(self, pool: _Pool) -> int:
         return K_SMALL_BUFFER if pool.small else K_LARGE_BUFFER
@@ -278,29 +345,37 @@ class AllocatorModel:
             return False
         return not (size >= self.max_split_size and block_size >= size + K_LARGE_BUFFER)
 
-    def _alloc_block(self, pool: _Pool, size: int) -> _Block:
+    def _alloc_block(self, pool: _Pool, size: int) -> _Block | None:
+        """A new segment (or newly mapped pages) for ``size``, or ``None`` at the limit."""
         if not self.expandable_segments:
             seg = segment_size(size)
+            if self.reserved_bytes + seg > self.limit_bytes:
+                return None
             self._segments += 1
             block = _Block(
-                small=pool.small, segment=self._segments, address=self._next_address, size=seg
+                small=pool.small,
+                stream=pool.stream,
+                segment=self._segments,
+                address=self._next_address,
+                size=seg,
             )
             self._next_address += seg
             self._grow_reserved(seg)
             return block
+        # The free tail (if any) joins newly mapped pages; the tail was not taken because it
+        # was too small (a fitting tail is returned by _get_free_block).
+        tail = pool.tail
+        have = tail.size if tail is not None and not tail.allocated else 0
+        page = self._page(pool)
+        grow = page * ((size - have + page - 1) // page)
+        if self.reserved_bytes + grow > self.limit_bytes:
+            return None
         if pool.segment_id is None:
             self._segments += 1
             pool.segment_id = self._segments
             pool.mapped_bytes = 0
-        # The free tail (if any) joins newly mapped pages; the tail was not taken because it
-        # was too small (a fitting tail is returned by _get_free_block).
-        tail = pool.tail
-        have = 0
         if tail is not None and not tail.allocated:
             pool.remove(tail)
-            have = tail.size
-        page = self._page(pool)
-        grow = page * ((size - have + page - 1) // page)
         start = pool.mapped_bytes
         pool.mapped_bytes += grow
         self._grow_reserved(grow)
@@ -308,12 +383,67 @@ class AllocatorModel:
             tail.size += grow
             return tail
         block = _Block(
-            small=pool.small, segment=pool.segment_id, address=start, size=grow, prev=tail
+            small=pool.small,
+            stream=pool.stream,
+            segment=pool.segment_id,
+            address=start,
+            size=grow,
+            prev=tail,
         )
         if tail is not None:
             tail.next = block
         pool.tail = block
         return block
+
+    def _release_available(self, pool: _Pool, size: int) -> bool:
+        """``release_available_cached_blocks``: with ``max_split_size`` set, give back cached
+        oversize segments of this pool and stream, the smallest that holds the request or
+        else the largest first, until ``size`` bytes are freed."""
+        if self.max_split_size == _NO_LIMIT or self.expandable_segments:
+            return False
+        want = max(size, self.max_split_size)
+        whole = [
+            pool.blocks[k]
+            for k in pool.keys
+            if pool.blocks[k].prev is None and pool.blocks[k].next is None
+        ]
+        fitting = [b for b in whole if b.size >= want]
+        if fitting:
+            self._release(pool, fitting[0])
+            return True
+        released = 0
+        for block in sorted(
+            (b for b in whole if b.size >= self.max_split_size), key=lambda b: -b.size
+        ):
+            if released >= want:
+                break
+            self._release(pool, block)
+            released += block.size
+        return released >= want
+
+    def _release(self, pool: _Pool, block: _Block) -> None:
+        pool.remove(block)
+        self.reserved_bytes -= block.size
+        self.num_segment_frees += 1
+
+    def _unmap_tail(self, pool: _Pool, tail: _Block) -> None:
+        """Unmap the whole pages of a free tail (addresses count from the segment's start)."""
+        page = self._page(pool)
+        first_page = -(-tail.address // page) * page
+        unmapped = max(0, tail.address + tail.size - first_page)
+        if not unmapped:
+            return
+        pool.remove(tail)
+        tail.size -= unmapped
+        pool.mapped_bytes -= unmapped
+        self.reserved_bytes -= unmapped
+        self.num_segment_frees += 1
+        if tail.size:
+            pool.insert(tail)
+            return
+        pool.tail = tail.prev
+        if tail.prev is not None:
+            tail.prev.next = None
 
     def _grow_reserved(self, nbytes: int) -> None:
         self.reserved_bytes += nbytes

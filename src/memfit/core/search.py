@@ -142,6 +142,10 @@ class Prior:
             the predicted largest fitting value).
         uncertainty: How far the prior may be off, as a fraction of the predicted peak; the
             first probe is de-rated by it.
+        local: The prior's slope was traced near the answer (at the sizes the search heads
+            for): it is kept over a secant through probes that do not bracket the target,
+            which can span a kink of the curve (the peak moving from the optimizer update to
+            the activations) and read the slope low.
 
     Raises:
         ConfigError: When the prior is empty, or a number is negative, zero where it must be
@@ -153,6 +157,7 @@ class Prior:
     value: int | None = None
     peak_bytes: float | None = None
     uncertainty: float = 0.05
+    local: bool = False
 
     def __post_init__(self) -> None:
         if self.slope_bytes is None and self.value is None:
@@ -350,6 +355,8 @@ def _model(
         if below and above:
             (v1, p1), (v2, p2) = below[-1], above[0]
             resolved = p2 > p1
+        elif prior is not None and prior.local and prior_model is not None:
+            resolved = False  # the local slope beats a secant that may span a kink
         else:
             v2, p2 = points[-1]
             wide = [pt for pt in points[:-1] if pt[0] <= v2 // 2]

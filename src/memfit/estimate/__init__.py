@@ -7,11 +7,47 @@ imports torch or jax; the tracers do, when they run.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["JaxStep", "TorchStep"]
+__all__ = ["JaxStep", "TorchStep", "stand_in_scalars", "stand_in_scalars_active"]
+
+_STAND_IN = threading.local()
+
+
+@contextmanager
+def stand_in_scalars() -> Iterator[None]:
+    """Let values read to Python inside this block stand in as zeros under a memfit trace.
+
+    A fake-tensor trace knows every tensor's shape but none of its values, so a step that
+    reads one (``loss.item()``, ``float(t)``, ``bool(t)``, ``t.tolist()``, ``t.numpy()``) is
+    refused. Where the value only feeds logging, a progress bar or a check, as the
+    ``loss.item()`` inside many libraries' training loops, wrap the call::
+
+        with memfit.estimate.stand_in_scalars():
+            agent.train(gradient_steps=1, batch_size=256)
+
+    Under :func:`memfit.estimate_torch` each such read then gives zero of the tensor's type
+    (``0``, ``0.0``, ``False``; ``.numpy()`` an array of zeros of the right shape). Outside a
+    trace the block changes nothing: the real run reads the real values. Do not use it where
+    the value decides a shape (``x[: n.item()]``): the trace would follow the zero.
+    ``build()`` runs as if inside this block (initialisers such as ``trunc_normal_`` read
+    values while they sample).
+    """
+    depth = getattr(_STAND_IN, "depth", 0)
+    _STAND_IN.depth = depth + 1
+    try:
+        yield
+    finally:
+        _STAND_IN.depth = depth
+
+
+def stand_in_scalars_active() -> bool:
+    """Whether this thread is inside :func:`stand_in_scalars`."""
+    return bool(getattr(_STAND_IN, "depth", 0))
 
 
 @dataclass(frozen=True)

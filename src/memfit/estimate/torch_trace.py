@@ -18,6 +18,16 @@ and ``max_memory_reserved`` would read, and each storage is put in one category:
 buffers, gradients, optimizer state, activations (made in the forward pass, attributed to the
 innermost module running), temporaries (backward and optimizer intermediates), inputs (the
 batch) and other (left over from ``build``).
+
+Besides the tensors, the sequence holds what kernels take inside an op, each for the device it
+belongs to: the cuBLAS workspace of every (handle, stream) that runs a matmul (CUDA only; on a
+CPU trace the backward pass stands for the autograd device thread's handle), and the scratch
+that :mod:`memfit.estimate.kernels` measures (oneDNN convolutions and CPU attention for the
+CPU's ``exact_peak``; losses' unreduced buffers for every figure). Ordinary model code that
+fake tensors refuse as such (``module.to(device)``, initialisers that read values, logging
+inside a library, an explicit ``"cuda"`` on a machine without one) is made to trace by
+:mod:`memfit.estimate._fake_compat`; what cannot be traced is refused with the phase
+(``build()``, ``make_batch()``, ``step()``), the line, and a hint.
 """
 
 from __future__ import annotations
@@ -33,23 +43,33 @@ from functools import partial
 from typing import Any, TypeVar
 
 import torch
-from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from memfit.core.allocator import AllocatorModel, round_size
 from memfit.core.measured import MeasuredTerms
 from memfit.errors import ConfigError, EstimateError, MemfitError
+from memfit.estimate import stand_in_scalars_active
+from memfit.estimate._fake_compat import (
+    MAX_STAND_INS,
+    TraceFunctionMode,
+    fake_swap_tensors,
+    locate_failure,
+    scalar_stand_in,
+)
 from memfit.estimate.affine import AffineFit, check_batch_sizes, fit_affine
+from memfit.estimate.sequence import Fit, SequenceModel
 from memfit.units import format_bytes
 
 __all__ = [
     "CATEGORIES",
     "AffineFit",
     "EstimatePoint",
+    "Request",
     "TorchEstimate",
     "estimate_torch",
     "fit_affine",
+    "trace_requests",
 ]
 
 #: Breakdown keys, in the order reports show them.
@@ -62,6 +82,7 @@ CATEGORIES: tuple[str, ...] = (
     "temporaries",
     "inputs",
     "cublas_workspace",
+    "kernel_workspace",
     "other",
 )
 
@@ -97,13 +118,6 @@ _NO_FAKE_RE = re.compile(
     r"no fake impl(?:ementation)? registered for <?(?:CustomOpDef\()?([\w:.]+)"
 )
 
-_UNSUPPORTED_HINT = (
-    "fake tensors have shapes but no data, so a step cannot branch on values or call ops "
-    "whose output size depends on data (nonzero, unique, masked_select, boolean indexing, "
-    ".item(), .tolist()); move logging and value-dependent code out of the traced step, or "
-    "register a fake (meta) kernel for a custom op with torch.library.register_fake"
-)
-
 
 @dataclass(frozen=True)
 class EstimatePoint:
@@ -122,6 +136,9 @@ class EstimatePoint:
         exact_peak: Peak of the sum of exact storage sizes (no rounding), for comparison with
             allocators that do not round (the CPU allocator).
         num_allocations: Storages allocated in the whole trace.
+        tensor_peak: Peak of the tensors' storages alone, each rounded to 512 B, without the
+            memory libraries take inside kernels (cuBLAS workspace) or block slack: what
+            :func:`memfit.simulate_gpu` counts.
     """
 
     batch_size: int
@@ -132,6 +149,7 @@ class EstimatePoint:
     top_modules: list[tuple[str, int]]
     exact_peak: int
     num_allocations: int
+    tensor_peak: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The point as plain data."""
@@ -144,6 +162,7 @@ class EstimatePoint:
             "top_modules": [{"module": name, "bytes": n} for name, n in self.top_modules],
             "exact_peak": self.exact_peak,
             "num_allocations": self.num_allocations,
+            "tensor_peak": self.tensor_peak,
         }
 
 
@@ -160,6 +179,12 @@ class TorchEstimate:
         gpu: Name of the GPU the device-level figures are for, or ``None`` (defaults).
         deviations: Known ways this trace differs from a real run on the GPU.
         batch_knob: The knob the batch size stands for.
+        sequence: The GPU-side allocation sequence as a function of the batch size, from
+            the two largest sizes traced, or ``None`` (see :meth:`largest_fitting`).
+        expandable_segments: The allocator setting the replays use.
+        max_split_size: Likewise (bytes), or ``None``.
+        tensor_fit: Affine fit of ``tensor_peak`` (what :func:`memfit.simulate_gpu`
+            counts), or ``None`` with fewer than two distinct batch sizes.
     """
 
     points: list[EstimatePoint]
@@ -169,6 +194,60 @@ class TorchEstimate:
     gpu: str | None
     deviations: list[str]
     batch_knob: str = "batch_size"
+    sequence: SequenceModel | None = field(default=None, repr=False, compare=False)
+    expandable_segments: bool = False
+    max_split_size: int | None = None
+    tensor_fit: AffineFit | None = None
+
+    def replay(
+        self,
+        value: int,
+        *,
+        limit_bytes: int | None = None,
+        target_bytes: int | None = None,
+        extra_bytes: float = 0.0,
+    ) -> Fit | None:
+        """Replay the traced GPU-side allocations at ``value`` through the allocator model
+        (see :meth:`memfit.estimate.sequence.SequenceModel.replay`); ``None`` without a
+        sequence model."""
+        if self.sequence is None:
+            return None
+        return self.sequence.replay(
+            value,
+            limit_bytes=limit_bytes,
+            target_bytes=target_bytes,
+            expandable_segments=self.expandable_segments,
+            max_split_size=self.max_split_size,
+            extra_bytes=extra_bytes,
+        )
+
+    def largest_fitting(
+        self,
+        limit_bytes: int,
+        *,
+        low: int,
+        high: int,
+        target_bytes: int | None = None,
+    ) -> Fit | None:
+        """The largest batch whose traced allocations fit under ``limit_bytes`` in the
+        allocator model (and keep its reserved peak within ``target_bytes``), from the two
+        largest batch sizes traced (:class:`memfit.estimate.sequence.SequenceModel`).
+
+        Returns:
+            The replay at that batch, or ``None`` when the traces cannot be interpolated
+            (fewer than two sizes, or a step whose allocations change with the batch size)
+            or ``low`` does not fit.
+        """
+        if self.sequence is None:
+            return None
+        return self.sequence.largest_fitting(
+            low,
+            high,
+            limit_bytes=limit_bytes,
+            target_bytes=target_bytes,
+            expandable_segments=self.expandable_segments,
+            max_split_size=self.max_split_size,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The estimate as plain data (for ``--json``)."""
@@ -224,6 +303,10 @@ class _Storage:
     module: str | None
     alloc_index: int
     free_index: int | None = None
+    # "all": a tensor's storage; "cuda" / "cpu": memory a library takes inside a kernel on
+    # that device only (cuBLAS workspace, CPU convolution scratch), counted for that target.
+    target: str = "all"
+    op: str | None = None  # the ATen op whose output (or kernel) this is; None in build glue
 
 
 @dataclass
@@ -236,18 +319,36 @@ class _Trace:
     live: dict[int, _Storage] = field(default_factory=dict)
     refs: dict[int, weakref.ref[Any]] = field(default_factory=dict)
     phase: str = "build"
+    step_index: int = 0
     in_optimizer: int = 0
     module_stack: list[str] = field(default_factory=list)
     module_names: dict[int, str] = field(default_factory=dict)
-    cublas_bytes: int | None = None  # set: add a workspace per thread that runs a matmul
-    cublas_threads: set[int] = field(default_factory=set)
-    matmul_passes: set[str] = field(default_factory=set)  # "forward" / "backward"
+    cublas_bytes: int = 0  # bytes of one cuBLAS workspace (0: none modelled)
+    cublas_handles: set[object] = field(default_factory=set)
+    stand_ins: int = 0
+    retargeted: int = 0
+    kernel_scratch: Any = None  # a memfit.estimate.kernels.ScratchRecorder, or None
+    current_op: str | None = None
     closed: bool = False
 
-    def add(self, nbytes: int, category: str, module: str | None) -> _Storage:
-        record = _Storage(nbytes, category, module, alloc_index=len(self.events))
+    def add(self, nbytes: int, category: str, module: str | None, target: str = "all") -> _Storage:
+        record = _Storage(
+            nbytes,
+            category,
+            module,
+            alloc_index=len(self.events),
+            target=target,
+            op=self.current_op,
+        )
         self.records.append(record)
         self.events.append((record, True))
+        return record
+
+    def add_transient(self, nbytes: int, category: str, target: str) -> _Storage:
+        """Memory taken and given back inside one kernel (a workspace, a scratch buffer)."""
+        record = self.add(nbytes, category, None, target)
+        record.free_index = len(self.events)
+        self.events.append((record, False))
         return record
 
     def on_free(self, key: int, _ref: object) -> None:
@@ -291,25 +392,56 @@ class _Trace:
             record.category = category
             record.module = None
 
-    def on_op(self, func: Any, out: Any) -> None:
-        if func.overloadpacket.__name__ in _CUBLAS_OPS:
-            backward = torch._C._current_graph_task_id() != -1
-            self.matmul_passes.add("backward" if backward else "forward")
-            thread = threading.get_ident()
-            if self.cublas_bytes is not None and thread not in self.cublas_threads:
-                self.cublas_threads.add(thread)
-                self.add(self.cublas_bytes, "cublas_workspace", None)
+    def stand_in(self) -> None:
+        """Count one value read given a stand-in; refuse a loop that never ends."""
+        self.stand_ins += 1
+        if self.stand_ins > MAX_STAND_INS:
+            raise EstimateError(
+                f"more than {MAX_STAND_INS:,} tensor values were read under the trace and "
+                "given stand-ins (zero): a loop that waits on a value would never end",
+                hint="take the loop out of the traced step, or leave the values it reads out "
+                "of memfit.estimate.stand_in_scalars()",
+            )
+
+    def on_op(self, func: Any, args: tuple[Any, ...], out: Any) -> None:
+        name = func.overloadpacket.__name__
+        self.current_op = str(func)
+        if self.cublas_bytes and name in _CUBLAS_OPS:
+            self._cublas_workspace()
         for item in tree_flatten(out)[0]:
             if isinstance(item, torch.Tensor):
                 self.see(item)
+        if self.kernel_scratch is not None:
+            self.kernel_scratch.on_op(self, func, args, out)
+        self.current_op = None
+
+    def _cublas_workspace(self) -> None:
+        """The workspace cuBLAS takes per (handle, stream) at its first matmul.
+
+        Handles come from per-thread pools. On a CUDA trace the backward pass runs on the
+        autograd engine's device thread, so the thread tells the handle. On a CPU trace
+        everything runs on the calling thread, but a CUDA run would run the backward on the
+        device thread: there the pass (backward or not) tells the handle, and the workspace
+        counts for the CUDA target only.
+        """
+        if self.device_type == "cuda":
+            key: object = threading.get_ident()
+            target = "all"
+        else:
+            key = "backward" if torch._C._current_graph_task_id() != -1 else "forward"
+            target = "cuda"
+        if key not in self.cublas_handles:
+            self.cublas_handles.add(key)
+            self.add(self.cublas_bytes, "cublas_workspace", None, target)
 
 
 class _TrackerMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Records the storage of every op output on the traced device."""
 
-    def __init__(self, trace: _Trace) -> None:
+    def __init__(self, trace: _Trace, functions: TraceFunctionMode) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.trace = trace
+        self.functions = functions
 
     def __torch_dispatch__(
         self,
@@ -318,46 +450,19 @@ class _TrackerMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
+        if func is torch.ops.aten._local_scalar_dense.default and (
+            self.functions.stand_ins_allowed or stand_in_scalars_active()
+        ):
+            from torch._subclasses.fake_tensor import DataDependentOutputException
+
+            try:
+                return func(*args, **(kwargs or {}))  # a constant fake tensor knows its value
+            except DataDependentOutputException:
+                self.trace.stand_in()
+                return scalar_stand_in(args[0].dtype)
         out = func(*args, **(kwargs or {}))
-        self.trace.on_op(func, out)
+        self.trace.on_op(func, args, out)
         return out
-
-
-class _FakeDeepcopyMode(TorchFunctionMode):
-    """``copy.deepcopy`` of a fake tensor inside the trace's own fake mode.
-
-    ``Tensor.__deepcopy__`` copies the storage by a path that gives the copy a new fake mode,
-    which the next op refuses ("Mixing fake modes"); modules cloned in ``__init__``
-    (``nn.TransformerEncoder``) or target networks made with ``deepcopy`` would break the
-    trace. Here the copy is a fresh tensor of the same shape, strides and dtype in the same
-    mode, so its storage is allocated (and counted) as a real deepcopy allocates it.
-    """
-
-    def __torch_function__(
-        self,
-        func: Any,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        from torch._subclasses.fake_tensor import FakeTensor
-
-        if func is torch.Tensor.__deepcopy__ and isinstance(args[0], FakeTensor):
-            tensor, memo = args
-            if id(tensor) in memo:
-                return memo[id(tensor)]
-            with torch.no_grad():
-                data = torch.empty_strided(
-                    tensor.size(), tensor.stride(), dtype=tensor.dtype, device=tensor.device
-                )
-            out: torch.Tensor
-            if isinstance(tensor, torch.nn.Parameter):
-                out = torch.nn.Parameter(data, requires_grad=tensor.requires_grad)
-            else:
-                out = data.requires_grad_(tensor.requires_grad)
-            memo[id(tensor)] = out
-            return out
-        return func(*args, **(kwargs or {}))
 
 
 _T = TypeVar("_T")
@@ -443,36 +548,51 @@ def _op_name(exc: BaseException) -> str:
     return str(func) if func is not None else type(exc).__name__
 
 
+def _phase_name(trace: _Trace, steps: int) -> str:
+    if trace.phase == "build":
+        return "build()"
+    if trace.phase == "batch":
+        return "make_batch()"
+    if trace.phase == "step":
+        return f"step() (step {trace.step_index} of {steps})" if steps > 1 else "step()"
+    return "the end of the trace"
+
+
 def _run_trace(
     build: Callable[[], tuple[Any, Any]],
     step: Callable[[Any, Any, Any], Any],
     make_batch: Callable[[int], Any],
     batch_size: int,
     device: str,
-    cublas_bytes: int | None,
+    cublas_bytes: int,
     steps: int,
+    kernel_scratch: Any = None,
 ) -> _Trace:
     """Build and run ``steps`` steps under fake tensors; return the allocation sequence."""
-    from torch._subclasses.fake_tensor import (
-        DataDependentOutputException,
-        DynamicOutputShapeException,
-        FakeTensorMode,
-        UnsupportedFakeTensorException,
-        UnsupportedOperatorException,
-    )
+    from torch._subclasses.fake_tensor import FakeTensorMode
 
-    trace = _Trace(device_type=torch.device(device).type, cublas_bytes=cublas_bytes)
+    trace = _Trace(
+        device_type=torch.device(device).type,
+        cublas_bytes=cublas_bytes,
+        kernel_scratch=kernel_scratch,
+    )
+    functions = TraceFunctionMode(
+        retarget_cuda=trace.device_type == "cpu", on_stand_in=trace.stand_in
+    )
     hook_handles: list[Any] = []
     try:
         with (
             _default_device(device),
             _no_distribution_validation(),
+            fake_swap_tensors(),
             FakeTensorMode(allow_non_fake_inputs=False),
-            _TrackerMode(trace),
+            _TrackerMode(trace, functions),
+            functions,
             _hooks(trace),
         ):
-            with _FakeDeepcopyMode():
-                built = build()
+            functions.stand_ins_allowed = True  # initialisers read values while they sample
+            built = build()
+            functions.stand_ins_allowed = False
             if not isinstance(built, tuple) or len(built) != 2:
                 raise ConfigError(
                     f"build() must return (model, optimizer), got {type(built).__name__}",
@@ -493,7 +613,8 @@ def _run_trace(
                 for b in root.buffers():
                     trace.see(b)
                     trace.retag(b, "buffers")
-            for _ in range(steps):
+            for index in range(steps):
+                trace.step_index = index + 1
                 trace.phase = "batch"
                 batch = make_batch(batch_size)
                 trace.phase = "step"
@@ -506,35 +627,11 @@ def _run_trace(
                 del batch
             trace.phase = "done"
             del model, optimizer, built, modules
-    except (DynamicOutputShapeException, DataDependentOutputException) as exc:
-        raise EstimateError(
-            f"the step calls {_op_name(exc)}, whose output depends on tensor values, which "
-            "a fake-tensor trace cannot know",
-            hint=_UNSUPPORTED_HINT,
-        ) from exc
-    except UnsupportedOperatorException as exc:
-        raise EstimateError(
-            f"operator {_op_name(exc)} has no fake (meta) kernel, so it cannot be traced",
-            hint=_UNSUPPORTED_HINT,
-        ) from exc
-    except UnsupportedFakeTensorException as exc:
-        raise EstimateError(
-            f"fake tensors cannot run this step: {exc}", hint=_UNSUPPORTED_HINT
-        ) from exc
-    except RuntimeError as exc:
-        text = str(exc)
-        match = _NO_FAKE_RE.search(text)
-        if match is None and "doesn't have storage" not in text:
-            raise _step_failed(exc) from exc
-        op = match.group(1) if match is not None else "an operator that reads tensor data"
-        raise EstimateError(
-            f"operator {op} has no fake (meta) kernel, so it cannot be traced",
-            hint=_UNSUPPORTED_HINT,
-        ) from exc
+            trace.retargeted = functions.retargeted
     except MemfitError:
         raise
-    except Exception as exc:  # the user's code failed; say so instead of an internal error
-        raise _step_failed(exc) from exc
+    except Exception as exc:  # the user's code (or a library it calls) failed under the trace
+        raise _refusal(exc, _phase_name(trace, steps)) from exc
     finally:
         for handle in hook_handles:
             handle.remove()
@@ -543,10 +640,82 @@ def _run_trace(
     return trace
 
 
-def _step_failed(exc: BaseException) -> EstimateError:
+_STAND_IN_HINT = (
+    "if the value only feeds logging, a progress bar or a check (as loss.item() inside a "
+    "library's training loop), wrap that call in `with memfit.estimate.stand_in_scalars():` "
+    "in your step: under the trace the read gives 0, and outside a trace nothing changes; if "
+    "the value decides a shape, call the model's forward and loss in your own step instead "
+    "of the code that reads it"
+)
+_SHAPE_HINT = (
+    "fake tensors have shapes but no data, so an op whose output size depends on values "
+    "(nonzero, unique, masked_select, boolean indexing) cannot be traced; compute such "
+    "indices in make_batch (it may return them as tensors of a fixed size), or trace a step "
+    "that calls the model's forward and loss directly instead of the library code that does "
+    "this"
+)
+_NO_KERNEL_HINT = (
+    "register a fake (meta) kernel for the op before estimating, with "
+    "torch.library.register_fake('namespace::op') (this works for an op defined in a "
+    "library too: the kernel only computes output shapes), or leave the op out of the traced "
+    "step"
+)
+_BUILD_HINT = (
+    "build() runs under fake tensors: it must create the model from code or a config, not "
+    "load weights or data from files or from real tensors made before the trace (memory does "
+    "not depend on the weights' values: build from the config, e.g. "
+    "AutoModel.from_config(config), and load weights in the real run only)"
+)
+
+
+def _refusal(exc: BaseException, phase: str) -> EstimateError:
+    """The error for a failure under the trace: what, in which phase, where, and a hint."""
+    from torch._subclasses.fake_tensor import (
+        DataDependentOutputException,
+        DynamicOutputShapeException,
+        UnsupportedFakeTensorException,
+        UnsupportedOperatorException,
+    )
+
+    where, in_library = locate_failure(exc, "_run_trace")
+    at = f" at {where}" if where else ""
+    text = str(exc)
+    op = _op_name(exc)
+    building = phase == "build()"
+    reads_value = (
+        isinstance(exc, DataDependentOutputException) and "_local_scalar_dense" in op
+    ) or ".numpy() is not supported for tensor subclasses" in text
+    if reads_value:
+        return EstimateError(
+            f"{phase} reads a tensor's value to Python{at} (aten._local_scalar_dense: .item(), "
+            "float(), bool(), .tolist() or .numpy()), which a fake-tensor trace cannot know",
+            hint=_STAND_IN_HINT,
+        )
+    if isinstance(exc, (DynamicOutputShapeException, DataDependentOutputException)):
+        return EstimateError(
+            f"{phase} calls {op}{at}, whose output depends on tensor values, which a "
+            "fake-tensor trace cannot know",
+            hint=_BUILD_HINT if building else _SHAPE_HINT,
+        )
+    match = _NO_FAKE_RE.search(text)
+    if isinstance(exc, UnsupportedOperatorException) or match is not None:
+        name = match.group(1) if match is not None else op
+        return EstimateError(
+            f"operator {name} has no fake (meta) kernel, so {phase} cannot be traced{at}",
+            hint=_NO_KERNEL_HINT,
+        )
+    if isinstance(exc, UnsupportedFakeTensorException) or (
+        isinstance(exc, RuntimeError) and "doesn't have storage" in text
+    ):
+        return EstimateError(
+            f"fake tensors cannot run {phase}{at}: {text}",
+            hint=_BUILD_HINT if building else _NO_KERNEL_HINT,
+        )
+    lib = " (in a library it calls)" if in_library else ""
     return EstimateError(
-        f"the step failed under the fake-tensor trace: {type(exc).__name__}: {exc}",
-        hint="check that build/make_batch/step run as they are on this machine; rerun with "
+        f"{phase} failed under the fake-tensor trace{at}{lib}: {type(exc).__name__}: {exc}",
+        hint=(_BUILD_HINT + "; " if building else "")
+        + "check that build/make_batch/step run as they are on this machine; rerun with "
         "--debug (or read the chained exception) for the traceback",
     )
 
@@ -559,30 +728,44 @@ def _summarise(
     trace: _Trace,
     batch_size: int,
     allocator: Callable[[], AllocatorModel],
-    extra_device_bytes: int | None,
+    context_bytes: int | None,
 ) -> EstimatePoint:
-    """Replay the trace through the allocator model and read the peak and its breakdown."""
+    """Replay the trace through the allocator model and read the peaks and the breakdown.
+
+    The CUDA allocator replay takes every tensor storage and what CUDA kernels take inside
+    (``target`` ``"all"`` and ``"cuda"``); the exact peak of the traced device takes the
+    storages and what that device's kernels take (``"all"`` and the device type).
+    """
     model = allocator()
     handles: dict[int, int] = {}
     peak_index = -1
-    exact = exact_peak = 0
+    exact = exact_peak = tensors = tensor_peak = 0
     for index, (record, is_alloc) in enumerate(trace.events):
+        on_gpu = record.target in ("all", "cuda")
+        on_device = record.target in ("all", trace.device_type)
+        if record.target == "all" and record.category != "kernel_workspace" and record.nbytes:
+            tensors += round_size(record.nbytes) if is_alloc else -round_size(record.nbytes)
+            tensor_peak = max(tensor_peak, tensors)
         if is_alloc:
-            handles[id(record)] = model.malloc(record.nbytes)
-            exact += record.nbytes
-            exact_peak = max(exact_peak, exact)
-            if model.allocated_bytes == model.peak_allocated_bytes:
-                peak_index = index
+            if on_gpu:
+                handles[id(record)] = model.malloc(record.nbytes)
+                if model.allocated_bytes == model.peak_allocated_bytes:
+                    peak_index = index
+            if on_device:
+                exact += record.nbytes
+                exact_peak = max(exact_peak, exact)
         else:
-            model.free(handles.pop(id(record)))
-            exact -= record.nbytes
+            if on_gpu:
+                model.free(handles.pop(id(record)))
+            if on_device:
+                exact -= record.nbytes
     breakdown = dict.fromkeys(CATEGORIES, 0)
     by_module: dict[str, int] = {}
     for record in trace.records:
         alive = record.alloc_index <= peak_index and (
             record.free_index is None or record.free_index > peak_index
         )
-        if not alive:
+        if not alive or record.target not in ("all", "cuda") or not record.nbytes:
             continue
         size = round_size(record.nbytes)
         breakdown[record.category] = breakdown.get(record.category, 0) + size
@@ -593,9 +776,7 @@ def _summarise(
     if slack > 0:
         breakdown["other"] += slack
     top = sorted(by_module.items(), key=lambda kv: kv[1], reverse=True)[:5]
-    device_used = (
-        None if extra_device_bytes is None else model.peak_reserved_bytes + extra_device_bytes
-    )
+    device_used = None if context_bytes is None else model.peak_reserved_bytes + context_bytes
     return EstimatePoint(
         batch_size=batch_size,
         allocated_peak=model.peak_allocated_bytes,
@@ -604,8 +785,83 @@ def _summarise(
         breakdown=breakdown,
         top_modules=top,
         exact_peak=exact_peak,
-        num_allocations=len(trace.records),
+        num_allocations=sum(1 for r in trace.records if r.target == "all"),
+        tensor_peak=tensor_peak,
     )
+
+
+@dataclass(frozen=True)
+class Request:
+    """One allocation of a traced run, as the GPU truth corpus's traces list them.
+
+    Attributes:
+        nbytes: Bytes requested (exact, before the allocator rounds them).
+        op: The ATen op whose output or kernel took it (``"aten.mm.default"``), or ``None``.
+        target: ``"all"`` (a tensor), ``"cuda"`` or ``"cpu"`` (memory a library takes inside a
+            kernel on that device only: cuBLAS workspace, CPU convolution scratch).
+        transient: Given back inside the same op (scratch).
+    """
+
+    nbytes: int
+    op: str | None
+    target: str
+    transient: bool
+
+
+def trace_requests(
+    build: Callable[[], tuple[Any, Any]],
+    step: Callable[[Any, Any, Any], Any],
+    make_batch: Callable[[int], Any],
+    batch_size: int,
+    *,
+    device: str = "cpu",
+    gpu: str | None = None,
+    steps: int = 2,
+    kernel_scratch: bool = True,
+) -> list[Request]:
+    """The allocation requests of one traced run (build and ``steps`` steps), in order.
+
+    What :func:`estimate_torch` replays, for a diff against a real run's allocator trace
+    (``memfit.estimate.truth.diff_requests``).
+
+    Raises:
+        ConfigError: When the GPU name is unknown or ``build`` returns the wrong thing.
+        EstimateError: When the step cannot be traced.
+    """
+    spec = None
+    if gpu is not None:
+        from memfit.core.catalog import gpu as lookup_gpu
+
+        spec = lookup_gpu(gpu)
+    from memfit.core.budget import cublas_workspace_bytes
+
+    recorder = None
+    if kernel_scratch:
+        from memfit.estimate.kernels import ScratchRecorder
+
+        recorder = ScratchRecorder()
+    trace = _run_trace(
+        build,
+        step,
+        make_batch,
+        batch_size,
+        device,
+        cublas_workspace_bytes(spec),
+        steps,
+        kernel_scratch=recorder,
+    )
+    if recorder is not None:
+        recorder.measure()
+    return [
+        Request(
+            r.nbytes,
+            r.op,
+            r.target,
+            r.free_index is not None and r.free_index == r.alloc_index + 1,
+        )
+        for r, is_alloc in trace.events
+        if is_alloc
+    ]
 
 
 def estimate_torch(
@@ -620,6 +876,7 @@ def estimate_torch(
     max_split_size: int | None = None,
     steps: int = 2,
     batch_knob: str = "batch_size",
+    kernel_scratch: bool | None = None,
 ) -> TorchEstimate:
     """Predict the peak GPU memory of a PyTorch step by tracing it with fake tensors.
 
@@ -637,6 +894,12 @@ def estimate_torch(
         max_split_size: Replay it with ``max_split_size_mb`` (given here in bytes).
         steps: Steps to run per batch size (2: the second sees the optimizer state).
         batch_knob: The workload knob the batch size stands for.
+        kernel_scratch: Measure the scratch memory kernels take inside an op by running each
+            distinct call of such an op once for real on this machine's CPU (see
+            :mod:`memfit.estimate.kernels`): oneDNN convolutions and CPU flash attention
+            (``exact_peak`` of a CPU trace only) and the unreduced buffer of losses (every
+            figure). ``None`` (default) or ``True``: measure; ``False``: skip (faster; those
+            buffers are then not counted).
 
     Returns:
         A :class:`TorchEstimate` with one point per batch size and the affine fit.
@@ -678,9 +941,14 @@ def estimate_torch(
     workspace = cublas_workspace_bytes(spec)
     context = cuda_context_bytes(spec)
     on_cuda = device == "cuda"
+    measure_scratch = kernel_scratch is not False
     deviations: list[str] = [
-        "workspaces allocated inside kernels (cuDNN convolution algorithms, cuBLASLt, "
-        "NCCL) are not seen by the dispatcher and are not counted",
+        f"cuBLAS workspace: {format_bytes(workspace)} per cuBLAS handle that runs a matmul "
+        "(one for the calling thread, one for the autograd engine's device thread that runs "
+        "the backward pass on CUDA), counted in allocated_peak; cuBLASLt shares it (PyTorch's "
+        "default unified workspace)",
+        "workspaces cuDNN convolutions and NCCL take inside their kernels are not modelled "
+        "yet (no GPU truth to size them from)",
         "the allocator replay models one stream; memory held for other streams "
         "(record_stream, side streams) is not modelled",
     ]
@@ -689,20 +957,41 @@ def estimate_torch(
             "traced on CPU because this torch has no CUDA: CUDA-only kernel choices (cuDNN "
             "convolution, flash and memory-efficient attention in scaled_dot_product_attention, "
             "fused optimizers) are seen as their CPU counterparts",
-            "the cuBLAS workspace is not in allocated_peak; device_used_peak adds one "
-            f"({format_bytes(workspace)} for each of the forward and backward passes that run a "
-            "matmul: CUDA runs backward on its own thread, with its own cuBLAS handle)",
         ]
     points: list[EstimatePoint] = []
+    stand_ins = retargeted = 0
+    recorder = None
+    gpu_events: dict[int, list[tuple[bool, int, int]]] = {}
     for size in sizes:
+        if measure_scratch:
+            from memfit.estimate.kernels import ScratchRecorder
+
+            recorder = ScratchRecorder()
         trace = _run_trace(
-            build, step, make_batch, size, device, workspace if on_cuda else None, steps
+            build, step, make_batch, size, device, workspace, steps, kernel_scratch=recorder
         )
-        extra = context
-        if not on_cuda:
-            extra += len(trace.matmul_passes) * workspace
-        points.append(_summarise(trace, size, allocator, extra))
+        if recorder is not None:
+            recorder.measure()
+        stand_ins = max(stand_ins, trace.stand_ins)
+        retargeted = max(retargeted, trace.retargeted)
+        points.append(_summarise(trace, size, allocator, context))
+        gpu_events[size] = _gpu_events(trace)
+    if recorder is not None:
+        deviations += recorder.notes()
+    if stand_ins:
+        deviations.append(
+            f"{stand_ins} tensor value(s) read to Python in build() (initialisers) or inside "
+            "stand_in_scalars() were given stand-ins (zero); memory does not depend on them"
+        )
+    if retargeted:
+        deviations.append(
+            f"{retargeted} call(s) named a CUDA device explicitly and were traced on the CPU"
+        )
     xs = [p.batch_size for p in points]
+    sequence = None
+    if len(gpu_events) >= 2:
+        v1, v2 = sorted(gpu_events)[-2:]
+        sequence = SequenceModel.from_traces(v1, gpu_events[v1], v2, gpu_events[v2])
     return TorchEstimate(
         points=points,
         fit=fit_affine(xs, [p.allocated_peak for p in points]),
@@ -711,4 +1000,18 @@ def estimate_torch(
         gpu=None if spec is None else spec.name,
         deviations=deviations,
         batch_knob=batch_knob,
+        sequence=sequence,
+        expandable_segments=expandable_segments,
+        max_split_size=max_split_size,
+        tensor_fit=fit_affine(xs, [p.tensor_peak for p in points]),
     )
+
+
+def _gpu_events(trace: _Trace) -> list[tuple[bool, int, int]]:
+    """The trace's CUDA-side events as ``(is_alloc, record index, bytes)``."""
+    index = {id(r): i for i, r in enumerate(trace.records)}
+    return [
+        (is_alloc, index[id(r)], r.nbytes)
+        for r, is_alloc in trace.events
+        if r.target in ("all", "cuda")
+    ]

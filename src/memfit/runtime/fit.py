@@ -10,13 +10,20 @@ Where the peak comes from, in this order:
 * the active :func:`memfit.simulate_gpu` context on the CPU: its ``peak_allocated_bytes``
   (the budget defaults to the simulated GPU's; the simulated GPU's own size is the cap, so a
   smaller budget is a target: a probe over it runs and counts as not fitting);
-* CUDA (torch): ``torch.cuda.max_memory_reserved`` after ``reset_peak_memory_stats``, with
+* CUDA (torch): ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``, with
   the caching allocator capped at the budget by ``torch.cuda.set_per_process_memory_fraction``
   for the whole search (the previous fraction is restored afterwards), so a probe cannot take
-  the machine down. Reserved, not allocated, memory is what the cap limits, so it is what the
-  budget is compared with. The budget defaults to what this process can still reach (free
-  memory plus what its allocator already holds, within a cap already set on the allocator
-  such as ``simulate_gpu(budget, device="cuda")``);
+  the machine down. A probe fits when it ran under the cap and its ``max_memory_reserved``
+  left the margin. The search follows the allocated peak, which grows smoothly with the knob;
+  reserved memory is a step function of it (20 MiB segments, cached blocks the allocator
+  gives back at the cap), which a line through reserved peaks reads badly. The rule follows
+  the allocated peaks and aims them at the allocated peak the allocator model reaches at its
+  own largest fitting value under the same cap and margin (``TorchEstimate.largest_fitting``:
+  a traced prior's allocations replayed at any batch size), or at the target without one,
+  and never below a probe that fitted; a prior traced near the answer (``trace_prior``)
+  gives the slope. The budget defaults to what this process can
+  still reach (free memory plus what its allocator already holds, within a cap already set
+  on the allocator such as ``simulate_gpu(budget, device="cuda")``);
 * JAX on a GPU: ``peak_bytes_in_use`` from ``device.memory_stats()``. JAX cannot reset that
   peak, so a probe's peak is known only when it rises above every earlier one (otherwise it
   is ``None`` and the rule works from the other probes). JAX cannot be capped after it has
@@ -29,6 +36,7 @@ the failed probe's tensors really go.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 import sys
@@ -170,6 +178,7 @@ class _CudaMeter:
     def __init__(self, index: int) -> None:
         self._index = index
         self.name = f"cuda:{index}"
+        self.last_reserved = 0
 
     def default_budget(self) -> int:
         """What this process can still reach: free plus already reserved memory, and no
@@ -206,7 +215,8 @@ class _CudaMeter:
         import torch
 
         torch.cuda.synchronize(self._index)
-        return int(torch.cuda.max_memory_reserved(self._index))
+        self.last_reserved = int(torch.cuda.max_memory_reserved(self._index))
+        return int(torch.cuda.max_memory_allocated(self._index))
 
     def release(self) -> None:
         import torch
@@ -317,7 +327,9 @@ def _number(obj: Any, *names: str) -> float | None:
     return None
 
 
-def prior_from(prior: Any, *, knob: str | None = None, reserved: bool = False) -> Prior | None:
+def prior_from(
+    prior: Any, *, knob: str | None = None, reserved: bool = False, tensors: bool = False
+) -> Prior | None:
     """Turn what memfit predicted into a search :class:`~memfit.core.search.Prior`.
 
     Accepts a :class:`~memfit.core.search.Prior`, a ``TorchEstimate`` (its ``fit``, or its
@@ -329,7 +341,9 @@ def prior_from(prior: Any, *, knob: str | None = None, reserved: bool = False) -
     Args:
         prior: The prediction, or ``None``.
         knob: The knob a ``Plan`` prior is read at (needed when the plan has several knobs).
-        reserved: The probes measure reserved memory (CUDA): prefer a reserved-level fit.
+        reserved: The probes measure reserved memory: prefer a reserved-level fit.
+        tensors: The probes count tensors only (:func:`memfit.simulate_gpu`): prefer a
+            ``TorchEstimate``'s ``tensor_fit``, without the cuBLAS workspace a GPU adds.
 
     Returns:
         The prior, or ``None`` when ``prior`` is ``None``.
@@ -351,6 +365,8 @@ def prior_from(prior: Any, *, knob: str | None = None, reserved: bool = False) -
             uncertainty=_uncertainty(prior.residual_bytes, prior.peak_bytes(1)),
         )
     model = getattr(prior, "reserved_fit", None) if reserved else None
+    if model is None and tensors:
+        model = getattr(prior, "tensor_fit", None)
     if model is None:
         model = getattr(prior, "fit", None)
     if model is not None and not callable(model):
@@ -409,8 +425,9 @@ def trace_prior(
         high: The largest knob value.
         budget: The budget the fit will run under (bytes).
         margin: The fraction of the budget to leave free.
-        device: Where the probes will run: ``"cpu"`` (traced on the CPU) or ``"cuda[:N]"``
-            (traced on the fake CUDA device).
+        device: Where the probes will run: ``"cpu"`` (a simulated GPU: traced on the CPU,
+            tensors only) or ``"cuda[:N]"`` (traced on the fake CUDA device where torch has
+            CUDA, else on the CPU; GPU figures with the cuBLAS workspace).
 
     Returns:
         The estimate to pass as ``prior=``, or ``None`` when the trace finds no memory that
@@ -420,10 +437,16 @@ def trace_prior(
         EstimateError: When the step cannot be traced (an op without a fake kernel, a
             data-dependent shape); the message names the op.
     """
+    import torch
+
     from memfit.estimate.bridge import knob_trace_values
     from memfit.estimate.torch_trace import estimate_torch
 
-    trace_device = "cuda" if device.startswith("cuda") else "cpu"
+    # Fake CUDA tensors need a CUDA build of torch; elsewhere the CUDA step traces on the CPU
+    # (its GPU figures then assume the CPU's kernel choices, as estimate_torch says).
+    on_cuda = device.startswith("cuda")
+    built = bool(torch.backends.cuda.is_built())  # type: ignore[no-untyped-call]
+    trace_device = "cuda" if on_cuda and built else "cpu"
 
     def trace(sizes: list[int]) -> TorchEstimate:
         return estimate_torch(
@@ -437,9 +460,10 @@ def trace_prior(
 
     sizes = knob_trace_values(low, min(high, max(low, FIRST_TRACE_MAX)))
     estimate = trace(sizes)
-    if estimate.fit is None or estimate.fit.slope <= 0:
+    line = estimate.fit if on_cuda else estimate.tensor_fit
+    if line is None or line.slope <= 0:
         return None
-    predicted = (budget * (1.0 - margin) - estimate.fit.intercept) / estimate.fit.slope
+    predicted = (budget * (1.0 - margin) - line.intercept) / line.slope
     if not math.isfinite(predicted) or predicted < low:
         return estimate
     answer = min(high, int(predicted))
@@ -472,8 +496,11 @@ def _clear_exception(exc: BaseException) -> None:
         current = following
 
 
-def _run_probe(run: Callable[[int], object], value: int, meter: _Meter) -> Probe:
-    """Run one probe; an out-of-memory error is caught and recorded, never re-raised."""
+def _run_probe(
+    run: Callable[[int], object], value: int, meter: _Meter, reserved_target: int | None = None
+) -> Probe:
+    """Run one probe; an out-of-memory error is caught and recorded, never re-raised. With
+    ``reserved_target`` (CUDA), a probe whose reserved peak went past it does not fit."""
     meter.before_probe()
     failed = False
     try:
@@ -487,7 +514,20 @@ def _run_probe(run: Callable[[int], object], value: int, meter: _Meter) -> Probe
     peak = meter.after_probe()
     if failed:
         meter.release()
+    elif reserved_target is not None and getattr(meter, "last_reserved", 0) > reserved_target:
+        failed = True  # ran under the cap, but did not leave the margin
     return Probe(value=value, peak_bytes=peak, ok=not failed)
+
+
+def _allocated_budget(prior: Any, cap: int, target: int, low: int, high: int) -> int:
+    """On CUDA: the allocated peak the search aims at, from the prior's allocator replay
+    under the same cap (its allocated peak at its largest fitting value), else the target."""
+    largest = getattr(prior, "largest_fitting", None)
+    if callable(largest):
+        got = largest(cap, low=low, high=high, target_bytes=target)
+        if got is not None and getattr(got, "allocated_peak", 0) > 0:
+            return int(got.allocated_peak)
+    return target
 
 
 def fit(
@@ -559,18 +599,37 @@ def fit(
         )
     valid_values(low=low, high=high, multiple_of=multiple_of, constraint=constraint)
     meter = _choose_meter(device)
-    search_prior = prior_from(prior, knob=knob, reserved=isinstance(meter, _CudaMeter))
+    search_prior = prior_from(prior, knob=knob, tensors=isinstance(meter, _SimulatedMeter))
     budget_bytes = parse_bytes(budget) if budget is not None else meter.default_budget()
     target = target_bytes(budget_bytes, margin)
+    cuda = isinstance(meter, _CudaMeter)
+    reserved_target = math.floor(target) if cuda else None
+    aim = math.floor(target)
+    if cuda:
+        aim = _allocated_budget(prior, budget_bytes, aim, low, high)
+        if search_prior is not None and getattr(prior, "sequence", None) is not None:
+            # traced near the answer (trace_prior): its slope is the one to extrapolate with
+            search_prior = dataclasses.replace(search_prior, local=True)
     history: list[Probe] = []
+    looking, settled = False, aim
+
+    def search_budget() -> tuple[int, float]:
+        """(budget, margin) the rule reads: on CUDA, the allocated-level aim (whether a
+        probe fits is already in its ``ok``), raised to any probe that fitted."""
+        if not cuda:
+            return budget_bytes, margin
+        fitted = [p.peak_bytes for p in history if p.ok and p.peak_bytes is not None]
+        return max([aim, *fitted]), 0.0
+
     with meter.capped(budget_bytes):
         while len(history) < max_probes:
+            rule_budget, rule_margin = search_budget()
             value = next_probe(
                 history,
                 low=low,
                 high=high,
-                budget=budget_bytes,
-                margin=margin,
+                budget=rule_budget,
+                margin=rule_margin,
                 multiple_of=multiple_of,
                 constraint=constraint,
                 prior=search_prior,
@@ -584,9 +643,23 @@ def fit(
                         key_path="constraint",
                         hint="widen low/high or relax the constraint",
                     )
+                room = math.floor(target) - aim
+                if cuda and not looking and all(p.ok for p in history) and room >= 20 * 2**20:
+                    # Reached the model's aim without a failure, and the model left at least
+                    # a large segment (20 MiB) of the target unused there: the device may
+                    # pack the allocations better. Look halfway to the target (a probe under
+                    # the cap costs at most an out-of-memory it survives).
+                    looking, settled = True, aim
+                    aim = (aim + math.floor(target)) // 2 + 1
+                    continue
                 break
-            history.append(_run_probe(run, value, meter))
-    best = best_probe(history, budget=budget_bytes, margin=margin)
+            history.append(_run_probe(run, value, meter, reserved_target))
+            if looking:
+                looking = False
+                if not history[-1].ok:
+                    aim = settled  # the model's aim was right: back to it
+    rule_budget, rule_margin = search_budget()
+    best = best_probe(history, budget=rule_budget, margin=rule_margin)
     if best is None:
         smallest = min(history, key=lambda p: p.value) if history else None
         raise InfeasiblePlan(
@@ -597,7 +670,7 @@ def fit(
             binding_term=None,
             hint="lower low, free memory on the device, or raise the budget",
         )
-    model = fit_model(history, target=target, prior=search_prior)
+    model = fit_model(history, target=target_bytes(rule_budget, rule_margin), prior=search_prior)
     predicted = None
     if model is not None:
         estimate = model.peak_bytes(best.value)
