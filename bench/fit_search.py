@@ -814,8 +814,8 @@ REPLAYED_AT = (768, 2304, 6144)
 
 
 def perturbed(traced: Any, kind: str) -> Any:
-    """The traced :class:`~memfit.estimate.sequence.SequenceModel` as a real GPU runs it."""
-    from memfit.estimate.sequence import SequenceModel
+    """The traced :class:`~memfit.estimate._sequence.SequenceModel` as a real GPU runs it."""
+    from memfit.estimate._sequence import SequenceModel
 
     if kind == "exact":
         return traced

@@ -1,6 +1,6 @@
 """``memfit.plan``: the public planner, from a workload and a GPU to a :class:`Plan`.
 
-This is the adapter around the pure :func:`memfit.core.plan.plan`: it loads the workload
+This is the adapter around the pure :func:`memfit.core.plan.plan_for_gpu`: it loads the workload
 (a path, a bundled name or a :class:`Workload`), resolves the GPU (a catalog name, a size, a
 :class:`GpuSpec`, or ``"local"`` for this machine's GPU through :mod:`memfit.backends`), runs
 the workload's traced estimator when it names one (:mod:`memfit.estimate.bridge`), and calls
@@ -25,7 +25,7 @@ from memfit.core.catalog import gpu as catalog_gpu
 from memfit.core.families import family_for
 from memfit.core.measured import MeasuredTerms
 from memfit.core.plan import Plan, plan_many
-from memfit.core.plan import plan as core_plan
+from memfit.core.plan import plan_for_gpu as core_plan
 from memfit.core.workload import Workload, load_workload
 from memfit.errors import BackendUnavailable, ConfigError, InfeasiblePlan
 from memfit.units import format_bytes, parse_fraction

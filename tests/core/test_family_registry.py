@@ -18,7 +18,7 @@ from memfit.core.families import (
 from memfit.core.families import registry as registry_module
 from memfit.core.families.common import Term, observation_bytes, parameter_terms
 from memfit.core.families.offpolicy import replay_transition_bytes
-from memfit.core.plan import plan
+from memfit.core.plan import plan_for_gpu
 from memfit.core.workload import OffPolicySpec, Workload, parse_workload
 from memfit.errors import ConfigError
 
@@ -85,7 +85,7 @@ def test_a_new_family_is_one_definition(sac_family: Family) -> None:
     assert ev.terms["replay_buffer"] == 100000 * (17 * 4 * 2 + 6 * 8 + 12)
     # the planner places its replay buffer through the registry: on an 8 GB card a 1M buffer
     # (about 220 MiB) fits on the device, so no host RAM is needed
-    p = plan(w, gpu("RTX 3060 Ti"))
+    p = plan_for_gpu(w, gpu("RTX 3060 Ti"))
     assert p.knobs["replay_placement"] == "gpu" and p.knobs["buffer_size"] == 1000000
     missing = SAC.replace("  batch_size: {choices: [256]}\n", "")
     with pytest.raises(ConfigError, match="needs batch_size as a knob or a setting"):

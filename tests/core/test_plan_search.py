@@ -14,7 +14,7 @@ from memfit.core.budget import compose_budget
 from memfit.core.catalog import GpuSpec, anonymous_gpu, gpu
 from memfit.core.constraints import check, compile_rules, environment, parse_expr
 from memfit.core.families import evaluate
-from memfit.core.plan import Plan, plan, plan_many
+from memfit.core.plan import Plan, plan_for_gpu, plan_many
 from memfit.core.workload import JaxSettings, Workload, load_workload, parse_workload
 from memfit.errors import ConfigError, InfeasiblePlan
 from memfit.units import GiB, MiB
@@ -30,7 +30,7 @@ def custom(terms: str, knobs: str, extra: str = "") -> Workload:
 def test_bundled_plans_fit_and_add_up() -> None:
     for name in ("brax_humanoid_ppo", "dqn_fire_raster", "act_dual_camera"):
         w = load_workload(name)
-        p = plan(w, gpu("RTX 4070"))
+        p = plan_for_gpu(w, gpu("RTX 4070"))
         assert p.fits
         assert sum(p.breakdown.values()) == p.predicted_bytes <= p.budget_bytes
         assert check(w, {k: int(v) for k, v in p.knobs.items()}) == []
@@ -40,33 +40,33 @@ def test_bundled_plans_fit_and_add_up() -> None:
 def test_reference_cases_from_the_issue() -> None:
     # the 3.7 GB GPU case with the replay buffer on the GPU: the buffer limits the DQN
     device = load_workload("dqn_fire_raster@device_replay")
-    dqn = plan(device, anonymous_gpu(3_700_000_000))
+    dqn = plan_for_gpu(device, anonymous_gpu(3_700_000_000))
     assert dqn.binding == "replay_buffer"
     assert 50_000 <= int(dqn.knobs["buffer_size"]) < 100_000
     assert dqn.breakdown["replay_buffer"] == max(dqn.breakdown.values())
     # by default the buffer lives in host RAM, as in SB3 and CleanRL: host RAM limits it
-    host = plan(load_workload("dqn_fire_raster"), anonymous_gpu(3_700_000_000),
+    host = plan_for_gpu(load_workload("dqn_fire_raster"), anonymous_gpu(3_700_000_000),
                 host_memory_bytes=16 * GiB)  # fmt: skip
     assert host.binding == "host_memory" and "replay_buffer" not in host.breakdown
     per_transition = 2 * 4 * 64 * 64 + 8 + 3 * 4
     assert int(host.knobs["buffer_size"]) == 16 * GiB // per_transition // 10000 * 10000
     # the 8 GB GPU case: dual-camera ACT rollouts rendered by Isaac Sim in the same process:
     # the renderer, not the policy, limits them
-    act = plan(load_workload("act_dual_camera"), gpu("RTX 4060 Ti"))
+    act = plan_for_gpu(load_workload("act_dual_camera"), gpu("RTX 4060 Ti"))
     assert act.knobs == {"num_envs": 2}
     assert act.binding == "renderer_cameras"
     assert act.breakdown["simulator_base"] == round(3.5 * GiB)
-    no_sim = plan(load_workload("act_dual_camera@no_sim"), gpu("RTX 4060 Ti"))
+    no_sim = plan_for_gpu(load_workload("act_dual_camera@no_sim"), gpu("RTX 4060 Ti"))
     assert no_sim.knobs == {"num_envs": 128}
     assert no_sim.binding == "backbone_activations"
     # the README command: Brax humanoid (mjx) PPO from its measurements on an RTX 4070
-    brax = plan(load_workload("brax_humanoid_ppo"), gpu("RTX 4070"))
+    brax = plan_for_gpu(load_workload("brax_humanoid_ppo"), gpu("RTX 4070"))
     assert brax.knobs["num_envs"] == 65536
     assert brax.binding == "sgd_temporaries"
     assert {"env_state", "env_step_temporaries", "rollout_buffer", "sgd_temporaries",
             "training_state"} <= set(brax.breakdown)  # fmt: skip
     # no longer the top of the range on every card: a 4 GB card gets fewer environments
-    small = plan(load_workload("brax_humanoid_ppo"), gpu("GTX 1650"))
+    small = plan_for_gpu(load_workload("brax_humanoid_ppo"), gpu("GTX 1650"))
     assert int(small.knobs["num_envs"]) < 65536 and small.binding == "env_state"
 
 
@@ -75,7 +75,7 @@ def test_one_knob_plan_by_hand() -> None:
     # rounding: 100 MiB is already a multiple of 2 MiB)
     w = custom("{per_env: 'num_envs * 104857600'}", "  num_envs: {min: 1, max: 128}\n")
     spec = anonymous_gpu(8 * GiB)
-    p = plan(w, spec)
+    p = plan_for_gpu(w, spec)
     limit = 8 * GiB - int(8 * GiB * 0.05) - OVERHEAD
     expected = limit // (100 * MiB)
     assert p.knobs == {"num_envs": expected}
@@ -95,11 +95,11 @@ def test_binding_rule_and_knob_ranges() -> None:
         "  num_envs: {min: 1, max: 64}\n",
         "constraints:\n  rules:\n    - {knob: num_envs, max: 40, name: 'sim limit'}\n",
     )
-    p = plan(w, anonymous_gpu(8 * GiB))
+    p = plan_for_gpu(w, anonymous_gpu(8 * GiB))
     assert p.knobs == {"num_envs": 40}
     assert p.binding == "rule: sim limit"
     small = custom("{per_env: 'num_envs * 1048576'}", "  num_envs: {min: 1, max: 8}\n")
-    assert plan(small, anonymous_gpu(8 * GiB)).binding == "knob ranges"
+    assert plan_for_gpu(small, anonymous_gpu(8 * GiB)).binding == "knob ranges"
 
 
 def test_priority_breaks_objective_ties() -> None:
@@ -109,9 +109,9 @@ def test_priority_breaks_objective_ties() -> None:
         "  x: {min: 1, max: 4, priority: 0}\n  y: {min: 1, max: 4, priority: 5}\n",
         "objective: '1'\n",
     )
-    assert plan(w, anonymous_gpu(8 * GiB)).knobs == {"x": 4, "y": 4}
+    assert plan_for_gpu(w, anonymous_gpu(8 * GiB)).knobs == {"x": 4, "y": 4}
     # room for 5 blocks: the high-priority knob keeps its maximum, the other shrinks
-    tight = plan(w, anonymous_gpu(OVERHEAD + 80 * MiB), margin=0)
+    tight = plan_for_gpu(w, anonymous_gpu(OVERHEAD + 80 * MiB), margin=0)
     assert tight.knobs == {"x": 1, "y": 4}
     assert tight.binding == "a"
 
@@ -120,7 +120,7 @@ def test_infeasible_reports_smallest_footprint_and_term() -> None:
     w = custom("{weights: 6GiB, buffer: 'n * 1048576'}", "  n: {min: 1, max: 10}\n")
     spec = anonymous_gpu(4 * GiB)
     with pytest.raises(InfeasiblePlan) as info:
-        plan(w, spec)
+        plan_for_gpu(w, spec)
     exc = info.value
     assert exc.binding_term == "weights"
     budget = compose_budget(spec)
@@ -138,12 +138,12 @@ def test_infeasible_when_no_setting_keeps_the_rules() -> None:
         "constraints:\n  rules:\n    - {expr: 'n > 4'}\n",
     )
     with pytest.raises(ConfigError, match="keeps every rule"):
-        plan(w, anonymous_gpu(8 * GiB))
+        plan_for_gpu(w, anonymous_gpu(8 * GiB))
 
 
 def test_jax_preallocation_is_checked() -> None:
     w = load_workload("brax_humanoid_ppo")
-    p = plan(w, gpu("RTX 4070"))
+    p = plan_for_gpu(w, gpu("RTX 4070"))
     pool = int(gpu("RTX 4070").total_bytes * 0.90)  # memfit's recommendation on this card
     assert p.pool_bytes == pool
     assert p.predicted_bytes == p.breakdown["cuda_context"] + pool
@@ -156,19 +156,19 @@ def test_jax_preallocation_is_checked() -> None:
     assert any(n.startswith("XLA_PYTHON_CLIENT_MEM_FRACTION=0.90: ") for n in p.notes)
     # a fraction the workload sets is planned with, and the note says memfit's
     w75 = w.model_copy(update={"jax": JaxSettings(mem_fraction=0.75)})
-    p75 = plan(w75, gpu("RTX 4070"))
+    p75 = plan_for_gpu(w75, gpu("RTX 4070"))
     assert p75.pool_bytes == int(gpu("RTX 4070").total_bytes * 0.75)
     assert p75.environment["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.75"
     assert any("memfit recommends 0.90" in n for n in p75.notes)
     with pytest.raises(InfeasiblePlan, match="JAX preallocates") as info:
-        plan(w75, anonymous_gpu(4 * GiB), margin=0.3)
+        plan_for_gpu(w75, anonymous_gpu(4 * GiB), margin=0.3)
     assert info.value.binding_term == "jax_preallocation"
     assert info.value.hint is not None and "XLA_PYTHON_CLIENT_MEM_FRACTION=" in info.value.hint
 
 
 def test_pinned_configuration_is_reported_even_when_it_does_not_fit() -> None:
     w = load_workload("dqn_fire_raster@device_replay")
-    p = plan(w, anonymous_gpu(3_700_000_000), {"buffer_size": 200000, "batch_size": 64},
+    p = plan_for_gpu(w, anonymous_gpu(3_700_000_000), {"buffer_size": 200000, "batch_size": 64},
              host_memory_bytes=16 * GiB)  # fmt: skip
     assert not p.fits
     assert p.binding == "replay_buffer"
@@ -185,15 +185,15 @@ def test_pinned_configuration_is_reported_even_when_it_does_not_fit() -> None:
     smaller = options["a smaller replay buffer"]
     assert smaller["fits"] and 50_000 <= smaller["knobs"]["buffer_size"] < 100_000
     with pytest.raises(ConfigError, match="buffer_size"):
-        plan(w, anonymous_gpu(3_700_000_000), {"buffer_size": 200004, "batch_size": 64})
+        plan_for_gpu(w, anonymous_gpu(3_700_000_000), {"buffer_size": 200004, "batch_size": 64})
 
 
 def test_override_pins_one_knob() -> None:
     w = load_workload("brax_humanoid_ppo")
-    p = plan(w, gpu("RTX 4090"), {"num_envs": 4096})
+    p = plan_for_gpu(w, gpu("RTX 4090"), {"num_envs": 4096})
     assert p.knobs["num_envs"] == 4096
     with pytest.raises(ConfigError, match="neither a knob nor a setting"):
-        plan(w, gpu("RTX 4090"), {"num_env": 4096})
+        plan_for_gpu(w, gpu("RTX 4090"), {"num_env": 4096})
 
 
 def test_effective_batch_keeps_the_product() -> None:
@@ -203,7 +203,7 @@ def test_effective_batch_keeps_the_product() -> None:
         "  accum: {min: 1, max: 64, powers_of_two: true}\n",
         "effective_batch: {micro: micro, accumulation: accum, value: 64}\nobjective: micro\n",
     )
-    p = plan(w, anonymous_gpu(8 * GiB))
+    p = plan_for_gpu(w, anonymous_gpu(8 * GiB))
     assert p.knobs["micro"] * p.knobs["accum"] == 64  # type: ignore[operator]
     assert p.knobs == {"micro": 16, "accum": 4}  # 16 x 256 MiB fits, 32 x 256 MiB does not
 
@@ -215,7 +215,7 @@ def test_effective_batch_without_a_divisor_is_a_config_error() -> None:
         "effective_batch: {micro: micro, accumulation: accum, value: 64}\n",
     )
     with pytest.raises(ConfigError, match="no value of micro keeps effective_batch"):
-        plan(w, anonymous_gpu(8 * GiB))
+        plan_for_gpu(w, anonymous_gpu(8 * GiB))
 
 
 def test_replay_auto_placement_and_host_ram() -> None:
@@ -223,17 +223,17 @@ def test_replay_auto_placement_and_host_ram() -> None:
     assert w.replay is not None
     auto = w.model_copy(update={"replay": w.replay.model_copy(update={"placement": "auto"})})
     spec = anonymous_gpu(3_700_000_000)
-    p = plan(auto, spec)
+    p = plan_for_gpu(auto, spec)
     assert p.knobs["replay_placement"] == "host"
     assert p.knobs["buffer_size"] == 1000000
     assert "replay_buffer" not in p.breakdown
-    limited = plan(auto, spec, host_memory_bytes=16 * GiB)
+    limited = plan_for_gpu(auto, spec, host_memory_bytes=16 * GiB)
     assert int(limited.knobs["buffer_size"]) < 1000000
     with pytest.raises(InfeasiblePlan) as info:
         host_only = auto.model_copy(
             update={"replay": w.replay.model_copy(update={"placement": "host"})}
         )
-        plan(host_only, spec, host_memory_bytes=100 * MiB)
+        plan_for_gpu(host_only, spec, host_memory_bytes=100 * MiB)
     assert info.value.binding_term == "host_memory"
 
 
@@ -243,7 +243,7 @@ def test_plan_many_matches_plan_and_is_deterministic() -> None:
     many = plan_many(w, specs)
     for spec, result in zip(specs, many, strict=True):
         try:
-            single: Plan | InfeasiblePlan = plan(w, spec)
+            single: Plan | InfeasiblePlan = plan_for_gpu(w, spec)
         except InfeasiblePlan as exc:
             single = exc
         if isinstance(single, Plan):
@@ -255,7 +255,7 @@ def test_plan_many_matches_plan_and_is_deterministic() -> None:
 
 
 def test_plan_dict_has_exactly_the_plan_fields() -> None:
-    p = plan(load_workload("act_dual_camera"), gpu("RTX 4060 Ti"))
+    p = plan_for_gpu(load_workload("act_dual_camera"), gpu("RTX 4060 Ti"))
     assert list(p.to_dict()) == [
         "gpu",
         "budget_bytes",
@@ -347,7 +347,7 @@ def test_plan_is_valid_and_maximal(w: Workload, spec: GpuSpec, margin: float) ->
     configs = brute_force(w, spec, margin)
     fitting = [c for c in configs if c[2] <= budget.budget_bytes]
     try:
-        p = plan(w, spec, margin=margin)
+        p = plan_for_gpu(w, spec, margin=margin)
     except InfeasiblePlan as exc:
         assert not fitting
         if configs:
@@ -380,7 +380,7 @@ def test_plan_is_valid_and_maximal(w: Workload, spec: GpuSpec, margin: float) ->
 def test_bigger_gpu_never_gets_a_worse_objective(w: Workload, small: int, extra: int) -> None:
     def best(size: int) -> float | None:
         try:
-            p = plan(w, anonymous_gpu(size * GiB))
+            p = plan_for_gpu(w, anonymous_gpu(size * GiB))
         except (InfeasiblePlan, ConfigError):
             return None
         return float(
@@ -424,7 +424,7 @@ constraints: {{presets: [brax_ppo]}}
 """
     )
     try:
-        p = plan(w, anonymous_gpu(size * GiB))
+        p = plan_for_gpu(w, anonymous_gpu(size * GiB))
     except InfeasiblePlan as exc:
         assert exc.smallest_bytes is not None and exc.smallest_bytes > 0
         return

@@ -6,7 +6,7 @@ import pytest
 
 from memfit.core.catalog import gpu
 from memfit.core.families import evaluate
-from memfit.core.plan import plan
+from memfit.core.plan import plan_for_gpu
 from memfit.core.simulator import PRESETS, SimulatorSpec, simulator_terms
 from memfit.core.workload import load_workload, parse_workload
 from memfit.errors import ConfigError, InfeasiblePlan
@@ -74,7 +74,7 @@ objective: num_envs
 def test_outside_the_pool_with_jax() -> None:
     """With a JAX pool the simulator's memory lives beside the pool, not inside it."""
     w = parse_workload(SIM_JAX + "jax: {mem_fraction: 0.5}\n")
-    p = plan(w, gpu("RTX 4090"))
+    p = plan_for_gpu(w, gpu("RTX 4090"))
     total = gpu("RTX 4090").total_bytes
     pool = int(total * 0.5)
     outside = p.budget_bytes - p.breakdown["cuda_context"] - pool
@@ -90,7 +90,7 @@ def test_outside_the_pool_with_jax() -> None:
 
 
 def test_with_a_simulator_memfit_recommends_no_preallocation() -> None:
-    p = plan(parse_workload(SIM_JAX), gpu("RTX 4090"))
+    p = plan_for_gpu(parse_workload(SIM_JAX), gpu("RTX 4090"))
     assert p.pool_bytes is None
     assert p.environment == {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     assert any("XLA_PYTHON_CLIENT_PREALLOCATE=false: the simulator" in n for n in p.notes)
@@ -103,5 +103,5 @@ def test_with_a_simulator_memfit_recommends_no_preallocation() -> None:
 
 def test_the_simulator_alone_can_leave_no_room() -> None:
     with pytest.raises(InfeasiblePlan) as info:
-        plan(load_workload("act_dual_camera"), gpu("GTX 1650"))
+        plan_for_gpu(load_workload("act_dual_camera"), gpu("GTX 1650"))
     assert info.value.binding_term in ("simulator_base", "renderer_cameras")

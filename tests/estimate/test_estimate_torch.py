@@ -72,7 +72,7 @@ CASES: list[tuple[str, Any, int, float]] = [
     ("checkpointed_mlp", lambda: W.make_checkpointed_mlp(128, 4), 64, 0.002),
     ("dqn_cnn", lambda: W.make_dqn_cnn(84), 8, 0.002),
     # The CPU flash-attention kernel of scaled_dot_product_attention allocates scratch
-    # buffers inside the kernel; the tracer measures them (memfit.estimate.kernels).
+    # buffers inside the kernel; the tracer measures them (memfit.estimate._kernels).
     ("transformer_block", lambda: W.make_transformer_block(64, 16), 8, 0.002),
 ]
 

@@ -9,7 +9,7 @@ import pytest
 import memfit
 from memfit.backends.simulated import SimulatedDevice
 from memfit.core.catalog import gpu
-from memfit.core.plan import plan
+from memfit.core.plan import plan_for_gpu
 from memfit.core.workload import load_workload
 from memfit.errors import BackendUnavailable, InfeasiblePlan
 from memfit.runtime.autoconfig import autoconfig, read_device
@@ -41,7 +41,7 @@ def test_more_free_memory_plans_more() -> None:
     )
     assert int(small.knobs["num_envs"]) < int(large.knobs["num_envs"])
     # the same as a plan made with the other processes taken off and the context counted
-    expected = plan(
+    expected = plan_for_gpu(
         load_workload("act_dual_camera@no_sim"),
         gpu(8 * GiB),
         other_processes_bytes=GiB,

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from memfit.runtime import distributed
+from memfit.runtime import _distributed as distributed
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _memfit_guard_ddp_worker as ddp_worker

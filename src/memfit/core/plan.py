@@ -53,7 +53,7 @@ from memfit.core.workload import Workload
 from memfit.errors import ConfigError, InfeasiblePlan
 from memfit.units import format_bytes
 
-__all__ = ["Plan", "plan", "plan_many"]
+__all__ = ["Plan", "plan_for_gpu", "plan_many"]
 
 #: How many next-best configurations a plan lists.
 DEFAULT_ALTERNATIVES = 3
@@ -889,7 +889,7 @@ def _preallocates(workload: Workload) -> bool:
     return workload.jax.preallocate
 
 
-def plan(
+def plan_for_gpu(
     workload: Workload,
     gpu: GpuSpec,
     overrides: Mapping[str, int] | None = None,
@@ -929,7 +929,7 @@ def plan(
 
     >>> from memfit.core.catalog import gpu
     >>> from memfit.core.workload import load_workload
-    >>> p = plan(load_workload("brax_humanoid_ppo"), gpu("RTX 4090"))
+    >>> p = plan_for_gpu(load_workload("brax_humanoid_ppo"), gpu("RTX 4090"))
     >>> p.fits and sum(p.breakdown.values()) == p.predicted_bytes <= p.budget_bytes
     True
     """

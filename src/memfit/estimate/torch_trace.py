@@ -22,7 +22,7 @@ batch) and other (left over from ``build``).
 Besides the tensors, the sequence holds what kernels take inside an op, each for the device it
 belongs to: the cuBLAS workspace of every (handle, stream) that runs a matmul (CUDA only; on a
 CPU trace the backward pass stands for the autograd device thread's handle), and the scratch
-that :mod:`memfit.estimate.kernels` measures (oneDNN convolutions and CPU attention for the
+that :mod:`memfit.estimate._kernels` measures (oneDNN convolutions and CPU attention for the
 CPU's ``exact_peak``; losses' unreduced buffers for every figure). Ordinary model code that
 fake tensors refuse as such (``module.to(device)``, initialisers that read values, logging
 inside a library, an explicit ``"cuda"`` on a machine without one) is made to trace by
@@ -57,8 +57,8 @@ from memfit.estimate._fake_compat import (
     locate_failure,
     scalar_stand_in,
 )
+from memfit.estimate._sequence import Fit, SequenceModel
 from memfit.estimate.affine import AffineFit, check_batch_sizes, fit_affine
-from memfit.estimate.sequence import Fit, SequenceModel
 from memfit.units import format_bytes
 
 __all__ = [
@@ -208,7 +208,7 @@ class TorchEstimate:
         extra_bytes: float = 0.0,
     ) -> Fit | None:
         """Replay the traced GPU-side allocations at ``value`` through the allocator model
-        (see :meth:`memfit.estimate.sequence.SequenceModel.replay`); ``None`` without a
+        (see :meth:`memfit.estimate._sequence.SequenceModel.replay`); ``None`` without a
         sequence model."""
         if self.sequence is None:
             return None
@@ -231,7 +231,7 @@ class TorchEstimate:
     ) -> Fit | None:
         """The largest batch whose traced allocations fit under ``limit_bytes`` in the
         allocator model (and keep its reserved peak within ``target_bytes``), from the two
-        largest batch sizes traced (:class:`memfit.estimate.sequence.SequenceModel`).
+        largest batch sizes traced (:class:`memfit.estimate._sequence.SequenceModel`).
 
         Returns:
             The replay at that batch, or ``None`` when the traces cannot be interpolated
@@ -327,7 +327,7 @@ class _Trace:
     cublas_handles: set[object] = field(default_factory=set)
     stand_ins: int = 0
     retargeted: int = 0
-    kernel_scratch: Any = None  # a memfit.estimate.kernels.ScratchRecorder, or None
+    kernel_scratch: Any = None  # a memfit.estimate._kernels.ScratchRecorder, or None
     current_op: str | None = None
     closed: bool = False
 
@@ -837,7 +837,7 @@ def trace_requests(
 
     recorder = None
     if kernel_scratch:
-        from memfit.estimate.kernels import ScratchRecorder
+        from memfit.estimate._kernels import ScratchRecorder
 
         recorder = ScratchRecorder()
     trace = _run_trace(
@@ -896,7 +896,7 @@ def estimate_torch(
         batch_knob: The workload knob the batch size stands for.
         kernel_scratch: Measure the scratch memory kernels take inside an op by running each
             distinct call of such an op once for real on this machine's CPU (see
-            :mod:`memfit.estimate.kernels`): oneDNN convolutions and CPU flash attention
+            :mod:`memfit.estimate._kernels`): oneDNN convolutions and CPU flash attention
             (``exact_peak`` of a CPU trace only) and the unreduced buffer of losses (every
             figure). ``None`` (default) or ``True``: measure; ``False``: skip (faster; those
             buffers are then not counted).
@@ -964,7 +964,7 @@ def estimate_torch(
     gpu_events: dict[int, list[tuple[bool, int, int]]] = {}
     for size in sizes:
         if measure_scratch:
-            from memfit.estimate.kernels import ScratchRecorder
+            from memfit.estimate._kernels import ScratchRecorder
 
             recorder = ScratchRecorder()
         trace = _run_trace(

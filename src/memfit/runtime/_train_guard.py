@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from memfit.backends.live import simulated_gpu, torch_cuda
 from memfit.core import ladder
 from memfit.errors import ConfigError, MemfitError, OutOfMemory, require_positive_int
-from memfit.runtime import distributed
+from memfit.runtime import _distributed as distributed
 from memfit.runtime._batching import batch_size, chunk_bounds, split_batch
 from memfit.runtime._guard_base import GuardBase
 from memfit.runtime._memory import (

@@ -31,7 +31,7 @@ from memfit.core.budget import DEFAULT_MARGIN
 from memfit.core.catalog import GpuSpec, anonymous_gpu
 from memfit.core.catalog import gpu as catalog_gpu
 from memfit.core.plan import Plan
-from memfit.core.plan import plan as core_plan
+from memfit.core.plan import plan_for_gpu as core_plan
 from memfit.core.workload import JaxSettings, Workload, load_workload
 from memfit.errors import BackendUnavailable, ConfigError
 from memfit.units import format_bytes, parse_fraction

@@ -51,7 +51,7 @@ for infs and the scale updated once per full step. Under DDP the backward passes
 ``model.no_sync()`` and the gradients are averaged with one all-reduce once every micro-batch
 on every rank has succeeded; every rank takes the same decision through one small all-reduce
 before the optimizer step and settles the step with another after it
-(:mod:`memfit.runtime.distributed`): a rank whose step failed takes the parameters and state
+(:mod:`memfit.runtime._distributed`): a rank whose step failed takes the parameters and state
 of one whose step succeeded, and an error on one rank stops all of them. After
 ``grow_back_after`` clean steps the guard halves its number of micro-batches again, so a
 transient spike does not slow a run forever (a step is clean when it did not have to split

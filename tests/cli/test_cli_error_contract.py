@@ -1,4 +1,4 @@
-"""Regression tests from a QA pass: a careless user's input through the CLI contract.
+"""The CLI error contract, for a careless user's input: Error and Hint, exit codes, one JSON.
 
 The contract (DESIGN.md): a problem prints ``Error:`` and ``Hint:`` on stderr and exits 1 (usage
 errors exit 2); it names the key path or the line; never a traceback, never "internal error" for
@@ -17,7 +17,7 @@ import pytest
 
 from memfit.cli.main import main
 from memfit.core.catalog import anonymous_gpu
-from memfit.core.plan import plan as core_plan
+from memfit.core.plan import plan_for_gpu as core_plan
 from memfit.core.workload import parse_workload
 from memfit.errors import ConfigError, EstimateError, InfeasiblePlan, read_user_text
 

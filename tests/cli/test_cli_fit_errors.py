@@ -1,4 +1,4 @@
-"""Regression tests from a QA pass on ``memfit fit``: user mistakes are errors, not crashes."""
+"""`memfit fit` and user mistakes: errors with hints, not crashes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Regression tests from a QA pass: integrations name what is missing and refuse wrong objects."""
+"""Integrations name what is missing and refuse objects that are not what they need."""
 
 from __future__ import annotations
 

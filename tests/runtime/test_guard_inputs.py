@@ -1,4 +1,4 @@
-"""Regression tests from a QA pass: misuse of the guards, fit and cleanup gives memfit errors."""
+"""Misuse of the guards, fit and cleanup gives memfit errors that say what to do."""
 
 from __future__ import annotations
 
