@@ -51,6 +51,7 @@ class Reading:
         allocated_bytes: Held by live tensors (buffers).
         reserved_bytes: Held by the framework's allocator (allocated plus its cache).
         peak_allocated_bytes: The largest ``allocated_bytes`` since the last peak reset.
+        peak_reserved_bytes: The largest ``reserved_bytes`` since the last peak reset.
         device_used_bytes: What the device has in use, all processes and the context
             included (``nvidia-smi``'s figure).
         total_bytes: The device's capacity.
@@ -65,6 +66,7 @@ class Reading:
     allocated_bytes: int | None = None
     reserved_bytes: int | None = None
     peak_allocated_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
     device_used_bytes: int | None = None
     total_bytes: int | None = None
     budget_bytes: int | None = None
@@ -198,6 +200,7 @@ class TorchCudaReader:
             allocated_bytes=counts.allocated,
             reserved_bytes=counts.reserved,
             peak_allocated_bytes=counts.peak_allocated,
+            peak_reserved_bytes=counts.peak_reserved,
             device_used_bytes=int(total) - int(free),
             total_bytes=self.total,
             free_bytes=int(free) + counts.reserved - counts.allocated,
@@ -211,13 +214,14 @@ class TorchCudaReader:
 
 
 def jax_gpu() -> Any | None:
-    """A JAX GPU device with memory statistics, when jax is imported, else ``None``."""
+    """A JAX accelerator (GPU, TPU) with memory statistics, when jax is imported, else
+    ``None``."""
     jax = sys.modules.get("jax")
     if jax is None:
         return None
     try:
         for dev in jax.devices():
-            if getattr(dev, "platform", "") == "gpu" and dev.memory_stats() is not None:
+            if getattr(dev, "platform", "cpu") != "cpu" and dev.memory_stats() is not None:
                 return dev
     except RuntimeError:
         return None
@@ -246,6 +250,7 @@ class JaxReader:
             allocated_bytes=in_use,
             reserved_bytes=get("bytes_reserved"),
             peak_allocated_bytes=get("peak_bytes_in_use"),
+            peak_reserved_bytes=get("peak_bytes_reserved"),
             budget_bytes=limit,
             free_bytes=limit - in_use if limit is not None and in_use is not None else None,
         )

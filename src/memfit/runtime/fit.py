@@ -39,13 +39,19 @@ from __future__ import annotations
 import dataclasses
 import gc
 import math
-import sys
-import traceback
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from memfit.backends.live import (
+    JaxReader,
+    SimulatedReader,
+    TorchCudaReader,
+    jax_gpu,
+    simulated_gpu,
+    torch_cuda_available,
+)
 from memfit.core.measured import MeasuredTerms
 from memfit.core.search import (
     DEFAULT_TOLERANCE,
@@ -58,7 +64,7 @@ from memfit.core.search import (
     valid_values,
 )
 from memfit.errors import BackendUnavailable, ConfigError, InfeasiblePlan
-from memfit.runtime.oom import is_oom
+from memfit.runtime.oom import forget_exception, is_oom
 from memfit.units import format_bytes, parse_bytes
 
 __all__ = ["FitResult", "Prior", "Probe", "fit", "prior_from", "trace_prior"]
@@ -146,6 +152,7 @@ class _SimulatedMeter:
 
     def __init__(self, gpu: Any) -> None:
         self._gpu = gpu
+        self._reader = SimulatedReader()
 
     def default_budget(self) -> int:
         return int(self._gpu.budget_bytes)
@@ -163,10 +170,10 @@ class _SimulatedMeter:
 
     def before_probe(self) -> None:
         gc.collect()
-        self._gpu.reset_peak()
+        self._reader.reset_peak()
 
     def after_probe(self) -> int | None:
-        return int(self._gpu.peak_allocated_bytes)
+        return self._reader.read().peak_allocated_bytes
 
     def release(self) -> None:
         gc.collect()
@@ -175,8 +182,9 @@ class _SimulatedMeter:
 class _CudaMeter:
     """torch's caching allocator on one CUDA device, capped at the budget."""
 
-    def __init__(self, index: int) -> None:
+    def __init__(self, torch_module: Any, index: int) -> None:
         self._index = index
+        self._reader = TorchCudaReader(torch_module, index)
         self.name = f"cuda:{index}"
         self.last_reserved = 0
 
@@ -187,15 +195,15 @@ class _CudaMeter:
         replaces while it runs."""
         import torch
 
-        from memfit.runtime.simulate import active
-
-        free, total = torch.cuda.mem_get_info(self._index)
-        reachable = int(free) + int(torch.cuda.memory_reserved(self._index))
-        gpu = active()
+        now = self._reader.read()
+        total = now.total_bytes or 0
+        free = total - (now.device_used_bytes or 0)
+        reachable = free + (now.reserved_bytes or 0)
+        gpu = simulated_gpu()
         if gpu is not None and gpu.device_kind == self.name:
-            return min(reachable, gpu.budget_bytes)  # exact, not through a float fraction
+            return min(reachable, int(gpu.budget_bytes))  # exact, not through a float fraction
         fraction = float(torch.cuda.get_per_process_memory_fraction(self._index))
-        return min(reachable, int(fraction * int(total)))
+        return min(reachable, int(fraction * total))
 
     @contextmanager
     def capped(self, budget: int) -> Iterator[None]:
@@ -209,14 +217,15 @@ class _CudaMeter:
 
         gc.collect()
         torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(self._index)
+        self._reader.reset_peak()
 
     def after_probe(self) -> int | None:
         import torch
 
         torch.cuda.synchronize(self._index)
-        self.last_reserved = int(torch.cuda.max_memory_reserved(self._index))
-        return int(torch.cuda.max_memory_allocated(self._index))
+        now = self._reader.read()
+        self.last_reserved = now.peak_reserved_bytes or 0
+        return now.peak_allocated_bytes
 
     def release(self) -> None:
         import torch
@@ -229,16 +238,12 @@ class _JaxMeter:
     """A JAX device with memory statistics (a GPU); the peak cannot be reset."""
 
     def __init__(self, device: Any) -> None:
-        self._device = device
+        self._reader = JaxReader(device)
         self.name = f"jax:{device.platform}:{device.id}"
-        self._running_peak = self._stats().get("peak_bytes_in_use", 0)
-
-    def _stats(self) -> Mapping[str, int]:
-        stats = self._device.memory_stats()
-        return stats if stats is not None else {}
+        self._running_peak = self._reader.read().peak_allocated_bytes or 0
 
     def default_budget(self) -> int:
-        limit = self._stats().get("bytes_limit")
+        limit = self._reader.read().budget_bytes
         if limit is None:
             raise ConfigError(
                 f"{self.name} does not report its memory limit",
@@ -255,7 +260,7 @@ class _JaxMeter:
         gc.collect()
 
     def after_probe(self) -> int | None:
-        peak = self._stats().get("peak_bytes_in_use")
+        peak = self._reader.read().peak_allocated_bytes
         if peak is None or peak <= self._running_peak:
             return None
         self._running_peak = int(peak)
@@ -267,9 +272,7 @@ class _JaxMeter:
 
 def _choose_meter(device: str | None) -> _Meter:
     """Pick where to measure: the active simulation, CUDA, or a JAX GPU."""
-    from memfit.runtime.simulate import active
-
-    sim = active()
+    sim = simulated_gpu()
     wanted = device.strip().lower() if device is not None else None
     if sim is not None and sim.device_kind == "cpu" and wanted in (None, "cpu", "simulated"):
         return _SimulatedMeter(sim)
@@ -281,10 +284,10 @@ def _choose_meter(device: str | None) -> _Meter:
     if sim is not None and wanted is None:
         wanted = sim.device_kind
     if wanted is None or wanted == "cuda" or wanted.startswith("cuda:"):
-        torch = sys.modules.get("torch")
-        if torch is not None and torch.cuda.is_available():
+        torch = torch_cuda_available()
+        if torch is not None:
             if wanted is None or wanted == "cuda":
-                return _CudaMeter(int(torch.cuda.current_device()))
+                return _CudaMeter(torch, int(torch.cuda.current_device()))
             try:
                 index = int(wanted.split(":", 1)[1])
             except ValueError:
@@ -296,17 +299,16 @@ def _choose_meter(device: str | None) -> _Meter:
                     f"no CUDA device {index} (torch sees {torch.cuda.device_count()})",
                     key_path="device",
                 )
-            return _CudaMeter(index)
+            return _CudaMeter(torch, index)
         if wanted is not None:
             raise BackendUnavailable(
                 f"{device} was asked for but torch has no CUDA device here",
                 hint="use --device cpu (simulated under --budget) on a machine without a GPU",
             )
-    if wanted in (None, "jax") and "jax" in sys.modules:
-        jax = sys.modules["jax"]
-        for dev in jax.devices():
-            if dev.platform != "cpu" and dev.memory_stats() is not None:
-                return _JaxMeter(dev)
+    if wanted in (None, "jax"):
+        jax_device = jax_gpu()
+        if jax_device is not None:
+            return _JaxMeter(jax_device)
     if wanted not in (None, "jax"):
         raise ConfigError(
             f"unknown device {device!r}",
@@ -481,21 +483,6 @@ def _uncertainty(residual: float | int | None, scale: float) -> float:
     return min(0.5, max(base, 2.0 * float(residual) / scale))
 
 
-def _clear_exception(exc: BaseException) -> None:
-    """Drop what pins a failed probe's tensors: traceback frames and chained exceptions."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if current.__traceback__ is not None:
-            traceback.clear_frames(current.__traceback__)
-        current.__traceback__ = None
-        following = current.__cause__ or current.__context__
-        current.__cause__ = None
-        current.__context__ = None
-        current = following
-
-
 def _run_probe(
     run: Callable[[int], object], value: int, meter: _Meter, reserved_target: int | None = None
 ) -> Probe:
@@ -509,7 +496,7 @@ def _run_probe(
         if not is_oom(exc):
             raise
         failed = True
-        _clear_exception(exc)
+        forget_exception(exc)
     # Outside the except block: the exception and its frames are gone, so memory can go too.
     peak = meter.after_probe()
     if failed:

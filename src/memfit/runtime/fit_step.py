@@ -206,8 +206,11 @@ def _search_budget(device: str, budget: int | None) -> tuple[int, Any]:
     torch_device = torch.device(device)
     if budget is not None:
         return budget, torch_device
-    free, _total = torch.cuda.mem_get_info(torch_device)
-    return int(free) + int(torch.cuda.memory_reserved(torch_device)), torch_device
+    from memfit.backends.live import TorchCudaReader
+
+    now = TorchCudaReader(torch, torch_device.index or 0).read()
+    free = (now.total_bytes or 0) - (now.device_used_bytes or 0)
+    return free + (now.reserved_bytes or 0), torch_device
 
 
 def fit_step(
