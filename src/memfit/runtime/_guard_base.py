@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 from dataclasses import replace
 from typing import Any
 
@@ -12,7 +13,7 @@ from memfit.runtime.events import EventSink, MemoryEvent, emit
 __all__ = ["GuardBase"]
 
 
-class GuardBase:
+class GuardBase(abc.ABC):
     """The ladder state and the events of a guard (TrainGuard, RolloutGuard, the JAX guard).
 
     Subclasses set ``source`` and call :meth:`_start_ladder` in their ``__init__``.
@@ -39,6 +40,51 @@ class GuardBase:
     def splits(self, value: int) -> None:
         require_positive_int("splits", value)
         self._ladder = replace(self._ladder, splits=value)
+
+    @abc.abstractmethod
+    def _event(self, kind: str, message: str, **data: Any) -> None:
+        """Report an event (each guard says which step it counts and which figures)."""
+
+    def _next_rung(
+        self,
+        tried: list[str],
+        *,
+        n: int,
+        splits: int,
+        size: int,
+        failures: int,
+        split_here: bool,
+        unit: str,
+        split_message: str,
+    ) -> ladder.Action:
+        """Ask the ladder what to do after a chunk failed; note a retry or a split in
+        ``tried`` and as an event (``unit`` names a chunk in the retry's message).
+
+        Returns:
+            The ladder's action (:class:`~memfit.core.ladder.GiveUp` is left to the guard).
+        """
+        self._ladder, action = ladder.on_oom(
+            self._config,
+            self._ladder,
+            n=n,
+            splits=splits,
+            size=size,
+            failures=failures,
+            split_here=split_here,
+        )
+        if isinstance(action, ladder.Retry):
+            tried.append(f"retry x{splits}")
+            self._event(
+                "retry",
+                f"retrying with {splits} {unit}(s)"
+                + (" (this size ran before: a transient failure)" if action.transient else ""),
+                splits=splits,
+                transient=action.transient,
+            )
+        elif isinstance(action, ladder.Split):
+            tried.append(f"split x{action.splits}")
+            self._event("split", split_message.format(splits=action.splits), splits=action.splits)
+        return action
 
     def _record(self, kind: str, message: str, step: int, data: dict[str, Any]) -> None:
         """Keep an event and pass it to ``on_event``."""

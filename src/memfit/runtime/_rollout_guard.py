@@ -178,27 +178,21 @@ class RolloutGuard(GuardBase, Generic[T]):
                 stop=stop,
                 error=message.splitlines()[0],
             )
-            self._ladder, action = ladder.on_oom(
-                config,
-                self._ladder,
+            action = self._next_rung(
+                tried,
                 n=items,
                 splits=splits,
                 size=stop - done,
                 failures=failures,
                 split_here=split_here,
+                unit="chunk",
+                split_message="running in {splits} chunks of the environments",
             )
-            if isinstance(action, ladder.Retry):
-                tried.append(f"retry x{splits}")
-                self._event("retry", f"retrying with {splits} chunk(s)", splits=splits)
-            elif isinstance(action, ladder.Split) and n is not None:
+            if isinstance(action, ladder.Split):
                 splits = action.splits
                 failures = 0
                 split_here = True
-                tried.append(f"split x{splits}")
-                self._event(
-                    "split", f"running in {splits} chunks of the environments", splits=splits
-                )
-            else:
+            elif isinstance(action, ladder.GiveUp):
                 now = reading()
                 self._ladder = ladder.after_give_up(self._ladder)
                 self._event("give_up", "out of memory after " + ", ".join(tried), tried=tried)

@@ -560,36 +560,22 @@ class TrainGuard(GuardBase):
                 stop=stop,
                 error=message.splitlines()[0],
             )
-            self._ladder, action = ladder.on_oom(
-                config,
-                self._ladder,
+            action = self._next_rung(
+                tried,
                 n=n,
                 splits=splits,
                 size=size,
                 failures=failures,
                 split_here=split_here,
+                unit="micro-batch",
+                split_message="splitting the batch into {splits} micro-batches "
+                f"({n - done} items left)",
             )
-            if isinstance(action, ladder.Retry):
-                tried.append(f"retry x{splits}")
-                self._event(
-                    "retry",
-                    f"retrying with {splits} micro-batch(es)"
-                    + (" (this size ran before: a transient failure)" if action.transient else ""),
-                    splits=splits,
-                    transient=action.transient,
-                )
-            elif isinstance(action, ladder.Split):
+            if isinstance(action, ladder.Split):
                 splits = action.splits
                 failures = 0
                 split_here = True
-                tried.append(f"split x{splits}")
-                self._event(
-                    "split",
-                    f"splitting the batch into {splits} micro-batches ({n - done} items left)",
-                    splits=splits,
-                    done=done,
-                )
-            else:
+            elif isinstance(action, ladder.GiveUp):
                 self._buffers.discard_average()
                 self._ladder = replace(self._ladder, splits=splits)
                 return losses, splits > first_splits, (message, action.smallest)

@@ -235,25 +235,21 @@ class TrainGuard(GuardBase):
                 splits=splits,
                 error=message.splitlines()[0],
             )
-            self._ladder, action = ladder.on_oom(
-                config,
-                self._ladder,
+            action = self._next_rung(
+                tried,
                 n=n,
                 splits=splits,
                 size=n // splits,
                 failures=failures,
                 split_here=split_here,
+                unit="chunk",
+                split_message="micro-batched step with {splits} chunks",
             )
-            if isinstance(action, ladder.Retry):
-                tried.append(f"retry x{splits}")
-                self._event("retry", f"retrying with {splits} chunk(s)", splits=splits)
-            elif isinstance(action, ladder.Split):
+            if isinstance(action, ladder.Split):
                 splits = action.splits
                 failures = 0
                 split_here = True
-                tried.append(f"split x{splits}")
-                self._event("split", f"micro-batched step with {splits} chunks", splits=splits)
-            else:
+            elif isinstance(action, ladder.GiveUp):
                 self._ladder = ladder.after_give_up(replace(self._ladder, splits=splits))
                 self._event("give_up", "out of memory after " + ", ".join(tried), tried=tried)
                 device, peak, limit = _jax_figures()

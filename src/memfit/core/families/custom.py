@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from memfit.core.constraints import Expr, parse_expr, require_known
 from memfit.core.families.common import Term
-from memfit.core.families.registry import Family, register
+from memfit.core.families.registry import Family, device_terms, register
 from memfit.core.workload import Workload
 from memfit.errors import ConfigError
 from memfit.units import parse_bytes
@@ -84,17 +84,11 @@ def terms(workload: Workload, values: Mapping[str, int]) -> list[Term]:
     return out
 
 
-def _family_terms(
-    workload: Workload, values: Mapping[str, int], *, on_device: bool = True
-) -> tuple[list[Term], int]:
-    return terms(workload, values), 0
-
-
 FAMILY = register(
     Family(
         name="custom",
         summary="terms given directly, as sizes or expressions over knobs",
-        terms=_family_terms,
+        terms=device_terms(terms),
         section="terms",
         requires=(("terms", "family custom needs a terms: section (name: bytes or expression)"),),
     )

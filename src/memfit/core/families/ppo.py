@@ -31,7 +31,7 @@ from memfit.core.families.common import (
     observation_bytes,
     parameter_terms,
 )
-from memfit.core.families.registry import Family, register
+from memfit.core.families.registry import Family, device_terms, register
 from memfit.core.workload import PpoSpec, Workload
 
 __all__ = ["FAMILY", "rollout_item_values", "terms", "training_item_values"]
@@ -171,17 +171,11 @@ def _layout(workload: Workload) -> str:
     return (workload.ppo or PpoSpec()).layout
 
 
-def _family_terms(
-    workload: Workload, values: Mapping[str, int], *, on_device: bool = True
-) -> tuple[list[Term], int]:
-    return terms(workload, values), 0
-
-
 FAMILY = register(
     Family(
         name="ppo",
         summary="on-policy PPO (Brax, CleanRL or rl_games layout)",
-        terms=_family_terms,
+        terms=device_terms(terms),
         section="ppo",
         schema=PpoSpec,
         requires=(("networks", "family ppo needs at least one network under networks:"),),

@@ -31,6 +31,7 @@ __all__ = [
     "Fallback",
     "Family",
     "FamilyTerms",
+    "device_terms",
     "get_family",
     "register",
     "registered",
@@ -117,6 +118,18 @@ class Family:
 
 
 _REGISTRY: dict[str, Family] = {}
+
+
+def device_terms(fn: Callable[..., list[Term]]) -> FamilyTerms:
+    """A family's ``terms`` for a family whose terms all live on the device:
+    ``fn(workload, values)`` with no host bytes and no placement choice."""
+
+    def family_terms(
+        workload: Workload, values: Mapping[str, int], *, on_device: bool = True
+    ) -> tuple[list[Term], int]:
+        return fn(workload, values), 0
+
+    return family_terms
 
 
 def register(family: Family, *, replace: bool = False) -> Family:

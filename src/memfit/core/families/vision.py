@@ -33,7 +33,7 @@ from memfit.core.families.common import (
     conv_shapes,
     parameter_terms,
 )
-from memfit.core.families.registry import Family, register
+from memfit.core.families.registry import Family, device_terms, register
 from memfit.core.workload import CameraSpec, VisionSpec, Workload, dtype_bytes
 from memfit.errors import ConfigError
 
@@ -110,17 +110,11 @@ def terms(workload: Workload, values: Mapping[str, int]) -> list[Term]:
     return out
 
 
-def _family_terms(
-    workload: Workload, values: Mapping[str, int], *, on_device: bool = True
-) -> tuple[list[Term], int]:
-    return terms(workload, values), 0
-
-
 FAMILY = register(
     Family(
         name="vision_inference",
         summary="policy rollout with cameras (ACT-style)",
-        terms=_family_terms,
+        terms=device_terms(terms),
         section="vision",
         schema=None,
         requires=(("vision", "family vision_inference needs a vision: section"),),
