@@ -20,19 +20,18 @@ from memfit.errors import file_error
 
 __all__ = ["CSV_FIELDS", "SAMPLE_FIELDS", "RecordWriter", "sample_fields"]
 
-#: The fields of every sample, in the order they are written.
-SAMPLE_FIELDS: tuple[str, ...] = (
-    "step",
-    "time",
-    "step_seconds",
+#: The memory figures of a sample: fields of :class:`memfit.backends.live.Reading`.
+READING_FIELDS: tuple[str, ...] = (
     "allocated_bytes",
     "reserved_bytes",
     "peak_allocated_bytes",
     "device_used_bytes",
     "total_bytes",
     "budget_bytes",
-    "source",
 )
+
+#: The fields of every sample, in the order they are written.
+SAMPLE_FIELDS: tuple[str, ...] = ("step", "time", "step_seconds", *READING_FIELDS, "source")
 
 CSV_FIELDS: tuple[str, ...] = (
     "type",
@@ -43,16 +42,6 @@ CSV_FIELDS: tuple[str, ...] = (
     "event_source",
     "message",
 )
-
-READING_FIELDS = (
-    "allocated_bytes",
-    "reserved_bytes",
-    "peak_allocated_bytes",
-    "device_used_bytes",
-    "total_bytes",
-    "budget_bytes",
-)
-
 
 def sample_fields(reading: Reading) -> dict[str, int | None]:
     """A reading's figures as a Recorder sample carries them."""
