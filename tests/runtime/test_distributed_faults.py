@@ -3,47 +3,25 @@ drift apart and never wait for a rank that is gone (gloo, 2 CPU ranks, float64).
 
 from __future__ import annotations
 
-import socket
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _memfit_guard_faults_ddp_worker as worker_module
+from _ddp_launch import free_port, launch
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed missing")
-
-TIMEOUT_S = 240
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     out = tmp_path_factory.mktemp("ddp_faults")
-    context = mp.start_processes(
-        worker_module.worker,
-        args=(2, _free_port(), str(out)),
-        nprocs=2,
-        join=False,
-        start_method="spawn",
-    )
-    deadline = time.monotonic() + TIMEOUT_S
-    while not context.join(timeout=5):
-        if time.monotonic() > deadline:  # a hang is what these tests exist to catch
-            for process in context.processes:
-                process.kill()
-            pytest.fail(f"the ranks did not finish in {TIMEOUT_S} s (a hang?)")
+    launch(worker_module.worker, (2, free_port(), str(out)), 2)
     return [torch.load(out / f"rank{r}.pt") for r in range(2)]
 
 

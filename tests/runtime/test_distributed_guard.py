@@ -2,38 +2,28 @@
 
 from __future__ import annotations
 
-import socket
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from memfit.runtime import _distributed as distributed
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _memfit_guard_ddp_worker as ddp_worker
+from _ddp_launch import free_port, launch
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed missing")
-
-TIMEOUT_S = 240
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _launch(tmp_path: Path, world: int, **kwargs: Any) -> list[dict[str, Any]]:
     """Run the worker on ``world`` spawned ranks; return each rank's results by optimizer."""
     args = (
         world,
-        _free_port(),
+        free_port(),
         str(tmp_path),
         kwargs.get("steps", 40),
         kwargs.get("rate", 0.02),
@@ -41,15 +31,7 @@ def _launch(tmp_path: Path, world: int, **kwargs: Any) -> list[dict[str, Any]]:
         kwargs.get("names", ("sgd",)),
         kwargs.get("max_splits", 64),
     )
-    context = mp.start_processes(
-        ddp_worker.worker, args=args, nprocs=world, join=False, start_method="spawn"
-    )
-    deadline = time.monotonic() + TIMEOUT_S
-    while not context.join(timeout=5):
-        if time.monotonic() > deadline:  # a hang is the failure this test exists to catch
-            for process in context.processes:
-                process.kill()
-            pytest.fail(f"the {world} ranks did not finish in {TIMEOUT_S} s (a hang?)")
+    launch(ddp_worker.worker, args, world)
     return [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
 
 

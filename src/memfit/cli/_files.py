@@ -127,22 +127,12 @@ def check_output(
                 key_path=str(target),
                 hint="write to another file; memfit never replaces its input, even with --force",
             )
-    try:
-        mode = os.stat(target).st_mode
-    except FileNotFoundError:
-        mode = None
-    except OSError as exc:
-        raise file_error(exc, target, action=action) from exc
-    if mode is not None:
-        kind = file_kind(mode)
-        if kind is not None:
-            raise not_a_file_error(target, kind, action=action)
-        if not force:
-            raise ConfigError(
-                f"cannot {action}: the file exists",
-                key_path=str(target),
-                hint=f"add --force to replace it, or give {option} another file name",
-            )
+    if _existing_regular_file(target, action) and not force:
+        raise ConfigError(
+            f"cannot {action}: the file exists",
+            key_path=str(target),
+            hint=f"add --force to replace it, or give {option} another file name",
+        )
     parent = target.parent
     if not parent.is_dir():
         raise ConfigError(
@@ -151,6 +141,24 @@ def check_output(
             hint="create the folder first, or choose another path",
         )
     return target
+
+
+def _existing_regular_file(target: Path, action: str) -> bool:
+    """Whether ``target`` exists (as a regular file); refuse a folder, pipe or device.
+
+    Raises:
+        ConfigError: When it exists and is not a regular file, or cannot be looked at.
+    """
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise file_error(exc, target, action=action) from exc
+    kind = file_kind(mode)
+    if kind is not None:
+        raise not_a_file_error(target, kind, action=action)
+    return True
 
 
 def check_append(path: str | Path, *, what: str, option: str) -> Path:
@@ -165,23 +173,14 @@ def check_append(path: str | Path, *, what: str, option: str) -> Path:
     """
     target = Path(path)
     action = f"append to {what} ({option})"
-    try:
-        mode = os.stat(target).st_mode
-    except FileNotFoundError:
-        mode = None
-    except OSError as exc:
-        raise file_error(exc, target, action=action) from exc
-    if mode is not None:
-        kind = file_kind(mode)
-        if kind is not None:
-            raise not_a_file_error(target, kind, action=action)
-    elif not target.parent.is_dir():
+    exists = _existing_regular_file(target, action)
+    if not exists and not target.parent.is_dir():
         raise ConfigError(
             f"cannot {action}: the folder {target.parent} does not exist",
             key_path=str(target),
             hint="create the folder first, or choose another path",
         )
-    if not os.access(target if mode is not None else target.parent, os.W_OK):
+    if not os.access(target if exists else target.parent, os.W_OK):
         raise ConfigError(
             f"cannot {action}: no permission to write there",
             key_path=str(target),

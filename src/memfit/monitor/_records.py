@@ -43,6 +43,7 @@ CSV_FIELDS: tuple[str, ...] = (
     "message",
 )
 
+
 def sample_fields(reading: Reading) -> dict[str, int | None]:
     """A reading's figures as a Recorder sample carries them."""
     return {key: getattr(reading, key) for key in READING_FIELDS}
