@@ -438,3 +438,24 @@ def test_an_unsnapshotted_step_that_failed_before_changing_anything_is_retried()
     assert fault.total_raised == 1
     assert any(e.kind == "restore" and "changed anything" in e.message for e in guard.events)
     assert _max_diff(_params(model), _params(reference)) <= 1e-12
+
+
+def test_numpy_gaussian_cache_is_put_back_too() -> None:
+    """NumPy's legacy normal draws come in pairs: every other call uses the cached one and
+    leaves the generator's words as they were; a retry must still see the same cache."""
+    calls = {"n": 0}
+
+    def act(obs: np.ndarray) -> np.ndarray:
+        noise = np.random.standard_normal()  # one draw: the cache flips every call
+        calls["n"] += 1
+        if calls["n"] in (2, 3, 6):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
+        return obs + noise
+
+    def run(guarded: bool) -> list[np.ndarray]:
+        np.random.seed(1)
+        calls["n"] = -100 if not guarded else 0
+        fn = RolloutGuard(act) if guarded else act
+        return [fn(np.zeros(3)) for _ in range(9)]
+
+    assert all(np.array_equal(a, b) for a, b in zip(run(False), run(True), strict=True))

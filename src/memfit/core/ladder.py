@@ -46,8 +46,8 @@ Retry(transient=True)
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
-from typing import TypeAlias
+from dataclasses import dataclass
+from typing import NamedTuple, TypeAlias
 
 from memfit.errors import ConfigError, require_positive_int
 
@@ -142,9 +142,9 @@ class LadderConfig:
                 )
 
 
-@dataclass(frozen=True)
-class LadderState:
-    """Where a guard stands between steps.
+class LadderState(NamedTuple):
+    """Where a guard stands between steps (a named tuple: a guard replaces it a few times a
+    step, and ``_replace`` is cheap).
 
     Attributes:
         splits: Chunks the next step starts with.
@@ -262,8 +262,7 @@ def transient_budget(config: LadderConfig, state: LadderState) -> int:
 def on_fit(state: LadderState, size: int, failures: int = 0) -> LadderState:
     """A chunk of ``size`` items ran, after ``failures`` failures at that same size (which
     a retry therefore cured): the size is proven, and the cure is counted."""
-    return replace(
-        state,
+    return state._replace(
         fits=max(state.fits, size),
         attempts=state.attempts + failures + 1,
         cured=state.cured + failures,
@@ -286,8 +285,7 @@ def end_step(
     """
     clean = 0 if split_further else state.clean + 1
     keep = 1.0 - 1.0 / config.grow_back_after  # the counts' memory: about grow_back_after steps
-    state = replace(
-        state,
+    state = state._replace(
         splits=splits,
         clean=clean,
         completed=splits,
@@ -296,11 +294,11 @@ def end_step(
     )
     if splits > 1 and clean >= config.grow_back_after:
         smaller = max(1, splits // 2)
-        return replace(state, splits=smaller, clean=0), GrowBack(smaller, splits)
+        return state._replace(splits=smaller, clean=0), GrowBack(smaller, splits)
     return state, None
 
 
 def after_give_up(state: LadderState) -> LadderState:
     """A step gave up: splitting did not help, so the next step starts from half the last
     completed step's split count (at least 1), not from the top of the ladder."""
-    return replace(state, splits=max(1, state.completed // 2), clean=0)
+    return state._replace(splits=max(1, state.completed // 2), clean=0)

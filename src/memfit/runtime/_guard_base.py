@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import abc
-from dataclasses import replace
 from typing import Any
 
 from memfit.core import ladder
@@ -39,7 +38,7 @@ class GuardBase(abc.ABC):
     @splits.setter
     def splits(self, value: int) -> None:
         require_positive_int("splits", value)
-        self._ladder = replace(self._ladder, splits=value)
+        self._ladder = self._ladder._replace(splits=value)
 
     @abc.abstractmethod
     def _event(self, kind: str, message: str, **data: Any) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 from typing import Any, Generic, TypeVar
 
 from memfit.core import ladder
@@ -210,7 +209,7 @@ class RolloutGuard(GuardBase, Generic[T]):
         self.calls += 1
         self._ladder, grow = ladder.end_step(
             config,
-            replace(self._ladder, splits=splits),
+            self._ladder._replace(splits=splits),
             splits=splits,
             split_further=splits > first_splits,
         )

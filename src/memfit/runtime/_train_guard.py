@@ -9,7 +9,6 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from memfit.backends.live import simulated_gpu, torch_cuda
@@ -577,11 +576,11 @@ class TrainGuard(GuardBase):
                 split_here = True
             elif isinstance(action, ladder.GiveUp):
                 self._buffers.discard_average()
-                self._ladder = replace(self._ladder, splits=splits)
+                self._ladder = self._ladder._replace(splits=splits)
                 return losses, splits > first_splits, (message, action.smallest)
         if splits > 1 and policy == "average" and self._buffers.active:
             self._buffers.commit_average()
-        self._ladder = replace(self._ladder, splits=splits)
+        self._ladder = self._ladder._replace(splits=splits)
         return losses, splits > first_splits, None
 
     def _unscale(self) -> str | None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from memfit.core import ladder
@@ -250,7 +249,7 @@ class TrainGuard(GuardBase):
                 failures = 0
                 split_here = True
             elif isinstance(action, ladder.GiveUp):
-                self._ladder = ladder.after_give_up(replace(self._ladder, splits=splits))
+                self._ladder = ladder.after_give_up(self._ladder._replace(splits=splits))
                 self._event("give_up", "out of memory after " + ", ".join(tried), tried=tried)
                 device, peak, limit = _jax_figures()
                 raise OutOfMemory(
