@@ -459,3 +459,17 @@ def test_numpy_gaussian_cache_is_put_back_too() -> None:
         return [fn(np.zeros(3)) for _ in range(9)]
 
     assert all(np.array_equal(a, b) for a, b in zip(run(False), run(True), strict=True))
+
+
+def test_rng_state_sees_a_consumed_gaussian_although_the_words_did_not_change() -> None:
+    from memfit.runtime._rewind import RngState
+
+    rng = RngState()
+    np.random.seed(0)
+    np.random.standard_normal()  # draws a pair from the words, caches the second
+    rng.capture()
+    np.random.standard_normal()  # takes the cached one: the words stay as they were
+    rng.capture()  # must not reuse the first copy, whose cache is now gone
+    expected = np.random.standard_normal()
+    rng.restore()
+    assert np.random.standard_normal() == expected
