@@ -8,9 +8,17 @@ no CUDA device (this machine and CI), and run on a machine that has one.
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
+
+# Test helpers shared inside an area (tests/cli/_cli_run.py, tests/runtime/_ddp_launch.py)
+# are imported by name: pytest runs with --import-mode=importlib, which puts no test folder on
+# sys.path by itself.
+for _area in ("cli", "runtime"):
+    sys.path.insert(0, str(Path(__file__).parent / _area))
 
 # Property tests run the same examples on every run (CI must be deterministic): the "ci"
 # profile derandomizes hypothesis and keeps no example database between runs. To search for

@@ -215,11 +215,7 @@ def inject_oom(
         keeps_versions = True
 
         def __torch_dispatch__(
-            self,
-            func: Any,
-            types: Any,
-            args: tuple[Any, ...] = (),
-            kwargs: dict[str, Any] | None = None,
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
         ) -> Any:
             if (
                 in_no_alloc_section()

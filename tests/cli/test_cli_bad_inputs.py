@@ -15,27 +15,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _cli_run import run, user_error
 
 from memfit.cli import watch as watch_cli
-from memfit.cli.main import COMMAND_MODULES, main
+from memfit.cli.main import COMMAND_MODULES
 
 ROOT = Path(__file__).resolve().parents[2]
 DQN = ROOT / "src" / "memfit" / "workloads" / "dqn_fire_raster.yaml"
 PPO = ROOT / "src" / "memfit" / "workloads" / "brax_humanoid_ppo.yaml"
-
-
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def user_error(code: int, err: str, *words: str) -> None:
-    assert code == 1, err
-    assert "Error:" in err and "Hint:" in err, err
-    assert "internal error" not in err and "Traceback" not in err, err
-    for word in words:
-        assert word in err, err
 
 
 def dqn_with(tmp_path: Path, old: str, new: str) -> Path:

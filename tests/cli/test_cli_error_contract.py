@@ -14,27 +14,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _cli_run import run, user_error
 
-from memfit.cli.main import main
 from memfit.core.catalog import anonymous_gpu
 from memfit.core.plan import plan_for_gpu as core_plan
 from memfit.core.workload import parse_workload
 from memfit.errors import ConfigError, EstimateError, InfeasiblePlan, read_user_text
 
 DQN = Path(__file__).resolve().parents[2] / "src" / "memfit" / "workloads" / "dqn_fire_raster.yaml"
-
-
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def user_error(code: int, err: str) -> None:
-    """A user's mistake, reported by the contract."""
-    assert code == 1, err
-    assert "Error:" in err and "Hint:" in err, err
-    assert "internal error" not in err and "Traceback" not in err, err
 
 
 def one_json(out: str) -> object:

@@ -20,6 +20,7 @@ from pathlib import Path
 from types import FrameType
 
 import pytest
+from _cli_run import run, user_error
 
 from memfit.backends.simulated import SimulatedDevice
 from memfit.cli import _files
@@ -33,20 +34,6 @@ DQN = ROOT / "src" / "memfit" / "workloads" / "dqn_fire_raster.yaml"
 MiB = 2**20
 
 needs_fifo = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes need POSIX")
-
-
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def user_error(code: int, err: str, *words: str) -> None:
-    assert code == 1, err
-    assert "Error:" in err and "Hint:" in err, err
-    assert "internal error" not in err and "Traceback" not in err, err
-    for word in words:
-        assert word in err, err
 
 
 @pytest.fixture

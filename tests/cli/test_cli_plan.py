@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from _cli_run import run
 
-from memfit.cli.main import main
 from memfit.planning import TIER_GPUS
 
 PLAN_FIELDS = [
@@ -29,12 +29,6 @@ PLAN_FIELDS = [
     "notes",
     "would_fit",
 ]
-
-
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_plan_human_output(capsys: pytest.CaptureFixture[str]) -> None:

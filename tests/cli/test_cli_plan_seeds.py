@@ -6,15 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from _cli_run import run
 
-from memfit.cli.main import main
 from memfit.units import GiB
-
-
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_brax_plan_shows_the_pool_and_its_headroom(capsys: pytest.CaptureFixture[str]) -> None:

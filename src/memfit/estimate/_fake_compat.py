@@ -102,13 +102,7 @@ class TraceFunctionMode(TorchFunctionMode):
         self.stand_ins_allowed = False  # build() sets it: initialisers read values
         self.retargeted = 0
 
-    def __torch_function__(
-        self,
-        func: Any,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         from torch._subclasses.fake_tensor import FakeTensor
 
         kwargs = kwargs or {}

@@ -443,13 +443,7 @@ class _TrackerMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.trace = trace
         self.functions = functions
 
-    def __torch_dispatch__(
-        self,
-        func: Any,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if func is torch.ops.aten._local_scalar_dense.default and (
             self.functions.stand_ins_allowed or stand_in_scalars_active()
         ):

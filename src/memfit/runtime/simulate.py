@@ -212,11 +212,7 @@ def _make_mode(gpu: SimulatedGpu) -> Any:
         """Counts the storages each operation allocates against the simulated budget."""
 
         def __torch_dispatch__(
-            self,
-            func: Any,
-            types: Any,
-            args: tuple[Any, ...] = (),
-            kwargs: dict[str, Any] | None = None,
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
         ) -> Any:
             kwargs = kwargs or {}
             if not gpu._counting():
