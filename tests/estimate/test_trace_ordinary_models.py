@@ -21,7 +21,7 @@ import torch
 from memfit.core.budget import cublas_workspace_bytes
 from memfit.errors import EstimateError
 from memfit.estimate import TorchStep, stand_in_scalars, stand_in_scalars_active, torch_trace
-from memfit.estimate import kernels as kernels_mod
+from memfit.estimate import _kernels as kernels_mod
 from memfit.estimate.torch_trace import estimate_torch
 
 ROOT = Path(__file__).resolve().parents[2]

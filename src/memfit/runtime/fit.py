@@ -182,11 +182,20 @@ class _SimulatedMeter:
 class _CudaMeter:
     """torch's caching allocator on one CUDA device, capped at the budget."""
 
-    def __init__(self, torch_module: Any, index: int) -> None:
+    def __init__(self, index: int) -> None:
         self._index = index
-        self._reader = TorchCudaReader(torch_module, index)
+        self._live: TorchCudaReader | None = None
         self.name = f"cuda:{index}"
         self.last_reserved = 0
+
+    @property
+    def _reader(self) -> TorchCudaReader:
+        """The device's live reader (made on first use: making it reads the device)."""
+        if self._live is None:
+            import torch
+
+            self._live = TorchCudaReader(torch, self._index)
+        return self._live
 
     def default_budget(self) -> int:
         """What this process can still reach: free plus already reserved memory, and no
@@ -287,7 +296,7 @@ def _choose_meter(device: str | None) -> _Meter:
         torch = torch_cuda_available()
         if torch is not None:
             if wanted is None or wanted == "cuda":
-                return _CudaMeter(torch, int(torch.cuda.current_device()))
+                return _CudaMeter(int(torch.cuda.current_device()))
             try:
                 index = int(wanted.split(":", 1)[1])
             except ValueError:
@@ -299,7 +308,7 @@ def _choose_meter(device: str | None) -> _Meter:
                     f"no CUDA device {index} (torch sees {torch.cuda.device_count()})",
                     key_path="device",
                 )
-            return _CudaMeter(torch, index)
+            return _CudaMeter(index)
         if wanted is not None:
             raise BackendUnavailable(
                 f"{device} was asked for but torch has no CUDA device here",
