@@ -270,28 +270,6 @@ def run_gpu(jobs: int = 1) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     return rows, summary
 
 
-def real_cpu_peak(step: Any, batch: int) -> int:
-    """Peak live bytes of two real steps on the CPU, from the CPU allocator's own reports."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.manual_seed(0)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        model, opt = step.build()
-        for _ in range(2):
-            data = step.make_batch(batch)
-            step.step(model, opt, data)
-            del data
-        del model, opt
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    events.sort(key=lambda e: e.start_ns())
-    live = peak = 0
-    for event in events:
-        live += event.nbytes()
-        peak = max(peak, live)
-    return peak
-
-
 def _errors(rows: list[dict[str, Any]]) -> dict[str, Any]:
     errs = [abs(r["err"]) for r in rows if r["err"] is not None]
     return {
@@ -307,6 +285,7 @@ def run_cpu(only: set[str] | None = None) -> tuple[list[dict[str, Any]], dict[st
 
     from memfit.errors import EstimateError
     from memfit.estimate.torch_trace import estimate_torch
+    from memfit.testing import real_cpu_peak  # the CPU oracle: the profiler's memory events
 
     tp = third_party()
     cases = [(n, f, sizes[:1], "ours") for n, (f, sizes) in W.TORCH_WORKLOADS.items()]

@@ -83,21 +83,27 @@ TIER_GPUS: tuple[str, ...] = tuple(
 HOST_NAMES: tuple[str, ...] = ("cpu", "host")
 
 
-def host_memory() -> tuple[int, int] | None:
-    """This machine's RAM as ``(total, available now)`` in bytes, or ``None`` where the
-    operating system does not say (``/proc/meminfo``, else ``os.sysconf``)."""
+def _meminfo() -> dict[str, int]:
+    """``/proc/meminfo`` in bytes, empty where there is none (not Linux)."""
+    fields: dict[str, int] = {}
     try:
-        fields: dict[str, int] = {}
         with open("/proc/meminfo", encoding="ascii") as handle:
             for line in handle:
                 key, _, rest = line.partition(":")
                 parts = rest.split()
                 if parts and parts[0].isdigit():
                     fields[key] = int(parts[0]) * 1024
-        if "MemTotal" in fields:
-            return fields["MemTotal"], fields.get("MemAvailable", fields["MemTotal"])
     except OSError:
-        pass
+        return {}
+    return fields
+
+
+def host_memory() -> tuple[int, int] | None:
+    """This machine's RAM as ``(total, available now)`` in bytes, or ``None`` where the
+    operating system does not say (``/proc/meminfo``, else ``os.sysconf``)."""
+    fields = _meminfo()
+    if "MemTotal" in fields:
+        return fields["MemTotal"], fields.get("MemAvailable", fields["MemTotal"])
     try:
         total = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (AttributeError, OSError, ValueError):

@@ -43,7 +43,7 @@ from typing import Any
 from memfit.errors import ConfigError
 from memfit.runtime.oom import in_no_alloc_section
 
-__all__ = ["PHASES", "InjectedOom", "chaos_active", "inject_oom"]
+__all__ = ["PHASES", "InjectedOom", "chaos_active", "inject_oom", "real_cpu_peak"]
 
 _ACTIVE = [0]
 
@@ -251,3 +251,33 @@ def inject_oom(
         _ACTIVE[0] -= 1
         pre_handle.remove()
         post_handle.remove()
+
+
+def real_cpu_peak(step: Any, batch_size: int, steps: int = 2) -> int:
+    """The peak live bytes of a real run of ``step`` on the CPU, from the CPU allocator's
+    own reports (the profiler's memory events): the oracle an estimate is checked against.
+
+    Runs ``step.build()`` and ``steps`` steps of ``step.make_batch(batch_size)``, as
+    :func:`memfit.estimate_torch` traces them (a :class:`memfit.estimate.TorchStep`).
+
+    Returns:
+        The largest sum of live allocations, in bytes.
+    """
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(0)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        model, opt = step.build()
+        for _ in range(steps):
+            batch = step.make_batch(batch_size)
+            step.step(model, opt, batch)
+            del batch
+        del model, opt
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    events.sort(key=lambda e: e.start_ns())
+    live = peak = 0
+    for event in events:
+        live += event.nbytes()
+        peak = max(peak, live)
+    return peak

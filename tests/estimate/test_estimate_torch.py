@@ -25,6 +25,7 @@ from memfit.core.allocator import round_size
 from memfit.errors import ConfigError, EstimateError
 from memfit.estimate import TorchStep
 from memfit.estimate.torch_trace import CATEGORIES, estimate_torch, fit_affine
+from memfit.testing import real_cpu_peak
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,27 +43,6 @@ def _workloads() -> ModuleType:
 
 
 W = _workloads()
-
-
-def real_cpu_peak(step: TorchStep, batch_size: int, steps: int = 2) -> int:
-    """Peak live bytes of a real (non-fake) run, from the CPU allocator's own reports."""
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.manual_seed(0)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        model, opt = step.build()
-        for _ in range(steps):
-            batch = step.make_batch(batch_size)
-            step.step(model, opt, batch)
-            del batch
-        del model, opt
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    events.sort(key=lambda e: e.start_ns())
-    live = peak = 0
-    for event in events:
-        live += event.nbytes()
-        peak = max(peak, live)
-    return peak
 
 
 CASES: list[tuple[str, Any, int, float]] = [

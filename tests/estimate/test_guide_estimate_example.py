@@ -14,7 +14,8 @@ def test_the_guides_estimate_torch_example_runs(capsys: pytest.CaptureFixture[st
     text = GUIDE.read_text()
     section = text[text.index("## Estimating your own PyTorch step") :]
     match = re.search(r"```python\n(.*?)```", section, re.S)
-    assert match is not None
+    assert match is not None, "the guide's estimator section lost its python example"
+    assert "memfit.estimate_torch(" in match.group(1)
     namespace: dict[str, object] = {}
     exec(compile(match.group(1), str(GUIDE), "exec"), namespace)
     est = namespace["est"]

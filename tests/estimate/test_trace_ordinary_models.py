@@ -23,6 +23,7 @@ from memfit.errors import EstimateError
 from memfit.estimate import TorchStep, stand_in_scalars, stand_in_scalars_active, torch_trace
 from memfit.estimate import _kernels as kernels_mod
 from memfit.estimate.torch_trace import estimate_torch
+from memfit.testing import real_cpu_peak
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,27 +37,6 @@ def _load(name: str, filename: str) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
-
-
-def real_cpu_peak(step: TorchStep, batch_size: int, steps: int = 2) -> int:
-    """Peak live bytes of a real run, from the CPU allocator's own reports."""
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.manual_seed(0)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        model, opt = step.build()
-        for _ in range(steps):
-            batch = step.make_batch(batch_size)
-            step.step(model, opt, batch)
-            del batch
-        del model, opt
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    events.sort(key=lambda e: e.start_ns())
-    live = peak = 0
-    for event in events:
-        live += event.nbytes()
-        peak = max(peak, live)
-    return peak
 
 
 def _adam_step(model: Any, opt: Any, batch: Any) -> None:

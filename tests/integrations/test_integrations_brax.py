@@ -352,7 +352,7 @@ def test_bundled_humanoid_plans_from_its_recording_without_importing_brax() -> N
 
 def test_recorded_humanoid_figures_are_the_measured_ones() -> None:
     m = memfit.load_workload("brax_humanoid_ppo").measurements
-    assert m is not None
+    assert m is not None, "the bundled humanoid workload must ship its recorded measurements"
     # shared REFERENCE.md: jax.eval_shape of brax 0.14 humanoid (mjx) is 19,356 B; the
     # vmapped env.step adds about 12-14 KiB of temporaries per env on CPU
     assert m.env_state_raw_bytes == 19356

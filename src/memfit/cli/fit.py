@@ -38,13 +38,19 @@ def _needs_budget() -> ConfigError:
     )
 
 
+def _is_existing_path(ref: str) -> bool:
+    """Whether ``ref`` names an existing file (a name the system cannot look up, too long
+    say, names none)."""
+    try:
+        return Path(ref).exists()
+    except OSError:
+        return False
+
+
 def _is_factory_spec(ref: str) -> bool:
     """``module:function`` rather than a file or a bundled workload name."""
-    try:
-        if Path(ref).exists():
-            return False
-    except OSError:  # not a path the system can look up (a name too long): not a file
-        pass
+    if _is_existing_path(ref):
+        return False
     module, sep, func = ref.partition(":")
     return bool(sep and module and func and "/" not in module and not module.endswith(".yaml"))
 

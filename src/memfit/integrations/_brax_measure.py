@@ -30,6 +30,7 @@ names its environment, whether to use the cache, the measurements recorded in th
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import functools
 import hashlib
@@ -99,6 +100,15 @@ def installed_versions() -> dict[str, str] | None:
     return out
 
 
+def _backends_started(started: Any) -> bool:
+    """Whether JAX says its backends started (``False`` when its internals changed and the
+    question cannot be asked: a JAX internals change must not break planning)."""
+    try:
+        return bool(started())
+    except Exception:
+        return False
+
+
 def _guess_platform() -> str:
     """The XLA platform a measurement here would use, without starting JAX's backends: the
     one in use when JAX already started, else ``gpu`` where a CUDA plugin is installed."""
@@ -107,12 +117,8 @@ def _guess_platform() -> str:
     jax = sys.modules.get("jax")
     bridge = sys.modules.get("jax._src.xla_bridge")
     started = getattr(bridge, "backends_are_initialized", None)
-    if jax is not None and callable(started):
-        try:
-            if started():
-                return str(jax.default_backend())
-        except Exception:  # a JAX internals change must not break planning
-            pass
+    if jax is not None and callable(started) and _backends_started(started):
+        return str(jax.default_backend())
     for plugin in ("jax-cuda12-plugin", "jax-cuda13-plugin", "jax-cuda12-pjrt", "jax-cuda13-pjrt"):
         try:
             metadata.version(plugin)
@@ -304,10 +310,10 @@ def _capture_step(env: Any, network_factory: Any, **kwargs: Any) -> dict[str, An
     with _CAPTURE_LOCK:
         original = ppo_train.jax
         ppo_train.jax = _jax_proxy(jax, captured)
+        # The proxy raises _Captured once it holds the training step: training never starts.
         try:
-            ppo_train.train(environment=env, network_factory=network_factory, **kwargs)
-        except _Captured:
-            pass
+            with contextlib.suppress(_Captured):
+                ppo_train.train(environment=env, network_factory=network_factory, **kwargs)
         finally:
             ppo_train.jax = original
     missing = [k for k in ("epoch", "training_state", "reset") if k not in captured]
