@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from memfit._plain import plain_fields
 from memfit.errors import BackendUnavailable, ConfigError, file_error, read_user_text
 
 __all__ = [
@@ -77,15 +78,7 @@ class ProcessSnapshot:
 
     def to_dict(self) -> dict[str, Any]:
         """The process as plain JSON data."""
-        return {
-            "pid": self.pid,
-            "name": self.name,
-            "command": self.command,
-            "user": self.user,
-            "used_bytes": self.used_bytes,
-            "kind": self.kind,
-            "note": self.note,
-        }
+        return plain_fields(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, where: str = "process") -> ProcessSnapshot:
@@ -157,27 +150,14 @@ class DeviceSnapshot:
 
     def to_dict(self) -> dict[str, Any]:
         """The device as plain JSON data (tuples become lists)."""
-        return {
-            "index": self.index,
-            "name": self.name,
-            "uuid": self.uuid,
-            "backend": self.backend,
-            "total_bytes": self.total_bytes,
-            "device_used_bytes": self.device_used_bytes,
-            "free_bytes": self.free_bytes,
-            "driver_reserved_bytes": self.driver_reserved_bytes,
-            "utilization_percent": self.utilization_percent,
-            "allocated_bytes": self.allocated_bytes,
-            "allocator_reserved_bytes": self.allocator_reserved_bytes,
-            "peak_allocated_bytes": self.peak_allocated_bytes,
-            "peak_reserved_bytes": self.peak_reserved_bytes,
-            "limit_bytes": self.limit_bytes,
-            "compute_capability": (
+        return plain_fields(
+            self,
+            processes=[p.to_dict() for p in self.processes],
+            notes=list(self.notes),
+            compute_capability=(
                 list(self.compute_capability) if self.compute_capability is not None else None
             ),
-            "processes": [p.to_dict() for p in self.processes],
-            "notes": list(self.notes),
-        }
+        )
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, where: str = "device") -> DeviceSnapshot:
@@ -271,13 +251,9 @@ class SystemSnapshot:
         """The snapshot as plain JSON data, with a ``format`` version number."""
         return {
             "format": SNAPSHOT_FORMAT,
-            "source": self.source,
-            "taken_at": self.taken_at,
-            "driver_version": self.driver_version,
-            "cuda_version": self.cuda_version,
-            "hostname": self.hostname,
-            "devices": [d.to_dict() for d in self.devices],
-            "notes": list(self.notes),
+            **plain_fields(
+                self, devices=[d.to_dict() for d in self.devices], notes=list(self.notes)
+            ),
         }
 
     @classmethod

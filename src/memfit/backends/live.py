@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from memfit._plain import plain_fields
 from memfit.errors import BackendUnavailable
 
 __all__ = [
@@ -74,7 +75,7 @@ class Reading:
 
     def to_dict(self) -> dict[str, Any]:
         """The figures as a plain dict (the Recorder's sample fields)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return plain_fields(self)
 
 
 class LiveReader(Protocol):

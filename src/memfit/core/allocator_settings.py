@@ -49,6 +49,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from memfit._plain import plain_fields
 from memfit.core.budget import recommended_xla_fraction
 from memfit.core.catalog import GpuSpec
 from memfit.errors import ConfigError
@@ -160,14 +161,7 @@ class Problem:
 
     def to_dict(self) -> dict[str, Any]:
         """The problem as plain JSON data."""
-        return {
-            "code": self.code,
-            "severity": self.severity,
-            "variable": self.variable,
-            "option": self.option,
-            "message": self.message,
-            "hint": self.hint,
-        }
+        return plain_fields(self)
 
 
 @dataclass(frozen=True)
@@ -188,12 +182,7 @@ class Setting:
 
     def to_dict(self) -> dict[str, Any]:
         """The setting as plain JSON data."""
-        return {
-            "variable": self.variable,
-            "value": self.value,
-            "framework": self.framework,
-            "reason": self.reason,
-        }
+        return plain_fields(self)
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from memfit._plain import plain_fields
 from memfit.core.workload import Rule as RuleSpec
 from memfit.core.workload import Workload, load_workload
 from memfit.errors import ConfigError, did_you_mean, require_positive_int
@@ -307,12 +308,9 @@ class Violation:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for ``--json``."""
-        return {
-            "rule": self.rule,
-            "knobs": dict(self.knobs),
-            "message": self.message,
-            "suggestions": [dict(s) for s in self.suggestions],
-        }
+        return plain_fields(
+            self, knobs=dict(self.knobs), suggestions=[dict(s) for s in self.suggestions]
+        )
 
 
 def environment(workload: Workload) -> dict[str, int]:

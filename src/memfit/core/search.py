@@ -54,7 +54,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from memfit._plain import plain_fields
 from memfit.errors import ConfigError
 
 __all__ = [
@@ -97,9 +99,9 @@ class Probe:
     peak_bytes: int | None
     ok: bool
 
-    def to_dict(self) -> dict[str, int | bool | None]:
+    def to_dict(self) -> dict[str, Any]:
         """Plain data for JSON."""
-        return {"value": self.value, "peak_bytes": self.peak_bytes, "ok": self.ok}
+        return plain_fields(self)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from memfit._plain import plain_fields
 from memfit.errors import ConfigError
 
 __all__ = ["AffineFit", "check_batch_sizes", "fit_affine"]
@@ -61,9 +63,9 @@ class AffineFit:
         """Predicted bytes at ``batch_size``."""
         return round(self.intercept + self.slope * batch_size)
 
-    def to_dict(self) -> dict[str, float]:
+    def to_dict(self) -> dict[str, Any]:
         """The fit as plain data."""
-        return {"intercept": self.intercept, "slope": self.slope, "residual": self.residual}
+        return plain_fields(self)
 
 
 def fit_affine(xs: Sequence[int], ys: Sequence[int]) -> AffineFit | None:

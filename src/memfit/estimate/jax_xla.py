@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from memfit._plain import plain_fields
 from memfit.errors import ConfigError, EstimateError, MemfitError
 from memfit.estimate.affine import AffineFit, check_batch_sizes, fit_affine
 
@@ -108,20 +109,7 @@ class JaxEstimate:
 
     def to_dict(self) -> dict[str, Any]:
         """The estimate as plain data."""
-        return {
-            "framework": "jax",
-            "backend": self.backend,
-            "batch_size": self.batch_size,
-            "argument_bytes": self.argument_bytes,
-            "output_bytes": self.output_bytes,
-            "alias_bytes": self.alias_bytes,
-            "temp_bytes": self.temp_bytes,
-            "generated_code_bytes": self.generated_code_bytes,
-            "peak_bytes": self.peak_bytes,
-            "executable_peak_bytes": self.executable_peak_bytes,
-            "device_used_bytes": self.device_used_bytes,
-            "notes": list(self.notes),
-        }
+        return {"framework": "jax", **plain_fields(self, notes=list(self.notes))}
 
 
 @dataclass(frozen=True)

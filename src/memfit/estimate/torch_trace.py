@@ -46,6 +46,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from memfit._plain import plain_fields
 from memfit.core.allocator import AllocatorModel, round_size
 from memfit.core.measured import MeasuredTerms
 from memfit.errors import ConfigError, EstimateError, MemfitError
@@ -153,17 +154,11 @@ class EstimatePoint:
 
     def to_dict(self) -> dict[str, Any]:
         """The point as plain data."""
-        return {
-            "batch_size": self.batch_size,
-            "allocated_peak": self.allocated_peak,
-            "reserved_peak": self.reserved_peak,
-            "device_used_peak": self.device_used_peak,
-            "breakdown": dict(self.breakdown),
-            "top_modules": [{"module": name, "bytes": n} for name, n in self.top_modules],
-            "exact_peak": self.exact_peak,
-            "num_allocations": self.num_allocations,
-            "tensor_peak": self.tensor_peak,
-        }
+        return plain_fields(
+            self,
+            breakdown=dict(self.breakdown),
+            top_modules=[{"module": name, "bytes": n} for name, n in self.top_modules],
+        )
 
 
 @dataclass(frozen=True)

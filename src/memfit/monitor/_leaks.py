@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from memfit._plain import plain_fields
 from memfit.errors import ConfigError
 from memfit.units import MiB, format_bytes
 
@@ -87,21 +88,7 @@ class Leak:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for JSON."""
-        return {
-            "metric": self.metric,
-            "bytes_per_step": self.bytes_per_step,
-            "lower_bytes_per_step": self.lower_bytes_per_step,
-            "upper_bytes_per_step": self.upper_bytes_per_step,
-            "confidence": self.confidence,
-            "start_step": self.start_step,
-            "last_step": self.last_step,
-            "samples": self.samples,
-            "growth_bytes": self.growth_bytes,
-            "noise_bytes": self.noise_bytes,
-            "current_bytes": self.current_bytes,
-            "limit_bytes": self.limit_bytes,
-            "projected_oom_step": self.projected_oom_step,
-        }
+        return plain_fields(self)
 
 
 def theil_sen(
@@ -394,13 +381,7 @@ class Fragmentation:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for JSON."""
-        return {
-            "step": self.step,
-            "reserved_bytes": self.reserved_bytes,
-            "in_use_bytes": self.in_use_bytes,
-            "slack_bytes": self.slack_bytes,
-            "fraction": self.fraction,
-        }
+        return plain_fields(self)
 
 
 def check_fragmentation(

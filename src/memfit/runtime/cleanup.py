@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
+from memfit._plain import plain_fields
 from memfit.errors import ConfigError
 from memfit.runtime.events import EventSink, MemoryEvent, emit
 from memfit.units import parse_fraction
@@ -68,7 +69,7 @@ class CleanupStats:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data."""
-        return {"calls": self.calls, "cleanups": self.cleanups, "seconds": self.seconds}
+        return plain_fields(self)
 
 
 def _clean(*, empty_cache: bool, gc_collect: bool, reset: bool = False) -> None:

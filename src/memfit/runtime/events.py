@@ -7,6 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from memfit._plain import plain_fields
+
 __all__ = ["EventSink", "MemoryEvent", "emit"]
 
 
@@ -33,14 +35,7 @@ class MemoryEvent:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for JSON lines."""
-        return {
-            "kind": self.kind,
-            "step": self.step,
-            "source": self.source,
-            "message": self.message,
-            "data": dict(self.data),
-            "time": self.time,
-        }
+        return plain_fields(self, data=dict(self.data))
 
 
 EventSink = Callable[[MemoryEvent], None]

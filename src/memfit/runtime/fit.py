@@ -44,6 +44,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from memfit._plain import plain_fields
 from memfit.backends.live import (
     JaxReader,
     SimulatedReader,
@@ -116,16 +117,12 @@ class FitResult:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for JSON (sizes in bytes)."""
-        return {
-            "value": self.value,
-            "probes": [p.to_dict() for p in self.probes],
-            "predicted_peak": self.predicted_peak,
-            "peak_bytes": self.peak_bytes,
-            "budget_bytes": self.budget_bytes,
-            "margin": self.margin,
-            "device": self.device,
-            "oom_count": self.oom_count,
-        }
+        return plain_fields(
+            self,
+            probes=[p.to_dict() for p in self.probes],
+            peak_bytes=self.peak_bytes,
+            oom_count=self.oom_count,
+        )
 
 
 class _Meter(Protocol):
