@@ -11,7 +11,7 @@ import pytest
 from memfit.backends.base import DeviceSnapshot, ProcessSnapshot, SystemSnapshot
 from memfit.cli import devices as devices_cli
 from memfit.cli.main import main
-from memfit.runtime.allocator_env import JAX_VARIABLES, TORCH_VARIABLES
+from memfit.core.allocator_settings import JAX_VARIABLES, TORCH_VARIABLES
 
 MiB = 2**20
 

@@ -8,21 +8,23 @@ from types import ModuleType, SimpleNamespace
 import pytest
 
 from memfit import ConfigError
-from memfit.runtime.allocator_env import (
+from memfit.core.allocator_settings import (
     JAX_VARIABLES,
     PROFILES,
     SHELLS,
     TORCH_VARIABLES,
-    check_environment,
     check_jax_env,
     check_shell,
     check_torch_conf,
-    configure,
-    jax_gpu_started,
     parse_shell_assignments,
     parse_torch_conf,
-    recommend,
     render_shell,
+)
+from memfit.runtime.allocator_env import (
+    check_environment,
+    configure,
+    jax_gpu_started,
+    recommend,
     torch_cuda_initialized,
 )
 

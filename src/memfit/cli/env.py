@@ -19,17 +19,16 @@ from rich.table import Table
 
 from memfit.cli._common import JSON_OPTION, err_console, out_console, print_json, safe
 from memfit.cli._files import read_input_text
-from memfit.errors import ConfigError
-from memfit.runtime.allocator_env import (
+from memfit.core.allocator_settings import (
     JAX_VARIABLES,
     PROFILES,
     SHELLS,
     TORCH_VARIABLES,
-    check_environment,
     check_shell,
-    recommend,
     render_shell,
 )
+from memfit.errors import ConfigError
+from memfit.runtime.allocator_env import check_environment, recommend
 
 __all__ = ["env", "register"]
 

@@ -9,9 +9,9 @@ environment and refuses once torch or JAX has started on the GPU
 version, ``os.environ``).
 
 What the settings mean (reading, validation, recommendations, shell snippets) lives in one pure
-place, :mod:`memfit.core.allocator_settings`; its names are re-exported here.
+place, :mod:`memfit.core.allocator_settings`; import those names from there.
 
->>> [p.code for p in check_torch_conf("expandable_segments:true")]
+>>> [p.code for p in check_environment({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:true"})]
 ['bad-value']
 >>> configure(jax_preallocate=False, environ={})
 {'XLA_PYTHON_CLIENT_PREALLOCATE': 'false'}
@@ -25,24 +25,11 @@ import sys
 from collections.abc import Mapping, MutableMapping
 
 from memfit.core.allocator_settings import (
-    JAX_VARIABLES,
-    PROFILES,
-    SHELLS,
-    TORCH_OPTIONS,
-    TORCH_VARIABLES,
-    JaxAllocator,
     Problem,
     Recommendation,
-    Setting,
     check_jax_env,
-    check_shell,
     check_torch_conf,
-    parse_shell_assignments,
     parse_torch_conf,
-    read_jax_env,
-    render_shell,
-    torch_allocator_options,
-    workload_settings,
 )
 from memfit.core.allocator_settings import check_environment as _check_environment
 from memfit.core.allocator_settings import recommend as _recommend
@@ -50,29 +37,11 @@ from memfit.core.catalog import GpuSpec
 from memfit.errors import ConfigError
 
 __all__ = [
-    "JAX_VARIABLES",
-    "PROFILES",
-    "SHELLS",
-    "TORCH_OPTIONS",
-    "TORCH_VARIABLES",
-    "JaxAllocator",
-    "Problem",
-    "Recommendation",
-    "Setting",
     "check_environment",
-    "check_jax_env",
-    "check_shell",
-    "check_torch_conf",
     "configure",
     "jax_gpu_started",
-    "parse_shell_assignments",
-    "parse_torch_conf",
-    "read_jax_env",
     "recommend",
-    "render_shell",
-    "torch_allocator_options",
     "torch_cuda_initialized",
-    "workload_settings",
 ]
 
 
