@@ -145,7 +145,38 @@ def _training_step(step: object) -> int | None:
     )
 
 
-class Every(CleanupPolicy):
+class _PerStep(CleanupPolicy):
+    """A policy called once per training step that cleans when :meth:`_due` says so."""
+
+    reset = False
+
+    def _due(self) -> tuple[str, dict[str, Any]] | None:
+        """Why to clean now and the figures for the event, or ``None`` to skip this step."""
+        raise NotImplementedError
+
+    def __call__(self, step: int | None = None) -> bool:
+        """Count one step; clean when the policy's condition holds.
+
+        Args:
+            step: The training step now, stamped on the cleanup's event (``None``: unknown).
+
+        Returns:
+            Whether it cleaned.
+
+        Raises:
+            ConfigError: When ``step`` is not a whole number or ``None``.
+        """
+        step = _training_step(step)
+        self.stats.calls += 1
+        due = self._due()
+        if due is None:
+            return False
+        reason, data = due
+        self._run(reason, step, reset=self.reset, **data)
+        return True
+
+
+class Every(_PerStep):
     """Clean every ``n``-th call. Made by :func:`every`."""
 
     def __init__(
@@ -169,24 +200,10 @@ class Every(CleanupPolicy):
         self.n = n
         self.reset = reset
 
-    def __call__(self, step: int | None = None) -> bool:
-        """Count one step; clean when it is the ``n``-th call.
-
-        Args:
-            step: The training step now, stamped on the cleanup's event (``None``: unknown).
-
-        Returns:
-            Whether it cleaned.
-
-        Raises:
-            ConfigError: When ``step`` is not a whole number or ``None``.
-        """
-        step = _training_step(step)
-        self.stats.calls += 1
+    def _due(self) -> tuple[str, dict[str, Any]] | None:
         if self.stats.calls % self.n:
-            return False
-        self._run(f"scheduled cleanup every {self.n} steps", step, reset=self.reset)
-        return True
+            return None
+        return f"scheduled cleanup every {self.n} steps", {}
 
 
 def every(
@@ -285,7 +302,7 @@ def read_pressure() -> PressureReading:
     return PressureReading(now.total_bytes, free, now.reserved_bytes, now.allocated_bytes)
 
 
-class OnPressure(CleanupPolicy):
+class OnPressure(_PerStep):
     """Clean only when memory is short or fragmented. Made by :func:`on_pressure`."""
 
     def __init__(
@@ -304,20 +321,8 @@ class OnPressure(CleanupPolicy):
         self.max_fragmentation = max_fragmentation
         self.read = read
 
-    def __call__(self, step: int | None = None) -> bool:
-        """Read memory; clean if free memory or fragmentation crosses its threshold.
-
-        Args:
-            step: The training step now, stamped on the cleanup's event (``None``: unknown).
-
-        Returns:
-            Whether it cleaned.
-
-        Raises:
-            ConfigError: When ``step`` is not a whole number or ``None``.
-        """
-        step = _training_step(step)
-        self.stats.calls += 1
+    def _due(self) -> tuple[str, dict[str, Any]] | None:
+        """Read memory; due when free memory or fragmentation crosses its threshold."""
         reading = self.read()
         reasons: list[str] = []
         free = reading.free_fraction
@@ -327,16 +332,13 @@ class OnPressure(CleanupPolicy):
         if frag is not None and frag > self.max_fragmentation:
             reasons.append(f"fragmentation {frag:.1%} > {self.max_fragmentation:.1%}")
         if not reasons:
-            return False
-        self._run(
-            "memory pressure: " + ", ".join(reasons),
-            step,
-            free_bytes=reading.free_bytes,
-            total_bytes=reading.total_bytes,
-            reserved_bytes=reading.reserved_bytes,
-            allocated_bytes=reading.allocated_bytes,
-        )
-        return True
+            return None
+        return "memory pressure: " + ", ".join(reasons), {
+            "free_bytes": reading.free_bytes,
+            "total_bytes": reading.total_bytes,
+            "reserved_bytes": reading.reserved_bytes,
+            "allocated_bytes": reading.allocated_bytes,
+        }
 
 
 def on_pressure(
