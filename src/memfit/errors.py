@@ -32,6 +32,7 @@ __all__ = [
     "not_a_file_error",
     "read_user_bytes",
     "read_user_text",
+    "require_callable",
     "require_positive_int",
 ]
 
@@ -378,3 +379,23 @@ def require_positive_int(name: str, value: object, *, hint: str | None = None) -
             f"{name} must be a positive integer, not {value!r}", key_path=name, hint=hint
         )
     return value
+
+
+def require_callable(
+    name: str, value: object, *, hint: str | None = None, optional: bool = False
+) -> None:
+    """Check that ``value`` can be called (or is ``None`` when ``optional``).
+
+    Raises:
+        ConfigError: Otherwise, with ``name`` as the key path.
+
+    >>> require_callable("on_event", None, optional=True)
+    >>> require_callable("loss_fn", 3)
+    Traceback (most recent call last):
+    ...
+    memfit.errors.ConfigError: loss_fn: loss_fn must be callable, not int
+    """
+    if not callable(value) and not (optional and value is None):
+        raise ConfigError(
+            f"{name} must be callable, not {type(value).__name__}", key_path=name, hint=hint
+        )

@@ -47,7 +47,9 @@ class GuardBase(abc.ABC):
     def _next_rung(
         self,
         tried: list[str],
+        oom_message: str,
         *,
+        error: str,
         n: int,
         splits: int,
         size: int,
@@ -55,13 +57,16 @@ class GuardBase(abc.ABC):
         split_here: bool,
         unit: str,
         split_message: str,
+        **oom_data: Any,
     ) -> ladder.Action:
-        """Ask the ladder what to do after a chunk failed; note a retry or a split in
+        """Report a chunk's out-of-memory (``oom_message``, the error's first line and
+        ``oom_data`` as figures), ask the ladder what to do, and note a retry or a split in
         ``tried`` and as an event (``unit`` names a chunk in the retry's message).
 
         Returns:
             The ladder's action (:class:`~memfit.core.ladder.GiveUp` is left to the guard).
         """
+        self._event("oom", oom_message, splits=splits, **oom_data, error=error)
         self._ladder, action = ladder.on_oom(
             self._config,
             self._ladder,
@@ -84,6 +89,31 @@ class GuardBase(abc.ABC):
             tried.append(f"split x{action.splits}")
             self._event("split", split_message.format(splits=action.splits), splits=action.splits)
         return action
+
+    def _gave_up(self, tried: list[str], *, splits: int | None = None) -> None:
+        """A call gave up: the next one starts lower on the ladder; report it."""
+        state = self._ladder if splits is None else self._ladder._replace(splits=splits)
+        self._ladder = ladder.after_give_up(state)
+        self._event("give_up", "out of memory after " + ", ".join(tried), tried=tried)
+
+    def _end_step(self, *, splits: int, split_further: bool, unit: str) -> bool:
+        """A call completed with ``splits`` chunks: count it and maybe grow back (reported).
+
+        Returns:
+            Whether the split count was halved.
+        """
+        self._ladder, grow = ladder.end_step(
+            self._config, self._ladder, splits=splits, split_further=split_further
+        )
+        if grow is not None:
+            self._event(
+                "grow_back",
+                f"{self._config.grow_back_after} clean steps: {unit}s {grow.previous} -> "
+                f"{grow.splits}",
+                splits=grow.splits,
+                previous=grow.previous,
+            )
+        return grow is not None
 
     def _record(self, kind: str, message: str, step: int, data: dict[str, Any]) -> None:
         """Keep an event and pass it to ``on_event``."""

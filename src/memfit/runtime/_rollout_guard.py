@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
 
 from memfit.core import ladder
-from memfit.errors import ConfigError, OutOfMemory, require_positive_int
+from memfit.errors import ConfigError, OutOfMemory, require_callable, require_positive_int
 from memfit.runtime._batching import concat, map_arrays, walk
 from memfit.runtime._guard_base import GuardBase
 from memfit.runtime._memory import free_memory, memory_figures, reading
@@ -72,12 +72,9 @@ class RolloutGuard(GuardBase, Generic[T]):
     ) -> None:
         require_positive_int("max_splits", max_splits)
         require_positive_int("grow_back_after", grow_back_after)
-        if not callable(fn):
-            raise ConfigError(
-                f"fn must be callable, not {type(fn).__name__}",
-                key_path="fn",
-                hint="RolloutGuard(policy.select_action) or RolloutGuard(env.step)",
-            )
+        require_callable(
+            "fn", fn, hint="RolloutGuard(policy.select_action) or RolloutGuard(env.step)"
+        )
         if isinstance(split_dim, bool) or not isinstance(split_dim, int) or split_dim < 0:
             raise ConfigError(
                 f"split_dim must be an integer >= 0, not {split_dim!r}",
@@ -169,16 +166,12 @@ class RolloutGuard(GuardBase, Generic[T]):
             failures += 1
             if self._rng is not None:
                 self._rng.restore()
-            self._event(
-                "oom",
-                "out of memory in the guarded call",
-                splits=splits,
-                start=done,
-                stop=stop,
-                error=message.splitlines()[0],
-            )
             action = self._next_rung(
                 tried,
+                "out of memory in the guarded call",
+                error=message.splitlines()[0],
+                start=done,
+                stop=stop,
                 n=items,
                 splits=splits,
                 size=stop - done,
@@ -193,8 +186,7 @@ class RolloutGuard(GuardBase, Generic[T]):
                 split_here = True
             elif isinstance(action, ladder.GiveUp):
                 now = reading()
-                self._ladder = ladder.after_give_up(self._ladder)
-                self._event("give_up", "out of memory after " + ", ".join(tried), tried=tried)
+                self._gave_up(tried)
                 raise OutOfMemory(
                     f"out of memory in {getattr(self.fn, '__name__', 'the guarded call')} "
                     f"even after {', '.join(tried)}: {message.splitlines()[0]}",
@@ -207,12 +199,5 @@ class RolloutGuard(GuardBase, Generic[T]):
                 )
         result: T = whole_result if not parts else concat(parts, self.split_dim)
         self.calls += 1
-        self._ladder, grow = ladder.end_step(
-            config,
-            self._ladder._replace(splits=splits),
-            splits=splits,
-            split_further=splits > first_splits,
-        )
-        if grow is not None:
-            self._event("grow_back", f"chunks {grow.previous} -> {grow.splits}", splits=grow.splits)
+        self._end_step(splits=splits, split_further=splits > first_splits, unit="chunk")
         return result

@@ -13,7 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 from memfit.backends.live import simulated_gpu, torch_cuda
 from memfit.core import ladder
-from memfit.errors import ConfigError, MemfitError, OutOfMemory, require_positive_int
+from memfit.errors import (
+    ConfigError,
+    MemfitError,
+    OutOfMemory,
+    require_callable,
+    require_positive_int,
+)
 from memfit.runtime import _distributed as distributed
 from memfit.runtime._batching import batch_size, chunk_bounds, split_batch
 from memfit.runtime._guard_base import GuardBase
@@ -202,14 +208,14 @@ class TrainGuard(GuardBase):
             ("on_event", on_event),
             ("before_step", before_step),
         ):
-            if not callable(fn) and not (name != "loss_fn" and fn is None):
-                raise ConfigError(
-                    f"{name} must be callable, not {type(fn).__name__}",
-                    key_path=name,
-                    hint="loss_fn(batch) returns the mean loss over the batch as a tensor"
-                    if name == "loss_fn"
-                    else None,
-                )
+            require_callable(
+                name,
+                fn,
+                optional=name != "loss_fn",
+                hint="loss_fn(batch) returns the mean loss over the batch as a tensor"
+                if name == "loss_fn"
+                else None,
+            )
         if split_stats not in SPLIT_STATS:
             raise ConfigError(
                 f"split_stats must be one of {', '.join(SPLIT_STATS)}, not {split_stats!r}",
@@ -551,16 +557,12 @@ class TrainGuard(GuardBase):
             free_memory()
             failures += 1
             self._rewind()
-            self._event(
-                "oom",
-                f"out of memory in micro-batch [{start}:{stop}) of {n} items",
-                splits=splits,
-                start=start,
-                stop=stop,
-                error=message.splitlines()[0],
-            )
             action = self._next_rung(
                 tried,
+                f"out of memory in micro-batch [{start}:{stop}) of {n} items",
+                error=message.splitlines()[0],
+                start=start,
+                stop=stop,
                 n=n,
                 splits=splits,
                 size=size,
@@ -998,18 +1000,10 @@ class TrainGuard(GuardBase):
             self._steps_since_oom += 1
         # A step is clean when it did not have to split further: an out-of-memory that a
         # retry cured was transient and says nothing about the size that fits.
-        self._ladder, grow = ladder.end_step(
-            self._config, self._ladder, splits=decision.splits, split_further=decision.split
+        grew = self._end_step(
+            splits=decision.splits, split_further=decision.split, unit="micro-batch"
         )
-        if grow is not None:
-            self._event(
-                "grow_back",
-                f"{self.grow_back_after} clean steps: micro-batches {grow.previous} -> "
-                f"{grow.splits}",
-                splits=grow.splits,
-                previous=grow.previous,
-            )
-        elif self.splits != splits_before and not split:
+        if not grew and self.splits != splits_before and not split:
             self._event(
                 "split",
                 f"following the other ranks: {self.splits} micro-batches",

@@ -64,7 +64,13 @@ from memfit.core.search import (
     target_bytes,
     valid_values,
 )
-from memfit.errors import BackendUnavailable, ConfigError, InfeasiblePlan
+from memfit.errors import (
+    BackendUnavailable,
+    ConfigError,
+    InfeasiblePlan,
+    require_callable,
+    require_positive_int,
+)
 from memfit.runtime.oom import forget_exception, is_oom
 from memfit.units import format_bytes, parse_bytes
 
@@ -580,16 +586,10 @@ def fit(
     >>> result.value, len(result.probes) <= 4
     (127, True)
     """
-    if not callable(run):
-        raise ConfigError(
-            f"run must be a callable run(value) -> None, not {type(run).__name__}",
-            key_path="run",
-            hint="pass a function that runs one short probe at a knob value",
-        )
-    if isinstance(max_probes, bool) or not isinstance(max_probes, int) or max_probes < 1:
-        raise ConfigError(
-            f"must be an integer of at least 1, got {max_probes!r}", key_path="max_probes"
-        )
+    require_callable(
+        "run", run, hint="pass a function run(value) -> None that runs one short probe"
+    )
+    require_positive_int("max_probes", max_probes)
     valid_values(low=low, high=high, multiple_of=multiple_of, constraint=constraint)
     meter = _choose_meter(device)
     search_prior = prior_from(prior, knob=knob, tensors=isinstance(meter, _SimulatedMeter))

@@ -27,7 +27,7 @@ from typing import Any
 
 from memfit.core import ladder
 from memfit.core.ladder import next_divisor
-from memfit.errors import ConfigError, OutOfMemory, require_positive_int
+from memfit.errors import ConfigError, OutOfMemory, require_callable, require_positive_int
 from memfit.runtime._guard_base import GuardBase
 from memfit.runtime.events import EventSink
 from memfit.runtime.oom import forget_exception, is_oom
@@ -94,13 +94,13 @@ class TrainGuard(GuardBase):
             ("count_fn", count_fn, True),
             ("on_event", on_event, True),
         ):
-            if not callable(fn) and not (optional and fn is None):
-                raise ConfigError(
-                    f"{name} must be callable, not {type(fn).__name__}",
-                    key_path=name,
-                    hint="loss_fn(params, batch) -> scalar; "
-                    "update_fn(params, opt_state, grads) -> (params, opt_state)",
-                )
+            require_callable(
+                name,
+                fn,
+                optional=optional,
+                hint="loss_fn(params, batch) -> scalar; "
+                "update_fn(params, opt_state, grads) -> (params, opt_state)",
+            )
         self.loss_fn = loss_fn
         self.update_fn = update_fn
         self.count_fn = count_fn
@@ -228,14 +228,10 @@ class TrainGuard(GuardBase):
                 break
             gc.collect(1)  # out of the except block: the failed call's arrays can go
             failures += 1
-            self._event(
-                "oom",
-                "RESOURCE_EXHAUSTED in the jitted step",
-                splits=splits,
-                error=message.splitlines()[0],
-            )
             action = self._next_rung(
                 tried,
+                "RESOURCE_EXHAUSTED in the jitted step",
+                error=message.splitlines()[0],
                 n=n,
                 splits=splits,
                 size=n // splits,
@@ -249,8 +245,7 @@ class TrainGuard(GuardBase):
                 failures = 0
                 split_here = True
             elif isinstance(action, ladder.GiveUp):
-                self._ladder = ladder.after_give_up(self._ladder._replace(splits=splits))
-                self._event("give_up", "out of memory after " + ", ".join(tried), tried=tried)
+                self._gave_up(tried, splits=splits)
                 device, peak, limit = _jax_figures()
                 raise OutOfMemory(
                     f"RESOURCE_EXHAUSTED at step {self.steps} even after {', '.join(tried)}: "
@@ -263,9 +258,5 @@ class TrainGuard(GuardBase):
                     "the item, raise max_splits, or use a device with more memory",
                 )
         self.steps += 1
-        self._ladder, grow = ladder.end_step(
-            config, self._ladder, splits=splits, split_further=splits > first
-        )
-        if grow is not None:
-            self._event("grow_back", f"chunks {grow.previous} -> {grow.splits}", splits=grow.splits)
+        self._end_step(splits=splits, split_further=splits > first, unit="chunk")
         return new_params, new_state, loss_value
