@@ -8,27 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 from _cli_run import run
+from _plan_fields import PLAN_FIELDS
 
 from memfit.planning import TIER_GPUS
-
-PLAN_FIELDS = [
-    "gpu",
-    "budget_bytes",
-    "predicted_bytes",
-    "fits",
-    "knobs",
-    "breakdown",
-    "binding",
-    "alternatives",
-    "gpu_total_bytes",
-    "pool_bytes",
-    "host_bytes",
-    "used_bytes",
-    "headroom_bytes",
-    "environment",
-    "notes",
-    "would_fit",
-]
 
 
 def test_plan_human_output(capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,6 +7,7 @@ import itertools
 from typing import Any
 
 import pytest
+from _plan_fields import PLAN_FIELDS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -256,24 +257,7 @@ def test_plan_many_matches_plan_and_is_deterministic() -> None:
 
 def test_plan_dict_has_exactly_the_plan_fields() -> None:
     p = plan_for_gpu(load_workload("act_dual_camera"), gpu("RTX 4060 Ti"))
-    assert list(p.to_dict()) == [
-        "gpu",
-        "budget_bytes",
-        "predicted_bytes",
-        "fits",
-        "knobs",
-        "breakdown",
-        "binding",
-        "alternatives",
-        "gpu_total_bytes",
-        "pool_bytes",
-        "host_bytes",
-        "used_bytes",
-        "headroom_bytes",
-        "environment",
-        "notes",
-        "would_fit",
-    ]
+    assert list(p.to_dict()) == PLAN_FIELDS
     assert p.to_dict()["used_bytes"] == p.predicted_bytes  # torch: no pool
     assert p.to_dict()["headroom_bytes"] == p.budget_bytes - p.predicted_bytes
 
