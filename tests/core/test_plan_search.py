@@ -132,13 +132,30 @@ def test_infeasible_reports_smallest_footprint_and_term() -> None:
     assert exc.hint is not None and "weights" in exc.hint
 
 
-def test_infeasible_when_no_setting_keeps_the_rules() -> None:
-    w = custom(
-        "{a: 'n * 1024'}",
-        "  n: {min: 1, max: 4}\n",
-        "constraints:\n  rules:\n    - {expr: 'n > 4'}\n",
-    )
-    with pytest.raises(ConfigError, match="keeps every rule"):
+@pytest.mark.parametrize(
+    ("terms", "knobs", "extra", "message"),
+    [
+        pytest.param(
+            "{a: 'n * 1024'}",
+            "  n: {min: 1, max: 4}\n",
+            "constraints:\n  rules:\n    - {expr: 'n > 4'}\n",
+            "keeps every rule",
+            id="no-setting-keeps-the-rules",
+        ),
+        pytest.param(
+            "{acts: 'micro * 1024'}",
+            "  micro: {choices: [3, 5]}\n  accum: {min: 1, max: 8}\n",
+            "effective_batch: {micro: micro, accumulation: accum, value: 64}\n",
+            "no value of micro keeps effective_batch",
+            id="effective-batch-without-a-divisor",
+        ),
+    ],
+)
+def test_a_workload_no_setting_can_satisfy_is_a_config_error(
+    terms: str, knobs: str, extra: str, message: str
+) -> None:
+    w = custom(terms, knobs, extra)
+    with pytest.raises(ConfigError, match=message):
         plan_for_gpu(w, anonymous_gpu(8 * GiB))
 
 
@@ -207,16 +224,6 @@ def test_effective_batch_keeps_the_product() -> None:
     p = plan_for_gpu(w, anonymous_gpu(8 * GiB))
     assert p.knobs["micro"] * p.knobs["accum"] == 64  # type: ignore[operator]
     assert p.knobs == {"micro": 16, "accum": 4}  # 16 x 256 MiB fits, 32 x 256 MiB does not
-
-
-def test_effective_batch_without_a_divisor_is_a_config_error() -> None:
-    w = custom(
-        "{acts: 'micro * 1024'}",
-        "  micro: {choices: [3, 5]}\n  accum: {min: 1, max: 8}\n",
-        "effective_batch: {micro: micro, accumulation: accum, value: 64}\n",
-    )
-    with pytest.raises(ConfigError, match="no value of micro keeps effective_batch"):
-        plan_for_gpu(w, anonymous_gpu(8 * GiB))
 
 
 def test_replay_auto_placement_and_host_ram() -> None:
