@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-# Test helpers shared inside an area (tests/cli/_cli_run.py, tests/runtime/_ddp_launch.py)
-# are imported by name: pytest runs with --import-mode=importlib, which puts no test folder on
-# sys.path by itself.
-for _area in ("cli", "runtime"):
+# Test helpers shared inside an area (tests/cli/_cli_run.py, tests/runtime/_ddp_launch.py) or
+# across areas (tests/shared/) are imported by name: pytest runs with --import-mode=importlib,
+# which puts no test folder on sys.path by itself.
+for _area in ("cli", "core", "estimate", "runtime", "shared"):
     sys.path.insert(0, str(Path(__file__).parent / _area))
 
 # Property tests run the same examples on every run (CI must be deterministic): the "ci"

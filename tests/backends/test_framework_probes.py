@@ -6,6 +6,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from _fake_torch_cuda import FakeTorchCuda
 
 from memfit import BackendUnavailable
 from memfit.backends import probe_all
@@ -38,44 +39,26 @@ def test_probe_all_tries_torch_and_reports_none_on_cpu() -> None:
     assert any("no CUDA device" in n for n in snap.notes)
 
 
-class _FakeCuda:
+class _FakeCuda(FakeTorchCuda):
     def __init__(self, available: bool = True) -> None:
-        self.available = available
-
-    def is_available(self) -> bool:
-        return self.available
+        super().__init__(
+            free=20000 * MiB,
+            total=24564 * MiB,
+            allocated=3000 * MiB,
+            reserved=4000 * MiB,
+            peak_allocated=3500 * MiB,
+            peak_reserved=4100 * MiB,
+            available=available,
+        )
 
     def device_count(self) -> int:
         return 1
-
-    def mem_get_info(self, index: int) -> tuple[int, int]:
-        return 20000 * MiB, 24564 * MiB
 
     def get_device_properties(self, index: int) -> Any:
         return SimpleNamespace(major=8, minor=9, uuid="abcd-ef")
 
     def get_device_name(self, index: int) -> str:
         return "NVIDIA GeForce RTX 4090"
-
-    def memory_allocated(self, index: int) -> int:
-        return 3000 * MiB
-
-    def memory_reserved(self, index: int) -> int:
-        return 4000 * MiB
-
-    def max_memory_allocated(self, index: int) -> int:
-        return 3500 * MiB
-
-    def max_memory_reserved(self, index: int) -> int:
-        return 4100 * MiB
-
-    def memory_stats(self, index: int) -> dict[str, int]:  # torch.cuda's flat form
-        return {
-            "allocated_bytes.all.current": self.memory_allocated(index),
-            "reserved_bytes.all.current": self.memory_reserved(index),
-            "allocated_bytes.all.peak": self.max_memory_allocated(index),
-            "reserved_bytes.all.peak": self.max_memory_reserved(index),
-        }
 
 
 def _fake_torch(available: bool = True, cuda_version: str | None = "12.8") -> Any:

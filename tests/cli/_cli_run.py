@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import pytest
 
 from memfit.cli.main import main
@@ -12,6 +15,13 @@ def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     code = main(list(args))
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> Any:
+    """``memfit ARGS``, which must succeed (exit 0): its stdout, read as JSON."""
+    code, out, err = run(capsys, *args)
+    assert code == 0, err
+    return json.loads(out)
 
 
 def user_error(code: int, err: str, *words: str) -> None:

@@ -336,15 +336,20 @@ def test_jax_make_args_failures_are_estimate_errors() -> None:
 # --- internal errors ------------------------------------------------------------------------------
 
 
-def test_internal_error_with_json_still_prints_one_json_document(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _loading_a_workload_raises(monkeypatch: pytest.MonkeyPatch, error: Exception) -> None:
+    """``memfit check`` and ``memfit plan`` meet ``error`` when they load their workload."""
     import memfit.cli.plan as plan_cli
 
     def broken(_: object) -> object:
-        raise RuntimeError("a bug")
+        raise error
 
     monkeypatch.setattr(plan_cli, "load_workload", broken)
+
+
+def test_internal_error_with_json_still_prints_one_json_document(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _loading_a_workload_raises(monkeypatch, RuntimeError("a bug"))
     code, out, err = run(capsys, "check", "dqn_fire_raster", "--json")
     assert code == 1 and "internal error" in err
     assert one_json(out)["error"] == "InternalError"  # type: ignore[index]
@@ -371,12 +376,7 @@ def test_devices_from_a_malformed_snapshot(
 def test_an_error_without_its_own_hint_still_gets_one(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import memfit.cli.plan as plan_cli
-
-    def broken(_: object) -> object:
-        raise ConfigError("something is off")
-
-    monkeypatch.setattr(plan_cli, "load_workload", broken)
+    _loading_a_workload_raises(monkeypatch, ConfigError("something is off"))
     code, _, err = run(capsys, "check", "dqn_fire_raster")
     user_error(code, err)
     assert "memfit check --help" in err

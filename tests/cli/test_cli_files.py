@@ -21,17 +21,15 @@ from types import FrameType
 
 import pytest
 from _cli_run import run, user_error
+from _monitor_runs import record_run
 
 from memfit.backends.simulated import SimulatedDevice
 from memfit.cli import _files
 from memfit.cli.main import main
 from memfit.errors import ConfigError
-from memfit.monitor.recorder import Recorder
-from memfit.runtime.events import MemoryEvent
 
 ROOT = Path(__file__).resolve().parents[2]
 DQN = ROOT / "src" / "memfit" / "workloads" / "dqn_fire_raster.yaml"
-MiB = 2**20
 
 needs_fifo = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes need POSIX")
 
@@ -64,14 +62,8 @@ def job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def run_log(path: Path) -> Path:
-    dev = SimulatedDevice("1GiB")
-    with Recorder(path, device=dev, log=False, budget="64MiB") as rec:
-        for step in range(12):
-            dev.allocate(MiB)
-            if step == 5:
-                rec.on_event(MemoryEvent("retry", step, "TrainGuard", "retrying"))
-            rec.step(step=step)
-    return path
+    retry = ("retry", "TrainGuard", "retrying")
+    return record_run(path, 12, budget="64MiB", events={5: [retry]})
 
 
 def simulated_snapshot(path: Path, size: str) -> Path:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import textwrap
-import uuid
 from pathlib import Path
 
 import pytest
+from _user_module import user_module
 
 from memfit.cli.main import main
 
@@ -48,11 +48,12 @@ FACTORY = textwrap.dedent(
 @pytest.fixture
 def factory_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     """A fresh importable module (unique name) with a TorchStep factory, in the cwd."""
-    name = f"fitfactory_{uuid.uuid4().hex[:8]}"
-    (tmp_path / f"{name}.py").write_text(FACTORY)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    return name
+    return user_module(tmp_path, monkeypatch, "fitfactory_", FACTORY)
+
+
+def _fit_argv(factory_module: str, *options: str) -> list[str]:
+    """``memfit fit MODULE:factory --device cpu --budget 4MiB OPTIONS`` as argv."""
+    return ["fit", f"{factory_module}:factory", "--device", "cpu", "--budget", "4MiB", *options]
 
 
 def _json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> dict[str, object]:
@@ -67,20 +68,7 @@ def _json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> dict[str, obje
 def test_fit_factory_on_a_simulated_gpu(
     factory_module: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    data = _json(
-        capsys,
-        [
-            "fit",
-            f"{factory_module}:factory",
-            "--device",
-            "cpu",
-            "--budget",
-            "4MiB",
-            "--high",
-            "4096",
-            "--json",
-        ],
-    )
+    data = _json(capsys, _fit_argv(factory_module, "--high", "4096", "--json"))
     probes = data["probes"]
     assert isinstance(probes, list) and 1 <= len(probes) <= 3
     value = data["value"]
@@ -120,21 +108,7 @@ def test_fit_workload_file_keeps_the_knob_domain(
 def test_fit_human_output_and_no_prior(
     factory_module: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = main(
-        [
-            "fit",
-            f"{factory_module}:factory",
-            "--device",
-            "cpu",
-            "--budget",
-            "4MiB",
-            "--high",
-            "4096",
-            "--no-prior",
-            "--margin",
-            "0",
-        ]
-    )
+    code = main(_fit_argv(factory_module, "--high", "4096", "--no-prior", "--margin", "0"))
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert "batch_size =" in captured.out and "probes" in captured.out
@@ -158,21 +132,7 @@ def test_model_and_optimizer_state_are_restored(
         return pair
 
     monkeypatch.setattr(module, "build", recording_build)
-    _json(
-        capsys,
-        [
-            "fit",
-            f"{factory_module}:factory",
-            "--device",
-            "cpu",
-            "--budget",
-            "4MiB",
-            "--high",
-            "512",
-            "--no-prior",
-            "--json",
-        ],
-    )
+    _json(capsys, _fit_argv(factory_module, "--high", "512", "--no-prior", "--json"))
     model, optimizer = built[-1]
     fresh, _ = original_build()  # same seed: the weights before any probe step
     for a, b in zip(model.parameters(), fresh.parameters(), strict=True):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import textwrap
-import uuid
 from pathlib import Path
 
 import pytest
+from _user_module import user_module
 
 from memfit.cli.main import main
 
@@ -50,11 +50,8 @@ FACTORY = textwrap.dedent(
 
 @pytest.fixture
 def module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    name = f"fitqa_{uuid.uuid4().hex[:8]}"
-    (tmp_path / f"{name}.py").write_text(FACTORY)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    return name
+    """A fresh importable module (unique name) with the factories, in the cwd."""
+    return user_module(tmp_path, monkeypatch, "fitqa_", FACTORY)
 
 
 def _error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[dict[str, object], str]:

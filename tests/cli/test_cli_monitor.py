@@ -6,25 +6,14 @@ import json
 from pathlib import Path
 
 import pytest
+from _monitor_runs import StaticProbe, record_run
 
 import memfit.cli.watch as watch_cli
 from memfit.backends.base import DeviceProbe, DeviceSnapshot, ProcessSnapshot, SystemSnapshot
 from memfit.backends.simulated import SimulatedDevice
 from memfit.cli.main import main
-from memfit.monitor.recorder import Recorder
-from memfit.runtime.events import MemoryEvent
 
 MiB = 2**20
-
-
-class _StaticProbe:
-    name = "nvml"
-
-    def __init__(self, snapshot: SystemSnapshot) -> None:
-        self._snapshot = snapshot
-
-    def snapshot(self) -> SystemSnapshot:
-        return self._snapshot
 
 
 def _use_probe(monkeypatch: pytest.MonkeyPatch, probe: DeviceProbe | None, *reasons: str) -> None:
@@ -104,7 +93,7 @@ def test_watch_shows_na_with_the_reason(
         ),
         backend="nvml",
     )
-    _use_probe(monkeypatch, _StaticProbe(SystemSnapshot("nvml", devices=(device,))))
+    _use_probe(monkeypatch, StaticProbe(SystemSnapshot("nvml", devices=(device,)), "nvml"))
     assert main(["watch", "--once"]) == 0
     out = capsys.readouterr().out
     assert "N/A" in out
@@ -121,7 +110,7 @@ def test_watch_pid_filter(
         ProcessSnapshot(pid=200, name="b", command="python b.py", used_bytes=MiB),
     )
     device = DeviceSnapshot(0, "g", total_bytes=2**30, device_used_bytes=MiB, processes=procs)
-    _use_probe(monkeypatch, _StaticProbe(SystemSnapshot("nvml", devices=(device,))))
+    _use_probe(monkeypatch, StaticProbe(SystemSnapshot("nvml", devices=(device,)), "nvml"))
     assert main(["watch", "--json", "--pid", "200"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert [p["pid"] for p in data["devices"][0]["processes"]] == [200]
@@ -137,14 +126,8 @@ def test_watch_bad_interval_is_an_error(
 
 
 def _run_file(path: Path) -> Path:
-    dev = SimulatedDevice("1GiB")
-    with Recorder(path, device=dev, log=False) as rec:
-        for step in range(40):
-            dev.allocate(MiB)
-            if step == 20:
-                rec.on_event(MemoryEvent("cleanup", step, "cleanup.every", "emptied"))
-            rec.step(step=step)
-    return path
+    cleanup = ("cleanup", "cleanup.every", "emptied")
+    return record_run(path, 40, events={20: [cleanup]})
 
 
 def test_report_prints_the_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,28 +7,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from _cli_run import run
+from _cli_run import run, run_json
+from _plan_fields import PLAN_FIELDS
 
 from memfit.planning import TIER_GPUS
-
-PLAN_FIELDS = [
-    "gpu",
-    "budget_bytes",
-    "predicted_bytes",
-    "fits",
-    "knobs",
-    "breakdown",
-    "binding",
-    "alternatives",
-    "gpu_total_bytes",
-    "pool_bytes",
-    "host_bytes",
-    "used_bytes",
-    "headroom_bytes",
-    "environment",
-    "notes",
-    "would_fit",
-]
 
 
 def test_plan_human_output(capsys: pytest.CaptureFixture[str]) -> None:
@@ -41,11 +23,9 @@ def test_plan_human_output(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_plan_json_is_exactly_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(
+    data = run_json(
         capsys, "plan", "brax_humanoid_ppo", "--gpu", "RTX 4070", "--margin", "10%", "--json"
     )
-    assert code == 0
-    data = json.loads(out)
     assert list(data) == PLAN_FIELDS
     assert data["fits"] is True
     assert sum(data["breakdown"].values()) == data["predicted_bytes"] <= data["budget_bytes"]
@@ -53,11 +33,10 @@ def test_plan_json_is_exactly_the_plan(capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_plan_with_set_and_size(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(
+    data = run_json(
         capsys, "plan", "brax_humanoid_ppo", "--gpu", "24GiB", "--set", "num_envs=4096", "--json"
     )
-    assert code == 0
-    assert json.loads(out)["knobs"]["num_envs"] == 4096
+    assert data["knobs"]["num_envs"] == 4096
 
 
 def test_plan_write_fitted_yaml(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -72,9 +51,7 @@ def test_plan_write_fitted_yaml(capsys: pytest.CaptureFixture[str], tmp_path: Pa
 
 
 def test_all_gpus_tier_table(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "plan", "dqn_fire_raster", "--all-gpus", "--json")
-    assert code == 0
-    data = json.loads(out)
+    data = run_json(capsys, "plan", "dqn_fire_raster", "--all-gpus", "--json")
     plans = data["plans"]
     assert len(plans) == len(TIER_GPUS)
     totals = [p["gpu_total_bytes"] for p in plans]
@@ -178,9 +155,7 @@ def test_check_reports_the_nearest_fixes(capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_examples(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "examples", "--json")
-    assert code == 0
-    names = [e["name"] for e in json.loads(out)["examples"]]
+    names = [e["name"] for e in run_json(capsys, "examples", "--json")["examples"]]
     assert any("ppo" in n for n in names)
     assert any("dqn" in n for n in names)
     assert any("act" in n for n in names)

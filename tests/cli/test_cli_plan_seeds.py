@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from _cli_run import run
+from _cli_run import run, run_json
 
 from memfit.units import GiB
 
@@ -74,11 +74,9 @@ def test_a_buffer_that_does_not_fit_gets_what_would(capsys: pytest.CaptureFixtur
 
 
 def test_the_host_as_the_device(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(
+    data = run_json(
         capsys, "plan", "dqn_fire_raster", "--gpu", "cpu", "--host-memory", "16GiB", "--json"
     )
-    assert code == 0
-    data = json.loads(out)
     assert data["gpu"] == "CPU (host RAM)" and data["gpu_total_bytes"] == 16 * GiB
     assert data["breakdown"]["cuda_context"] == 0 and data["breakdown"]["cublas_workspace"] == 0
     assert "replay_buffer" in data["breakdown"]  # the buffer is in the same RAM
@@ -89,10 +87,9 @@ def test_the_host_as_the_device(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_measure_modes_through_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(
+    data = run_json(
         capsys, "plan", "brax_humanoid_ppo", "--gpu", "T4", "--measure", "recorded", "--json"
     )
-    assert code == 0
-    assert json.loads(out)["notes"][0].startswith("measurements recorded in the workload")
+    assert data["notes"][0].startswith("measurements recorded in the workload")
     code, _, err = run(capsys, "plan", "brax_humanoid_ppo", "--gpu", "T4", "--measure", "x")
     assert code == 1 and "unknown measurement mode" in err

@@ -7,6 +7,7 @@ import itertools
 from typing import Any
 
 import pytest
+from _plan_fields import PLAN_FIELDS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -131,13 +132,30 @@ def test_infeasible_reports_smallest_footprint_and_term() -> None:
     assert exc.hint is not None and "weights" in exc.hint
 
 
-def test_infeasible_when_no_setting_keeps_the_rules() -> None:
-    w = custom(
-        "{a: 'n * 1024'}",
-        "  n: {min: 1, max: 4}\n",
-        "constraints:\n  rules:\n    - {expr: 'n > 4'}\n",
-    )
-    with pytest.raises(ConfigError, match="keeps every rule"):
+@pytest.mark.parametrize(
+    ("terms", "knobs", "extra", "message"),
+    [
+        pytest.param(
+            "{a: 'n * 1024'}",
+            "  n: {min: 1, max: 4}\n",
+            "constraints:\n  rules:\n    - {expr: 'n > 4'}\n",
+            "keeps every rule",
+            id="no-setting-keeps-the-rules",
+        ),
+        pytest.param(
+            "{acts: 'micro * 1024'}",
+            "  micro: {choices: [3, 5]}\n  accum: {min: 1, max: 8}\n",
+            "effective_batch: {micro: micro, accumulation: accum, value: 64}\n",
+            "no value of micro keeps effective_batch",
+            id="effective-batch-without-a-divisor",
+        ),
+    ],
+)
+def test_a_workload_no_setting_can_satisfy_is_a_config_error(
+    terms: str, knobs: str, extra: str, message: str
+) -> None:
+    w = custom(terms, knobs, extra)
+    with pytest.raises(ConfigError, match=message):
         plan_for_gpu(w, anonymous_gpu(8 * GiB))
 
 
@@ -208,16 +226,6 @@ def test_effective_batch_keeps_the_product() -> None:
     assert p.knobs == {"micro": 16, "accum": 4}  # 16 x 256 MiB fits, 32 x 256 MiB does not
 
 
-def test_effective_batch_without_a_divisor_is_a_config_error() -> None:
-    w = custom(
-        "{acts: 'micro * 1024'}",
-        "  micro: {choices: [3, 5]}\n  accum: {min: 1, max: 8}\n",
-        "effective_batch: {micro: micro, accumulation: accum, value: 64}\n",
-    )
-    with pytest.raises(ConfigError, match="no value of micro keeps effective_batch"):
-        plan_for_gpu(w, anonymous_gpu(8 * GiB))
-
-
 def test_replay_auto_placement_and_host_ram() -> None:
     w = load_workload("dqn_fire_raster")
     assert w.replay is not None
@@ -256,24 +264,7 @@ def test_plan_many_matches_plan_and_is_deterministic() -> None:
 
 def test_plan_dict_has_exactly_the_plan_fields() -> None:
     p = plan_for_gpu(load_workload("act_dual_camera"), gpu("RTX 4060 Ti"))
-    assert list(p.to_dict()) == [
-        "gpu",
-        "budget_bytes",
-        "predicted_bytes",
-        "fits",
-        "knobs",
-        "breakdown",
-        "binding",
-        "alternatives",
-        "gpu_total_bytes",
-        "pool_bytes",
-        "host_bytes",
-        "used_bytes",
-        "headroom_bytes",
-        "environment",
-        "notes",
-        "would_fit",
-    ]
+    assert list(p.to_dict()) == PLAN_FIELDS
     assert p.to_dict()["used_bytes"] == p.predicted_bytes  # torch: no pool
     assert p.to_dict()["headroom_bytes"] == p.budget_bytes - p.predicted_bytes
 

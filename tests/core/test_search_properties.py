@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
 
+from _search_drive import FakeDevice, drive
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memfit.core.search import Prior, Probe, best_probe, ceiling_value, next_probe, target_bytes
+from memfit.core.search import Prior, Probe, best_probe, target_bytes
 
 MiB = 2**20
 GiB = 2**30
@@ -45,39 +45,6 @@ def curves(draw: st.DrawFn, *, affine_only: bool = False, min_span: int = 40) ->
         return int(base)
 
     return {"peak": peak, "budget": budget, "intercept": intercept, "slope": slope, "kind": kind}
-
-
-def _run(
-    peak: Callable[[int], int],
-    budget: int,
-    *,
-    low: int,
-    high: int,
-    margin: float,
-    multiple_of: int,
-    prior: Prior | None,
-    max_probes: int,
-) -> list[Probe]:
-    history: list[Probe] = []
-    while len(history) < max_probes:
-        value = next_probe(
-            history,
-            low=low,
-            high=high,
-            budget=budget,
-            margin=margin,
-            multiple_of=multiple_of,
-            prior=prior,
-        )
-        if value is None:
-            break
-        ceiling = ceiling_value(history, budget=budget, margin=margin)
-        assert ceiling is None or value < ceiling, "returned a value known not to fit"
-        assert value not in {p.value for p in history}
-        assert low <= value <= high and value % multiple_of == 0
-        need = peak(value)
-        history.append(Probe(value, min(need, budget), need <= budget))
-    return history
 
 
 def _true_max(
@@ -132,6 +99,36 @@ def _high(curve: dict[str, object]) -> int:
     return 3 * (budget - intercept) // slope
 
 
+def _search(
+    curve: dict[str, object],
+    *,
+    margin: float,
+    multiple_of: int,
+    prior: Prior | None,
+    max_probes: int,
+) -> list[Probe]:
+    """The rule run on the curve from ``multiple_of`` to ``_high(curve)``, its promises checked
+    at every step (a probe over the budget runs out of memory and sees the budget)."""
+    peak, budget = curve["peak"], curve["budget"]
+    assert callable(peak) and isinstance(budget, int)
+    return drive(
+        FakeDevice(peak, budget),
+        low=multiple_of,
+        high=_high(curve),
+        margin=margin,
+        multiple_of=multiple_of,
+        prior=prior,
+        max_probes=max_probes,
+    )
+
+
+def _truth(curve: dict[str, object], margin: float, multiple_of: int) -> int | None:
+    """The true maximum over the grid ``_search`` searches."""
+    budget = curve["budget"]
+    assert isinstance(budget, int)
+    return _true_max(curve, target_bytes(budget, margin), multiple_of, _high(curve), multiple_of)
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     curve=curves(),
@@ -142,30 +139,16 @@ def _high(curve: dict[str, object]) -> int:
 def test_never_above_the_true_max_and_terminates(
     curve: dict[str, object], margin: float, multiple_of: int, prior_error: float | None
 ) -> None:
-    peak = curve["peak"]
-    budget = curve["budget"]
-    assert callable(peak) and isinstance(budget, int)
-    slope = curve["slope"]
-    intercept = curve["intercept"]
-    assert isinstance(slope, int) and isinstance(intercept, int)
+    budget, slope, intercept = curve["budget"], curve["slope"], curve["intercept"]
+    assert isinstance(budget, int) and isinstance(slope, int) and isinstance(intercept, int)
     prior = None
     if prior_error is not None:
         prior = Prior(slope_bytes=slope * (1 + prior_error), intercept_bytes=float(intercept))
-    low, high = multiple_of, _high(curve)
-    history = _run(
-        peak,
-        budget,
-        low=low,
-        high=high,
-        margin=margin,
-        multiple_of=multiple_of,
-        prior=prior,
-        max_probes=60,
-    )
+    history = _search(curve, margin=margin, multiple_of=multiple_of, prior=prior, max_probes=60)
     # Terminates: the rule says it is done well before the safety limit.
     assert len(history) < 60
     best = best_probe(history, budget=budget, margin=margin)
-    truth = _true_max(curve, target_bytes(budget, margin), low, high, multiple_of)
+    truth = _truth(curve, margin, multiple_of)
     if curve["kind"] == "noisy":
         # Not monotone: a value may fit above one that did not, so only the bound holds.
         assert best is None or (truth is not None and best.value <= truth)
@@ -202,30 +185,18 @@ def test_affine_with_a_decent_prior_reaches_97_percent_in_three_probes(
     """
     if rough:
         uncertainty = 0.2
-    peak = curve["peak"]
-    budget = curve["budget"]
-    slope = curve["slope"]
-    intercept = curve["intercept"]
-    assert callable(peak) and isinstance(budget, int)
-    assert isinstance(slope, int) and isinstance(intercept, int)
+    budget, slope, intercept = curve["budget"], curve["slope"], curve["intercept"]
+    assert isinstance(budget, int) and isinstance(slope, int) and isinstance(intercept, int)
     prior = Prior(
         slope_bytes=slope * (1 + uncertainty * slope_error),
         intercept_bytes=intercept * (1 + uncertainty * intercept_error),
         uncertainty=uncertainty,
     )
-    low, high = multiple_of, _high(curve)
-    truth = _true_max(curve, target_bytes(budget, margin), low, high, multiple_of)
+    truth = _truth(curve, margin, multiple_of)
     if truth is None or truth < 30 * multiple_of:
         return  # 97% cannot be told from the grid's own spacing
-    history = _run(
-        peak,
-        budget,
-        low=low,
-        high=high,
-        margin=margin,
-        multiple_of=multiple_of,
-        prior=prior,
-        max_probes=5 if rough else 3,
+    history = _search(
+        curve, margin=margin, multiple_of=multiple_of, prior=prior, max_probes=5 if rough else 3
     )
     best = best_probe(history, budget=budget, margin=margin)
     assert best is not None
@@ -238,20 +209,10 @@ def test_without_a_prior_it_still_gets_close(curve: dict[str, object], margin: f
     # Without a prior the first probe is at 1 and the rule extrapolates from it; the
     # allocator's 2 MiB segments (up to 32 items at the smallest slope here) must be small
     # next to the answer for one point to say anything.
-    peak = curve["peak"]
     budget = curve["budget"]
-    assert callable(peak) and isinstance(budget, int)
-    history = _run(
-        peak,
-        budget,
-        low=1,
-        high=_high(curve),
-        margin=margin,
-        multiple_of=1,
-        prior=None,
-        max_probes=60,
-    )
-    truth = _true_max(curve, target_bytes(budget, margin), 1, _high(curve), 1)
+    assert isinstance(budget, int)
+    history = _search(curve, margin=margin, multiple_of=1, prior=None, max_probes=60)
+    truth = _truth(curve, margin, 1)
     best = best_probe(history, budget=budget, margin=margin)
     if truth is None:  # the fixed bytes alone break the margin
         assert best is None

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import textwrap
-import uuid
 from pathlib import Path
 
 import pytest
+from _user_module import user_module
 
 from memfit.cli.main import main
 from memfit.core.workload import Workload
@@ -47,11 +47,8 @@ FACTORY_SOURCE = textwrap.dedent(
 
 @pytest.fixture
 def factory_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    name = f"memfit_factory_{uuid.uuid4().hex[:8]}"
-    (tmp_path / f"{name}.py").write_text(FACTORY_SOURCE)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    return name
+    """A fresh importable module (unique name) with the factories, in the cwd."""
+    return user_module(tmp_path, monkeypatch, "memfit_factory_", FACTORY_SOURCE)
 
 
 def test_make_step_returns_the_factory_step(factory_module: str) -> None:

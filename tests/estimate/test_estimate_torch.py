@@ -11,15 +11,12 @@ those events gives the real step's peak of live CPU tensor bytes, which the trac
 
 from __future__ import annotations
 
-import importlib.util
 import resource
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
+from _bench_scripts import load_bench
 
 from memfit.core.allocator import round_size
 from memfit.errors import ConfigError, EstimateError
@@ -27,22 +24,7 @@ from memfit.estimate import TorchStep
 from memfit.estimate.torch_trace import CATEGORIES, estimate_torch, fit_affine
 from memfit.testing import real_cpu_peak
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _workloads() -> ModuleType:
-    name = "memfit_bench_estimate_workloads"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / "estimate_workloads.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-W = _workloads()
+W = load_bench("memfit_bench_estimate_workloads", "estimate_workloads.py")
 
 
 CASES: list[tuple[str, Any, int, float]] = [

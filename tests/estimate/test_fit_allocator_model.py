@@ -13,28 +13,17 @@ at most 3 probes, never above it; the real figure waits for a GPU (``--cuda``).
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
+from _bench_scripts import load_bench
 
-ROOT = Path(__file__).resolve().parents[2]
 MiB = 2**20
 
 
 def _fit_bench() -> ModuleType:
-    name = "memfit_bench_fit_search"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / "fit_search.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("memfit_bench_fit_search", "fit_search.py")
 
 
 CASES = [

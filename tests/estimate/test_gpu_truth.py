@@ -19,8 +19,6 @@ worked out by hand from the allocator's rules, so (a) is exercised without a GPU
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -28,6 +26,7 @@ from typing import Any
 
 import pytest
 import torch
+from _bench_scripts import load_bench
 
 from memfit.errors import ConfigError
 from memfit.estimate.truth import (
@@ -55,15 +54,7 @@ ENTRIES = load_corpus(CORPUS)
 
 
 def _bench() -> ModuleType:
-    name = "memfit_bench_gpu_truth"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / "gpu_truth.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("memfit_bench_gpu_truth", "gpu_truth.py")
 
 
 def _params(entries: list[TruthEntry], none_reason: str) -> list[Any]:

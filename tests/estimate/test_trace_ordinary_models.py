@@ -8,8 +8,6 @@ CPU allocator's own reports (``torch.profiler`` memory events), as in test_estim
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import textwrap
 from pathlib import Path
 from types import ModuleType
@@ -17,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from _bench_scripts import load_bench
 
 from memfit.core.budget import cublas_workspace_bytes
 from memfit.errors import EstimateError
@@ -24,19 +23,6 @@ from memfit.estimate import TorchStep, stand_in_scalars, stand_in_scalars_active
 from memfit.estimate import _kernels as kernels_mod
 from memfit.estimate.torch_trace import estimate_torch
 from memfit.testing import real_cpu_peak
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load(name: str, filename: str) -> ModuleType:
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / filename)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _adam_step(model: Any, opt: Any, batch: Any) -> None:
@@ -51,7 +37,7 @@ def _adam_step(model: Any, opt: Any, batch: Any) -> None:
 def _third_party() -> ModuleType:
     pytest.importorskip("transformers")
     pytest.importorskip("stable_baselines3")
-    return _load("memfit_bench_estimate_third_party", "estimate_third_party.py")
+    return load_bench("memfit_bench_estimate_third_party", "estimate_third_party.py")
 
 
 @pytest.mark.parametrize(

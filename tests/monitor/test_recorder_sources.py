@@ -7,6 +7,7 @@ import types
 from typing import Any
 
 import pytest
+from _fake_torch_cuda import FakeTorchCuda
 
 import memfit.backends.live as live
 import memfit.monitor._oom_dump as oom_dump
@@ -18,45 +19,29 @@ from memfit.runtime.events import MemoryEvent
 GiB = 2**30
 
 
-class _FakeCuda:
+class _FakeCuda(FakeTorchCuda):
     """The parts of ``torch.cuda`` the Recorder reads, with set figures."""
 
     def __init__(self) -> None:
-        self.allocated = GiB
+        super().__init__(
+            free=70 * GiB,
+            total=80 * GiB,
+            allocated=GiB,
+            reserved=3 * GiB,
+            peak_allocated=2 * GiB,
+            peak_reserved=3 * GiB,
+        )
         self.history: list[dict[str, Any]] = []
         self.memory = types.SimpleNamespace(
             _record_memory_history=lambda **kw: self.history.append(kw),
             _snapshot=lambda: {"segments": [], "device_traces": []},
         )
 
-    def is_available(self) -> bool:
-        return True
-
     def current_device(self) -> int:
         return 0
 
     def get_device_properties(self, index: int) -> Any:
         return types.SimpleNamespace(total_memory=80 * GiB)
-
-    def mem_get_info(self, index: int) -> tuple[int, int]:
-        return 70 * GiB, 80 * GiB
-
-    def memory_allocated(self, index: int) -> int:
-        return self.allocated
-
-    def memory_reserved(self, index: int) -> int:
-        return 3 * GiB
-
-    def max_memory_allocated(self, index: int) -> int:
-        return 2 * GiB
-
-    def memory_stats(self, index: int) -> dict[str, int]:  # torch.cuda's flat form
-        return {
-            "allocated_bytes.all.current": self.memory_allocated(index),
-            "reserved_bytes.all.current": self.memory_reserved(index),
-            "allocated_bytes.all.peak": self.max_memory_allocated(index),
-            "reserved_bytes.all.peak": 3 * GiB,
-        }
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+from _monitor_runs import record_run
 
 from memfit.backends.simulated import SimulatedDevice
 from memfit.errors import ConfigError
@@ -108,12 +109,7 @@ def test_figure_marks_budget_and_events(tmp_path: Path) -> None:
 
 
 def test_budget_near_the_data_is_a_line(tmp_path: Path) -> None:
-    path = tmp_path / "run.jsonl"
-    dev = SimulatedDevice("1GiB")
-    with Recorder(path, device=dev, log=False, budget="150MiB") as rec:
-        for step in range(20):
-            dev.allocate(5 * MiB)
-            rec.step(step=step)
+    path = record_run(tmp_path / "run.jsonl", 20, per_step=5 * MiB, budget="150MiB")
     fig = plot(load_run(path))
     ax = fig.axes[0]
     assert "budget" in ax.get_legend_handles_labels()[1]
@@ -123,17 +119,12 @@ def test_budget_near_the_data_is_a_line(tmp_path: Path) -> None:
 
 def test_coincident_events_stay_readable(tmp_path: Path) -> None:
     """An oom and its retry at one step sit in rows of their own; repeats show a count."""
-    path = tmp_path / "run.jsonl"
-    dev = SimulatedDevice("1GiB")
-    with Recorder(path, device=dev, log=False) as rec:
-        for step in range(10):
-            dev.allocate(MiB)
-            if step == 4:
-                rec.on_event(MemoryEvent("oom", step, "TrainGuard", "out of memory"))
-                rec.on_event(MemoryEvent("retry", step, "TrainGuard", "retrying"))
-                for _ in range(3):
-                    rec.on_event(MemoryEvent("cleanup", step, "cleanup.every", "cleaned"))
-            rec.step(step=step)
+    at_4 = [
+        ("oom", "TrainGuard", "out of memory"),
+        ("retry", "TrainGuard", "retrying"),
+        *[("cleanup", "cleanup.every", "cleaned")] * 3,
+    ]
+    path = record_run(tmp_path / "run.jsonl", 10, events={4: at_4})
     fig = plot(load_run(path))
     strip = fig.axes[1]
     labels = [t.get_text() for t in strip.get_yticklabels()]

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from _monitor_runs import StaticProbe
 
 from memfit.backends.base import DeviceSnapshot, ProcessSnapshot, SystemSnapshot
 from memfit.backends.simulated import SimulatedDevice
@@ -21,16 +22,6 @@ from memfit.monitor.watch import (
 )
 
 GiB = 2**30
-
-
-class _StaticProbe:
-    name = "static"
-
-    def __init__(self, snapshot: SystemSnapshot) -> None:
-        self._snapshot = snapshot
-
-    def snapshot(self) -> SystemSnapshot:
-        return self._snapshot
 
 
 def test_sparkline_levels_and_unknowns() -> None:
@@ -59,9 +50,9 @@ def test_history_is_kept_per_device_and_bounded() -> None:
 def test_pid_filter_keeps_only_the_asked_processes() -> None:
     procs = (ProcessSnapshot(pid=10, used_bytes=1), ProcessSnapshot(pid=11, used_bytes=2))
     snap = SystemSnapshot("static", devices=(DeviceSnapshot(0, "g", processes=procs),))
-    frame = Watcher(_StaticProbe(snap), pids=[11]).frame()
+    frame = Watcher(StaticProbe(snap), pids=[11]).frame()
     assert [p.pid for p in frame.snapshot.devices[0].processes] == [11]
-    everything = Watcher(_StaticProbe(snap)).frame()
+    everything = Watcher(StaticProbe(snap)).frame()
     assert len(everything.snapshot.devices[0].processes) == 2
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import doctest
 import textwrap
-import uuid
 from pathlib import Path
 
 import pytest
 import torch
+from _user_module import user_module
 from torch import nn
 
 from memfit.errors import BackendUnavailable, ConfigError, InfeasiblePlan
@@ -67,8 +67,10 @@ def test_fit_step_with_a_prior_from_the_trace() -> None:
 
 
 def test_fit_step_takes_a_factory_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    name = f"fitstep_{uuid.uuid4().hex[:8]}"
-    (tmp_path / f"{name}.py").write_text(
+    name = user_module(
+        tmp_path,
+        monkeypatch,
+        "fitstep_",
         textwrap.dedent(
             """
             import torch
@@ -86,9 +88,8 @@ def test_fit_step_takes_a_factory_spec(tmp_path: Path, monkeypatch: pytest.Monke
                 return TorchStep(build=build, step=step, make_batch=lambda n: torch.ones(n, 8),
                                  batch_knob="rollouts")
             """
-        )
+        ),
     )
-    monkeypatch.syspath_prepend(str(tmp_path))
     found = fit_step(f"{name}:factory", device="cpu", budget="256KiB", high=4096, prior=False)
     assert found.knob == "rollouts" and found.result.value >= 1
 
