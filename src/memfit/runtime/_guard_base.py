@@ -19,13 +19,35 @@ class GuardBase(abc.ABC):
     """
 
     source = "guard"
+    max_splits: int
+    grow_back_after: int
     on_event: EventSink | None
     events: list[MemoryEvent]
     _config: ladder.LadderConfig
     _ladder: ladder.LadderState
 
-    def _start_ladder(self, config: ladder.LadderConfig, on_event: EventSink | None) -> None:
-        self._config = config
+    def _start_ladder(
+        self,
+        *,
+        max_splits: int,
+        grow_back_after: int,
+        on_event: EventSink | None,
+        transient_retries: int = 3,
+        divisors: bool = False,
+    ) -> None:
+        """Check the ladder's settings and start at the bottom rung (one chunk).
+
+        Raises:
+            ConfigError: When ``max_splits`` or ``grow_back_after`` is not a positive integer.
+        """
+        self.max_splits = require_positive_int("max_splits", max_splits)
+        self.grow_back_after = require_positive_int("grow_back_after", grow_back_after)
+        self._config = ladder.LadderConfig(
+            max_splits=max_splits,
+            grow_back_after=grow_back_after,
+            transient_retries=transient_retries,
+            divisors=divisors,
+        )
         self._ladder = ladder.LadderState()
         self.on_event = on_event
         self.events = []

@@ -8,8 +8,16 @@ from __future__ import annotations
 import gc
 
 from memfit.backends.live import Reading, active_reader, torch_cuda
+from memfit.errors import OutOfMemory
 
-__all__ = ["device_name", "free_device_bytes", "free_memory", "memory_figures", "reading"]
+__all__ = [
+    "device_name",
+    "free_device_bytes",
+    "free_memory",
+    "memory_figures",
+    "out_of_memory",
+    "reading",
+]
 
 
 def reading() -> Reading:
@@ -50,3 +58,17 @@ def device_name() -> str | None:
 def free_device_bytes() -> int | None:
     """What this process can still get on its device (see ``Reading.free_bytes``)."""
     return reading().free_bytes
+
+
+def out_of_memory(message: str, *, tried: list[str], hint: str) -> OutOfMemory:
+    """A guard's final :class:`~memfit.errors.OutOfMemory`, with the device's figures now."""
+    now = reading()
+    return OutOfMemory(
+        message,
+        device=now.device,
+        peak_bytes=now.peak_allocated_bytes,
+        budget_bytes=now.budget_bytes,
+        free_bytes=now.free_bytes,
+        tried=tried,
+        hint=hint,
+    )

@@ -10,10 +10,10 @@ from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
 
 from memfit.core import ladder
-from memfit.errors import ConfigError, OutOfMemory, require_callable, require_positive_int
+from memfit.errors import ConfigError, require_callable
 from memfit.runtime._batching import concat, map_arrays, walk
 from memfit.runtime._guard_base import GuardBase
-from memfit.runtime._memory import free_memory, memory_figures, reading
+from memfit.runtime._memory import free_memory, memory_figures, out_of_memory
 from memfit.runtime._rewind import rng_state as _rng_state
 from memfit.runtime.events import EventSink
 from memfit.runtime.oom import forget_exception, is_oom
@@ -70,8 +70,6 @@ class RolloutGuard(GuardBase, Generic[T]):
         rngs: Iterable[Any] = (),
         transient_retries: int = 3,
     ) -> None:
-        require_positive_int("max_splits", max_splits)
-        require_positive_int("grow_back_after", grow_back_after)
         require_callable(
             "fn", fn, hint="RolloutGuard(policy.select_action) or RolloutGuard(env.step)"
         )
@@ -83,16 +81,12 @@ class RolloutGuard(GuardBase, Generic[T]):
             )
         self.fn = fn
         self.split_dim = split_dim
-        self.max_splits = max_splits
-        self.grow_back_after = grow_back_after
         self.calls = 0
         self._start_ladder(
-            ladder.LadderConfig(
-                max_splits=max_splits,
-                grow_back_after=grow_back_after,
-                transient_retries=transient_retries,
-            ),
-            on_event,
+            max_splits=max_splits,
+            grow_back_after=grow_back_after,
+            transient_retries=transient_retries,
+            on_event=on_event,
         )
         self._rng = _rng_state(restore_rng, rngs)
 
@@ -185,15 +179,10 @@ class RolloutGuard(GuardBase, Generic[T]):
                 failures = 0
                 split_here = True
             elif isinstance(action, ladder.GiveUp):
-                now = reading()
                 self._gave_up(tried)
-                raise OutOfMemory(
+                raise out_of_memory(
                     f"out of memory in {getattr(self.fn, '__name__', 'the guarded call')} "
                     f"even after {', '.join(tried)}: {message.splitlines()[0]}",
-                    device=now.device,
-                    peak_bytes=now.peak_allocated_bytes,
-                    budget_bytes=now.budget_bytes,
-                    free_bytes=now.free_bytes,
                     tried=tried,
                     hint="fewer environments per call, a smaller observation, or a larger GPU",
                 )

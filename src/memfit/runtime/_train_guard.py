@@ -28,7 +28,7 @@ from memfit.runtime._memory import (
     free_device_bytes,
     free_memory,
     memory_figures,
-    reading,
+    out_of_memory,
 )
 from memfit.runtime._rewind import SPLIT_STATS, BufferState, modules_of
 from memfit.runtime._rewind import rng_state as _rng_state
@@ -251,20 +251,16 @@ class TrainGuard(GuardBase):
                 key_path="snapshot_optimizer",
             )
         self._start_ladder(
-            ladder.LadderConfig(
-                max_splits=max_splits,
-                grow_back_after=grow_back_after,
-                transient_retries=transient_retries,
-            ),
-            on_event,
+            max_splits=max_splits,
+            grow_back_after=grow_back_after,
+            transient_retries=transient_retries,
+            on_event=on_event,
         )
         self.optimizer = optimizer
         self.loss_fn = loss_fn
         self.model = model
         self.count_fn = count_fn
-        self.max_splits = max_splits
         self.scaler = scaler
-        self.grow_back_after = grow_back_after
         self.snapshot_optimizer = snapshot_optimizer
         self.before_step = before_step
         self.split_stats = split_stats
@@ -443,16 +439,11 @@ class TrainGuard(GuardBase):
 
     def _give_up(self, message: str, tried: list[str], smallest: int) -> OutOfMemory:
         self._zero_grad()
-        now = reading()
         self._event("give_up", message, tried=list(tried), splits=self.splits)
-        return OutOfMemory(
+        return out_of_memory(
             f"out of memory at step {self.steps}"
             + (f" even after {', '.join(tried)}" if tried else "")
             + f": {message.splitlines()[0] if message else 'no message'}",
-            device=now.device,
-            peak_bytes=now.peak_allocated_bytes,
-            budget_bytes=now.budget_bytes,
-            free_bytes=now.free_bytes,
             tried=tried,
             hint=(
                 f"a micro-batch of {smallest} item(s) does not fit: shrink the model or the "

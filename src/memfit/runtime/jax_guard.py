@@ -27,7 +27,7 @@ from typing import Any
 
 from memfit.core import ladder
 from memfit.core.ladder import next_divisor
-from memfit.errors import ConfigError, OutOfMemory, require_callable, require_positive_int
+from memfit.errors import ConfigError, OutOfMemory, require_callable
 from memfit.runtime._guard_base import GuardBase
 from memfit.runtime.events import EventSink
 from memfit.runtime.oom import forget_exception, is_oom
@@ -86,8 +86,6 @@ class TrainGuard(GuardBase):
         on_event: EventSink | None = None,
         grow_back_after: int = 50,
     ) -> None:
-        require_positive_int("max_splits", max_splits)
-        require_positive_int("grow_back_after", grow_back_after)
         for name, fn, optional in (
             ("loss_fn", loss_fn, False),
             ("update_fn", update_fn, False),
@@ -104,13 +102,8 @@ class TrainGuard(GuardBase):
         self.loss_fn = loss_fn
         self.update_fn = update_fn
         self.count_fn = count_fn
-        self.max_splits = max_splits
-        self.grow_back_after = grow_back_after
         self._start_ladder(
-            ladder.LadderConfig(
-                max_splits=max_splits, grow_back_after=grow_back_after, divisors=True
-            ),
-            on_event,
+            max_splits=max_splits, grow_back_after=grow_back_after, divisors=True, on_event=on_event
         )
         self.steps = 0
         self.traces: dict[int, int] = {}
