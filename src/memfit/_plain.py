@@ -1,4 +1,4 @@
-"""Dataclass records as plain JSON data: the one ``to_dict`` body memfit's records share.
+"""Plain JSON data: the one ``to_dict`` body memfit's records share, and one deep merge.
 
 >>> from dataclasses import dataclass
 >>> @dataclass(frozen=True)
@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
@@ -29,3 +30,18 @@ def plain_fields(record: DataclassInstance, /, **values: Any) -> dict[str, Any]:
     data = {f.name: getattr(record, f.name) for f in fields(record)}
     data.update(values)
     return data
+
+
+def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``over`` laid on top: mappings merge key by key, anything else replaces.
+
+    >>> deep_merge({"ppo": {"lr": 1, "envs": 8}, "seed": 0}, {"ppo": {"envs": 16}})
+    {'ppo': {'lr': 1, 'envs': 16}, 'seed': 0}
+    """
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out

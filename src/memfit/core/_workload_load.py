@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
+from memfit._plain import deep_merge
 from memfit.core._workload_errors import translate_validation_error
 from memfit.core._workload_schema import Workload
 from memfit.errors import ConfigError, did_you_mean, file_error, read_user_text
@@ -57,16 +57,6 @@ def _resolve(ref: str | Path) -> tuple[Path, str | None]:
             "(memfit examples)",
         ),
     )
-
-
-def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in over.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = value
-    return out
 
 
 def load_workload(ref: str | Path | Workload, *, variant: str | None = None) -> Workload:
@@ -185,7 +175,7 @@ def parse_workload(
                 key_path=f"variants.{variant}",
                 hint="a variant holds the keys it changes, e.g. {knobs: {num_envs: ...}}",
             )
-        data = _merge(data, override)
+        data = deep_merge(data, override)
         data.setdefault("name", default_name)
         data["name"] = f"{data['name']}@{variant}"
     data.setdefault("name", default_name or "workload")

@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from memfit._plain import deep_merge
 from memfit.core.allocator_settings import workload_settings
 from memfit.core.budget import DEFAULT_MARGIN, Budget, compose_budget
 from memfit.core.catalog import GpuSpec, size_note
@@ -612,16 +613,6 @@ def _infeasible(space: _Space, budget: Budget, gpu: GpuSpec) -> InfeasiblePlan:
     )
 
 
-def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in over.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
 def _would_fit(space: _Space, gpu: GpuSpec, budget: Budget) -> list[dict[str, Any]]:
     """The family's fallbacks, each planned: what fits when the request does not."""
     family = space.family
@@ -629,7 +620,7 @@ def _would_fit(space: _Space, gpu: GpuSpec, budget: Budget) -> list[dict[str, An
         return []
     out: list[dict[str, Any]] = []
     for fallback in family.fallbacks(space.workload):
-        data = _merge(space.workload.model_dump(exclude_none=True), fallback.changes)
+        data = deep_merge(space.workload.model_dump(exclude_none=True), fallback.changes)
         try:
             changed = Workload.model_validate(data)
             overrides = {k: v for k, v in space.overrides.items() if k not in fallback.unpin}
