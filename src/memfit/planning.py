@@ -136,31 +136,17 @@ def local_gpu(index: int = 0) -> LocalGpu:
     from memfit.backends import probe_all
 
     snap = probe_all()
-    if not snap.devices:
-        raise BackendUnavailable(
-            "no local GPU to plan for: " + "; ".join(snap.notes),
-            hint='name the GPU instead: --gpu "RTX 4070" or --gpu 12GiB',
-        )
-    matches = [d for d in snap.devices if d.index == index]
-    if not matches:
-        raise BackendUnavailable(
-            f"no local GPU with index {index} ({len(snap.devices)} found)",
-            hint="pick an index that memfit devices lists",
-        )
-    dev = matches[0]
-    if dev.total_bytes is None:
-        raise BackendUnavailable(
-            f"{dev.name} does not report its total memory ({'; '.join(dev.notes)})",
-            hint="name the GPU instead: --gpu NAME or --gpu SIZE",
-        )
+    dev, total = snap.sized_device(
+        index, by_name_hint='name the GPU instead: --gpu "RTX 4070" or --gpu 12GiB'
+    )
     try:
         known = catalog_gpu(dev.name)
         arch, cc = known.arch, known.compute_capability or dev.compute_capability
     except ConfigError:
-        arch, cc = anonymous_gpu(dev.total_bytes).arch, dev.compute_capability
+        arch, cc = anonymous_gpu(total).arch, dev.compute_capability
     spec = GpuSpec(
         name=dev.name,
-        total_bytes=dev.total_bytes,
+        total_bytes=total,
         arch=arch,
         compute_capability=cc,
         source=f"local {snap.source} probe",

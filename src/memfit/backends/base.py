@@ -339,6 +339,35 @@ class SystemSnapshot:
                 return dev.total_bytes
         return None
 
+    def sized_device(self, index: int, *, by_name_hint: str) -> tuple[DeviceSnapshot, int]:
+        """The local device with ``index`` and its total memory, to plan for it.
+
+        Args:
+            index: The device's index.
+            by_name_hint: How to plan without this device (the error's hint).
+
+        Raises:
+            BackendUnavailable: When there is no device, none with ``index``, or it does not
+                say how much memory it has.
+        """
+        if not self.devices:
+            raise BackendUnavailable(
+                "no local GPU to plan for: " + "; ".join(self.notes), hint=by_name_hint
+            )
+        matches = [d for d in self.devices if d.index == index]
+        if not matches:
+            raise BackendUnavailable(
+                f"no local GPU with index {index} ({len(self.devices)} found by {self.source})",
+                hint="pick an index that memfit devices lists",
+            )
+        dev = matches[0]
+        if dev.total_bytes is None:
+            raise BackendUnavailable(
+                f"{dev.name} does not report its total memory ({'; '.join(dev.notes)})",
+                hint=by_name_hint,
+            )
+        return dev, dev.total_bytes
+
 
 @runtime_checkable
 class DeviceProbe(Protocol):

@@ -101,22 +101,11 @@ class AutoConfig:
 
 
 def _from_snapshot(probe: Any, device: int, source: str) -> DeviceReading:
-    snap = probe.snapshot()
-    matches = [d for d in snap.devices if d.index == device]
-    if not matches:
-        raise BackendUnavailable(
-            f"{source} shows no device {device} ({len(snap.devices)} found)",
-            hint="pick an index that memfit devices lists",
-        )
-    dev = matches[0]
-    if dev.total_bytes is None:
-        raise BackendUnavailable(
-            f"{dev.name} does not report its total memory", hint="pass probe= or plan by name"
-        )
+    dev, total = probe.snapshot().sized_device(device, by_name_hint="pass probe= or plan by name")
     used = dev.device_used_bytes if dev.device_used_bytes is not None else 0
-    free = dev.free_bytes if dev.free_bytes is not None else dev.total_bytes - used
+    free = dev.free_bytes if dev.free_bytes is not None else total - used
     started = _torch_cuda_started() or _jax_gpu_started()
-    return DeviceReading(dev.name, dev.total_bytes, free, source, started or source == "probe")
+    return DeviceReading(dev.name, total, free, source, started or source == "probe")
 
 
 def _torch_cuda_started() -> bool:
