@@ -174,7 +174,7 @@ def test_a_failed_write_leaves_the_old_file_whole_and_no_temporary_file(
 
     monkeypatch.setattr(_files.os, "fsync", disk_full)
     with pytest.raises(ConfigError, match="No space left on device") as info:
-        _files.write_output(target, "x" * 100_000, force=True, what="the report", option="--output")
+        _files.Output(target, "the report", "--output", force=True).write("x" * 100_000)
     assert info.value.key_path == str(target)
     assert target.read_text() == "the old report\n"
     assert temp_files(tmp_path) == []
@@ -195,7 +195,7 @@ def test_writes_go_through_a_temporary_file_and_keep_the_mode(tmp_path: Path) ->
 
     _files.os.replace = watching_replace  # type: ignore[assignment]
     try:
-        _files.write_output(target, "new\n", force=True, what="x", option="--write")
+        _files.Output(target, "x", "--write", force=True).write("new\n")
     finally:
         _files.os.replace = real_replace
     assert target.read_text() == "new\n"
@@ -216,9 +216,7 @@ def test_a_file_that_appears_meanwhile_is_not_replaced_without_force(tmp_path: P
 
 def test_write_into_a_missing_folder_says_so(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
-        _files.write_output(
-            tmp_path / "no" / "x.png", b"x", force=False, what="the report", option="-o"
-        )
+        _files.Output(tmp_path / "no" / "x.png", "the report", "-o").write(b"x")
 
 
 # --- never hang: pipes, devices, folders ------------------------------------------------------

@@ -2,7 +2,7 @@
 
 Every command that reads a file the user names goes through :func:`read_input` (``-`` is
 standard input where a command allows it); every command that writes one goes through
-:func:`check_output` (early, before the work) and :func:`write_output`. The rules:
+:class:`Output` (``check()`` early, before the work, then ``write(data)``). The rules:
 
 * only regular files are read or written: a folder, a named pipe (which blocks until a
   writer or reader comes) or a device (``/dev/zero`` never ends) is refused before it is
@@ -23,6 +23,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import typer
@@ -39,12 +40,11 @@ from memfit.errors import (
 __all__ = [
     "FORCE_OPTION",
     "STDIN",
+    "Output",
     "check_append",
-    "check_output",
     "read_input",
     "read_input_text",
     "same_file",
-    "write_output",
 ]
 
 #: The argument that means "read standard input".
@@ -94,53 +94,118 @@ def same_file(a: str | Path, b: str | Path) -> bool:
         return False
 
 
-def check_output(
-    path: str | Path,
-    *,
-    force: bool,
-    inputs: Iterable[str | Path | None] = (),
-    what: str,
-    option: str,
-) -> Path:
-    """Check that ``path`` may be written, before the command does its work.
+@dataclass(frozen=True)
+class Output:
+    """A file a command writes, checked early and written whole or not at all.
 
-    Args:
+    Attributes:
         path: The output file.
-        force: Whether an existing file may be replaced (``--force``).
-        inputs: Files the command reads; none of them is ever replaced.
         what: What is written, as it reads after "write" (``"the report"``).
         option: The option that named the file (``"--output"``), for messages.
-
-    Returns:
-        The path.
-
-    Raises:
-        ConfigError: When the path is an input of the command, is a folder, a pipe or a
-            device, exists and ``force`` is false, or its folder does not exist.
+        force: Whether an existing file may be replaced (``--force``).
+        inputs: Files the command reads; none of them is ever replaced.
     """
-    target = Path(path)
-    action = f"write {what} ({option})"
-    for source in inputs:
-        if source is not None and same_file(target, source):
+
+    path: Path
+    what: str
+    option: str
+    force: bool = False
+    inputs: tuple[Path, ...] = ()
+
+    @classmethod
+    def named(
+        cls,
+        path: str | Path,
+        *,
+        what: str,
+        option: str,
+        force: bool,
+        inputs: Iterable[str | Path | None] = (),
+    ) -> Output:
+        """The output at ``path``; ``None`` inputs (stdin, no file) are left out."""
+        kept = tuple(Path(i) for i in inputs if i is not None)
+        return cls(Path(path), what, option, force, kept)
+
+    @property
+    def _action(self) -> str:
+        return f"write {self.what} ({self.option})"
+
+    def check(self) -> Path:
+        """Check that the file may be written, before the command does its work.
+
+        Returns:
+            The path.
+
+        Raises:
+            ConfigError: When the path is an input of the command, is a folder, a pipe or a
+                device, exists and ``force`` is false, or its folder does not exist.
+        """
+        target = self.path
+        action = self._action
+        for source in self.inputs:
+            if same_file(target, source):
+                raise ConfigError(
+                    f"cannot {action}: it is the file this command reads",
+                    key_path=str(target),
+                    hint="write to another file; memfit never replaces its input, even with "
+                    "--force",
+                )
+        if _existing_regular_file(target, action) and not self.force:
             raise ConfigError(
-                f"cannot {action}: it is the file this command reads",
+                f"cannot {action}: the file exists",
                 key_path=str(target),
-                hint="write to another file; memfit never replaces its input, even with --force",
+                hint=f"add --force to replace it, or give {self.option} another file name",
             )
-    if _existing_regular_file(target, action) and not force:
-        raise ConfigError(
-            f"cannot {action}: the file exists",
-            key_path=str(target),
-            hint=f"add --force to replace it, or give {option} another file name",
-        )
-    parent = target.parent
-    if not parent.is_dir():
-        raise ConfigError(
-            f"cannot {action}: the folder {parent} does not exist",
-            key_path=str(target),
-            hint="create the folder first, or choose another path",
-        )
-    return target
+        parent = target.parent
+        if not parent.is_dir():
+            raise ConfigError(
+                f"cannot {action}: the folder {parent} does not exist",
+                key_path=str(target),
+                hint="create the folder first, or choose another path",
+            )
+        return target
+
+    def write(self, data: bytes | str) -> Path:
+        """Write the file whole or not at all, keeping the rules of :meth:`check`.
+
+        Args:
+            data: What to write (``str`` is written as UTF-8).
+
+        Returns:
+            The path written.
+
+        Raises:
+            ConfigError: When :meth:`check` refuses the path, or the file cannot be written
+                (no space, no permission); the target is then left as it was.
+        """
+        target = self.check()
+        payload = data.encode("utf-8") if isinstance(data, str) else data
+        action = self._action
+        folder = target.parent
+        try:
+            fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+        except OSError as exc:
+            raise file_error(exc, target, action=action) from exc
+        tmp = Path(tmp_name)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(payload)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.chmod(tmp, _new_file_mode(target))
+            # Checked again right before the rename: the target may have appeared meanwhile.
+            self.check()
+            if self.force:
+                os.replace(tmp, target)
+            else:
+                _link_new(tmp, target, action=action, option=self.option)
+        except OSError as exc:
+            raise file_error(exc, target, action=action) from exc
+        finally:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+        _sync_folder(folder)
+        return target
 
 
 def _existing_regular_file(target: Path, action: str) -> bool:
@@ -199,63 +264,6 @@ def _new_file_mode(existing: Path) -> int:
     return 0o666 & ~umask
 
 
-def write_output(
-    path: str | Path,
-    data: bytes | str,
-    *,
-    force: bool,
-    inputs: Iterable[str | Path | None] = (),
-    what: str,
-    option: str,
-) -> Path:
-    """Write a file whole or not at all, keeping the rules of :func:`check_output`.
-
-    Args:
-        path: The output file.
-        data: What to write (``str`` is written as UTF-8).
-        force: Whether an existing file may be replaced (``--force``).
-        inputs: Files the command reads; none of them is ever replaced.
-        what: What is written, as it reads after "write" (``"the report"``).
-        option: The option that named the file, for messages.
-
-    Returns:
-        The path written.
-
-    Raises:
-        ConfigError: When :func:`check_output` refuses the path, or the file cannot be
-            written (no space, no permission); the target is then left as it was.
-    """
-    inputs = tuple(inputs)
-    target = check_output(path, force=force, inputs=inputs, what=what, option=option)
-    payload = data.encode("utf-8") if isinstance(data, str) else data
-    action = f"write {what} ({option})"
-    folder = target.parent
-    try:
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
-    except OSError as exc:
-        raise file_error(exc, target, action=action) from exc
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(payload)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, _new_file_mode(target))
-        # Checked again right before the rename: the target may have appeared meanwhile.
-        check_output(target, force=force, inputs=inputs, what=what, option=option)
-        if force:
-            os.replace(tmp, target)
-        else:
-            _link_new(tmp, target, action=action, option=option)
-    except OSError as exc:
-        raise file_error(exc, target, action=action) from exc
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-    _sync_folder(folder)
-    return target
-
-
 def _link_new(tmp: Path, target: Path, *, action: str, option: str) -> None:
     """Give ``tmp`` the name ``target`` without replacing a file that exists by then."""
     try:
@@ -268,7 +276,7 @@ def _link_new(tmp: Path, target: Path, *, action: str, option: str) -> None:
         ) from None
     except OSError:
         # A file system without hard links (FAT, some network shares): the check just made
-        # in write_output is the best there is.
+        # in Output.write is the best there is.
         os.replace(tmp, target)
 
 

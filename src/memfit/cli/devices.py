@@ -17,7 +17,7 @@ from rich.table import Table
 from memfit.backends import probe_all
 from memfit.backends.base import DeviceSnapshot, SystemSnapshot
 from memfit.cli._common import JSON_OPTION, err_console, out_console, print_json, safe
-from memfit.cli._files import FORCE_OPTION, check_output, read_input_text, write_output
+from memfit.cli._files import FORCE_OPTION, Output, read_input_text
 from memfit.errors import ConfigError
 from memfit.units import format_mib
 
@@ -126,13 +126,16 @@ def devices(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Show each GPU's memory and processes (NVML, else torch); no GPU is not an error."""
-    inputs = [from_json] if from_json is not None else []
-    if save is not None:
-        check_output(save, force=force, inputs=inputs, what="the snapshot", option="--save")
+    out = (
+        Output.named(save, what="the snapshot", option="--save", force=force, inputs=[from_json])
+        if save is not None
+        else None
+    )
+    if out is not None:
+        out.check()
     snap = _load(from_json) if from_json is not None else probe_all()
-    if save is not None:
-        text = json.dumps(snap.to_dict(), indent=2) + "\n"
-        write_output(save, text, force=force, inputs=inputs, what="the snapshot", option="--save")
+    if out is not None:
+        out.write(json.dumps(snap.to_dict(), indent=2) + "\n")
     if as_json:
         print_json(snap.to_dict())
     else:

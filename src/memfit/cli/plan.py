@@ -31,9 +31,8 @@ from memfit.cli._common import (
 from memfit.cli._files import (
     FORCE_OPTION,
     STDIN,
-    check_output,
+    Output,
     read_input_text,
-    write_output,
 )
 from memfit.core.budget import DEFAULT_MARGIN
 from memfit.core.catalog import GpuSpec
@@ -216,7 +215,7 @@ def _print_plan(workload: Workload, result: Plan) -> None:
             console.print(f"  {safe(line)}", soft_wrap=True)
 
 
-def _write_fitted(path: Path, workload: Workload, result: Plan, *, force: bool) -> None:
+def _write_fitted(out: Output, workload: Workload, result: Plan) -> None:
     data: dict[str, Any] = {
         "workload": workload.name,
         "gpu": result.gpu,
@@ -226,14 +225,7 @@ def _write_fitted(path: Path, workload: Workload, result: Plan, *, force: bool) 
         "budget_bytes": result.budget_bytes,
         "environment": dict(result.environment),
     }
-    write_output(
-        path,
-        yaml.safe_dump(data, sort_keys=False),
-        force=force,
-        inputs=[workload.source],
-        what="the fitted configuration",
-        option="--write",
-    )
+    out.write(yaml.safe_dump(data, sort_keys=False))
 
 
 def _short_gpu(name: str) -> str:
@@ -408,14 +400,19 @@ def _plan_command(
     if all_gpus and write is not None:
         raise typer.BadParameter("--write needs one --gpu, not --all-gpus")
     loaded = load_workload_arg(workload)
-    if write is not None:  # before the search: a plan is no reason to lose a file
-        check_output(
+    out = (
+        Output.named(
             write,
-            force=force,
-            inputs=[loaded.source],
             what="the fitted configuration",
             option="--write",
+            force=force,
+            inputs=[loaded.source],
         )
+        if write is not None
+        else None
+    )
+    if out is not None:  # before the search: a plan is no reason to lose a file
+        out.check()
     overrides = parse_overrides(loaded, set_)
     fraction = parse_fraction(margin, key_path="--margin")
     host = _host_bytes(host_memory)
@@ -427,8 +424,8 @@ def _plan_command(
     assert gpu is not None  # checked above
     with _factory_code(loaded):
         result = plan(loaded, gpu, overrides, fraction, host_memory_bytes=host, measure=measure)
-    if write is not None and result.fits:
-        _write_fitted(write, loaded, result, force=force)
+    if out is not None and result.fits:
+        _write_fitted(out, loaded, result)
     if as_json:
         print_json(result.to_dict())
     else:

@@ -16,7 +16,7 @@ import typer
 from rich.table import Table
 
 from memfit.cli._common import JSON_OPTION, err_console, out_console, print_json, safe
-from memfit.cli._files import FORCE_OPTION, STDIN, check_output, read_input, write_output
+from memfit.cli._files import FORCE_OPTION, STDIN, Output, read_input
 from memfit.errors import ConfigError
 from memfit.monitor.report import (
     event_rows,
@@ -58,22 +58,29 @@ def report(
             key_path="--output",
             hint="name the output report.png (figure) or report.html (page)",
         )
-    inputs = [run_file] if run_file != STDIN else []
-    if output is not None:  # before reading: never the run log, never a file without --force
-        check_output(output, force=force, inputs=inputs, what="the report", option="--output")
+    out = (
+        Output.named(
+            output,
+            what="the report",
+            option="--output",
+            force=force,
+            inputs=[run_file] if run_file != STDIN else [],
+        )
+        if output is not None
+        else None
+    )
+    if out is not None:  # before reading: never the run log, never a file without --force
+        out.check()
     if run_file != STDIN:
         run = load_run(run_file)
     else:
         data, source = read_input(run_file, what="the run log", hint=_HINT, stdin=True)
         run = parse_run(data, source=source)
     summary = summarize(run)
-    if output is not None:
+    if out is not None:
         name = run.path.name if run.path is not None else "memfit run"
-        content = png_bytes(run, title=name) if suffix == ".png" else render_html(run)
-        write_output(
-            output, content, force=force, inputs=inputs, what="the report", option="--output"
-        )
-        summary["output"] = str(output)
+        out.write(png_bytes(run, title=name) if suffix == ".png" else render_html(run))
+        summary["output"] = str(out.path)
     for warning in run.warnings:
         err_console.print(f"[yellow]warning:[/] {safe(warning)}")
     if as_json:
