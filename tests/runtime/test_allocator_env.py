@@ -18,13 +18,14 @@ from memfit.core.allocator_settings import (
     check_torch_conf,
     parse_shell_assignments,
     parse_torch_conf,
+    recommend,
     render_shell,
 )
 from memfit.runtime.allocator_env import (
     check_environment,
     configure,
+    installed_torch_version,
     jax_gpu_started,
-    recommend,
     torch_cuda_initialized,
 )
 
@@ -399,3 +400,10 @@ def test_configure_applies_to_os_environ(monkeypatch: pytest.MonkeyPatch) -> Non
     configure(jax_allocator="platform")
     assert os.environ["XLA_PYTHON_CLIENT_ALLOCATOR"] == "platform"
     monkeypatch.delenv("XLA_PYTHON_CLIENT_ALLOCATOR")
+
+
+def test_installed_torch_version_matches_the_package() -> None:
+    import torch
+
+    major, minor = (int(part) for part in torch.__version__.split(".")[:2])
+    assert installed_torch_version() == (major, minor)

@@ -158,26 +158,26 @@ class SimulatedReader:
 # -- torch.cuda ---------------------------------------------------------------------------------
 
 
-def torch_cuda() -> Any | None:
-    """The torch module when it is imported and CUDA is initialised, else ``None``."""
+def _imported_torch_if(question: str) -> Any | None:
+    """The torch module when it is already imported and ``torch.cuda.<question>()`` is true;
+    never imports torch, never raises."""
     torch = sys.modules.get("torch")
     if torch is None:
         return None
     try:
-        return torch if torch.cuda.is_initialized() else None
+        return torch if getattr(torch.cuda, question)() else None
     except (AttributeError, RuntimeError):
         return None
+
+
+def torch_cuda() -> Any | None:
+    """The torch module when it is imported and CUDA is initialised, else ``None``."""
+    return _imported_torch_if("is_initialized")
 
 
 def torch_cuda_available() -> Any | None:
     """The torch module when it is imported and has a CUDA device (initialised or not)."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return None
-    try:
-        return torch if torch.cuda.is_available() else None
-    except (AttributeError, RuntimeError):
-        return None
+    return _imported_torch_if("is_available")
 
 
 class TorchCudaReader:

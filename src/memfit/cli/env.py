@@ -25,10 +25,11 @@ from memfit.core.allocator_settings import (
     SHELLS,
     TORCH_VARIABLES,
     check_shell,
+    recommend,
     render_shell,
 )
 from memfit.errors import ConfigError
-from memfit.runtime.allocator_env import check_environment, recommend
+from memfit.runtime.allocator_env import check_environment, installed_torch_version
 
 __all__ = ["env", "register"]
 
@@ -67,7 +68,7 @@ def env(
     from memfit.core.catalog import gpu as catalog_gpu
 
     spec = catalog_gpu(gpu) if gpu is not None else None
-    rec = recommend(profile, gpu=spec)
+    rec = recommend(profile, torch_version=installed_torch_version(), gpu=spec)
     script = render_shell(rec.settings, shell)
     if check is not None:
         text, source = read_input_text(check, what="the shell file (--check)", stdin=True)

@@ -4,9 +4,9 @@ PyTorch reads ``PYTORCH_CUDA_ALLOC_CONF`` / ``PYTORCH_ALLOC_CONF`` once, when CU
 used; JAX reads ``XLA_PYTHON_CLIENT_*`` when it starts its GPU backend. Set later, they silently
 do nothing. This module is the applying side: :func:`configure` writes settings into the
 environment and refuses once torch or JAX has started on the GPU
-(:func:`torch_cuda_initialized`, :func:`jax_gpu_started`); :func:`recommend` and
-:func:`check_environment` fill in what only the running process knows (the installed torch
-version, ``os.environ``).
+(:func:`torch_cuda_initialized`, :func:`jax_gpu_started`); :func:`installed_torch_version`
+and :func:`check_environment` read what only the running process knows (the installed torch,
+``os.environ``).
 
 What the settings mean (reading, validation, recommendations, shell snippets) lives in one pure
 place, :mod:`memfit.core.allocator_settings`; import those names from there.
@@ -26,21 +26,18 @@ from collections.abc import Mapping, MutableMapping
 
 from memfit.core.allocator_settings import (
     Problem,
-    Recommendation,
     check_jax_env,
     check_torch_conf,
     parse_torch_conf,
 )
 from memfit.core.allocator_settings import check_environment as _check_environment
-from memfit.core.allocator_settings import recommend as _recommend
-from memfit.core.catalog import GpuSpec
 from memfit.errors import ConfigError
 
 __all__ = [
     "check_environment",
     "configure",
+    "installed_torch_version",
     "jax_gpu_started",
-    "recommend",
     "torch_cuda_initialized",
 ]
 
@@ -55,7 +52,9 @@ def check_environment(env: Mapping[str, str] | None = None) -> list[Problem]:
     return _check_environment(os.environ if env is None else env)
 
 
-def _torch_version() -> tuple[int, int] | None:
+def installed_torch_version() -> tuple[int, int] | None:
+    """The installed torch's ``(major, minor)`` from its package metadata (torch is not
+    imported), or ``None`` when torch is not installed."""
     from importlib import metadata
 
     try:
@@ -64,27 +63,6 @@ def _torch_version() -> tuple[int, int] | None:
         return None
     match = re.match(r"(\d+)\.(\d+)", text)
     return (int(match.group(1)), int(match.group(2))) if match else None
-
-
-def recommend(
-    profile: str = "training",
-    *,
-    platform: str | None = None,
-    torch_version: tuple[int, int] | None = None,
-    gpu: GpuSpec | None = None,
-) -> Recommendation:
-    """:func:`memfit.core.allocator_settings.recommend`, with the installed torch's version
-    when ``torch_version`` is ``None`` (read from the package metadata; torch is not imported).
-
-    Raises:
-        ConfigError: When the profile is unknown.
-
-    >>> recommend("shared-gpu", platform="linux", torch_version=(2, 13)).environ()[
-    ...     "XLA_PYTHON_CLIENT_PREALLOCATE"]
-    'false'
-    """
-    version = _torch_version() if torch_version is None else torch_version
-    return _recommend(profile, platform=platform, torch_version=version, gpu=gpu)
 
 
 # -- applying in-process -------------------------------------------------------------------------
