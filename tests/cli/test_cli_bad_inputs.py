@@ -367,15 +367,6 @@ def test_plan_of_a_measured_workload_keeps_stdout_to_its_json(
     user_error(code, err, "called sys.exit(3)")
 
 
-@pytest.mark.parametrize("name", ["memfit.cli._common", "memfit.monitor.report"])
-def test_doctests(name: str) -> None:
-    import doctest
-    import importlib
-
-    result = doctest.testmod(importlib.import_module(name))
-    assert result.attempted > 0 and result.failed == 0
-
-
 @pytest.mark.parametrize(
     "argv",
     [

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import doctest
-
 import pytest
 
-import memfit.core.allocator_settings as settings_module
 from memfit.core.allocator_settings import (
     check_jax_env,
     read_jax_env,
@@ -33,11 +30,6 @@ PREALLOCATE_TABLE = [
     ("FALSE", True),
     ("off", True),
 ]
-
-
-def test_doctests() -> None:
-    result = doctest.testmod(settings_module, optionflags=doctest.ELLIPSIS)
-    assert result.attempted > 5 and result.failed == 0
 
 
 @pytest.mark.parametrize(("text", "expected"), PREALLOCATE_TABLE)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import doctest
 import gc
 
 import pytest
@@ -140,8 +139,3 @@ def test_full_reset_counts_and_reports() -> None:
     seconds = memfit.cleanup.full_reset(step=12, on_event=events.append)
     assert seconds >= 0 and cleanup.full_reset.stats.cleanups == before + 1
     assert events and events[0].source == "cleanup.full_reset" and events[0].step == 12
-
-
-def test_doctests() -> None:
-    result = doctest.testmod(cleanup)
-    assert result.attempted > 0 and result.failed == 0

@@ -239,12 +239,3 @@ def test_prior_from_a_torch_estimate_reads_its_fit() -> None:
     assert prior is not None
     assert prior.slope_bytes == pytest.approx(estimate.fit.slope)
     assert prior.intercept_bytes == pytest.approx(estimate.fit.intercept)
-
-
-def test_fit_docstring_example_runs() -> None:
-    import doctest
-
-    import memfit.runtime.fit as fit_module
-
-    result = doctest.testmod(fit_module)
-    assert result.attempted > 0 and result.failed == 0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import doctest
 import textwrap
 from pathlib import Path
 
@@ -13,7 +12,6 @@ from torch import nn
 
 from memfit.errors import BackendUnavailable, ConfigError, InfeasiblePlan
 from memfit.estimate import JaxStep, TorchStep
-from memfit.runtime import fit_step as fit_step_module
 from memfit.runtime.fit_step import DEFAULT_HIGH, StepFit, fit_step
 
 BUILT: list[tuple[nn.Module, torch.optim.Optimizer]] = []
@@ -156,8 +154,3 @@ def test_the_cli_searches_the_same_default_range() -> None:
     from memfit.cli import fit as fit_cli
 
     assert fit_cli.DEFAULT_HIGH == DEFAULT_HIGH
-
-
-def test_doctest() -> None:
-    result = doctest.testmod(fit_step_module)
-    assert result.attempted > 0 and result.failed == 0

@@ -183,7 +183,9 @@ def test_fit_refuses_a_non_callable_run_fractional_bounds_and_a_text_max_probes(
         with pytest.raises(ConfigError, match=r"whole number") as info:
             memfit.fit(run, low=1, high=10.0)  # type: ignore[arg-type]
         assert info.value.key_path == "high"
-        with pytest.raises(ConfigError, match=r"max_probes must be a positive integer, not '3'") as info:
+        with pytest.raises(
+            ConfigError, match=r"max_probes must be a positive integer, not '3'"
+        ) as info:
             memfit.fit(run, low=1, high=10, max_probes="3")  # type: ignore[arg-type]
         assert info.value.key_path == "max_probes"
 

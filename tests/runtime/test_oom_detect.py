@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import doctest
-
 import pytest
 import torch
 
@@ -124,8 +122,3 @@ def test_forget_exception_clears_frames_and_chain() -> None:
         assert message == "second"
         assert exc.__traceback__ is None and exc.__cause__ is None and exc.__context__ is None
         assert cause is not None and cause.__traceback__ is None
-
-
-def test_doctests() -> None:
-    result = doctest.testmod(oom)
-    assert result.attempted > 0 and result.failed == 0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import doctest
 import gc
 
 import pytest
@@ -12,7 +11,6 @@ from torch import nn
 import memfit
 from memfit.core.allocator import round_size
 from memfit.errors import BackendUnavailable, ConfigError
-from memfit.runtime import simulate
 from memfit.runtime.simulate import active, simulate_gpu
 
 
@@ -123,8 +121,3 @@ def test_bad_budget_and_device() -> None:
 def test_cuda_mode_needs_cuda() -> None:
     with pytest.raises(BackendUnavailable, match="CUDA"), simulate_gpu("1GiB", device="cuda"):
         pass
-
-
-def test_doctests() -> None:
-    result = doctest.testmod(simulate)
-    assert result.attempted > 0 and result.failed == 0
