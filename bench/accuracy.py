@@ -39,10 +39,10 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-OUT = HERE / "out"
 sys.path.insert(0, str(HERE))
 
 import estimate_workloads as W  # noqa: E402
+from _common import real_steps, rel_err, write_results  # noqa: E402
 
 MiB = 1024 * 1024
 
@@ -70,11 +70,7 @@ def _run_torch_real(name: str, batch: int) -> dict[str, Any]:
     torch.manual_seed(0)
     torch.set_default_device("cuda")
     torch.cuda.reset_peak_memory_stats()
-    model, opt = step.build()
-    for _ in range(2):
-        batch_data = step.make_batch(batch)
-        step.step(model, opt, batch_data)
-        del batch_data
+    _held = real_steps(step, batch)  # the model and optimiser, alive while memory is read
     torch.cuda.synchronize()
     free, total = torch.cuda.mem_get_info()
     return {
@@ -160,12 +156,6 @@ def _weights_rule(name: str) -> int:
         torch.set_default_device(previous)
 
 
-def _err(pred: int | None, real: int | None) -> float | None:
-    if pred is None or not real:
-        return None
-    return (pred - real) / real
-
-
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:+.1f}%"
 
@@ -247,10 +237,10 @@ def run_gpu(jobs: int = 1) -> tuple[list[dict[str, Any]], dict[str, Any]]:
             rows.append(_gpu_row(kind, n, b, gpu_arg))
             print(rows[-1], flush=True)
     for row in rows:
-        row["err_allocated"] = _err(row["pred_allocated"], row["real_allocated"])
-        row["err_reserved"] = _err(row["pred_reserved"], row["real_reserved"])
-        row["err_memtracker"] = _err(row["memtracker"], row["real_allocated"])
-        row["err_accelerate"] = _err(row["accelerate_rule"], row["real_allocated"])
+        row["err_allocated"] = rel_err(row["pred_allocated"], row["real_allocated"])
+        row["err_reserved"] = rel_err(row["pred_reserved"], row["real_reserved"])
+        row["err_memtracker"] = rel_err(row["memtracker"], row["real_allocated"])
+        row["err_accelerate"] = rel_err(row["accelerate_rule"], row["real_allocated"])
     alloc = [abs(r["err_allocated"]) for r in rows if r["err_allocated"] is not None]
     res = [abs(r["err_reserved"]) for r in rows if r["err_reserved"] is not None]
     under = [-r["err_allocated"] for r in rows if r["err_allocated"] is not None]
@@ -308,7 +298,7 @@ def run_cpu(only: set[str] | None = None) -> tuple[list[dict[str, Any]], dict[st
             row.update(
                 traced_exact_peak=point.exact_peak,
                 real_cpu_peak=peak,
-                err=_err(point.exact_peak, peak),
+                err=rel_err(point.exact_peak, peak),
             )
             rows.append(row)
             print(row, flush=True)
@@ -408,9 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     summary["date"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     summary["machine"] = f"{platform.node()} {platform.machine()} {os.cpu_count()} CPUs"
     summary["command"] = "python bench/accuracy.py " + " ".join(argv or sys.argv[1:])
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / f"{stem}.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=2))
-    (OUT / f"{stem}.md").write_text(markdown)
+    write_results(stem, {"summary": summary, "rows": rows}, markdown)
     print(markdown)
     return 0
 

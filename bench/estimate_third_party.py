@@ -152,14 +152,15 @@ def make_t5(layers: int = 3, dim: int = 256, seq: int = 128, vocab: int = 8192) 
 # --- stable-baselines3 ------------------------------------------------------------------------
 
 
-def _frames_env(image: int = 84, stack: int = 4, actions: int = 6) -> Any:
-    """An Atari-like environment: ``image`` x ``image`` x ``stack`` uint8 frames."""
+def _sampling_env(observation_space: Any, action_space: Any) -> Any:
+    """An environment whose every observation is a sample of ``observation_space`` (reward 0,
+    never done)."""
     import gymnasium as gym
-    import numpy as np
 
-    class Frames(gym.Env):  # type: ignore[misc]
-        observation_space = gym.spaces.Box(0, 255, (image, image, stack), np.uint8)
-        action_space = gym.spaces.Discrete(actions)
+    class Sampling(gym.Env):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self.observation_space = observation_space
+            self.action_space = action_space
 
         def reset(self, *, seed: int | None = None, options: Any = None) -> Any:
             super().reset(seed=seed)
@@ -168,7 +169,17 @@ def _frames_env(image: int = 84, stack: int = 4, actions: int = 6) -> Any:
         def step(self, action: Any) -> Any:
             return self.observation_space.sample(), 0.0, False, False, {}
 
-    return Frames()
+    return Sampling()
+
+
+def _frames_env(image: int = 84, stack: int = 4, actions: int = 6) -> Any:
+    """An Atari-like environment: ``image`` x ``image`` x ``stack`` uint8 frames."""
+    import gymnasium as gym
+    import numpy as np
+
+    return _sampling_env(
+        gym.spaces.Box(0, 255, (image, image, stack), np.uint8), gym.spaces.Discrete(actions)
+    )
 
 
 def _vector_env(obs_dim: int = 64, act_dim: int = 8) -> Any:
@@ -176,18 +187,10 @@ def _vector_env(obs_dim: int = 64, act_dim: int = 8) -> Any:
     import gymnasium as gym
     import numpy as np
 
-    class Vector(gym.Env):  # type: ignore[misc]
-        observation_space = gym.spaces.Box(-1.0, 1.0, (obs_dim,), np.float32)
-        action_space = gym.spaces.Box(-1.0, 1.0, (act_dim,), np.float32)
-
-        def reset(self, *, seed: int | None = None, options: Any = None) -> Any:
-            super().reset(seed=seed)
-            return self.observation_space.sample(), {}
-
-        def step(self, action: Any) -> Any:
-            return self.observation_space.sample(), 0.0, False, False, {}
-
-    return Vector()
+    return _sampling_env(
+        gym.spaces.Box(-1.0, 1.0, (obs_dim,), np.float32),
+        gym.spaces.Box(-1.0, 1.0, (act_dim,), np.float32),
+    )
 
 
 def _dict_env(image: int = 64, vector: int = 16, actions: int = 5) -> Any:
@@ -195,23 +198,31 @@ def _dict_env(image: int = 64, vector: int = 16, actions: int = 5) -> Any:
     import gymnasium as gym
     import numpy as np
 
-    class Multi(gym.Env):  # type: ignore[misc]
-        observation_space = gym.spaces.Dict(
+    return _sampling_env(
+        gym.spaces.Dict(
             {
                 "camera": gym.spaces.Box(0, 255, (image, image, 3), np.uint8),
                 "state": gym.spaces.Box(-1.0, 1.0, (vector,), np.float32),
             }
-        )
-        action_space = gym.spaces.Discrete(actions)
+        ),
+        gym.spaces.Discrete(actions),
+    )
 
-        def reset(self, *, seed: int | None = None, options: Any = None) -> Any:
-            super().reset(seed=seed)
-            return self.observation_space.sample(), {}
 
-        def step(self, action: Any) -> Any:
-            return self.observation_space.sample(), 0.0, False, False, {}
+def _sb3_build(
+    algorithm: str, policy: str, make_env: Callable[[], Any], **kwargs: Any
+) -> Callable[[], tuple[Any, Any]]:
+    """A ``build`` that makes the stable-baselines3 agent (on a fresh ``make_env()``) and returns
+    its policy, in training mode, and the policy's optimiser."""
 
-    return Multi()
+    def build() -> tuple[Any, Any]:
+        import stable_baselines3
+
+        agent = getattr(stable_baselines3, algorithm)(policy, make_env(), device="auto", **kwargs)
+        agent.policy.set_training_mode(True)
+        return agent.policy, agent.policy.optimizer
+
+    return build
 
 
 def make_sb3_dqn_cnn(image: int = 84) -> TorchStep:
@@ -220,14 +231,9 @@ def make_sb3_dqn_cnn(image: int = 84) -> TorchStep:
     torch = _torch()
     from torch.nn import functional as F
 
-    def build() -> tuple[Any, Any]:
-        from stable_baselines3 import DQN
-
-        agent = DQN(
-            "CnnPolicy", _frames_env(image), buffer_size=1, learning_starts=0, device="auto"
-        )
-        agent.policy.set_training_mode(True)
-        return agent.policy, agent.policy.optimizer
+    build = _sb3_build(
+        "DQN", "CnnPolicy", lambda: _frames_env(image), buffer_size=1, learning_starts=0
+    )
 
     def make_batch(b: int) -> Any:
         # What ReplayBuffer.sample hands over: uint8 frames become floats in the policy.
@@ -287,26 +293,20 @@ def _ppo_step(policy: Any, opt: Any, batch: Any) -> None:
     opt.step()
 
 
+def _ppo_batch(obs: Any, actions: Any, b: int) -> tuple[Any, ...]:
+    """What PPO's rollout buffer hands ``PPO.train``: observations, actions, then old values,
+    old log-probabilities, advantages and returns (``b`` floats each)."""
+    torch = _torch()
+    return (obs, actions, *(torch.randn(b) for _ in range(4)))
+
+
 def make_sb3_ppo_mlp(obs_dim: int = 64, act_dim: int = 8) -> TorchStep:
     """stable-baselines3 PPO ``MlpPolicy`` (Gaussian actions), one ``PPO.train`` minibatch."""
     torch = _torch()
-
-    def build() -> tuple[Any, Any]:
-        from stable_baselines3 import PPO
-
-        agent = PPO("MlpPolicy", _vector_env(obs_dim, act_dim), n_steps=64, device="auto")
-        agent.policy.set_training_mode(True)
-        return agent.policy, agent.policy.optimizer
+    build = _sb3_build("PPO", "MlpPolicy", lambda: _vector_env(obs_dim, act_dim), n_steps=64)
 
     def make_batch(b: int) -> Any:
-        return (
-            torch.randn(b, obs_dim),
-            torch.randn(b, act_dim),
-            torch.randn(b),
-            torch.randn(b),
-            torch.randn(b),
-            torch.randn(b),
-        )
+        return _ppo_batch(torch.randn(b, obs_dim), torch.randn(b, act_dim), b)
 
     return TorchStep(build, _ppo_step, make_batch, batch_knob="minibatch_size")
 
@@ -314,13 +314,7 @@ def make_sb3_ppo_mlp(obs_dim: int = 64, act_dim: int = 8) -> TorchStep:
 def make_sb3_ppo_multi(image: int = 64, vector: int = 16) -> TorchStep:
     """stable-baselines3 PPO ``MultiInputPolicy`` (NatureCNN on the camera + the state vector)."""
     torch = _torch()
-
-    def build() -> tuple[Any, Any]:
-        from stable_baselines3 import PPO
-
-        agent = PPO("MultiInputPolicy", _dict_env(image, vector), n_steps=64, device="auto")
-        agent.policy.set_training_mode(True)
-        return agent.policy, agent.policy.optimizer
+    build = _sb3_build("PPO", "MultiInputPolicy", lambda: _dict_env(image, vector), n_steps=64)
 
     def make_batch(b: int) -> Any:
         obs = {
@@ -328,14 +322,7 @@ def make_sb3_ppo_multi(image: int = 64, vector: int = 16) -> TorchStep:
             "camera": torch.randint(0, 256, (b, 3, image, image)).float(),
             "state": torch.randn(b, vector),
         }
-        return (
-            obs,
-            torch.randint(0, 5, (b,)),
-            torch.randn(b),
-            torch.randn(b),
-            torch.randn(b),
-            torch.randn(b),
-        )
+        return _ppo_batch(obs, torch.randint(0, 5, (b,)), b)
 
     return TorchStep(build, _ppo_step, make_batch, batch_knob="minibatch_size")
 

@@ -74,6 +74,15 @@ def _classifier_step(model: Any, opt: Any, batch: Any) -> None:
     opt.step()
 
 
+def _regression_step(model: Any, opt: Any, batch: Any) -> None:
+    torch = _torch()
+    x, y = batch
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+
+
 def make_resnet18(image: int = 224, classes: int = 1000) -> TorchStep:
     """ResNet-18-like classifier + Adam on ``image`` x ``image`` RGB images."""
     torch = _torch()
@@ -299,14 +308,7 @@ def make_checkpointed_mlp(dim: int = 512, depth: int = 8) -> TorchStep:
     def make_batch(b: int) -> Any:
         return torch.randn(b, dim), torch.randn(b, 1)
 
-    def step(model: Any, opt: Any, batch: Any) -> None:
-        x, y = batch
-        loss = nn.functional.mse_loss(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-
-    return TorchStep(build, step, make_batch)
+    return TorchStep(build, _regression_step, make_batch)
 
 
 def make_transformer_block(dim: int = 256, seq: int = 64) -> TorchStep:
@@ -321,14 +323,7 @@ def make_transformer_block(dim: int = 256, seq: int = 64) -> TorchStep:
     def make_batch(b: int) -> Any:
         return torch.randn(b, seq, dim), torch.randn(b, seq, dim)
 
-    def step(model: Any, opt: Any, batch: Any) -> None:
-        x, y = batch
-        loss = nn.functional.mse_loss(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-
-    return TorchStep(build, step, make_batch)
+    return TorchStep(build, _regression_step, make_batch)
 
 
 def make_act_policy(

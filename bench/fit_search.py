@@ -57,9 +57,7 @@ lightning loaded each full collection otherwise costs about 0.4 s here.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import gc
-import json
 import os
 import platform
 import sys
@@ -81,7 +79,11 @@ from memfit.runtime.oom import is_oom
 from memfit.runtime.simulate import simulate_gpu
 from memfit.units import MiB, format_bytes
 
-OUT = Path(__file__).resolve().parent / "out"
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from _common import utc_minute, write_results  # noqa: E402
+
 LIGHTNING_REIMPLEMENTED = (
     "re-implementation of lightning/pytorch/tuner/batch_size_scaling.py "
     "(Lightning-AI/pytorch-lightning 7f0c3436, 2026-07)"
@@ -688,6 +690,19 @@ def compare(
     return rows
 
 
+def bisect_fits(fits: Callable[[int], bool]) -> int:
+    """The largest batch in ``[0, HIGH]`` that a bisection finds to fit (0: none does). ``fits``
+    need not be monotone: the callers scan above the result."""
+    lo, hi = 0, HIGH
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def cuda_true_max(workload: Workload, budget: int, margin: float) -> int:
     """On CUDA: bisect the OOM boundary under the cap, then run every batch within 5% of it."""
     target = budget * (1 - margin)
@@ -703,13 +718,7 @@ def cuda_true_max(workload: Workload, budget: int, margin: float) -> int:
                 return False
             return torch.cuda.max_memory_reserved(device) <= target
 
-        lo, hi = 0, HIGH
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if fits(mid):
-                lo = mid
-            else:
-                hi = mid - 1
+        lo = bisect_fits(fits)
         best = lo
         for value in range(max(1, int(lo * 0.95)), min(HIGH, int(lo * 1.05) + 1) + 1):
             if fits(value):
@@ -898,13 +907,7 @@ def replayed_true_max(gpu: Any, budget: int, margin: float) -> int:
     def fits(v: int) -> bool:
         return bool(gpu.replay(v, limit_bytes=budget, target_bytes=target).fits)
 
-    lo, hi = 0, HIGH
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid - 1
+    lo = bisect_fits(fits)
     best = lo
     for v in range(lo + 1, min(HIGH, int(lo * 1.35) + 1) + 1):
         if fits(v):
@@ -1021,17 +1024,13 @@ def main_replayed() -> int:
                     rows.append(replayed_case(workload, kind, at, margin))
                     print(rows[-1], file=sys.stderr, flush=True)
     meta = {
-        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": utc_minute(),
         "machine": f"{platform.node()} ({os.cpu_count()} CPU cores, {platform.system()})",
         "torch": torch.__version__,
         "command": "python bench/fit_search.py --replayed",
     }
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "fit_search_replayed.json").write_text(
-        json.dumps({"meta": meta, "rows": rows}, indent=2)
-    )
     text = replayed_markdown(rows, meta)
-    (OUT / "fit_search_replayed.md").write_text(text)
+    write_results("fit_search_replayed", {"meta": meta, "rows": rows}, text)
     print(text)
     return 0
 
@@ -1088,7 +1087,7 @@ def main(argv: list[str] | None = None) -> int:
     machine = f"{torch.cuda.get_device_name()}, {cores}" if args.cuda else cores
     meta = {
         "mode": mode,
-        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": utc_minute(),
         "machine": f"{platform.node()} ({machine}, {platform.system()})",
         "torch": torch.__version__,
         "command": "python bench/fit_search.py"
@@ -1098,13 +1097,9 @@ def main(argv: list[str] | None = None) -> int:
         "lightning": lightning_note,
         "accelerate": ACCELERATE_SOURCE,
     }
-    OUT.mkdir(parents=True, exist_ok=True)
     suffix = "_cuda" if args.cuda else ""
-    (OUT / f"fit_search{suffix}.json").write_text(
-        json.dumps({"meta": meta, "rows": rows}, indent=2)
-    )
     text = markdown(rows, meta)
-    (OUT / f"fit_search{suffix}.md").write_text(text)
+    write_results(f"fit_search{suffix}", {"meta": meta, "rows": rows}, text)
     print(text)
     return 0
 

@@ -54,9 +54,10 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-OUT = HERE / "out"
 CORPUS = ROOT / "tests" / "data" / "gpu_truth"
 sys.path.insert(0, str(HERE))
+
+from _common import real_steps, rel_err, write_results  # noqa: E402
 
 MiB = 2**20
 #: Entries the allocator's history keeps; a capture that fills it is refused (entries lost).
@@ -355,11 +356,7 @@ def _torch_child(name: str, batch: int, traced: bool) -> dict[str, Any]:
     if mode is not None:
         mode.__enter__()
     try:
-        model, opt = step.build()
-        for _ in range(2):
-            data = step.make_batch(batch)
-            step.step(model, opt, data)
-            del data
+        _held = real_steps(step, batch)  # the model and optimiser, alive until return
         torch.cuda.synchronize()
     finally:
         if mode is not None:
@@ -490,11 +487,7 @@ def _cpu_child(name: str) -> dict[str, Any]:
     step = factory()
     torch.manual_seed(0)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        model, opt = step.build()
-        for _ in range(2):
-            data = step.make_batch(batch)
-            step.step(model, opt, data)
-            del data
+        model, opt = real_steps(step, batch)
         del model, opt
     events = list(prof.profiler.kineto_results.events())
     ops = sorted(
@@ -557,16 +550,20 @@ def _run_child(args: list[str], env: dict[str, str] | None = None) -> dict[str, 
 # --- capture --------------------------------------------------------------------------------------
 
 
-def _entry(**kw: Any) -> Any:
-    from memfit.estimate.truth import Trace, TruthEntry
+def _store(folder: Path, got: dict[str, Any], **kw: Any) -> Any:
+    """Save the corpus entry of one captured case (``kw``: the entry's fields; the environment
+    is the one the child ``got``) as ``folder/<name>.json.gz``; return it."""
+    from memfit.estimate.truth import Trace, TruthEntry, save_entry
 
     trace = kw.pop("trace", None)
-    return TruthEntry(trace=Trace.from_json(trace) if trace else None, **kw)
+    entry = TruthEntry(
+        trace=Trace.from_json(trace) if trace else None, environment=got["environment"], **kw
+    )
+    save_entry(entry, folder / f"{entry.name}.json.gz")
+    return entry
 
 
 def _torch_case(folder: Path, name: str, batch: int) -> str:
-    from memfit.estimate.truth import save_entry
-
     clean = _run_child(["torch", name, str(batch), "0"])
     traced = _run_child(["torch", name, str(batch), "1"])
     if "error" in clean or "error" in traced:
@@ -579,13 +576,14 @@ def _torch_case(folder: Path, name: str, batch: int) -> str:
             f"the traced run's reserved peak {traced['max_reserved']} differs from "
             f"the clean run's {clean['max_reserved']}"
         )
-    entry = _entry(
+    entry = _store(
+        folder,
+        clean,
         name=f"{name}@{batch}",
         kind="torch",
         device="cuda",
         workload=name,
         batch=batch,
-        environment=clean["environment"],
         peaks={
             "max_allocated": clean["max_allocated"],
             "max_reserved": clean["max_reserved"],
@@ -598,36 +596,31 @@ def _torch_case(folder: Path, name: str, batch: int) -> str:
         trace=traced.get("trace") or None,
         notes=tuple(notes),
     )
-    save_entry(entry, folder / f"{entry.name}.json.gz")
     return f"{entry.name}: reserved {clean['max_reserved'] / MiB:.1f} MiB"
 
 
 def _jax_case(folder: Path, name: str, variant: str, batch: int) -> str:
-    from memfit.estimate.truth import save_entry
-
     env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     if variant:
         env["XLA_FLAGS"] = "--xla_gpu_autotune_level=0"
     got = _run_child(["jax", name, str(batch), "0"], env)
     if "error" in got:
         return f"{name}{variant}@{batch}: failed {got['error']}"
-    entry = _entry(
+    entry = _store(
+        folder,
+        got,
         name=f"{name}{variant}@{batch}",
         kind="jax",
         device="cuda",
         workload=name,
         batch=batch,
-        environment=got["environment"],
         peaks={"peak_bytes_in_use": got["peak_bytes_in_use"]},
         jax=got["jax"],
     )
-    save_entry(entry, folder / f"{entry.name}.json.gz")
     return f"{entry.name}: peak {got['peak_bytes_in_use']}"
 
 
 def _program_case(folder: Path, name: str) -> str:
-    from memfit.estimate.truth import save_entry
-
     framework = PROGRAMS[name][2]
     env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"} if framework == "jax" else {}
     got = _run_child(["program", name, "0", "0"], env)
@@ -635,20 +628,20 @@ def _program_case(folder: Path, name: str) -> str:
         return f"{name}: failed {got['error']}"
     keys = ("max_allocated", "max_reserved", "device_used", "nvml_used", "peak_bytes_in_use")
     peaks = {k: got.get(k) for k in keys if got.get(k) is not None}
-    entry = _entry(
+    _store(
+        folder,
+        got,
         name=name,
         kind="program",
         device="cuda",
         workload=name,
         batch=None,
-        environment=got["environment"],
         peaks=peaks,
         allocator=got.get("allocator", {}),
         trace=got.get("trace") or None,
         jax=got.get("jax"),
         notes=(*got.get("notes", []), f"exit {got.get('exit')}"),
     )
-    save_entry(entry, folder / f"{entry.name}.json.gz")
     return f"{name}: {peaks}"
 
 
@@ -699,8 +692,6 @@ def capture_cpu(root: Path, only: set[str] | None) -> list[str]:
     """The CPU corpus: small workloads, truth from the CPU allocator's reports."""
     import torch
 
-    from memfit.estimate.truth import save_entry
-
     capability = torch.backends.cpu.get_cpu_capability().lower()
     folder = root / slug(f"cpu {platform.machine()} {capability}")
     lines = []
@@ -711,18 +702,18 @@ def capture_cpu(root: Path, only: set[str] | None) -> list[str]:
         if "error" in got:
             lines.append(f"{name}: failed {got['error']}")
             continue
-        entry = _entry(
+        entry = _store(
+            folder,
+            got,
             name=f"{name}@{got['batch']}",
             kind="torch",
             device="cpu",
             workload=name,
             batch=got["batch"],
-            environment=got["environment"],
             peaks={"cpu_peak": got["cpu_peak"]},
             trace=got["trace"],
             notes=tuple(got["notes"]),
         )
-        save_entry(entry, folder / f"{entry.name}.json.gz")
         lines.append(f"{entry.name}: CPU peak {got['cpu_peak'] / MiB:.2f} MiB")
         print(lines[-1], flush=True)
     return lines
@@ -844,21 +835,17 @@ def report(root: Path) -> tuple[list[dict[str, Any]], str]:
             pred = predict(entry)
             row.update({f"pred_{k}": v for k, v in pred.items()})
             if entry.device == "cpu":
-                row["err_cpu"] = _rel(pred["exact_peak"], entry.peaks.get("cpu_peak"))
+                row["err_cpu"] = rel_err(pred["exact_peak"], entry.peaks.get("cpu_peak"))
             else:
-                row["err_allocated"] = _rel(
+                row["err_allocated"] = rel_err(
                     pred["allocated_peak"], entry.peaks.get("max_allocated")
                 )
-                row["err_reserved"] = _rel(pred["reserved_peak"], entry.peaks.get("max_reserved"))
+                row["err_reserved"] = rel_err(
+                    pred["reserved_peak"], entry.peaks.get("max_reserved")
+                )
         rows.append(row)
         print({k: v for k, v in row.items() if k != "diff"}, flush=True)
     return rows, _markdown(rows)
-
-
-def _rel(pred: int | None, real: int | None) -> float | None:
-    if pred is None or not real:
-        return None
-    return (pred - real) / real
 
 
 def _pct(x: float | None) -> str:
@@ -924,14 +911,12 @@ def main(argv: list[str] | None = None) -> int:
     only = set(args.only.split(",")) if args.only else None
     if args.report:
         rows, markdown = report(root)
-        OUT.mkdir(parents=True, exist_ok=True)
         meta = {
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} CPUs",
             "command": "python bench/gpu_truth.py " + " ".join(argv or sys.argv[1:]),
         }
-        (OUT / "gpu_truth.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-        (OUT / "gpu_truth.md").write_text(markdown)
+        write_results("gpu_truth", {"meta": meta, "rows": rows}, markdown)
         print(markdown)
         return 0
     if args.cpu:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as dt
 import json
 import os
 import platform
@@ -56,7 +55,10 @@ from memfit.runtime.guard import TrainGuard
 from memfit.testing import inject_oom
 
 HERE = Path(__file__).resolve().parent
-OUT = HERE / "out"
+sys.path.insert(0, str(HERE))
+
+from _common import utc_minute, write_results  # noqa: E402
+
 MODELS = ("mlp", "cnn_bn", "dropout")
 PER_OP = (0.001, 0.005, 0.01)
 PER_STEP = (0.05, 0.20, 0.50)
@@ -98,6 +100,7 @@ def _data(name: str, steps: int, seed: int) -> list[tuple[torch.Tensor, torch.Te
 
 
 def _bare(name: str, model: nn.Module, data: list[Any]) -> None:
+    """The fault-free reference run: ``data`` through ``model`` (DDP-wrapped on 2 ranks)."""
     opt = _optimizer(name, model.parameters())
     torch.manual_seed(123)
     for x, y in data:
@@ -236,13 +239,7 @@ def _rank_worker(rank: int, port: int, out: str, steps: int) -> None:
         for i, (policy, name, kind, rate) in enumerate(_cases()):
             data = _data(name, steps, seed=1 + rank)
             reference = _model(name)
-            wrapped = DDP(reference, broadcast_buffers=False)
-            opt = _optimizer(name, wrapped.parameters())
-            torch.manual_seed(123)
-            for x, y in data:
-                opt.zero_grad()
-                nn.functional.cross_entropy(wrapped(x), y).backward()
-                opt.step()
+            _bare(name, DDP(reference, broadcast_buffers=False), data)
             ref = [p.detach().clone() for p in reference.parameters()]
             seed = 100 * (rank + 1) + i % 18
             got = _guarded(name, _model(name), data, kind, rate, seed, policy)
@@ -315,16 +312,14 @@ def main() -> None:
     if not args.no_ddp:
         rows += _distributed(args.steps)
     result = {
-        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": utc_minute(),
         "machine": f"{platform.node()} ({os.cpu_count()} cores), torch {torch.__version__}",
         "command": "python bench/guard_faults.py " + " ".join(sys.argv[1:]),
         "steps": args.steps,
         "rows": rows,
     }
-    OUT.mkdir(exist_ok=True)
-    (OUT / "guard_faults.json").write_text(json.dumps(result, indent=2))
     table = _markdown(result)
-    (OUT / "guard_faults.md").write_text(table)
+    write_results("guard_faults", result, table)
     print(table)
 
 

@@ -17,8 +17,6 @@ Writes ``bench/out/guard_instructions.json`` and ``.md`` and prints the markdown
 from __future__ import annotations
 
 import concurrent.futures
-import datetime as dt
-import json
 import os
 import platform
 import re
@@ -29,7 +27,10 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-OUT = HERE / "out"
+sys.path.insert(0, str(HERE))
+
+from _common import utc_minute, write_results  # noqa: E402
+
 SHORT, LONG = 5, 105  # steps of the two runs of each mode
 
 CHILD = """
@@ -98,7 +99,7 @@ def main() -> int:
         for m in ("bare", "guard", "guard_step")
     }
     result = {
-        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": utc_minute(),
         "machine": f"{platform.node()} {platform.machine()}, torch {torch.__version__}",
         "command": "python bench/guard_instructions.py",
         "instructions_per_step": per_step,
@@ -115,9 +116,7 @@ def main() -> int:
             f"| {mode} | {value:,.0f} | {value - base:+,.0f} ({(value - base) / base:+.2%}) |"
         )
     text = "\n".join(lines) + "\n"
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "guard_instructions.json").write_text(json.dumps(result, indent=2))
-    (OUT / "guard_instructions.md").write_text(text)
+    write_results("guard_instructions", result, text)
     sys.stdout.write(text)
     return 0
 

@@ -13,8 +13,6 @@ GPU for most rows; rows that cannot run here say why.
 
 from __future__ import annotations
 
-import datetime as dt
-import json
 import os
 import platform
 import statistics
@@ -25,7 +23,9 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-OUT = HERE / "out"
+sys.path.insert(0, str(HERE))
+
+from _common import utc_minute, write_results  # noqa: E402
 
 
 def _time(fn: Callable[[], Any], calls: int = 200) -> float:
@@ -135,7 +135,7 @@ def jax_rows() -> list[tuple[str, float | str]]:
 def main() -> int:
     rows = torch_rows() + nvml_rows() + jax_rows()
     result = {
-        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": utc_minute(),
         "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs",
         "command": "python bench/query_cost.py",
         "rows": [
@@ -156,9 +156,7 @@ def main() -> int:
     for q, v in rows:
         lines.append(f"| {q} | {v:.1f} |" if isinstance(v, float) else f"| {q} | {v} |")
     text = "\n".join(lines) + "\n"
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "query_cost.json").write_text(json.dumps(result, indent=2))
-    (OUT / "query_cost.md").write_text(text)
+    write_results("query_cost", result, text)
     sys.stdout.write(text)
     return 0
 
