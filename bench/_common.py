@@ -31,15 +31,3 @@ def rel_err(pred: int | None, real: int | None) -> float | None:
     if pred is None or not real:
         return None
     return (pred - real) / real
-
-
-def real_steps(step: Any, batch: int, steps: int = 2) -> tuple[Any, Any]:
-    """Build ``step``'s model and optimiser and run ``steps`` training steps at ``batch`` on the
-    default device. Returns the model and optimiser: the caller holds them while it reads the
-    device's memory (each batch is dropped once its step is done)."""
-    model, opt = step.build()
-    for _ in range(steps):
-        data = step.make_batch(batch)
-        step.step(model, opt, data)
-        del data
-    return model, opt

@@ -42,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import estimate_workloads as W  # noqa: E402
-from _common import real_steps, rel_err, write_results  # noqa: E402
+from _common import rel_err, write_results  # noqa: E402
 
 MiB = 1024 * 1024
 
@@ -65,12 +65,14 @@ def _run_torch_real(name: str, batch: int) -> dict[str, Any]:
     """Child process: build and run two real steps on CUDA, report the allocator's peaks."""
     import torch
 
+    from memfit.testing import run_steps
+
     factory, _ = torch_workloads()[name]
     step = factory()
     torch.manual_seed(0)
     torch.set_default_device("cuda")
     torch.cuda.reset_peak_memory_stats()
-    _held = real_steps(step, batch)  # the model and optimiser, alive while memory is read
+    _held = run_steps(step, batch)  # the model and optimiser, alive while memory is read
     torch.cuda.synchronize()
     free, total = torch.cuda.mem_get_info()
     return {

@@ -57,7 +57,7 @@ ROOT = HERE.parent
 CORPUS = ROOT / "tests" / "data" / "gpu_truth"
 sys.path.insert(0, str(HERE))
 
-from _common import real_steps, rel_err, write_results  # noqa: E402
+from _common import rel_err, write_results  # noqa: E402
 
 MiB = 2**20
 #: Entries the allocator's history keeps; a capture that fills it is refused (entries lost).
@@ -342,6 +342,8 @@ def _compress_trace(entries: list[dict[str, Any]]) -> tuple[dict[str, Any], list
 def _torch_child(name: str, batch: int, traced: bool) -> dict[str, Any]:
     import torch
 
+    from memfit.testing import run_steps
+
     factory, _ = torch_workloads()[name]
     torch.cuda.init()
     if traced:
@@ -356,7 +358,7 @@ def _torch_child(name: str, batch: int, traced: bool) -> dict[str, Any]:
     if mode is not None:
         mode.__enter__()
     try:
-        _held = real_steps(step, batch)  # the model and optimiser, alive until return
+        _held = run_steps(step, batch)  # the model and optimiser, alive until return
         torch.cuda.synchronize()
     finally:
         if mode is not None:
@@ -482,12 +484,13 @@ def _cpu_child(name: str) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity, profile
 
     from memfit.estimate.truth import Event, Trace
+    from memfit.testing import run_steps
 
     factory, batch = cpu_workloads()[name]
     step = factory()
     torch.manual_seed(0)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        model, opt = real_steps(step, batch)
+        model, opt = run_steps(step, batch)
         del model, opt
     events = list(prof.profiler.kineto_results.events())
     ops = sorted(

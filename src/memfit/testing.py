@@ -43,7 +43,7 @@ from typing import Any
 from memfit.errors import ConfigError
 from memfit.runtime.oom import in_no_alloc_section
 
-__all__ = ["PHASES", "InjectedOom", "chaos_active", "inject_oom", "real_cpu_peak"]
+__all__ = ["PHASES", "InjectedOom", "chaos_active", "inject_oom", "real_cpu_peak", "run_steps"]
 
 _ACTIVE = [0]
 
@@ -253,12 +253,28 @@ def inject_oom(
         post_handle.remove()
 
 
+def run_steps(step: Any, batch_size: int, steps: int = 2) -> tuple[Any, Any]:
+    """Build ``step``'s model and optimiser and run ``steps`` real training steps of
+    ``step.make_batch(batch_size)`` on the default device, as :func:`memfit.estimate_torch`
+    traces them (each batch is dropped once its step is done).
+
+    Returns:
+        The model and optimiser: hold them while reading the device's memory.
+    """
+    model, opt = step.build()
+    for _ in range(steps):
+        batch = step.make_batch(batch_size)
+        step.step(model, opt, batch)
+        del batch
+    return model, opt
+
+
 def real_cpu_peak(step: Any, batch_size: int, steps: int = 2) -> int:
     """The peak live bytes of a real run of ``step`` on the CPU, from the CPU allocator's
     own reports (the profiler's memory events): the oracle an estimate is checked against.
 
-    Runs ``step.build()`` and ``steps`` steps of ``step.make_batch(batch_size)``, as
-    :func:`memfit.estimate_torch` traces them (a :class:`memfit.estimate.TorchStep`).
+    Runs :func:`run_steps` of ``step`` (a :class:`memfit.estimate.TorchStep`) under the
+    profiler.
 
     Returns:
         The largest sum of live allocations, in bytes.
@@ -268,11 +284,7 @@ def real_cpu_peak(step: Any, batch_size: int, steps: int = 2) -> int:
 
     torch.manual_seed(0)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        model, opt = step.build()
-        for _ in range(steps):
-            batch = step.make_batch(batch_size)
-            step.step(model, opt, batch)
-            del batch
+        model, opt = run_steps(step, batch_size, steps)
         del model, opt
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
     events.sort(key=lambda e: e.start_ns())
