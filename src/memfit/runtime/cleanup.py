@@ -24,6 +24,7 @@ cached, unoccupied blocks to the driver; it frees nothing a live tensor holds), 
 
 from __future__ import annotations
 
+import abc
 import functools
 import gc
 import time
@@ -145,14 +146,14 @@ def _training_step(step: object) -> int | None:
     )
 
 
-class _PerStep(CleanupPolicy):
+class _PerStep(CleanupPolicy, abc.ABC):
     """A policy called once per training step that cleans when :meth:`_due` says so."""
 
     reset = False
 
+    @abc.abstractmethod
     def _due(self) -> tuple[str, dict[str, Any]] | None:
         """Why to clean now and the figures for the event, or ``None`` to skip this step."""
-        raise NotImplementedError
 
     def __call__(self, step: int | None = None) -> bool:
         """Count one step; clean when the policy's condition holds.
