@@ -113,6 +113,12 @@ class CleanupPolicy:
         self.stats = CleanupStats()
         self.events: list[MemoryEvent] = []
 
+    def _called(self, step: object) -> int | None:
+        """Count one call; the training step it gave, checked (see :func:`_training_step`)."""
+        checked = _training_step(step)
+        self.stats.calls += 1
+        return checked
+
     def _run(self, reason: str, step: int | None, reset: bool = False, **data: Any) -> float:
         start = time.perf_counter()
         _clean(empty_cache=self.empty_cache, gc_collect=self.gc_collect, reset=reset)
@@ -167,8 +173,7 @@ class _PerStep(CleanupPolicy, abc.ABC):
         Raises:
             ConfigError: When ``step`` is not a whole number or ``None``.
         """
-        step = _training_step(step)
-        self.stats.calls += 1
+        step = self._called(step)
         due = self._due()
         if due is None:
             return False
@@ -420,8 +425,7 @@ def after_call(
 
         @functools.wraps(func)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-            at = _training_step(step()) if step is not None else None
-            policy.stats.calls += 1
+            at = policy._called(step() if step is not None else None)
             try:
                 return func(*args, **kwargs)
             finally:
@@ -462,8 +466,7 @@ class _FullReset(CleanupPolicy):
         Raises:
             ConfigError: When ``step`` is not a whole number or ``None``.
         """
-        step = _training_step(step)
-        self.stats.calls += 1
+        step = self._called(step)
         seconds = self._run("full reset", step, reset=True)
         if on_event is not None:
             on_event(self.events[-1])
