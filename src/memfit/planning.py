@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from memfit.backends.software import target_runtime
 from memfit.core.budget import DEFAULT_MARGIN
 from memfit.core.catalog import GpuSpec, anonymous_gpu, host_device
 from memfit.core.catalog import gpu as catalog_gpu
@@ -227,6 +228,7 @@ def plan(
     host_memory_bytes: int | None = None,
     device_index: int = 0,
     measure: str = "auto",
+    runtime: Mapping[str, str] | str | None = None,
 ) -> Plan:
     """The best configuration of a workload on a GPU.
 
@@ -246,9 +248,15 @@ def plan(
             the best measurement at hand (``"auto"``), measure now (``"fresh"``), or only the
             measurements recorded in the workload (``"recorded"``); see
             :func:`with_measurements`.
+        runtime: The target's software, which sizes the CUDA context:
+            ``{"torch": "1.10.0", "cuda": "11.2", "driver": "460.91.03",
+            "module_loading": "eager"}`` (every key optional) or the same as
+            ``"torch=1.10.0,cuda=11.2"``; ``None``: this machine's torch and its default
+            loading mode (:func:`memfit.backends.software.target_runtime`).
 
     Returns:
-        The plan (see :class:`memfit.core.plan.Plan`).
+        The plan (see :class:`memfit.core.plan.Plan`); its ``context`` says what the CUDA
+        context term assumed.
 
     Raises:
         ConfigError: On a bad workload, GPU name, override or margin.
@@ -257,6 +265,7 @@ def plan(
         InfeasiblePlan: When nothing fits (smallest footprint and breaking term attached).
         EstimateError: When the workload's traced estimator cannot trace its step.
     """
+    target = target_runtime(runtime)
     loaded = load_workload(workload) if not isinstance(workload, Workload) else workload
     loaded, notes = with_measurements(loaded, measure)
     fraction = parse_fraction(margin)
@@ -278,6 +287,7 @@ def plan(
         measured=_measured(loaded, spec.name),
         other_processes_bytes=others,
         host_memory_bytes=host,
+        runtime=target,
     )
     return replace(result, notes=[*notes, *check_notes, *result.notes])
 
@@ -316,13 +326,17 @@ def plan_tiers(
     *,
     host_memory_bytes: int | None = None,
     measure: str = "auto",
+    runtime: Mapping[str, str] | str | None = None,
 ) -> list[Plan | InfeasiblePlan]:
     """The tier table: one plan per GPU (an :class:`InfeasiblePlan` where nothing fits).
+
+    ``runtime`` is the target's software, as for :func:`plan`.
 
     Raises:
         ConfigError: On a bad workload, GPU name, override or margin.
         EstimateError: When the workload's traced estimator cannot trace its step.
     """
+    target = target_runtime(runtime)
     loaded = load_workload(workload) if not isinstance(workload, Workload) else workload
     loaded, notes = with_measurements(loaded, measure)
     specs = [resolve_gpu(g) for g in gpus]
@@ -336,6 +350,7 @@ def plan_tiers(
         margin=parse_fraction(margin),
         measured=measured,
         host_memory_bytes=host,
+        runtime=target,
     )
     return [r if isinstance(r, InfeasiblePlan) else replace(r, notes=[*host_notes, *r.notes])
             for r in results]  # fmt: skip

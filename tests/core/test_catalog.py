@@ -7,12 +7,18 @@ import pytest
 import memfit
 from memfit import ConfigError
 from memfit.core.budget import (
-    CUDA_CONTEXT_BYTES,
-    CUDA_CONTEXT_EAGER_BYTES,
-    CUDA_CONTEXT_UNKNOWN_BYTES,
     cublas_workspace_bytes,
     cuda_context_bytes,
     parse_cublas_workspace_config,
+)
+from memfit.core.runtime import (
+    EAGER_CONTEXT_BYTES as CUDA_CONTEXT_EAGER_BYTES,
+)
+from memfit.core.runtime import (
+    LAZY_CONTEXT_BYTES as CUDA_CONTEXT_BYTES,
+)
+from memfit.core.runtime import (
+    LAZY_CONTEXT_UNKNOWN_BYTES as CUDA_CONTEXT_UNKNOWN_BYTES,
 )
 from memfit.core.catalog import ARCHITECTURES, GpuSpec, gpu, list_gpus, normalize_name
 from memfit.units import GiB, MiB

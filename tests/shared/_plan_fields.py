@@ -20,4 +20,5 @@ PLAN_FIELDS = [
     "environment",
     "notes",
     "would_fit",
+    "context",
 ]

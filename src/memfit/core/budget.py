@@ -22,17 +22,21 @@ import re
 from dataclasses import dataclass
 
 from memfit.core.catalog import GpuSpec
+from memfit.core.runtime import (
+    EAGER_CONTEXT_BYTES,
+    LAZY_CONTEXT_UNKNOWN_BYTES,
+    ContextEstimate,
+    Runtime,
+    cuda_context,
+    runtime_from_versions,
+)
 from memfit.errors import ConfigError
 from memfit.units import KiB, MiB
 
 __all__ = [
-    "CONTEXT_SOURCE",
     "CUBLAS_DEFAULT_CONFIG",
     "CUBLAS_HOPPER_CONFIG",
     "CUBLAS_SOURCE",
-    "CUDA_CONTEXT_BYTES",
-    "CUDA_CONTEXT_EAGER_BYTES",
-    "CUDA_CONTEXT_UNKNOWN_BYTES",
     "DEFAULT_MARGIN",
     "JAX_DEFAULT_MEM_FRACTION",
     "XLA_FRACTION_CAP",
@@ -45,32 +49,6 @@ __all__ = [
     "parse_cublas_workspace_config",
     "recommended_xla_fraction",
 ]
-
-#: Where the context figures come from.
-CONTEXT_SOURCE = (
-    "CUDA context with lazy module loading (the default from CUDA 12.2 on Linux): about "
-    "300-500 MB (shared REFERENCE.md); with eager loading about 670 MB (pytorch PR #86509). "
-    "Older architectures get the low end (smaller kernel images for them are loaded), "
-    "Hopper and Blackwell the high end; a GPU of unknown architecture gets the high end so a "
-    "plan errs on the safe side. These are estimates within the published range, not "
-    "measurements."
-)
-
-#: Context bytes per architecture, lazy module loading.
-CUDA_CONTEXT_BYTES: dict[str, int] = {
-    "volta": 300 * MiB,
-    "turing": 300 * MiB,
-    "ampere": 400 * MiB,
-    "ada": 400 * MiB,
-    "hopper": 500 * MiB,
-    "blackwell": 500 * MiB,
-}
-
-#: Context bytes for an unknown architecture (the high end of the published range).
-CUDA_CONTEXT_UNKNOWN_BYTES = 500 * MiB
-
-#: Context bytes with eager module loading (``CUDA_MODULE_LOADING=EAGER``, or CUDA < 12.2).
-CUDA_CONTEXT_EAGER_BYTES = 670 * 10**6
 
 #: Where the cuBLAS figures come from.
 CUBLAS_SOURCE = (
@@ -125,32 +103,30 @@ def _is_sm90_or_newer(spec: GpuSpec | None) -> bool | None:
     return None
 
 
-def cuda_context_bytes(spec: GpuSpec | None, *, lazy_loading: bool = True) -> int:
+def cuda_context_bytes(
+    spec: GpuSpec | None, *, lazy_loading: bool = True, runtime: Runtime | None = None
+) -> int:
     """Estimated device memory a CUDA context takes before the job allocates anything.
+
+    The figure comes from the one context model, :func:`memfit.core.runtime.cuda_context`,
+    which names its sources.
 
     Args:
         spec: The GPU, or ``None`` when unknown.
-        lazy_loading: ``False`` for eager module loading (``CUDA_MODULE_LOADING=EAGER`` or
-            a CUDA older than 12.2), which loads every kernel up front.
+        lazy_loading: ``False`` for eager module loading; ignored when ``runtime`` is given.
+        runtime: The target's runtime (its versions decide the loading mode).
 
     Returns:
-        Bytes, per process and device. See :data:`CONTEXT_SOURCE` for where they come from.
+        Bytes, per process and device.
 
-    >>> cuda_context_bytes(None) == CUDA_CONTEXT_UNKNOWN_BYTES
+    >>> cuda_context_bytes(None) == LAZY_CONTEXT_UNKNOWN_BYTES
     True
-    >>> cuda_context_bytes(None, lazy_loading=False) == CUDA_CONTEXT_EAGER_BYTES
+    >>> cuda_context_bytes(None, lazy_loading=False) == EAGER_CONTEXT_BYTES
     True
     """
-    if spec is not None and spec.arch == "cpu":
-        return 0  # planning for the host: no CUDA context
-    lazy = (
-        CUDA_CONTEXT_UNKNOWN_BYTES
-        if spec is None
-        else CUDA_CONTEXT_BYTES.get(spec.arch, CUDA_CONTEXT_UNKNOWN_BYTES)
-    )
-    if lazy_loading:
-        return lazy
-    return max(lazy, CUDA_CONTEXT_EAGER_BYTES)
+    if runtime is None:
+        runtime = runtime_from_versions(module_loading="lazy" if lazy_loading else "eager")
+    return cuda_context(spec, runtime).bytes
 
 
 def cublas_workspace_bytes(
@@ -233,6 +209,7 @@ def recommended_xla_fraction(
     *,
     margin: float = DEFAULT_MARGIN,
     other_processes_bytes: int = 0,
+    context_bytes: int | None = None,
 ) -> FractionAdvice:
     """The XLA pool fraction memfit recommends for one JAX training job on ``spec``.
 
@@ -246,6 +223,8 @@ def recommended_xla_fraction(
         spec: The GPU, or ``None`` when unknown.
         margin: The safety margin, a fraction of the total.
         other_processes_bytes: Memory other processes already hold on the GPU.
+        context_bytes: The job's CUDA context (``None``: :func:`cuda_context_bytes` of
+            ``spec`` with lazy loading).
 
     Returns:
         The fraction and the reason.
@@ -260,7 +239,8 @@ def recommended_xla_fraction(
         steps = cap_steps
         where = "on any card of 8 GB or more"
     else:
-        room = spec.total_bytes * (1 - margin) - cuda_context_bytes(spec) - other_processes_bytes
+        context = cuda_context_bytes(spec) if context_bytes is None else context_bytes
+        room = spec.total_bytes * (1 - margin) - context - other_processes_bytes
         steps = min(cap_steps, math.floor(round(room / spec.total_bytes / XLA_FRACTION_STEP, 9)))
         steps = max(steps, 1)
         where = f"on {spec.name}"
@@ -303,6 +283,8 @@ class Budget:
         margin: The safety margin as the fraction of the total it was given as.
         advice: memfit's XLA fraction recommendation for this budget (with a pool), whether
             or not the pool uses it.
+        context: How ``context_bytes`` was estimated (runtime, architecture, source);
+            ``None`` when the caller gave the context.
     """
 
     total_bytes: int
@@ -318,6 +300,7 @@ class Budget:
     outside_limit_bytes: int | None = None
     margin: float = DEFAULT_MARGIN
     advice: FractionAdvice | None = None
+    context: ContextEstimate | None = None
 
 
 def compose_budget(
@@ -329,6 +312,7 @@ def compose_budget(
     jax_preallocate: bool = True,
     jax_mem_fraction: float | None = None,
     context_bytes: int | None = None,
+    runtime: Runtime | None = None,
 ) -> Budget:
     """Compose the budget of a job on ``spec``.
 
@@ -343,6 +327,8 @@ def compose_budget(
         context_bytes: The job's CUDA context; ``None``: the estimate for ``spec``
             (:func:`cuda_context_bytes`); ``0`` when the process already has its context
             and it is counted in ``other_processes_bytes`` (``memfit.autoconfig``).
+        runtime: The target's software, which sizes the context when ``context_bytes`` is
+            ``None`` (:func:`memfit.core.runtime.cuda_context`).
 
     Returns:
         The budget.
@@ -376,7 +362,8 @@ def compose_budget(
     total = spec.total_bytes
     margin_bytes = int(total * margin)
     budget = total - other_processes_bytes - margin_bytes
-    context = cuda_context_bytes(spec) if context_bytes is None else context_bytes
+    estimate = cuda_context(spec, runtime) if context_bytes is None else None
+    context = estimate.bytes if estimate is not None else int(context_bytes or 0)
     workspace = cublas_workspace_bytes(spec)
     pool: int | None = None
     fraction: float | None = None
@@ -385,7 +372,10 @@ def compose_budget(
     advice: FractionAdvice | None = None
     if framework == "jax" and jax_preallocate and spec.arch != "cpu":
         advice = recommended_xla_fraction(
-            spec, margin=margin, other_processes_bytes=other_processes_bytes
+            spec,
+            margin=margin,
+            other_processes_bytes=other_processes_bytes,
+            context_bytes=context,
         )
         fraction = advice.fraction if jax_mem_fraction is None else jax_mem_fraction
         pool = int(total * fraction)
@@ -411,4 +401,5 @@ def compose_budget(
         outside_limit_bytes=outside,
         margin=margin,
         advice=advice,
+        context=estimate,
     )

@@ -50,6 +50,7 @@ from memfit.core.constraints import (
 )
 from memfit.core.families import Evaluation, evaluate, family_for
 from memfit.core.measured import MeasuredTerms
+from memfit.core.runtime import Runtime
 from memfit.core.workload import Workload
 from memfit.errors import ConfigError, InfeasiblePlan
 from memfit.units import format_bytes
@@ -97,6 +98,10 @@ class Plan:
             (``{"change", "fits", "knobs", "predicted_bytes", "host_bytes"}`` each), from
             the workload family's fallbacks (an off-policy replay buffer in host RAM,
             ``optimize_memory_usage``, a smaller buffer).
+        context: How the ``cuda_context`` term was sized: the runtime it assumed (versions,
+            module loading and why), the architecture and the source of the figure
+            (:meth:`memfit.core.runtime.ContextEstimate.to_dict`); ``None`` when the
+            context was given (measured) rather than estimated.
     """
 
     gpu: str
@@ -113,6 +118,7 @@ class Plan:
     environment: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     would_fit: list[dict[str, Any]] = field(default_factory=list)
+    context: dict[str, Any] | None = None
 
     @property
     def used_bytes(self) -> int:
@@ -148,6 +154,7 @@ class Plan:
             "environment": dict(self.environment),
             "notes": list(self.notes),
             "would_fit": [dict(w) for w in self.would_fit],
+            "context": None if self.context is None else dict(self.context),
         }
 
 
@@ -858,6 +865,7 @@ def _budget(
     margin: float,
     other_processes_bytes: int,
     context_bytes: int | None = None,
+    runtime: Runtime | None = None,
 ) -> Budget:
     return compose_budget(
         gpu,
@@ -867,7 +875,15 @@ def _budget(
         jax_preallocate=_preallocates(workload),
         jax_mem_fraction=workload.jax.mem_fraction,
         context_bytes=context_bytes,
+        runtime=runtime,
     )
+
+
+def _with_context(plan_: Plan, budget: Budget) -> Plan:
+    """The plan with how its context term was sized (not when the context was given)."""
+    if budget.context is None:
+        return plan_
+    return replace(plan_, context=budget.context.to_dict())
 
 
 def _preallocates(workload: Workload) -> bool:
@@ -891,6 +907,7 @@ def plan_for_gpu(
     host_memory_bytes: int | None = None,
     alternatives: int = DEFAULT_ALTERNATIVES,
     context_bytes: int | None = None,
+    runtime: Runtime | None = None,
 ) -> Plan:
     """The best configuration of ``workload`` on ``gpu``.
 
@@ -904,9 +921,11 @@ def plan_for_gpu(
         host_memory_bytes: Host RAM for a replay buffer on the host (default: the
             workload's ``host_memory_bytes``; ``None``: not checked).
         alternatives: How many next-best configurations to list.
-        context_bytes: The job's CUDA context; ``None``: the estimate for ``gpu``; ``0``
-            when the process already has one and ``other_processes_bytes`` counts it
-            (``memfit.autoconfig``).
+        context_bytes: The job's CUDA context; ``None``: the estimate for ``gpu`` and
+            ``runtime``; ``0`` when the process already has one and
+            ``other_processes_bytes`` counts it (``memfit.autoconfig``).
+        runtime: The target's software (:class:`memfit.core.runtime.Runtime`), which sizes
+            the CUDA context; ``None``: lazy module loading, versions unknown.
 
     Returns:
         The plan. With every knob pinned it reports that configuration, fitting or not;
@@ -925,8 +944,8 @@ def plan_for_gpu(
     True
     """
     space = _Space(workload, overrides, measured, host_memory_bytes, device_is_host=gpu.is_host)
-    budget = _budget(workload, gpu, margin, other_processes_bytes, context_bytes)
-    return _plan_on(space, gpu, budget, alternatives)
+    budget = _budget(workload, gpu, margin, other_processes_bytes, context_bytes, runtime)
+    return _with_context(_plan_on(space, gpu, budget, alternatives), budget)
 
 
 def plan_many(
@@ -938,6 +957,7 @@ def plan_many(
     *,
     host_memory_bytes: int | None = None,
     alternatives: int = DEFAULT_ALTERNATIVES,
+    runtime: Runtime | None = None,
 ) -> list[Plan | InfeasiblePlan]:
     """Plans for several GPUs (a tier table), sharing one evaluation cache.
 
@@ -951,9 +971,9 @@ def plan_many(
     space = _Space(workload, overrides, measured, host_memory_bytes)
     out: list[Plan | InfeasiblePlan] = []
     for spec in gpus:
-        budget = _budget(workload, spec, margin, 0)
+        budget = _budget(workload, spec, margin, 0, None, runtime)
         try:
-            out.append(_plan_on(space, spec, budget, alternatives))
+            out.append(_with_context(_plan_on(space, spec, budget, alternatives), budget))
         except InfeasiblePlan as exc:
             out.append(exc)
     return out

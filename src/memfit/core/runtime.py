@@ -1,0 +1,425 @@
+"""The target's software, and what it makes the CUDA context cost.
+
+A plan or an estimate made on one machine for another needs the target's software, not the
+planning machine's: the CUDA context a process holds before it allocates anything depends on
+the CUDA version, the driver and above all on **module loading**. With eager loading every
+kernel of every CUDA library the process links (PyTorch's own kernels first of all) is copied
+to the device when the context is created; with lazy loading only the kernels a job runs are.
+
+:class:`Runtime` names that software (``torch``, ``cuda``, ``driver``, ``module_loading``;
+every key optional); :func:`parse_runtime` reads it from a mapping or from the CLI's
+``torch=1.10.0,cuda=11.2,module_loading=eager`` text; :func:`cuda_context` turns it and the
+GPU into a :class:`ContextEstimate`: the bytes, the parts they are made of, and the public
+source of each figure. This module is pure (no torch, no jax, no NVML): the installed
+versions are read by the callers that may import torch (``memfit.planning``, the estimator).
+
+Module loading, as documented:
+
+* CUDA 11.7 added lazy loading of kernels, 11.8 lazy loading of modules; both opt-in through
+  ``CUDA_MODULE_LOADING=LAZY`` and both need a driver of branch R515 or newer (CUDA
+  programming guide, "Lazy Loading").
+* PyTorch 1.13 sets ``CUDA_MODULE_LOADING=LAZY`` itself when the user has not set it
+  (pytorch PR #86509).
+* From CUDA 12.2 (Linux; 12.3 on Windows) lazy is CUDA's own default (NVIDIA developer forum,
+  "Lazy Loading", 2023).
+
+So before torch 1.13 or CUDA 11.7, or with a driver older than R515, a process loads eagerly.
+
+>>> r = parse_runtime("torch=1.10.0,cuda=11.2")
+>>> r.module_loading, r.loading_reason
+('eager', 'CUDA 11.2 has no lazy loading (it came with 11.7)')
+>>> parse_runtime({"torch": "2.4.1", "cuda": "12.1"}).module_loading
+'lazy'
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from memfit.core.catalog import GpuSpec
+from memfit.errors import ConfigError
+from memfit.units import MiB, format_bytes
+
+__all__ = [
+    "CONTEXT_SOURCES",
+    "EAGER_CONTEXT_BYTES",
+    "LAZY_CONTEXT_BYTES",
+    "LAZY_CONTEXT_UNKNOWN_BYTES",
+    "RUNTIME_KEYS",
+    "ContextEstimate",
+    "Runtime",
+    "cuda_context",
+    "parse_runtime",
+    "parse_version",
+    "runtime_from_versions",
+]
+
+#: The keys a runtime may name.
+RUNTIME_KEYS: tuple[str, ...] = ("torch", "cuda", "driver", "module_loading")
+
+_LOADING_NAMES = {"lazy": "lazy", "eager": "eager"}
+
+_VERSION_RE = re.compile(r"^\d+(\.\d+){0,3}$")
+
+#: Where every context figure below comes from, quoted in the breakdown and in docs/guide.md.
+CONTEXT_SOURCES: dict[str, str] = {
+    "eager": (
+        "1,343 MiB of NVML 'used' after torch.ones((1, 1)).to('cuda') on a 16 GB V100 with "
+        "CUDA 11.2, which loads every kernel at start: 1,341 MiB of context plus the 2 MiB "
+        "segment the tensor takes (Hugging Face transformers docs, 'Model training anatomy' / "
+        "'Efficient training on a single GPU', 2022). pytorch PR #86509 measured 666,632,192 B "
+        "(total - free) for an eager torch 1.13 with a 20 MiB segment, i.e. 616 MiB: the "
+        "sources disagree by about 2x (different torch builds: the context holds torch's "
+        "kernels, which grow with each release), and memfit takes the larger figure"
+    ),
+    "lazy": (
+        "pytorch PR #86509: 287,047,680 B (total - free) with lazy loading, of which 20 MiB "
+        "is the one segment the test tensor takes (254 MiB of context; GPU not stated); "
+        "ptrblck in pytorch #107667 (2023): '~300MB', and in pytorch #109888: 'around 400MB "
+        "if CUDA >= 11.7 is used and lazy module loading enabled'; unsloth-zoo PR #1053 "
+        "(2026): 426 MiB in nvidia-smi after torch.cuda.mem_get_info on an RTX 6000 Ada with "
+        "torch 2.10 and CUDA 13.0. memfit takes 300 MiB for Volta/Turing and older, 430 MiB "
+        "for Ampere and Ada (the Ada measurement, rounded up), and 500 MiB for Hopper, "
+        "Blackwell and unknown GPUs (no public measurement found; the high end, so a plan "
+        "errs on the safe side)"
+    ),
+}
+
+#: Context bytes with lazy loading, by architecture.
+LAZY_CONTEXT_BYTES: dict[str, int] = {
+    "pascal": 300 * MiB,
+    "volta": 300 * MiB,
+    "turing": 300 * MiB,
+    "ampere": 430 * MiB,
+    "ada": 430 * MiB,
+    "hopper": 500 * MiB,
+    "blackwell": 500 * MiB,
+}
+
+#: Context bytes with lazy loading for a GPU of unknown architecture.
+LAZY_CONTEXT_UNKNOWN_BYTES = 500 * MiB
+
+#: Context bytes with eager loading (every kernel loaded at start; see CONTEXT_SOURCES).
+EAGER_CONTEXT_BYTES = 1341 * MiB
+
+
+def parse_version(text: str, key: str) -> tuple[int, ...]:
+    """``"11.2"`` -> ``(11, 2)``; a local suffix (``"2.4.1+cu121"``) and a pre-release tail
+    (``"2.6.0a0"``, ``"1.13.0.dev20221005"``) are ignored.
+
+    Raises:
+        ConfigError: When the text does not start with a dotted number (the key is named).
+
+    >>> parse_version("2.4.1+cu121", "torch"), parse_version("460.91.03", "driver")
+    ((2, 4, 1), (460, 91, 3))
+    """
+    if not isinstance(text, str):
+        raise ConfigError(
+            f"runtime.{key} must be a version string such as '11.2', not "
+            f"{type(text).__name__} {text!r}",
+            key_path=f"runtime.{key}",
+            hint="write versions as text: torch=2.4.1, cuda=12.1, driver=535.104.05",
+        )
+    core = text.strip().split("+", 1)[0]
+    core = re.split(r"(?<=\d)(?=[a-zA-Z])|\.(?=[a-zA-Z])", core, maxsplit=1)[0]
+    if not _VERSION_RE.match(core):
+        raise ConfigError(
+            f"runtime.{key} is not a version: {text!r}",
+            key_path=f"runtime.{key}",
+            hint="write a dotted version number such as 11.2, 2.4.1 or 535.104.05",
+        )
+    return tuple(int(part) for part in core.split("."))
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """The software the job runs with on its GPU.
+
+    Attributes:
+        torch: PyTorch's version (``"1.10.0"``), or ``None`` when unknown.
+        cuda: The CUDA runtime's version (``"11.2"``), or ``None``.
+        driver: The NVIDIA driver's version (``"460.91.03"``), or ``None``.
+        module_loading: ``"lazy"`` or ``"eager"``, given or derived from the rest.
+        loading_reason: Why that loading mode (given, or the rule that decided it).
+        given: The keys the caller gave (the rest are defaults).
+        origin: Where the unnamed values came from (``"installed torch 2.13.0+cpu"``,
+            ``"defaults"``).
+    """
+
+    torch: str | None = None
+    cuda: str | None = None
+    driver: str | None = None
+    module_loading: str = "lazy"
+    loading_reason: str = ""
+    given: tuple[str, ...] = ()
+    origin: str = "defaults"
+
+    def describe(self) -> str:
+        """One line: the loading mode and the versions it assumed.
+
+        >>> parse_runtime("torch=1.10.0,cuda=11.2").describe()
+        'eager module loading; torch 1.10.0, CUDA 11.2, driver unknown'
+        """
+        versions = ", ".join(
+            [
+                f"torch {self.torch or 'unknown'}",
+                f"CUDA {self.cuda or 'unknown'}",
+                f"driver {self.driver or 'unknown'}",
+            ]
+        )
+        return f"{self.module_loading} module loading; {versions}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The runtime as plain data."""
+        return {
+            "torch": self.torch,
+            "cuda": self.cuda,
+            "driver": self.driver,
+            "module_loading": self.module_loading,
+            "loading_reason": self.loading_reason,
+            "given": list(self.given),
+            "origin": self.origin,
+        }
+
+
+def _loading(
+    torch: str | None, cuda: str | None, driver: str | None, loading: str | None
+) -> tuple[str, str]:
+    """The module loading mode and why, from what is known (see the module's rules)."""
+    if loading is not None:
+        return loading, f"CUDA_MODULE_LOADING={loading.upper()} (given)"
+    cuda_v = parse_version(cuda, "cuda") if cuda is not None else None
+    torch_v = parse_version(torch, "torch") if torch is not None else None
+    driver_v = parse_version(driver, "driver") if driver is not None else None
+    if cuda_v is not None and cuda_v < (11, 7):
+        return "eager", f"CUDA {cuda} has no lazy loading (it came with 11.7)"
+    if driver_v is not None and driver_v[0] < 515:
+        return "eager", f"driver {driver} is older than R515, which lazy loading needs"
+    if cuda_v is not None and cuda_v >= (12, 2):
+        return "lazy", f"lazy is CUDA {cuda}'s default (from 12.2)"
+    if torch_v is not None and torch_v >= (1, 13):
+        return "lazy", f"torch {torch} sets CUDA_MODULE_LOADING=LAZY when unset (from 1.13)"
+    if torch_v is not None:
+        return "eager", f"torch {torch} leaves CUDA's eager default (before 1.13)"
+    return "lazy", "no versions known: recent torch's default (lazy)"
+
+
+def runtime_from_versions(
+    torch: str | None = None,
+    cuda: str | None = None,
+    driver: str | None = None,
+    module_loading: str | None = None,
+    *,
+    given: tuple[str, ...] = (),
+    origin: str = "defaults",
+) -> Runtime:
+    """A :class:`Runtime` with its loading mode decided from the versions.
+
+    Raises:
+        ConfigError: When a version or the loading mode is malformed (the key is named).
+    """
+    loading = None
+    if module_loading is not None:
+        if not isinstance(module_loading, str) or (
+            module_loading.strip().lower() not in _LOADING_NAMES
+        ):
+            raise ConfigError(
+                f"runtime.module_loading must be 'lazy' or 'eager', not {module_loading!r}",
+                key_path="runtime.module_loading",
+                hint="CUDA_MODULE_LOADING=LAZY loads kernels on first use, EAGER at start",
+            )
+        loading = _LOADING_NAMES[module_loading.strip().lower()]
+    for key, value in (("torch", torch), ("cuda", cuda), ("driver", driver)):
+        if value is not None:
+            parse_version(value, key)
+    mode, reason = _loading(torch, cuda, driver, loading)
+    return Runtime(
+        torch=torch,
+        cuda=cuda,
+        driver=driver,
+        module_loading=mode,
+        loading_reason=reason,
+        given=given,
+        origin=origin,
+    )
+
+
+def parse_runtime(
+    value: Runtime | Mapping[str, Any] | str | None,
+    *,
+    installed: Mapping[str, str | None] | None = None,
+    installed_origin: str = "installed",
+) -> Runtime:
+    """The target's runtime from what the caller gave, the rest from ``installed``.
+
+    Args:
+        value: A :class:`Runtime` (returned as it is), a mapping with any of
+            :data:`RUNTIME_KEYS`, the CLI's ``key=value,key=value`` text, or ``None``.
+        installed: The versions to assume for keys ``value`` leaves out (the installed
+            torch's, read by the caller); ``None``: unknown.
+        installed_origin: How to name where those came from.
+
+    Returns:
+        The runtime, its module loading decided from the versions unless given. A key the
+        caller gave wins; when the caller names any version but not the loading mode, the
+        mode follows from the caller's versions alone (an installed torch says nothing of
+        a target that runs CUDA 11.2).
+
+    Raises:
+        ConfigError: For an unknown key, a value that is not a version, a loading mode
+            other than lazy/eager, or text that is not ``key=value`` pairs.
+
+    >>> parse_runtime(None, installed={"torch": "2.13.0", "cuda": None}).describe()
+    'lazy module loading; torch 2.13.0, CUDA unknown, driver unknown'
+    >>> parse_runtime("cuda=11.2,frobnicate=1")
+    Traceback (most recent call last):
+    memfit.errors.ConfigError: runtime.frobnicate: unknown runtime key 'frobnicate'
+    """
+    if isinstance(value, Runtime):
+        return value
+    given: dict[str, Any]
+    if value is None:
+        given = {}
+    elif isinstance(value, str):
+        given = _parse_text(value)
+    elif isinstance(value, Mapping):
+        given = dict(value)
+    else:
+        raise ConfigError(
+            f"runtime must be a mapping or 'key=value,...' text, not {type(value).__name__}",
+            key_path="runtime",
+            hint='runtime={"torch": "1.10.0", "cuda": "11.2", "module_loading": "eager"}',
+        )
+    for key in given:
+        if key not in RUNTIME_KEYS:
+            raise ConfigError(
+                f"unknown runtime key {key!r}",
+                key_path=f"runtime.{key}",
+                hint=f"the keys are {', '.join(RUNTIME_KEYS)}",
+            )
+    for key, item in given.items():
+        if item is not None and not isinstance(item, str):
+            raise ConfigError(
+                f"runtime.{key} must be text, not {type(item).__name__} {item!r}",
+                key_path=f"runtime.{key}",
+                hint="write versions as text: torch='1.10.0', cuda='11.2'",
+            )
+    names_versions = any(given.get(k) is not None for k in ("torch", "cuda", "driver"))
+    # A caller who names any version describes a target: the installed versions say nothing
+    # of it, so the keys it leaves out are unknown. Otherwise the installed ones stand in.
+    base: Mapping[str, str | None] = {} if installed is None or names_versions else installed
+    loading = given.get("module_loading")
+    if loading is None:
+        loading = base.get("module_loading")
+    return runtime_from_versions(
+        given.get("torch", base.get("torch")),
+        given.get("cuda", base.get("cuda")),
+        given.get("driver", base.get("driver")),
+        loading,
+        given=tuple(k for k in RUNTIME_KEYS if k in given),
+        origin="given" if names_versions or installed is None else installed_origin,
+    )
+
+
+def _parse_text(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for index, part in enumerate(text.split(",")):
+        item = part.strip()
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key or not value:
+            raise ConfigError(
+                f"runtime item {index + 1} is not key=value: {item!r}",
+                key_path="runtime",
+                hint="write --runtime torch=1.10.0,cuda=11.2,module_loading=eager",
+            )
+        if key in out:
+            raise ConfigError(
+                f"runtime key {key!r} is given twice",
+                key_path=f"runtime.{key}",
+                hint="give each key once",
+            )
+        out[key] = value
+    return out
+
+
+@dataclass(frozen=True)
+class ContextEstimate:
+    """What the CUDA context of one process costs on one GPU.
+
+    Attributes:
+        bytes: The context, in bytes (what ``nvidia-smi`` shows for a process that has
+            allocated nothing yet).
+        runtime: The runtime it assumed.
+        arch: The GPU architecture it assumed (``None``: unknown).
+        source: Where the figure comes from (:data:`CONTEXT_SOURCES`).
+        unknowns: What the figure leaves out, for an estimate's deviations.
+    """
+
+    bytes: int
+    runtime: Runtime
+    arch: str | None
+    source: str
+    unknowns: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        """The breakdown's label: the figure and the runtime it assumed."""
+        arch = self.arch or "unknown architecture"
+        return f"CUDA context {format_bytes(self.bytes)} ({self.runtime.describe()}; {arch})"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The estimate as plain data."""
+        return {
+            "bytes": self.bytes,
+            "runtime": self.runtime.to_dict(),
+            "arch": self.arch,
+            "source": self.source,
+            "unknowns": list(self.unknowns),
+        }
+
+
+#: What no public source let memfit size, listed with every context estimate.
+_LIBRARY_UNKNOWNS = (
+    "kernel images of CUDA libraries loaded at first use (cuBLAS/cuBLASLt at the first "
+    "matmul, cuDNN at the first convolution, NCCL at the first collective): with lazy "
+    "loading only the kernels run are loaded (a few MiB); with eager loading each library's "
+    "whole image for the GPU's architecture is, which no public measurement found states "
+    "with its versions, so it is not counted"
+)
+
+
+def cuda_context(spec: GpuSpec | None, runtime: Runtime | None = None) -> ContextEstimate:
+    """The CUDA context a process takes on ``spec`` with ``runtime``.
+
+    Args:
+        spec: The GPU (``None``: unknown; ``arch="cpu"``: the host, no context).
+        runtime: The target's runtime (``None``: lazy loading, versions unknown).
+
+    Returns:
+        The estimate with its sources.
+
+    >>> from memfit.core.catalog import gpu
+    >>> lazy = cuda_context(gpu("V100"), parse_runtime("torch=2.4.1"))
+    >>> eager = cuda_context(gpu("V100"), parse_runtime("torch=1.10.0,cuda=11.2"))
+    >>> lazy.bytes == 300 * MiB, eager.bytes == 1341 * MiB
+    (True, True)
+    """
+    rt = runtime if runtime is not None else runtime_from_versions()
+    arch = None if spec is None else spec.arch
+    if arch == "cpu":
+        return ContextEstimate(0, rt, arch, "planning for the host: no CUDA context")
+    lazy = LAZY_CONTEXT_BYTES.get(arch or "", LAZY_CONTEXT_UNKNOWN_BYTES)
+    if rt.module_loading == "eager":
+        return ContextEstimate(
+            max(lazy, EAGER_CONTEXT_BYTES),
+            rt,
+            arch,
+            CONTEXT_SOURCES["eager"],
+            [_LIBRARY_UNKNOWNS],
+        )
+    return ContextEstimate(lazy, rt, arch, CONTEXT_SOURCES["lazy"], [_LIBRARY_UNKNOWNS])
