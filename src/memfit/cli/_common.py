@@ -27,6 +27,7 @@ from memfit.errors import ConfigError
 
 __all__ = [
     "JSON_OPTION",
+    "RUNTIME_OPTION",
     "err_console",
     "out_console",
     "plain",
@@ -44,6 +45,15 @@ err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 #: The ``--json`` option every command takes.
 JSON_OPTION: bool = typer.Option(
     False, "--json", help="Print machine-readable JSON on stdout and nothing else there."
+)
+
+#: The ``--runtime`` option of estimate, plan and fit: the target's software.
+RUNTIME_OPTION: str | None = typer.Option(
+    None,
+    "--runtime",
+    help="The target's software, which sizes the CUDA context: "
+    "torch=1.10.0,cuda=11.2,driver=460.91.03,module_loading=eager (every key optional; "
+    "default: this machine's torch and its default module loading).",
 )
 
 #: Characters a terminal acts on instead of showing: C0 and C1 controls (ESC starts colour

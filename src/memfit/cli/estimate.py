@@ -16,6 +16,7 @@ from rich.table import Table
 
 from memfit.cli._common import (
     JSON_OPTION,
+    RUNTIME_OPTION,
     err_console,
     out_console,
     plain,
@@ -98,6 +99,19 @@ def _jax_table(data: dict[str, Any]) -> Table:
     return table
 
 
+def _context_line(context: dict[str, Any]) -> str:
+    rt = context["runtime"]
+    versions = ", ".join(
+        f"{name} {rt[key] or 'unknown'}"
+        for name, key in (("torch", "torch"), ("CUDA", "cuda"), ("driver", "driver"))
+    )
+    return (
+        f"device used = reserved + CUDA context {format_bytes(context['bytes'])} "
+        f"({rt['module_loading']} module loading: {rt['loading_reason']}; {versions}; "
+        f"{context['arch'] or 'unknown architecture'})"
+    )
+
+
 def _fit_line(fit: dict[str, float] | None, knob: str) -> str:
     if fit is None:
         return "fit: needs two or more distinct batch sizes"
@@ -126,6 +140,7 @@ def estimate_command(
         help="PyTorch allocator settings to replay (expandable_segments, max_split_size_mb); "
         "default: PYTORCH_ALLOC_CONF or PYTORCH_CUDA_ALLOC_CONF from the environment.",
     ),
+    runtime: str | None = RUNTIME_OPTION,
     json_out: bool = JSON_OPTION,
 ) -> None:
     """Predict the peak GPU memory of a real PyTorch or JAX step, without a GPU."""
@@ -168,6 +183,7 @@ def estimate_command(
                 expandable_segments=expandable,
                 max_split_size=max_split,
                 batch_knob=step.batch_knob,
+                runtime=runtime,
             ).to_dict()
     elif isinstance(step, JaxStep):
         from memfit.estimate.jax_xla import estimate_jax_sweep
@@ -183,6 +199,8 @@ def estimate_command(
     for table in tables:
         out_console.print(table)
     out_console.print(safe(_fit_line(data["fit"], data["batch_knob"])))
+    if kind == "torch" and data.get("context") is not None:
+        out_console.print(safe(_context_line(data["context"])))
     if kind == "torch":
         for point in data["points"][-1:]:
             if point["top_modules"]:

@@ -19,7 +19,15 @@ from typing import TYPE_CHECKING, Any
 import typer
 from rich.table import Table
 
-from memfit.cli._common import JSON_OPTION, err_console, out_console, print_json, safe, user_code
+from memfit.cli._common import (
+    JSON_OPTION,
+    RUNTIME_OPTION,
+    err_console,
+    out_console,
+    print_json,
+    safe,
+    user_code,
+)
 from memfit.errors import ConfigError
 from memfit.runtime.fit_step import DEFAULT_HIGH
 from memfit.units import format_bytes, parse_bytes, parse_fraction
@@ -157,6 +165,7 @@ def fit_command(
     no_prior: bool = typer.Option(
         False, "--no-prior", help="Do not trace the step for a first guess."
     ),
+    runtime: str | None = RUNTIME_OPTION,
     json_out: bool = JSON_OPTION,
 ) -> None:
     """Find the largest batch (knob value) that fits, confirmed on the device in a few probes."""
@@ -204,6 +213,7 @@ def fit_command(
             margin=margin_value,
             steps=steps,
             prior=not no_prior,
+            runtime=runtime,
         )
     result = found.result
     data = found.to_dict()

@@ -22,6 +22,7 @@ from rich.table import Table
 
 from memfit.cli._common import (
     JSON_OPTION,
+    RUNTIME_OPTION,
     err_console,
     out_console,
     print_json,
@@ -114,6 +115,21 @@ def _limited_text(binding: str | None) -> str:
     return binding or "-"
 
 
+def _context_text(context: dict[str, Any]) -> str:
+    """What the context term assumed: loading mode and why, versions, architecture."""
+    rt = context["runtime"]
+    versions = ", ".join(
+        f"{name} {rt[key] or 'unknown'}"
+        for name, key in (("torch", "torch"), ("CUDA", "cuda"), ("driver", "driver"))
+    )
+    arch = context["arch"] or "unknown architecture"
+    return (
+        f"{format_bytes(context['bytes'])} with {rt['module_loading']} module loading "
+        f"({rt['loading_reason']}); {versions}; {arch}. Another target: --runtime "
+        "torch=...,cuda=...,module_loading=lazy|eager"
+    )
+
+
 def _print_plan(workload: Workload, result: Plan) -> None:
     console = out_console
     status = "[green]fits[/]" if result.fits else "[bold red]does not fit[/]"
@@ -175,6 +191,8 @@ def _print_plan(workload: Workload, result: Plan) -> None:
         "100.0%",
     )
     console.print(table)
+    if result.context is not None and result.breakdown.get("cuda_context"):
+        console.print(f"  cuda_context: {safe(_context_text(result.context))}", soft_wrap=True)
     knobs = Table(title="Chosen knobs", title_justify="left")
     knobs.add_column("knob")
     knobs.add_column("value", justify="right")
@@ -264,12 +282,15 @@ def _tiers(
     margin: float,
     as_json: bool,
     measure: str = "auto",
+    runtime: str | None = None,
 ) -> None:
     from memfit.core.families import family_for
     from memfit.planning import TIER_GPUS, plan_tiers, resolve_gpu
 
     with _factory_code(workload):
-        results = plan_tiers(workload, TIER_GPUS, overrides, margin, measure=measure)
+        results = plan_tiers(
+            workload, TIER_GPUS, overrides, margin, measure=measure, runtime=runtime
+        )
     specs = [resolve_gpu(g) for g in TIER_GPUS]
     if as_json:
         rows = [
@@ -392,6 +413,7 @@ def _plan_command(
         help="For a workload that names its env (brax:...): auto (cache, else the workload's "
         "recorded measurements, else measure now), fresh (measure now) or recorded.",
     ),
+    runtime: str | None = RUNTIME_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Fit a workload to a GPU: the biggest knob values that fit and keep every rule."""
@@ -417,13 +439,21 @@ def _plan_command(
     fraction = parse_fraction(margin, key_path="--margin")
     host = _host_bytes(host_memory)
     if all_gpus:
-        _tiers(loaded, overrides, fraction, as_json, measure)
+        _tiers(loaded, overrides, fraction, as_json, measure, runtime)
         return
     from memfit.planning import plan
 
     assert gpu is not None  # checked above
     with _factory_code(loaded):
-        result = plan(loaded, gpu, overrides, fraction, host_memory_bytes=host, measure=measure)
+        result = plan(
+            loaded,
+            gpu,
+            overrides,
+            fraction,
+            host_memory_bytes=host,
+            measure=measure,
+            runtime=runtime,
+        )
     if out is not None and result.fits:
         _write_fitted(out, loaded, result)
     if as_json:

@@ -23,15 +23,13 @@ from dataclasses import dataclass
 
 from memfit.core.catalog import GpuSpec
 from memfit.core.runtime import (
-    EAGER_CONTEXT_BYTES,
-    LAZY_CONTEXT_UNKNOWN_BYTES,
     ContextEstimate,
     Runtime,
     cuda_context,
     runtime_from_versions,
 )
 from memfit.errors import ConfigError
-from memfit.units import KiB, MiB
+from memfit.units import KiB
 
 __all__ = [
     "CUBLAS_DEFAULT_CONFIG",
@@ -119,6 +117,7 @@ def cuda_context_bytes(
     Returns:
         Bytes, per process and device.
 
+    >>> from memfit.core.runtime import EAGER_CONTEXT_BYTES, LAZY_CONTEXT_UNKNOWN_BYTES
     >>> cuda_context_bytes(None) == LAZY_CONTEXT_UNKNOWN_BYTES
     True
     >>> cuda_context_bytes(None, lazy_loading=False) == EAGER_CONTEXT_BYTES

@@ -62,7 +62,7 @@ RUNTIME_KEYS: tuple[str, ...] = ("torch", "cuda", "driver", "module_loading")
 
 _LOADING_NAMES = {"lazy": "lazy", "eager": "eager"}
 
-_VERSION_RE = re.compile(r"^\d+(\.\d+){0,3}$")
+_VERSION_RE = re.compile(r"^(\d+(?:\.\d+){0,3})(?:(?:a|b|rc|\.dev|\.post)\d*)?(?:\+[\w.]*)?$")
 
 #: Where every context figure below comes from, quoted in the breakdown and in docs/guide.md.
 CONTEXT_SOURCES: dict[str, str] = {
@@ -123,15 +123,14 @@ def parse_version(text: str, key: str) -> tuple[int, ...]:
             key_path=f"runtime.{key}",
             hint="write versions as text: torch=2.4.1, cuda=12.1, driver=535.104.05",
         )
-    core = text.strip().split("+", 1)[0]
-    core = re.split(r"(?<=\d)(?=[a-zA-Z])|\.(?=[a-zA-Z])", core, maxsplit=1)[0]
-    if not _VERSION_RE.match(core):
+    match = _VERSION_RE.match(text.strip())
+    if match is None:
         raise ConfigError(
             f"runtime.{key} is not a version: {text!r}",
             key_path=f"runtime.{key}",
             hint="write a dotted version number such as 11.2, 2.4.1 or 535.104.05",
         )
-    return tuple(int(part) for part in core.split("."))
+    return tuple(int(part) for part in match.group(1).split("."))
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ import math
 import re
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -49,6 +49,7 @@ from torch.utils._pytree import tree_flatten
 from memfit._plain import plain_fields
 from memfit.core.allocator import AllocatorModel, round_size
 from memfit.core.measured import MeasuredTerms
+from memfit.core.runtime import ContextEstimate, Runtime
 from memfit.errors import ConfigError, EstimateError, MemfitError
 from memfit.estimate import stand_in_scalars_active
 from memfit.estimate._fake_compat import (
@@ -180,6 +181,8 @@ class TorchEstimate:
         max_split_size: Likewise (bytes), or ``None``.
         tensor_fit: Affine fit of ``tensor_peak`` (what :func:`memfit.simulate_gpu`
             counts), or ``None`` with fewer than two distinct batch sizes.
+        context: The CUDA context ``device_used_peak`` adds: its bytes, the runtime it
+            assumed and its source (:class:`memfit.core.runtime.ContextEstimate`).
     """
 
     points: list[EstimatePoint]
@@ -193,6 +196,7 @@ class TorchEstimate:
     expandable_segments: bool = False
     max_split_size: int | None = None
     tensor_fit: AffineFit | None = None
+    context: ContextEstimate | None = None
 
     def replay(
         self,
@@ -254,6 +258,7 @@ class TorchEstimate:
             "points": [p.to_dict() for p in self.points],
             "fit": None if self.fit is None else self.fit.to_dict(),
             "reserved_fit": None if self.reserved_fit is None else self.reserved_fit.to_dict(),
+            "context": None if self.context is None else self.context.to_dict(),
             "deviations": list(self.deviations),
         }
 
@@ -866,6 +871,7 @@ def estimate_torch(
     steps: int = 2,
     batch_knob: str = "batch_size",
     kernel_scratch: bool | None = None,
+    runtime: Runtime | Mapping[str, str] | str | None = None,
 ) -> TorchEstimate:
     """Predict the peak GPU memory of a PyTorch step by tracing it with fake tensors.
 
@@ -889,6 +895,11 @@ def estimate_torch(
             (``exact_peak`` of a CPU trace only) and the unreduced buffer of losses (every
             figure). ``None`` (default) or ``True``: measure; ``False``: skip (faster; those
             buffers are then not counted).
+        runtime: The target's software, which sizes the CUDA context in
+            ``device_used_peak``: ``{"torch": "1.10.0", "cuda": "11.2", "driver":
+            "460.91.03", "module_loading": "eager"}`` (every key optional) or the same as
+            ``"torch=1.10.0,cuda=11.2"``; ``None``: the installed torch's versions and its
+            default loading mode (:func:`memfit.backends.software.target_runtime`).
 
     Returns:
         A :class:`TorchEstimate` with one point per batch size and the affine fit.
@@ -925,10 +936,14 @@ def estimate_torch(
         from memfit.core.catalog import gpu as lookup_gpu
 
         spec = lookup_gpu(gpu)
-    from memfit.core.budget import cublas_workspace_bytes, cuda_context_bytes
+    from memfit.backends.software import target_runtime
+    from memfit.core.budget import cublas_workspace_bytes
+    from memfit.core.runtime import cuda_context
 
+    target = target_runtime(runtime)
     workspace = cublas_workspace_bytes(spec)
-    context = cuda_context_bytes(spec)
+    context_estimate = cuda_context(spec, target)
+    context = context_estimate.bytes
     on_cuda = device == "cuda"
     measure_scratch = kernel_scratch is not False
     deviations: list[str] = [
@@ -940,6 +955,8 @@ def estimate_torch(
         "yet (no GPU truth to size them from)",
         "the allocator replay models one stream; memory held for other streams "
         "(record_stream, side streams) is not modelled",
+        f"device_used_peak adds a {context_estimate.describe()}; "
+        + "; ".join(context_estimate.unknowns),
     ]
     if not on_cuda:
         deviations[:0] = [
@@ -993,6 +1010,7 @@ def estimate_torch(
         expandable_segments=expandable_segments,
         max_split_size=max_split_size,
         tensor_fit=fit_affine(xs, [p.tensor_peak for p in points]),
+        context=context_estimate,
     )
 
 

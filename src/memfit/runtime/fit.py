@@ -425,6 +425,7 @@ def trace_prior(
     budget: int,
     margin: float = 0.05,
     device: str = "cpu",
+    runtime: Mapping[str, str] | str | None = None,
 ) -> TorchEstimate | None:
     """Trace a PyTorch step with fake tensors for a prior; again near the answer if needed.
 
@@ -442,6 +443,8 @@ def trace_prior(
         device: Where the probes will run: ``"cpu"`` (a simulated GPU: traced on the CPU,
             tensors only) or ``"cuda[:N]"`` (traced on the fake CUDA device where torch has
             CUDA, else on the CPU; GPU figures with the cuBLAS workspace).
+        runtime: The target's software, for the CUDA context in the prior's
+            ``device_used_peak`` (see :func:`memfit.estimate_torch`).
 
     Returns:
         The estimate to pass as ``prior=``, or ``None`` when the trace finds no memory that
@@ -470,6 +473,7 @@ def trace_prior(
             sizes,
             device=trace_device,
             batch_knob=step.batch_knob,
+            runtime=runtime,
         )
 
     sizes = knob_trace_values(low, min(high, max(low, FIRST_TRACE_MAX)))

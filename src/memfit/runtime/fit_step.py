@@ -31,7 +31,7 @@ On a machine without a GPU, ``device="cpu"`` with a ``budget`` runs the probes u
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -67,14 +67,20 @@ class StepFit:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for JSON: the result's fields plus ``knob``, ``steps_per_probe``,
-        ``prior`` (intercept and slope in bytes, or ``None``) and ``state_restored``."""
+        ``prior`` (intercept and slope in bytes, and the CUDA context its device-level
+        figures assume; or ``None``) and ``state_restored``."""
         data = self.result.to_dict()
         fitted = self.prior.fit if self.prior is not None else None
+        context = self.prior.context if self.prior is not None else None
         data.update(
             knob=self.knob,
             steps_per_probe=self.steps_per_probe,
             prior=(
-                {"intercept_bytes": fitted.intercept, "slope_bytes": fitted.slope}
+                {
+                    "intercept_bytes": fitted.intercept,
+                    "slope_bytes": fitted.slope,
+                    "context": None if context is None else context.to_dict(),
+                }
                 if fitted is not None
                 else None
             ),
@@ -225,6 +231,7 @@ def fit_step(
     margin: float = 0.05,
     steps: int = 2,
     prior: bool = True,
+    runtime: Mapping[str, str] | str | None = None,
 ) -> StepFit:
     """Find the largest batch of a PyTorch step that fits, confirmed on the device.
 
@@ -244,6 +251,8 @@ def fit_step(
         margin: Share of the budget to leave free.
         steps: Real steps each probe runs.
         prior: Trace the step with fake tensors first, for a first guess.
+        runtime: The target's software, for the CUDA context in the prior's figures
+            (see :func:`memfit.estimate_torch`).
 
     Returns:
         The :class:`StepFit`; the model's and the optimizer's state are as before.
@@ -276,7 +285,13 @@ def fit_step(
     if prior:
         # Before the simulated GPU starts counting: fake tensors occupy no device memory.
         estimate = trace_prior(
-            torch_step, low=low, high=high, budget=search_budget, margin=margin, device=dev
+            torch_step,
+            low=low,
+            high=high,
+            budget=search_budget,
+            margin=margin,
+            device=dev,
+            runtime=runtime,
         )
     result = _probe(
         torch_step,

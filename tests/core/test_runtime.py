@@ -1,0 +1,131 @@
+"""The target runtime and the CUDA context it costs (core/runtime.py, backends/software.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+import memfit
+from memfit import ConfigError
+from memfit.backends.software import installed_versions, target_runtime
+from memfit.core.budget import compose_budget
+from memfit.core.catalog import gpu
+from memfit.core.runtime import (
+    CONTEXT_SOURCES,
+    EAGER_CONTEXT_BYTES,
+    LAZY_CONTEXT_BYTES,
+    cuda_context,
+    parse_runtime,
+    parse_version,
+)
+from memfit.units import MiB
+
+
+@pytest.mark.parametrize(
+    ("given", "loading", "because"),
+    [
+        ({"torch": "1.10.0", "cuda": "11.2"}, "eager", "no lazy loading"),
+        ({"torch": "1.12.1", "cuda": "11.6"}, "eager", "no lazy loading"),
+        ({"torch": "1.12.1", "cuda": "11.7"}, "eager", "before 1.13"),
+        ({"torch": "1.13.0", "cuda": "11.7"}, "lazy", "from 1.13"),
+        ({"torch": "2.4.1", "cuda": "12.1", "driver": "470.57.02"}, "eager", "R515"),
+        ({"cuda": "12.2"}, "lazy", "from 12.2"),
+        ({"torch": "1.12.1", "cuda": "12.4"}, "lazy", "from 12.2"),
+        ({"torch": "2.4.1", "module_loading": "EAGER"}, "eager", "(given)"),
+        ({}, "lazy", "no versions known"),
+    ],
+)
+def test_module_loading_follows_the_documented_rules(
+    given: dict[str, str], loading: str, because: str
+) -> None:
+    rt = parse_runtime(given)
+    assert rt.module_loading == loading
+    assert because in rt.loading_reason
+
+
+def test_cli_text_and_mapping_read_the_same() -> None:
+    text = parse_runtime("torch=1.10.0, cuda=11.2 ,driver=460.91.03,module_loading=eager")
+    mapping = parse_runtime(
+        {"torch": "1.10.0", "cuda": "11.2", "driver": "460.91.03", "module_loading": "eager"}
+    )
+    assert text == mapping
+
+
+@pytest.mark.parametrize(
+    ("value", "key_path"),
+    [
+        ({"cudaa": "11.2"}, "runtime.cudaa"),
+        ("torch=1.10,nvcc=11", "runtime.nvcc"),
+        ({"cuda": "eleven"}, "runtime.cuda"),
+        ({"torch": 1.10}, "runtime.torch"),
+        ({"driver": "R470"}, "runtime.driver"),
+        ({"module_loading": "sometimes"}, "runtime.module_loading"),
+        ("torch=1.10.0,torch=2.0.0", "runtime.torch"),
+        ("torch", "runtime"),
+        (["torch=1.10.0"], "runtime"),
+        (11.2, "runtime"),
+    ],
+)
+def test_a_bad_runtime_is_a_config_error_naming_the_key(value: object, key_path: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_runtime(value)  # type: ignore[arg-type]
+    assert info.value.key_path == key_path
+    assert info.value.hint
+
+
+def test_versions_with_local_and_prerelease_tails() -> None:
+    assert parse_version("2.6.0a0+gitabc", "torch") == (2, 6, 0)
+    assert parse_version("1.13.0.dev20221005", "torch") == (1, 13, 0)
+    assert parse_version("12.1", "cuda") == (12, 1)
+
+
+def test_naming_a_version_forgets_the_installed_ones() -> None:
+    installed = {"torch": "2.13.0", "cuda": "12.8", "driver": None, "module_loading": None}
+    target = parse_runtime({"torch": "1.10.0"}, installed=installed)
+    assert target.cuda is None and target.module_loading == "eager"
+    same = parse_runtime(None, installed=installed, installed_origin="installed torch 2.13.0")
+    assert same.torch == "2.13.0" and same.cuda == "12.8" and same.module_loading == "lazy"
+    assert same.origin == "installed torch 2.13.0"
+
+
+def test_installed_versions_read_the_wheel_and_the_environment() -> None:
+    found = installed_versions({"CUDA_MODULE_LOADING": "EAGER"})
+    assert found["torch"] is not None and "+" not in found["torch"]
+    assert found["module_loading"] == "eager"
+    assert target_runtime(None).torch == found["torch"]
+    assert installed_versions({})["module_loading"] is None
+
+
+def test_eager_context_is_the_published_v100_figure_and_lazy_the_arch_table() -> None:
+    v100 = gpu("V100")
+    eager = cuda_context(v100, parse_runtime("torch=1.10.0,cuda=11.2"))
+    lazy = cuda_context(v100, parse_runtime("torch=2.4.1,cuda=12.1"))
+    assert eager.bytes == EAGER_CONTEXT_BYTES == 1341 * MiB
+    assert lazy.bytes == LAZY_CONTEXT_BYTES["volta"]
+    assert eager.source == CONTEXT_SOURCES["eager"] and "V100" in eager.source
+    assert "#86509" in lazy.source and eager.unknowns
+    # Where the sources disagree, the larger (conservative) figure is taken.
+    assert "takes the larger" in CONTEXT_SOURCES["eager"]
+    assert cuda_context(gpu("H100"), eager.runtime).bytes == EAGER_CONTEXT_BYTES
+    assert cuda_context(memfit.core.catalog.host_device(2**34), eager.runtime).bytes == 0
+
+
+def test_the_budget_and_the_plan_carry_the_runtime_they_assumed() -> None:
+    eager = parse_runtime("torch=1.10.0,cuda=11.2")
+    budget = compose_budget(gpu("V100"), runtime=eager)
+    assert budget.context_bytes == EAGER_CONTEXT_BYTES
+    assert budget.context is not None and budget.context.runtime is eager
+    lazy_plan = memfit.plan("dqn_fire_raster", gpu="V100", runtime={"torch": "2.4.1"})
+    eager_plan = memfit.plan("dqn_fire_raster", gpu="V100", runtime="torch=1.10.0,cuda=11.2")
+    assert eager_plan.breakdown["cuda_context"] - lazy_plan.breakdown["cuda_context"] == (
+        EAGER_CONTEXT_BYTES - LAZY_CONTEXT_BYTES["volta"]
+    )
+    assert eager_plan.context is not None
+    assert eager_plan.context["runtime"]["module_loading"] == "eager"
+    assert eager_plan.to_dict()["context"]["runtime"]["cuda"] == "11.2"
+    with pytest.raises(ConfigError, match=r"runtime\.cudaa"):
+        memfit.plan("dqn_fire_raster", gpu="V100", runtime={"cudaa": "11.2"})
+
+
+def test_a_given_context_is_not_described_as_estimated() -> None:
+    budget = compose_budget(gpu("V100"), context_bytes=0)
+    assert budget.context is None and budget.context_bytes == 0
