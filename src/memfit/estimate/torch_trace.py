@@ -32,6 +32,8 @@ inside a library, an explicit ``"cuda"`` on a machine without one) is made to tr
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import math
 import re
 import threading
@@ -320,6 +322,8 @@ class _Trace:
     refs: dict[int, weakref.ref[Any]] = field(default_factory=dict)
     phase: str = "build"
     step_index: int = 0
+    step_starts: list[int] = field(default_factory=list)  # index into events of each step
+    done_index: int | None = None  # index into events where the teardown begins
     in_optimizer: int = 0
     module_stack: list[str] = field(default_factory=list)
     module_names: dict[int, str] = field(default_factory=dict)
@@ -561,9 +565,16 @@ def _run_trace(
     cublas_bytes: int,
     steps: int,
     kernel_scratch: Any = None,
+    cuda_target: bool = False,
 ) -> _Trace:
-    """Build and run ``steps`` steps under fake tensors; return the allocation sequence."""
+    """Build and run ``steps`` steps under fake tensors; return the allocation sequence.
+
+    With ``cuda_target`` a CPU trace makes the choices CUDA would where torch decides them
+    by device (:mod:`memfit.estimate._cuda_defaults`).
+    """
     from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from memfit.estimate._cuda_defaults import cuda_optimizer_defaults
 
     trace = _Trace(
         device_type=torch.device(device).type,
@@ -576,6 +587,7 @@ def _run_trace(
     hook_handles: list[Any] = []
     try:
         with (
+            cuda_optimizer_defaults() if cuda_target else contextlib.nullcontext(),
             _default_device(device),
             _no_distribution_validation(),
             fake_swap_tensors(),
@@ -609,6 +621,7 @@ def _run_trace(
                     trace.retag(b, "buffers")
             for index in range(steps):
                 trace.step_index = index + 1
+                trace.step_starts.append(len(trace.events))
                 trace.phase = "batch"
                 batch = make_batch(batch_size)
                 trace.phase = "step"
@@ -620,6 +633,7 @@ def _run_trace(
                                 trace.retag(value, "optimizer_state")
                 del batch
             trace.phase = "done"
+            trace.done_index = len(trace.events)
             del model, optimizer, built, modules
             trace.retargeted = functions.retargeted
     except MemfitError:
@@ -718,6 +732,90 @@ def _tag_grad(trace: _Trace, param: torch.Tensor) -> None:
     trace.retag(param.grad, "gradients")
 
 
+#: How many more times the last traced step is replayed, at most, to reach the allocator's
+#: steady state (it stops earlier once the reserved peak holds for two repetitions).
+STEADY_REPEATS = 16
+
+
+@dataclass(frozen=True)
+class _Program:
+    """The last traced step as a replayable program, when it repeats the step before it.
+
+    ``ops`` holds ``(nbytes, -1, -1)`` for an allocation and ``(0, where, position)`` for a
+    free of the ``position``-th allocation of this step (``where`` 0) or of the step before
+    (``where`` 1).
+    """
+
+    ops: list[tuple[int, int, int]]
+    last_allocs: list[_Storage]
+
+    @property
+    def kept_bytes(self) -> int:
+        """Bytes one step leaves alive for good (allocated and never freed by the next)."""
+        freed_next = {pos for _, where, pos in self.ops if where == 1}
+        freed_here = {pos for _, where, pos in self.ops if where == 0}
+        sizes = [n for n, where, _ in self.ops if where < 0]
+        return sum(n for i, n in enumerate(sizes) if i not in freed_here | freed_next)
+
+
+def _step_ops(
+    events: list[tuple[_Storage, bool]], mine: dict[int, int], before: dict[int, int]
+) -> list[tuple[int, int, int]] | None:
+    ops: list[tuple[int, int, int]] = []
+    for record, is_alloc in events:
+        if record.target not in ("all", "cuda"):
+            continue
+        if is_alloc:
+            ops.append((record.nbytes, -1, -1))
+        elif id(record) in mine:
+            ops.append((0, 0, mine[id(record)]))
+        elif id(record) in before:
+            ops.append((0, 1, before[id(record)]))
+        else:
+            return None  # frees something older than the step before: not periodic
+    return ops
+
+
+def _steady_program(trace: _Trace) -> _Program | None:
+    """The last step as a program, if it allocates and frees exactly as the step before did
+    (so step after step would too); ``None`` with fewer than three steps or no such period."""
+    starts = trace.step_starts
+    if len(starts) < 3 or trace.done_index is None:
+        return None
+    bounds = [*starts, trace.done_index]
+    steps = [trace.events[a:b] for a, b in itertools.pairwise(bounds)]
+
+    def positions(events: list[tuple[_Storage, bool]]) -> dict[int, int]:
+        allocs = [r for r, a in events if a and r.target in ("all", "cuda")]
+        return {id(r): i for i, r in enumerate(allocs)}
+
+    pos = [positions(e) for e in steps]
+    previous = _step_ops(steps[-2], pos[-2], pos[-3])
+    last = _step_ops(steps[-1], pos[-1], pos[-2])
+    if previous is None or last is None or previous != last:
+        return None
+    allocs = [r for r, a in steps[-1] if a and r.target in ("all", "cuda")]
+    return _Program(last, allocs)
+
+
+def _run_steady(model: AllocatorModel, program: _Program, previous: list[int]) -> None:
+    """Replay ``program`` until the reserved peak holds for two repetitions (at most
+    :data:`STEADY_REPEATS`): the fragmentation a long run reaches, which two steps miss."""
+    held = 0
+    for _ in range(STEADY_REPEATS):
+        before = model.peak_reserved_bytes
+        current: list[int] = []
+        for nbytes, where, position in program.ops:
+            if where < 0:
+                current.append(model.malloc(nbytes))
+            else:
+                model.free((current if where == 0 else previous)[position])
+        previous = current
+        held = held + 1 if model.peak_reserved_bytes == before else 0
+        if held >= 2:
+            return
+
+
 def _summarise(
     trace: _Trace,
     batch_size: int,
@@ -734,7 +832,12 @@ def _summarise(
     handles: dict[int, int] = {}
     peak_index = -1
     exact = exact_peak = tensors = tensor_peak = 0
+    program = _steady_program(trace)
     for index, (record, is_alloc) in enumerate(trace.events):
+        if program is not None and index == trace.done_index:
+            # The teardown only frees; in its place the last step runs on to steady state.
+            _run_steady(model, program, [handles[id(r)] for r in program.last_allocs])
+            break
         on_gpu = record.target in ("all", "cuda")
         on_device = record.target in ("all", trace.device_type)
         if record.target == "all" and record.category != "kernel_workspace" and record.nbytes:
@@ -843,6 +946,7 @@ def trace_requests(
         cublas_workspace_bytes(spec),
         steps,
         kernel_scratch=recorder,
+        cuda_target=device == "cuda" or gpu is not None,
     )
     if recorder is not None:
         recorder.measure()
@@ -868,7 +972,7 @@ def estimate_torch(
     device: str | None = None,
     expandable_segments: bool = False,
     max_split_size: int | None = None,
-    steps: int = 2,
+    steps: int = 3,
     batch_knob: str = "batch_size",
     kernel_scratch: bool | None = None,
     runtime: Runtime | Mapping[str, str] | str | None = None,
@@ -887,7 +991,9 @@ def estimate_torch(
             ``"cpu"`` (with the deviations listed in the result).
         expandable_segments: Replay the allocator with ``expandable_segments:True``.
         max_split_size: Replay it with ``max_split_size_mb`` (given here in bytes).
-        steps: Steps to run per batch size (2: the second sees the optimizer state).
+        steps: Steps to run per batch size (3: the second sees the optimizer state; when the
+            third repeats the second, the allocator replay runs it on to the steady state a
+            long run reaches).
         batch_knob: The workload knob the batch size stands for.
         kernel_scratch: Measure the scratch memory kernels take inside an op by running each
             distinct call of such an op once for real on this machine's CPU (see
@@ -945,6 +1051,8 @@ def estimate_torch(
     context_estimate = cuda_context(spec, target)
     context = context_estimate.bytes
     on_cuda = device == "cuda"
+    # The figures are for a CUDA GPU whenever one is named (a GPU, a runtime) or traced on.
+    cuda_target = on_cuda or gpu is not None or runtime is not None
     measure_scratch = kernel_scratch is not False
     deviations: list[str] = [
         f"cuBLAS workspace: {format_bytes(workspace)} per cuBLAS handle that runs a matmul "
@@ -961,11 +1069,17 @@ def estimate_torch(
     if not on_cuda:
         deviations[:0] = [
             "traced on CPU because this torch has no CUDA: CUDA-only kernel choices (cuDNN "
-            "convolution, flash and memory-efficient attention in scaled_dot_product_attention, "
-            "fused optimizers) are seen as their CPU counterparts",
+            "convolution, flash and memory-efficient attention in scaled_dot_product_attention) "
+            "are seen as their CPU counterparts",
         ]
+        if cuda_target:
+            deviations.append(
+                "optimizers built without foreach= step with their multi-tensor (foreach) "
+                "implementation, as torch chooses on CUDA, not with the CPU's per-parameter loop"
+            )
     points: list[EstimatePoint] = []
-    stand_ins = retargeted = 0
+    stand_ins = retargeted = kept = 0
+    steady = False
     recorder = None
     gpu_events: dict[int, list[tuple[bool, int, int]]] = {}
     for size in sizes:
@@ -974,16 +1088,45 @@ def estimate_torch(
 
             recorder = ScratchRecorder()
         trace = _run_trace(
-            build, step, make_batch, size, device, workspace, steps, kernel_scratch=recorder
+            build,
+            step,
+            make_batch,
+            size,
+            device,
+            workspace,
+            steps,
+            kernel_scratch=recorder,
+            cuda_target=cuda_target,
         )
         if recorder is not None:
             recorder.measure()
         stand_ins = max(stand_ins, trace.stand_ins)
+        program = _steady_program(trace)
+        if program is not None and program.kept_bytes:
+            kept = max(kept, program.kept_bytes)
+        steady = steady or program is not None
         retargeted = max(retargeted, trace.retargeted)
         points.append(_summarise(trace, size, allocator, context))
         gpu_events[size] = _gpu_events(trace)
     if recorder is not None:
         deviations += recorder.notes()
+    if steady:
+        deviations.append(
+            "the last traced step repeats the one before it, so it was replayed on through the "
+            f"allocator model (up to {STEADY_REPEATS} more times) until the reserved peak held: "
+            "the fragmentation a long run reaches"
+        )
+    elif steps >= 3:
+        deviations.append(
+            "the traced steps differ from one another, so the reserved peak covers only the "
+            f"{steps} traced steps, not the steady state of a long run"
+        )
+    if kept:
+        deviations.append(
+            f"each step keeps {format_bytes(kept)} more alive that no later step frees (a "
+            "growing list of losses or outputs?): the replayed steps include it, a real run "
+            "keeps growing"
+        )
     if stand_ins:
         deviations.append(
             f"{stand_ins} tensor value(s) read to Python in build() (initialisers) or inside "
