@@ -79,7 +79,7 @@ def test_sb3_train_itself_traces_when_its_logging_is_stood_in() -> None:
         with stand_in_scalars():
             agent.train(gradient_steps=1, batch_size=batch)
 
-    with pytest.raises(EstimateError, match=r"step\(\) \(step 1 of 2\) reads a tensor") as info:
+    with pytest.raises(EstimateError, match=r"step\(\) \(step 1 of 3\) reads a tensor") as info:
         estimate_torch(build, plain, lambda b: b, [8])
     message = str(info.value)
     assert "stable_baselines3/dqn/dqn.py:" in message and "(train)" in message
@@ -198,7 +198,7 @@ def test_stand_in_scalars_lets_logging_through_and_changes_nothing_outside_a_tra
         lambda b: torch.randn(b, 64),
     )
     est = estimate_torch(ts.build, ts.step, ts.make_batch, [8], device="cpu")
-    assert reads == [(0.0, False, ()), (0.0, False, ())]  # two traced steps, stand-ins
+    assert reads == [(0.0, False, ())] * 3  # three traced steps, stand-ins
     assert est.points[0].exact_peak == pytest.approx(real_cpu_peak(ts, 8), rel=0.002)
     reads.clear()
     ts.step(*ts.build(), ts.make_batch(8))  # a real step reads real values
@@ -250,7 +250,7 @@ def test_a_refusal_in_a_library_names_its_line_the_callers_line_and_the_phase(
     with pytest.raises(EstimateError) as info:
         estimate_torch(build, step, lambda b: torch.randn(b, 64), [4], device="cpu")
     message = str(info.value)
-    assert message.startswith("step() (step 1 of 2) reads a tensor's value")
+    assert message.startswith("step() (step 1 of 3) reads a tensor's value")
     assert "memfit_fakelib.py:6 (train_one), called from" in message
     assert "test_trace_ordinary_models.py:" in message and "(step)" in message
     assert info.value.hint is not None and "stand_in_scalars" in info.value.hint
