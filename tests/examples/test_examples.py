@@ -33,7 +33,7 @@ def _run(script: str, *args: str, timeout: int = 600) -> str:
 
 
 def test_brax_ppo_small(tmp_path: Path) -> None:
-    pytest.importorskip("brax")
+    pytest.importorskip("brax", reason="brax is an optional extra (integrations)")
     fitted = tmp_path / "fitted.yaml"
     out = _run(
         "brax_ppo/run.py",
@@ -64,7 +64,7 @@ def test_brax_ppo_small(tmp_path: Path) -> None:
 
 
 def test_brax_ppo_rejects_bad_arguments_before_brax(tmp_path: Path) -> None:
-    pytest.importorskip("brax")
+    pytest.importorskip("brax", reason="brax is an optional extra (integrations)")
     done = subprocess.run(
         [sys.executable, str(EXAMPLES / "brax_ppo/run.py"), "--num-envs", "512",
          "--batch-size", "128", "--num-minibatches", "2", "--skip-train"],

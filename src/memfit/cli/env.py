@@ -29,7 +29,11 @@ from memfit.core.allocator_settings import (
     render_shell,
 )
 from memfit.errors import ConfigError
-from memfit.runtime.allocator_env import check_environment, installed_torch_version
+from memfit.runtime.allocator_env import (
+    check_environment,
+    check_jax_install,
+    installed_torch_version,
+)
 
 __all__ = ["env", "register"]
 
@@ -79,7 +83,7 @@ def env(
             raise ConfigError(exc.message, key_path=source, hint=exc.hint) from exc
         checked = f"file {source}"
     else:
-        problems = check_environment()
+        problems = check_environment() + check_jax_install()
         checked = "environment"
     current = {
         name: os.environ[name] for name in (*TORCH_VARIABLES, *JAX_VARIABLES) if name in os.environ

@@ -86,18 +86,39 @@ class _Captured(Exception):
     """Raised by the proxy's ``device_put_replicated``: Brax has built everything."""
 
 
+_MEASURE_PACKAGES: tuple[str, ...] = ("brax", "jax", "jaxlib")
+
+
+def missing_packages() -> list[str]:
+    """Which of brax, jax and jaxlib are not installed (package metadata and import spec;
+    nothing is imported), in that order; empty when all three are."""
+    missing: list[str] = []
+    for name in _MEASURE_PACKAGES:
+        try:
+            metadata.version(name)
+        except metadata.PackageNotFoundError:
+            missing.append(name)
+            continue
+        if name != "jaxlib" and util.find_spec(name) is None:
+            missing.append(name)
+    return missing
+
+
+def _missing_text(missing: list[str]) -> str:
+    """``"brax is"`` / ``"brax and jax are"``: what is missing, for a sentence."""
+    if not missing:
+        return "one of brax, jax and jaxlib is"
+    if len(missing) == 1:
+        return f"{missing[0]} is"
+    return ", ".join(missing[:-1]) + f" and {missing[-1]} are"
+
+
 def installed_versions() -> dict[str, str] | None:
     """Versions of brax, jax and jaxlib, read from package metadata (nothing is imported);
-    ``None`` when one of them is not installed."""
-    out: dict[str, str] = {}
-    for name in ("brax", "jax", "jaxlib"):
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            return None
-    if util.find_spec("brax") is None or util.find_spec("jax") is None:
+    ``None`` when one of them is not installed (:func:`missing_packages` says which)."""
+    if missing_packages():
         return None
-    return out
+    return {name: metadata.version(name) for name in _MEASURE_PACKAGES}
 
 
 def _backends_started(started: Any) -> bool:
@@ -617,16 +638,17 @@ def resolve_measurements(
     recorded = workload.measurements
     config = _workload_config(workload)
     versions = installed_versions()
+    missing = missing_packages() if versions is None else []
     if mode == "recorded" or (mode == "auto" and versions is None):
         if recorded is None:
             raise ConfigError(
                 f"{workload.name} names env {workload.env} but records no measurements"
-                + (", and brax is not installed" if versions is None else ""),
+                + (f", and {_missing_text(missing)} not installed" if missing else ""),
                 key_path="measurements",
-                hint="install brax and plan again (it measures the env), or give "
-                "env_state_bytes and drop env:",
+                hint=f"pip install {' '.join(missing or ['brax'])} and plan again (it "
+                "measures the env), or give env_state_bytes and drop env:",
             )
-        why = "brax/jax are not installed here: " if versions is None else ""
+        why = f"{_missing_text(missing)} not installed here: " if missing else ""
         return workload, [f"{why}measurements recorded in the workload with {_describe(recorded)}"]
     if mode == "auto" and versions is not None:
         platform = _guess_platform()
@@ -651,7 +673,12 @@ def resolve_measurements(
                 f"{platform}: --measure fresh measures with those"
             ]
     if versions is None:
-        raise BackendUnavailable("measuring a Brax env needs brax and jax", hint="pip install brax")
+        missing = missing_packages()
+        raise BackendUnavailable(
+            f"measuring a Brax env needs brax and jax; {_missing_text(missing)} not installed",
+            hint=f"pip install {' '.join(missing or ['brax'])} (with an NVIDIA GPU: "
+            'pip install "jax[cuda12]")',
+        )
     start = time.perf_counter()
     record = measure_ppo(
         workload.env,
