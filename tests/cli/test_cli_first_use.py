@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from _cli_run import run, run_json
 
+from memfit.core.catalog import list_gpus
 from memfit.integrations import _brax_measure as bm
 from memfit.runtime import allocator_env
 
@@ -115,3 +116,25 @@ def test_jax_build_and_gpu_presence_read_the_machine(
     assert not allocator_env.nvidia_gpu_present(gpus, tmp_path / "nvidia0")
     (gpus / "0000:01:00.0").mkdir()
     assert allocator_env.nvidia_gpu_present(gpus, tmp_path / "nvidia0")
+
+
+def test_gpus_reads_a_bare_number_as_the_card(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "gpus", "4060")
+    assert code == 0 and "NVIDIA GeForce RTX 4060" in out and "8188MiB" in out
+    assert "read as the NVIDIA GeForce RTX 4060" in err and "4060MiB" in err
+    code, out, err = run(capsys, "gpus", "RTX 4060 Laptop GPU")
+    assert code == 0 and "NVIDIA GeForce RTX 4060 Laptop GPU" in out and not err
+    code, _, err = run(capsys, "gpus", "4096")
+    assert code == 1 and "needs a unit" in err and "4096MiB" in err
+
+
+def test_piped_tables_keep_every_word(capsys: pytest.CaptureFixture[str]) -> None:
+    """capsys is not a terminal, as a pipe is not: no cell is cut or folded (issue 22)."""
+    code, out, _ = run(capsys, "plan", "brax_humanoid_ppo", "--all-gpus")
+    assert code == 0 and "knob range, not memory" in out
+    rows = [line for line in out.splitlines() if line.startswith("│")]
+    # a wrapped row would continue on a line whose first cell (the GPU) is empty
+    assert rows and all(row.split("│")[1].strip() for row in rows), out
+    code, out, _ = run(capsys, "gpus")
+    rows = [line for line in out.splitlines() if line.startswith("│")]
+    assert len(rows) == len(list_gpus())  # one line per GPU: no name wrapped over two

@@ -422,6 +422,11 @@ def _plan_command(
     from memfit.planning import plan
 
     assert gpu is not None  # checked above
+    from memfit.core.catalog import reading_note
+
+    reading = reading_note(gpu)
+    if reading is not None and not as_json:
+        err_console.print(f"note: {safe(reading)}")
     with _factory_code(loaded):
         result = plan(loaded, gpu, overrides, fraction, host_memory_bytes=host, measure=measure)
     if out is not None and result.fits:

@@ -58,6 +58,7 @@ CONTEXT_SOURCE = (
 
 #: Context bytes per architecture, lazy module loading.
 CUDA_CONTEXT_BYTES: dict[str, int] = {
+    "pascal": 300 * MiB,
     "volta": 300 * MiB,
     "turing": 300 * MiB,
     "ampere": 400 * MiB,
@@ -120,7 +121,7 @@ def _is_sm90_or_newer(spec: GpuSpec | None) -> bool | None:
         return spec.compute_capability >= (9, 0)
     if spec.arch in ("hopper", "blackwell"):
         return True
-    if spec.arch in ("volta", "turing", "ampere", "ada"):
+    if spec.arch in ("pascal", "volta", "turing", "ampere", "ada"):
         return False
     return None
 
