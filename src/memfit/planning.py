@@ -202,16 +202,22 @@ def _host_check(
     workload: Workload, host_memory_bytes: int | None, gpu: GpuSpec
 ) -> tuple[int | None, list[str]]:
     """Host RAM to check a host-placed buffer against: the caller's, the workload's, else
-    this machine's available RAM (said in a note)."""
+    this machine's available RAM (said in a note where the plan places state there; where
+    it does not, the figure still bounds the "would fit" hints that move state to the host)."""
     if host_memory_bytes is not None or workload.host_memory_bytes is not None:
         return host_memory_bytes, []
     family = family_for(workload)
-    if gpu.is_host or family.placement is None or family.placement_of(workload) == "gpu":
+    if gpu.is_host or family.placement is None:
         return None, []
+    on_gpu = family.placement_of(workload) == "gpu"
     here = host_memory()
     if here is None:
+        if on_gpu:
+            return None, []
         return None, ["host RAM not checked: pass --host-memory (this OS does not say its RAM)"]
     total, available = here
+    if on_gpu:
+        return available, []
     return available, [
         f"host RAM: this machine's {format_bytes(available)} available now (of "
         f"{format_bytes(total)}); pass --host-memory to plan for another machine"

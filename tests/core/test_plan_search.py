@@ -50,7 +50,10 @@ def test_reference_cases_from_the_issue() -> None:
                 host_memory_bytes=16 * GiB)  # fmt: skip
     assert host.binding == "host_memory" and "replay_buffer" not in host.breakdown
     per_transition = 2 * 4 * 64 * 64 + 8 + 3 * 4
-    assert int(host.knobs["buffer_size"]) == 16 * GiB // per_transition // 10000 * 10000
+    # host RAM keeps the GPU's 5% margin (issue 22)
+    host_budget = 16 * GiB - int(16 * GiB * 0.05)
+    assert host.host_budget_bytes == host_budget
+    assert int(host.knobs["buffer_size"]) == host_budget // per_transition // 10000 * 10000
     # the 8 GB GPU case: dual-camera ACT rollouts rendered by Isaac Sim in the same process:
     # the renderer, not the policy, limits them
     act = plan_for_gpu(load_workload("act_dual_camera"), gpu("RTX 4060 Ti"))

@@ -20,4 +20,6 @@ PLAN_FIELDS = [
     "environment",
     "notes",
     "would_fit",
+    "host_memory_bytes",
+    "host_budget_bytes",
 ]

@@ -196,7 +196,16 @@ def _print_plan(workload: Workload, result: Plan) -> None:
         console.print("What would fit instead:")
         for option in result.would_fit:
             if not option.get("fits"):
-                console.print(f"  {safe(option['change'])}: does not fit either")
+                why = option.get("binding")
+                if why == "host_memory" and result.host_budget_bytes is not None:
+                    why = f"over the host RAM's {format_bytes(result.host_budget_bytes)} budget"
+                elif why:
+                    why = f"limited by {why}"
+                reason = f" ({why})" if why else ""
+                console.print(
+                    f"  {safe(option['change'])}: does not fit either{safe(reason)}",
+                    soft_wrap=True,
+                )
                 continue
             host = option.get("host_bytes") or 0
             host_text = f", {format_bytes(host)} of host RAM" if host else ""

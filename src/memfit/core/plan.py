@@ -97,6 +97,10 @@ class Plan:
             (``{"change", "fits", "knobs", "predicted_bytes", "host_bytes"}`` each), from
             the workload family's fallbacks (an off-policy replay buffer in host RAM,
             ``optimize_memory_usage``, a smaller buffer).
+        host_memory_bytes: The host RAM the plan relied on for state in host RAM (given,
+            the workload's, or this machine's available RAM); ``None`` when not checked.
+        host_budget_bytes: What of it the plan let host state take: ``host_memory_bytes``
+            less the same margin (a share of it) the GPU keeps.
     """
 
     gpu: str
@@ -113,6 +117,8 @@ class Plan:
     environment: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     would_fit: list[dict[str, Any]] = field(default_factory=list)
+    host_memory_bytes: int | None = None
+    host_budget_bytes: int | None = None
 
     @property
     def used_bytes(self) -> int:
@@ -148,6 +154,8 @@ class Plan:
             "environment": dict(self.environment),
             "notes": list(self.notes),
             "would_fit": [dict(w) for w in self.would_fit],
+            "host_memory_bytes": self.host_memory_bytes,
+            "host_budget_bytes": self.host_budget_bytes,
         }
 
 
@@ -199,6 +207,7 @@ class _Space:
         host_memory_bytes: int | None,
         *,
         device_is_host: bool = False,
+        margin: float = DEFAULT_MARGIN,
     ) -> None:
         self.workload = workload
         given = apply_overrides(workload, overrides)
@@ -219,6 +228,13 @@ class _Space:
         self.measured = measured
         self.host_memory_bytes = (
             host_memory_bytes if host_memory_bytes is not None else workload.host_memory_bytes
+        )
+        # host RAM keeps the GPU's margin rule: a share of the total is left free
+        self.margin = margin
+        self.host_budget_bytes = (
+            None
+            if self.host_memory_bytes is None
+            else self.host_memory_bytes - int(self.host_memory_bytes * margin)
         )
         eb = workload.effective_batch
         self.accumulation = eb.accumulation if eb is not None else None
@@ -272,7 +288,7 @@ class _Space:
         return found
 
     def host_ok(self, ev: Evaluation) -> bool:
-        return self.host_memory_bytes is None or ev.host_bytes <= self.host_memory_bytes
+        return self.host_budget_bytes is None or ev.host_bytes <= self.host_budget_bytes
 
     def resolve(self, config: tuple[int, ...], limit: _Limit) -> _Eval | None:
         """The configuration's memory with its placement, or ``None`` if it cannot fit."""
@@ -578,7 +594,8 @@ def _infeasible(space: _Space, budget: Budget, gpu: GpuSpec) -> InfeasiblePlan:
         return InfeasiblePlan(
             f"{name}'s replay buffer on the host needs {format_bytes(ev.evaluation.host_bytes)} "
             "of host RAM even at its smallest valid configuration, over the "
-            f"{format_bytes(space.host_memory_bytes or 0)} available",
+            f"{format_bytes(space.host_budget_bytes or 0)} it may use ("
+            f"{format_bytes(space.host_memory_bytes or 0)} less a {space.margin:.0%} margin)",
             smallest_bytes=footprint,
             budget_bytes=budget.budget_bytes,
             binding_term="host_memory",
@@ -624,13 +641,15 @@ def _would_fit(space: _Space, gpu: GpuSpec, budget: Budget) -> list[dict[str, An
         try:
             changed = Workload.model_validate(data)
             overrides = {k: v for k, v in space.overrides.items() if k not in fallback.unpin}
-            trial = _Space(changed, overrides, space.measured, space.host_memory_bytes)
+            trial = _Space(
+                changed, overrides, space.measured, space.host_memory_bytes, margin=space.margin
+            )
             again = _budget(
                 changed, gpu, budget.margin, budget.other_processes_bytes, budget.context_bytes
             )
             result = _plan_on(trial, gpu, again, 0, fallbacks=False)
-        except InfeasiblePlan:
-            out.append({"change": fallback.label, "fits": False})
+        except InfeasiblePlan as exc:
+            out.append({"change": fallback.label, "fits": False, "binding": exc.binding_term})
             continue
         except (ConfigError, ValueError):
             continue
@@ -643,6 +662,7 @@ def _would_fit(space: _Space, gpu: GpuSpec, budget: Budget) -> list[dict[str, An
             {
                 "change": fallback.label,
                 "fits": result.fits,
+                "binding": None if result.fits else result.binding,
                 "knobs": dict(result.knobs),
                 "predicted_bytes": result.predicted_bytes,
                 "host_bytes": ev.host_bytes,
@@ -837,6 +857,18 @@ def _finish(space: _Space, gpu: GpuSpec, budget: Budget, plan_: Plan) -> Plan:
             "outside XLA's pool that grows with num_envs, so the two share the card as they "
             "need it (give jax.mem_fraction to plan with a pool instead)"
         )
+    if plan_.host_bytes and space.host_memory_bytes is not None:
+        notes.append(
+            f"host RAM: {format_bytes(plan_.host_bytes)} in it, of a "
+            f"{format_bytes(space.host_budget_bytes or 0)} budget: "
+            f"{format_bytes(space.host_memory_bytes)} less the {space.margin:.0%} margin "
+            "the GPU keeps too"
+        )
+    if gpu.arch == "cpu":
+        notes.append(
+            f"margin: {budget.margin:.0%} of the host RAM is left free, the same rule as on a "
+            "GPU (--margin)"
+        )
     environment = workload_settings(
         workload.framework,
         jax_preallocate=_preallocates(workload),
@@ -845,6 +877,8 @@ def _finish(space: _Space, gpu: GpuSpec, budget: Budget, plan_: Plan) -> Plan:
     )
     return replace(
         plan_,
+        host_memory_bytes=space.host_memory_bytes,
+        host_budget_bytes=space.host_budget_bytes,
         gpu_total_bytes=gpu.total_bytes,
         pool_bytes=budget.pool_bytes,
         environment=environment,
@@ -924,7 +958,14 @@ def plan_for_gpu(
     >>> p.fits and sum(p.breakdown.values()) == p.predicted_bytes <= p.budget_bytes
     True
     """
-    space = _Space(workload, overrides, measured, host_memory_bytes, device_is_host=gpu.is_host)
+    space = _Space(
+        workload,
+        overrides,
+        measured,
+        host_memory_bytes,
+        device_is_host=gpu.is_host,
+        margin=margin,
+    )
     budget = _budget(workload, gpu, margin, other_processes_bytes, context_bytes)
     return _plan_on(space, gpu, budget, alternatives)
 
@@ -948,7 +989,7 @@ def plan_many(
     Raises:
         ConfigError: As :func:`plan` (these do not depend on the GPU).
     """
-    space = _Space(workload, overrides, measured, host_memory_bytes)
+    space = _Space(workload, overrides, measured, host_memory_bytes, margin=margin)
     out: list[Plan | InfeasiblePlan] = []
     for spec in gpus:
         budget = _budget(workload, spec, margin, 0)
