@@ -42,7 +42,7 @@ from memfit.core.workload import Workload, bundled_names, load_workload, parse_w
 from memfit.errors import ConfigError, InfeasiblePlan, did_you_mean
 from memfit.units import format_bytes, parse_bytes, parse_fraction
 
-__all__ = ["load_workload_arg", "parse_overrides", "register"]
+__all__ = ["fitted_workload", "load_workload_arg", "parse_overrides", "register"]
 
 WORKLOAD_ARG: str = typer.Argument(
     ...,
@@ -224,17 +224,51 @@ def _print_plan(workload: Workload, result: Plan) -> None:
             console.print(f"  {safe(line)}", soft_wrap=True)
 
 
-def _write_fitted(out: Output, workload: Workload, result: Plan) -> None:
-    data: dict[str, Any] = {
-        "workload": workload.name,
-        "gpu": result.gpu,
-        "knobs": dict(result.knobs),
-        "settings": dict(workload.settings),
-        "predicted_bytes": result.predicted_bytes,
-        "budget_bytes": result.budget_bytes,
-        "environment": dict(result.environment),
-    }
-    out.write(yaml.safe_dump(data, sort_keys=False))
+def fitted_workload(workload: Workload, result: Plan, overrides: dict[str, int]) -> str:
+    """The workload as YAML with every knob pinned to the plan's value: a file that
+    ``memfit plan FILE`` loads again (and plans to the same configuration).
+
+    What the plan relied on is kept with it: the host RAM it checked a host buffer against
+    (``host_memory_bytes``), the replay buffer's chosen placement, and, as comments, the GPU,
+    the predicted peak and the allocator settings.
+    """
+    from memfit.core.families import family_for
+
+    data = workload.model_dump(mode="json", exclude_none=True, exclude={"source"})
+    data.pop("variants", None)
+    settings = dict(workload.settings)
+    settings.update({k: v for k, v in overrides.items() if k in workload.settings})
+    data["settings"] = settings
+    knobs = data.get("knobs", {})
+    for name, value in result.knobs.items():
+        if name in knobs and isinstance(value, int):
+            spec = {k: v for k, v in knobs[name].items() if k in ("priority", "description")}
+            knobs[name] = {"choices": [value], "default": value, **spec}
+    family = family_for(workload)
+    placed = result.knobs.get(family.placement_knob or "")
+    if isinstance(placed, str) and isinstance(data.get("replay"), dict):
+        data["replay"]["placement"] = placed
+    if result.host_memory_bytes is not None:
+        data["host_memory_bytes"] = result.host_memory_bytes
+    head = [
+        f"# memfit plan {workload.name} --write: fitted for {result.gpu}",
+        f"# predicted peak {format_bytes(result.predicted_bytes)} of a "
+        f"{format_bytes(result.budget_bytes)} budget"
+        + (f"; host RAM {format_bytes(result.host_bytes)}" if result.host_bytes else ""),
+    ]
+    if result.host_memory_bytes is not None:
+        head.append(
+            f"# host RAM the plan relied on: {format_bytes(result.host_memory_bytes)} "
+            "(host_memory_bytes below)"
+        )
+    for key, value in result.environment.items():
+        head.append(f"# run with: export {key}={value}")
+    head.append("# every knob is pinned to the planned value; widen a knob's range to plan again")
+    return "\n".join(head) + "\n" + yaml.safe_dump(data, sort_keys=False)
+
+
+def _write_fitted(out: Output, workload: Workload, result: Plan, overrides: dict[str, int]) -> None:
+    out.write(fitted_workload(workload, result, overrides))
 
 
 def _short_gpu(name: str) -> str:
@@ -439,7 +473,7 @@ def _plan_command(
     with _factory_code(loaded):
         result = plan(loaded, gpu, overrides, fraction, host_memory_bytes=host, measure=measure)
     if out is not None and result.fits:
-        _write_fitted(out, loaded, result)
+        _write_fitted(out, loaded, result, overrides)
     if as_json:
         print_json(result.to_dict())
     else:
