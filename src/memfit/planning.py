@@ -15,7 +15,7 @@ imports neither torch, jax nor pynvml.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -166,7 +166,11 @@ def resolve_gpu(gpu: str | int | GpuSpec) -> GpuSpec:
     return catalog_gpu(gpu)
 
 
-def with_measurements(workload: Workload, measure: str = "auto") -> tuple[Workload, list[str]]:
+def with_measurements(
+    workload: Workload,
+    measure: str = "auto",
+    progress: Callable[[str], None] | None = None,
+) -> tuple[Workload, list[str]]:
     """The workload with the measurements its environment needs (``env: brax:...``), and
     notes saying where they come from
     (:func:`memfit.integrations.brax.resolve_measurements`: ``auto``, ``fresh`` or
@@ -181,7 +185,7 @@ def with_measurements(workload: Workload, measure: str = "auto") -> tuple[Worklo
         return workload, []
     from memfit.integrations._brax_measure import resolve_measurements
 
-    return resolve_measurements(workload, measure)
+    return resolve_measurements(workload, measure, progress=progress)
 
 
 def _measured(workload: Workload, gpu_name: str) -> MeasuredTerms | None:
@@ -233,6 +237,7 @@ def plan(
     host_memory_bytes: int | None = None,
     device_index: int = 0,
     measure: str = "auto",
+    progress: Callable[[str], None] | None = None,
 ) -> Plan:
     """The best configuration of a workload on a GPU.
 
@@ -252,6 +257,8 @@ def plan(
             the best measurement at hand (``"auto"``), measure now (``"fresh"``), or only the
             measurements recorded in the workload (``"recorded"``); see
             :func:`with_measurements`.
+        progress: Called with a short sentence as a long stage starts (measuring a Brax
+            env takes minutes), for a status line; ``None``: silent.
 
     Returns:
         The plan (see :class:`memfit.core.plan.Plan`).
@@ -264,7 +271,7 @@ def plan(
         EstimateError: When the workload's traced estimator cannot trace its step.
     """
     loaded = load_workload(workload) if not isinstance(workload, Workload) else workload
-    loaded, notes = with_measurements(loaded, measure)
+    loaded, notes = with_measurements(loaded, measure, progress)
     fraction = parse_fraction(margin)
     others = 0
     if isinstance(gpu, str) and gpu.strip().lower() == "local":
@@ -322,6 +329,7 @@ def plan_tiers(
     *,
     host_memory_bytes: int | None = None,
     measure: str = "auto",
+    progress: Callable[[str], None] | None = None,
 ) -> list[Plan | InfeasiblePlan]:
     """The tier table: one plan per GPU (an :class:`InfeasiblePlan` where nothing fits).
 
@@ -330,7 +338,7 @@ def plan_tiers(
         EstimateError: When the workload's traced estimator cannot trace its step.
     """
     loaded = load_workload(workload) if not isinstance(workload, Workload) else workload
-    loaded, notes = with_measurements(loaded, measure)
+    loaded, notes = with_measurements(loaded, measure, progress)
     specs = [resolve_gpu(g) for g in gpus]
     measured = _measured(loaded, specs[0].name) if specs else None
     host, host_notes = (None, []) if not specs else _host_check(loaded, host_memory_bytes, specs[0])

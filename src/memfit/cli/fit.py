@@ -20,6 +20,7 @@ import typer
 from rich.table import Table
 
 from memfit.cli._common import JSON_OPTION, err_console, out_console, print_json, safe, user_code
+from memfit.cli._progress import status
 from memfit.errors import ConfigError
 from memfit.runtime.fit_step import DEFAULT_HIGH
 from memfit.units import format_bytes, parse_bytes, parse_fraction
@@ -190,9 +191,12 @@ def fit_command(
     lo, hi, constraint, described = _domain(workload, knob_name, low, high)
     # Checked before the (slow) trace: bounds that leave nothing to search.
     valid_values(low=lo, high=hi, multiple_of=multiple_of, constraint=constraint)
-    if not no_prior:
-        err_console.print(f"tracing {safe(spec)} with fake tensors for a first guess ...")
-    with user_code(spec):
+    first = f"fitting {knob_name} on {dev}: " + (
+        "a first guess from a fake-tensor trace, then probes on the device"
+        if not no_prior
+        else "probing on the device"
+    )
+    with status(first, quiet=json_out), user_code(spec):
         found = fit_step(
             step,
             device=dev,

@@ -34,6 +34,7 @@ from memfit.cli._files import (
     Output,
     read_input_text,
 )
+from memfit.cli._progress import status
 from memfit.core.budget import DEFAULT_MARGIN
 from memfit.core.catalog import GpuSpec
 from memfit.core.constraints import Violation, check, parse_set
@@ -311,8 +312,11 @@ def _tiers(
     from memfit.core.families import family_for
     from memfit.planning import TIER_GPUS, plan_tiers, resolve_gpu
 
-    with _factory_code(workload):
-        results = plan_tiers(workload, TIER_GPUS, overrides, margin, measure=measure)
+    with (
+        status(f"planning {workload.name} for {len(TIER_GPUS)} GPUs", quiet=as_json) as say,
+        _factory_code(workload),
+    ):
+        results = plan_tiers(workload, TIER_GPUS, overrides, margin, measure=measure, progress=say)
     specs = [resolve_gpu(g) for g in TIER_GPUS]
     if as_json:
         rows = [
@@ -470,8 +474,19 @@ def _plan_command(
     reading = reading_note(gpu)
     if reading is not None and not as_json:
         err_console.print(f"note: {safe(reading)}")
-    with _factory_code(loaded):
-        result = plan(loaded, gpu, overrides, fraction, host_memory_bytes=host, measure=measure)
+    with (
+        status(f"planning {loaded.name} for {gpu}", quiet=as_json) as say,
+        _factory_code(loaded),
+    ):
+        result = plan(
+            loaded,
+            gpu,
+            overrides,
+            fraction,
+            host_memory_bytes=host,
+            measure=measure,
+            progress=say,
+        )
     if out is not None and result.fits:
         _write_fitted(out, loaded, result, overrides)
     if as_json:

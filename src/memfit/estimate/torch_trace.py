@@ -866,6 +866,7 @@ def estimate_torch(
     steps: int = 2,
     batch_knob: str = "batch_size",
     kernel_scratch: bool | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> TorchEstimate:
     """Predict the peak GPU memory of a PyTorch step by tracing it with fake tensors.
 
@@ -889,6 +890,8 @@ def estimate_torch(
             (``exact_peak`` of a CPU trace only) and the unreduced buffer of losses (every
             figure). ``None`` (default) or ``True``: measure; ``False``: skip (faster; those
             buffers are then not counted).
+        progress: Called with a short sentence as each batch size's trace starts, for a
+            status line; ``None``: silent.
 
     Returns:
         A :class:`TorchEstimate` with one point per batch size and the affine fit.
@@ -951,7 +954,9 @@ def estimate_torch(
     stand_ins = retargeted = 0
     recorder = None
     gpu_events: dict[int, list[tuple[bool, int, int]]] = {}
-    for size in sizes:
+    for index, size in enumerate(sizes, 1):
+        if progress is not None:
+            progress(f"tracing {batch_knob}={size} ({index} of {len(sizes)})")
         if measure_scratch:
             from memfit.estimate._kernels import ScratchRecorder
 

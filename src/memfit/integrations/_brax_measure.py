@@ -370,6 +370,7 @@ def measure_ppo(
     refresh: bool = False,
     directory: Path | None = None,
     command: str | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> BraxMeasurements:
     """Measure a Brax PPO job from its real environment and Brax's own training step.
 
@@ -386,6 +387,8 @@ def measure_ppo(
         refresh: Measure even when the cache has this measurement.
         directory: The cache folder (default :func:`cache_dir`).
         command: The command to record in the provenance.
+        progress: Called with a short sentence as each stage starts (compiling the env
+            step, each training-step setting), for a status line; ``None``: silent.
 
     Returns:
         The measurements (:class:`memfit.core.measured.BraxMeasurements`).
@@ -413,7 +416,7 @@ def measure_ppo(
         if found is not None:
             return found
     start = time.perf_counter()
-    record = _measure(made, env_id, backend, config, versions, platform, command)
+    record = _measure(made, env_id, backend, config, versions, platform, command, progress)
     record = record.model_copy(
         update={
             "provenance": record.provenance.model_copy(
@@ -434,7 +437,9 @@ def _measure(
     versions: Mapping[str, str],
     platform: str,
     command: str | None,
+    progress: Callable[[str], None] | None = None,
 ) -> BraxMeasurements:
+    say = progress or (lambda _text: None)
     jax: Any = require("jax")
     jnp: Any = require("jax.numpy")
     envs: Any = require("brax.envs")
@@ -447,6 +452,7 @@ def _measure(
         env_state = _nbytes(state0) // n0
         transition = _transition_bytes(state0, action_size, n0)
         step_points: list[list[int]] = []
+        say(f"measuring {env_id}: compiling the env step at {len(ENV_STEP_SIZES)} sizes")
         for n in ENV_STEP_SIZES:
             states = state0 if n == n0 else jax.eval_shape(wrapped.reset, _keys(n))
             actions = jax.ShapeDtypeStruct((n, action_size), jnp.float32)
@@ -463,7 +469,11 @@ def _measure(
     factory = network_factory(config)
     points: list[dict[str, int]] = []
     training_state_bytes = 0
-    for n, batch, minis, unroll in MEASURE_POINTS:
+    for index, (n, batch, minis, unroll) in enumerate(MEASURE_POINTS, 1):
+        say(
+            f"measuring {env_id}: compiling Brax's training step, setting {index} of "
+            f"{len(MEASURE_POINTS)} (num_envs={n}, batch_size={batch})"
+        )
         compiled = compile_step(env, factory, config, n, batch, minis, unroll, env_id=env_id)
         training_state_bytes = compiled["training_state_bytes"]
         points.append(
@@ -608,8 +618,11 @@ def resolve_measurements(
     mode: str = "auto",
     *,
     directory: Path | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> tuple[Workload, list[str]]:
     """The workload with the measurements a plan should use, and notes saying which.
+
+    ``progress`` (a status line's updater) hears what a measurement is doing while it runs.
 
     For a workload that names its environment (``env: brax:humanoid``):
 
@@ -691,6 +704,7 @@ def resolve_measurements(
         refresh=mode == "fresh",
         directory=directory,
         command=f"memfit plan {workload.name} --measure fresh",
+        progress=progress,
     )
     took = time.perf_counter() - start
     return (
