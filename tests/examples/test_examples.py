@@ -53,6 +53,10 @@ def test_brax_ppo_small(tmp_path: Path) -> None:
         "NVIDIA GeForce RTX 4080",
         "NVIDIA GeForce RTX 4090",
     ]
+    held = {(c["ppo"]["batch_size"], c["ppo"]["num_minibatches"], c["ppo"]["unroll_length"])
+            for c in configs}  # fmt: skip
+    assert held == {(16, 2, 5)}  # issue 22: the tier table holds how PPO learns
+    assert "tier table holds batch_size=16, num_minibatches=2, unroll_length=5" in out
     for c in configs:
         k = c["ppo"]
         assert k["batch_size"] * k["num_minibatches"] % k["num_envs"] == 0

@@ -12,7 +12,9 @@
   monotone (a block that crosses 10 MiB leaves a shared 20 MiB segment for its own);
 * every complete configuration that fits is tested against the rules
   (:mod:`memfit.core.constraints`), and the best is chosen by the workload's objective (the
-  throughput proxy), ties broken by the knob values in priority order;
+  throughput proxy); at equal objective the configuration that keeps the knobs the objective
+  does not read at their declared defaults (the user's hyperparameters) wins, then the one
+  that needs less memory, then the knob values in priority order;
 * the evaluation of a configuration does not depend on the GPU (the GPU adds constants), so
   :func:`plan_many` shares one cache over a whole tier table.
 
@@ -159,6 +161,11 @@ class Plan:
         }
 
 
+#: A configuration's rank (larger is better): objective, defaults kept, -reserved bytes,
+#: knob values in priority order.
+_Rank = tuple[float, int, int, tuple[int, ...]]
+
+
 @dataclass(frozen=True)
 class _Eval:
     """One configuration's memory, placement resolved."""
@@ -267,7 +274,16 @@ class _Space:
         self.pinned_all = all(len(d) == 1 for d in self.domains.values())
         self._cache: dict[tuple[tuple[int, ...], bool], Evaluation] = {}
         self._valid: dict[tuple[int, ...], bool] = {}
-        self._ranks: dict[tuple[int, ...], tuple[float, tuple[int, ...]]] = {}
+        self._ranks: dict[tuple[int, ...], _Rank] = {}
+        # knobs the objective does not read, with the value the workload declares for them
+        # (the user's hyperparameter): at equal objective a plan keeps them
+        self.held: dict[str, int] = {
+            n: workload.knobs[n].default  # type: ignore[misc]
+            for n in self.priority_order
+            if n not in self.objective.names
+            and n not in pinned
+            and workload.knobs[n].default is not None
+        }
 
     def values(self, config: Sequence[int]) -> dict[str, int]:
         out = dict(self.env)
@@ -348,22 +364,32 @@ class _Space:
             self._valid[config] = found
         return found
 
-    def rank(self, config: tuple[int, ...]) -> tuple[float, tuple[int, ...]]:
-        """Objective, then knob values in priority order: larger is better (cached)."""
+    def rank(self, config: tuple[int, ...]) -> _Rank:
+        """Larger is better (cached): the objective; at equal objective, how many of the
+        knobs the objective does not read keep their declared default (the user's
+        hyperparameters: PPO learns differently with another batch_size); then less memory
+        (the reserved bytes on the device); then the knob values in priority order."""
         found = self._ranks.get(config)
         if found is None:
             values = self.values(config)
             objective = self.objective.evaluate(values)
-            found = float(objective), tuple(values[n] for n in self.priority_order)
+            kept = sum(1 for n, v in self.held.items() if values[n] == v)
+            reserved = self.evaluation(config, self.placement != "host").reserved_bytes
+            found = (
+                float(objective),
+                kept,
+                -reserved,
+                tuple(values[n] for n in self.priority_order),
+            )
             self._ranks[config] = found
         return found
 
-    def search(self, limit: _Limit) -> list[tuple[tuple[float, tuple[int, ...]], tuple[int, ...]]]:
+    def search(self, limit: _Limit) -> list[tuple[_Rank, tuple[int, ...]]]:
         """Every configuration that fits ``limit`` and keeps the rules, with its rank."""
         order = self.search_order
         domains = [self.domains[n] for n in order]
         mins = [d[0] for d in domains]
-        found: list[tuple[tuple[float, tuple[int, ...]], tuple[int, ...]]] = []
+        found: list[tuple[_Rank, tuple[int, ...]]] = []
         visited = 0
 
         def walk(depth: int, prefix: list[int]) -> None:
@@ -738,7 +764,7 @@ def _alternatives(
     space: _Space,
     budget: Budget,
     limit: _Limit,
-    ranked: list[tuple[tuple[float, tuple[int, ...]], tuple[int, ...]]],
+    ranked: list[tuple[_Rank, tuple[int, ...]]],
     count: int,
 ) -> list[dict[str, Any]]:
     """The next best configurations after ``ranked[0]``, each differing from the chosen one
