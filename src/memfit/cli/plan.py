@@ -509,19 +509,41 @@ def _plan_command(
         raise typer.Exit(1)
 
 
+_FRAMEWORKS = {"brax_ppo": "Brax PPO", "rl_games": "rl_games", "cleanrl": "CleanRL"}
+
+
+def _whose(v: Violation) -> str:
+    """Whose rule a violation breaks, for a person."""
+    if v.source == "workload":
+        return "the workload's own rule"
+    return f"{_FRAMEWORKS.get(v.source, v.source)}'s rule"
+
+
 def _print_violations(name: str, violations: list[Violation]) -> None:
-    if not violations:
+    ranges = [v for v in violations if v.kind == "range"]
+    broken = [v for v in violations if v.kind != "range"]
+    if not broken:
         out_console.print(f"[green]{safe(name)}: every rule holds[/]")
-        return
-    table = Table(title=f"{safe(name)}: broken rules", title_justify="left")
-    table.add_column("rule")
-    table.add_column("values")
-    table.add_column("nearest valid settings")
-    for v in violations:
-        values = ", ".join(f"{k}={x}" for k, x in v.knobs.items())
-        fixes = " or ".join(", ".join(f"{k}={x}" for k, x in s.items()) for s in v.suggestions)
-        table.add_row(safe(v.rule), safe(values), safe(fixes or "-"))
-    out_console.print(table)
+    else:
+        table = Table(title=f"{safe(name)}: broken rules (violations)", title_justify="left")
+        table.add_column("rule")
+        table.add_column("whose")
+        table.add_column("values")
+        table.add_column("nearest valid settings")
+        for v in broken:
+            values = ", ".join(f"{k}={x}" for k, x in v.knobs.items())
+            fixes = " or ".join(", ".join(f"{k}={x}" for k, x in s.items()) for s in v.suggestions)
+            table.add_row(safe(v.rule), safe(_whose(v)), safe(values), safe(fixes or "-"))
+        out_console.print(table)
+    for v in ranges:
+        knob = next(iter(v.knobs))
+        near = " or ".join(f"{knob}={s[knob]}" for s in v.suggestions)
+        out_console.print(
+            f"Note: {safe(v.message)}: outside this workload's declared range, not a "
+            f"framework rule; memfit plan searches only that range (nearest inside: "
+            f"{safe(near or '-')}; or widen knobs.{safe(knob)} in the workload)",
+            soft_wrap=True,
+        )
 
 
 def _check_command(
@@ -529,22 +551,29 @@ def _check_command(
     set_: list[str] = SET_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Check knob values against the workload's rules; exit 1 when one is broken."""
+    """Check knob values against the workload's rules; exit 1 when one is broken.
+
+    A value outside the range the workload declares for its knob is a note (the workload's
+    search space, not a framework rule); a broken rule is a violation.
+    """
     loaded = load_workload_arg(workload)
-    violations = check(loaded, parse_overrides(loaded, set_))
+    found = check(loaded, parse_overrides(loaded, set_))
+    violations = [v for v in found if v.kind != "range"]
+    notes = [v for v in found if v.kind == "range"]
     if as_json:
         print_json(
             {
                 "workload": loaded.name,
                 "ok": not violations,
                 "violations": [v.to_dict() for v in violations],
+                "range_notes": [v.to_dict() for v in notes],
             }
         )
     else:
-        _print_violations(loaded.name, violations)
+        _print_violations(loaded.name, found)
     if violations:
         first = violations[0]
-        err_console.print(f"[bold red]Error:[/] {safe(first.message)}")
+        err_console.print(f"[bold red]Error:[/] {safe(first.message)} ({safe(_whose(first))})")
         if first.suggestions:
             fix = ", ".join(f"--set {k}={v}" for k, v in first.suggestions[0].items())
             err_console.print(f"[bold]Hint:[/] try {safe(fix)}")
