@@ -13,6 +13,7 @@ setting, or it is silently lost) makes the exit status 1, after everything is pr
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import typer
 from rich.table import Table
@@ -33,6 +34,7 @@ from memfit.runtime.allocator_env import (
     check_environment,
     check_jax_install,
     installed_torch_version,
+    jax_fraction_name,
 )
 
 __all__ = ["env", "register"]
@@ -72,7 +74,14 @@ def env(
     from memfit.core.catalog import gpu as catalog_gpu
 
     spec = catalog_gpu(gpu) if gpu is not None else None
-    rec = recommend(profile, torch_version=installed_torch_version(), gpu=spec)
+    fraction_name, fraction_why = jax_fraction_name()
+    rec = recommend(
+        profile,
+        torch_version=installed_torch_version(),
+        gpu=spec,
+        jax_fraction_variable=fraction_name,
+    )
+    rec = replace(rec, notes=(*rec.notes, f"{fraction_name}: {fraction_why}"))
     script = render_shell(rec.settings, shell)
     if check is not None:
         text, source = read_input_text(check, what="the shell file (--check)", stdin=True)

@@ -41,6 +41,7 @@ __all__ = [
     "configure",
     "installed_torch_version",
     "jax_build",
+    "jax_fraction_name",
     "jax_gpu_started",
     "nvidia_gpu_present",
     "torch_cuda_initialized",
@@ -73,6 +74,40 @@ def installed_torch_version() -> tuple[int, int] | None:
 #: Packages whose presence means jax can use an NVIDIA GPU (``pip install "jax[cuda12]"``
 #: installs a plugin; jaxlib builds before the plugins carried ``+cuda`` in their version).
 _JAX_CUDA_PLUGINS: tuple[str, ...] = ("jax-cuda12-plugin", "jax-cuda13-plugin", "jax-cuda11-plugin")
+
+
+def jax_fraction_name() -> tuple[str, str]:
+    """The name of XLA's pool fraction to recommend here, and why.
+
+    Reads the installed jaxlib's ``xla_client.py`` as text (nothing is imported): a jaxlib
+    that reads ``XLA_CLIENT_MEM_FRACTION`` gets that name (it takes the older
+    ``XLA_PYTHON_CLIENT_MEM_FRACTION`` too, as a deprecated name, and refuses both at once);
+    an older jaxlib, or none installed (a plan for another machine), gets the older name,
+    which every JAX reads.
+    """
+    from importlib import util
+
+    new, old = "XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION"
+    try:
+        spec = util.find_spec("jaxlib")
+    except (ImportError, ValueError):
+        spec = None
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for folder in locations:
+        try:
+            text = (Path(folder) / "xla_client.py").read_text(encoding="utf-8")
+        except OSError:
+            continue
+        if new in text:
+            return new, (
+                f"the installed jaxlib reads {new} (the name JAX documents now); it takes "
+                f"{old} too, as a deprecated name, but not both at once"
+            )
+        return old, f"the installed jaxlib reads {old} only (it predates {new})"
+    return old, (
+        f"jaxlib is not installed here: {old} is the name every JAX version reads (newer ones "
+        f"document {new} and take {old} as a deprecated name)"
+    )
 
 
 def jax_build() -> str | None:
