@@ -73,7 +73,7 @@ def test_both_names_are_accepted_but_not_together(
     assert data["current"] == {NEW: "0.8"} or NEW in data["current"]
     assert not [p for p in data["problems"] if p["variable"] in (NEW, OLD)]
     monkeypatch.setenv(OLD, "0.8")
-    code, out, _ = run(capsys, "env", "--json")
+    code, _, _ = run(capsys, "env", "--json")
     assert code == 1  # both set: a newer JAX refuses to start its GPU backend
 
 
