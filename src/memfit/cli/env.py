@@ -18,6 +18,7 @@ from dataclasses import replace
 import typer
 from rich.table import Table
 
+from memfit._plain import plural
 from memfit.cli._common import JSON_OPTION, err_console, out_console, print_json, safe
 from memfit.cli._files import read_input_text
 from memfit.core.allocator_settings import (
@@ -135,10 +136,9 @@ def env(
             out_console.print(f"no problems in the {safe(checked)}")
     if failing:
         first = failing[0]
-        level = "problem(s)" if strict else "error-level problem(s)"
+        level = plural(len(failing), "problem" if strict else "error-level problem")
         err_console.print(
-            f"[bold red]Error:[/] {len(failing)} {level} in the {safe(checked)}; "
-            f"first: {safe(first.message)}"
+            f"[bold red]Error:[/] {level} in the {safe(checked)}; first: {safe(first.message)}"
         )
         err_console.print(f"[bold]Hint:[/] {safe(first.hint or 'see the problems listed above')}")
         raise typer.Exit(1)

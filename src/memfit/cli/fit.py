@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 from rich.table import Table
 
+from memfit._plain import plural
 from memfit.cli._common import JSON_OPTION, err_console, out_console, print_json, safe, user_code
 from memfit.cli._progress import status
 from memfit.errors import ConfigError
@@ -225,7 +226,7 @@ def fit_command(
     out_console.print(
         f"[bold]{safe(knob_name)} = {result.value}[/] on {safe(result.device)}: peak "
         f"{peak_text} of {format_bytes(result.budget_bytes)} (margin {result.margin:.0%}), "
-        f"{len(result.probes)} probe(s), {result.oom_count} out-of-memory caught"
+        f"{plural(len(result.probes), 'probe')}, {result.oom_count} out-of-memory caught"
     )
     err_console.print("note: model and optimizer state restored to before the probes")
 

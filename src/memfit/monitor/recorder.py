@@ -325,10 +325,10 @@ class Recorder:
                 else ""
             )
             logger.info(
-                "memfit: recording %s%s every %d step(s)%s%s%s",
+                "memfit: recording %s%s every %s%s%s%s",
                 self._source.name,
                 size,
-                self.every,
+                "step" if self.every == 1 else f"{self.every} steps",
                 back,
                 where,
                 note,
