@@ -78,7 +78,9 @@ def test_breakdown_names_parameters_optimizer_state_and_activations() -> None:
     assert point.breakdown["activations"] >= 4096 * 512 * 4
     assert sum(point.breakdown.values()) == point.allocated_peak
     assert point.top_modules[0][1] >= 4096 * 512 * 4
-    assert point.top_modules[0][0] in {"0", "1"}  # the Linear or the ReLU after it
+    # the Linear or the ReLU after it, by qualified name (issue 22: not a bare index)
+    assert point.top_modules[0][0] in {"Sequential.0 (Linear)", "Sequential.1 (ReLU)"}
+    assert all(not name.isdigit() for name, _ in point.top_modules)
 
 
 def test_fit_is_affine_in_the_batch_and_feeds_measured_terms() -> None:

@@ -469,6 +469,17 @@ def _instances_of(obj: Any, cls: type[_T]) -> list[_T]:
     return []
 
 
+def _qualified_name(root: torch.nn.Module, name: str, mod: torch.nn.Module) -> str:
+    """How a report names a module: its path from the model's class, with its own class
+    where the path ends in a bare index (``"Sequential.0 (Linear)"``, ``"Net.head"``)."""
+    if not name:
+        return type(root).__name__
+    path = f"{type(root).__name__}.{name}"
+    if name.rsplit(".", 1)[-1].isdigit():
+        path += f" ({type(mod).__name__})"
+    return path
+
+
 @contextmanager
 def _hooks(trace: _Trace) -> Iterator[None]:
     """Global module and optimizer hooks that tell the trace where it is."""
@@ -592,7 +603,7 @@ def _run_trace(
             modules = _instances_of(model, torch.nn.Module)
             for root in modules:
                 for name, mod in root.named_modules():
-                    trace.module_names.setdefault(id(mod), name or type(root).__name__)
+                    trace.module_names.setdefault(id(mod), _qualified_name(root, name, mod))
                 for p in root.parameters():
                     trace.see(p)
                     trace.retag(p, "parameters")
