@@ -257,14 +257,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'GPU':<32} {'num_envs':>8} {'batch':>6} {'minib':>5} {'unroll':>6} "
           f"{'buffers':>10} {'XLA pool':>10}  XLA mem fraction")  # fmt: skip
     held = tier_pins(args)
+    ranges = dict(RANGES)
     if held:
         print("tier table holds " + ", ".join(f"{k}={v}" for k, v in held.items())
               + " (how PPO learns) and scales the rest; --hold '' frees them")  # fmt: skip
+        if {"batch_size", "num_minibatches"} <= set(held):
+            cap = held["batch_size"] * held["num_minibatches"]
+            # Brax's rule: num_envs divides batch_size * num_minibatches
+            low = min(RANGES["num_envs"][0], args.num_envs)
+            ranges["num_envs"] = (low, RANGES["num_envs"][1])
+            print(f"  num_envs can reach batch_size x num_minibatches = {cap} at most (Brax)")
     for name in gpus:
         spec = memfit.gpu(name)
         try:
             p = mbrax.plan_ppo(
-                env, gpu=spec, margin=args.margin, ranges=RANGES, measurements=measured, **held
+                env, gpu=spec, margin=args.margin, ranges=ranges, measurements=measured, **held
             )
         except memfit.InfeasiblePlan as exc:
             print(f"{spec.name:<32} does not fit: {exc.message}")
