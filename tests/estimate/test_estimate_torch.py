@@ -215,3 +215,11 @@ def test_fit_needs_two_distinct_sizes() -> None:
     assert line.slope == pytest.approx(2.5)
     assert line.intercept == pytest.approx(1 / 3)
     assert line.residual == pytest.approx(1 / 3)  # at x=2: 5 against 16/3
+
+
+def test_progress_hears_each_batch_size() -> None:
+    """Issue 22: ``memfit estimate`` over several batch sizes shows where it is."""
+    step = _mlp_step()
+    heard: list[str] = []
+    estimate_torch(step.build, step.step, step.make_batch, [2, 4], progress=heard.append)
+    assert heard == ["tracing batch_size=2 (1 of 2)", "tracing batch_size=4 (2 of 2)"]

@@ -197,7 +197,7 @@ def fit_command(
         if not no_prior
         else "probing on the device"
     )
-    with status(first, quiet=json_out), user_code(spec):
+    with status(first, quiet=json_out) as say, user_code(spec):
         found = fit_step(
             step,
             device=dev,
@@ -209,6 +209,7 @@ def fit_command(
             margin=margin_value,
             steps=steps,
             prior=not no_prior,
+            progress=say,
         )
     result = found.result
     data = found.to_dict()
