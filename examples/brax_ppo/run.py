@@ -15,7 +15,9 @@
 
 Small setting (CPU, about a minute): ``python examples/brax_ppo/run.py``.
 Tier table: ``python examples/brax_ppo/run.py --gpu "RTX 3060 Ti" --tiers 8,12,16,24
---out fitted.yaml --skip-train``. Full run on the card the plan was made for:
+--batch-size 1024 --num-minibatches 32 --unroll-length 10 --out fitted.yaml --skip-train``:
+``num_envs`` scales with memory while the learning hyperparameters hold (``--scale``,
+``--hold`` choose). Full run on the card the plan was made for:
 ``python examples/brax_ppo/run.py --from-plan fitted.yaml --tier "RTX 3060 Ti"
 --num-timesteps 50000000``.
 """
@@ -64,6 +66,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--num-evals", type=int, default=2)
     ap.add_argument("--gpu", default="RTX 3060 Ti", help="GPU to plan for")
     ap.add_argument("--tiers", default="", help="GB tiers to plan, e.g. 8,12,16,24")
+    ap.add_argument(
+        "--scale",
+        default="num_envs",
+        help="knob(s) the tier table scales with memory, comma-separated (default num_envs)",
+    )
+    ap.add_argument(
+        "--hold",
+        default=None,
+        help="knob(s) the tier table holds at this run's values, comma-separated (default: "
+        "every other knob: batch_size, num_minibatches and unroll_length change how PPO "
+        "learns, so a tier table keeps them unless told otherwise; --hold '' frees them)",
+    )
     ap.add_argument("--out", default=None, help="write the fitted configurations here")
     ap.add_argument("--margin", default="5%", help="safety margin (memfit's default)")
     ap.add_argument("--from-plan", default=None, help="train with a fitted configuration file")
@@ -88,6 +102,36 @@ def tier_gpus(text: str) -> list[str]:
             raise memfit.ConfigError(f"not a GB tier: {part!r}", key_path="--tiers")
         out.append(TIER_CARDS.get(int(part), f"{part}GB"))
     return out
+
+
+def tier_pins(args: argparse.Namespace) -> dict[str, int]:
+    """The knobs a tier plan holds at this run's values: every knob not in ``--scale``, or
+    those ``--hold`` names.
+
+    >>> tier_pins(parse_args(["--batch-size", "1024", "--num-minibatches", "32"]))
+    {'batch_size': 1024, 'num_minibatches': 32, 'unroll_length': 5}
+    >>> tier_pins(parse_args(["--hold", ""]))
+    {}
+    """
+    values = {
+        "num_envs": args.num_envs,
+        "batch_size": args.batch_size,
+        "num_minibatches": args.num_minibatches,
+        "unroll_length": args.unroll_length,
+    }
+    scaled = {k.strip() for k in args.scale.split(",") if k.strip()}
+    if args.hold is None:
+        held = [k for k in values if k not in scaled]
+    else:
+        held = [k.strip() for k in args.hold.split(",") if k.strip()]
+    unknown = sorted((scaled | set(held)) - set(values))
+    if unknown:
+        raise memfit.ConfigError(
+            f"not a Brax PPO knob: {', '.join(unknown)}",
+            key_path="--scale/--hold",
+            hint="use num_envs, batch_size, num_minibatches, unroll_length",
+        )
+    return {k: values[k] for k in held}
 
 
 def fitted(plan: memfit.Plan, total_bytes: int) -> dict[str, Any]:
@@ -212,11 +256,22 @@ def main(argv: list[str] | None = None) -> int:
     gpus = [args.gpu, *(g for g in tier_gpus(args.tiers) if g != args.gpu)]
     print(f"{'GPU':<32} {'num_envs':>8} {'batch':>6} {'minib':>5} {'unroll':>6} "
           f"{'buffers':>10} {'XLA pool':>10}  XLA mem fraction")  # fmt: skip
+    held = tier_pins(args)
+    ranges = dict(RANGES)
+    if held:
+        print("tier table holds " + ", ".join(f"{k}={v}" for k, v in held.items())
+              + " (how PPO learns) and scales the rest; --hold '' frees them")  # fmt: skip
+        if {"batch_size", "num_minibatches"} <= set(held):
+            cap = held["batch_size"] * held["num_minibatches"]
+            # Brax's rule: num_envs divides batch_size * num_minibatches
+            low = min(RANGES["num_envs"][0], args.num_envs)
+            ranges["num_envs"] = (low, RANGES["num_envs"][1])
+            print(f"  num_envs can reach batch_size x num_minibatches = {cap} at most (Brax)")
     for name in gpus:
         spec = memfit.gpu(name)
         try:
             p = mbrax.plan_ppo(
-                env, gpu=spec, margin=args.margin, ranges=RANGES, measurements=measured
+                env, gpu=spec, margin=args.margin, ranges=ranges, measurements=measured, **held
             )
         except memfit.InfeasiblePlan as exc:
             print(f"{spec.name:<32} does not fit: {exc.message}")

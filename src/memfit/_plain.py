@@ -45,3 +45,16 @@ def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, An
         else:
             out[key] = value
     return out
+
+
+def plural(count: int, word: str, many: str | None = None) -> str:
+    """``"1 micro-batch"``, ``"2 micro-batches"``: a count with its noun agreeing.
+
+    >>> plural(1, "micro-batch"), plural(2, "micro-batch"), plural(3, "item")
+    ('1 micro-batch', '2 micro-batches', '3 items')
+    """
+    if count == 1:
+        return f"{count} {word}"
+    if many is None:
+        many = word + ("es" if word.endswith(("ch", "sh", "s", "x")) else "s")
+    return f"{count} {many}"

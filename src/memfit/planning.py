@@ -15,7 +15,7 @@ imports neither torch, jax nor pynvml.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -167,7 +167,11 @@ def resolve_gpu(gpu: str | int | GpuSpec) -> GpuSpec:
     return catalog_gpu(gpu)
 
 
-def with_measurements(workload: Workload, measure: str = "auto") -> tuple[Workload, list[str]]:
+def with_measurements(
+    workload: Workload,
+    measure: str = "auto",
+    progress: Callable[[str], None] | None = None,
+) -> tuple[Workload, list[str]]:
     """The workload with the measurements its environment needs (``env: brax:...``), and
     notes saying where they come from
     (:func:`memfit.integrations.brax.resolve_measurements`: ``auto``, ``fresh`` or
@@ -182,7 +186,7 @@ def with_measurements(workload: Workload, measure: str = "auto") -> tuple[Worklo
         return workload, []
     from memfit.integrations._brax_measure import resolve_measurements
 
-    return resolve_measurements(workload, measure)
+    return resolve_measurements(workload, measure, progress=progress)
 
 
 def _measured(workload: Workload, gpu_name: str) -> MeasuredTerms | None:
@@ -203,16 +207,22 @@ def _host_check(
     workload: Workload, host_memory_bytes: int | None, gpu: GpuSpec
 ) -> tuple[int | None, list[str]]:
     """Host RAM to check a host-placed buffer against: the caller's, the workload's, else
-    this machine's available RAM (said in a note)."""
+    this machine's available RAM (said in a note where the plan places state there; where
+    it does not, the figure still bounds the "would fit" hints that move state to the host)."""
     if host_memory_bytes is not None or workload.host_memory_bytes is not None:
         return host_memory_bytes, []
     family = family_for(workload)
-    if gpu.is_host or family.placement is None or family.placement_of(workload) == "gpu":
+    if gpu.is_host or family.placement is None:
         return None, []
+    on_gpu = family.placement_of(workload) == "gpu"
     here = host_memory()
     if here is None:
+        if on_gpu:
+            return None, []
         return None, ["host RAM not checked: pass --host-memory (this OS does not say its RAM)"]
     total, available = here
+    if on_gpu:
+        return available, []
     return available, [
         f"host RAM: this machine's {format_bytes(available)} available now (of "
         f"{format_bytes(total)}); pass --host-memory to plan for another machine"
@@ -229,6 +239,7 @@ def plan(
     device_index: int = 0,
     measure: str = "auto",
     runtime: Mapping[str, str] | str | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> Plan:
     """The best configuration of a workload on a GPU.
 
@@ -253,6 +264,8 @@ def plan(
             "module_loading": "eager"}`` (every key optional) or the same as
             ``"torch=1.10.0,cuda=11.2"``; ``None``: this machine's torch and its default
             loading mode (:func:`memfit.backends.software.target_runtime`).
+        progress: Called with a short sentence as a long stage starts (measuring a Brax
+            env takes minutes), for a status line; ``None``: silent.
 
     Returns:
         The plan (see :class:`memfit.core.plan.Plan`); its ``context`` says what the CUDA
@@ -267,7 +280,7 @@ def plan(
     """
     target = target_runtime(runtime)
     loaded = load_workload(workload) if not isinstance(workload, Workload) else workload
-    loaded, notes = with_measurements(loaded, measure)
+    loaded, notes = with_measurements(loaded, measure, progress)
     fraction = parse_fraction(margin)
     others = 0
     if isinstance(gpu, str) and gpu.strip().lower() == "local":
@@ -289,7 +302,27 @@ def plan(
         host_memory_bytes=host,
         runtime=target,
     )
-    return replace(result, notes=[*notes, *check_notes, *result.notes])
+    return replace(
+        result, notes=[*notes, *check_notes, *result.notes, *_fraction_name_note(result)]
+    )
+
+
+def _fraction_name_note(result: Plan) -> list[str]:
+    """Where the installed jaxlib documents the newer name of XLA's pool fraction, say so:
+    the plan's settings keep the older name, which every JAX reads."""
+    old = "XLA_PYTHON_CLIENT_MEM_FRACTION"
+    if old not in result.environment:
+        return []
+    from memfit.runtime.allocator_env import jax_fraction_name
+
+    name, why = jax_fraction_name()
+    if name == old:
+        return []
+    return [
+        f"{old} is the name every JAX reads; {why}: export {name}="
+        f"{result.environment[old]} instead if you prefer it (memfit env prints that name), "
+        "never both"
+    ]
 
 
 def _host_spec(host_memory_bytes: int | None) -> tuple[GpuSpec, int, list[str]]:
@@ -327,6 +360,7 @@ def plan_tiers(
     host_memory_bytes: int | None = None,
     measure: str = "auto",
     runtime: Mapping[str, str] | str | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> list[Plan | InfeasiblePlan]:
     """The tier table: one plan per GPU (an :class:`InfeasiblePlan` where nothing fits).
 
@@ -338,7 +372,7 @@ def plan_tiers(
     """
     target = target_runtime(runtime)
     loaded = load_workload(workload) if not isinstance(workload, Workload) else workload
-    loaded, notes = with_measurements(loaded, measure)
+    loaded, notes = with_measurements(loaded, measure, progress)
     specs = [resolve_gpu(g) for g in gpus]
     measured = _measured(loaded, specs[0].name) if specs else None
     host, host_notes = (None, []) if not specs else _host_check(loaded, host_memory_bytes, specs[0])

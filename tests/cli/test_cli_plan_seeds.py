@@ -36,12 +36,13 @@ def test_one_xla_fraction_in_plan_and_env(capsys: pytest.CaptureFixture[str]) ->
     planned = json.loads(out)["environment"]["XLA_PYTHON_CLIENT_MEM_FRACTION"]
     code, out, _ = run(capsys, "env", "--gpu", "RTX 4070", "--json")
     assert code == 0
-    env = {s["variable"]: s for s in json.loads(out)["settings"]}
-    assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"]["value"] == planned == "0.90"
+    # one value; env names it as the installed jaxlib reads it (issue 22)
+    fractions = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")
+    env = {s["variable"]: s for s in json.loads(out)["settings"] if s["variable"] in fractions}
+    assert [s["value"] for s in env.values()] == [planned] == ["0.90"]
     code, out, _ = run(capsys, "env", "--json")
-    assert {s["variable"]: s["value"] for s in json.loads(out)["settings"]}[
-        "XLA_PYTHON_CLIENT_MEM_FRACTION"
-    ] == "0.90"
+    values = [s["value"] for s in json.loads(out)["settings"] if s["variable"] in fractions]
+    assert values == ["0.90"]
 
 
 def test_decimal_and_binary_sizes_are_explained(capsys: pytest.CaptureFixture[str]) -> None:
@@ -90,6 +91,8 @@ def test_measure_modes_through_the_cli(capsys: pytest.CaptureFixture[str]) -> No
     data = run_json(
         capsys, "plan", "brax_humanoid_ppo", "--gpu", "T4", "--measure", "recorded", "--json"
     )
-    assert data["notes"][0].startswith("measurements recorded in the workload")
+    # with brax installed or not (the README's setup decides): the recording, and, where
+    # something is missing, which package it is
+    assert "measurements recorded in the workload" in data["notes"][0]
     code, _, err = run(capsys, "plan", "brax_humanoid_ppo", "--gpu", "T4", "--measure", "x")
     assert code == 1 and "unknown measurement mode" in err

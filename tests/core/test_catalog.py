@@ -11,6 +11,14 @@ from memfit.core.budget import (
     cuda_context_bytes,
     parse_cublas_workspace_config,
 )
+from memfit.core.catalog import (
+    ARCHITECTURES,
+    GpuSpec,
+    anonymous_gpu,
+    gpu,
+    list_gpus,
+    normalize_name,
+)
 from memfit.core.runtime import (
     EAGER_CONTEXT_BYTES as CUDA_CONTEXT_EAGER_BYTES,
 )
@@ -20,13 +28,12 @@ from memfit.core.runtime import (
 from memfit.core.runtime import (
     LAZY_CONTEXT_UNKNOWN_BYTES as CUDA_CONTEXT_UNKNOWN_BYTES,
 )
-from memfit.core.catalog import ARCHITECTURES, GpuSpec, gpu, list_gpus, normalize_name
 from memfit.units import GiB, MiB
 
 
-def test_catalog_has_at_least_30_gpus_with_sources() -> None:
+def test_catalog_has_at_least_100_gpus_with_sources() -> None:
     specs = list_gpus()
-    assert len(specs) >= 30
+    assert len(specs) >= 100
     assert len({s.name for s in specs}) == len(specs)
     for spec in specs:
         assert spec.arch in ARCHITECTURES and spec.arch != "unknown"
@@ -99,11 +106,15 @@ def test_size_gives_anonymous_gpu(size: str | int, total: int) -> None:
 
 def test_too_small_size_is_rejected_with_unit_hint() -> None:
     with pytest.raises(ConfigError, match="too small") as info:
+        anonymous_gpu("4096")
+    assert "4096MiB" in (info.value.hint or "")
+    # given as a GPU, a bare number is a card's name or nothing (issue 22)
+    with pytest.raises(ConfigError, match="needs a unit") as info:
         gpu("4096")
     assert "4096MiB" in (info.value.hint or "")
 
 
-@pytest.mark.parametrize("query", ["rtx 9090", "2060 super", "foo", "quadro"])
+@pytest.mark.parametrize("query", ["rtx 9090", "gtx 480", "foo", "titan z"])
 def test_unknown_name_lists_three_nearest(query: str) -> None:
     with pytest.raises(ConfigError, match="unknown GPU") as info:
         gpu(query)

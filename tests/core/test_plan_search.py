@@ -50,7 +50,10 @@ def test_reference_cases_from_the_issue() -> None:
                 host_memory_bytes=16 * GiB)  # fmt: skip
     assert host.binding == "host_memory" and "replay_buffer" not in host.breakdown
     per_transition = 2 * 4 * 64 * 64 + 8 + 3 * 4
-    assert int(host.knobs["buffer_size"]) == 16 * GiB // per_transition // 10000 * 10000
+    # host RAM keeps the GPU's 5% margin (issue 22)
+    host_budget = 16 * GiB - int(16 * GiB * 0.05)
+    assert host.host_budget_bytes == host_budget
+    assert int(host.knobs["buffer_size"]) == host_budget // per_transition // 10000 * 10000
     # the 8 GB GPU case: dual-camera ACT rollouts rendered by Isaac Sim in the same process:
     # the renderer, not the policy, limits them
     act = plan_for_gpu(load_workload("act_dual_camera"), gpu("RTX 4060 Ti"))
@@ -110,9 +113,16 @@ def test_priority_breaks_objective_ties() -> None:
         "  x: {min: 1, max: 4, priority: 0}\n  y: {min: 1, max: 4, priority: 5}\n",
         "objective: '1'\n",
     )
-    assert plan_for_gpu(w, anonymous_gpu(8 * GiB)).knobs == {"x": 4, "y": 4}
-    # room for 5 blocks: the high-priority knob keeps its maximum, the other shrinks
-    tight = plan_for_gpu(w, anonymous_gpu(OVERHEAD + 80 * MiB), margin=0)
+    # issue 22: at equal objective the configuration that needs less memory wins
+    assert plan_for_gpu(w, anonymous_gpu(8 * GiB)).knobs == {"x": 1, "y": 1}
+    # at equal objective and memory, the high-priority knob keeps the larger value
+    same = custom(
+        "{a: 'x * 16777216', b: 'y * 16777216'}",
+        "  x: {min: 1, max: 4, priority: 0}\n  y: {min: 1, max: 4, priority: 5}\n",
+        "objective: 'x + y'\n",
+    )
+    # room for 5 blocks: (1, 4), (2, 3), (3, 2) and (4, 1) tie on both
+    tight = plan_for_gpu(same, anonymous_gpu(OVERHEAD + 80 * MiB), margin=0)
     assert tight.knobs == {"x": 1, "y": 4}
     assert tight.binding == "a"
 

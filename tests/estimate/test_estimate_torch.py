@@ -78,7 +78,9 @@ def test_breakdown_names_parameters_optimizer_state_and_activations() -> None:
     assert point.breakdown["activations"] >= 4096 * 512 * 4
     assert sum(point.breakdown.values()) == point.allocated_peak
     assert point.top_modules[0][1] >= 4096 * 512 * 4
-    assert point.top_modules[0][0] in {"0", "1"}  # the Linear or the ReLU after it
+    # the Linear or the ReLU after it, by qualified name (issue 22: not a bare index)
+    assert point.top_modules[0][0] in {"Sequential.0 (Linear)", "Sequential.1 (ReLU)"}
+    assert all(not name.isdigit() for name, _ in point.top_modules)
 
 
 def test_fit_is_affine_in_the_batch_and_feeds_measured_terms() -> None:
@@ -213,3 +215,11 @@ def test_fit_needs_two_distinct_sizes() -> None:
     assert line.slope == pytest.approx(2.5)
     assert line.intercept == pytest.approx(1 / 3)
     assert line.residual == pytest.approx(1 / 3)  # at x=2: 5 against 16/3
+
+
+def test_progress_hears_each_batch_size() -> None:
+    """Issue 22: ``memfit estimate`` over several batch sizes shows where it is."""
+    step = _mlp_step()
+    heard: list[str] = []
+    estimate_torch(step.build, step.step, step.make_batch, [2, 4], progress=heard.append)
+    assert heard == ["tracing batch_size=2 (1 of 2)", "tracing batch_size=4 (2 of 2)"]

@@ -33,7 +33,7 @@ def _run(script: str, *args: str, timeout: int = 600) -> str:
 
 
 def test_brax_ppo_small(tmp_path: Path) -> None:
-    pytest.importorskip("brax")
+    pytest.importorskip("brax", reason="brax is an optional extra (integrations)")
     fitted = tmp_path / "fitted.yaml"
     out = _run(
         "brax_ppo/run.py",
@@ -53,6 +53,10 @@ def test_brax_ppo_small(tmp_path: Path) -> None:
         "NVIDIA GeForce RTX 4080",
         "NVIDIA GeForce RTX 4090",
     ]
+    held = {(c["ppo"]["batch_size"], c["ppo"]["num_minibatches"], c["ppo"]["unroll_length"])
+            for c in configs}  # fmt: skip
+    assert held == {(16, 2, 5)}  # issue 22: the tier table holds how PPO learns
+    assert "tier table holds batch_size=16, num_minibatches=2, unroll_length=5" in out
     for c in configs:
         k = c["ppo"]
         assert k["batch_size"] * k["num_minibatches"] % k["num_envs"] == 0
@@ -64,7 +68,7 @@ def test_brax_ppo_small(tmp_path: Path) -> None:
 
 
 def test_brax_ppo_rejects_bad_arguments_before_brax(tmp_path: Path) -> None:
-    pytest.importorskip("brax")
+    pytest.importorskip("brax", reason="brax is an optional extra (integrations)")
     done = subprocess.run(
         [sys.executable, str(EXAMPLES / "brax_ppo/run.py"), "--num-envs", "512",
          "--batch-size", "128", "--num-minibatches", "2", "--skip-train"],

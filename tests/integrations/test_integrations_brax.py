@@ -226,7 +226,7 @@ def measure_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.fixture(scope="module")
 def fast_measured(measure_cache: Path) -> BraxMeasurements:
     """brax's ``fast`` test env measured once (about 10 s on a CPU)."""
-    pytest.importorskip("brax")
+    pytest.importorskip("brax", reason="brax is an optional extra (integrations)")
     return mbrax.measure_ppo("fast")
 
 
@@ -321,10 +321,14 @@ def test_resolve_measurements_modes(
     _, notes = mbrax.resolve_measurements(recorded, "recorded")
     assert "measurements recorded in the workload with brax" in notes[0]
     # without brax and jax the recording is all there is, and the plan says so
-    monkeypatch.setattr(bm, "installed_versions", lambda: None)
+    monkeypatch.setattr(bm, "missing_packages", lambda: ["brax"])
     _, notes = mbrax.resolve_measurements(recorded)
-    assert notes[0].startswith("brax/jax are not installed here: measurements recorded")
-    with pytest.raises(ConfigError, match="brax is not installed"):
+    # the note names what is missing (issue 22: jax was there, only brax was not)
+    assert notes[0].startswith("brax is not installed here: measurements recorded")
+    monkeypatch.setattr(bm, "missing_packages", lambda: ["brax", "jax"])
+    _, notes = mbrax.resolve_measurements(recorded)
+    assert notes[0].startswith("brax and jax are not installed here: measurements recorded")
+    with pytest.raises(ConfigError, match="brax and jax are not installed"):
         mbrax.resolve_measurements(bare)
     with pytest.raises(BackendUnavailable, match="needs brax and jax"):
         mbrax.resolve_measurements(bare, "fresh")
@@ -361,7 +365,7 @@ def test_recorded_humanoid_figures_are_the_measured_ones() -> None:
 
 
 def test_train_checks_before_brax() -> None:
-    pytest.importorskip("brax")
+    pytest.importorskip("brax", reason="brax is an optional extra (integrations)")
     with pytest.raises(ConfigError, match="episode_length"):
         mbrax.train(object(), num_envs=4, batch_size=4, num_minibatches=1, num_timesteps=10)
 

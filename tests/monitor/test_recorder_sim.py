@@ -100,6 +100,8 @@ def test_samples_and_file_have_every_field(tmp_path: Path) -> None:
     assert [r["type"] for r in records] == ["start", "sample", "sample", "end"]
     assert records[1]["allocated_bytes"] == first["allocated_bytes"]
     assert records[0]["source"] == "simulated"
+    # issue 22: the start record carries the simulated GPU's budget, not null
+    assert records[0]["budget_bytes"] == 64 * MiB
 
 
 def test_every_n_steps_and_callback_form() -> None:

@@ -373,3 +373,22 @@ def test_a_run_without_memory_figures_draws_its_step_times(tmp_path: Path) -> No
     assert ax.get_ylabel() == "step time (ms)"
     (line,) = ax.lines
     assert list(line.get_ydata())[:2] == pytest.approx([10.0, 20.0])
+
+
+def test_step_ticks_are_whole_numbers(tmp_path: Path) -> None:
+    """Issue 22: a short run's step axis has no tick at 2.5."""
+    from memfit.monitor.report import plot
+
+    run = load_run(record_run(tmp_path / "run.jsonl", 5))
+    fig = plot(run)
+    try:
+        fig.canvas.draw()
+        for axes in fig.axes:
+            if axes.get_xlabel() == "step" or axes.get_shared_x_axes().joined(axes, fig.axes[0]):
+                low, high = axes.get_xlim()
+                ticks = [t for t in axes.get_xticks() if low <= t <= high]
+                assert ticks and all(float(t).is_integer() for t in ticks), ticks
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)

@@ -154,3 +154,13 @@ def test_the_cli_searches_the_same_default_range() -> None:
     from memfit.cli import fit as fit_cli
 
     assert fit_cli.DEFAULT_HIGH == DEFAULT_HIGH
+
+
+def test_fit_step_reports_the_trace_and_each_probe() -> None:
+    """Issue 22: fit's long work is visible (a status line's updater hears each stage)."""
+    heard: list[str] = []
+    found = fit_step(TORCH_STEP, device="cpu", budget="2MiB", high=8192, progress=heard.append)
+    assert heard[0].startswith("tracing ") and "first guess" in heard[0]
+    probes = [h for h in heard if h.startswith("probe ")]
+    assert len(probes) == len(found.result.probes)
+    assert probes[0].startswith("probe 1: ") and probes[-1].endswith(" on cpu")

@@ -164,7 +164,7 @@ def test_the_ladder_retries_then_splits_then_gives_up() -> None:
         guard((x, y))
     assert sizes == [8, 8, 4, 2]
     assert info.value.tried == ["retry x1", "split x2", "split x4"]
-    assert info.value.hint is not None and "2 item(s)" in info.value.hint
+    assert info.value.hint is not None and "2 items" in info.value.hint
     assert [e.kind for e in guard.events][-1] == "give_up"
     for p, q in zip(model.parameters(), before, strict=True):
         assert torch.equal(p, q) and p.grad is None
@@ -508,3 +508,21 @@ def test_step_in_micro_batches_returns_the_weighted_loss_on_the_cpu() -> None:
     loss = guard.step((x, y))
     assert loss.dtype == torch.float64 and loss.device.type == "cpu"
     assert float(loss) == pytest.approx(expected, rel=1e-6)
+
+
+def test_retry_message_counts_in_words() -> None:
+    """Issue 22: "retrying with 1 micro-batch", not "1 micro-batch(s)"."""
+    model = _model()
+    opt = _optimizer("sgd", model)
+    failures = [1]
+
+    def loss_fn(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        if failures[0]:
+            failures[0] -= 1
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
+        return nn.functional.mse_loss(model(batch[0]), batch[1])
+
+    guard = TrainGuard(opt, loss_fn)
+    guard((torch.randn(8, 16), torch.randn(8, 4)))
+    [retry] = [e.message for e in guard.events if e.kind == "retry"]
+    assert "(s)" not in retry and retry.startswith("retrying with 1 ")

@@ -20,5 +20,7 @@ PLAN_FIELDS = [
     "environment",
     "notes",
     "would_fit",
+    "host_memory_bytes",
+    "host_budget_bytes",
     "context",
 ]

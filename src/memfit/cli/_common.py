@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
 
 from memfit.errors import ConfigError
@@ -37,8 +37,30 @@ __all__ = [
     "user_code",
 ]
 
+#: Width of stdout's text when it is not a terminal (a pipe, a file): wide enough that no
+#: table cell is cut; a table is only as wide as its content, so this is a ceiling.
+PIPE_WIDTH = 1000
+
+
+class _StdoutConsole(Console):
+    """A Rich console that, when its output is not a terminal, lays text out
+    :data:`PIPE_WIDTH` wide instead of 80 (or the width of a terminal on stderr): piped or
+    redirected tables keep every word whole (``memfit plan ... --all-gpus | cat``)."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        dims = Console.size.fget(self)  # type: ignore[attr-defined]
+        if self._width is None and not self.is_terminal:
+            return ConsoleDimensions(PIPE_WIDTH, dims.height)
+        return dims  # type: ignore[no-any-return]
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        Console.size.fset(self, new_size)  # type: ignore[attr-defined]
+
+
 #: Rich console for human output on stdout.
-out_console = Console(highlight=False, soft_wrap=False)
+out_console: Console = _StdoutConsole(highlight=False, soft_wrap=False)
 #: Rich console for notes and problems on stderr.
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 

@@ -13,10 +13,12 @@ setting, or it is silently lost) makes the exit status 1, after everything is pr
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import typer
 from rich.table import Table
 
+from memfit._plain import plural
 from memfit.cli._common import JSON_OPTION, err_console, out_console, print_json, safe
 from memfit.cli._files import read_input_text
 from memfit.core.allocator_settings import (
@@ -29,7 +31,12 @@ from memfit.core.allocator_settings import (
     render_shell,
 )
 from memfit.errors import ConfigError
-from memfit.runtime.allocator_env import check_environment, installed_torch_version
+from memfit.runtime.allocator_env import (
+    check_environment,
+    check_jax_install,
+    installed_torch_version,
+    jax_fraction_name,
+)
 
 __all__ = ["env", "register"]
 
@@ -68,7 +75,14 @@ def env(
     from memfit.core.catalog import gpu as catalog_gpu
 
     spec = catalog_gpu(gpu) if gpu is not None else None
-    rec = recommend(profile, torch_version=installed_torch_version(), gpu=spec)
+    fraction_name, fraction_why = jax_fraction_name()
+    rec = recommend(
+        profile,
+        torch_version=installed_torch_version(),
+        gpu=spec,
+        jax_fraction_variable=fraction_name,
+    )
+    rec = replace(rec, notes=(*rec.notes, f"{fraction_name}: {fraction_why}"))
     script = render_shell(rec.settings, shell)
     if check is not None:
         text, source = read_input_text(check, what="the shell file (--check)", stdin=True)
@@ -79,7 +93,7 @@ def env(
             raise ConfigError(exc.message, key_path=source, hint=exc.hint) from exc
         checked = f"file {source}"
     else:
-        problems = check_environment()
+        problems = check_environment() + check_jax_install()
         checked = "environment"
     current = {
         name: os.environ[name] for name in (*TORCH_VARIABLES, *JAX_VARIABLES) if name in os.environ
@@ -122,10 +136,9 @@ def env(
             out_console.print(f"no problems in the {safe(checked)}")
     if failing:
         first = failing[0]
-        level = "problem(s)" if strict else "error-level problem(s)"
+        level = plural(len(failing), "problem" if strict else "error-level problem")
         err_console.print(
-            f"[bold red]Error:[/] {len(failing)} {level} in the {safe(checked)}; "
-            f"first: {safe(first.message)}"
+            f"[bold red]Error:[/] {level} in the {safe(checked)}; first: {safe(first.message)}"
         )
         err_console.print(f"[bold]Hint:[/] {safe(first.hint or 'see the problems listed above')}")
         raise typer.Exit(1)

@@ -24,6 +24,7 @@ from memfit.cli._common import (
     safe,
     user_code,
 )
+from memfit.cli._progress import status
 from memfit.errors import ConfigError
 from memfit.units import format_bytes
 
@@ -173,7 +174,10 @@ def estimate_command(
                     variable, alloc_conf = name, os.environ[name]
                     break
         expandable, max_split = torch_allocator_options(alloc_conf, variable)
-        with user_code(factory):  # build / make_batch / step are the user's code too
+        with (
+            status(f"tracing {factory}", quiet=json_out) as say,
+            user_code(factory),  # build / make_batch / step are the user's code too
+        ):
             data = estimate_torch(
                 step.build,
                 step.step,
@@ -184,13 +188,14 @@ def estimate_command(
                 max_split_size=max_split,
                 batch_knob=step.batch_knob,
                 runtime=runtime,
+                progress=say,
             ).to_dict()
     elif isinstance(step, JaxStep):
         from memfit.estimate.jax_xla import estimate_jax_sweep
 
-        with user_code(factory):
+        with status(f"compiling {factory}", quiet=json_out) as say, user_code(factory):
             data = estimate_jax_sweep(
-                step.fn, step.make_args, sizes, gpu=gpu, batch_knob=step.batch_knob
+                step.fn, step.make_args, sizes, gpu=gpu, batch_knob=step.batch_knob, progress=say
             ).to_dict()
     if json_out:
         print_json(data)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 from rich.table import Table
 
+from memfit._plain import plural
 from memfit.cli._common import (
     JSON_OPTION,
     RUNTIME_OPTION,
@@ -28,6 +29,7 @@ from memfit.cli._common import (
     safe,
     user_code,
 )
+from memfit.cli._progress import status
 from memfit.errors import ConfigError
 from memfit.runtime.fit_step import DEFAULT_HIGH
 from memfit.units import format_bytes, parse_bytes, parse_fraction
@@ -199,9 +201,12 @@ def fit_command(
     lo, hi, constraint, described = _domain(workload, knob_name, low, high)
     # Checked before the (slow) trace: bounds that leave nothing to search.
     valid_values(low=lo, high=hi, multiple_of=multiple_of, constraint=constraint)
-    if not no_prior:
-        err_console.print(f"tracing {safe(spec)} with fake tensors for a first guess ...")
-    with user_code(spec):
+    first = f"fitting {knob_name} on {dev}: " + (
+        "a first guess from a fake-tensor trace, then probes on the device"
+        if not no_prior
+        else "probing on the device"
+    )
+    with status(first, quiet=json_out) as say, user_code(spec):
         found = fit_step(
             step,
             device=dev,
@@ -214,6 +219,7 @@ def fit_command(
             steps=steps,
             prior=not no_prior,
             runtime=runtime,
+            progress=say,
         )
     result = found.result
     data = found.to_dict()
@@ -231,7 +237,7 @@ def fit_command(
     out_console.print(
         f"[bold]{safe(knob_name)} = {result.value}[/] on {safe(result.device)}: peak "
         f"{peak_text} of {format_bytes(result.budget_bytes)} (margin {result.margin:.0%}), "
-        f"{len(result.probes)} probe(s), {result.oom_count} out-of-memory caught"
+        f"{plural(len(result.probes), 'probe')}, {result.oom_count} out-of-memory caught"
     )
     err_console.print("note: model and optimizer state restored to before the probes")
 

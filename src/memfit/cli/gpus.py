@@ -9,8 +9,8 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from memfit.cli._common import JSON_OPTION, out_console, print_json, safe
-from memfit.core.catalog import GpuSpec, gpu, list_gpus
+from memfit.cli._common import JSON_OPTION, err_console, out_console, print_json, safe
+from memfit.core.catalog import GpuSpec, gpu, list_gpus, reading_note
 from memfit.units import format_bytes, format_mib
 
 __all__ = ["gpus", "register"]
@@ -24,7 +24,9 @@ def _cc(spec: GpuSpec) -> str:
 
 def gpus(
     name: str | None = typer.Argument(
-        None, help="A GPU name ('4090', 'H100 80GB') or a size ('12GiB'); all when left out."
+        None,
+        help="A GPU name ('4090', 'RTX 4060 Laptop', 'H100 80GB') or a size with its unit "
+        "('12GiB'); all when left out.",
     ),
     as_json: bool = JSON_OPTION,
 ) -> None:
@@ -34,6 +36,9 @@ def gpus(
         if as_json:
             print_json(spec.to_dict())
             return
+        note = reading_note(name)
+        if note is not None:
+            err_console.print(f"note: {safe(note)}")
         table = Table(title=safe(spec.name), title_justify="left", show_header=False)
         table.add_column("field")
         table.add_column("value")

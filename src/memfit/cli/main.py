@@ -65,6 +65,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "estimate",
     "plan",
     "fit",
+    "show",  # issue 22
 )
 
 app = typer.Typer(

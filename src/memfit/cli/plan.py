@@ -35,6 +35,7 @@ from memfit.cli._files import (
     Output,
     read_input_text,
 )
+from memfit.cli._progress import status
 from memfit.core.budget import DEFAULT_MARGIN
 from memfit.core.catalog import GpuSpec
 from memfit.core.constraints import Violation, check, parse_set
@@ -43,7 +44,7 @@ from memfit.core.workload import Workload, bundled_names, load_workload, parse_w
 from memfit.errors import ConfigError, InfeasiblePlan, did_you_mean
 from memfit.units import format_bytes, parse_bytes, parse_fraction
 
-__all__ = ["load_workload_arg", "parse_overrides", "register"]
+__all__ = ["fitted_workload", "load_workload_arg", "parse_overrides", "register"]
 
 WORKLOAD_ARG: str = typer.Argument(
     ...,
@@ -214,7 +215,16 @@ def _print_plan(workload: Workload, result: Plan) -> None:
         console.print("What would fit instead:")
         for option in result.would_fit:
             if not option.get("fits"):
-                console.print(f"  {safe(option['change'])}: does not fit either")
+                why = option.get("binding")
+                if why == "host_memory" and result.host_budget_bytes is not None:
+                    why = f"over the host RAM's {format_bytes(result.host_budget_bytes)} budget"
+                elif why:
+                    why = f"limited by {why}"
+                reason = f" ({why})" if why else ""
+                console.print(
+                    f"  {safe(option['change'])}: does not fit either{safe(reason)}",
+                    soft_wrap=True,
+                )
                 continue
             host = option.get("host_bytes") or 0
             host_text = f", {format_bytes(host)} of host RAM" if host else ""
@@ -233,17 +243,51 @@ def _print_plan(workload: Workload, result: Plan) -> None:
             console.print(f"  {safe(line)}", soft_wrap=True)
 
 
-def _write_fitted(out: Output, workload: Workload, result: Plan) -> None:
-    data: dict[str, Any] = {
-        "workload": workload.name,
-        "gpu": result.gpu,
-        "knobs": dict(result.knobs),
-        "settings": dict(workload.settings),
-        "predicted_bytes": result.predicted_bytes,
-        "budget_bytes": result.budget_bytes,
-        "environment": dict(result.environment),
-    }
-    out.write(yaml.safe_dump(data, sort_keys=False))
+def fitted_workload(workload: Workload, result: Plan, overrides: dict[str, int]) -> str:
+    """The workload as YAML with every knob pinned to the plan's value: a file that
+    ``memfit plan FILE`` loads again (and plans to the same configuration).
+
+    What the plan relied on is kept with it: the host RAM it checked a host buffer against
+    (``host_memory_bytes``), the replay buffer's chosen placement, and, as comments, the GPU,
+    the predicted peak and the allocator settings.
+    """
+    from memfit.core.families import family_for
+
+    data = workload.model_dump(mode="json", exclude_none=True, exclude={"source"})
+    data.pop("variants", None)
+    settings = dict(workload.settings)
+    settings.update({k: v for k, v in overrides.items() if k in workload.settings})
+    data["settings"] = settings
+    knobs = data.get("knobs", {})
+    for name, value in result.knobs.items():
+        if name in knobs and isinstance(value, int):
+            spec = {k: v for k, v in knobs[name].items() if k in ("priority", "description")}
+            knobs[name] = {"choices": [value], "default": value, **spec}
+    family = family_for(workload)
+    placed = result.knobs.get(family.placement_knob or "")
+    if isinstance(placed, str) and isinstance(data.get("replay"), dict):
+        data["replay"]["placement"] = placed
+    if result.host_memory_bytes is not None:
+        data["host_memory_bytes"] = result.host_memory_bytes
+    head = [
+        f"# memfit plan {workload.name} --write: fitted for {result.gpu}",
+        f"# predicted peak {format_bytes(result.predicted_bytes)} of a "
+        f"{format_bytes(result.budget_bytes)} budget"
+        + (f"; host RAM {format_bytes(result.host_bytes)}" if result.host_bytes else ""),
+    ]
+    if result.host_memory_bytes is not None:
+        head.append(
+            f"# host RAM the plan relied on: {format_bytes(result.host_memory_bytes)} "
+            "(host_memory_bytes below)"
+        )
+    for key, value in result.environment.items():
+        head.append(f"# run with: export {key}={value}")
+    head.append("# every knob is pinned to the planned value; widen a knob's range to plan again")
+    return "\n".join(head) + "\n" + yaml.safe_dump(data, sort_keys=False)
+
+
+def _write_fitted(out: Output, workload: Workload, result: Plan, overrides: dict[str, int]) -> None:
+    out.write(fitted_workload(workload, result, overrides))
 
 
 def _short_gpu(name: str) -> str:
@@ -287,9 +331,18 @@ def _tiers(
     from memfit.core.families import family_for
     from memfit.planning import TIER_GPUS, plan_tiers, resolve_gpu
 
-    with _factory_code(workload):
+    with (
+        status(f"planning {workload.name} for {len(TIER_GPUS)} GPUs", quiet=as_json) as say,
+        _factory_code(workload),
+    ):
         results = plan_tiers(
-            workload, TIER_GPUS, overrides, margin, measure=measure, runtime=runtime
+            workload,
+            TIER_GPUS,
+            overrides,
+            margin,
+            measure=measure,
+            progress=say,
+            runtime=runtime,
         )
     specs = [resolve_gpu(g) for g in TIER_GPUS]
     if as_json:
@@ -444,7 +497,15 @@ def _plan_command(
     from memfit.planning import plan
 
     assert gpu is not None  # checked above
-    with _factory_code(loaded):
+    from memfit.core.catalog import reading_note
+
+    reading = reading_note(gpu)
+    if reading is not None and not as_json:
+        err_console.print(f"note: {safe(reading)}")
+    with (
+        status(f"planning {loaded.name} for {gpu}", quiet=as_json) as say,
+        _factory_code(loaded),
+    ):
         result = plan(
             loaded,
             gpu,
@@ -453,9 +514,10 @@ def _plan_command(
             host_memory_bytes=host,
             measure=measure,
             runtime=runtime,
+            progress=say,
         )
     if out is not None and result.fits:
-        _write_fitted(out, loaded, result)
+        _write_fitted(out, loaded, result, overrides)
     if as_json:
         print_json(result.to_dict())
     else:
@@ -476,19 +538,41 @@ def _plan_command(
         raise typer.Exit(1)
 
 
+_FRAMEWORKS = {"brax_ppo": "Brax PPO", "rl_games": "rl_games", "cleanrl": "CleanRL"}
+
+
+def _whose(v: Violation) -> str:
+    """Whose rule a violation breaks, for a person."""
+    if v.source == "workload":
+        return "the workload's own rule"
+    return f"{_FRAMEWORKS.get(v.source, v.source)}'s rule"
+
+
 def _print_violations(name: str, violations: list[Violation]) -> None:
-    if not violations:
+    ranges = [v for v in violations if v.kind == "range"]
+    broken = [v for v in violations if v.kind != "range"]
+    if not broken:
         out_console.print(f"[green]{safe(name)}: every rule holds[/]")
-        return
-    table = Table(title=f"{safe(name)}: broken rules", title_justify="left")
-    table.add_column("rule")
-    table.add_column("values")
-    table.add_column("nearest valid settings")
-    for v in violations:
-        values = ", ".join(f"{k}={x}" for k, x in v.knobs.items())
-        fixes = " or ".join(", ".join(f"{k}={x}" for k, x in s.items()) for s in v.suggestions)
-        table.add_row(safe(v.rule), safe(values), safe(fixes or "-"))
-    out_console.print(table)
+    else:
+        table = Table(title=f"{safe(name)}: broken rules (violations)", title_justify="left")
+        table.add_column("rule")
+        table.add_column("whose")
+        table.add_column("values")
+        table.add_column("nearest valid settings")
+        for v in broken:
+            values = ", ".join(f"{k}={x}" for k, x in v.knobs.items())
+            fixes = " or ".join(", ".join(f"{k}={x}" for k, x in s.items()) for s in v.suggestions)
+            table.add_row(safe(v.rule), safe(_whose(v)), safe(values), safe(fixes or "-"))
+        out_console.print(table)
+    for v in ranges:
+        knob = next(iter(v.knobs))
+        near = " or ".join(f"{knob}={s[knob]}" for s in v.suggestions)
+        out_console.print(
+            f"Note: {safe(v.message)}: outside this workload's declared range, not a "
+            f"framework rule; memfit plan searches only that range (nearest inside: "
+            f"{safe(near or '-')}; or widen knobs.{safe(knob)} in the workload)",
+            soft_wrap=True,
+        )
 
 
 def _check_command(
@@ -496,22 +580,29 @@ def _check_command(
     set_: list[str] = SET_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Check knob values against the workload's rules; exit 1 when one is broken."""
+    """Check knob values against the workload's rules; exit 1 when one is broken.
+
+    A value outside the range the workload declares for its knob is a note (the workload's
+    search space, not a framework rule); a broken rule is a violation.
+    """
     loaded = load_workload_arg(workload)
-    violations = check(loaded, parse_overrides(loaded, set_))
+    found = check(loaded, parse_overrides(loaded, set_))
+    violations = [v for v in found if v.kind != "range"]
+    notes = [v for v in found if v.kind == "range"]
     if as_json:
         print_json(
             {
                 "workload": loaded.name,
                 "ok": not violations,
                 "violations": [v.to_dict() for v in violations],
+                "range_notes": [v.to_dict() for v in notes],
             }
         )
     else:
-        _print_violations(loaded.name, violations)
+        _print_violations(loaded.name, found)
     if violations:
         first = violations[0]
-        err_console.print(f"[bold red]Error:[/] {safe(first.message)}")
+        err_console.print(f"[bold red]Error:[/] {safe(first.message)} ({safe(_whose(first))})")
         if first.suggestions:
             fix = ", ".join(f"--set {k}={v}" for k, v in first.suggestions[0].items())
             err_console.print(f"[bold]Hint:[/] try {safe(fix)}")

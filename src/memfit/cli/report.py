@@ -17,6 +17,7 @@ from rich.table import Table
 
 from memfit.cli._common import JSON_OPTION, err_console, out_console, print_json, safe
 from memfit.cli._files import FORCE_OPTION, STDIN, Output, read_input
+from memfit.cli._progress import status
 from memfit.errors import ConfigError
 from memfit.monitor.report import (
     event_rows,
@@ -48,6 +49,9 @@ def report(
         help="Write the figure (.png) or the full page (.html); a new file, or --force.",
     ),
     force: bool = FORCE_OPTION,
+    title: str | None = typer.Option(
+        None, "--title", help="Title of the figure and page (default: the run log's name)."
+    ),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Summarise a recorded run; draw it to a PNG or a self-contained HTML page."""
@@ -71,22 +75,26 @@ def report(
     )
     if out is not None:  # before reading: never the run log, never a file without --force
         out.check()
-    if run_file != STDIN:
-        run = load_run(run_file)
-    else:
-        data, source = read_input(run_file, what="the run log", hint=_HINT, stdin=True)
-        run = parse_run(data, source=source)
-    summary = summarize(run)
-    if out is not None:
-        name = run.path.name if run.path is not None else "memfit run"
-        out.write(png_bytes(run, title=name) if suffix == ".png" else render_html(run))
-        summary["output"] = str(out.path)
+    with status(f"reading {run_file}", quiet=as_json) as say:
+        if run_file != STDIN:
+            run = load_run(run_file)
+        else:
+            data, source = read_input(run_file, what="the run log", hint=_HINT, stdin=True)
+            run = parse_run(data, source=source)
+        summary = summarize(run)
+        if out is not None:
+            say(f"drawing {out.path.name}")
+            name = title or (run.path.name if run.path is not None else "memfit run")
+            out.write(
+                png_bytes(run, title=name) if suffix == ".png" else render_html(run, title=name)
+            )
+            summary["output"] = str(out.path)
     for warning in run.warnings:
         err_console.print(f"[yellow]warning:[/] {safe(warning)}")
     if as_json:
         print_json(summary)
         return
-    label = run.path.name if run.path is not None else "<stdin>"
+    label = title or (run.path.name if run.path is not None else "<stdin>")
     table = Table(title=f"memfit report: {safe(label)}", title_justify="left")
     table.add_column("")
     table.add_column("")

@@ -95,8 +95,39 @@ def _line_of(text: str, loc: Sequence[int | str]) -> tuple[int, int] | None:
     return (mark.line + 1, mark.column + 1) if mark else None
 
 
-def translate_validation_error(exc: ValidationError, text: str, source: str) -> ConfigError:
-    """The first validation problem as a ConfigError with key path, place and hint."""
+def _exact_line(text: str, loc: Sequence[int | str]) -> tuple[int, int] | None:
+    """Like :func:`_line_of`, but only where the whole of ``loc`` is in the text."""
+    try:
+        node: Any = yaml.compose(text)
+    except yaml.YAMLError:
+        return None
+    mark = None
+    for item in loc:
+        if isinstance(node, yaml.MappingNode) and isinstance(item, str):
+            for key_node, value_node in node.value:
+                if key_node.value == item:
+                    mark, node = key_node.start_mark, value_node
+                    break
+            else:
+                return None
+        elif (
+            isinstance(node, yaml.SequenceNode) and isinstance(item, int) and item < len(node.value)
+        ):
+            node = node.value[item]
+            mark = node.start_mark
+        else:
+            return None
+    return (mark.line + 1, mark.column + 1) if mark else None
+
+
+def translate_validation_error(
+    exc: ValidationError, text: str, source: str, variant: str | None = None
+) -> ConfigError:
+    """The first validation problem as a ConfigError with key path, place and hint.
+
+    With ``variant``, a key the variant sets is placed at its line inside ``variants:``
+    (the value that failed is the variant's, not the base's).
+    """
     errors = exc.errors(include_url=False)
     # an unknown key first: a misspelt key also makes the key it stands for look missing
     errors.sort(key=lambda e: e["type"] != "extra_forbidden")
@@ -113,8 +144,11 @@ def translate_validation_error(exc: ValidationError, text: str, source: str) -> 
             parts: list[int | str] = list(first.split("."))
             loc = parts
     key_path = _loc_text(loc) or "(top level)"
-    place = _line_of(text, loc)
-    where = f" ({source}:{place[0]}:{place[1]})" if place else f" ({source})"
+    place = _exact_line(text, ["variants", variant, *loc]) if variant else None
+    in_variant = f", in variant {variant!r}" if place else ""
+    if place is None:
+        place = _line_of(text, loc)
+    where = f" ({source}:{place[0]}:{place[1]}{in_variant})" if place else f" ({source})"
     more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
     kind = err["type"]
     if kind == "extra_forbidden":

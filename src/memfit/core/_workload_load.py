@@ -94,6 +94,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, yaml.Node] = {}
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *anchor`: merged below, its keys overridable as YAML allows
             key = self.construct_object(key_node, deep=deep)
             if isinstance(key, (str, int, float, bool)) and key in seen:
                 first = seen[key].start_mark
@@ -107,6 +109,29 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 seen[key] = key_node
         return super().construct_mapping(node, deep=deep)
 
+    def _refuse_base_60(self, node: yaml.ScalarNode) -> None:
+        text = str(node.value)
+        if ":" in text:
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"{text!r} is a base-60 number in YAML 1.1 (1:30 reads as 90); memfit refuses "
+                "it rather than guess",
+                node.start_mark,
+            )
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        self._refuse_base_60(node)
+        return int(super().construct_yaml_int(node))
+
+    def construct_yaml_float(self, node: yaml.ScalarNode) -> float:
+        self._refuse_base_60(node)
+        return float(super().construct_yaml_float(node))
+
+
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _UniqueKeyLoader.construct_yaml_int)
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:float", _UniqueKeyLoader.construct_yaml_float)
+
 
 def _yaml_hint(exc: yaml.MarkedYAMLError) -> str:
     problem = exc.problem or ""
@@ -116,6 +141,8 @@ def _yaml_hint(exc: yaml.MarkedYAMLError) -> str:
         return "workload files are plain YAML: remove the '!!' tag"
     if "'\\t'" in problem:
         return "indent with spaces; YAML does not allow tabs"
+    if "base-60" in problem:
+        return "write the number itself (90), or quote the text ('1:30')"
     return "check the indentation and the punctuation (':', '-', quotes) at that spot"
 
 
@@ -183,4 +210,4 @@ def parse_workload(
     try:
         return Workload.model_validate(data)
     except ValidationError as exc:
-        raise translate_validation_error(exc, text, source) from None
+        raise translate_validation_error(exc, text, source, variant) from None

@@ -749,6 +749,14 @@ def check_shell(text: str, *, base_env: Mapping[str, str] | None = None) -> list
 
 # -- recommendations ------------------------------------------------------------------------------
 
+#: The two names of XLA's pool fraction: the one JAX now documents, and the older one (read
+#: by every JAX; by newer ones as a deprecated name). Both are accepted; setting both stops
+#: a newer JAX's GPU backend from starting.
+JAX_FRACTION_VARIABLES: tuple[str, str] = (
+    "XLA_CLIENT_MEM_FRACTION",
+    "XLA_PYTHON_CLIENT_MEM_FRACTION",
+)
+
 
 def recommend(
     profile: str = "training",
@@ -756,6 +764,7 @@ def recommend(
     platform: str | None = None,
     torch_version: tuple[int, int] | None = None,
     gpu: GpuSpec | None = None,
+    jax_fraction_variable: str = "XLA_PYTHON_CLIENT_MEM_FRACTION",
 ) -> Recommendation:
     """Recommended allocator settings for a use.
 
@@ -771,6 +780,11 @@ def recommend(
         gpu: The GPU, for the XLA pool fraction of ``training``
             (:func:`memfit.core.budget.recommended_xla_fraction`); ``None``: any card of 8 GB
             or more.
+        jax_fraction_variable: The name to set the XLA pool fraction under:
+            ``XLA_CLIENT_MEM_FRACTION`` (the name JAX now documents) or
+            ``XLA_PYTHON_CLIENT_MEM_FRACTION`` (the older one, which every JAX reads; newer
+            ones as a deprecated name). :func:`memfit.runtime.allocator_env.jax_fraction_name`
+            says which the installed jaxlib reads.
 
     Raises:
         ConfigError: When the profile is unknown.
@@ -784,6 +798,12 @@ def recommend(
             f"unknown profile {profile!r}",
             key_path="--for",
             hint="use one of " + ", ".join(PROFILES),
+        )
+    if jax_fraction_variable not in JAX_FRACTION_VARIABLES:
+        raise ConfigError(
+            f"not a JAX memory-fraction variable: {jax_fraction_variable!r}",
+            key_path="jax_fraction_variable",
+            hint="use " + " or ".join(JAX_FRACTION_VARIABLES),
         )
     plat = sys.platform if platform is None else platform
     version = torch_version
@@ -845,7 +865,7 @@ def recommend(
         advice = recommended_xla_fraction(gpu)
         settings.append(
             Setting(
-                "XLA_PYTHON_CLIENT_MEM_FRACTION",
+                jax_fraction_variable,
                 advice.value,
                 advice.reason,
                 "jax",
@@ -872,7 +892,7 @@ def recommend(
         )
         settings.append(
             Setting(
-                "XLA_PYTHON_CLIENT_MEM_FRACTION",
+                jax_fraction_variable,
                 ".50",
                 "cap this process at half the GPU (with preallocation off it is a limit, not "
                 "a reservation)",

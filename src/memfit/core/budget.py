@@ -96,7 +96,7 @@ def _is_sm90_or_newer(spec: GpuSpec | None) -> bool | None:
         return spec.compute_capability >= (9, 0)
     if spec.arch in ("hopper", "blackwell"):
         return True
-    if spec.arch in ("volta", "turing", "ampere", "ada"):
+    if spec.arch in ("pascal", "volta", "turing", "ampere", "ada"):
         return False
     return None
 

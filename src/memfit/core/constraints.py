@@ -299,12 +299,19 @@ class Violation:
         message: One sentence for humans.
         suggestions: Nearest valid settings, each a dict of the knobs to change, the knob to
             shrink first (lowest priority) first.
+        kind: ``"rule"``: a rule is broken (a framework preset's, such as Brax PPO's, or the
+            workload's own); ``"range"``: the value is outside the range the workload
+            declares for the knob (the workload's search space, not a framework rule).
+        source: Whose rule: the preset (``"brax_ppo"``), ``"workload"`` for the workload's
+            own rules and knob ranges, or the framework an integration checks for.
     """
 
     rule: str
     knobs: dict[str, Any]
     message: str
     suggestions: tuple[dict[str, Any], ...] = ()
+    kind: str = "rule"
+    source: str = "workload"
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for ``--json``."""
@@ -503,6 +510,8 @@ def range_violation(workload: Workload, name: str, value: int) -> Violation | No
         knobs={name: value},
         message=f"{name} = {value} is outside its range ({knob.describe()})",
         suggestions=tuple({name: v} for v in (below[-1:] + above[:1])),
+        kind="range",
+        source="workload",
     )
 
 
@@ -604,12 +613,15 @@ def check(
             if suggestions
             else "; no single-knob change fixes it"
         )
+        preset = rule.name.partition(":")[0]
         violations.append(
             Violation(
                 rule=rule.name,
                 knobs=involved,
                 message=f"{rule.name} is broken with {shown}{fix}",
                 suggestions=suggestions,
+                kind="rule",
+                source=preset if preset in PRESETS else "workload",
             )
         )
     return violations

@@ -12,7 +12,9 @@
   monotone (a block that crosses 10 MiB leaves a shared 20 MiB segment for its own);
 * every complete configuration that fits is tested against the rules
   (:mod:`memfit.core.constraints`), and the best is chosen by the workload's objective (the
-  throughput proxy), ties broken by the knob values in priority order;
+  throughput proxy); at equal objective the configuration that keeps the knobs the objective
+  does not read at their declared defaults (the user's hyperparameters) wins, then the one
+  that needs less memory, then the knob values in priority order;
 * the evaluation of a configuration does not depend on the GPU (the GPU adds constants), so
   :func:`plan_many` shares one cache over a whole tier table.
 
@@ -98,6 +100,10 @@ class Plan:
             (``{"change", "fits", "knobs", "predicted_bytes", "host_bytes"}`` each), from
             the workload family's fallbacks (an off-policy replay buffer in host RAM,
             ``optimize_memory_usage``, a smaller buffer).
+        host_memory_bytes: The host RAM the plan relied on for state in host RAM (given,
+            the workload's, or this machine's available RAM); ``None`` when not checked.
+        host_budget_bytes: What of it the plan let host state take: ``host_memory_bytes``
+            less the same margin (a share of it) the GPU keeps.
         context: How the ``cuda_context`` term was sized: the runtime it assumed (versions,
             module loading and why), the architecture and the source of the figure
             (:meth:`memfit.core.runtime.ContextEstimate.to_dict`); ``None`` when the
@@ -118,6 +124,8 @@ class Plan:
     environment: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     would_fit: list[dict[str, Any]] = field(default_factory=list)
+    host_memory_bytes: int | None = None
+    host_budget_bytes: int | None = None
     context: dict[str, Any] | None = None
 
     @property
@@ -154,8 +162,15 @@ class Plan:
             "environment": dict(self.environment),
             "notes": list(self.notes),
             "would_fit": [dict(w) for w in self.would_fit],
+            "host_memory_bytes": self.host_memory_bytes,
+            "host_budget_bytes": self.host_budget_bytes,
             "context": None if self.context is None else dict(self.context),
         }
+
+
+#: A configuration's rank (larger is better): objective, defaults kept, -reserved bytes,
+#: knob values in priority order.
+_Rank = tuple[float, int, int, tuple[int, ...]]
 
 
 @dataclass(frozen=True)
@@ -206,6 +221,7 @@ class _Space:
         host_memory_bytes: int | None,
         *,
         device_is_host: bool = False,
+        margin: float = DEFAULT_MARGIN,
     ) -> None:
         self.workload = workload
         given = apply_overrides(workload, overrides)
@@ -226,6 +242,13 @@ class _Space:
         self.measured = measured
         self.host_memory_bytes = (
             host_memory_bytes if host_memory_bytes is not None else workload.host_memory_bytes
+        )
+        # host RAM keeps the GPU's margin rule: a share of the total is left free
+        self.margin = margin
+        self.host_budget_bytes = (
+            None
+            if self.host_memory_bytes is None
+            else self.host_memory_bytes - int(self.host_memory_bytes * margin)
         )
         eb = workload.effective_batch
         self.accumulation = eb.accumulation if eb is not None else None
@@ -258,7 +281,16 @@ class _Space:
         self.pinned_all = all(len(d) == 1 for d in self.domains.values())
         self._cache: dict[tuple[tuple[int, ...], bool], Evaluation] = {}
         self._valid: dict[tuple[int, ...], bool] = {}
-        self._ranks: dict[tuple[int, ...], tuple[float, tuple[int, ...]]] = {}
+        self._ranks: dict[tuple[int, ...], _Rank] = {}
+        # knobs the objective does not read, with the value the workload declares for them
+        # (the user's hyperparameter): at equal objective a plan keeps them
+        self.held: dict[str, int] = {
+            n: workload.knobs[n].default  # type: ignore[misc]
+            for n in self.priority_order
+            if n not in self.objective.names
+            and n not in pinned
+            and workload.knobs[n].default is not None
+        }
 
     def values(self, config: Sequence[int]) -> dict[str, int]:
         out = dict(self.env)
@@ -279,7 +311,7 @@ class _Space:
         return found
 
     def host_ok(self, ev: Evaluation) -> bool:
-        return self.host_memory_bytes is None or ev.host_bytes <= self.host_memory_bytes
+        return self.host_budget_bytes is None or ev.host_bytes <= self.host_budget_bytes
 
     def resolve(self, config: tuple[int, ...], limit: _Limit) -> _Eval | None:
         """The configuration's memory with its placement, or ``None`` if it cannot fit."""
@@ -339,22 +371,32 @@ class _Space:
             self._valid[config] = found
         return found
 
-    def rank(self, config: tuple[int, ...]) -> tuple[float, tuple[int, ...]]:
-        """Objective, then knob values in priority order: larger is better (cached)."""
+    def rank(self, config: tuple[int, ...]) -> _Rank:
+        """Larger is better (cached): the objective; at equal objective, how many of the
+        knobs the objective does not read keep their declared default (the user's
+        hyperparameters: PPO learns differently with another batch_size); then less memory
+        (the reserved bytes on the device); then the knob values in priority order."""
         found = self._ranks.get(config)
         if found is None:
             values = self.values(config)
             objective = self.objective.evaluate(values)
-            found = float(objective), tuple(values[n] for n in self.priority_order)
+            kept = sum(1 for n, v in self.held.items() if values[n] == v)
+            reserved = self.evaluation(config, self.placement != "host").reserved_bytes
+            found = (
+                float(objective),
+                kept,
+                -reserved,
+                tuple(values[n] for n in self.priority_order),
+            )
             self._ranks[config] = found
         return found
 
-    def search(self, limit: _Limit) -> list[tuple[tuple[float, tuple[int, ...]], tuple[int, ...]]]:
+    def search(self, limit: _Limit) -> list[tuple[_Rank, tuple[int, ...]]]:
         """Every configuration that fits ``limit`` and keeps the rules, with its rank."""
         order = self.search_order
         domains = [self.domains[n] for n in order]
         mins = [d[0] for d in domains]
-        found: list[tuple[tuple[float, tuple[int, ...]], tuple[int, ...]]] = []
+        found: list[tuple[_Rank, tuple[int, ...]]] = []
         visited = 0
 
         def walk(depth: int, prefix: list[int]) -> None:
@@ -585,7 +627,8 @@ def _infeasible(space: _Space, budget: Budget, gpu: GpuSpec) -> InfeasiblePlan:
         return InfeasiblePlan(
             f"{name}'s replay buffer on the host needs {format_bytes(ev.evaluation.host_bytes)} "
             "of host RAM even at its smallest valid configuration, over the "
-            f"{format_bytes(space.host_memory_bytes or 0)} available",
+            f"{format_bytes(space.host_budget_bytes or 0)} it may use ("
+            f"{format_bytes(space.host_memory_bytes or 0)} less a {space.margin:.0%} margin)",
             smallest_bytes=footprint,
             budget_bytes=budget.budget_bytes,
             binding_term="host_memory",
@@ -631,13 +674,15 @@ def _would_fit(space: _Space, gpu: GpuSpec, budget: Budget) -> list[dict[str, An
         try:
             changed = Workload.model_validate(data)
             overrides = {k: v for k, v in space.overrides.items() if k not in fallback.unpin}
-            trial = _Space(changed, overrides, space.measured, space.host_memory_bytes)
+            trial = _Space(
+                changed, overrides, space.measured, space.host_memory_bytes, margin=space.margin
+            )
             again = _budget(
                 changed, gpu, budget.margin, budget.other_processes_bytes, budget.context_bytes
             )
             result = _plan_on(trial, gpu, again, 0, fallbacks=False)
-        except InfeasiblePlan:
-            out.append({"change": fallback.label, "fits": False})
+        except InfeasiblePlan as exc:
+            out.append({"change": fallback.label, "fits": False, "binding": exc.binding_term})
             continue
         except (ConfigError, ValueError):
             continue
@@ -650,6 +695,7 @@ def _would_fit(space: _Space, gpu: GpuSpec, budget: Budget) -> list[dict[str, An
             {
                 "change": fallback.label,
                 "fits": result.fits,
+                "binding": None if result.fits else result.binding,
                 "knobs": dict(result.knobs),
                 "predicted_bytes": result.predicted_bytes,
                 "host_bytes": ev.host_bytes,
@@ -725,7 +771,7 @@ def _alternatives(
     space: _Space,
     budget: Budget,
     limit: _Limit,
-    ranked: list[tuple[tuple[float, tuple[int, ...]], tuple[int, ...]]],
+    ranked: list[tuple[_Rank, tuple[int, ...]]],
     count: int,
 ) -> list[dict[str, Any]]:
     """The next best configurations after ``ranked[0]``, each differing from the chosen one
@@ -844,6 +890,18 @@ def _finish(space: _Space, gpu: GpuSpec, budget: Budget, plan_: Plan) -> Plan:
             "outside XLA's pool that grows with num_envs, so the two share the card as they "
             "need it (give jax.mem_fraction to plan with a pool instead)"
         )
+    if plan_.host_bytes and space.host_memory_bytes is not None:
+        notes.append(
+            f"host RAM: {format_bytes(plan_.host_bytes)} in it, of a "
+            f"{format_bytes(space.host_budget_bytes or 0)} budget: "
+            f"{format_bytes(space.host_memory_bytes)} less the {space.margin:.0%} margin "
+            "the GPU keeps too"
+        )
+    if gpu.arch == "cpu":
+        notes.append(
+            f"margin: {budget.margin:.0%} of the host RAM is left free, the same rule as on a "
+            "GPU (--margin)"
+        )
     environment = workload_settings(
         workload.framework,
         jax_preallocate=_preallocates(workload),
@@ -852,6 +910,8 @@ def _finish(space: _Space, gpu: GpuSpec, budget: Budget, plan_: Plan) -> Plan:
     )
     return replace(
         plan_,
+        host_memory_bytes=space.host_memory_bytes,
+        host_budget_bytes=space.host_budget_bytes,
         gpu_total_bytes=gpu.total_bytes,
         pool_bytes=budget.pool_bytes,
         environment=environment,
@@ -943,7 +1003,14 @@ def plan_for_gpu(
     >>> p.fits and sum(p.breakdown.values()) == p.predicted_bytes <= p.budget_bytes
     True
     """
-    space = _Space(workload, overrides, measured, host_memory_bytes, device_is_host=gpu.is_host)
+    space = _Space(
+        workload,
+        overrides,
+        measured,
+        host_memory_bytes,
+        device_is_host=gpu.is_host,
+        margin=margin,
+    )
     budget = _budget(workload, gpu, margin, other_processes_bytes, context_bytes, runtime)
     return _with_context(_plan_on(space, gpu, budget, alternatives), budget)
 
@@ -968,7 +1035,7 @@ def plan_many(
     Raises:
         ConfigError: As :func:`plan` (these do not depend on the GPU).
     """
-    space = _Space(workload, overrides, measured, host_memory_bytes)
+    space = _Space(workload, overrides, measured, host_memory_bytes, margin=margin)
     out: list[Plan | InfeasiblePlan] = []
     for spec in gpus:
         budget = _budget(workload, spec, margin, 0, None, runtime)

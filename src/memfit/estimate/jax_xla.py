@@ -296,18 +296,23 @@ def estimate_jax_sweep(
     gpu: str | None = None,
     environ: Mapping[str, str] | None = None,
     batch_knob: str = "batch_size",
+    progress: Callable[[str], None] | None = None,
 ) -> JaxSweep:
-    """:func:`estimate_jax` at each batch size (``fn(*make_args(b))``) and the affine fit.
+    """:func:`estimate_jax` at each batch size (``fn(*make_args(b))``) and the affine fit;
+    ``progress`` (a status line's updater) hears each batch size as its compile starts.
 
     Raises:
         ConfigError: When ``batch_sizes`` is empty or holds a non-positive value.
         EstimateError: As :func:`estimate_jax`.
     """
     sizes = check_batch_sizes(batch_sizes)
-    points = [
-        estimate_jax(fn, *_call_make_args(make_args, b), gpu=gpu, environ=environ, batch_size=b)
-        for b in sizes
-    ]
+    points = []
+    for index, b in enumerate(sizes, 1):
+        if progress is not None:
+            progress(f"compiling {batch_knob}={b} ({index} of {len(sizes)})")
+        points.append(
+            estimate_jax(fn, *_call_make_args(make_args, b), gpu=gpu, environ=environ, batch_size=b)
+        )
     fit = fit_affine(sizes, [p.executable_peak_bytes for p in points])
     return JaxSweep(points=points, fit=fit, batch_knob=batch_knob)
 

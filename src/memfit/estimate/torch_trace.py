@@ -478,6 +478,17 @@ def _instances_of(obj: Any, cls: type[_T]) -> list[_T]:
     return []
 
 
+def _qualified_name(root: torch.nn.Module, name: str, mod: torch.nn.Module) -> str:
+    """How a report names a module: its path from the model's class, with its own class
+    where the path ends in a bare index (``"Sequential.0 (Linear)"``, ``"Net.head"``)."""
+    if not name:
+        return type(root).__name__
+    path = f"{type(root).__name__}.{name}"
+    if name.rsplit(".", 1)[-1].isdigit():
+        path += f" ({type(mod).__name__})"
+    return path
+
+
 @contextmanager
 def _hooks(trace: _Trace) -> Iterator[None]:
     """Global module and optimizer hooks that tell the trace where it is."""
@@ -609,7 +620,7 @@ def _run_trace(
             modules = _instances_of(model, torch.nn.Module)
             for root in modules:
                 for name, mod in root.named_modules():
-                    trace.module_names.setdefault(id(mod), name or type(root).__name__)
+                    trace.module_names.setdefault(id(mod), _qualified_name(root, name, mod))
                 for p in root.parameters():
                     trace.see(p)
                     trace.retag(p, "parameters")
@@ -976,6 +987,7 @@ def estimate_torch(
     batch_knob: str = "batch_size",
     kernel_scratch: bool | None = None,
     runtime: Runtime | Mapping[str, str] | str | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> TorchEstimate:
     """Predict the peak GPU memory of a PyTorch step by tracing it with fake tensors.
 
@@ -1006,6 +1018,8 @@ def estimate_torch(
             "460.91.03", "module_loading": "eager"}`` (every key optional) or the same as
             ``"torch=1.10.0,cuda=11.2"``; ``None``: the installed torch's versions and its
             default loading mode (:func:`memfit.backends.software.target_runtime`).
+        progress: Called with a short sentence as each batch size's trace starts, for a
+            status line; ``None``: silent.
 
     Returns:
         A :class:`TorchEstimate` with one point per batch size and the affine fit.
@@ -1082,7 +1096,9 @@ def estimate_torch(
     steady = False
     recorder = None
     gpu_events: dict[int, list[tuple[bool, int, int]]] = {}
-    for size in sizes:
+    for index, size in enumerate(sizes, 1):
+        if progress is not None:
+            progress(f"tracing {batch_knob}={size} ({index} of {len(sizes)})")
         if measure_scratch:
             from memfit.estimate._kernels import ScratchRecorder
 

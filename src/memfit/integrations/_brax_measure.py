@@ -86,18 +86,39 @@ class _Captured(Exception):
     """Raised by the proxy's ``device_put_replicated``: Brax has built everything."""
 
 
+_MEASURE_PACKAGES: tuple[str, ...] = ("brax", "jax", "jaxlib")
+
+
+def missing_packages() -> list[str]:
+    """Which of brax, jax and jaxlib are not installed (package metadata and import spec;
+    nothing is imported), in that order; empty when all three are."""
+    missing: list[str] = []
+    for name in _MEASURE_PACKAGES:
+        try:
+            metadata.version(name)
+        except metadata.PackageNotFoundError:
+            missing.append(name)
+            continue
+        if name != "jaxlib" and util.find_spec(name) is None:
+            missing.append(name)
+    return missing
+
+
+def _missing_text(missing: list[str]) -> str:
+    """``"brax is"`` / ``"brax and jax are"``: what is missing, for a sentence."""
+    if not missing:
+        return "one of brax, jax and jaxlib is"
+    if len(missing) == 1:
+        return f"{missing[0]} is"
+    return ", ".join(missing[:-1]) + f" and {missing[-1]} are"
+
+
 def installed_versions() -> dict[str, str] | None:
     """Versions of brax, jax and jaxlib, read from package metadata (nothing is imported);
-    ``None`` when one of them is not installed."""
-    out: dict[str, str] = {}
-    for name in ("brax", "jax", "jaxlib"):
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            return None
-    if util.find_spec("brax") is None or util.find_spec("jax") is None:
+    ``None`` when one of them is not installed (:func:`missing_packages` says which)."""
+    if missing_packages():
         return None
-    return out
+    return {name: metadata.version(name) for name in _MEASURE_PACKAGES}
 
 
 def _backends_started(started: Any) -> bool:
@@ -349,6 +370,7 @@ def measure_ppo(
     refresh: bool = False,
     directory: Path | None = None,
     command: str | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> BraxMeasurements:
     """Measure a Brax PPO job from its real environment and Brax's own training step.
 
@@ -365,6 +387,8 @@ def measure_ppo(
         refresh: Measure even when the cache has this measurement.
         directory: The cache folder (default :func:`cache_dir`).
         command: The command to record in the provenance.
+        progress: Called with a short sentence as each stage starts (compiling the env
+            step, each training-step setting), for a status line; ``None``: silent.
 
     Returns:
         The measurements (:class:`memfit.core.measured.BraxMeasurements`).
@@ -392,7 +416,7 @@ def measure_ppo(
         if found is not None:
             return found
     start = time.perf_counter()
-    record = _measure(made, env_id, backend, config, versions, platform, command)
+    record = _measure(made, env_id, backend, config, versions, platform, command, progress)
     record = record.model_copy(
         update={
             "provenance": record.provenance.model_copy(
@@ -413,7 +437,9 @@ def _measure(
     versions: Mapping[str, str],
     platform: str,
     command: str | None,
+    progress: Callable[[str], None] | None = None,
 ) -> BraxMeasurements:
+    say = progress or (lambda _text: None)
     jax: Any = require("jax")
     jnp: Any = require("jax.numpy")
     envs: Any = require("brax.envs")
@@ -426,6 +452,7 @@ def _measure(
         env_state = _nbytes(state0) // n0
         transition = _transition_bytes(state0, action_size, n0)
         step_points: list[list[int]] = []
+        say(f"measuring {env_id}: compiling the env step at {len(ENV_STEP_SIZES)} sizes")
         for n in ENV_STEP_SIZES:
             states = state0 if n == n0 else jax.eval_shape(wrapped.reset, _keys(n))
             actions = jax.ShapeDtypeStruct((n, action_size), jnp.float32)
@@ -442,7 +469,11 @@ def _measure(
     factory = network_factory(config)
     points: list[dict[str, int]] = []
     training_state_bytes = 0
-    for n, batch, minis, unroll in MEASURE_POINTS:
+    for index, (n, batch, minis, unroll) in enumerate(MEASURE_POINTS, 1):
+        say(
+            f"measuring {env_id}: compiling Brax's training step, setting {index} of "
+            f"{len(MEASURE_POINTS)} (num_envs={n}, batch_size={batch})"
+        )
         compiled = compile_step(env, factory, config, n, batch, minis, unroll, env_id=env_id)
         training_state_bytes = compiled["training_state_bytes"]
         points.append(
@@ -587,8 +618,11 @@ def resolve_measurements(
     mode: str = "auto",
     *,
     directory: Path | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> tuple[Workload, list[str]]:
     """The workload with the measurements a plan should use, and notes saying which.
+
+    ``progress`` (a status line's updater) hears what a measurement is doing while it runs.
 
     For a workload that names its environment (``env: brax:humanoid``):
 
@@ -617,16 +651,17 @@ def resolve_measurements(
     recorded = workload.measurements
     config = _workload_config(workload)
     versions = installed_versions()
+    missing = missing_packages() if versions is None else []
     if mode == "recorded" or (mode == "auto" and versions is None):
         if recorded is None:
             raise ConfigError(
                 f"{workload.name} names env {workload.env} but records no measurements"
-                + (", and brax is not installed" if versions is None else ""),
+                + (f", and {_missing_text(missing)} not installed" if missing else ""),
                 key_path="measurements",
-                hint="install brax and plan again (it measures the env), or give "
-                "env_state_bytes and drop env:",
+                hint=f"pip install {' '.join(missing or ['brax'])} and plan again (it "
+                "measures the env), or give env_state_bytes and drop env:",
             )
-        why = "brax/jax are not installed here: " if versions is None else ""
+        why = f"{_missing_text(missing)} not installed here: " if missing else ""
         return workload, [f"{why}measurements recorded in the workload with {_describe(recorded)}"]
     if mode == "auto" and versions is not None:
         platform = _guess_platform()
@@ -651,7 +686,12 @@ def resolve_measurements(
                 f"{platform}: --measure fresh measures with those"
             ]
     if versions is None:
-        raise BackendUnavailable("measuring a Brax env needs brax and jax", hint="pip install brax")
+        missing = missing_packages()
+        raise BackendUnavailable(
+            f"measuring a Brax env needs brax and jax; {_missing_text(missing)} not installed",
+            hint=f"pip install {' '.join(missing or ['brax'])} (with an NVIDIA GPU: "
+            'pip install "jax[cuda12]")',
+        )
     start = time.perf_counter()
     record = measure_ppo(
         workload.env,
@@ -664,6 +704,7 @@ def resolve_measurements(
         refresh=mode == "fresh",
         directory=directory,
         command=f"memfit plan {workload.name} --measure fresh",
+        progress=progress,
     )
     took = time.perf_counter() - start
     return (

@@ -223,6 +223,7 @@ def ppo_violations(
             bad_sizes = True
             out.append(
                 Violation(
+                    source="brax_ppo",
                     rule=f"{key} >= 1",
                     knobs={key: value},
                     message=f"{key} must be a positive integer, not {value!r}",
@@ -234,6 +235,7 @@ def ppo_violations(
     if args["wrap_env"] and args["episode_length"] is None:
         out.append(
             Violation(
+                source="brax_ppo",
                 rule="episode_length is not None when wrap_env",
                 knobs={"episode_length": None, "wrap_env": True},
                 message="episode_length must be given when wrap_env=True "
@@ -244,6 +246,7 @@ def ppo_violations(
     if args["vision"] and args["action_repeat"] != 1:
         out.append(
             Violation(
+                source="brax_ppo",
                 rule="action_repeat == 1 when vision",
                 knobs={"action_repeat": args["action_repeat"], "vision": True},
                 message=f"vision=True needs action_repeat=1, not {args['action_repeat']!r} "
@@ -254,6 +257,7 @@ def ppo_violations(
     if args["use_distributional_critic"] and args["clipping_epsilon_value"] is None:
         out.append(
             Violation(
+                source="brax_ppo",
                 rule="clipping_epsilon_value is not None when use_distributional_critic",
                 knobs={"clipping_epsilon_value": None, "use_distributional_critic": True},
                 message="use_distributional_critic=True needs clipping_epsilon_value "
@@ -269,6 +273,7 @@ def ppo_violations(
     if schedule_name not in (None, "NONE", "ADAPTIVE_KL"):
         out.append(
             Violation(
+                source="brax_ppo",
                 rule="learning_rate_schedule in (None, 'NONE', 'ADAPTIVE_KL')",
                 knobs={"learning_rate_schedule": schedule},
                 message=f"unknown learning_rate_schedule {schedule!r}",
@@ -281,6 +286,7 @@ def ppo_violations(
     if args["normalize_observations_mode"] not in ("welford", "ema"):
         out.append(
             Violation(
+                source="brax_ppo",
                 rule="normalize_observations_mode in ('welford', 'ema')",
                 knobs={"normalize_observations_mode": args["normalize_observations_mode"]},
                 message="unknown normalize_observations_mode "
@@ -333,6 +339,7 @@ def _divisibility(
             message = f"num_envs = {envs} is not a multiple of device_count = {devices}"
         out.append(
             Violation(
+                source="brax_ppo",
                 rule=f"brax_ppo: {text}",
                 knobs=involved,
                 message=message,

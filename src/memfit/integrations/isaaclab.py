@@ -24,8 +24,10 @@ leaves the workload's ``simulator`` terms out (they are in the used memory now) 
 rest::
 
     env = gym.make("Isaac-Lift-Cube-Franka-v0", cfg=env_cfg)
-    cfg = mf.autoconfig(env.unwrapped, "act_dual_camera")
-    batch = cfg.knobs.get("batch_size")
+    cfg = mf.autoconfig(env.unwrapped, "act_dual_camera")   # its one knob: num_envs
+    if not cfg.plan.fits:
+        print(f"{cfg.knobs['num_envs']} envs do not fit what is free: lower num_envs")
+    print(f"headroom {cfg.plan.headroom_bytes / 2**30:.2f} GiB with {cfg.knobs['num_envs']} envs")
 
 Isaac Lab needs Isaac Sim and does not install on a CPU-only machine; memfit tests these
 against its documented call signatures with a stand-in environment object.

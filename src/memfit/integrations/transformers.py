@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from memfit._plain import plural
 from memfit.errors import ConfigError, OutOfMemory
 from memfit.integrations._batch import batch_size_from_estimate, keep_effective_batch
 from memfit.integrations._lazy import require
@@ -307,7 +308,7 @@ def train(
             start.restore(trainer)
             train_kwargs["resume_from_checkpoint"] = user_resume
             how = (
-                f"restarting from the start ({lost} optimizer step(s) done again)"
+                f"restarting from the start ({plural(lost, 'optimizer step')} done again)"
                 if user_resume is None
                 else f"restarting from {user_resume}"
             )
@@ -315,7 +316,8 @@ def train(
             figures = memory_figures()
             raise OutOfMemory(
                 "Trainer ran out of memory and this call wrote no checkpoint to go on from "
-                f"(restart='checkpoint'); the model is {lost} optimizer step(s) past its start",
+                f"(restart='checkpoint'); the model is {plural(lost, 'optimizer step')} past its "
+                "start",
                 peak_bytes=figures["peak_bytes"],
                 budget_bytes=figures["budget_bytes"],
                 tried=tried,

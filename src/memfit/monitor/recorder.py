@@ -296,6 +296,9 @@ class Recorder:
         if self.path is not None:
             self._open_file(self.path)
         self._started = True
+        # the budget the run starts with: the one given, else the source's own (a simulated
+        # GPU's limit, under memfit.simulate_gpu)
+        first = self._source.read()
         self._write(
             {
                 "type": "start",
@@ -303,7 +306,7 @@ class Recorder:
                 "source": self._source.name,
                 "every": self.every,
                 "interval": self.interval,
-                "budget_bytes": self.budget_bytes,
+                "budget_bytes": self.budget_bytes or first.budget_bytes,
                 "pid": os.getpid(),
             }
         )
@@ -313,7 +316,7 @@ class Recorder:
             self._start_background()
         if self.log:
             where = f" to {self.path}" if self.path is not None else ""
-            reading = self._source.read()
+            reading = first
             total = reading.total_bytes
             size = f", device {format_bytes(total)}" if total is not None else ""
             budget = self.budget_bytes or reading.budget_bytes
@@ -325,10 +328,10 @@ class Recorder:
                 else ""
             )
             logger.info(
-                "memfit: recording %s%s every %d step(s)%s%s%s",
+                "memfit: recording %s%s every %s%s%s%s",
                 self._source.name,
                 size,
-                self.every,
+                "step" if self.every == 1 else f"{self.every} steps",
                 back,
                 where,
                 note,

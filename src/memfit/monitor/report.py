@@ -799,6 +799,11 @@ def plot(run: Run, *, title: str | None = None) -> Any:
         _budget_inset(ax, corner, peak, limit_mib, limit_label)
 
     xlabel = "step" if by_step else "seconds since the first sample"
+    if by_step:  # steps are whole numbers: no tick at 2.5
+        from matplotlib.ticker import MaxNLocator
+
+        (strip or ax).xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if strip is not None:
         _event_strip(strip, drawn, kinds)
         strip.set_xlabel(xlabel)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 from typing import Any
 
+from memfit._plain import plural
 from memfit.core import ladder
 from memfit.errors import require_positive_int
 from memfit.runtime.events import EventSink, MemoryEvent, emit
@@ -102,7 +103,7 @@ class GuardBase(abc.ABC):
             tried.append(f"retry x{splits}")
             self._event(
                 "retry",
-                f"retrying with {splits} {unit}(s)"
+                f"retrying with {plural(splits, unit)}"
                 + (" (this size ran before: a transient failure)" if action.transient else ""),
                 splits=splits,
                 transient=action.transient,

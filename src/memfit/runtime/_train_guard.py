@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
+from memfit._plain import plural
 from memfit.backends.live import simulated_gpu, torch_cuda
 from memfit.core import ladder
 from memfit.errors import (
@@ -446,8 +447,8 @@ class TrainGuard(GuardBase):
             + f": {message.splitlines()[0] if message else 'no message'}",
             tried=tried,
             hint=(
-                f"a micro-batch of {smallest} item(s) does not fit: shrink the model or the "
-                "item (sequence length, image size), use activation checkpointing or lower "
+                f"a micro-batch of {plural(smallest, 'item')} does not fit: shrink the model or "
+                "the item (sequence length, image size), use activation checkpointing or lower "
                 "precision, raise max_splits, or use a larger GPU (memfit plan tells how much)"
                 if smallest
                 else "the optimizer step itself does not fit next to the model: use an "

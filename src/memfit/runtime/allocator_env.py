@@ -23,6 +23,8 @@ import os
 import re
 import sys
 from collections.abc import Mapping, MutableMapping
+from pathlib import Path
+from typing import Literal
 
 from memfit.core.allocator_settings import (
     Problem,
@@ -35,9 +37,13 @@ from memfit.errors import ConfigError
 
 __all__ = [
     "check_environment",
+    "check_jax_install",
     "configure",
     "installed_torch_version",
+    "jax_build",
+    "jax_fraction_name",
     "jax_gpu_started",
+    "nvidia_gpu_present",
     "torch_cuda_initialized",
 ]
 
@@ -63,6 +69,116 @@ def installed_torch_version() -> tuple[int, int] | None:
         return None
     match = re.match(r"(\d+)\.(\d+)", text)
     return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+#: Packages whose presence means jax can use an NVIDIA GPU (``pip install "jax[cuda12]"``
+#: installs a plugin; jaxlib builds before the plugins carried ``+cuda`` in their version).
+_JAX_CUDA_PLUGINS: tuple[str, ...] = ("jax-cuda12-plugin", "jax-cuda13-plugin", "jax-cuda11-plugin")
+
+
+def jax_fraction_name() -> tuple[str, str]:
+    """The name of XLA's pool fraction to recommend here, and why.
+
+    Reads the installed jaxlib's ``xla_client.py`` as text (nothing is imported): a jaxlib
+    that reads ``XLA_CLIENT_MEM_FRACTION`` gets that name (it takes the older
+    ``XLA_PYTHON_CLIENT_MEM_FRACTION`` too, as a deprecated name, and refuses both at once);
+    an older jaxlib, or none installed (a plan for another machine), gets the older name,
+    which every JAX reads.
+    """
+    from importlib import util
+
+    new, old = "XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION"
+    try:
+        spec = util.find_spec("jaxlib")
+    except (ImportError, ValueError):
+        spec = None
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for folder in locations:
+        try:
+            text = (Path(folder) / "xla_client.py").read_text(encoding="utf-8")
+        except OSError:
+            continue
+        if new in text:
+            return new, (
+                f"the installed jaxlib reads {new} (the name JAX documents now); it takes "
+                f"{old} too, as a deprecated name, but not both at once"
+            )
+        return old, f"the installed jaxlib reads {old} only (it predates {new})"
+    return old, (
+        f"jaxlib is not installed here: {old} is the name every JAX version reads (newer ones "
+        f"document {new} and take {old} as a deprecated name)"
+    )
+
+
+def jax_build() -> str | None:
+    """``"cuda"`` when the installed jax can use an NVIDIA GPU, ``"cpu"`` when it is the
+    CPU-only build, ``None`` when jax is not installed (package metadata; nothing imported)."""
+    from importlib import metadata
+
+    try:
+        jaxlib = metadata.version("jaxlib")
+    except metadata.PackageNotFoundError:
+        return None
+    if "cuda" in jaxlib:
+        return "cuda"
+    for name in _JAX_CUDA_PLUGINS:
+        try:
+            metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+        return "cuda"
+    return "cpu"
+
+
+def nvidia_gpu_present(
+    proc_gpus: Path = Path("/proc/driver/nvidia/gpus"), device: Path = Path("/dev/nvidia0")
+) -> bool:
+    """Whether this machine has an NVIDIA GPU with its driver loaded (Linux: the driver's
+    ``/proc`` entries or ``/dev/nvidia0``; elsewhere whether ``nvidia-smi`` is on the PATH)."""
+    import shutil
+
+    try:
+        if proc_gpus.is_dir() and any(proc_gpus.iterdir()):
+            return True
+    except OSError:
+        pass
+    if device.exists():
+        return True
+    return not sys.platform.startswith("linux") and shutil.which("nvidia-smi") is not None
+
+
+def check_jax_install(
+    *, gpu_present: bool | None = None, build: str | Literal["read"] | None = "read"
+) -> list[Problem]:
+    """A warning when jax is the CPU-only build on a machine with an NVIDIA GPU: JAX (and
+    Brax) then trains on the CPU without a word, and no XLA setting does anything.
+
+    Args:
+        gpu_present: Whether the machine has an NVIDIA GPU; default :func:`nvidia_gpu_present`.
+        build: The jax build (``"cuda"``, ``"cpu"``, ``None`` for none); default
+            :func:`jax_build`.
+
+    >>> [p.code for p in check_jax_install(gpu_present=True, build="cpu")]
+    ['cpu-only-jax']
+    >>> check_jax_install(gpu_present=False, build="cpu")
+    []
+    """
+    have = jax_build() if build == "read" else build
+    if have != "cpu":
+        return []
+    if not (nvidia_gpu_present() if gpu_present is None else gpu_present):
+        return []
+    return [
+        Problem(
+            "cpu-only-jax",
+            "warning",
+            "jax",
+            None,
+            "this machine has an NVIDIA GPU but the installed jax is the CPU-only build: JAX "
+            "and Brax would run on the CPU and the XLA settings do nothing",
+            'pip install -U "jax[cuda12]"',
+        )
+    ]
 
 
 # -- applying in-process -------------------------------------------------------------------------

@@ -232,6 +232,7 @@ def fit_step(
     steps: int = 2,
     prior: bool = True,
     runtime: Mapping[str, str] | str | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> StepFit:
     """Find the largest batch of a PyTorch step that fits, confirmed on the device.
 
@@ -253,6 +254,8 @@ def fit_step(
         prior: Trace the step with fake tensors first, for a first guess.
         runtime: The target's software, for the CUDA context in the prior's figures
             (see :func:`memfit.estimate_torch`).
+        progress: Called with a short sentence as the trace and each probe start (a status
+            line's updater); ``None``: silent.
 
     Returns:
         The :class:`StepFit`; the model's and the optimizer's state are as before.
@@ -283,6 +286,8 @@ def fit_step(
     search_budget, torch_device = _search_budget(dev, budget_bytes)
     estimate = None
     if prior:
+        if progress is not None:
+            progress(f"tracing {knob} with fake tensors for a first guess")
         # Before the simulated GPU starts counting: fake tensors occupy no device memory.
         estimate = trace_prior(
             torch_step,
@@ -305,6 +310,7 @@ def fit_step(
         margin=margin,
         steps=steps,
         prior=estimate,
+        progress=progress,
     )
     return StepFit(result=result, knob=knob, prior=estimate, steps_per_probe=steps)
 
@@ -322,6 +328,7 @@ def _probe(
     margin: float,
     steps: int,
     prior: TorchEstimate | None,
+    progress: Callable[[str], None] | None = None,
 ) -> FitResult:
     """Build on the device and run :func:`memfit.fit`, restoring the state afterwards."""
     import torch
@@ -339,7 +346,12 @@ def _probe(
         def off_device() -> contextlib.AbstractContextManager[None]:
             return sim.paused() if sim is not None else contextlib.nullcontext()
 
+        probes = [0]
+
         def run(value: int) -> None:
+            probes[0] += 1
+            if progress is not None:
+                progress(f"probe {probes[0]}: {knob}={value} on {dev}")
             if hasattr(model, "zero_grad"):
                 model.zero_grad(set_to_none=True)
             with torch.device(torch_device):

@@ -25,6 +25,7 @@ import gc
 from collections.abc import Callable
 from typing import Any
 
+from memfit._plain import plural
 from memfit.core import ladder
 from memfit.core.ladder import next_divisor
 from memfit.errors import ConfigError, OutOfMemory, require_callable
@@ -247,8 +248,8 @@ class TrainGuard(GuardBase):
                     peak_bytes=peak,
                     budget_bytes=limit,
                     tried=tried,
-                    hint=f"a chunk of {n // splits} item(s) does not fit: shrink the model or "
-                    "the item, raise max_splits, or use a device with more memory",
+                    hint=f"a chunk of {plural(n // splits, 'item')} does not fit: shrink the "
+                    "model or the item, raise max_splits, or use a device with more memory",
                 )
         self.steps += 1
         self._end_step(splits=splits, split_further=splits > first, unit="chunk")
