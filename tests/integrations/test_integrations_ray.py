@@ -1,0 +1,126 @@
+"""memfit.integrations.ray: configurations that fit some card, trial requests sized by
+memory, autoconfig inside a trial, metrics (issue 24). The sizing needs no running Ray; one
+slow test runs a tiny Tuner on logical GPUs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import memfit
+from memfit.integrations import ray as mr
+from memfit.planning import feasible
+from memfit.runtime.events import MemoryEvent
+
+W = "brax_humanoid_ppo"
+CARDS = [mr.Card("8GiB", label="small"), mr.Card("24GiB", label="large")]
+
+
+def test_feasible_configs_are_the_union_of_the_cards_spaces() -> None:
+    configs = mr.feasible_configs(W, CARDS)
+    small, large = feasible(W, gpu="8GiB"), feasible(W, gpu="24GiB")
+    keys = {tuple(c[n] for n in small.order) for c in configs}
+    assert keys == {tuple(c[n] for n in small.order) for c in (*small.configs, *large.configs)}
+    assert len(large) > len(small)
+    fits = mr.fits_some(W, CARDS)
+    assert all(fits(c) for c in configs)
+    too_big = {"num_envs": 65536, "unroll_length": 30, "batch_size": 8192, "num_minibatches": 32}
+    assert not fits(too_big)
+    with pytest.raises(memfit.InfeasiblePlan):
+        mr.feasible_configs(W, ["64MiB"])
+
+
+def test_requests_are_sized_by_memory_and_labelled_when_only_some_cards_fit() -> None:
+    small = feasible(W, gpu="8GiB")
+    large = feasible(W, gpu="24GiB")
+    both = small.configs[small.predicted_bytes.index(min(small.predicted_bytes))]
+    req = mr.request_for(both, W, CARDS)
+    assert req.labels == ()  # fits either card: no label, sized against the smaller one
+    assert req.gpu == pytest.approx(
+        min(1.0, -(-req.peak_bytes * 100 // memfit.parse_bytes("8GiB")) / 100)
+    )
+    assert 0 < req.gpu < 1
+    only_large = next(c for c in large.configs if small.index(c) is None)
+    req = mr.request_for(only_large, W, CARDS)
+    assert req.labels == ("large",)
+    assert req.bundle()["accelerator_type:large"] == pytest.approx(0.001)
+    assert req.peak_bytes <= memfit.parse_bytes("24GiB")
+    # a larger configuration never asks for less
+    ordered = sorted(zip(small.predicted_bytes, small.configs, strict=True), key=lambda p: p[0])
+    ordered = ordered[:: max(1, len(ordered) // 25)]
+    fractions = [mr.request_for(c, W, CARDS).gpu for _, c in ordered]
+    assert fractions == sorted(fractions)
+
+
+def test_trial_autoconfig_follows_the_card_and_sets_the_jax_share(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    chosen = {}
+    for size in ("8GiB", "24GiB"):  # the per-card knob follows the card the trial landed on
+        with memfit.simulate_gpu(size):
+            cfg = mr.trial_autoconfig("act_dual_camera", {"num_envs": 4}, follow=("num_envs",))
+        chosen[size] = cfg.knobs["num_envs"]
+    assert chosen["24GiB"] > chosen["8GiB"] > 4
+    pinned = {"unroll_length": 10, "batch_size": 512, "num_minibatches": 8}
+    with memfit.simulate_gpu("8GiB"):
+        cfg = mr.trial_autoconfig(W, {**pinned, "num_envs": 256}, share=0.3)
+    assert cfg.knobs["num_envs"] == 256
+    import os
+
+    assert os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.30"
+    with pytest.raises(memfit.ConfigError, match="share"):
+        mr.trial_autoconfig(W, share=1.5)
+
+
+def test_metrics_count_events_and_carry_the_card() -> None:
+    log = mr.EventLog()
+    log(MemoryEvent("oom", 3, "TrainGuard", "out of memory"))
+    log(MemoryEvent("retry", 3, "TrainGuard", "retrying"))
+    log(MemoryEvent("oom", 9, "TrainGuard", "out of memory again"))
+    with memfit.simulate_gpu("8GiB"):
+        cfg = memfit.autoconfig(W)
+    out = mr.metrics(log.events, peak_bytes=123, cfg=cfg)
+    assert out["memfit/oom"] == 2 and out["memfit/retry"] == 1
+    assert out["memfit/peak_bytes"] == 123
+    assert out["memfit/last_event"].startswith("oom: out of memory again")
+    assert out["memfit/knob/num_envs"] == cfg.knobs["num_envs"]
+
+
+@pytest.mark.slow
+def test_a_tiny_tuner_on_two_logical_gpus(tmp_path: Any) -> None:
+    ray = pytest.importorskip("ray", reason="memfit[ray] is not installed")
+    from ray import tune
+
+    cards = {0: "8GiB", 1: "24GiB"}
+    ray.init(
+        num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False,
+        configure_logging=False, _temp_dir=str(tmp_path / "ray"),
+    )  # fmt: skip
+    try:
+
+        def trainable(config: dict[str, Any]) -> None:
+            import ray as ray_
+
+            gpu_id = int(float(ray_.get_gpu_ids()[0]))
+            with memfit.simulate_gpu(cards[gpu_id]):
+                cfg = mr.trial_autoconfig(W, config["memfit"])
+            tune.report(mr.metrics(cfg=cfg) | {"gpu_id": gpu_id, "score": 1.0})
+
+        configs = mr.feasible_configs(W, list(cards.values()))[:3]
+        tuner = tune.Tuner(
+            tune.with_resources(trainable, mr.resources(W, list(cards.values()), cpu=0.5)),
+            param_space={"memfit": tune.grid_search(configs)},
+            tune_config=tune.TuneConfig(max_concurrent_trials=2),
+            run_config=tune.RunConfig(storage_path=str(tmp_path / "results"), verbose=0),
+        )
+        results = tuner.fit()
+        assert len(results) == 3
+        assert not results.errors
+        for result in results:
+            card = cards[int(result.metrics["gpu_id"])]
+            assert result.metrics["memfit/card"].startswith("simulated")
+            assert result.metrics["memfit/planned_bytes"] <= memfit.parse_bytes(card)
+    finally:
+        ray.shutdown()
