@@ -4,6 +4,8 @@ slow test runs a tiny Tuner on logical GPUs."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from typing import Any
 
 import pytest
@@ -88,39 +90,52 @@ def test_metrics_count_events_and_carry_the_card() -> None:
     assert out["memfit/knob/num_envs"] == cfg.knobs["num_envs"]
 
 
-@pytest.mark.slow
-def test_a_tiny_tuner_on_two_logical_gpus(tmp_path: Any) -> None:
+@pytest.fixture(scope="module")
+def ray_two_gpus() -> Any:
+    """Ray on this machine with two logical GPUs, started once for the module (a short
+    temporary folder: Ray's socket paths must stay under 108 bytes)."""
     ray = pytest.importorskip("ray", reason="memfit[ray] is not installed")
+    folder = tempfile.mkdtemp(prefix="mfray", dir="/tmp")
+    ray.init(
+        num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False,
+        configure_logging=False, _temp_dir=folder,
+    )  # fmt: skip
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_a_tiny_tuner_on_two_logical_gpus(ray_two_gpus: Any, tmp_path: Any) -> None:
     from ray import tune
 
     cards = {0: "8GiB", 1: "24GiB"}
-    ray.init(
-        num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False,
-        configure_logging=False, _temp_dir=str(tmp_path / "ray"),
-    )  # fmt: skip
-    try:
 
-        def trainable(config: dict[str, Any]) -> None:
-            import ray as ray_
+    def trainable(config: dict[str, Any]) -> None:
+        gpu_id = int(float(ray_two_gpus.get_gpu_ids()[0]))
+        with memfit.simulate_gpu(cards[gpu_id]):
+            cfg = mr.trial_autoconfig("act_dual_camera", config["memfit"], follow=("num_envs",))
+        tune.report({**mr.metrics(cfg=cfg), "gpu_id": gpu_id})
 
-            gpu_id = int(float(ray_.get_gpu_ids()[0]))
-            with memfit.simulate_gpu(cards[gpu_id]):
-                cfg = mr.trial_autoconfig(W, config["memfit"])
-            tune.report(mr.metrics(cfg=cfg) | {"gpu_id": gpu_id, "score": 1.0})
-
-        configs = mr.feasible_configs(W, list(cards.values()))[:3]
-        tuner = tune.Tuner(
-            tune.with_resources(trainable, mr.resources(W, list(cards.values()), cpu=0.5)),
-            param_space={"memfit": tune.grid_search(configs)},
-            tune_config=tune.TuneConfig(max_concurrent_trials=2),
-            run_config=tune.RunConfig(storage_path=str(tmp_path / "results"), verbose=0),
-        )
-        results = tuner.fit()
-        assert len(results) == 3
-        assert not results.errors
-        for result in results:
-            card = cards[int(result.metrics["gpu_id"])]
-            assert result.metrics["memfit/card"].startswith("simulated")
-            assert result.metrics["memfit/planned_bytes"] <= memfit.parse_bytes(card)
-    finally:
-        ray.shutdown()
+    configs = mr.feasible_configs("act_dual_camera", list(cards.values()))[:3]
+    tuner = tune.Tuner(
+        tune.with_resources(
+            trainable, mr.resources("act_dual_camera", list(cards.values()), cpu=0.5)
+        ),
+        param_space={"memfit": tune.grid_search(configs)},
+        run_config=tune.RunConfig(storage_path=str(tmp_path / "results"), verbose=0),
+    )
+    results = tuner.fit()
+    assert len(results) == 3
+    assert not results.errors
+    by_card: dict[str, set[Any]] = {}
+    for result in results:
+        card = cards[int(result.metrics["gpu_id"])]
+        assert result.metrics["memfit/planned_bytes"] <= memfit.parse_bytes(card)
+        by_card.setdefault(card, set()).add(result.metrics["memfit/knob/num_envs"])
+    # the knob followed the card each trial landed on
+    for card, values in by_card.items():
+        with memfit.simulate_gpu(card):
+            assert values == {memfit.autoconfig("act_dual_camera").knobs["num_envs"]}
