@@ -23,121 +23,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import optuna
 import torch
-import torch.nn.functional as F
-import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "dqn_fire"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from env import ACTIONS, CHANNELS, FireEnv
-from model import NETWORK_SPECS, NETWORKS
+from fire_trial import run_trial, sweep_workload
 
-import memfit
-from memfit.core.workload import BUNDLED_DIR, Workload, parse_workload
 from memfit.integrations import optuna as memfit_optuna
 from memfit.units import format_bytes, parse_bytes
-
-
-def sweep_workload(size: int, num_envs: int) -> Workload:
-    """The bundled DQN with this grid, the basic Q-network, the replay buffer on the GPU,
-    and the batch size a knob (it is a setting in the bundled workload)."""
-    data = yaml.safe_load((BUNDLED_DIR / "dqn_fire_raster.yaml").read_text(encoding="utf-8"))
-    data.pop("variants", None)
-    spec = NETWORK_SPECS["basic"]
-    data["name"] = f"dqn_fire_sweep_{size}"
-    data["observations"] = {
-        "raster": {"channels": len(CHANNELS), "height": size, "width": size, "dtype": "uint8"}
-    }
-    data["networks"] = {"q": spec, "q_target": {**spec, "target": True}}
-    data["replay"] = {**data["replay"], "placement": "gpu"}
-    data["settings"] = {"num_envs": num_envs}
-    data["knobs"] = {
-        "buffer_size": {"min": 20_000, "max": 2_000_000, "step": 20_000, "priority": 2},
-        "batch_size": {"min": 32, "max": 4096, "powers_of_two": True, "priority": 1},
-    }
-    data["constraints"] = {
-        "rules": [{"knob": "buffer_size", "divisible_by": num_envs, "name": "buffer per env"}]
-    }
-    return parse_workload(yaml.safe_dump(data, sort_keys=False), source=data["name"])
-
-
-class Replay:
-    """A uint8 ring buffer of transitions on the (simulated) GPU."""
-
-    def __init__(self, capacity: int, obs_shape: tuple[int, ...]) -> None:
-        self.capacity, self.size, self.pos = capacity, 0, 0
-        # torch.empty: the pages are only touched where transitions are written, so a large
-        # buffer costs this CPU little real memory while the simulated GPU counts all of it
-        self.obs = torch.empty((capacity, *obs_shape), dtype=torch.uint8)
-        self.next_obs = torch.empty_like(self.obs)
-        self.act = torch.empty(capacity, dtype=torch.int64)
-        self.rew = torch.empty(capacity)
-        self.done = torch.empty(capacity)
-
-    def add(self, obs: Any, act: Any, rew: Any, next_obs: Any, done: Any) -> None:
-        idx = (torch.arange(obs.shape[0]) + self.pos) % self.capacity
-        self.obs[idx], self.next_obs[idx], self.act[idx] = obs, next_obs, act
-        self.rew[idx], self.done[idx] = rew, done.float()
-        self.pos = (self.pos + obs.shape[0]) % self.capacity
-        self.size = min(self.size + obs.shape[0], self.capacity)
-
-    def sample(self, batch: int, gen: torch.Generator) -> dict[str, Any]:
-        idx = torch.randint(0, self.size, (batch,), generator=gen)
-        return {
-            "obs": self.obs[idx],
-            "act": self.act[idx],
-            "rew": self.rew[idx],
-            "next_obs": self.next_obs[idx],
-            "done": self.done[idx],
-        }
-
-
-def run_trial(args: argparse.Namespace, knobs: dict[str, Any], lr: float, gamma: float) -> Any:
-    """Build the DQN with these knobs on a simulated card and run a few guarded updates.
-
-    Returns:
-        (mean reward over the run, simulated peak in bytes)
-    """
-    torch.manual_seed(args.seed)
-    gen = torch.Generator().manual_seed(args.seed)
-    with memfit.simulate_gpu(args.gpu) as gpu:
-        env = FireEnv(args.num_envs, args.size, device=torch.device("cpu"), seed=args.seed)
-        q = NETWORKS["basic"](len(CHANNELS), args.size, len(ACTIONS))
-        target = copy.deepcopy(q)
-        optimizer = torch.optim.Adam(q.parameters(), lr=lr)
-        replay = Replay(int(knobs["buffer_size"]), env.observation_shape)
-
-        def loss_fn(b: dict[str, Any]) -> torch.Tensor:
-            with torch.no_grad():
-                best = target(b["next_obs"]).max(dim=1).values
-                y = b["rew"] + gamma * (1.0 - b["done"]) * best
-            qa = q(b["obs"]).gather(1, b["act"].unsqueeze(1)).squeeze(1)
-            return F.smooth_l1_loss(qa, y)
-
-        guard = memfit.TrainGuard(optimizer, loss_fn, max_splits=8)
-        obs = env.reset()
-        rewards = []
-        for step in range(args.steps):
-            with torch.no_grad():
-                greedy = q(obs).argmax(dim=1)
-            explore = torch.rand(args.num_envs, generator=gen) < 0.2
-            act = torch.where(
-                explore, torch.randint(0, len(ACTIONS), (args.num_envs,), generator=gen), greedy
-            )
-            next_obs, rew, done = env.step(act)
-            replay.add(obs, act, rew, next_obs, done)
-            rewards.append(float(rew.mean()))
-            obs = next_obs
-            if step >= args.learning_starts:
-                guard(replay.sample(int(knobs["batch_size"]), gen))
-        return sum(rewards) / len(rewards), gpu.peak_allocated_bytes
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -185,7 +83,17 @@ def main(argv: list[str] | None = None) -> int:
         knobs = memfit_optuna.suggest(trial, workload, gpu=args.gpu, margin=args.margin)
         lr = trial.suggest_float("lr", 1e-5, 1e-3, log=True)
         gamma = trial.suggest_float("gamma", 0.9, 0.999)
-        reward, peak = run_trial(args, knobs, lr, gamma)
+        reward, peak = run_trial(
+            args.gpu,
+            knobs,
+            lr,
+            gamma,
+            size=args.size,
+            num_envs=args.num_envs,
+            steps=args.steps,
+            learning_starts=args.learning_starts,
+            seed=args.seed,
+        )
         record = trial.user_attrs[memfit_optuna.ATTR]
         trial.set_user_attr("measured_peak_bytes", peak)
         print(
@@ -205,8 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{len(states)} trials: {complete} complete, {pruned} pruned for memory, "
         f"{len(distinct)} distinct configurations; largest measured peak "
-        f"{format_bytes(max(peaks))}"
-        + (f" of {format_bytes(budget)}" if budget else "")
+        f"{format_bytes(max(peaks))}" + (f" of {format_bytes(budget)}" if budget else "")
     )
     best = study.best_trial
     print(f"best: {memfit_optuna.knobs(best)} lr={best.params['lr']:.1e} ({best.value:+.3f})")

@@ -111,3 +111,11 @@ def test_sweep_optuna_small() -> None:
     out = _run("sweep_optuna/run.py", "--trials", "4", "--steps", "10")
     assert "configurations fit" in out
     assert "4 trials: 4 complete, 0 pruned for memory" in out
+
+
+def test_sweep_ray_smoke() -> None:
+    pytest.importorskip("ray", reason="memfit[ray] is not installed")
+    out = _run("sweep_ray/run.py", "--smoke", "--steps", "6")
+    assert "configurations fit a card of the cluster" in out
+    assert "4 trials, 0 failed" in out
+    assert out.count("measured peak") == 4

@@ -89,18 +89,17 @@ def test_a_larger_position_never_gives_a_smaller_value() -> None:
     sizes = [int(v["buffer_size"]) for v in values]
     assert sizes == sorted(sizes)
     assert sizes[0] == 10_000
-    assert sizes[-1] == memfit.plan("dqn_fire_raster@device_replay", gpu="3.68GiB").knobs[
-        "buffer_size"
-    ]
+    assert (
+        sizes[-1]
+        == memfit.plan("dqn_fire_raster@device_replay", gpu="3.68GiB").knobs["buffer_size"]
+    )
 
 
 def test_fixed_knobs_stay_as_given_and_are_not_parameters() -> None:
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
 
     def objective(trial: Any) -> float:
-        chosen = mo.suggest(
-            trial, "brax_humanoid_ppo", gpu="RTX 4070", fixed={"num_envs": 4096}
-        )
+        chosen = mo.suggest(trial, "brax_humanoid_ppo", gpu="RTX 4070", fixed={"num_envs": 4096})
         assert chosen["num_envs"] == 4096
         _held_out("brax_humanoid_ppo", "RTX 4070", chosen)
         return 0.0

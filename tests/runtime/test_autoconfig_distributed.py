@@ -91,10 +91,10 @@ def test_per_rank_must_name_a_knob() -> None:
 
 
 def test_rank_imbalance_rule() -> None:
-    assert rank_imbalance([100, 104, 180, 98]) [0].rank == 2
+    assert rank_imbalance([100, 104, 180, 98])[0].rank == 2
     assert rank_imbalance([100, 119, 100]) == []
     assert [i.rank for i in rank_imbalance([100, 121, 100])] == [1]
-    assert rank_imbalance([None, 500, 100]) [0].others_bytes == 100
+    assert rank_imbalance([None, 500, 100])[0].others_bytes == 100
     assert rank_imbalance([None, 500]) == []
     assert [i.rank for i in rank_imbalance([100, 300, 100, 200], threshold=0.5)] == [1, 3]
 
