@@ -35,6 +35,7 @@ from memfit.core.catalog import GpuSpec
 from memfit.core.plan import FeasibleSpace
 from memfit.core.workload import Workload, load_workload
 from memfit.errors import ConfigError, InfeasiblePlan
+from memfit.integrations._feasible import space as cached_space
 from memfit.integrations._lazy import require
 from memfit.planning import resolve_gpu
 from memfit.runtime.autoconfig import AutoConfig, autoconfig
@@ -112,14 +113,11 @@ def _spaces(
     fixed: Mapping[str, int] | None,
     margin: float | str,
 ) -> list[FeasibleSpace | None]:
-    # the feasible spaces are cached per process (memfit.integrations.optuna.space, which
-    # imports no Optuna): a resources callable sizes every trial from them
-    from memfit.integrations.optuna import space
-
+    # cached per process: a resources callable sizes every trial from them
     out: list[FeasibleSpace | None] = []
     for card in cards:
         try:
-            out.append(space(workload, gpu=card.gpu, fixed=fixed, margin=margin))
+            out.append(cached_space(workload, gpu=card.gpu, fixed=fixed, margin=margin))
         except InfeasiblePlan:
             out.append(None)
     return out
