@@ -4,6 +4,7 @@ slow test runs a tiny Tuner on logical GPUs."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from typing import Any
@@ -36,12 +37,14 @@ def test_feasible_configs_are_the_union_of_the_cards_spaces() -> None:
 def test_requests_are_sized_by_memory_and_labelled_when_only_some_cards_fit() -> None:
     small = feasible(W, gpu="8GiB")
     large = feasible(W, gpu="24GiB")
-    both = small.configs[small.predicted_bytes.index(min(small.predicted_bytes))]
+    both = small.configs[small.used_bytes.index(min(small.used_bytes))]
     req = mr.request_for(both, W, CARDS)
     assert req.labels == ()  # fits either card: no label, sized against the smaller one
-    assert req.gpu == pytest.approx(
-        min(1.0, -(-req.peak_bytes * 100 // memfit.parse_bytes("8GiB")) / 100)
-    )
+    # the job's own peak, with the 5% margin as headroom, over the 8 GiB card, rounded up
+    index = small.index(both)
+    assert index is not None and req.peak_bytes == small.used_bytes[index]
+    expected = -(-req.peak_bytes * 105 // memfit.parse_bytes("8GiB")) / 100
+    assert req.gpu == pytest.approx(expected, abs=0.011)
     assert 0 < req.gpu < 1
     only_large = next(c for c in large.configs if small.index(c) is None)
     req = mr.request_for(only_large, W, CARDS)
@@ -49,7 +52,7 @@ def test_requests_are_sized_by_memory_and_labelled_when_only_some_cards_fit() ->
     assert req.bundle()["accelerator_type:large"] == pytest.approx(0.001)
     assert req.peak_bytes <= memfit.parse_bytes("24GiB")
     # a larger configuration never asks for less
-    ordered = sorted(zip(small.predicted_bytes, small.configs, strict=True), key=lambda p: p[0])
+    ordered = sorted(zip(small.used_bytes, small.configs, strict=True), key=lambda p: p[0])
     ordered = ordered[:: max(1, len(ordered) // 25)]
     fractions = [mr.request_for(c, W, CARDS).gpu for _, c in ordered]
     assert fractions == sorted(fractions)
@@ -65,12 +68,20 @@ def test_trial_autoconfig_follows_the_card_and_sets_the_jax_share(
             cfg = mr.trial_autoconfig("act_dual_camera", {"num_envs": 4}, follow=("num_envs",))
         chosen[size] = cfg.knobs["num_envs"]
     assert chosen["24GiB"] > chosen["8GiB"] > 4
-    pinned = {"unroll_length": 10, "batch_size": 512, "num_minibatches": 8}
+    # a quarter of a 24 GiB card is planned as a 6 GiB card (torch: the share is the room)
+    with memfit.simulate_gpu("24GiB"):
+        quarter = mr.trial_autoconfig("act_dual_camera", {}, follow=("num_envs",), share=0.25)
+    with memfit.simulate_gpu("6GiB"):
+        alone = memfit.autoconfig("act_dual_camera")
+    assert quarter.knobs == alone.knobs
+    assert quarter.plan.budget_bytes == alone.plan.budget_bytes
+    # JAX: XLA's pool is the share, in the plan and in this process's environment
+    pinned = {"unroll_length": 10, "batch_size": 512, "num_minibatches": 8, "num_envs": 256}
     with memfit.simulate_gpu("8GiB"):
-        cfg = mr.trial_autoconfig(W, {**pinned, "num_envs": 256}, share=0.3)
-    assert cfg.knobs["num_envs"] == 256
-    import os
-
+        cfg = mr.trial_autoconfig(W, pinned, share=0.3)
+    assert cfg.knobs == pinned
+    assert cfg.plan.fits
+    assert cfg.plan.pool_bytes == pytest.approx(0.3 * memfit.parse_bytes("8GiB"), rel=0.01)
     assert os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.30"
     with pytest.raises(memfit.ConfigError, match="share"):
         mr.trial_autoconfig(W, share=1.5)

@@ -33,13 +33,14 @@ from typing import Any
 from memfit.core.budget import DEFAULT_MARGIN
 from memfit.core.catalog import GpuSpec
 from memfit.core.plan import FeasibleSpace
-from memfit.core.workload import Workload, load_workload
+from memfit.core.workload import JaxSettings, Workload, load_workload
 from memfit.errors import ConfigError, InfeasiblePlan
 from memfit.integrations._feasible import space as cached_space
 from memfit.integrations._lazy import require
 from memfit.planning import resolve_gpu
-from memfit.runtime.autoconfig import AutoConfig, autoconfig
+from memfit.runtime.autoconfig import AutoConfig, autoconfig, read_device
 from memfit.runtime.events import MemoryEvent
+from memfit.units import format_bytes, parse_fraction
 
 __all__ = [
     "Card",
@@ -81,8 +82,8 @@ class Request:
         gpu: The GPU fraction (0 < gpu <= 1).
         cpu: CPUs.
         labels: Accelerator labels the trial may run on (empty: any card).
-        peak_bytes: The predicted peak the fraction was sized from (the smallest over the
-            cards it fits).
+        peak_bytes: The predicted peak the fraction was sized from (on the smallest card it
+            fits; without the unused part of a preallocated JAX pool).
     """
 
     gpu: float
@@ -204,8 +205,10 @@ def request_for(
     margin: float | str = DEFAULT_MARGIN,
 ) -> Request:
     """What a trial with these knob values should ask for: a GPU fraction sized from its
-    predicted peak over the smallest card it fits (the peak is then a smaller share of any
-    larger card), and the labels of the cards it fits when that is not all of them.
+    predicted peak (what the job itself takes: without the unused part of a JAX pool, whose
+    size :func:`trial_autoconfig` sets to the share) over the smallest card it fits, with
+    ``margin`` of it as headroom (the peak is then a smaller share of any larger card), and
+    the labels of the cards it fits when that is not all of them.
 
     Raises:
         InfeasiblePlan: When the configuration fits no card.
@@ -220,7 +223,7 @@ def request_for(
         index = space.index(knobs)
         if index is not None:
             total = resolve_gpu(card.gpu).total_bytes
-            fits.append((total, space.predicted_bytes[index], card))
+            fits.append((total, space.used_bytes[index], card))
     if not fits:
         raise InfeasiblePlan(
             f"{dict(knobs)} fits none of the cluster's cards",
@@ -230,7 +233,8 @@ def request_for(
             hint="draw the configurations from memfit.integrations.ray.param_space",
         )
     total, peak, _ = min(fits, key=lambda f: (f[0], f[1]))
-    fraction = min(1.0, math.ceil(peak / total / FRACTION_STEP) * FRACTION_STEP)
+    headroom = 1.0 + parse_fraction(margin)
+    fraction = min(1.0, math.ceil(peak * headroom / total / FRACTION_STEP) * FRACTION_STEP)
     labels: tuple[str, ...] = ()
     if len(fits) < len(given):
         labels = tuple(sorted({c.label for _, _, c in fits if c.label is not None}))
@@ -279,31 +283,51 @@ def trial_autoconfig(
 
     The trial's knob values are pinned except those in ``follow``, which
     :func:`memfit.autoconfig` sets for this card from what it has free now (the memory
-    knobs follow the card on a heterogeneous cluster). For JAX, with ``share`` (the trial's
-    GPU fraction), ``XLA_PYTHON_CLIENT_PREALLOCATE`` stays on but
-    ``XLA_PYTHON_CLIENT_MEM_FRACTION`` is set to the share, when JAX has not started on the
-    GPU yet (its default 75% would break the packing).
+    knobs follow the card on a heterogeneous cluster).
+
+    With ``share`` (the trial's GPU fraction, :attr:`Request.gpu`) the plan stays inside
+    the share, so the trials packed on the card do not crowd each other: a JAX workload
+    that preallocates plans with XLA's pool at the share (``XLA_PYTHON_CLIENT_MEM_FRACTION``
+    set to it in this process when JAX has not started on the GPU yet: JAX's default 75%
+    would take the card from the other trials), and any other plans against the smaller of
+    what is free and the share of the card, with ``margin`` taken of the share.
 
     Raises:
         ConfigError: When ``share`` is not in (0, 1].
         InfeasiblePlan, BackendUnavailable: As :func:`memfit.autoconfig`.
     """
+    loaded = workload if isinstance(workload, Workload) else load_workload(workload)
     pins = {k: int(v) for k, v in (knobs or {}).items() if k not in follow and _is_int(v)}
+    margin_value = parse_fraction(margin)
+    notes: list[str] = []
     if share is not None:
-        if not 0 < share <= 1:
+        if isinstance(share, bool) or not 0 < share <= 1:
             raise ConfigError(
                 f"share must be a GPU fraction in (0, 1], not {share!r}",
                 key_path="share",
                 hint="pass the trial's fraction: Request.gpu",
             )
-        from memfit.runtime.allocator_env import jax_gpu_started
+        if loaded.framework == "jax" and loaded.jax.preallocate:
+            from memfit.runtime.allocator_env import jax_gpu_started
 
-        if not jax_gpu_started():
-            os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "true"
-            os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{share:.2f}"
-    cfg = autoconfig(workload, overrides=pins or None, probe=probe, margin=margin)
-    if share is not None:
-        cfg.notes.append(f"XLA_PYTHON_CLIENT_MEM_FRACTION={share:.2f}: this trial's share")
+            loaded = loaded.model_copy(
+                update={"jax": JaxSettings(preallocate=True, mem_fraction=share)}
+            )
+            margin_value = 0.0  # XLA's pool is the trial's hard limit; the job must fit it
+            if not jax_gpu_started():
+                os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "true"
+                os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{share:.2f}"
+                notes.append(f"XLA_PYTHON_CLIENT_MEM_FRACTION={share:.2f}: this trial's share")
+        else:
+            reading = read_device(probe=probe)
+            room = min(reading.free_bytes, int(share * reading.total_bytes))
+            margin_value = (reading.free_bytes - room) / reading.total_bytes + margin_value * share
+            notes.append(
+                f"planned inside this trial's share: {share:.2f} of the card, "
+                f"{format_bytes(room)} (less {parse_fraction(margin):.0%} of it)"
+            )
+    cfg = autoconfig(loaded, overrides=pins or None, probe=probe, margin=margin_value)
+    cfg.notes.extend(notes)
     return cfg
 
 
