@@ -10,8 +10,9 @@ each trial runs under ``memfit.simulate_gpu`` of the card it landed on. memfit:
    smallest card it fits), so Ray runs several small trials on one card and a large one
    alone, rather than one trial per card;
 3. inside the trial, plans for the card the trial landed on (``trial_autoconfig``): the
-   sweep's knobs are kept, and with ``--follow buffer_size`` the replay capacity follows the
-   card (a larger buffer on the larger card; the trial then asks for a whole card);
+   sweep's knobs are kept and checked against the trial's share of the card, and with
+   ``--follow buffer_size`` the replay capacity follows the card (a larger buffer on the
+   larger card; the trial then asks for a whole card);
 4. reports the card, the knobs, the plan and the measured peak with ``tune.report``
    (``memfit.integrations.ray.metrics``), which the driver prints per trial.
 
@@ -108,16 +109,28 @@ def main(argv: list[str] | None = None) -> int:
         def trainable(config: dict[str, Any]) -> None:
             gpu_id = int(float(ray.get_gpu_ids()[0]))
             card = CARDS[gpu_id]
+            # packing: the plan stays inside the share Ray gave the trial
+            share = None
+            if not follow:
+                share = memfit_ray.request_for(
+                    config["memfit"], workload, cards, margin=args.margin
+                ).gpu
             with memfit.simulate_gpu(card):
                 cfg = memfit_ray.trial_autoconfig(
-                    workload, config["memfit"], follow=follow, margin=args.margin
+                    workload, config["memfit"], follow=follow, share=share, margin=args.margin
                 )
             knobs = dict(cfg.knobs)
             reward, peak = run_trial(
                 card, knobs, 1e-4, 0.99, size=args.size, steps=args.steps, seed=args.seed
             )
             tune.report(
-                {**memfit_ray.metrics(peak_bytes=peak, cfg=cfg), "gpu_id": gpu_id, "reward": reward}
+                {
+                    **memfit_ray.metrics(peak_bytes=peak, cfg=cfg),
+                    "gpu_id": gpu_id,
+                    "reward": reward,
+                    "share": share or 1.0,
+                    "fits": cfg.plan.fits,
+                }
             )
 
         if follow:
@@ -139,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"trial on GPU {m['gpu_id']} ({CARDS[m['gpu_id']]}): "
                 f"buffer_size={m['memfit/knob/buffer_size']:,} "
                 f"batch_size={m['memfit/knob/batch_size']}  "
+                f"share {m['share']:.2f} (plan fits it: {m['fits']}), "
                 f"planned {format_bytes(m['memfit/planned_bytes'])}, "
                 f"measured peak {format_bytes(m['memfit/peak_bytes'])}"
             )
