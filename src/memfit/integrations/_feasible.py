@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,6 +18,7 @@ __all__ = ["space"]
 
 _CACHE_SIZE = 16
 _SPACES: OrderedDict[tuple[Any, ...], FeasibleSpace] = OrderedDict()
+_LOCK = threading.Lock()  # Optuna's n_jobs runs trials on threads
 
 
 def _workload_key(workload: Workload | str | Path) -> str:
@@ -34,8 +36,9 @@ def space(
     host_memory_bytes: int | None = None,
     device_index: int = 0,
 ) -> FeasibleSpace:
-    """The feasible space :func:`suggest` draws from (computed once per process and
-    arguments, then cached: a ``"local"`` GPU is read at the first call).
+    """The feasible space the integrations draw from (computed once per process and
+    arguments, then cached: a ``"local"`` GPU is read at the first call, a workload file at
+    its first use).
 
     Raises:
         ConfigError, InfeasiblePlan, BackendUnavailable: As :func:`memfit.planning.feasible`.
@@ -49,20 +52,22 @@ def space(
         host_memory_bytes,
         device_index,
     )
-    found = _SPACES.get(key)
-    if found is None:
-        loaded = workload if isinstance(workload, Workload) else load_workload(workload)
-        found = feasible(
-            loaded,
-            gpu=gpu,
-            fixed=fixed,
-            margin=margin,
-            host_memory_bytes=host_memory_bytes,
-            device_index=device_index,
-        )
+    with _LOCK:
+        found = _SPACES.get(key)
+        if found is not None:
+            _SPACES.move_to_end(key)
+            return found
+    loaded = workload if isinstance(workload, Workload) else load_workload(workload)
+    found = feasible(
+        loaded,
+        gpu=gpu,
+        fixed=fixed,
+        margin=margin,
+        host_memory_bytes=host_memory_bytes,
+        device_index=device_index,
+    )
+    with _LOCK:
         _SPACES[key] = found
         while len(_SPACES) > _CACHE_SIZE:
             _SPACES.popitem(last=False)
-    else:
-        _SPACES.move_to_end(key)
     return found
