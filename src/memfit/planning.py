@@ -25,7 +25,8 @@ from memfit.core.catalog import GpuSpec, anonymous_gpu, host_device
 from memfit.core.catalog import gpu as catalog_gpu
 from memfit.core.families import family_for
 from memfit.core.measured import MeasuredTerms
-from memfit.core.plan import Plan, plan_many
+from memfit.core.plan import FeasibleSpace, Plan, plan_many
+from memfit.core.plan import feasible_space as core_feasible
 from memfit.core.plan import plan_for_gpu as core_plan
 from memfit.core.workload import Workload, load_workload
 from memfit.errors import BackendUnavailable, ConfigError, InfeasiblePlan
@@ -34,7 +35,9 @@ from memfit.units import format_bytes, parse_fraction
 __all__ = [
     "HOST_NAMES",
     "TIER_GPUS",
+    "FeasibleSpace",
     "LocalGpu",
+    "feasible",
     "host_memory",
     "local_gpu",
     "plan",
@@ -388,3 +391,65 @@ def plan_tiers(
     )
     return [r if isinstance(r, InfeasiblePlan) else replace(r, notes=[*host_notes, *r.notes])
             for r in results]  # fmt: skip
+
+
+def feasible(
+    workload: Workload | str | Path,
+    gpu: str | int | GpuSpec = "local",
+    fixed: Mapping[str, int] | None = None,
+    margin: float | str = DEFAULT_MARGIN,
+    *,
+    host_memory_bytes: int | None = None,
+    device_index: int = 0,
+    measure: str = "auto",
+) -> FeasibleSpace:
+    """Every configuration of a workload that keeps its rules and fits a GPU: what a sweep
+    may draw from (:mod:`memfit.integrations.optuna`, :mod:`memfit.integrations.ray`).
+
+    The GPU, the margin and the measurements are resolved as :func:`plan` resolves them, and
+    the configurations are the ones :func:`plan` chooses among, so the best of them by the
+    workload's objective is the plan's.
+
+    Args:
+        workload: A :class:`Workload`, a path, or a bundled name.
+        gpu: As :func:`plan`: a catalog name, a size, a :class:`GpuSpec`, ``"local"`` or
+            ``"cpu"``.
+        fixed: Knob values to pin (they stay as given) or settings to change.
+        margin: Safety margin, a fraction of the total.
+        host_memory_bytes: As :func:`plan`.
+        device_index: Which local GPU, for ``gpu="local"``.
+        measure: As :func:`plan`.
+
+    Returns:
+        The :class:`FeasibleSpace`.
+
+    Raises:
+        ConfigError: On a bad workload, GPU name, pinned value or margin.
+        BackendUnavailable: For ``"local"`` without a GPU.
+        InfeasiblePlan: When no configuration fits.
+        EstimateError: When the workload's traced estimator cannot trace its step.
+
+    >>> space = feasible("dqn_fire_raster@device_replay", gpu="3.68GiB")
+    >>> space.order, len(space) > 1, max(space.predicted_bytes) <= space.budget_bytes
+    (('buffer_size',), True, True)
+    """
+    loaded = load_workload(workload) if not isinstance(workload, Workload) else workload
+    loaded, _ = with_measurements(loaded, measure)
+    others = 0
+    if isinstance(gpu, str) and gpu.strip().lower() == "local":
+        local = local_gpu(device_index)
+        spec, others = local.spec, local.other_processes_bytes
+    elif isinstance(gpu, str) and gpu.strip().lower() in HOST_NAMES:
+        spec, others, _ = _host_spec(host_memory_bytes)
+    else:
+        spec = resolve_gpu(gpu)
+    host, _ = _host_check(loaded, host_memory_bytes, spec)
+    return core_feasible(
+        loaded,
+        spec,
+        fixed,
+        margin=parse_fraction(margin),
+        measured=_measured(loaded, spec.name),
+        other_processes_bytes=others,
+        host_memory_bytes=host,
+    )

@@ -108,3 +108,18 @@ def test_autoconfig_rehearsal() -> None:
     assert "{'num_envs': 2} fits" in out
     assert "their terms are left out of the plan" in out
     assert "'PYTORCH_ALLOC_CONF': 'expandable_segments:True'" in out
+
+
+def test_sweep_optuna_small() -> None:
+    pytest.importorskip("optuna", reason="memfit[optuna] is not installed")
+    out = _run("sweep_optuna/run.py", "--trials", "4", "--steps", "10")
+    assert "configurations fit" in out
+    assert "4 trials: 4 complete, 0 pruned for memory" in out
+
+
+def test_sweep_ray_smoke() -> None:
+    pytest.importorskip("ray", reason="memfit[ray] is not installed")
+    out = _run("sweep_ray/run.py", "--smoke", "--steps", "6")
+    assert "configurations fit a card of the cluster" in out
+    assert "4 trials, 0 failed" in out
+    assert out.count("measured peak") == 4

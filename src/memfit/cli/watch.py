@@ -135,6 +135,16 @@ def render_frame(frame: WatchFrame) -> RenderableType:
         parts.append(procs)
     else:
         parts.append(Text("no processes on the GPUs (or none visible)", style="dim"))
+    for item in frame.imbalance:
+        parts.append(
+            Text(
+                f"warning: GPU {item['device']}'s peak {_size(item['peak_bytes'])} is "
+                f"{100 * item['excess']:.0f}% above the other GPUs' ({_size(item['others_bytes'])},"
+                f" median) since {time.strftime('%H:%M:%S', time.localtime(item['since']))} "
+                f"(frame {item['since_frame']})",
+                style="bold yellow",
+            )
+        )
     for note in [*notes, *snap.notes]:
         parts.append(Text(note, style="dim"))
     return Group(*parts)
@@ -165,6 +175,12 @@ def watch(
     count: int | None = typer.Option(
         None, "--count", help="Stop after this many frames (default: until Ctrl-C)."
     ),
+    imbalance: float | None = typer.Option(
+        None,
+        "--imbalance",
+        help="Warn when a GPU's peak is this fraction above the other GPUs' (0.2: 20%; "
+        "one rank per GPU under torchrun).",
+    ),
 ) -> None:
     """Live view of GPU memory per device and per process (like `watch nvidia-smi`)."""
     if not math.isfinite(interval) or interval <= 0:
@@ -179,13 +195,19 @@ def watch(
             key_path="--count",
             hint="leave --count out to watch until Ctrl-C, or use --once for one frame",
         )
+    if imbalance is not None and not (math.isfinite(imbalance) and imbalance > 0):
+        raise ConfigError(
+            f"must be a positive fraction, not {imbalance!r}",
+            key_path="--imbalance",
+            hint="use --imbalance 0.2 to flag a GPU 20% above the others",
+        )
     if log is not None:  # a bad --log is an error on any machine, GPU or not
         check_append(log, what="the watch log", option="--log")
     probe, reasons = make_probe()
     if probe is None:
         _no_gpu(reasons, as_json)
         return
-    watcher = Watcher(probe, history=_SPARK_WIDTH, pids=pid or None)
+    watcher = Watcher(probe, history=_SPARK_WIDTH, pids=pid or None, imbalance=imbalance)
     frame = watcher.frame()
     if not frame.snapshot.devices:
         _no_gpu([*reasons, *frame.snapshot.notes], as_json)

@@ -57,7 +57,7 @@ from memfit.core.workload import Workload
 from memfit.errors import ConfigError, InfeasiblePlan
 from memfit.units import format_bytes
 
-__all__ = ["Plan", "plan_for_gpu", "plan_many"]
+__all__ = ["FeasibleSpace", "Plan", "feasible_space", "plan_for_gpu", "plan_many"]
 
 #: How many next-best configurations a plan lists.
 DEFAULT_ALTERNATIVES = 3
@@ -1044,3 +1044,128 @@ def plan_many(
         except InfeasiblePlan as exc:
             out.append(exc)
     return out
+
+
+@dataclass(frozen=True)
+class FeasibleSpace:
+    """Every configuration of a workload that keeps its rules and fits one GPU (issue 24).
+
+    What a sweep draws from: :mod:`memfit.integrations.optuna` suggests only these
+    configurations, and :mod:`memfit.integrations.ray` drops the others. The knobs are in
+    the planner's search order (priority, high first); a knob derived from another
+    (``effective_batch``'s accumulation) and the planner's placement knob are in each
+    configuration's ``knobs`` but are not searched.
+
+    Attributes:
+        gpu: The GPU's name.
+        budget_bytes: What the GPU leaves for the job (total less others and margin).
+        order: The searched knobs, in search order.
+        domains: Each searched knob's declared values (a knob pinned by ``overrides`` has
+            only its pinned value), ascending.
+        configs: The configurations, each the knob values a plan would report
+            (``Plan.knobs``), in the order the search found them.
+        predicted_bytes: Each configuration's predicted peak (as ``Plan.predicted_bytes``).
+        used_bytes: What each configuration's job itself takes (as ``Plan.used_bytes``:
+            without the unused part of a preallocated JAX pool).
+    """
+
+    gpu: str
+    budget_bytes: int
+    order: tuple[str, ...]
+    domains: dict[str, tuple[int, ...]]
+    configs: tuple[dict[str, int | str], ...]
+    predicted_bytes: tuple[int, ...]
+    used_bytes: tuple[int, ...]
+
+    def __len__(self) -> int:
+        return len(self.configs)
+
+    def values(self, knob: str, given: Mapping[str, int | str] | None = None) -> tuple[int, ...]:
+        """The values of ``knob`` some feasible configuration takes with the ``given`` values
+        of other knobs, ascending (empty when none does).
+
+        Raises:
+            ConfigError: When ``knob`` is not a searched knob.
+        """
+        if knob not in self.domains:
+            raise ConfigError(
+                f"{knob!r} is not a searched knob of this space",
+                key_path=f"knobs.{knob}",
+                hint="searched knobs: " + ", ".join(self.order),
+            )
+        given = dict(given or {})
+        found = {
+            int(c[knob])
+            for c in self.configs
+            if all(c.get(name) == value for name, value in given.items())
+        }
+        return tuple(sorted(found))
+
+    def index(self, knobs: Mapping[str, int | str]) -> int | None:
+        """The position in :attr:`configs` of the configuration with these values of the
+        searched knobs, or ``None`` when it is not feasible."""
+        key = tuple(knobs.get(name) for name in self.order)
+        for i, config in enumerate(self.configs):
+            if tuple(config[name] for name in self.order) == key:
+                return i
+        return None
+
+
+def feasible_space(
+    workload: Workload,
+    gpu: GpuSpec,
+    overrides: Mapping[str, int] | None = None,
+    margin: float = DEFAULT_MARGIN,
+    measured: MeasuredTerms | None = None,
+    other_processes_bytes: int = 0,
+    *,
+    host_memory_bytes: int | None = None,
+    context_bytes: int | None = None,
+) -> FeasibleSpace:
+    """Every configuration of ``workload`` that keeps its rules and fits ``gpu``, by the
+    same search and the same memory model as :func:`plan_for_gpu` (arguments as there).
+
+    Raises:
+        InfeasiblePlan: When no configuration fits (as :func:`plan_for_gpu`).
+        ConfigError: As :func:`plan_for_gpu`.
+
+    >>> from memfit.core.catalog import gpu
+    >>> from memfit.core.workload import load_workload
+    >>> w = load_workload("brax_humanoid_ppo")
+    >>> space = feasible_space(w, gpu("RTX 4070"))
+    >>> best = plan_for_gpu(w, gpu("RTX 4070"))
+    >>> best.knobs in space.configs and max(space.predicted_bytes) <= space.budget_bytes
+    True
+    """
+    space = _Space(workload, overrides, measured, host_memory_bytes, device_is_host=gpu.is_host)
+    budget = _budget(workload, gpu, margin, other_processes_bytes, context_bytes)
+    if budget.breaking_term is not None:
+        raise _infeasible_with_fallbacks(space, budget, gpu, False)
+    limit = _Limit.of(budget)
+    found = (
+        [(space.rank(c), c) for c in [tuple(space.domains[n][0] for n in space.search_order)]]
+        if space.pinned_all
+        else space.search(limit)
+    )
+    configs: list[dict[str, int | str]] = []
+    predicted: list[int] = []
+    used: list[int] = []
+    for _, config in found:
+        chosen = space.resolve(config, limit)
+        if chosen is None or not space.valid(config):
+            continue  # only reachable for the single pinned configuration
+        breakdown = _breakdown(budget, chosen.evaluation)
+        configs.append(_knobs(space, config, chosen.on_gpu))
+        predicted.append(sum(breakdown.values()))
+        used.append(predicted[-1] - breakdown.get("jax_pool_unused", 0))
+    if not configs:
+        raise _infeasible_with_fallbacks(space, budget, gpu, False)
+    return FeasibleSpace(
+        gpu=gpu.name,
+        budget_bytes=budget.budget_bytes,
+        order=tuple(space.search_order),
+        domains={n: space.domains[n] for n in space.search_order},
+        configs=tuple(configs),
+        predicted_bytes=tuple(predicted),
+        used_bytes=tuple(used),
+    )

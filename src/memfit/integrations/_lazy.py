@@ -18,6 +18,8 @@ _PIP: dict[str, str] = {
     "gymnasium": "pip install gymnasium",
     "isaaclab": "install Isaac Lab (https://isaac-sim.github.io/IsaacLab), which needs Isaac Sim",
     "torch": "pip install torch",
+    "optuna": "pip install 'memfit[optuna]' (or pip install optuna)",
+    "ray": "pip install 'memfit[ray]' (or pip install 'ray[tune]')",
 }
 
 

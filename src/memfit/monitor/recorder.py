@@ -55,6 +55,7 @@ from memfit.monitor._leaks import (
     theil_sen,
 )
 from memfit.monitor._oom_dump import write_oom_dump
+from memfit.monitor._ranks import DEFAULT_IMBALANCE, rank_imbalance
 from memfit.monitor._records import SAMPLE_FIELDS, RecordWriter, sample_fields
 from memfit.runtime.events import MemoryEvent
 from memfit.units import format_bytes, parse_bytes
@@ -146,6 +147,12 @@ class Recorder:
             OOM snapshot (costs time per allocation); ``None`` leaves it off (the snapshot
             then shows segments and blocks without stack traces).
         max_oom_dumps: Most OOM dumps written by one recorder (0: none).
+        ranks_every: Under ``torch.distributed``: every this many sampled steps, share each
+            rank's peak (one small all-reduce) and report a ``"rank_imbalance"`` warning
+            event when a rank's peak is more than ``imbalance`` above the median of the
+            others', with the step of the check that first saw it (once, until it falls
+            back). Every rank must call :meth:`step` at the same steps. ``None``: off.
+        imbalance: The threshold, a fraction (0.2: 20% above the others).
 
     Raises:
         ConfigError: When a setting is out of range (``every`` < 1, ``interval`` <= 0, an
@@ -170,6 +177,8 @@ class Recorder:
         oom_samples: int = 200,
         memory_history: int | None = None,
         max_oom_dumps: int = 1,
+        ranks_every: int | None = None,
+        imbalance: float = DEFAULT_IMBALANCE,
     ) -> None:
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ConfigError(
@@ -209,6 +218,20 @@ class Recorder:
                 key_path="Recorder.max_oom_dumps",
                 hint="use 0 to write no OOM dumps",
             )
+        if ranks_every is not None and (
+            isinstance(ranks_every, bool) or not isinstance(ranks_every, int) or ranks_every < 1
+        ):
+            raise ConfigError(
+                f"ranks_every must be a whole number of sampled steps >= 1, not {ranks_every!r}",
+                key_path="Recorder.ranks_every",
+                hint="use ranks_every=10 to compare the ranks every tenth sample, None for never",
+            )
+        if not math.isfinite(imbalance) or imbalance <= 0:
+            raise ConfigError(
+                f"imbalance must be a positive fraction, not {imbalance!r}",
+                key_path="Recorder.imbalance",
+                hint="use imbalance=0.2 to flag a rank 20% above the others",
+            )
         if not math.isfinite(leak_check_seconds) or leak_check_seconds < 0:
             raise ConfigError(
                 f"leak_check_seconds must be >= 0, not {leak_check_seconds!r}",
@@ -239,6 +262,10 @@ class Recorder:
         self.oom_samples = oom_samples
         self.memory_history = memory_history
         self.max_oom_dumps = max_oom_dumps
+        self.ranks_every = ranks_every
+        self.imbalance = imbalance
+        self._sampled = 0
+        self._imbalanced: dict[int, int] = {}
 
         self._samples: deque[dict[str, Any]] = deque(maxlen=history)
         self._background: deque[dict[str, Any]] = deque(maxlen=history)
@@ -438,10 +465,53 @@ class Recorder:
         with self._lock:
             self._samples.append(sample)
             self._write({"type": "sample", "mode": "step", **sample})
+        self._sampled += 1
+        if self.ranks_every is not None and self._sampled % self.ranks_every == 0:
+            self._check_ranks(n, sample.get("peak_allocated_bytes"))
         if self._last_check_step is None or n - self._last_check_step >= self.log_every:
             self._last_check_step = n
             self._check(final=False)
         return sample
+
+    def _check_ranks(self, step: int, peak: int | None) -> None:
+        """Share the peaks with the other ranks and flag one well above the others."""
+        if "torch.distributed" not in sys.modules:
+            return
+        from memfit.runtime import _distributed
+
+        if not _distributed.is_distributed():
+            return
+        peaks = [p[0] if p[0] >= 0 else None for p in _distributed.gather_ints([
+            peak if peak is not None else -1
+        ])]  # fmt: skip
+        flagged = {i.rank: i for i in rank_imbalance(peaks, self.imbalance)}
+        for rank in [r for r in self._imbalanced if r not in flagged]:
+            del self._imbalanced[rank]
+        for rank, found in flagged.items():
+            if rank in self._imbalanced:
+                continue
+            self._imbalanced[rank] = step
+            self.on_event(
+                MemoryEvent(
+                    kind="rank_imbalance",
+                    step=step,
+                    source="Recorder",
+                    message=(
+                        f"rank {rank}'s peak {format_bytes(found.peak_bytes)} is "
+                        f"{100 * found.excess:.0f}% above the other ranks' "
+                        f"({format_bytes(found.others_bytes)}, median) since step {step}"
+                    ),
+                    data={
+                        "rank": rank,
+                        "peak_bytes": found.peak_bytes,
+                        "others_bytes": found.others_bytes,
+                        "excess": round(found.excess, 4),
+                        "started_step": step,
+                        "peaks": peaks,
+                        "severity": "warning",
+                    },
+                )
+            )
 
     def __call__(self, step: int | None = None, *args: object, **kwargs: object) -> None:
         """Callback form: ``rec(step)`` records the step; other arguments are ignored.

@@ -27,6 +27,7 @@ from typing import Any
 
 from memfit.backends.base import DeviceProbe, DeviceSnapshot, SystemSnapshot
 from memfit.errors import ConfigError, file_error, file_kind, not_a_file_error
+from memfit.monitor._ranks import rank_imbalance
 
 __all__ = [
     "SPARK_CHARS",
@@ -111,11 +112,15 @@ class WatchFrame:
         time: ``time.time()`` of the tick.
         history: Per device index, the used fractions of the last ticks, oldest first
             (``None`` where the used memory was unknown).
+        imbalance: With ``Watcher(imbalance=...)``: each device whose peak used memory is
+            more than the threshold above the other devices' (median): ``{"device",
+            "peak_bytes", "others_bytes", "excess", "since" (time), "since_frame"}``.
     """
 
     snapshot: SystemSnapshot
     time: float
     history: dict[int, tuple[float | None, ...]]
+    imbalance: tuple[dict[str, Any], ...] = ()
 
 
 class Watcher:
@@ -125,14 +130,28 @@ class Watcher:
         probe: Where the snapshots come from.
         history: Ticks kept per device (the sparkline's length).
         pids: Show only these processes (all when ``None`` or empty).
+        imbalance: Flag a device whose peak used memory (since the watch began) is more than
+            this fraction above the other devices' median (one rank per GPU under torchrun:
+            the rank that will run out first); ``None``: off.
 
     Raises:
-        ConfigError: When ``history`` is smaller than 1.
+        ConfigError: When ``history`` is smaller than 1 or ``imbalance`` is not positive.
     """
 
     def __init__(
-        self, probe: DeviceProbe, *, history: int = 60, pids: Iterable[int] | None = None
+        self,
+        probe: DeviceProbe,
+        *,
+        history: int = 60,
+        pids: Iterable[int] | None = None,
+        imbalance: float | None = None,
     ) -> None:
+        if imbalance is not None and not (imbalance > 0 and imbalance < float("inf")):
+            raise ConfigError(
+                f"imbalance must be a positive fraction, not {imbalance!r}",
+                key_path="--imbalance",
+                hint="use --imbalance 0.2 to flag a GPU 20% above the others",
+            )
         if isinstance(history, bool) or not isinstance(history, int) or history < 1:
             raise ConfigError(
                 f"history must be a whole number >= 1, not {history!r}",
@@ -142,6 +161,10 @@ class Watcher:
         self.history_length = history
         self.pids = frozenset(pids) if pids else frozenset()
         self._history: dict[int, deque[float | None]] = {}
+        self.imbalance = imbalance
+        self._peaks: dict[int, int] = {}
+        self._since: dict[int, tuple[float, int]] = {}
+        self._frames = 0
 
     def frame(self) -> WatchFrame:
         """Take one snapshot and add it to the history.
@@ -159,7 +182,39 @@ class Watcher:
             line = self._history.setdefault(device.index, deque(maxlen=self.history_length))
             line.append(used_fraction(device))
         history = {index: tuple(values) for index, values in self._history.items()}
-        return WatchFrame(snapshot=snapshot, time=time.time(), history=history)
+        now = time.time()
+        self._frames += 1
+        flagged = self._imbalanced(snapshot, now) if self.imbalance is not None else ()
+        return WatchFrame(snapshot=snapshot, time=now, history=history, imbalance=flagged)
+
+    def _imbalanced(self, snapshot: SystemSnapshot, now: float) -> tuple[dict[str, Any], ...]:
+        """Devices whose peak is above the others' by more than the threshold."""
+        assert self.imbalance is not None
+        for device in snapshot.devices:
+            if device.device_used_bytes is not None:
+                seen = self._peaks.get(device.index, 0)
+                self._peaks[device.index] = max(seen, device.device_used_bytes)
+        indices = sorted(self._peaks)
+        found = {
+            indices[i.rank]: i
+            for i in rank_imbalance([self._peaks[i] for i in indices], self.imbalance)
+        }
+        for index in [i for i in self._since if i not in found]:
+            del self._since[index]
+        out = []
+        for index, item in sorted(found.items()):
+            since, frame = self._since.setdefault(index, (now, self._frames))
+            out.append(
+                {
+                    "device": index,
+                    "peak_bytes": item.peak_bytes,
+                    "others_bytes": item.others_bytes,
+                    "excess": round(item.excess, 4),
+                    "since": since,
+                    "since_frame": frame,
+                }
+            )
+        return tuple(out)
 
 
 def _filter_processes(snapshot: SystemSnapshot, pids: frozenset[int]) -> SystemSnapshot:
@@ -177,6 +232,8 @@ def frame_record(frame: WatchFrame) -> dict[str, Any]:
     """
     record = frame.snapshot.to_dict()
     record["time"] = frame.time
+    if frame.imbalance:
+        record["imbalance"] = [dict(i) for i in frame.imbalance]
     return record
 
 

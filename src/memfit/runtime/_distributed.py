@@ -40,6 +40,7 @@ __all__ = [
     "Settlement",
     "agree",
     "average_gradients",
+    "gather_ints",
     "is_ddp",
     "is_distributed",
     "rank",
@@ -141,6 +142,29 @@ def _all_max(values: list[int]) -> list[int]:
     with no_alloc_section():
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         return [int(v) for v in flags.tolist()]
+
+
+def gather_ints(values: Sequence[int]) -> list[list[int]]:
+    """Every rank's ``values`` (the same count on every rank), in rank order, by one
+    ``all_reduce(SUM)`` in which each rank fills only its own slots; ``[values]`` when not
+    distributed. For small readings (a device's total and free bytes, a peak), never for
+    tensors. Every rank must call it, in the same order as the other collectives.
+    """
+    own = [int(v) for v in values]
+    if not is_distributed():
+        return [own]
+    import torch
+    import torch.distributed as dist
+
+    world, me, n = world_size(), rank(), len(own)
+    flat = [0] * (n * world)
+    flat[me * n : (me + 1) * n] = own
+    device = _collective_device()
+    slots = allocate_retrying(lambda: torch.tensor(flat, dtype=torch.int64, device=device))
+    with no_alloc_section():
+        dist.all_reduce(slots, op=dist.ReduceOp.SUM)
+        out = [int(v) for v in slots.tolist()]
+    return [out[r * n : (r + 1) * n] for r in range(world)]
 
 
 def agree(

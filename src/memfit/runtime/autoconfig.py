@@ -33,7 +33,7 @@ from memfit.core.catalog import gpu as catalog_gpu
 from memfit.core.plan import Plan
 from memfit.core.plan import plan_for_gpu as core_plan
 from memfit.core.workload import JaxSettings, Workload, load_workload
-from memfit.errors import BackendUnavailable, ConfigError
+from memfit.errors import BackendUnavailable, ConfigError, InfeasiblePlan
 from memfit.units import format_bytes, parse_fraction
 
 __all__ = ["AutoConfig", "DeviceReading", "autoconfig", "read_device"]
@@ -72,6 +72,8 @@ class AutoConfig:
         environment: The allocator settings the plan assumes.
         applied: The settings written to the environment (``apply=True``), else empty.
         notes: What was assumed (terms already running, the context, settings not applied).
+        ranks: With ``distributed=True`` under ``torch.distributed``: every rank's reading,
+            in rank order (named ``rank N``), else empty.
     """
 
     knobs: dict[str, int | str]
@@ -80,6 +82,7 @@ class AutoConfig:
     environment: dict[str, str]
     applied: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    ranks: list[DeviceReading] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data."""
@@ -97,6 +100,17 @@ class AutoConfig:
             "environment": dict(self.environment),
             "applied": dict(self.applied),
             "notes": list(self.notes),
+            "ranks": [
+                {
+                    "name": r.name,
+                    "total_bytes": r.total_bytes,
+                    "free_bytes": r.free_bytes,
+                    "source": r.source,
+                    "context_counted": r.context_counted,
+                    "pool": r.pool,
+                }
+                for r in self.ranks
+            ],
         }
 
 
@@ -193,6 +207,8 @@ def autoconfig(
     probe: Any | None = None,
     apply: bool = False,
     host_memory_bytes: int | None = None,
+    distributed: bool = False,
+    per_rank: Sequence[str] = (),
 ) -> AutoConfig:
     """Plan a workload against what this device has free now, and return the knob values.
 
@@ -212,23 +228,30 @@ def autoconfig(
         apply: Write the plan's allocator settings into this process's environment when
             the framework has not started on the GPU yet (``memfit.configure``).
         host_memory_bytes: Host RAM for a host-placed replay buffer.
+        distributed: Under ``torch.distributed`` (torchrun), plan for every rank's own
+            device and agree on knobs every rank can run: each rank reads its device, one
+            ``all_reduce`` shares the readings (total, free, context, pool), every rank
+            plans the same way for each reading (named ``rank N``, so the planner treats
+            them alike on every rank) and takes the plan of the reading with the least free
+            memory whose knobs fit every rank's reading. Every rank must call it. A no-op
+            when not distributed.
+        per_rank: With ``distributed``: knobs each rank then plans for its own device, the
+            agreed knobs pinned (Isaac Lab's per-GPU ``num_envs``); they may differ between
+            ranks. The rest are the same on every rank.
 
     Returns:
         The knobs, the plan, the reading, and the settings.
 
     Raises:
         BackendUnavailable: When no device can be read.
-        InfeasiblePlan: When nothing fits what is free.
-        ConfigError: On a bad workload, override or margin.
+        InfeasiblePlan: When nothing fits what is free (with ``distributed``: on every rank,
+            raised on every rank).
+        ConfigError: On a bad workload, override or margin, or ``per_rank`` names a knob the
+            workload does not have.
     """
     loaded = load_workload(workload)
     reading = read_device(device, probe=probe)
-    notes: list[str] = [
-        f"{reading.name}: {format_bytes(reading.free_bytes)} free of "
-        f"{format_bytes(reading.total_bytes)} now ({reading.source}"
-        + (", inside XLA's pool" if reading.pool else "")
-        + ")"
-    ]
+    notes: list[str] = [_reading_note(reading)]
     running = tuple(already_running)
     if loaded.simulator is not None and {"simulator", "renderer"} & set(running):
         loaded = loaded.model_copy(update={"simulator": None})
@@ -236,21 +259,34 @@ def autoconfig(
             "the simulator and its renderer are running: their memory is in the used figure, "
             "so their terms are left out of the plan"
         )
-    if reading.pool:
-        loaded = loaded.model_copy(update={"jax": JaxSettings(preallocate=False)})
-    spec = _spec_for(reading)
-    context = 0 if reading.context_counted else None
-    if context == 0:
+    margin_fraction = parse_fraction(margin)
+    unknown = [k for k in per_rank if k not in loaded.knobs]
+    if unknown:
+        raise ConfigError(
+            f"per_rank names {', '.join(map(repr, unknown))}, not a knob of {loaded.name}",
+            key_path="per_rank",
+            hint="knobs: " + ", ".join(loaded.knobs),
+        )
+    ranks: list[DeviceReading] = []
+    pinned = dict(overrides or {})
+    if distributed:
+        from memfit.runtime import _distributed
+
+        if _distributed.is_distributed():
+            ranks = _rank_readings(reading, _distributed)
+            agreed, tightest = _agree(
+                loaded, ranks, pinned, margin_fraction, host_memory_bytes, per_rank
+            )
+            pinned.update(agreed)
+            notes.append(
+                f"distributed over {len(ranks)} ranks: knobs agreed on the plan for rank "
+                f"{tightest} ({format_bytes(ranks[tightest].free_bytes)} free, the least), "
+                "which fits every rank"
+                + (f"; {', '.join(per_rank)} planned per rank" if per_rank else "")
+            )
+    if reading.context_counted:
         notes.append("this process's CUDA context is already in the used memory")
-    result = core_plan(
-        loaded,
-        spec,
-        overrides,
-        margin=parse_fraction(margin),
-        other_processes_bytes=max(0, reading.total_bytes - reading.free_bytes),
-        host_memory_bytes=host_memory_bytes,
-        context_bytes=context,
-    )
+    result = _plan_reading(loaded, reading, pinned, margin_fraction, host_memory_bytes)
     applied: dict[str, str] = {}
     if apply and result.environment:
         from memfit.runtime.allocator_env import configure, torch_cuda_initialized
@@ -280,4 +316,109 @@ def autoconfig(
         environment=dict(result.environment),
         applied=applied,
         notes=notes,
+        ranks=ranks,
     )
+
+
+def _reading_note(reading: DeviceReading) -> str:
+    return (
+        f"{reading.name}: {format_bytes(reading.free_bytes)} free of "
+        f"{format_bytes(reading.total_bytes)} now ({reading.source}"
+        + (", inside XLA's pool" if reading.pool else "")
+        + ")"
+    )
+
+
+def _plan_reading(
+    loaded: Workload,
+    reading: DeviceReading,
+    overrides: Mapping[str, int],
+    margin: float,
+    host_memory_bytes: int | None,
+) -> Plan:
+    """The plan against what ``reading`` has free (its context counted when it says so)."""
+    if reading.pool:
+        loaded = loaded.model_copy(update={"jax": JaxSettings(preallocate=False)})
+    return core_plan(
+        loaded,
+        _spec_for(reading),
+        overrides or None,
+        margin=margin,
+        other_processes_bytes=max(0, reading.total_bytes - reading.free_bytes),
+        host_memory_bytes=host_memory_bytes,
+        context_bytes=0 if reading.context_counted else None,
+    )
+
+
+def _rank_readings(reading: DeviceReading, dist: Any) -> list[DeviceReading]:
+    """Every rank's reading (one all-reduce), each named ``rank N`` so that every rank
+    plans them alike (a name only this rank knows would change its catalog lookup)."""
+    own = [
+        reading.total_bytes,
+        reading.free_bytes,
+        int(reading.context_counted),
+        int(reading.pool),
+    ]
+    return [
+        DeviceReading(f"rank {r}", total, free, "rank", bool(counted), bool(pool))
+        for r, (total, free, counted, pool) in enumerate(dist.gather_ints(own))
+    ]
+
+
+def _agree(
+    loaded: Workload,
+    ranks: Sequence[DeviceReading],
+    overrides: Mapping[str, int],
+    margin: float,
+    host_memory_bytes: int | None,
+    per_rank: Sequence[str],
+) -> tuple[dict[str, int], int]:
+    """The knobs every rank runs (all but ``per_rank``) and the rank whose plan gave them.
+
+    Deterministic in its inputs, which every rank holds alike, so every rank decides the
+    same without another collective. The readings are tried from the least free memory up;
+    the first plan whose shared knobs fit every reading wins (with memory non-decreasing in
+    every knob, that is the tightest rank's own plan).
+
+    Raises:
+        InfeasiblePlan: On every rank, when a rank fits nothing, or no rank's knobs fit all.
+    """
+    order = sorted(range(len(ranks)), key=lambda r: (ranks[r].free_bytes, r))
+    plans: dict[int, Plan] = {}
+    for r in order:
+        try:
+            plans[r] = _plan_reading(loaded, ranks[r], overrides, margin, host_memory_bytes)
+        except InfeasiblePlan as exc:
+            exc.message = f"rank {r}: {exc.message}"
+            exc.args = (exc.message,)
+            raise
+    for r in order:
+        shared = {
+            k: int(v)
+            for k, v in plans[r].knobs.items()
+            if k in loaded.knobs and k not in per_rank and isinstance(v, int)
+        }
+        pins = {**overrides, **shared}
+        if all(_fits(loaded, ranks[o], pins, margin, host_memory_bytes) for o in order):
+            return shared, r
+    raise InfeasiblePlan(
+        "no rank's knobs fit every rank's device: plan each rank apart, or pin the knobs "
+        "with overrides=",
+        smallest_bytes=None,
+        budget_bytes=min(p.budget_bytes for p in plans.values()),
+        binding_term=None,
+        hint="give the ranks cards of one size, or pin the knobs that differ",
+    )
+
+
+def _fits(
+    loaded: Workload,
+    reading: DeviceReading,
+    pins: Mapping[str, int],
+    margin: float,
+    host_memory_bytes: int | None,
+) -> bool:
+    try:
+        return _plan_reading(loaded, reading, pins, margin, host_memory_bytes).fits
+    except InfeasiblePlan:
+        return False
