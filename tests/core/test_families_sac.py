@@ -55,14 +55,10 @@ def test_frames_store_pixels_once() -> None:
     values = {"buffer_size": 1000, "batch_size": 256}
     frame = 84 * 84 * 3
     assert replay_row_bytes(w, values) == (frame, 6 * 4, 4, 4)
-    sb3 = w.model_copy(
-        update={"sac": w.sac.model_copy(update={"replay": w.sac.replay.model_copy(  # type: ignore[union-attr]
-            update={"storage": "transitions"})})}  # fmt: skip
-    )
+    sb3 = parse_workload(PIXELS.replace("storage: frames", "storage: transitions"))
     assert replay_row_bytes(sb3, values) == (3 * frame, 3 * frame, 24, 4, 4, 4)
-    stored_once = sb3.model_copy(
-        update={"sac": sb3.sac.model_copy(update={"replay": sb3.sac.replay.model_copy(  # type: ignore[union-attr]
-            update={"optimize_memory_usage": True})})}  # fmt: skip
+    stored_once = parse_workload(
+        PIXELS.replace("storage: frames", "storage: transitions, optimize_memory_usage: true")
     )
     assert replay_row_bytes(stored_once, values) == (3 * frame, 24, 4, 4, 4)
 
@@ -78,7 +74,9 @@ def test_shared_trunk_is_counted_once_and_the_critic_reads_the_action() -> None:
     critic = [(features + 6) * 50, 50, 50, 1]
     assert network_param_counts(w, nets["critic"], values) == critic * 2
     ev = evaluate(w, values)
-    assert ev.terms["parameters"] == 4 * (sum(enc) + features * 50 + 50 + 50 * 12 + 12 + 2 * sum(critic))
+    assert ev.terms["parameters"] == 4 * (
+        sum(enc) + features * 50 + 50 + 50 * 12 + 12 + 2 * sum(critic)
+    )
     assert ev.terms["augmented_minibatch"] == 2 * 256 * 84 * 84 * 9 * 4
     assert ev.terms["entropy_temperature"] == 16
 
@@ -103,7 +101,10 @@ def test_td3_has_no_temperature_and_more_items_need_more_memory() -> None:
             ("storage: frames}", "storage: flat, optimize_memory_usage: true}"),
             "optimize_memory_usage applies to storage transitions",
         ),
-        (("layers: [50, 12]}", "layers: [50, 12], conv: [{out_channels: 4, kernel: 1}]}"), "drop conv"),
+        (
+            ("layers: [50, 12]}", "layers: [50, 12], conv: [{out_channels: 4, kernel: 1}]}"),
+            "drop conv",
+        ),
     ],
 )
 def test_mistakes_name_their_key(edit: tuple[str, str], message: str) -> None:

@@ -15,7 +15,7 @@ from memfit.errors import ConfigError
 
 pytest.importorskip("brax", reason="measuring a Brax env needs brax")
 
-FACTORY = '''\
+FACTORY = """\
 from brax import envs
 
 
@@ -26,7 +26,7 @@ def make_env(backend=None):
 
 def not_an_env():
     return 42
-'''
+"""
 
 WORKLOAD = """family: ppo
 framework: jax
@@ -98,7 +98,7 @@ def test_factory_env_is_measured_like_the_registered_one(
 def test_factory_mistakes_are_config_errors(user_dir: Path) -> None:
     from memfit.integrations import _brax_measure as bm
 
-    with pytest.raises(ConfigError, match="not a brax.envs.Env"):
+    with pytest.raises(ConfigError, match=r"not a brax\.envs\.Env"):
         bm._env_object("my_envs_memfit:not_an_env", None)
     with pytest.raises(ConfigError, match="failed: AssertionError"):
         bm._env_object("my_envs_memfit:make_env", "mjx")

@@ -280,11 +280,13 @@ class JaxSettings(_Strict):
 
 class PpoSpec(_Strict):
     """On-policy layout: ``brax`` (``num_envs``, ``batch_size``, ``num_minibatches``,
-    ``unroll_length``), ``cleanrl`` (``num_envs``, ``num_steps``, ``num_minibatches``) or
-    ``rl_games`` (``num_actors``, ``horizon_length``, ``minibatch_size``). ``store_value``: a
-    Brax-layout variant that also keeps the value estimate in every transition."""
+    ``unroll_length``), ``cleanrl`` (``num_envs``, ``num_steps``, ``num_minibatches``),
+    ``rl_games`` (``num_actors``, ``horizon_length``, ``minibatch_size``) or ``skrl``
+    (``num_envs``, ``rollouts``, ``mini_batches``: skrl's PPO and its ``RandomMemory``).
+    ``store_value``: a Brax-layout variant that also keeps the value estimate in every
+    transition."""
 
-    layout: Literal["brax", "cleanrl", "rl_games"] = "brax"
+    layout: Literal["brax", "cleanrl", "rl_games", "skrl"] = "brax"
     store_value: bool = False
 
 
@@ -506,8 +508,9 @@ class Workload(_Strict):
                         f"(networks: {', '.join(sorted(self.networks))})"
                     )
                 if net.trunk in seen:
-                    raise ValueError("networks loop through their trunks: " + " -> ".join(
-                        [*seen, net.trunk]))
+                    raise ValueError(
+                        "networks loop through their trunks: " + " -> ".join([*seen, net.trunk])
+                    )
                 seen.append(net.trunk)
                 net = self.networks[net.trunk]
 

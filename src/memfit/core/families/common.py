@@ -239,9 +239,7 @@ def network_input(
     return obs.vector, 1, 1
 
 
-def network_output_width(
-    workload: Workload, net: NetworkSpec, values: Mapping[str, int]
-) -> int:
+def network_output_width(workload: Workload, net: NetworkSpec, values: Mapping[str, int]) -> int:
     """Values per item of a network's output: its last layer, else its last conv map
     flattened (what a head on this network as its ``trunk`` reads).
 

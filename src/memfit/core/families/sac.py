@@ -228,7 +228,9 @@ def fallbacks(workload: Workload) -> list[Fallback]:
     s = spec(workload)
     out: list[Fallback] = []
     if s.replay.placement != "host":
-        out.append(Fallback("replay buffer in host RAM", {"sac": {"replay": {"placement": "host"}}}))
+        out.append(
+            Fallback("replay buffer in host RAM", {"sac": {"replay": {"placement": "host"}}})
+        )
     pixels = workload.observations.cameras is not None or workload.observations.raster is not None
     if s.replay.storage == "transitions" and pixels and workload.framework == "torch":
         out.append(
