@@ -56,6 +56,7 @@ from memfit.monitor._leaks import (
 )
 from memfit.monitor._oom_dump import write_oom_dump
 from memfit.monitor._records import SAMPLE_FIELDS, RecordWriter, sample_fields
+from memfit.monitor.sinks import as_sink
 from memfit.runtime.events import MemoryEvent
 from memfit.units import format_bytes, parse_bytes
 
@@ -146,6 +147,11 @@ class Recorder:
             OOM snapshot (costs time per allocation); ``None`` leaves it off (the snapshot
             then shows segments and blocks without stack traces).
         max_oom_dumps: Most OOM dumps written by one recorder (0: none).
+        sinks: Where samples and events also go (:mod:`memfit.monitor.sinks`): a
+            TensorBoard ``SummaryWriter``, a W&B run, a
+            :class:`memfit.integrations.prometheus.PrometheusSink`, or any object with
+            ``sample(record)`` and ``event(event)``. A sink that raises is logged once and
+            then left out.
 
     Raises:
         ConfigError: When a setting is out of range (``every`` < 1, ``interval`` <= 0, an
@@ -170,6 +176,7 @@ class Recorder:
         oom_samples: int = 200,
         memory_history: int | None = None,
         max_oom_dumps: int = 1,
+        sinks: Iterable[Any] = (),
     ) -> None:
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ConfigError(
@@ -265,6 +272,8 @@ class Recorder:
         self._previous_hook: Callable[..., Any] | None = None
         self._hook: Callable[..., Any] | None = None
         self.oom_files: list[Path] = []
+        self.sinks: list[Any] = [as_sink(sink) for sink in sinks]
+        self._broken_sinks: set[int] = set()
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -369,7 +378,29 @@ class Recorder:
             if self._writer is not None:
                 self._writer.close()
                 self._writer = None
+        for sink in self.sinks:
+            close = getattr(sink, "close", None)
+            if callable(close) and id(sink) not in self._broken_sinks:
+                self._call_sink(sink, close)
         self._closed = True
+
+    def _to_sinks(self, kind: str, payload: Any) -> None:
+        """Send a sample (``kind="sample"``) or an event to every working sink."""
+        for sink in self.sinks:
+            if id(sink) not in self._broken_sinks:
+                self._call_sink(sink, getattr(sink, kind), payload)
+
+    def _call_sink(self, sink: Any, method: Callable[..., Any], *args: Any) -> None:
+        try:
+            method(*args)
+        except Exception as exc:  # a dashboard must not stop the run
+            self._broken_sinks.add(id(sink))
+            logger.warning(
+                "memfit: Recorder sink %s failed (%s: %s); it gets nothing more",
+                type(sink).__name__,
+                type(exc).__name__,
+                exc,
+            )
 
     def __enter__(self) -> Recorder:
         return self.start()
@@ -435,6 +466,7 @@ class Recorder:
         with self._lock:
             self._samples.append(sample)
             self._write({"type": "sample", "mode": "step", **sample})
+        self._to_sinks("sample", {"type": "sample", "mode": "step", **sample})
         if self._last_check_step is None or n - self._last_check_step >= self.log_every:
             self._last_check_step = n
             self._check(final=False)
@@ -503,6 +535,9 @@ class Recorder:
                 for record in records:
                     self._background.append(record)
                     self._write({"type": "sample", "mode": "background", **record})
+            for record in records:
+                self._to_sinks("sample", {"type": "sample", "mode": "background", **record})
+            with self._lock:
                 self._background_count += 1
                 self._background_cpu = time.thread_time() - cpu_start
             next_tick += interval
@@ -596,6 +631,7 @@ class Recorder:
         with self._lock:
             self._events.append(event)
             self._write_event(event)
+        self._to_sinks("event", event)
         if event.kind == "cleanup" and self.log:
             reading = sample_fields(
                 self._source.read() if self._source is not None else NoReader().read()
