@@ -49,7 +49,8 @@ def main() -> None:
     except InfeasiblePlan as exc:
         print(f"mujoco#1431 as reported: {exc.message}")
     fitted = memfit.plan("brax_mjx_sac", gpu="RTX 4090")
-    print(f"mujoco#1431 answer: pass max_replay_size to sac.train: {_show(fitted, 'max_replay_size')}")
+    answer = _show(fitted, "max_replay_size")
+    print(f"mujoco#1431 answer: pass max_replay_size to sac.train: {answer}")
 
     if importlib.util.find_spec("brax") is not None:
         import jax
@@ -59,11 +60,17 @@ def main() -> None:
 
         w = memfit.load_workload("brax_mjx_sac")
         obs, act = w.observations.vector, w.action_dim
-        dummy = Transition(observation=jnp.zeros((obs,)), action=jnp.zeros((act,)), reward=0.0,
-                           discount=0.0, next_observation=jnp.zeros((obs,)),
-                           extras={"state_extras": {"truncation": 0.0}, "policy_extras": {}})
+        dummy = Transition(
+            observation=jnp.zeros((obs,)),
+            action=jnp.zeros((act,)),
+            reward=0.0,
+            discount=0.0,
+            next_observation=jnp.zeros((obs,)),
+            extras={"state_extras": {"truncation": 0.0}, "policy_extras": {}},
+        )
         queue = replay_buffers.UniformSamplingQueue(
-            max_replay_size=1000, dummy_data_sample=dummy, sample_batch_size=32)
+            max_replay_size=1000, dummy_data_sample=dummy, sample_batch_size=32
+        )
         state = jax.eval_shape(queue.init, jax.random.PRNGKey(0))
         brax_row = state.data.shape[1] * state.data.dtype.itemsize
         from memfit.core.families.sac import replay_row_bytes

@@ -316,3 +316,71 @@ def test_skrl_layout_matches_skrl_memory() -> None:
     batches = memory.sample(names=agent._tensors_names, batch_size=len(memory), mini_batches=2)
     sampled = sum(t.numel() * t.element_size() for b in batches for t in b if t is not None)
     assert terms["rollout_shuffled_copy"] == sampled
+
+
+class Critic(DeterministicMixin, Model):  # type: ignore[misc]
+    def __init__(self, observation_space: Any, action_space: Any) -> None:
+        Model.__init__(
+            self, observation_space=observation_space, action_space=action_space, device="cpu"
+        )
+        DeterministicMixin.__init__(self)
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(self.num_observations + self.num_actions, 32),
+            torch.nn.ReLU(),
+            torch.nn.Linear(32, 1),
+        )
+
+    def compute(self, inputs: dict[str, Any], role: str = "") -> Any:
+        return self.net(torch.cat([inputs["observations"], inputs["taken_actions"]], 1)), {}
+
+
+def _sac_run(fire: Callable[[int, int], list[int] | None] | None) -> tuple[list[Any], Any]:
+    from skrl.agents.torch.sac import SAC, SAC_CFG
+
+    torch.manual_seed(0)
+    venv = gymnasium.make_vec("Pendulum-v1", num_envs=ENVS, vectorization_mode="sync")
+    venv.reset(seed=0)
+    env = wrap_env(venv, wrapper="gymnasium", verbose=False)
+    obs, act = env.observation_space, env.action_space
+    models = {
+        "policy": Policy(obs, act),
+        **{name: Critic(obs, act) for name in
+           ("critic_1", "critic_2", "target_critic_1", "target_critic_2")},
+    }  # fmt: skip
+    cfg = SAC_CFG(batch_size=16, gradient_steps=2, learning_starts=4)
+    cfg.experiment.write_interval = 0
+    cfg.experiment.checkpoint_interval = 0
+    memory = RandomMemory(memory_size=64, num_envs=ENVS, device="cpu")
+    agent = SAC(models=models, memory=memory, observation_space=obs, action_space=act,
+                device="cpu", cfg=cfg)  # fmt: skip
+    if fire is not None:
+        agent.update = _chaos(agent.update, fire)
+    guard = mskrl.guard(agent) if fire is not None else None
+    SequentialTrainer(env=env, agents=agent, cfg={
+        "timesteps": 12, "headless": True, "disable_progressbar": True}).train()  # fmt: skip
+    params = [
+        p.detach().clone()
+        for name in ("policy", "critic_1", "critic_2", "target_critic_1", "target_critic_2")
+        for p in agent.models[name].parameters()
+    ]
+    return [*params, agent.log_entropy_coefficient.detach().clone()], guard
+
+
+@pytest.mark.parametrize("at", [20, 150, 350])
+def test_sac_update_with_oom_gives_the_same_networks_and_temperature(at: int) -> None:
+    reference, _ = _sac_run(None)
+
+    def fire(timestep: int, attempt: int) -> list[int] | None:
+        # an update is ~400 operations (2 gradient steps); 350 is in the second, after the
+        # first has stepped three optimizers and moved the target critics in place
+        return [at] if timestep in (5, 9) and attempt == 0 else None
+
+    chaotic, guard = _sac_run(fire)
+    assert [e.kind for e in guard.events] == ["oom", "retry", "oom", "retry"]
+    assert _same(chaotic, reference)
+    assert knobs_sac(guard.agent) == {"batch_size": 16, "gradient_steps": 2,
+                                      "memory_size": 64, "num_envs": ENVS}  # fmt: skip
+
+
+def knobs_sac(agent: Any) -> dict[str, int]:
+    return mskrl.knobs_of(agent)

@@ -18,6 +18,9 @@ _PIP: dict[str, str] = {
     "gymnasium": "pip install gymnasium",
     "isaaclab": "install Isaac Lab (https://isaac-sim.github.io/IsaacLab), which needs Isaac Sim",
     "torch": "pip install torch",
+    "prometheus_client": "pip install memfit[prometheus] (prometheus-client)",
+    "skrl": "pip install memfit[skrl] (skrl)",
+    "tensorboard": "pip install memfit[tensorboard] (tensorboard)",
 }
 
 
