@@ -4,6 +4,8 @@ replay stored as transitions, frames or Brax's flat rows; the mujoco#1431 answer
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from memfit.core.catalog import gpu
 from memfit.core.families import evaluate
@@ -167,3 +169,49 @@ def test_brax_layout_matches_brax_sac() -> None:
     ev = evaluate(w, values)
     assert ev.terms["parameters"] == 4 * size
     assert ev.terms["target_network"] == 4 * sum(x.size for x in jax.tree_util.tree_leaves(q))
+
+
+NEW_BUNDLED = [
+    "brax_mjx_sac",
+    "sac_pixels_8gb",
+    "sac_pixels_8gb@sb3_buffer",
+    "skrl_isaaclab_ppo",
+    "skrl_isaaclab_ppo@no_sim",
+]
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), name=st.sampled_from(NEW_BUNDLED))
+def test_new_workloads_never_need_less_when_a_knob_grows(data: st.DataObject, name: str) -> None:
+    """The planner prunes on this (see test_families_terms): every term is non-decreasing
+    in every knob of the issue-25 workloads, on the device and with the replay on the host."""
+    w = load_workload(name)
+    values = dict(w.settings)
+    for knob, spec in w.knobs.items():
+        values[knob] = data.draw(st.sampled_from(spec.values()), label=knob)
+    knob = data.draw(st.sampled_from(sorted(w.knobs)), label="grown")
+    domain = w.knobs[knob].values()
+    position = min(domain.index(values[knob]), len(domain) - 2)
+    values[knob] = domain[position]
+    bigger = {**values, knob: domain[position + 1]}
+    for on_device in (True, False):
+        small = evaluate(w, values, on_device=on_device)
+        large = evaluate(w, bigger, on_device=on_device)
+        for term, nbytes in small.terms.items():
+            assert large.terms[term] >= nbytes, term
+        assert large.host_bytes >= small.host_bytes
+
+
+def test_bundled_workloads_plan() -> None:
+    """What docs/workload.md says of them."""
+    pixels = plan_for_gpu(
+        load_workload("sac_pixels_8gb"), gpu("RTX 4060 Ti"), host_memory_bytes=16 * 2**30
+    )
+    assert pixels.knobs == {"buffer_size": 810_000, "replay_placement": "host"}
+    sb3 = plan_for_gpu(
+        load_workload("sac_pixels_8gb@sb3_buffer"), gpu("RTX 4060 Ti"), host_memory_bytes=16 * 2**30
+    )
+    assert sb3.knobs["buffer_size"] == 130_000
+    skrl = plan_for_gpu(load_workload("skrl_isaaclab_ppo"), gpu("RTX 4060 Ti"))
+    assert skrl.knobs == {"num_envs": 65536, "rollouts": 16} and skrl.binding == "activations"
+    assert skrl.breakdown["simulator_base"] == int(3.5 * 2**30)
