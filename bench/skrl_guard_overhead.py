@@ -20,22 +20,18 @@ import argparse
 import logging
 import platform
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gymnasium
+import torch
+from _common import utc_minute, write_results
+from skrl.agents.torch.ppo import PPO, PPO_CFG
+from skrl.memories.torch import RandomMemory
+from skrl.models.torch import DeterministicMixin, GaussianMixin, Model
+from skrl.resources.preprocessors.torch import RunningStandardScaler
 
-import gymnasium  # noqa: E402
-import torch  # noqa: E402
-from _common import utc_minute, write_results  # noqa: E402
-from skrl.agents.torch.ppo import PPO, PPO_CFG  # noqa: E402
-from skrl.memories.torch import RandomMemory  # noqa: E402
-from skrl.models.torch import DeterministicMixin, GaussianMixin, Model  # noqa: E402
-from skrl.resources.preprocessors.torch import RunningStandardScaler  # noqa: E402
-
-from memfit.integrations import skrl as mskrl  # noqa: E402
+from memfit.integrations import skrl as mskrl
 
 logging.getLogger("skrl").setLevel(logging.WARNING)
 OBS, ACT, ROLLOUTS = 60, 8, 16
