@@ -140,3 +140,10 @@ def test_addresses() -> None:
             parse_address(bad)
     with PrometheusSink("127.0.0.1:0") as sink, pytest.raises(ConfigError, match="cannot listen"):
         PrometheusSink(f"127.0.0.1:{sink.port}")
+
+
+def test_watch_refuses_prometheus_with_one_frame(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["watch", "--once", "--prometheus", ":0"]) == 1
+    assert "Error: --prometheus: --prometheus serves while the live view runs" in (
+        capsys.readouterr().err
+    )

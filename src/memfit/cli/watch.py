@@ -170,7 +170,8 @@ def watch(
         None,
         "--prometheus",
         help="Serve per-GPU and per-process memory as Prometheus metrics at this address "
-        "(:9400 on every interface, 127.0.0.1:9400 on one; needs prometheus-client).",
+        "while the live view runs (:9400 on every interface, 127.0.0.1:9400 on one; needs "
+        "prometheus-client; not with --once or --json).",
     ),
 ) -> None:
     """Live view of GPU memory per device and per process (like `watch nvidia-smi`)."""
@@ -189,6 +190,13 @@ def watch(
     if log is not None:  # a bad --log is an error on any machine, GPU or not
         check_append(log, what="the watch log", option="--log")
     if prometheus is not None:
+        if once or as_json:
+            raise ConfigError(
+                "--prometheus serves while the live view runs; --once and --json stop after "
+                "one frame",
+                key_path="--prometheus",
+                hint="drop --once/--json (add --count N to stop after N frames)",
+            )
         from memfit.integrations.prometheus import parse_address
 
         parse_address(prometheus)  # a bad address is an error on any machine, GPU or not
