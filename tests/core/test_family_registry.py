@@ -72,7 +72,7 @@ def sac_family() -> Iterator[Family]:
 
 
 def test_builtin_families_are_discovered() -> None:
-    assert family_names() == ["custom", "offpolicy", "ppo", "vision_inference"]
+    assert family_names() == ["custom", "offpolicy", "ppo", "sac", "vision_inference"]
     ppo = get_family("ppo")
     assert ppo.section == "ppo" and ppo.requires[0][0] == "networks"
     assert get_family("offpolicy").placement_knob == "replay_placement"

@@ -55,3 +55,12 @@ def test_check_ppo_suggests_the_whole_number_a_wrong_type_stands_for(value: obje
     with pytest.raises(ConfigError, match=r"num_envs must be a positive integer") as info:
         check_ppo(**kwargs)
     assert info.value.hint is not None and "num_envs=2048" in info.value.hint
+
+
+def test_prometheus_without_its_client_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    from memfit.integrations.prometheus import PrometheusSink
+
+    with pytest.raises(BackendUnavailable, match=r"prometheus_client is not installed") as info:
+        PrometheusSink()
+    assert info.value.hint is not None and "memfit[prometheus]" in info.value.hint

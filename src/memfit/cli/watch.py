@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Group, RenderableType
@@ -21,7 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from memfit.backends.base import DeviceProbe, DeviceSnapshot, SystemSnapshot
-from memfit.cli._common import JSON_OPTION, out_console, print_json, safe
+from memfit.cli._common import JSON_OPTION, err_console, out_console, print_json, safe
 from memfit.cli._files import check_append
 from memfit.errors import ConfigError
 from memfit.monitor.watch import (
@@ -181,6 +182,13 @@ def watch(
         help="Warn when a GPU's peak is this fraction above the other GPUs' (0.2: 20%; "
         "one rank per GPU under torchrun).",
     ),
+    prometheus: str | None = typer.Option(
+        None,
+        "--prometheus",
+        help="Serve per-GPU and per-process memory as Prometheus metrics at this address "
+        "while the live view runs (:9400 on every interface, 127.0.0.1:9400 on one; needs "
+        "prometheus-client; not with --once or --json).",
+    ),
 ) -> None:
     """Live view of GPU memory per device and per process (like `watch nvidia-smi`)."""
     if not math.isfinite(interval) or interval <= 0:
@@ -203,6 +211,17 @@ def watch(
         )
     if log is not None:  # a bad --log is an error on any machine, GPU or not
         check_append(log, what="the watch log", option="--log")
+    if prometheus is not None:
+        if once or as_json:
+            raise ConfigError(
+                "--prometheus serves while the live view runs; --once and --json stop after "
+                "one frame",
+                key_path="--prometheus",
+                hint="drop --once/--json (add --count N to stop after N frames)",
+            )
+        from memfit.integrations.prometheus import parse_address
+
+        parse_address(prometheus)  # a bad address is an error on any machine, GPU or not
     probe, reasons = make_probe()
     if probe is None:
         _no_gpu(reasons, as_json)
@@ -220,18 +239,39 @@ def watch(
     if once:
         out_console.print(render_frame(frame))
         return
+    exporter = _exporter(prometheus)
     shown = 1
     try:
+        if exporter is not None:
+            exporter.snapshot(frame.snapshot)
         with Live(render_frame(frame), console=out_console, auto_refresh=False) as live:
             while count is None or shown < count:
                 time.sleep(interval)
                 frame = watcher.frame()
                 if log is not None:
                     append_log(log, frame)
+                if exporter is not None:
+                    exporter.snapshot(frame.snapshot)
                 live.update(render_frame(frame), refresh=True)
                 shown += 1
     except KeyboardInterrupt:
         return
+    finally:
+        if exporter is not None:
+            exporter.close()
+
+
+def _exporter(address: str | None) -> Any:
+    """The Prometheus sink serving at ``address``, or ``None`` without one."""
+    if address is None:
+        return None
+    from memfit.integrations.prometheus import PrometheusSink
+
+    sink = PrometheusSink(address)
+    err_console.print(
+        f"serving Prometheus metrics on http://{sink.host or '0.0.0.0'}:{sink.port}/metrics"
+    )
+    return sink
 
 
 def register(app: typer.Typer) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -11,6 +12,9 @@ from memfit.core.measured import BraxMeasurements
 from memfit.core.simulator import SimulatorSpec
 from memfit.errors import ConfigError
 from memfit.units import parse_bytes
+
+#: ``env:`` naming the user's own environment factory (``mypkg.envs:make_env``).
+_FACTORY = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*")
 
 #: Most values one knob may take (the planner enumerates them).
 MAX_KNOB_VALUES = 4096
@@ -184,7 +188,13 @@ class ConvLayer(_Strict):
 
 class NetworkSpec(_Strict):
     """A network: ``params`` (a parameter count), or ``layers`` (MLP widths after the input,
-    output last) optionally after ``conv`` layers over the raster or camera input."""
+    output last) optionally after ``conv`` layers over the raster or camera input.
+
+    ``trunk`` names another network whose output this one reads (a head on a shared encoder:
+    one conv trunk, several heads; only the head's own parameters are counted here);
+    ``action_input`` appends the action to the input (a critic ``Q(obs, action)``; after the
+    conv layers when there are some); ``copies`` is the number of identical networks (twin
+    critics: 2)."""
 
     params: int | None = Field(default=None, ge=1)
     layers: list[Annotated[int, Field(ge=1)]] | None = None
@@ -192,6 +202,9 @@ class NetworkSpec(_Strict):
     input: Literal["vector", "raster", "camera"] | None = None
     target: bool = False
     activation_items: int | None = Field(default=None, ge=0)
+    trunk: str | None = None
+    action_input: bool = False
+    copies: int = Field(default=1, ge=1)
 
     @model_validator(mode="after")
     def _shape(self) -> NetworkSpec:
@@ -199,6 +212,13 @@ class NetworkSpec(_Strict):
             raise ValueError("a network needs params, layers or conv")
         if self.params is not None and (self.layers is not None or self.conv is not None):
             raise ValueError("give either params or layers/conv, not both")
+        if self.trunk is not None and (self.conv is not None or self.input is not None):
+            raise ValueError(
+                "a head on a trunk reads the trunk's features: drop conv and input (give the "
+                "conv layers to the trunk network)"
+            )
+        if self.trunk is not None and self.layers is None:
+            raise ValueError("a head on a trunk needs layers: [widths]")
         return self
 
 
@@ -260,11 +280,13 @@ class JaxSettings(_Strict):
 
 class PpoSpec(_Strict):
     """On-policy layout: ``brax`` (``num_envs``, ``batch_size``, ``num_minibatches``,
-    ``unroll_length``), ``cleanrl`` (``num_envs``, ``num_steps``, ``num_minibatches``) or
-    ``rl_games`` (``num_actors``, ``horizon_length``, ``minibatch_size``). ``store_value``: a
-    Brax-layout variant that also keeps the value estimate in every transition."""
+    ``unroll_length``), ``cleanrl`` (``num_envs``, ``num_steps``, ``num_minibatches``),
+    ``rl_games`` (``num_actors``, ``horizon_length``, ``minibatch_size``) or ``skrl``
+    (``num_envs``, ``rollouts``, ``mini_batches``: skrl's PPO and its ``RandomMemory``).
+    ``store_value``: a Brax-layout variant that also keeps the value estimate in every
+    transition."""
 
-    layout: Literal["brax", "cleanrl", "rl_games"] = "brax"
+    layout: Literal["brax", "cleanrl", "rl_games", "skrl"] = "brax"
     store_value: bool = False
 
 
@@ -274,6 +296,60 @@ class OffPolicySpec(_Strict):
     placement: Literal["gpu", "host", "auto"] = "gpu"
     optimize_memory_usage: bool = False
     action_dtype: Dtype = "int64"
+
+
+class SacReplaySpec(_Strict):
+    """The replay buffer of an actor-critic off-policy job (SAC, TD3, DrQ).
+
+    ``storage``: ``transitions`` (Stable-Baselines3's ``ReplayBuffer``, skrl's
+    ``RandomMemory``: observation and next observation, action, reward, done, timeout per
+    transition; ``optimize_memory_usage`` drops the next observation), ``frames`` (pixels
+    stored once: one frame per step, stacks and next observations rebuilt by index when
+    sampled, as DrQ-v2's replay and frame-stacking buffers do) or ``flat`` (Brax's
+    ``UniformSamplingQueue``: one float32 row per transition: observation, action, reward,
+    discount, next observation, truncation). ``placement`` as for ``replay:``."""
+
+    placement: Literal["gpu", "host", "auto"] = "gpu"
+    storage: Literal["transitions", "frames", "flat"] = "transitions"
+    optimize_memory_usage: bool = False
+    action_dtype: Dtype = "float32"
+
+    @model_validator(mode="after")
+    def _storage(self) -> SacReplaySpec:
+        if self.optimize_memory_usage and self.storage != "transitions":
+            raise ValueError(
+                f"optimize_memory_usage applies to storage transitions; {self.storage} "
+                "storage already decides what is stored"
+            )
+        if self.storage == "flat" and self.action_dtype != "float32":
+            raise ValueError("flat storage keeps every field as float32 (Brax's replay)")
+        return self
+
+
+class SacSpec(_Strict):
+    """Actor-critic off-policy settings (``family: sac``).
+
+    ``algorithm``: ``sac`` (entropy temperature), ``td3`` (target actor, no temperature),
+    ``drq`` (SAC from pixels with image augmentation of each sampled batch). ``actor`` and
+    ``critic`` name the networks (the critic's target is a ``target: true`` network);
+    ``capacity`` and ``batch`` name the knobs or settings that hold the replay capacity and
+    the batch size, as the framework names them (Brax: ``max_replay_size``; SB3:
+    ``buffer_size``; skrl: ``memory_size``). ``updates_per_step``: a knob or setting for
+    gradient updates sampled at once (Brax's ``grad_updates_per_step``), else 1.
+    ``entropy``: ``learned`` (a log-temperature with its own optimizer) or ``fixed``.
+    ``augmentation``: the sampled observations are augmented into a float32 copy (DrQ's
+    random shift; default on for ``drq``)."""
+
+    algorithm: Literal["sac", "td3", "drq"] = "sac"
+    actor: str = "actor"
+    critic: str = "critic"
+    capacity: str = "buffer_size"
+    batch: str = "batch_size"
+    updates_per_step: str | None = None
+    entropy: Literal["learned", "fixed"] = "learned"
+    augmentation: bool | None = None
+    normalize_observations: bool = False
+    replay: SacReplaySpec = Field(default_factory=SacReplaySpec)
 
 
 class TransformerSpec(_Strict):
@@ -332,6 +408,7 @@ class Workload(_Strict):
     jax: JaxSettings = Field(default_factory=JaxSettings)
     ppo: PpoSpec | None = None
     replay: OffPolicySpec | None = None
+    sac: SacSpec | None = None
     vision: VisionSpec | None = None
     terms: dict[str, int | str] | None = None
     settings: dict[str, int] = Field(default_factory=dict)
@@ -374,11 +451,16 @@ class Workload(_Strict):
         for field_name, message in family.requires:
             if not getattr(self, field_name):
                 raise ValueError(message)
+        self._check_trunks()
+        problem = family.check(self) if family.check is not None else None
+        if problem:
+            raise ValueError(problem)
         if self.env is not None:
             kind, _, env_name = self.env.partition(":")
-            if kind != "brax" or not env_name:
+            if not env_name or (kind != "brax" and not _FACTORY.fullmatch(self.env)):
                 raise ValueError(
-                    f"env {self.env!r}: name it as brax:<environment> (brax:humanoid, brax:ant); "
+                    f"env {self.env!r}: name it as brax:<environment> (brax:humanoid, brax:ant) "
+                    "or point at your own factory as module:function (mypkg.envs:make_env); "
                     "other kinds of environment give env_state_bytes instead"
                 )
             if self.family_key != "ppo/brax":
@@ -414,6 +496,23 @@ class Workload(_Strict):
                         "nor a setting"
                     )
         return self
+
+    def _check_trunks(self) -> None:
+        """Every ``trunk`` names another network, and no chain of trunks loops."""
+        for name, net in self.networks.items():
+            seen = [name]
+            while net.trunk is not None:
+                if net.trunk not in self.networks:
+                    raise ValueError(
+                        f"networks.{seen[-1]}.trunk names {net.trunk!r}, which is not a network "
+                        f"(networks: {', '.join(sorted(self.networks))})"
+                    )
+                if net.trunk in seen:
+                    raise ValueError(
+                        "networks loop through their trunks: " + " -> ".join([*seen, net.trunk])
+                    )
+                seen.append(net.trunk)
+                net = self.networks[net.trunk]
 
     @property
     def family_key(self) -> str:

@@ -56,6 +56,7 @@ __all__ = [
     "cache_dir",
     "compile_step",
     "installed_versions",
+    "is_env_factory",
     "measure_ppo",
     "measurement_config",
     "network_factory",
@@ -189,7 +190,7 @@ def _key(
     platform: str,
 ) -> str:
     fields = {
-        "env": env_id,
+        "env": _env_cache_id(env_id),
         "backend": backend,
         "config": dict(config),
         "versions": dict(versions),
@@ -266,8 +267,65 @@ def _memory(compiled: Any) -> tuple[int, int, int, int]:
     )
 
 
+def is_env_factory(env: str) -> bool:
+    """Whether ``env`` names the user's own factory (``mypkg.envs:make_env``) rather than a
+    registered Brax environment (``brax:humanoid``)."""
+    return not env.startswith("brax:") and ":" in env
+
+
+def _factory_env(spec: str, backend: str | None) -> Any:
+    """The env the user's factory makes: ``factory(backend=backend)``, or ``factory()``
+    without a backend.
+
+    Raises:
+        ConfigError: When the factory cannot be imported, fails, or returns no Brax env.
+    """
+    from memfit.estimate.bridge import load_factory
+
+    make = load_factory(spec, key_path="env")
+    try:
+        made = make(**({"backend": backend} if backend else {}))
+    except Exception as exc:  # the user's code
+        raise ConfigError(
+            f"the env factory {spec} failed: {type(exc).__name__}: {exc}",
+            key_path="env",
+            hint="call it in Python to see why"
+            + ("; it is called with backend=" + repr(backend) if backend else ""),
+        ) from exc
+    envs = require("brax.envs")
+    if not isinstance(made, envs.Env):
+        raise ConfigError(
+            f"the env factory {spec} returned {type(made).__name__}, not a brax.envs.Env",
+            key_path="env",
+            hint="return the environment (a brax.envs.PipelineEnv or brax.envs.Env), unwrapped: "
+            "Brax's training wrappers are added when it is measured",
+        )
+    return made
+
+
+def _env_cache_id(env_id: str) -> str:
+    """The env's part of a cache key: for the user's factory, its id and a digest of its
+    module's source, so that editing the env measures it again."""
+    if not is_env_factory(env_id):
+        return env_id
+    module = env_id.partition(":")[0]
+    try:
+        found = util.find_spec(module)
+    except (ImportError, ValueError):
+        found = None
+    origin = found.origin if found is not None else None
+    if origin is None or not os.path.isfile(origin):
+        return env_id
+    with open(origin, "rb") as handle:
+        digest = hashlib.sha256(handle.read()).hexdigest()[:16]
+    return f"{env_id}#{digest}"
+
+
 def _env_object(env: Any, backend: str | None) -> tuple[Any, str, str | None]:
-    """The env object, its id (``brax:humanoid``) and backend, from a name or an object."""
+    """The env object, its id (``brax:humanoid``, or the factory ``mypkg.envs:make_env``)
+    and backend, from a name, a factory or an object."""
+    if isinstance(env, str) and is_env_factory(env):
+        return _factory_env(env, backend), env, backend
     if isinstance(env, str):
         name = env.split(":", 1)[1] if env.startswith("brax:") else env
         envs = require("brax.envs")
@@ -375,7 +433,10 @@ def measure_ppo(
     """Measure a Brax PPO job from its real environment and Brax's own training step.
 
     Args:
-        env: A Brax environment, or its name (``"humanoid"``, ``"brax:humanoid"``).
+        env: A Brax environment, its name (``"humanoid"``, ``"brax:humanoid"``), or the
+            user's factory as ``"module:function"`` (``"mypkg.envs:make_env"``, called as
+            ``make_env(backend=backend)``, or with no argument without a backend; the
+            current directory is on ``sys.path``), measured the same way.
         backend: The physics pipeline for a name (``"mjx"``, ``"generalized"``, ...).
         policy_hidden_layer_sizes: Brax's ``policy_hidden_layer_sizes``.
         value_hidden_layer_sizes: Brax's ``value_hidden_layer_sizes``.
@@ -395,7 +456,7 @@ def measure_ppo(
 
     Raises:
         BackendUnavailable: When brax or jax is not installed.
-        ConfigError: When brax has no such environment.
+        ConfigError: When brax has no such environment, or the factory fails.
         EstimateError: When Brax's training step cannot be captured or compiled.
     """
     require("brax")

@@ -20,6 +20,9 @@ _PIP: dict[str, str] = {
     "torch": "pip install torch",
     "optuna": "pip install 'memfit[optuna]' (or pip install optuna)",
     "ray": "pip install 'memfit[ray]' (or pip install 'ray[tune]')",
+    "prometheus_client": "pip install memfit[prometheus] (prometheus-client)",
+    "skrl": "pip install memfit[skrl] (skrl)",
+    "tensorboard": "pip install memfit[tensorboard] (tensorboard)",
 }
 
 

@@ -71,11 +71,13 @@ def callback_class() -> type[Any]:
             recorder: Any | None,
             batch_size: int | Callable[[Any], int] | None,
             attribute: str,
+            log_metrics: bool = False,
         ) -> None:
             super().__init__()
             self.recorder = recorder
             self.batch_size = batch_size
             self.attribute = attribute
+            self.log_metrics = log_metrics
             self.chosen_batch_size: int | None = None
 
         def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
@@ -101,7 +103,16 @@ def callback_class() -> type[Any]:
             self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
         ) -> None:
             if self.recorder is not None:
-                self.recorder.step(int(trainer.global_step))
+                step = int(trainer.global_step)
+                sample = self.recorder.step(step)
+                if sample is not None and self.log_metrics:
+                    from memfit.monitor.sinks import scalars_of
+
+                    # as Lightning's DeviceStatsMonitor: through every logger of the trainer
+                    scalars = scalars_of(sample)
+                    if scalars:
+                        for logger in trainer.loggers:
+                            logger.log_metrics(scalars, step=step)
 
         def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
             if self.recorder is not None:
@@ -123,6 +134,7 @@ def MemfitCallback(
     *,
     batch_size: int | Callable[[Any], int] | None = None,
     attribute: str = "batch_size",
+    log_metrics: bool = False,
 ) -> Any:
     """A Lightning callback that records memory per batch and can set the batch size.
 
@@ -131,6 +143,10 @@ def MemfitCallback(
         batch_size: A batch size, or ``fn(pl_module) -> int`` called at ``setup("fit")``.
         attribute: The attribute that holds the batch size (on the module, its ``hparams``
             or its datamodule).
+        log_metrics: Also log each sample through the Trainer's loggers
+            (``logger.log_metrics``, as Lightning's ``DeviceStatsMonitor`` does):
+            ``memory/allocated_mib``, ``memory/reserved_mib``, ... at the global step
+            (:func:`memfit.monitor.sinks.scalars_of`).
 
     Returns:
         The callback (pass it in ``Trainer(callbacks=[...])``).
@@ -138,7 +154,7 @@ def MemfitCallback(
     Raises:
         BackendUnavailable: When lightning is not installed.
     """
-    return callback_class()(recorder, batch_size, attribute)
+    return callback_class()(recorder, batch_size, attribute, log_metrics)
 
 
 @functools.cache

@@ -57,6 +57,7 @@ from memfit.monitor._leaks import (
 from memfit.monitor._oom_dump import write_oom_dump
 from memfit.monitor._ranks import DEFAULT_IMBALANCE, rank_imbalance
 from memfit.monitor._records import SAMPLE_FIELDS, RecordWriter, sample_fields
+from memfit.monitor.sinks import as_sink
 from memfit.runtime.events import MemoryEvent
 from memfit.units import format_bytes, parse_bytes
 
@@ -153,6 +154,11 @@ class Recorder:
             others', with the step of the check that first saw it (once, until it falls
             back). Every rank must call :meth:`step` at the same steps. ``None``: off.
         imbalance: The threshold, a fraction (0.2: 20% above the others).
+        sinks: Where samples and events also go (:mod:`memfit.monitor.sinks`): a
+            TensorBoard ``SummaryWriter``, a W&B run, a
+            :class:`memfit.integrations.prometheus.PrometheusSink`, or any object with
+            ``sample(record)`` and ``event(event)``. A sink that raises is logged once and
+            then left out.
 
     Raises:
         ConfigError: When a setting is out of range (``every`` < 1, ``interval`` <= 0, an
@@ -179,6 +185,7 @@ class Recorder:
         max_oom_dumps: int = 1,
         ranks_every: int | None = None,
         imbalance: float = DEFAULT_IMBALANCE,
+        sinks: Iterable[Any] = (),
     ) -> None:
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ConfigError(
@@ -292,6 +299,8 @@ class Recorder:
         self._previous_hook: Callable[..., Any] | None = None
         self._hook: Callable[..., Any] | None = None
         self.oom_files: list[Path] = []
+        self.sinks: list[Any] = [as_sink(sink) for sink in sinks]
+        self._broken_sinks: set[int] = set()
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -399,7 +408,29 @@ class Recorder:
             if self._writer is not None:
                 self._writer.close()
                 self._writer = None
+        for sink in self.sinks:
+            close = getattr(sink, "close", None)
+            if callable(close) and id(sink) not in self._broken_sinks:
+                self._call_sink(sink, close)
         self._closed = True
+
+    def _to_sinks(self, kind: str, payload: Any) -> None:
+        """Send a sample (``kind="sample"``) or an event to every working sink."""
+        for sink in self.sinks:
+            if id(sink) not in self._broken_sinks:
+                self._call_sink(sink, getattr(sink, kind), payload)
+
+    def _call_sink(self, sink: Any, method: Callable[..., Any], *args: Any) -> None:
+        try:
+            method(*args)
+        except Exception as exc:  # a dashboard must not stop the run
+            self._broken_sinks.add(id(sink))
+            logger.warning(
+                "memfit: Recorder sink %s failed (%s: %s); it gets nothing more",
+                type(sink).__name__,
+                type(exc).__name__,
+                exc,
+            )
 
     def __enter__(self) -> Recorder:
         return self.start()
@@ -468,6 +499,7 @@ class Recorder:
         self._sampled += 1
         if self.ranks_every is not None and self._sampled % self.ranks_every == 0:
             self._check_ranks(n, sample.get("peak_allocated_bytes"))
+        self._to_sinks("sample", {"type": "sample", "mode": "step", **sample})
         if self._last_check_step is None or n - self._last_check_step >= self.log_every:
             self._last_check_step = n
             self._check(final=False)
@@ -576,6 +608,9 @@ class Recorder:
                 for record in records:
                     self._background.append(record)
                     self._write({"type": "sample", "mode": "background", **record})
+            for record in records:
+                self._to_sinks("sample", {"type": "sample", "mode": "background", **record})
+            with self._lock:
                 self._background_count += 1
                 self._background_cpu = time.thread_time() - cpu_start
             next_tick += interval
@@ -669,6 +704,7 @@ class Recorder:
         with self._lock:
             self._events.append(event)
             self._write_event(event)
+        self._to_sinks("event", event)
         if event.kind == "cleanup" and self.log:
             reading = sample_fields(
                 self._source.read() if self._source is not None else NoReader().read()

@@ -45,6 +45,7 @@ __all__ = [
     "conv_shapes",
     "conv_weight_counts",
     "network_input",
+    "network_output_width",
     "network_param_counts",
     "network_widths",
     "observation_bytes",
@@ -238,38 +239,73 @@ def network_input(
     return obs.vector, 1, 1
 
 
+def network_output_width(workload: Workload, net: NetworkSpec, values: Mapping[str, int]) -> int:
+    """Values per item of a network's output: its last layer, else its last conv map
+    flattened (what a head on this network as its ``trunk`` reads).
+
+    Raises:
+        ConfigError: When the network is given as a bare ``params`` count (its output width
+            is unknown) or reads an observation the workload lacks.
+    """
+    if net.params is not None:
+        raise ConfigError(
+            "a trunk given as params: has no known output width",
+            key_path="networks",
+            hint="describe the trunk with conv: and layers:, or give the head its own input",
+        )
+    if net.layers:
+        return net.layers[-1]
+    return _flat_features(workload, net, values)
+
+
+def _flat_features(workload: Workload, net: NetworkSpec, values: Mapping[str, int]) -> int:
+    """Values per item entering the MLP part: the trunk's output, or the input (after the
+    conv layers), plus the action for a critic ``Q(obs, action)``."""
+    action = workload.action_dim if net.action_input else 0
+    if net.trunk is not None:
+        return network_output_width(workload, workload.networks[net.trunk], values) + action
+    c, h, w = network_input(workload, net, values)
+    if net.conv:
+        oc, oh, ow = conv_shapes(c, h, w, net.conv)[-1]
+        return oc * oh * ow + action
+    return c * h * w + action
+
+
 def network_widths(workload: Workload, net: NetworkSpec, values: Mapping[str, int]) -> list[int]:
-    """Values per item of the input and of each layer's output (conv maps, then MLP)."""
+    """Values per item of the input and of each layer's output (conv maps, then MLP), for
+    every copy of the network (twin critics count twice). A head on a trunk starts at the
+    trunk's features (the trunk's own maps are the trunk network's)."""
     if net.params is not None:
         return []
-    c, h, w = network_input(workload, net, values)
-    widths = [c * h * w]
-    if net.conv:
-        for oc, oh, ow in conv_shapes(c, h, w, net.conv):
-            widths.append(oc * oh * ow)
+    if net.trunk is not None:
+        widths = [_flat_features(workload, net, values)]
+    else:
+        c, h, w = network_input(workload, net, values)
+        widths = [c * h * w + (workload.action_dim if net.action_input and not net.conv else 0)]
+        if net.conv:
+            for oc, oh, ow in conv_shapes(c, h, w, net.conv):
+                widths.append(oc * oh * ow)
     widths.extend(net.layers or [])
-    return widths
+    return widths * net.copies
 
 
 def network_param_counts(
     workload: Workload, net: NetworkSpec, values: Mapping[str, int]
 ) -> list[int]:
-    """Parameter counts of each weight and bias tensor (one entry for ``params:``)."""
+    """Parameter counts of each weight and bias tensor (one entry for ``params:``), for every
+    copy of the network."""
     if net.params is not None:
-        return [net.params]
-    c, h, w = network_input(workload, net, values)
+        return [net.params] * net.copies
     counts: list[int] = []
-    flat = c * h * w
     if net.conv:
+        c, _h, _w = network_input(workload, net, values)
         counts.extend(conv_weight_counts(c, net.conv))
-        oc, oh, ow = conv_shapes(c, h, w, net.conv)[-1]
-        flat = oc * oh * ow
-    prev = flat
+    prev = _flat_features(workload, net, values)
     for width in net.layers or []:
         counts.append(prev * width)
         counts.append(width)
         prev = width
-    return counts
+    return counts * net.copies
 
 
 def parameter_terms(

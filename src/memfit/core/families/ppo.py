@@ -1,4 +1,4 @@
-"""On-policy (PPO) memory model: Brax, CleanRL and rl_games layouts.
+"""On-policy (PPO) memory model: Brax, CleanRL, rl_games and skrl layouts.
 
 Brax (``brax/training/agents/ppo/train.py``, shared REFERENCE.md): each training step
 collects ``batch_size * num_minibatches`` trajectories of ``unroll_length`` steps in
@@ -14,6 +14,14 @@ device_count`` environments and ``1 / device_count`` of the trajectories.
 CleanRL (``ppo_continuous_action.py``): storage tensors shaped ``(num_steps, num_envs, ...)``
 for obs, actions, logprobs, rewards, dones, values, plus advantages and returns; a minibatch
 is ``num_envs * num_steps // num_minibatches`` transitions.
+
+skrl (``skrl/agents/torch/ppo/ppo.py``, ``skrl/memories/torch/random.py``): a
+``RandomMemory`` of ``memory_size = rollouts`` steps of ``num_envs`` environments holding
+observations, actions, rewards, terminated and truncated (bool), log_prob, values, returns and
+advantages; each learning epoch ``memory.sample(..., mini_batches=M)`` indexes every
+minibatch at once, a shuffled copy of observations, actions, log_prob, values, returns and
+advantages; ``compute_gae`` adds advantages and returns temporaries; a minibatch is
+``rollouts * num_envs / mini_batches`` transitions.
 
 rl_games (``a2c_common.py`` experience buffer): obses, rewards, values, neglogpacs, dones,
 actions, mus, sigmas (plus returns and advantages) for ``horizon_length x num_actors x
@@ -54,6 +62,11 @@ def rollout_item_values(workload: Workload, values: Mapping[str, int]) -> int:
     network named ``policy``, else every trained network)."""
     nets = workload.networks
     chosen = [nets["policy"]] if "policy" in nets else [n for n in nets.values() if not n.target]
+    if "policy" in nets:  # a policy head on a shared trunk runs the trunk too
+        trunk = nets["policy"].trunk
+        while trunk is not None:
+            chosen.append(nets[trunk])
+            trunk = nets[trunk].trunk
     return sum(sum(network_widths(workload, n, values)) for n in chosen)
 
 
@@ -137,6 +150,31 @@ def _rl_games(workload: Workload, values: Mapping[str, int]) -> list[Term]:
     ]
 
 
+def _skrl(workload: Workload, values: Mapping[str, int]) -> list[Term]:
+    envs = values["num_envs"]
+    steps = values["rollouts"] * envs
+    obs = observation_bytes(workload, values)
+    act = workload.action_dim * _F32
+    # observations, actions, rewards, terminated, truncated, log_prob, values, returns,
+    # advantages (terminated and truncated are torch.bool)
+    memory = (steps * obs, steps * act, steps * _F32, steps, steps, *(steps * _F32,) * 4)
+    # memory.sample(names, mini_batches=M): every minibatch indexed at once
+    sampled = (steps * obs, steps * act, *(steps * _F32,) * 4)
+    ab = activation_bytes(workload)
+    minibatch_items = -(-steps // values["mini_batches"])
+    train_act = minibatch_items * training_item_values(workload, values) * ab
+    rollout_act = envs * rollout_item_values(workload, values) * ab
+    return [
+        *parameter_terms(workload, values),
+        Term("env_state", (envs * workload.env_state_bytes,)),
+        Term("next_observation", (envs * obs,)),
+        Term("rollout_buffer", memory),
+        Term("rollout_shuffled_copy", sampled),
+        Term("gae_temporaries", (steps * _F32, steps * _F32)),
+        Term("activations", (max(train_act, rollout_act),)),
+    ]
+
+
 def terms(workload: Workload, values: Mapping[str, int]) -> list[Term]:
     """Memory terms of an on-policy workload at these knob values (per device).
 
@@ -156,6 +194,8 @@ def terms(workload: Workload, values: Mapping[str, int]) -> list[Term]:
         return _brax(workload, values)
     if layout == "cleanrl":
         return _cleanrl(workload, values)
+    if layout == "skrl":
+        return _skrl(workload, values)
     return _rl_games(workload, values)
 
 
@@ -164,6 +204,7 @@ LAYOUT_NAMES: dict[str, tuple[str, ...]] = {
     "brax": ("num_envs", "batch_size", "num_minibatches", "unroll_length"),
     "cleanrl": ("num_envs", "num_steps", "num_minibatches"),
     "rl_games": ("num_actors", "horizon_length", "minibatch_size"),
+    "skrl": ("num_envs", "rollouts", "mini_batches"),
 }
 
 
@@ -174,7 +215,7 @@ def _layout(workload: Workload) -> str:
 FAMILY = register(
     Family(
         name="ppo",
-        summary="on-policy PPO (Brax, CleanRL or rl_games layout)",
+        summary="on-policy PPO (Brax, CleanRL, rl_games or skrl layout)",
         terms=device_terms(terms),
         section="ppo",
         schema=PpoSpec,

@@ -10,7 +10,7 @@ say) is one new module; :func:`register` also takes a family defined outside mem
 
 >>> from memfit.core.families import family_names
 >>> family_names()
-['custom', 'offpolicy', 'ppo', 'vision_inference']
+['custom', 'offpolicy', 'ppo', 'sac', 'vision_inference']
 >>> get_family("ppo").section
 'ppo'
 """
@@ -85,6 +85,8 @@ class Family:
             (``"replay_placement"``) when the workload lets the planner choose.
         fallbacks: ``workload -> [Fallback, ...]``: changes to try when the requested
             configuration does not fit.
+        check: ``workload -> message | None``: a family's own consistency rule (the
+            networks it names exist), run when the workload is validated.
     """
 
     name: str
@@ -98,6 +100,7 @@ class Family:
     placement: Callable[[Workload], str] | None = None
     placement_knob: str | None = None
     fallbacks: Callable[[Workload], list[Fallback]] | None = None
+    check: Callable[[Workload], str | None] | None = None
 
     def family_key(self, workload: Workload) -> str:
         """The family and its layout (``"ppo/brax"``), or the bare name."""
