@@ -109,6 +109,7 @@ class _Block:
     allocated: bool = False
     prev: _Block | None = None
     next: _Block | None = None
+    gc_base: int = 0  # the pool's get_free_block count when it was cached (its age's start)
 
 
 @dataclass
@@ -123,11 +124,15 @@ class _Pool:
     mapped_bytes: int = 0
     segment_id: int | None = None
     tail: _Block | None = None
+    # get_free_block calls on the C++ pool (small or large, shared by the streams), in a
+    # one-item list the pools of one kind share: a cached block's age is it minus gc_base.
+    clock: list[int] = field(default_factory=lambda: [0])
 
     def insert(self, block: _Block) -> None:
         key = (block.size, block.address)
         bisect.insort(self.keys, key)
         self.blocks[key] = block
+        block.gc_base = self.clock[0]
 
     def remove(self, block: _Block) -> None:
         key = (block.size, block.address)
@@ -151,6 +156,10 @@ class AllocatorModel:
             process, or the cap ``set_per_process_memory_fraction`` sets); ``None`` = no limit.
             At the limit it gives cached segments back, then raises
             :class:`~memfit.errors.OutOfMemory` as PyTorch does.
+        garbage_collection_threshold: Model ``garbage_collection_threshold`` (a fraction in
+            (0, 1)): with a limit set, before a new segment is obtained while more than this
+            fraction of the limit is reserved, cached whole large-pool segments older than
+            the average are given back (``garbage_collect_cached_blocks``); ``None`` = off.
 
     Raises:
         ConfigError: When ``max_split_size`` is not more than 20 MiB (PyTorch refuses it too)
@@ -170,7 +179,15 @@ class AllocatorModel:
         expandable_segments: bool = False,
         max_split_size: int | None = None,
         limit_bytes: int | None = None,
+        garbage_collection_threshold: float | None = None,
     ) -> None:
+        if garbage_collection_threshold is not None and not 0.0 < garbage_collection_threshold < 1.0:
+            raise ConfigError(
+                f"garbage_collection_threshold must be between 0 and 1, got "
+                f"{garbage_collection_threshold}",
+                key_path="garbage_collection_threshold",
+                hint="use a fraction such as 0.8, or leave it unset",
+            )
         if max_split_size is not None and max_split_size <= K_LARGE_BUFFER:
             raise ConfigError(
                 f"max_split_size must be more than 20 MiB, got {max_split_size} bytes",
@@ -182,6 +199,8 @@ class AllocatorModel:
         self.expandable_segments = expandable_segments
         self.max_split_size = _NO_LIMIT if max_split_size is None else max_split_size
         self.limit_bytes = _NO_LIMIT if limit_bytes is None else limit_bytes
+        self.gc_threshold = garbage_collection_threshold
+        self._clocks = {True: [0], False: [0]}
         self._pools: dict[tuple[int, bool], _Pool] = {}
         self._handles: dict[int, _Block | None] = {}
         self._next_handle = 1
@@ -207,11 +226,20 @@ class AllocatorModel:
         """Bytes reserved but not allocated (cached free blocks, the fragmentation headroom)."""
         return self.reserved_bytes - self.allocated_bytes
 
-    def malloc(self, nbytes: int, stream: int = 0) -> int:
+    def malloc(self, nbytes: int, stream: int = 0, *, segment_address: int | None = None) -> int:
         """Allocate ``nbytes`` on ``stream`` and return a handle for :meth:`free`.
 
         A zero-byte request gets a handle but no block, as ``cudaMalloc``-free ``nullptr``
         allocations in PyTorch.
+
+        Args:
+            nbytes: Bytes requested.
+            stream: The stream.
+            segment_address: The address ``cudaMalloc`` returns if this request needs a new
+                segment (a replay of a real trace knows it); best fit breaks ties between
+                free blocks of one size by address, so a replay that places segments where
+                the real allocator did picks the same blocks. ``None``: the next unused
+                address.
 
         Raises:
             ConfigError: When ``nbytes`` is negative.
@@ -228,15 +256,17 @@ class AllocatorModel:
         size = round_size(nbytes)
         pool = self._pool(stream, size <= K_SMALL_SIZE)
         block = self._get_free_block(pool, size)
+        if block is None and self.gc_threshold is not None and self.limit_bytes != _NO_LIMIT:
+            self._garbage_collect()
         if block is None:
-            block = self._alloc_block(pool, size)
+            block = self._alloc_block(pool, size, segment_address)
         if block is None and self._release_available(pool, size):
             self.num_alloc_retries += 1
-            block = self._alloc_block(pool, size)
+            block = self._alloc_block(pool, size, segment_address)
         if block is None:
             self.num_alloc_retries += 1
             self.empty_cache()
-            block = self._alloc_block(pool, size)
+            block = self._alloc_block(pool, size, segment_address)
         if block is None:
             raise OutOfMemory(
                 f"the allocator model cannot fit {size} more bytes under its limit of "
@@ -297,6 +327,82 @@ class AllocatorModel:
                     pool.tail = block
         pool.insert(block)
 
+    def add_segment(
+        self,
+        address: int,
+        size: int,
+        *,
+        stream: int = 0,
+        small: bool = False,
+        live: list[tuple[int, int]] | tuple[tuple[int, int], ...] = (),
+    ) -> list[int]:
+        """Seed a segment that existed before the replay starts (a trace recorded mid-run).
+
+        Args:
+            address: The segment's device address.
+            size: Its size in bytes.
+            stream: Its stream.
+            small: Whether it belongs to the small pool (a 2 MiB segment of small blocks).
+            live: The blocks allocated in it, as ``(address, block size)``, in address order;
+                the ranges between them are free, cached blocks.
+
+        Returns:
+            A handle for :meth:`free` per live block, in the order given.
+
+        Raises:
+            ConfigError: With expandable segments (their layout is not a ``cudaMalloc``
+                range), or when the blocks overlap or leave the segment.
+        """
+        if self.expandable_segments:
+            raise ConfigError(
+                "add_segment models a cudaMalloc segment; this model has expandable segments",
+                hint="seed a model made with expandable_segments=False",
+            )
+        pool = self._pool(stream, small)
+        self._segments += 1
+        pieces: list[tuple[int, int, bool]] = []
+        at = address
+        for start, nbytes in live:
+            if start < at or nbytes <= 0 or start + nbytes > address + size:
+                raise ConfigError(
+                    f"block {start:#x}+{nbytes} does not fit segment {address:#x}+{size} after "
+                    f"{at:#x}",
+                    hint="give the live blocks in address order, inside the segment",
+                )
+            if start > at:
+                pieces.append((at, start - at, False))
+            pieces.append((start, nbytes, True))
+            at = start + nbytes
+        if at < address + size:
+            pieces.append((at, address + size - at, False))
+        handles = []
+        prev: _Block | None = None
+        for start, nbytes, allocated in pieces:
+            block = _Block(
+                small=small,
+                stream=stream,
+                segment=self._segments,
+                address=start,
+                size=nbytes,
+                allocated=allocated,
+                prev=prev,
+            )
+            if prev is not None:
+                prev.next = block
+            prev = block
+            if allocated:
+                handle = self._next_handle
+                self._next_handle += 1
+                self._handles[handle] = block
+                self.allocated_bytes += nbytes
+                handles.append(handle)
+            else:
+                pool.insert(block)
+        self._next_address = max(self._next_address, address + size)
+        self._grow_reserved(size)
+        self.peak_allocated_bytes = max(self.peak_allocated_bytes, self.allocated_bytes)
+        return handles
+
     def empty_cache(self) -> None:
         """Give every free, unsplit segment back (``torch.cuda.empty_cache()``); with
         expandable segments, unmap the whole free pages at the end of each segment."""
@@ -314,8 +420,48 @@ class AllocatorModel:
     def _pool(self, stream: int, small: bool) -> _Pool:
         pool = self._pools.get((stream, small))
         if pool is None:
-            pool = self._pools[(stream, small)] = _Pool(small=small, stream=stream)
+            pool = self._pools[(stream, small)] = _Pool(
+                small=small, stream=stream, clock=self._clocks[small]
+            )
         return pool
+
+    def _garbage_collect(self) -> None:
+        """``garbage_collect_cached_blocks``: above the threshold, give back whole cached
+        large-pool segments whose age is at least the average age, until enough is back."""
+        assert self.gc_threshold is not None
+        threshold = int(self.gc_threshold * self.limit_bytes)
+        if self.reserved_bytes <= threshold:
+            return
+        target = self.reserved_bytes - threshold
+        large = [p for p in self._pools.values() if not p.small]
+        clock = self._clocks[False][0]
+
+        def whole() -> list[tuple[_Pool, _Block]]:
+            # The C++ set of large blocks is ordered by (stream, size, address).
+            found = [
+                (p, p.blocks[k])
+                for p in sorted(large, key=lambda p: p.stream)
+                for k in p.keys
+                if p.blocks[k].prev is None and p.blocks[k].next is None
+            ]
+            return found
+
+        candidates = whole()
+        total_age = sum(clock - b.gc_base for _, b in candidates)
+        count = len(candidates)
+        reclaimed = 0
+        freed = True
+        while reclaimed < target and freed and count > 0:
+            average = total_age / count
+            freed = False
+            for pool, block in whole():
+                age = clock - block.gc_base
+                if age >= average:
+                    freed = True
+                    reclaimed += block.size
+                    total_age -= age
+                    count -= 1
+                    self._release(pool, block)
 
     def _page(self, pool: _Pool) -> int:
         return K_SMALL_BUFFER if pool.small else K_LARGE_BUFFER
@@ -324,6 +470,7 @@ class AllocatorModel:
         return self.expandable_segments and block is pool.tail
 
     def _get_free_block(self, pool: _Pool, size: int) -> _Block | None:
+        pool.clock[0] += 1
         index = bisect.bisect_left(pool.keys, (size, -1))
         tail: _Block | None = None
         for key in pool.keys[index:]:
@@ -345,21 +492,27 @@ class AllocatorModel:
             return False
         return not (size >= self.max_split_size and block_size >= size + K_LARGE_BUFFER)
 
-    def _alloc_block(self, pool: _Pool, size: int) -> _Block | None:
+    def _alloc_block(
+        self, pool: _Pool, size: int, address: int | None = None
+    ) -> _Block | None:
         """A new segment (or newly mapped pages) for ``size``, or ``None`` at the limit."""
         if not self.expandable_segments:
             seg = segment_size(size)
             if self.reserved_bytes + seg > self.limit_bytes:
                 return None
             self._segments += 1
+            if address is None:
+                address = self._next_address
+                self._next_address += seg
+            else:
+                self._next_address = max(self._next_address, address + seg)
             block = _Block(
                 small=pool.small,
                 stream=pool.stream,
                 segment=self._segments,
-                address=self._next_address,
+                address=address,
                 size=seg,
             )
-            self._next_address += seg
             self._grow_reserved(seg)
             return block
         # The free tail (if any) joins newly mapped pages; the tail was not taken because it
