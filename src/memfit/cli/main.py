@@ -65,6 +65,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "estimate",
     "plan",
     "fit",
+    "explain",
 )
 
 app = typer.Typer(

@@ -403,6 +403,27 @@ class AllocatorModel:
         self.peak_allocated_bytes = max(self.peak_allocated_bytes, self.allocated_bytes)
         return handles
 
+    def free_blocks(self) -> list[tuple[int, int, int, bool, bool, int]]:
+        """Cached free blocks as ``(address, size, stream, small pool, whole segment,
+        segment number)``; a block that is not a whole segment cannot be given back until
+        its neighbours are freed."""
+        out = []
+        for pool in self._pools.values():
+            for key in pool.keys:
+                block = pool.blocks[key]
+                whole = block.prev is None and block.next is None
+                out.append(
+                    (block.address, block.size, block.stream, block.small, whole, block.segment)
+                )
+        out.sort()
+        return out
+
+    def live_blocks(self) -> dict[int, tuple[int, int, int]]:
+        """Allocated blocks by handle: ``(address, size, segment number)``."""
+        return {
+            h: (b.address, b.size, b.segment) for h, b in self._handles.items() if b is not None
+        }
+
     def empty_cache(self) -> None:
         """Give every free, unsplit segment back (``torch.cuda.empty_cache()``); with
         expandable segments, unmap the whole free pages at the end of each segment."""

@@ -64,16 +64,26 @@ class StartState:
     """The allocator at the first event of a trace.
 
     Attributes:
-        segments: Segments it held, by address.
+        segments: Segments it held, by address (empty for expandable segments).
         reserved_bytes: Their bytes.
         allocated_bytes: Bytes of the blocks live then (rounded to 512 B).
         live_blocks: How many blocks were live then.
+        blocks: The blocks live then: ``(address, size, stream)``, by address.
+        expandable: Whether the recording used expandable segments.
     """
 
     segments: tuple[StartSegment, ...]
     reserved_bytes: int
     allocated_bytes: int
     live_blocks: int
+    blocks: tuple[tuple[int, int, int], ...] = ()
+    expandable: bool = False
+
+    @property
+    def exact(self) -> bool:
+        """Whether the segments are known (not for a recording with expandable segments:
+        their mapped pages are not rebuilt, only the blocks live at the start)."""
+        return not self.expandable
 
 
 def _inconsistent(what: str) -> ConfigError:
@@ -84,26 +94,19 @@ def _inconsistent(what: str) -> ConfigError:
     )
 
 
-def _check_replayable(dev: DeviceSnapshot) -> None:
-    if any(s.expandable for s in dev.segments) or any(
+def _expandable(dev: DeviceSnapshot) -> bool:
+    return any(s.expandable for s in dev.segments) or any(
         e.action in ("segment_map", "segment_unmap") for e in dev.trace
-    ):
-        raise ConfigError(
-            "this trace used expandable segments; memfit rebuilds and replays traces of "
-            "cudaMalloc segments only",
-            key_path="device_traces",
-            hint="record with expandable_segments off to replay it",
-        )
+    )
 
 
 def start_state(dev: DeviceSnapshot) -> StartState:
     """The allocator's segments and live blocks at the trace's first event (see module).
 
     Raises:
-        ConfigError: When the trace and the final segments disagree (events were dropped),
-            or the trace used expandable segments.
+        ConfigError: When the trace and the final segments disagree (events were dropped).
     """
-    _check_replayable(dev)
+    expandable = _expandable(dev)
     segments: dict[int, tuple[int, int, bool]] = {
         s.address: (s.total_size, s.stream, s.small) for s in dev.segments
     }
@@ -127,6 +130,8 @@ def start_state(dev: DeviceSnapshot) -> StartState:
             if event.addr in live:
                 raise _inconsistent(f"event {index} frees {event.addr:#x}, live again after")
             live[event.addr] = (round_size(event.size), event.stream)
+        elif expandable:
+            continue
         elif action == "segment_alloc":
             if segments.pop(event.addr, None) is None:
                 raise _inconsistent(f"event {index} allocates segment {event.addr:#x}, gone after")
@@ -135,6 +140,16 @@ def start_state(dev: DeviceSnapshot) -> StartState:
                 raise _inconsistent(f"event {index} frees segment {event.addr:#x}, held after")
             segments[event.addr] = (event.size, event.stream, event.size == K_SMALL_BUFFER)
             stream_of[event.addr] = event.stream
+    blocks = tuple(sorted((a, size, stream) for a, (size, stream) in live.items()))
+    if expandable:
+        return StartState(
+            segments=(),
+            reserved_bytes=recorded_start(dev),
+            allocated_bytes=sum(b[1] for b in blocks),
+            live_blocks=len(blocks),
+            blocks=blocks,
+            expandable=True,
+        )
     starts = sorted(segments)
     placed: dict[int, list[tuple[int, int]]] = {a: [] for a in starts}
     for address in sorted(live):
@@ -162,6 +177,7 @@ def start_state(dev: DeviceSnapshot) -> StartState:
         reserved_bytes=sum(s.size for s in out),
         allocated_bytes=sum(size for s in out for _, size in s.live),
         live_blocks=sum(len(s.live) for s in out),
+        blocks=blocks,
     )
 
 
@@ -228,10 +244,7 @@ def _classify(
     def before(i: int) -> int:
         return curve[i - 1] if i else base
 
-    low = 0
-    for i, event in enumerate(trace):
-        if event.action == "segment_alloc":
-            low = max(low, before(i) + event.size)
+    low = max([base, *curve])  # everything the allocator held fitted
     calls: list[int] = []
     high: int | None = None
     for first, after in _free_runs(trace):
@@ -313,6 +326,8 @@ class Curve:
     segments: int
     failed: list[int] = field(default_factory=list)
     oom_fits: list[bool] = field(default_factory=list)
+    model: AllocatorModel | None = field(default=None, compare=False, repr=False)
+    handles: dict[int, int] = field(default_factory=dict, compare=False, repr=False)
 
 
 def replay(
@@ -326,6 +341,7 @@ def replay(
     exact_addresses: bool = True,
     empty_cache_at: Sequence[int] = (),
     recorded_empty_cache: bool = True,
+    stop: int | None = None,
 ) -> Curve:
     """Replay ``dev``'s trace through the model, seeded with the start state.
 
@@ -341,6 +357,9 @@ def replay(
             allocator got them (for a replay with the recorded settings).
         empty_cache_at: Extra event indices before which ``empty_cache()`` runs.
         recorded_empty_cache: Replay the trace's own ``empty_cache()`` calls.
+        stop: Replay the events before this index only (the curves end there); the model as
+            it stands then is :attr:`Curve.model` (with :attr:`Curve.handles`, block address
+            -> model handle).
 
     Raises:
         ConfigError: As :func:`start_state`, or for invalid settings.
@@ -350,11 +369,11 @@ def replay(
         expandable_segments, max_split_size, limit_bytes, garbage_collection_threshold
     )
     handles: dict[int, int] = {}
-    if expandable_segments:
-        # Start segments cannot be expandable ones: allocate the start's live blocks first.
-        for seg in start.segments:
-            for address, size in seg.live:
-                handles[address] = model.malloc(size, seg.stream)
+    if expandable_segments or start.expandable:
+        # Expandable segments cannot be seeded page by page: allocate the blocks live at the
+        # start first, in address order (the layout is then the model's, not the recorded).
+        for address, size, stream in start.blocks:
+            handles[address] = model.malloc(size, stream)
     else:
         for seg in start.segments:
             got = model.add_segment(
@@ -373,6 +392,8 @@ def replay(
     oom_fits: list[bool] = []
     pending_hint: int | None = None
     for index, event in enumerate(trace):
+        if stop is not None and index >= stop:
+            break
         if index in cache_at:
             model.empty_cache()
         action = event.action
@@ -407,9 +428,11 @@ def replay(
     return Curve(
         reserved=reserved,
         allocated=allocated,
-        peak_reserved=max([start.reserved_bytes, *reserved]) if not expandable_segments else model.peak_reserved_bytes,
+        peak_reserved=model.peak_reserved_bytes,
         peak_allocated=model.peak_allocated_bytes,
         segments=model.segment_count - base_segments,
         failed=failed,
         oom_fits=oom_fits,
+        model=model,
+        handles=handles,
     )

@@ -203,6 +203,8 @@ class Snapshot:
         source: Where it came from (a path, ``"<data>"``).
         kind: ``"pickle"`` or ``"json"``.
         meta: memfit's own ``memfit`` section (format, origin, notes), or empty.
+        has_traces: Whether the data has ``device_traces`` at all (``_snapshot()`` always
+            writes it, empty lists when no history was recorded).
     """
 
     devices: tuple[DeviceSnapshot, ...]
@@ -210,6 +212,7 @@ class Snapshot:
     source: str = "<data>"
     kind: str = "json"
     meta: Mapping[str, Any] = field(default_factory=dict)
+    has_traces: bool = True
 
     def device(self, index: int | None = None) -> DeviceSnapshot:
         """The device ``index``; by default the one with an ``oom`` event, else the longest
@@ -224,8 +227,8 @@ class Snapshot:
                     return dev
             have = ", ".join(str(d.device) for d in self.devices) or "none"
             raise ConfigError(
-                f"{self.source}: the snapshot has no device {index} (it has {have})",
-                key_path="device",
+                f"the snapshot has no device {index} (it has {have})",
+                key_path=f"{self.source}: --device",
                 hint="pick one of the devices it has",
             )
         return max(
@@ -265,7 +268,6 @@ class _NoGlobals(pickle.Unpickler):
             f"the pickle names the Python object {_printable(module)}.{_printable(name)}; "
             "a memory snapshot holds only plain data (dicts, lists, strings, numbers), so it "
             "is refused and nothing of it is run",
-            key_path="snapshot",
             hint="only open pickles you trust; " + _PICKLE_HINT,
         )
 
@@ -273,7 +275,6 @@ class _NoGlobals(pickle.Unpickler):
         raise ConfigError(
             "the pickle refers to a persistent object; a memory snapshot has none, so it is "
             "refused",
-            key_path="snapshot",
             hint=_PICKLE_HINT,
         )
 
@@ -326,7 +327,7 @@ def load_snapshot(path: str | Path, *, max_bytes: int = MAX_SNAPSHOT_BYTES) -> S
 
 def _too_big(source: str, size: int, max_bytes: int) -> ConfigError:
     return ConfigError(
-        f"{source}: {size} bytes, more than the {max_bytes} bytes memfit reads as a snapshot",
+        f"{size} bytes, more than the {max_bytes} bytes memfit reads as a snapshot",
         key_path=source,
         hint="record fewer entries (_record_memory_history(max_entries=...)), or pass a "
         "larger max_bytes= to memfit.explain",
@@ -339,13 +340,13 @@ def _gunzip(data: bytes, source: str, max_bytes: int) -> bytes:
         out = stream.decompress(data, max_bytes + 1)
     except zlib.error as exc:
         raise ConfigError(
-            f"{source}: a broken gzip file ({exc})", key_path=source, hint=_PICKLE_HINT
+            f"a broken gzip file ({exc})", key_path=source, hint=_PICKLE_HINT
         ) from exc
     if len(out) > max_bytes:
         raise _too_big(source + " (after gzip)", len(out), max_bytes)
     if not stream.eof:
         raise ConfigError(
-            f"{source}: the gzip data is cut off", key_path=source, hint="copy the file again"
+            "the gzip data is cut off", key_path=source, hint="copy the file again"
         )
     return out
 
@@ -359,7 +360,7 @@ def parse_snapshot(
     if data[:2] == b"\x1f\x8b":
         data = _gunzip(data, source, max_bytes)
     if not data.strip():
-        raise ConfigError(f"{source}: the file is empty", key_path=source, hint=_PICKLE_HINT)
+        raise ConfigError("the file is empty", key_path=source, hint=_PICKLE_HINT)
     if data[:1] == b"\x80":
         return snapshot_from_data(_unpickle(data, source), source=source, kind="pickle")
     if data.lstrip()[:1] in (b"{", b"["):
@@ -369,11 +370,11 @@ def parse_snapshot(
             raise _too_deep(source) from exc
         except ValueError as exc:
             raise ConfigError(
-                f"{source}: not valid JSON ({exc})", key_path=source, hint=_PICKLE_HINT
+                f"not valid JSON ({exc})", key_path=source, hint=_PICKLE_HINT
             ) from exc
         return snapshot_from_data(obj, source=source, kind="json")
     raise ConfigError(
-        f"{source}: neither a pickle (protocol 2 or later) nor JSON",
+        "neither a pickle (protocol 2 or later) nor JSON",
         key_path=source,
         hint=_PICKLE_HINT,
     )
@@ -385,20 +386,18 @@ def _unpickle(data: bytes, source: str) -> Any:
     try:
         return cls(io.BytesIO(data)).load()
     except ConfigError as exc:
-        exc.message = f"{source}: {exc.message}"
-        exc.args = (exc.message,)
-        raise
+        raise ConfigError(exc.message, key_path=source, hint=exc.hint) from None
     except RecursionError as exc:
         raise _too_deep(source) from exc
     except EOFError as exc:
         raise ConfigError(
-            f"{source}: the pickle is cut off (it ends before its STOP)",
+            "the pickle is cut off (it ends before its STOP)",
             key_path=source,
             hint="copy the file again; a dump interrupted while it was written is incomplete",
         ) from exc
     except (pickle.UnpicklingError, ValueError, TypeError, KeyError, IndexError) as exc:
         raise ConfigError(
-            f"{source}: not a readable pickle ({_printable(str(exc))})",
+            f"not a readable pickle ({_printable(str(exc))})",
             key_path=source,
             hint=_PICKLE_HINT,
         ) from exc
@@ -406,7 +405,7 @@ def _unpickle(data: bytes, source: str) -> Any:
 
 def _too_deep(source: str) -> ConfigError:
     return ConfigError(
-        f"{source}: the data is nested more than {MAX_DEPTH} levels deep; a memory snapshot "
+        f"the data is nested more than {MAX_DEPTH} levels deep; a memory snapshot "
         "is not",
         key_path=source,
         hint=_PICKLE_HINT,
@@ -433,7 +432,7 @@ def _check_depth(obj: Any, source: str) -> None:
 
 def _not_snapshot(source: str, why: str) -> ConfigError:
     return ConfigError(
-        f"{source}: not a CUDA memory snapshot ({why})", key_path=source, hint=_PICKLE_HINT
+        f"not a CUDA memory snapshot ({why})", key_path=source, hint=_PICKLE_HINT
     )
 
 
@@ -597,6 +596,7 @@ def snapshot_from_data(obj: Any, *, source: str = "<data>", kind: str = "json") 
         source=source,
         kind=kind,
         meta=dict(meta) if isinstance(meta, dict) else {},
+        has_traces="device_traces" in obj,
     )
 
 
