@@ -11,6 +11,7 @@ back before it reports out of memory.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from memfit.errors import ConfigError, OutOfMemory
@@ -200,6 +201,9 @@ class AllocatorModel:
         self.max_split_size = _NO_LIMIT if max_split_size is None else max_split_size
         self.limit_bytes = _NO_LIMIT if limit_bytes is None else limit_bytes
         self.gc_threshold = garbage_collection_threshold
+        #: Called as ``on_segment(action, address, size, stream)`` when a segment is obtained
+        #: (``"segment_alloc"``) or given back (``"segment_free"``); for recording a trace.
+        self.on_segment: Callable[[str, int, int, int], None] | None = None
         self._clocks = {True: [0], False: [0]}
         self._pools: dict[tuple[int, bool], _Pool] = {}
         self._handles: dict[int, _Block | None] = {}
@@ -424,6 +428,41 @@ class AllocatorModel:
             h: (b.address, b.size, b.segment) for h, b in self._handles.items() if b is not None
         }
 
+    def address_of(self, handle: int) -> int | None:
+        """The address of the block behind ``handle`` (``None`` for a zero-byte request).
+
+        Raises:
+            KeyError: When the handle is not live.
+        """
+        block = self._handles[handle]
+        return None if block is None else block.address
+
+    def segments(self) -> list[tuple[int, int, int, bool, list[tuple[int, int, bool]]]]:
+        """Every segment now: ``(address, size, stream, small pool, blocks)``, blocks as
+        ``(address, size, allocated)`` in address order; by address."""
+        blocks: dict[int, list[_Block]] = {}
+        for block in self._handles.values():
+            if block is not None:
+                blocks.setdefault(block.segment, []).append(block)
+        for pool in self._pools.values():
+            for block in pool.blocks.values():
+                blocks.setdefault(block.segment, []).append(block)
+        out = []
+        for members in blocks.values():
+            members.sort(key=lambda b: b.address)
+            first = members[0]
+            out.append(
+                (
+                    first.address,
+                    sum(b.size for b in members),
+                    first.stream,
+                    first.small,
+                    [(b.address, b.size, b.allocated) for b in members],
+                )
+            )
+        out.sort()
+        return out
+
     def empty_cache(self) -> None:
         """Give every free, unsplit segment back (``torch.cuda.empty_cache()``); with
         expandable segments, unmap the whole free pages at the end of each segment."""
@@ -535,6 +574,8 @@ class AllocatorModel:
                 size=seg,
             )
             self._grow_reserved(seg)
+            if self.on_segment is not None:
+                self.on_segment("segment_alloc", address, seg, pool.stream)
             return block
         # The free tail (if any) joins newly mapped pages; the tail was not taken because it
         # was too small (a fitting tail is returned by _get_free_block).
@@ -596,6 +637,8 @@ class AllocatorModel:
         return released >= want
 
     def _release(self, pool: _Pool, block: _Block) -> None:
+        if self.on_segment is not None:
+            self.on_segment("segment_free", block.address, block.size, block.stream)
         pool.remove(block)
         self.reserved_bytes -= block.size
         self.num_segment_frees += 1

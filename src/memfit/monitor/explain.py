@@ -457,7 +457,7 @@ def _step_starts(dev: DeviceSnapshot) -> list[int]:
     spread evenly (every gap within half and twice the median gap) and the trace before the
     first and after the last is no longer than two gaps (a layer's allocations repeat evenly
     too, but the backward pass after the last layer is far longer than a layer). The number
-    of steps is the most common count among such keys (fewer on a tie); the steps start at
+    of steps is the most common count among such keys (more on a tie); the steps start at
     the occurrences of the earliest key with that count.
     """
     positions: dict[tuple[int, int], list[int]] = {}
@@ -479,7 +479,7 @@ def _step_starts(dev: DeviceSnapshot) -> list[int]:
     if not passing:
         return []
     counts = Counter(len(p) for p in passing)
-    best = max(counts.items(), key=lambda kv: (kv[1], -kv[0]))[0]
+    best = max(counts.items(), key=lambda kv: (kv[1], kv[0]))[0]
     return min((p for p in passing if len(p) == best), key=lambda p: p[0])
 
 
@@ -671,7 +671,16 @@ def explain(
         expandable_segments=bool(settings["expandable_segments"]),
         garbage_collection_threshold=gc_threshold,
     )
-    off = max((abs(a - b) for a, b in zip(recorded, baseline.reserved, strict=True)), default=0)
+    # Compared where the allocator is settled: after each request, free and OOM (inside a
+    # request, the trace shows the segments it gives back before the request itself).
+    off = max(
+        (
+            abs(recorded[i] - baseline.reserved[i])
+            for i, e in enumerate(trace)
+            if e.action in ("alloc", "free_completed", "oom")
+        ),
+        default=0,
+    )
     if start.expandable:
         notes.append(
             "recorded with expandable segments: the replays start from the blocks live at the "
