@@ -389,13 +389,19 @@ def _unpickle(data: bytes, source: str) -> Any:
         raise ConfigError(exc.message, key_path=source, hint=exc.hint) from None
     except RecursionError as exc:
         raise _too_deep(source) from exc
-    except EOFError as exc:
+    except (EOFError, pickle.UnpicklingError) as exc:
+        if not isinstance(exc, EOFError) and "truncated" not in str(exc):
+            raise ConfigError(
+                f"not a readable pickle ({_printable(str(exc))})",
+                key_path=source,
+                hint=_PICKLE_HINT,
+            ) from exc
         raise ConfigError(
             "the pickle is cut off (it ends before its STOP)",
             key_path=source,
             hint="copy the file again; a dump interrupted while it was written is incomplete",
         ) from exc
-    except (pickle.UnpicklingError, ValueError, TypeError, KeyError, IndexError) as exc:
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, MemoryError) as exc:
         raise ConfigError(
             f"not a readable pickle ({_printable(str(exc))})",
             key_path=source,
