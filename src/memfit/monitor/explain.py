@@ -582,7 +582,11 @@ def _point(at: str | int, dev: DeviceSnapshot, peak: Peak, ooms: list[int]) -> t
     if at == "peak":
         if peak.event < 0:  # already at the first event
             return "peak", 0, 0
-        return "peak", peak.event, peak.event + 1
+        index = peak.event
+        # A new segment is recorded just before the request it is for: look after that one.
+        while index + 1 < n and dev.trace[index].action in ("segment_alloc", "segment_free"):
+            index += 1
+        return "peak", index, index + 1
     if at == "end":
         return "end", n - 1, n
     raise ConfigError(
