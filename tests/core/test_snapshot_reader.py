@@ -64,7 +64,7 @@ def test_a_class_instance_is_refused_too() -> None:
     from collections import OrderedDict
 
     blob = pickle.dumps({"segments": OrderedDict()}, protocol=2)
-    with pytest.raises(ConfigError, match="collections.OrderedDict"):
+    with pytest.raises(ConfigError, match=r"collections\.OrderedDict"):
         parse_snapshot(blob)
 
 
@@ -102,7 +102,9 @@ def test_without_frames_and_written_back() -> None:
     assert not snap.device().has_frames
     again = snapshot_from_data(snapshot_to_data(snap))
     assert again.devices == snap.devices
-    stripped = snapshot_from_data(snapshot_to_data(parse_snapshot(pickle.dumps(_data())), frames=False))
+    stripped = snapshot_from_data(
+        snapshot_to_data(parse_snapshot(pickle.dumps(_data())), frames=False)
+    )
     assert not stripped.device().has_frames
 
 
@@ -125,7 +127,13 @@ def test_several_devices() -> None:
 def test_pytorch_2_0_blocks_with_history() -> None:
     data = _data(frames=False)
     block = data["segments"][-1]["blocks"][0]
-    block["history"] = [{"addr": block["address"], "real_size": 1, "frames": [{"filename": "a.py", "line": 3, "name": "f"}]}]
+    block["history"] = [
+        {
+            "addr": block["address"],
+            "real_size": 1,
+            "frames": [{"filename": "a.py", "line": 3, "name": "f"}],
+        }
+    ]
     snap = snapshot_from_data(data)
     stacks = [b.stack for s in snap.device().segments for b in s.blocks]
     assert max(stacks) >= 0

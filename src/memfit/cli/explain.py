@@ -51,7 +51,9 @@ def explain(
         help="Where to look: oom, peak, end or an event index (default: the OOM, else the peak).",
     ),
     device: int | None = typer.Option(
-        None, "--device", help="The device to explain (default: the one with an OOM, else the busiest)."
+        None,
+        "--device",
+        help="The device to explain (default: the one with an OOM, else the busiest).",
     ),
     force: bool = FORCE_OPTION,
     as_json: bool = JSON_OPTION,
@@ -69,7 +71,9 @@ def explain(
         )
     where = _at(at)
     out = (
-        Output.named(output, what="the explanation", option="--output", force=force, inputs=[snapshot])
+        Output.named(
+            output, what="the explanation", option="--output", force=force, inputs=[snapshot]
+        )
         if output is not None
         else None
     )

@@ -182,7 +182,8 @@ class AllocatorModel:
         limit_bytes: int | None = None,
         garbage_collection_threshold: float | None = None,
     ) -> None:
-        if garbage_collection_threshold is not None and not 0.0 < garbage_collection_threshold < 1.0:
+        gc = garbage_collection_threshold
+        if gc is not None and not 0.0 < gc < 1.0:
             raise ConfigError(
                 f"garbage_collection_threshold must be between 0 and 1, got "
                 f"{garbage_collection_threshold}",
@@ -552,9 +553,7 @@ class AllocatorModel:
             return False
         return not (size >= self.max_split_size and block_size >= size + K_LARGE_BUFFER)
 
-    def _alloc_block(
-        self, pool: _Pool, size: int, address: int | None = None
-    ) -> _Block | None:
+    def _alloc_block(self, pool: _Pool, size: int, address: int | None = None) -> _Block | None:
         """A new segment (or newly mapped pages) for ``size``, or ``None`` at the limit."""
         if not self.expandable_segments:
             seg = segment_size(size)

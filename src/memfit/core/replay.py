@@ -225,9 +225,7 @@ def _free_runs(trace: Sequence[TraceEvent]) -> list[tuple[int, int]]:
     return out
 
 
-def _classify(
-    dev: DeviceSnapshot, start: StartState | None
-) -> tuple[list[int], Limit]:
+def _classify(dev: DeviceSnapshot, start: StartState | None) -> tuple[list[int], Limit]:
     """The ``empty_cache()`` calls of the trace and the limit it implies.
 
     Every ``segment_alloc`` fitted under the limit, so the limit is at least the largest
@@ -410,9 +408,9 @@ def replay(
                     failed.append(index)
             pending_hint = None
         elif action == "free_completed":
-            handle = handles.pop(event.addr, None)
-            if handle is not None:
-                model.free(handle)
+            freed = handles.pop(event.addr, None)
+            if freed is not None:
+                model.free(freed)
         elif action == "oom":
             fits = True
             try:

@@ -279,7 +279,7 @@ class _NoGlobals(pickle.Unpickler):
         )
 
 
-class _PyNoGlobals(pickle._Unpickler):  # type: ignore[name-defined,misc]
+class _PyNoGlobals(pickle._Unpickler):
     """The pure-Python unpickler with the opcodes that reach objects removed (used when the
     process registered copyreg extensions, which the C unpickler resolves from its cache
     without asking :meth:`find_class`)."""
@@ -294,9 +294,10 @@ class _PyNoGlobals(pickle._Unpickler):  # type: ignore[name-defined,misc]
         self.find_class("copyreg", "extension")
 
 
-_PyNoGlobals.dispatch = dict(pickle._Unpickler.dispatch)  # type: ignore[attr-defined]
+_DISPATCH: dict[int, Any] = dict(pickle._Unpickler.dispatch)
 for _op in (pickle.EXT1, pickle.EXT2, pickle.EXT4):
-    _PyNoGlobals.dispatch[_op[0]] = _PyNoGlobals._refuse
+    _DISPATCH[_op[0]] = _PyNoGlobals._refuse
+_PyNoGlobals.dispatch = _DISPATCH
 
 
 def _printable(text: str) -> str:
@@ -345,9 +346,7 @@ def _gunzip(data: bytes, source: str, max_bytes: int) -> bytes:
     if len(out) > max_bytes:
         raise _too_big(source + " (after gzip)", len(out), max_bytes)
     if not stream.eof:
-        raise ConfigError(
-            "the gzip data is cut off", key_path=source, hint="copy the file again"
-        )
+        raise ConfigError("the gzip data is cut off", key_path=source, hint="copy the file again")
     return out
 
 
@@ -401,7 +400,15 @@ def _unpickle(data: bytes, source: str) -> Any:
             key_path=source,
             hint="copy the file again; a dump interrupted while it was written is incomplete",
         ) from exc
-    except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, MemoryError) as exc:
+    except (
+        ValueError,
+        TypeError,
+        KeyError,
+        IndexError,
+        AttributeError,
+        OverflowError,
+        MemoryError,
+    ) as exc:
         raise ConfigError(
             f"not a readable pickle ({_printable(str(exc))})",
             key_path=source,
@@ -411,8 +418,7 @@ def _unpickle(data: bytes, source: str) -> Any:
 
 def _too_deep(source: str) -> ConfigError:
     return ConfigError(
-        f"the data is nested more than {MAX_DEPTH} levels deep; a memory snapshot "
-        "is not",
+        f"the data is nested more than {MAX_DEPTH} levels deep; a memory snapshot is not",
         key_path=source,
         hint=_PICKLE_HINT,
     )
@@ -437,9 +443,7 @@ def _check_depth(obj: Any, source: str) -> None:
 
 
 def _not_snapshot(source: str, why: str) -> ConfigError:
-    return ConfigError(
-        f"not a CUDA memory snapshot ({why})", key_path=source, hint=_PICKLE_HINT
-    )
+    return ConfigError(f"not a CUDA memory snapshot ({why})", key_path=source, hint=_PICKLE_HINT)
 
 
 def _int(value: Any, where: str, source: str, *, default: int | None = None) -> int:
@@ -625,9 +629,13 @@ def _read_trace(
                 addr=_size(ev.get("addr", 0), f"{where}.addr", source),
                 size=_size(ev.get("size", 0), f"{where}.size", source),
                 stream=_int(ev.get("stream", 0), f"{where}.stream", source),
-                time_us=time_us if isinstance(time_us, int) and not isinstance(time_us, bool) else None,
+                time_us=time_us
+                if isinstance(time_us, int) and not isinstance(time_us, bool)
+                else None,
                 stack=frames.stack(ev.get("frames")) if ev.get("frames") else -1,
-                device_free=_size(free, f"{where}.device_free", source) if free is not None else None,
+                device_free=_size(free, f"{where}.device_free", source)
+                if free is not None
+                else None,
             )
         )
     return out
@@ -645,7 +653,10 @@ def snapshot_to_data(
     def stack(dev: DeviceSnapshot, index: int) -> list[dict[str, Any]]:
         if not frames or index < 0:
             return []
-        return [{"filename": f.filename, "line": f.line, "name": f.name} for f in dev.stack_frames(index)]
+        return [
+            {"filename": f.filename, "line": f.line, "name": f.name}
+            for f in dev.stack_frames(index)
+        ]
 
     segments: list[dict[str, Any]] = []
     traces: list[list[dict[str, Any]]] = []
@@ -676,7 +687,12 @@ def snapshot_to_data(
             traces.append([])
         events = []
         for e in dev.trace:
-            item: dict[str, Any] = {"action": e.action, "addr": e.addr, "size": e.size, "stream": e.stream}
+            item: dict[str, Any] = {
+                "action": e.action,
+                "addr": e.addr,
+                "size": e.size,
+                "stream": e.stream,
+            }
             if times and e.time_us is not None:
                 item["time_us"] = e.time_us
             if e.device_free is not None:

@@ -123,7 +123,7 @@ class TraceBuilder:
         }
         segments = []
         for address, size, stream, small, blocks in self.model.segments():
-            out_blocks = []
+            out_blocks: list[dict[str, Any]] = []
             for block_address, block_size, allocated in blocks:
                 requested, stack = by_address.get(block_address, (0, []))
                 out_blocks.append(
@@ -140,7 +140,9 @@ class TraceBuilder:
                     "device": self.device,
                     "address": address,
                     "total_size": size,
-                    "allocated_size": sum(b["size"] for b in out_blocks if b["requested_size"]),
+                    "allocated_size": sum(
+                        int(b["size"]) for b in out_blocks if b["state"] != "inactive"
+                    ),
                     "stream": stream,
                     "segment_type": "small" if small else "large",
                     "is_expandable": False,

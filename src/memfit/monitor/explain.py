@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import itertools
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -35,7 +36,6 @@ from memfit.core.allocator import K_SMALL_SIZE, round_size
 from memfit.core.replay import (
     Curve,
     StartState,
-    empty_cache_points,
     implied_limit,
     recorded_curve,
     replay,
@@ -328,9 +328,9 @@ def _user_frame(frames: Sequence[Frame]) -> Frame | None:
 def _module_frame(frames: Sequence[Frame]) -> Frame | None:
     """The innermost ``forward`` (an ``nn.Module``'s) outside torch."""
     for frame in frames:
-        if frame.name == "forward" and frame.filename.endswith(".py"):
-            if not _LIBRARY.search(frame.filename):
-                return frame
+        name = frame.filename
+        if frame.name == "forward" and name.endswith(".py") and not _LIBRARY.search(name):
+            return frame
     return None
 
 
@@ -342,7 +342,11 @@ def _where(frame: Frame) -> str:
 def _size_class(nbytes: int) -> str:
     if nbytes <= K_SMALL_SIZE:
         return "<= 1 MiB (small pool)"
-    for limit, text in ((10 * MiB, "1-10 MiB"), (100 * MiB, "10-100 MiB"), (1024 * MiB, "100 MiB-1 GiB")):
+    for limit, text in (
+        (10 * MiB, "1-10 MiB"),
+        (100 * MiB, "10-100 MiB"),
+        (1024 * MiB, "100 MiB-1 GiB"),
+    ):
         if nbytes <= limit:
             return text
     return "> 1 GiB"
@@ -469,7 +473,7 @@ def _step_starts(dev: DeviceSnapshot) -> list[int]:
     for found in positions.values():
         if len(found) < 2:
             continue
-        gaps = sorted(b - a for a, b in zip(found, found[1:], strict=False))
+        gaps = sorted(b - a for a, b in itertools.pairwise(found))
         median = gaps[len(gaps) // 2]
         if median <= 0 or not all(median / 2 <= g <= median * 2 for g in gaps):
             continue
@@ -483,9 +487,7 @@ def _step_starts(dev: DeviceSnapshot) -> list[int]:
     return min((p for p in passing if len(p) == best), key=lambda p: p[0])
 
 
-def _leaks(
-    dev: DeviceSnapshot, start: StartState, starts: Sequence[int]
-) -> tuple[Leak, ...]:
+def _leaks(dev: DeviceSnapshot, start: StartState, starts: Sequence[int]) -> tuple[Leak, ...]:
     if len(starts) < 3:
         return ()
     walk = _Walk(dev, start)
@@ -505,8 +507,8 @@ def _leaks(
     out = []
     for name in set().union(*series):
         values = [s.get(name, 0) for s in series]
-        rises = sum(b > a for a, b in zip(values, values[1:], strict=False))
-        falls = sum(b < a for a, b in zip(values, values[1:], strict=False))
+        rises = sum(b > a for a, b in itertools.pairwise(values))
+        falls = sum(b < a for a, b in itertools.pairwise(values))
         growth = values[-1] - values[0]
         if growth > 0 and falls == 0 and rises >= (len(values) - 1) / 2:
             out.append(Leak(name, growth // (len(values) - 1), tuple(values)))
@@ -596,7 +598,9 @@ def _point(at: str | int, dev: DeviceSnapshot, peak: Peak, ooms: list[int]) -> t
     )
 
 
-def _thin(reserved: Sequence[int], allocated: Sequence[int], points: int = 2000) -> tuple[tuple[int, int, int], ...]:
+def _thin(
+    reserved: Sequence[int], allocated: Sequence[int], points: int = 2000
+) -> tuple[tuple[int, int, int], ...]:
     """Every event for short traces; else per bucket the first event and the events of the
     bucket's highest reserved and highest allocated (so no peak is lost)."""
     n = len(reserved)
@@ -671,7 +675,7 @@ def explain(
         dev,
         start=start,
         limit_bytes=limit.bytes,
-        max_split_size=settings["max_split_size"],  # type: ignore[arg-type]
+        max_split_size=settings["max_split_size"],
         expandable_segments=bool(settings["expandable_segments"]),
         garbage_collection_threshold=gc_threshold,
     )
@@ -703,7 +707,7 @@ def explain(
         dev,
         start=start,
         limit_bytes=limit.bytes,
-        max_split_size=settings["max_split_size"],  # type: ignore[arg-type]
+        max_split_size=settings["max_split_size"],
         expandable_segments=bool(settings["expandable_segments"]),
         garbage_collection_threshold=gc_threshold,
         stop=applied,
@@ -723,12 +727,21 @@ def explain(
         oom_capacity = before + first.device_free if first.device_free is not None else None
         if capacity is None:
             capacity = oom_capacity
-        oom_state = state if at_name == "oom" else replay(
-            dev, start=start, limit_bytes=limit.bytes, stop=ooms[0],
-            max_split_size=settings["max_split_size"],  # type: ignore[arg-type]
-            expandable_segments=bool(settings["expandable_segments"]),
+        oom_state = (
+            state
+            if at_name == "oom"
+            else replay(
+                dev,
+                start=start,
+                limit_bytes=limit.bytes,
+                stop=ooms[0],
+                max_split_size=settings["max_split_size"],
+                expandable_segments=bool(settings["expandable_segments"]),
+            )
         )
-        largest = max((b[1] for b in oom_state.model.free_blocks()), default=0) if oom_state.model else 0
+        largest = (
+            max((b[1] for b in oom_state.model.free_blocks()), default=0) if oom_state.model else 0
+        )
         oom = OomInfo(
             event=ooms[0],
             requested_bytes=first.size,
@@ -741,7 +754,17 @@ def explain(
     if capacity is None:
         capacity = limit.bytes
     starts = _step_starts(dev)
-    what_if = _what_ifs(dev, start, settings, gc_threshold, capacity, starts, bool(ooms), peak_r.bytes, off == 0 and start.exact)
+    what_if = _what_ifs(
+        dev,
+        start,
+        settings,
+        gc_threshold,
+        capacity,
+        starts,
+        bool(ooms),
+        peak_r.bytes,
+        off == 0 and start.exact,
+    )
     groups = _groups(dev, walk.live)
     if not dev.has_frames:
         notes.append(
@@ -828,7 +851,8 @@ def _fragmentation(
             slot[0] += split_free[segment] * size // total
             slot[1] += 1
     split_by = tuple(
-        Site(n, v[0], v[1]) for n, v in sorted(blame.items(), key=lambda kv: (-kv[1][0], kv[0]))[:TOP]
+        Site(n, v[0], v[1])
+        for n, v in sorted(blame.items(), key=lambda kv: (-kv[1][0], kv[0]))[:TOP]
     )
     return Fragmentation(
         cached_bytes=reserved - walk.allocated,
@@ -874,7 +898,11 @@ def _what_ifs(
             )
     if len(steps) >= 2:
         trials.append(
-            ("empty_cache each step", "torch.cuda.empty_cache() at each step's start", {"empty_cache_at": steps[1:]})
+            (
+                "empty_cache each step",
+                "torch.cuda.empty_cache() at each step's start",
+                {"empty_cache_at": steps[1:]},
+            )
         )
     out = []
     for name, setting, change in trials:
@@ -949,14 +977,18 @@ def _recommend(
             f"{_top_sites(groups)}",
             shrink,
         )
-    best = min(others, key=lambda w: (w.peak_reserved_bytes, others.index(w)), default=None)
-    saving = baseline.peak_reserved_bytes - best.peak_reserved_bytes if best else 0
-    if best is not None and saving >= max(_MIN_SAVING, int(peak * _MIN_SAVING_FRACTION)) and best.fits is not False:
+    pick = min(others, key=lambda w: (w.peak_reserved_bytes, others.index(w)), default=None)
+    saving = baseline.peak_reserved_bytes - pick.peak_reserved_bytes if pick else 0
+    if (
+        pick is not None
+        and saving >= max(_MIN_SAVING, int(peak * _MIN_SAVING_FRACTION))
+        and pick.fits is not False
+    ):
         return (
-            f"set PYTORCH_CUDA_ALLOC_CONF={best.setting}"
-            if not best.setting.startswith("torch.")
-            else f"call {best.setting}",
-            f"replayed with it, the reserved peak is {format_bytes(best.peak_reserved_bytes)} "
+            f"set PYTORCH_CUDA_ALLOC_CONF={pick.setting}"
+            if not pick.setting.startswith("torch.")
+            else f"call {pick.setting}",
+            f"replayed with it, the reserved peak is {format_bytes(pick.peak_reserved_bytes)} "
             f"instead of {format_bytes(baseline.peak_reserved_bytes)} "
             f"({format_bytes(saving)} less)",
             None,
@@ -995,18 +1027,29 @@ def render_text(e: Explanation) -> list[str]:
         )
     lines.append(
         "  replay of the trace: "
-        + ("exact (every reserved byte as recorded)" if e.replay_exact else f"up to {fb(e.replay_bytes_off)} off")
+        + (
+            "exact (every reserved byte as recorded)"
+            if e.replay_exact
+            else f"up to {fb(e.replay_bytes_off)} off"
+        )
     )
     if e.oom is not None:
         o = e.oom
+        free = fb(o.device_free_bytes) if o.device_free_bytes is not None else "not recorded"
         lines += [
             f"  OUT OF MEMORY at event {o.event}: a request of {fb(o.requested_bytes)} failed",
-            f"    driver's free memory {fb(o.device_free_bytes) if o.device_free_bytes is not None else 'not recorded'}, "
+            f"    driver's free memory {free}, "
             f"reserved {fb(o.reserved_bytes)}, allocated {fb(o.allocated_bytes)}, "
             f"largest free cached block {fb(o.largest_free_block_bytes)}",
         ]
-    where = {"oom": "at the OOM", "peak": "at the peak", "end": "at the end"}.get(e.at, f"after event {e.at}")
-    lines += ["", f"2. Where the memory was {where} (event {e.at_event}): {fb(e.allocated_bytes)} live of {fb(e.reserved_bytes)} reserved"]
+    where = {"oom": "at the OOM", "peak": "at the peak", "end": "at the end"}.get(
+        e.at, f"after event {e.at}"
+    )
+    lines += [
+        "",
+        f"2. Where the memory was {where} (event {e.at_event}): {fb(e.allocated_bytes)} live "
+        f"of {fb(e.reserved_bytes)} reserved",
+    ]
     for group in e.groups:
         lines.append(f"  by {group.by.replace('_', ' ')}:")
         for row in group.rows:
@@ -1021,7 +1064,8 @@ def render_text(e: Explanation) -> list[str]:
         f"free segments, {fb(f.split_bytes)} in segments live blocks keep split",
         f"  largest free block {fb(f.largest_free_block_bytes)}"
         + (
-            f"; request {fb(f.request_bytes)}, {fb(f.too_small_bytes)} in free blocks too small for it"
+            f"; request {fb(f.request_bytes)}, {fb(f.too_small_bytes)} in free blocks too "
+            "small for it"
             if f.request_bytes is not None
             else ""
         ),
@@ -1043,7 +1087,9 @@ def render_text(e: Explanation) -> list[str]:
     elif not e.leaks:
         lines.append(f"  none: no site grows over the {e.steps} repetitions of the step")
     for leak in e.leaks:
-        lines.append(f"  {leak.site}: +{fb(leak.growth_per_step_bytes)} per step over {e.steps} steps")
+        lines.append(
+            f"  {leak.site}: +{fb(leak.growth_per_step_bytes)} per step over {e.steps} steps"
+        )
     if e.notes:
         lines += ["", "Notes"] + [f"  {n}" for n in e.notes]
     return lines
@@ -1069,13 +1115,32 @@ def _figure(e: Explanation) -> Any:
         fontsize=8,
     )
     if e.oom is not None:
-        ax.plot([e.oom.event], [e.oom.reserved_bytes / MiB], marker="X", color="#d62728", markersize=10, linestyle="none", label="out of memory")
+        ax.plot(
+            [e.oom.event],
+            [e.oom.reserved_bytes / MiB],
+            marker="X",
+            color="#d62728",
+            markersize=10,
+            linestyle="none",
+            label="out of memory",
+        )
     if e.capacity_bytes is not None and e.capacity_bytes <= 1.5 * e.peak_reserved_bytes:
-        ax.axhline(e.capacity_bytes / MiB, color="#d62728", linestyle="--", linewidth=1, label="capacity")
+        ax.axhline(
+            e.capacity_bytes / MiB, color="#d62728", linestyle="--", linewidth=1, label="capacity"
+        )
     group = e.group("site") or e.group("size")
     if group is not None and group.rows:
         text = "\n".join(f"{format_bytes(r.bytes)}  {r.name[:60]}" for r in group.rows[:5])
-        ax.text(0.01, 0.98, f"live {e.at}:\n{text}", transform=ax.transAxes, fontsize=7, va="top", family="monospace", bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "#cccccc"})
+        ax.text(
+            0.01,
+            0.98,
+            f"live {e.at}:\n{text}",
+            transform=ax.transAxes,
+            fontsize=7,
+            va="top",
+            family="monospace",
+            bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "#cccccc"},
+        )
     ax.set_xlabel("trace event")
     ax.set_ylabel("MiB")
     ax.set_ylim(bottom=0)

@@ -207,7 +207,7 @@ class SimulatedGpu:
     def _stack(self) -> int:
         """The caller's Python frames (innermost first), interned."""
         frame: Any = sys._getframe(2)
-        frames = []
+        frames: list[tuple[str, int, str]] = []
         while frame is not None and len(frames) < STACK_DEPTH:
             code = frame.f_code
             frames.append((code.co_filename, frame.f_lineno, code.co_name))
