@@ -32,6 +32,7 @@ from memfit.errors import ConfigError, OutOfMemory
 __all__ = [
     "Curve",
     "Limit",
+    "ModelState",
     "StartSegment",
     "StartState",
     "empty_cache_points",
@@ -304,6 +305,26 @@ def _segment_for(nbytes: int) -> int:
 
 
 @dataclass(frozen=True)
+class ModelState:
+    """The model's blocks at one point of a replay.
+
+    Attributes:
+        free: Cached free blocks: ``(address, size, stream, small pool, whole segment,
+            segment number)`` (:meth:`AllocatorModel.free_blocks`).
+        live: Allocated blocks: ``(trace address, size, segment number)``.
+    """
+
+    free: list[tuple[int, int, int, bool, bool, int]]
+    live: list[tuple[int, int, int]]
+
+
+def _inspect(model: AllocatorModel, handles: dict[int, int]) -> ModelState:
+    blocks = model.live_blocks()
+    live = [(address, blocks[h][1], blocks[h][2]) for address, h in handles.items() if h in blocks]
+    return ModelState(free=model.free_blocks(), live=live)
+
+
+@dataclass(frozen=True)
 class Curve:
     """A replay: the model's reserved and allocated bytes after every event.
 
@@ -326,6 +347,7 @@ class Curve:
     oom_fits: list[bool] = field(default_factory=list)
     model: AllocatorModel | None = field(default=None, compare=False, repr=False)
     handles: dict[int, int] = field(default_factory=dict, compare=False, repr=False)
+    inspected: dict[int, ModelState] = field(default_factory=dict, compare=False, repr=False)
 
 
 def replay(
@@ -340,6 +362,7 @@ def replay(
     empty_cache_at: Sequence[int] = (),
     recorded_empty_cache: bool = True,
     stop: int | None = None,
+    inspect_at: Sequence[int] = (),
 ) -> Curve:
     """Replay ``dev``'s trace through the model, seeded with the start state.
 
@@ -358,6 +381,8 @@ def replay(
         stop: Replay the events before this index only (the curves end there); the model as
             it stands then is :attr:`Curve.model` (with :attr:`Curve.handles`, block address
             -> model handle).
+        inspect_at: Event indices before which the model's blocks are kept
+            (:attr:`Curve.inspected`; ``len(trace)``: after the last event).
 
     Raises:
         ConfigError: As :func:`start_state`, or for invalid settings.
@@ -389,9 +414,13 @@ def replay(
     failed: list[int] = []
     oom_fits: list[bool] = []
     pending_hint: int | None = None
+    wanted = set(inspect_at)
+    inspected: dict[int, ModelState] = {}
     for index, event in enumerate(trace):
         if stop is not None and index >= stop:
             break
+        if index in wanted:
+            inspected[index] = _inspect(model, handles)
         if index in cache_at:
             model.empty_cache()
         action = event.action
@@ -423,6 +452,8 @@ def replay(
             pending_hint = None
         reserved.append(model.reserved_bytes)
         allocated.append(model.allocated_bytes)
+    if len(trace) in wanted:
+        inspected[len(trace)] = _inspect(model, handles)
     return Curve(
         reserved=reserved,
         allocated=allocated,
@@ -433,4 +464,5 @@ def replay(
         oom_fits=oom_fits,
         model=model,
         handles=handles,
+        inspected=inspected,
     )

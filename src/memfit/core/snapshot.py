@@ -469,6 +469,7 @@ class _Interner:
         self.frames: list[Frame] = []
         self.frame_index: dict[tuple[str, int, str], int] = {}
         self.by_id: dict[int, int] = {}
+        self.stack_by_id: dict[int, int] = {}
         self.stacks: list[tuple[int, ...]] = []
         self.stack_index: dict[tuple[int, ...], int] = {}
 
@@ -476,31 +477,41 @@ class _Interner:
         got = self.by_id.get(id(raw))
         if got is not None:
             return got
-        if not isinstance(raw, dict):
-            raise _not_snapshot(self.source, "a stack frame is not a dict")
-        line = raw.get("line", raw.get("lineno", 0))
-        key = (
-            str(raw.get("filename", "??")),
-            line if isinstance(line, int) and not isinstance(line, bool) else 0,
-            str(raw.get("name", "??")),
-        )
-        index = self.frame_index.get(key)
+        try:  # the common case, checked once per distinct frame below
+            key: Any = (raw["filename"], raw["line"], raw["name"])
+            index = self.frame_index.get(key)
+        except (KeyError, TypeError):
+            index = None
         if index is None:
-            index = self.frame_index[key] = len(self.frames)
-            self.frames.append(Frame(*key))
+            if not isinstance(raw, dict):
+                raise _not_snapshot(self.source, "a stack frame is not a dict")
+            line = raw.get("line", raw.get("lineno", 0))
+            key = (
+                str(raw.get("filename", "??")),
+                line if isinstance(line, int) and not isinstance(line, bool) else 0,
+                str(raw.get("name", "??")),
+            )
+            index = self.frame_index.get(key)
+            if index is None:
+                index = self.frame_index[key] = len(self.frames)
+                self.frames.append(Frame(*key))
         self.by_id[id(raw)] = index
         return index
 
     def stack(self, raw: Any) -> int:
         if not raw:
             return -1
+        got = self.stack_by_id.get(id(raw))
+        if got is not None:
+            return got
         if not isinstance(raw, list | tuple):
             raise _not_snapshot(self.source, "frames is not a list")
-        key = tuple(self.frame(f) for f in raw)
+        key = tuple(map(self.frame, raw))
         index = self.stack_index.get(key)
         if index is None:
             index = self.stack_index[key] = len(self.stacks)
             self.stacks.append(key)
+        self.stack_by_id[id(raw)] = index
         return index
 
 
@@ -521,7 +532,9 @@ def snapshot_from_data(obj: Any, *, source: str = "<data>", kind: str = "json") 
     """
     if not isinstance(obj, dict):
         raise _not_snapshot(source, f"a {type(obj).__name__}, not a dict")
-    _check_depth(obj, source)
+    # The segments and traces are read field by field with their types checked, so nothing
+    # deeper than a snapshot nests is followed there; the rest is checked here.
+    _check_depth({k: v for k, v in obj.items() if k not in ("segments", "device_traces")}, source)
     if "segments" not in obj:
         keys = ", ".join(sorted(_printable(str(k)) for k in obj)[:8]) or "none"
         raise _not_snapshot(source, f"no 'segments' key; its keys are {keys}")

@@ -34,8 +34,9 @@ from typing import Any
 from memfit._plain import plain_fields
 from memfit.core.allocator import K_SMALL_SIZE, round_size
 from memfit.core.replay import (
-    Curve,
+    ModelState,
     StartState,
+    empty_cache_points,
     implied_limit,
     recorded_curve,
     replay,
@@ -671,6 +672,7 @@ def explain(
     }
     gc = snap.settings.get("garbage_collection_threshold")
     gc_threshold = float(gc) if isinstance(gc, int | float) and 0 < gc < 1 else None
+    cache_calls = empty_cache_points(dev, start)
     baseline = replay(
         dev,
         start=start,
@@ -678,6 +680,9 @@ def explain(
         max_split_size=settings["max_split_size"],
         expandable_segments=bool(settings["expandable_segments"]),
         garbage_collection_threshold=gc_threshold,
+        empty_cache_at=cache_calls,
+        recorded_empty_cache=False,
+        inspect_at=[applied, *ooms[:1]],
     )
     # Compared where the allocator is settled: after each request, free and OOM (inside a
     # request, the trace shows the segments it gives back before the request itself).
@@ -703,15 +708,7 @@ def explain(
     walk = _Walk(dev, start)
     walk.advance(applied)
     reserved_now = recorded[applied - 1] if applied else start.reserved_bytes
-    state = replay(
-        dev,
-        start=start,
-        limit_bytes=limit.bytes,
-        max_split_size=settings["max_split_size"],
-        expandable_segments=bool(settings["expandable_segments"]),
-        garbage_collection_threshold=gc_threshold,
-        stop=applied,
-    )
+    state = baseline.inspected[applied]
     request: int | None = None
     event = trace[at_event]
     if at_name == "oom" or (event.action == "alloc" and applied == at_event + 1):
@@ -727,21 +724,7 @@ def explain(
         oom_capacity = before + first.device_free if first.device_free is not None else None
         if capacity is None:
             capacity = oom_capacity
-        oom_state = (
-            state
-            if at_name == "oom"
-            else replay(
-                dev,
-                start=start,
-                limit_bytes=limit.bytes,
-                stop=ooms[0],
-                max_split_size=settings["max_split_size"],
-                expandable_segments=bool(settings["expandable_segments"]),
-            )
-        )
-        largest = (
-            max((b[1] for b in oom_state.model.free_blocks()), default=0) if oom_state.model else 0
-        )
+        largest = max((b[1] for b in baseline.inspected[ooms[0]].free), default=0)
         oom = OomInfo(
             event=ooms[0],
             requested_bytes=first.size,
@@ -764,6 +747,7 @@ def explain(
         bool(ooms),
         peak_r.bytes,
         off == 0 and start.exact,
+        cache_calls,
     )
     groups = _groups(dev, walk.live)
     if not dev.has_frames:
@@ -810,15 +794,13 @@ def explain(
 
 def _fragmentation(
     dev: DeviceSnapshot,
-    state: Curve,
+    state: ModelState,
     walk: _Walk,
     reserved: int,
     request: int | None,
     stream: int,
 ) -> Fragmentation:
-    model = state.model
-    assert model is not None
-    free = model.free_blocks()
+    free = state.free
     whole = sum(b[1] for b in free if b[4])
     split = sum(b[1] for b in free if not b[4])
     small = request is not None and request <= K_SMALL_SIZE
@@ -832,11 +814,10 @@ def _fragmentation(
     for b in free:
         if not b[4]:
             split_free[b[5]] = split_free.get(b[5], 0) + b[1]
-    by_handle = {h: a for a, h in state.handles.items()}
     per_segment: dict[int, list[tuple[int, int]]] = {}
-    for handle, (_address, size, segment) in model.live_blocks().items():
+    for address, size, segment in state.live:
         if segment in split_free:
-            per_segment.setdefault(segment, []).append((by_handle.get(handle, -1), size))
+            per_segment.setdefault(segment, []).append((address, size))
     cache: dict[int, str] = {}
     blame: dict[str, list[int]] = {}
     for segment, blocks in per_segment.items():
@@ -875,6 +856,7 @@ def _what_ifs(
     had_oom: bool,
     recorded_peak: int,
     exact: bool,
+    cache_calls: Sequence[int],
 ) -> tuple[WhatIf, ...]:
     base_split = settings["max_split_size"]
     base_expandable = bool(settings["expandable_segments"])
@@ -912,11 +894,14 @@ def _what_ifs(
             "garbage_collection_threshold": gc_threshold,
         }
         kwargs.update(change)
+        extra = list(kwargs.pop("empty_cache_at", ()))
         curve = replay(
             dev,
             start=start,
             limit_bytes=capacity,
             exact_addresses=not change,
+            empty_cache_at=[*cache_calls, *extra],
+            recorded_empty_cache=False,
             **kwargs,
         )
         peak = curve.peak_reserved
