@@ -62,9 +62,7 @@ def replay_one(path: Path) -> list[dict[str, Any]]:
             limit_bytes=limit.bytes,
             max_split_size=snap.max_split_size,
         )
-        checked = [
-            i for i, e in enumerate(dev.trace) if e.action in ("alloc", "free_completed")
-        ]
+        checked = [i for i, e in enumerate(dev.trace) if e.action in ("alloc", "free_completed")]
         row["replayed_peak"] = got.peak_reserved
         row["bytes_off"] = max((abs(recorded[i] - got.reserved[i]) for i in checked), default=0)
         row["points_compared"] = len(checked)
@@ -87,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         "date": utc_minute(),
         "machine": f"2-core development VM, shared ({platform.machine()}, "
         f"Python {platform.python_version()})",
-        "command": "python bench/public_replay.py " + " ".join(str(a) for a in (argv or sys.argv[1:])),
+        "command": "python bench/public_replay.py "
+        + " ".join(str(a) for a in (argv or sys.argv[1:])),
     }
     lines = [
         f"{meta['date']}, {meta['machine']}",
