@@ -827,7 +827,7 @@ def _fragmentation(
             if dev.has_frames and live is not None:
                 name = _site_name(dev, live.stack, cache)
             else:
-                name = f"blocks of {format_bytes(size)}"
+                name = format_bytes(size)
             slot = blame.setdefault(name, [0, 0])
             slot[0] += split_free[segment] * size // total
             slot[1] += 1
@@ -923,7 +923,10 @@ def _top_sites(groups: Sequence[Group]) -> str:
     )
     if group is None or not group.rows:
         return "nothing is live"
-    return "; ".join(f"{r.name}: {format_bytes(r.bytes)} in {r.count}" for r in group.rows[:3])
+    prefix = "blocks of " if group.by == "size" else ""
+    return "; ".join(
+        f"{prefix}{r.name}: {format_bytes(r.bytes)} in {r.count}" for r in group.rows[:3]
+    )
 
 
 def _recommend(
