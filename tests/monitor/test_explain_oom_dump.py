@@ -66,3 +66,16 @@ def test_an_oom_outside_the_recorder_context_is_still_dumped(tmp_path: Path) -> 
     assert names == ["r.oom1.samples.jsonl", "r.oom1.snapshot.pickle"]
     e = memfit.explain(tmp_path / "r.oom1.snapshot.pickle")
     assert e.oom is not None and e.oom.requested_bytes == MiB
+
+
+def test_history_off_writes_no_snapshot(tmp_path: Path) -> None:
+    keep: list[object] = []
+    with (
+        pytest.raises(torch.OutOfMemoryError),
+        memfit.simulate_gpu("4MiB", history=0),
+        memfit.Recorder(tmp_path / "r.jsonl", log=False) as rec,
+    ):
+        _train(keep)
+    assert [p.name for p in rec.oom_files] == ["r.oom1.samples.jsonl"]
+    with pytest.raises(memfit.ConfigError, match="history"), memfit.simulate_gpu("4MiB", history=-1):
+        pass
