@@ -77,5 +77,8 @@ def test_history_off_writes_no_snapshot(tmp_path: Path) -> None:
     ):
         _train(keep)
     assert [p.name for p in rec.oom_files] == ["r.oom1.samples.jsonl"]
-    with pytest.raises(memfit.ConfigError, match="history"), memfit.simulate_gpu("4MiB", history=-1):
+    with (
+        pytest.raises(memfit.ConfigError, match="history"),
+        memfit.simulate_gpu("4MiB", history=-1),
+    ):
         pass
