@@ -490,6 +490,8 @@ class AllocatorModel:
         """``garbage_collect_cached_blocks``: above the threshold, give back whole cached
         large-pool segments whose age is at least the average age, until enough is back."""
         assert self.gc_threshold is not None
+        if self.expandable_segments:
+            return  # the C++ skips blocks of expandable segments
         threshold = int(self.gc_threshold * self.limit_bytes)
         if self.reserved_bytes <= threshold:
             return

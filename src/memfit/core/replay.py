@@ -334,7 +334,8 @@ class Curve:
         peak_reserved: The highest reserved.
         peak_allocated: The highest allocated.
         segments: Segments the model obtained during the replay (``cudaMalloc`` calls).
-        failed: Indices of ``alloc`` events the model could not fit under the limit.
+        failed: Indices of ``alloc`` events the model could not fit under the limit (``-1``
+            for a block live at the start that did not fit).
         oom_fits: For each ``oom`` event: whether the model fitted the failed request.
     """
 
@@ -392,11 +393,15 @@ def replay(
         expandable_segments, max_split_size, limit_bytes, garbage_collection_threshold
     )
     handles: dict[int, int] = {}
+    seed_failed = 0
     if expandable_segments or start.expandable:
         # Expandable segments cannot be seeded page by page: allocate the blocks live at the
         # start first, in address order (the layout is then the model's, not the recorded).
         for address, size, stream in start.blocks:
-            handles[address] = model.malloc(size, stream)
+            try:
+                handles[address] = model.malloc(size, stream)
+            except OutOfMemory:
+                seed_failed += 1
     else:
         for seg in start.segments:
             got = model.add_segment(
@@ -411,7 +416,7 @@ def replay(
         cache_at.update(empty_cache_points(dev, start))
     reserved: list[int] = []
     allocated: list[int] = []
-    failed: list[int] = []
+    failed: list[int] = [-1] * seed_failed  # blocks live at the start that did not fit
     oom_fits: list[bool] = []
     pending_hint: int | None = None
     wanted = set(inspect_at)
