@@ -54,7 +54,7 @@ _STACK_LOCK = threading.Lock()
 HISTORY_ENTRIES = 100_000
 
 #: Python frames kept per allocation (innermost first).
-STACK_DEPTH = 24
+STACK_DEPTH = 16
 
 
 class SimulatedGpu:
