@@ -1084,20 +1084,31 @@ def render_text(e: Explanation) -> list[str]:
 
 
 def _figure(e: Explanation) -> Any:
-    import matplotlib
+    """The timeline, drawn as ``memfit report`` draws a run (Agg canvas, MiB, its colours)."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        from memfit.errors import BackendUnavailable
 
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure
+        raise BackendUnavailable(
+            "memfit explain draws with matplotlib, which is not installed",
+            hint="pip install 'memfit[plot]', or leave out -o",
+        ) from exc
+    from memfit.monitor.report import EVENT_COLOURS, _mib_ticks
 
     fig = Figure(figsize=(10, 4.5), dpi=100)
+    FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     xs = [t[0] for t in e.timeline]
-    ax.plot(xs, [t[1] / MiB for t in e.timeline], color="#ff7f0e", label="reserved", linewidth=1.2)
-    ax.plot(xs, [t[2] / MiB for t in e.timeline], color="#1f77b4", label="allocated", linewidth=1.0)
-    ax.axvline(max(e.peak_reserved_event, 0), color="#7f7f7f", linestyle=":", linewidth=1)
+    reserved = [t[1] / MiB for t in e.timeline]
+    ax.plot(xs, reserved, color="#ff7f0e", label="reserved", linewidth=1.2)
+    ax.plot(xs, [t[2] / MiB for t in e.timeline], color="#1f77b4", label="allocated", linewidth=1)
+    peak_x = max(e.peak_reserved_event, 0)
+    ax.axvline(peak_x, color="#7f7f7f", linestyle=":", linewidth=1)
     ax.annotate(
         f"peak {format_bytes(e.peak_reserved_bytes)}",
-        (max(e.peak_reserved_event, 0), e.peak_reserved_bytes / MiB),
+        (peak_x, e.peak_reserved_bytes / MiB),
         textcoords="offset points",
         xytext=(6, -12),
         fontsize=8,
@@ -1107,22 +1118,29 @@ def _figure(e: Explanation) -> Any:
             [e.oom.event],
             [e.oom.reserved_bytes / MiB],
             marker="X",
-            color="#d62728",
+            color=EVENT_COLOURS["oom"],
             markersize=10,
             linestyle="none",
             label="out of memory",
         )
     if e.capacity_bytes is not None and e.capacity_bytes <= 1.5 * e.peak_reserved_bytes:
         ax.axhline(
-            e.capacity_bytes / MiB, color="#d62728", linestyle="--", linewidth=1, label="capacity"
+            e.capacity_bytes / MiB,
+            color=EVENT_COLOURS["oom"],
+            linestyle="--",
+            linewidth=1,
+            label="capacity",
         )
     group = e.group("site") or e.group("size")
     if group is not None and group.rows:
-        text = "\n".join(f"{format_bytes(r.bytes)}  {r.name[:60]}" for r in group.rows[:5])
+        prefix = "blocks of " if group.by == "size" else ""
+        text = "\n".join(
+            f"{format_bytes(r.bytes):>10}  {prefix}{r.name[:60]}" for r in group.rows[:5]
+        )
         ax.text(
             0.01,
             0.98,
-            f"live {e.at}:\n{text}",
+            f"live at the {e.at if not e.at.isdigit() else 'event ' + e.at}:\n{text}",
             transform=ax.transAxes,
             fontsize=7,
             va="top",
@@ -1131,7 +1149,9 @@ def _figure(e: Explanation) -> Any:
         )
     ax.set_xlabel("trace event")
     ax.set_ylabel("MiB")
-    ax.set_ylim(bottom=0)
+    top = max(reserved, default=0.0)
+    ax.set_ylim(bottom=0, top=max(top * 1.25, 1.0))
+    _mib_ticks(ax, top)
     ax.legend(loc="lower right", fontsize=8)
     ax.set_title(f"{Path(e.source).name}: device {e.device}", fontsize=10)
     fig.tight_layout()
@@ -1141,7 +1161,7 @@ def _figure(e: Explanation) -> Any:
 def png_bytes(e: Explanation) -> bytes:
     """The timeline as PNG bytes (matplotlib, Agg)."""
     buffer = io.BytesIO()
-    _figure(e).savefig(buffer, format="png")
+    _figure(e).savefig(buffer, format="png", dpi=100)
     return buffer.getvalue()
 
 
