@@ -296,3 +296,19 @@ def test_cli_bad_at_and_output_name(tmp_path: Path, capsys: pytest.CaptureFixtur
     _user_error(code, err, "report.png")
     code, _, err = _run(capsys, "explain", str(tmp_path / "missing.pickle"))
     _user_error(code, err)
+
+
+def test_cli_device_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    one = TraceBuilder(device=1)
+    one.malloc(5 * MiB, frames=_frames(60))
+    data = one.snapshot()
+    data["segments"] += _fragmented_oom()["segments"]  # device 0: segments, no trace
+    path = tmp_path / "two.pickle"
+    path.write_bytes(pickle.dumps(data))
+    code, out, err = _run(capsys, "explain", str(path), "--json")
+    assert code == 0, err
+    assert json.loads(out)["device"] == 1
+    code, _, err = _run(capsys, "explain", str(path), "--device", "0")
+    _user_error(code, err, "device 0 has no trace")
+    code, _, err = _run(capsys, "explain", str(path), "--device", "7")
+    _user_error(code, err, "no device 7")
