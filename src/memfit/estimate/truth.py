@@ -330,9 +330,7 @@ def load_corpus(root: str | Path) -> list[TruthEntry]:
     by slug and name."""
     base = Path(root)
     return [
-        load_entry(p)
-        for p in sorted(base.glob("*/*.json.gz"))
-        if p.parent.name != PUBLIC_FOLDER
+        load_entry(p) for p in sorted(base.glob("*/*.json.gz")) if p.parent.name != PUBLIC_FOLDER
     ]
 
 
