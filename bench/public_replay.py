@@ -51,8 +51,8 @@ def replay_one(path: Path) -> list[dict[str, Any]]:
         start = start_state(dev)
         recorded = recorded_curve(dev, start)
         row["recorded_peak"] = max([start.reserved_bytes, *recorded])
-        if start.expandable:
-            row["excluded"] = "expandable segments: their start state is not rebuilt"
+        if not start.exact:
+            row["excluded"] = "expandable segments, recorded mid-run: pages not rebuilt"
             rows.append(row)
             continue
         limit = implied_limit(dev, start)
@@ -61,13 +61,17 @@ def replay_one(path: Path) -> list[dict[str, Any]]:
             start=start,
             limit_bytes=limit.bytes,
             max_split_size=snap.max_split_size,
+            expandable_segments=snap.expandable_segments,
         )
         checked = [i for i, e in enumerate(dev.trace) if e.action in ("alloc", "free_completed")]
         row["replayed_peak"] = got.peak_reserved
         row["bytes_off"] = max((abs(recorded[i] - got.reserved[i]) for i in checked), default=0)
         row["points_compared"] = len(checked)
-        row["segments_recorded"] = sum(e.action == "segment_alloc" for e in dev.trace)
-        row["segments_replayed"] = got.segments
+        if snap.expandable_segments:  # maps and unmaps of pages, not segments
+            row["segments_recorded"] = row["segments_replayed"] = None
+        else:
+            row["segments_recorded"] = sum(e.action == "segment_alloc" for e in dev.trace)
+            row["segments_replayed"] = got.segments
         row["limit_met"] = limit.high is not None
         rows.append(row)
     return rows
@@ -107,10 +111,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"excluded: {r['excluded']} | | |"
             )
             continue
+        segments = (
+            "(expandable)"
+            if r["segments_recorded"] is None
+            else f"{r['segments_recorded']} / {r['segments_replayed']}"
+        )
         lines.append(
             f"| {name} | {r['source']} | {r['events']} | {r['frees']} | {peak} | "
-            f"{r['replayed_peak'] / MiB:,.0f} MiB | {r['bytes_off']} | "
-            f"{r['segments_recorded']} / {r['segments_replayed']} |"
+            f"{r['replayed_peak'] / MiB:,.0f} MiB | {r['bytes_off']:,} | {segments} |"
         )
     md = "\n".join(lines) + "\n"
     write_results("public_replay", {"meta": meta, "rows": rows}, md)

@@ -82,9 +82,10 @@ class StartState:
 
     @property
     def exact(self) -> bool:
-        """Whether the segments are known (not for a recording with expandable segments:
-        their mapped pages are not rebuilt, only the blocks live at the start)."""
-        return not self.expandable
+        """Whether the state is known exactly: always for cudaMalloc segments; with expandable
+        segments only when the recording started from an empty allocator (their mapped pages
+        are not rebuilt, only the blocks live at the start)."""
+        return not self.expandable or (self.reserved_bytes == 0 and self.live_blocks == 0)
 
 
 def _inconsistent(what: str) -> ConfigError:

@@ -694,7 +694,7 @@ def explain(
         ),
         default=0,
     )
-    if start.expandable:
+    if not start.exact:
         notes.append(
             "recorded with expandable segments: the replays start from the blocks live at the "
             "first event, not from the recorded pages, so they are approximate"
