@@ -28,7 +28,7 @@ import json
 import os
 import pickle
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,7 @@ __all__ = [
     "parse_snapshot",
     "snapshot_from_data",
     "snapshot_to_data",
+    "write_json_gz",
 ]
 
 #: Trace actions PyTorch records (``TraceEntry::Action``).
@@ -720,14 +721,6 @@ def snapshot_to_data(
     if snapshot.meta:
         out["memfit"] = dict(snapshot.meta)
     return out
-
-
-def iter_live_blocks(dev: DeviceSnapshot) -> Iterator[tuple[SegmentInfo, BlockInfo]]:
-    """Every live block at the end, with its segment."""
-    for seg in dev.segments:
-        for block in seg.blocks:
-            if block.live:
-                yield seg, block
 
 
 def write_json_gz(data: Mapping[str, Any], path: str | Path) -> Path:

@@ -744,7 +744,6 @@ def explain(
         gc_threshold,
         capacity,
         starts,
-        bool(ooms),
         peak_r.bytes,
         off == 0 and start.exact,
         cache_calls,
@@ -853,7 +852,6 @@ def _what_ifs(
     gc_threshold: float | None,
     capacity: int | None,
     steps: Sequence[int],
-    had_oom: bool,
     recorded_peak: int,
     exact: bool,
     cache_calls: Sequence[int],
@@ -913,7 +911,6 @@ def _what_ifs(
         else:
             fits = failed == 0 and peak <= capacity
         out.append(WhatIf(name, setting, peak, fits, failed))
-    del had_oom
     return tuple(out)
 
 
