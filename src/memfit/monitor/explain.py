@@ -455,7 +455,9 @@ def _groups(dev: DeviceSnapshot, live: Mapping[int, _Live]) -> tuple[Group, ...]
 # --- steps and leaks -----------------------------------------------------------------------------
 
 
-def _step_starts(dev: DeviceSnapshot) -> list[int]:
+def _step_starts(
+    dev: DeviceSnapshot, allocated: Sequence[int] = (), first_allocated: int = 0
+) -> list[int]:
     """Indices where each repetition of the step starts, or ``[]``.
 
     A key is an allocation's (size, stack). A key marks steps when its occurrences are
@@ -485,7 +487,26 @@ def _step_starts(dev: DeviceSnapshot) -> list[int]:
         return []
     counts = Counter(len(p) for p in passing)
     best = max(counts.items(), key=lambda kv: (kv[1], kv[0]))[0]
-    return min((p for p in passing if len(p) == best), key=lambda p: p[0])
+    found = min((p for p in passing if len(p) == best), key=lambda p: p[0])
+    if allocated and _grows_like_layers(found, allocated, first_allocated):
+        return []
+    return found
+
+
+def _grows_like_layers(starts: Sequence[int], allocated: Sequence[int], first: int) -> bool:
+    """Whether the live bytes at the repetitions' starts grow by more than half of what one
+    repetition takes and gives back (its swing): the layers of one forward pass, whose saved
+    activations stay, not steps, whose temporaries go."""
+    at = [allocated[i - 1] if i else first for i in starts]
+    bounds = [*starts, len(allocated)]
+    swings = sorted(
+        max(allocated[a:b]) - (allocated[a - 1] if a else first)
+        for a, b in itertools.pairwise(bounds)
+        if b > a
+    )
+    swing = swings[len(swings) // 2] if swings else 0
+    growth = (at[-1] - at[0]) / (len(at) - 1)
+    return swing <= 0 or growth > swing / 2
 
 
 def _leaks(dev: DeviceSnapshot, start: StartState, starts: Sequence[int]) -> tuple[Leak, ...]:
@@ -508,10 +529,16 @@ def _leaks(dev: DeviceSnapshot, start: StartState, starts: Sequence[int]) -> tup
     out = []
     for name in set().union(*series):
         values = [s.get(name, 0) for s in series]
-        rises = sum(b > a for a, b in itertools.pairwise(values))
-        falls = sum(b < a for a, b in itertools.pairwise(values))
+        steps = list(itertools.pairwise(values))
         growth = values[-1] - values[0]
-        if growth > 0 and falls == 0 and rises >= (len(values) - 1) / 2:
+        # It grows in every repetition after the first (the first may be a warm-up: an
+        # optimizer's state, a cache filled once), in two at least, and never falls.
+        if (
+            growth > 0
+            and all(b >= a for a, b in steps)
+            and all(b > a for a, b in steps[1:])
+            and sum(b > a for a, b in steps) >= 2
+        ):
             out.append(Leak(name, growth // (len(values) - 1), tuple(values)))
     out.sort(key=lambda leak: (-leak.growth_per_step_bytes, leak.site))
     return tuple(out[:TOP])
@@ -736,7 +763,7 @@ def explain(
         )
     if capacity is None:
         capacity = limit.bytes
-    starts = _step_starts(dev)
+    starts = _step_starts(dev, allocated, start.allocated_bytes)
     what_if = _what_ifs(
         dev,
         start,
@@ -880,7 +907,10 @@ def _what_ifs(
         trials.append(
             (
                 "empty_cache each step",
-                "torch.cuda.empty_cache() at each step's start",
+                "torch.cuda.empty_cache() at each step's start (before events "
+                + ", ".join(str(i) for i in steps[1:6])
+                + (", ..." if len(steps) > 6 else "")
+                + ")",
                 {"empty_cache_at": steps[1:]},
             )
         )
