@@ -166,7 +166,13 @@ def test_data_that_is_not_a_snapshot(obj: Any, words: str) -> None:
 
 def test_neither_pickle_nor_json_empty_or_bad_json() -> None:
     with pytest.raises(ConfigError, match="neither a pickle"):
-        parse_snapshot(b"PK\x03\x04 a zip file")
+        parse_snapshot(b"\x00\x01 binary")
+    with pytest.raises(ConfigError, match="zip archive"):
+        parse_snapshot(b"PK\x03\x04 a torch.save file")
+    lines = b'{"type": "sample", "step": 1}\n{"type": "event", "kind": "oom"}\n'
+    with pytest.raises(ConfigError, match="Recorder log") as err:
+        parse_snapshot(lines)
+    assert err.value.hint and ".snapshot.pickle" in err.value.hint
     with pytest.raises(ConfigError, match="empty"):
         parse_snapshot(b"  \n")
     with pytest.raises(ConfigError, match="not valid JSON"):

@@ -369,15 +369,39 @@ def parse_snapshot(
         except RecursionError as exc:
             raise _too_deep(source) from exc
         except ValueError as exc:
+            if _is_recorder_log(data):
+                raise ConfigError(
+                    "this is a Recorder log or OOM samples file (JSON lines), not a memory "
+                    "snapshot",
+                    key_path=source,
+                    hint="pass the .snapshot.pickle written next to it (or read this one "
+                    "with `memfit report`)",
+                ) from exc
             raise ConfigError(
                 f"not valid JSON ({exc})", key_path=source, hint=_PICKLE_HINT
             ) from exc
         return snapshot_from_data(obj, source=source, kind="json")
+    if data[:4] == b"PK\x03\x04":
+        raise ConfigError(
+            "a zip archive (torch.save() writes these: a checkpoint), not a memory snapshot",
+            key_path=source,
+            hint=_PICKLE_HINT,
+        )
     raise ConfigError(
         "neither a pickle (protocol 2 or later) nor JSON",
         key_path=source,
         hint=_PICKLE_HINT,
     )
+
+
+def _is_recorder_log(data: bytes) -> bool:
+    """Whether the first line is a JSON object with a ``type`` (a Recorder's record)."""
+    first = data.lstrip().split(b"\n", 1)[0]
+    try:
+        record = json.loads(first)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(record, dict) and "type" in record
 
 
 def _unpickle(data: bytes, source: str) -> Any:
