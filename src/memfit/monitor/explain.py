@@ -812,7 +812,16 @@ def explain(
         must_shrink_bytes=shrink,
         steps=len(starts),
         leaks=_leaks(dev, start, starts),
-        unknowns=UNKNOWNS,
+        unknowns=UNKNOWNS
+        + (
+            (
+                "how the blocks live at the first event would have been laid out under "
+                "other settings (the expandable-segments replay allocates them first, in "
+                "address order)",
+            )
+            if start.live_blocks
+            else ()
+        ),
         notes=tuple(notes),
         timeline=_thin(recorded, allocated),
     )
