@@ -393,8 +393,8 @@ def simulate_gpu(
             CUDA device (``"cuda"``, ``"cuda:1"``) to cap the real caching allocator.
         history: On the CPU, allocator events kept (with the allocating Python frames) for
             :meth:`SimulatedGpu.snapshot`, which a Recorder's OOM dump writes and
-            ``memfit explain`` reads; 0 keeps none (taking the frames costs about a sixth of
-            the simulation's time on small operations).
+            ``memfit explain`` reads; 0 keeps none (it costs about a fifth of the
+            simulation's CPU time on many small operations: ``bench/simulate_history_cost.py``).
 
     Yields:
         The :class:`SimulatedGpu` with the live figures.
