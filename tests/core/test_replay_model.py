@@ -127,3 +127,41 @@ def test_garbage_collection_leaves_expandable_segments_alone() -> None:
     m.free(a)
     m.malloc(70 * MiB)  # grows the one segment; no collection of its free tail
     assert m.reserved_bytes == 80 * MiB
+
+
+def test_expandable_segments_unmap_free_pages_inside_and_map_them_again() -> None:
+    """PyTorch's ``release_blocks`` unmaps every whole free page of an expandable segment,
+    leaving holes; a later request that no mapped block holds maps the lowest hole that
+    fits (``find_expandable_block``) before it grows the segment's end."""
+    m = AllocatorModel(expandable_segments=True)
+    a, b, c = (m.malloc(40 * MiB) for _ in range(3))  # pages [0,40) [40,80) [80,120)
+    assert m.reserved_bytes == 120 * MiB
+    m.free(b)
+    m.empty_cache()  # b's two pages go: a hole between a and c
+    assert m.reserved_bytes == 80 * MiB
+    d = m.malloc(30 * MiB)  # the hole is mapped again (two pages), not the end
+    assert m.address_of(d) == 40 * MiB
+    assert m.reserved_bytes == 120 * MiB
+    m.free(d)
+    m.free(c)
+    m.empty_cache()  # b's pages and c's: the segment ends after a
+    assert m.reserved_bytes == 40 * MiB
+    e = m.malloc(60 * MiB)  # grows from the end of a again
+    assert m.address_of(e) == 40 * MiB and m.reserved_bytes == 100 * MiB
+    m.free(a)
+    m.free(e)
+    m.empty_cache()
+    assert m.reserved_bytes == 0
+
+
+def test_a_hole_too_small_is_passed_over_for_the_end() -> None:
+    m = AllocatorModel(expandable_segments=True, limit_bytes=200 * MiB)
+    a, b, c = m.malloc(20 * MiB), m.malloc(20 * MiB), m.malloc(20 * MiB)
+    m.free(b)
+    m.empty_cache()  # a 20 MiB hole
+    big = m.malloc(50 * MiB)  # the hole cannot hold it: the end grows by 60
+    assert m.address_of(big) == 60 * MiB
+    assert m.reserved_bytes == 100 * MiB
+    with pytest.raises(OutOfMemory):
+        m.malloc(150 * MiB)
+    del a, c

@@ -111,6 +111,7 @@ class _Block:
     prev: _Block | None = None
     next: _Block | None = None
     gc_base: int = 0  # the pool's get_free_block count when it was cached (its age's start)
+    mapped: bool = True  # expandable segments: False for a free range whose pages are unmapped
 
 
 @dataclass
@@ -128,6 +129,8 @@ class _Pool:
     # get_free_block calls on the C++ pool (small or large, shared by the streams), in a
     # one-item list the pools of one kind share: a cached block's age is it minus gc_base.
     clock: list[int] = field(default_factory=lambda: [0])
+    # Expandable segments: free ranges inside the segment whose pages were unmapped.
+    holes: list[_Block] = field(default_factory=list)
 
     def insert(self, block: _Block) -> None:
         key = (block.size, block.address)
@@ -325,7 +328,7 @@ class AllocatorModel:
         block.allocated = False
         self.allocated_bytes -= block.size
         for neighbour in (block.prev, block.next):
-            if neighbour is not None and not neighbour.allocated:
+            if neighbour is not None and not neighbour.allocated and neighbour.mapped:
                 pool.remove(neighbour)
                 self._merge(block, neighbour)
                 if pool.tail is neighbour:
@@ -466,13 +469,19 @@ class AllocatorModel:
 
     def empty_cache(self) -> None:
         """Give every free, unsplit segment back (``torch.cuda.empty_cache()``); with
-        expandable segments, unmap the whole free pages at the end of each segment."""
+        expandable segments, unmap every whole free page (``release_blocks`` /
+        ``unmap_block``): those at the end shorten the segment, those inside it leave holes
+        that later requests map again."""
         for pool in self._pools.values():
             for key in list(pool.keys):
-                block = pool.blocks[key]
+                block = pool.blocks.get(key)
+                if block is None:
+                    continue
                 if self.expandable_segments:
                     if block is pool.tail:
                         self._unmap_tail(pool, block)
+                    else:
+                        self._unmap_inside(pool, block)
                 elif block.prev is None and block.next is None:
                     self._release(pool, block)
 
@@ -578,6 +587,10 @@ class AllocatorModel:
             if self.on_segment is not None:
                 self.on_segment("segment_alloc", address, seg, pool.stream)
             return block
+        if pool.holes:
+            filled, tried = self._fill_hole(pool, size)
+            if tried:
+                return filled  # None: the pages it needs do not fit under the limit
         # The free tail (if any) joins newly mapped pages; the tail was not taken because it
         # was too small (a fitting tail is returned by _get_free_block).
         tail = pool.tail
@@ -610,6 +623,113 @@ class AllocatorModel:
             tail.next = block
         pool.tail = block
         return block
+
+    def _split(self, block: _Block, at: int) -> _Block:
+        """Cut ``block`` at address ``at``; return the new block after the cut."""
+        rest = _Block(
+            small=block.small,
+            stream=block.stream,
+            segment=block.segment,
+            address=at,
+            size=block.address + block.size - at,
+            prev=block,
+            next=block.next,
+            mapped=block.mapped,
+        )
+        if block.next is not None:
+            block.next.prev = rest
+        block.next = rest
+        block.size = at - block.address
+        return rest
+
+    def _unmap_inside(self, pool: _Pool, block: _Block) -> None:
+        """Unmap the whole pages of a free block inside an expandable segment (a hole)."""
+        page = self._page(pool)
+        first = -(-block.address // page) * page
+        last = (block.address + block.size) // page * page
+        if last <= first:
+            return
+        pool.remove(block)
+        hole = block
+        if first > block.address:
+            hole = self._split(block, first)
+            pool.insert(block)
+        if last < hole.address + hole.size:
+            pool.insert(self._split(hole, last))
+        hole.mapped = False
+        self.reserved_bytes -= hole.size
+        self.num_segment_frees += 1
+        for neighbour in (hole.prev, hole.next):
+            if neighbour is not None and not neighbour.allocated and not neighbour.mapped:
+                pool.holes.remove(neighbour)
+                self._merge(hole, neighbour)
+        pool.holes.append(hole)
+
+    def _fill_hole(self, pool: _Pool, size: int) -> tuple[_Block | None, bool]:
+        """``find_expandable_block`` / ``try_allocate_expandable_block``: the lowest hole
+        (with the free block just before it) whose run of free and unmapped space holds
+        ``size`` (a run that reaches the segment's end grows it); its pages are mapped as
+        needed and the run becomes one block. Returns ``(block, True)``, ``(None, True)``
+        when that run's pages do not fit under the limit, ``(None, False)`` when no hole
+        serves (the end of the segment does, as without holes)."""
+        page = self._page(pool)
+
+        def in_pool(b: _Block) -> bool:
+            return pool.blocks.get((b.size, b.address)) is b
+
+        for hole in sorted(pool.holes, key=lambda b: b.address):
+            start = hole
+            if hole.prev is not None and not hole.prev.allocated and hole.prev.mapped:
+                start = hole.prev
+            run: list[_Block] = []
+            have = 0
+            block: _Block | None = start
+            while block is not None and not block.allocated and have < size:
+                run.append(block)
+                have += block.size
+                block = block.next
+            if have < size and block is not None:
+                continue  # the run ends at a live block
+            need = size
+            plan: list[tuple[_Block, int]] = []
+            for b in run:
+                if need <= 0:
+                    break
+                if b.mapped:
+                    need -= b.size
+                else:
+                    take = min(b.size, page * ((need + page - 1) // page))
+                    plan.append((b, take))
+                    need -= take
+            grow = page * ((need + page - 1) // page) if need > 0 else 0
+            if self.reserved_bytes + sum(t for _, t in plan) + grow > self.limit_bytes:
+                return None, True
+            for b, take in plan:
+                if take < b.size:
+                    pool.holes.append(self._split(b, b.address + take))
+                pool.holes.remove(b)
+                b.mapped = True
+                self._grow_reserved(take)
+            if grow:
+                last = run[-1]  # the segment's free tail (no hole is left at the end)
+                if in_pool(last):
+                    pool.remove(last)
+                last.size += grow
+                pool.mapped_bytes += grow
+                self._grow_reserved(grow)
+            merged = run[0]
+            if in_pool(merged):
+                pool.remove(merged)
+            while merged.size < size:
+                nxt = merged.next
+                assert nxt is not None and not nxt.allocated and nxt.mapped
+                if in_pool(nxt):
+                    pool.remove(nxt)
+                self._merge(merged, nxt)
+                if pool.tail is nxt:
+                    pool.tail = merged
+            return merged, True
+        return None, False
 
     def _release_available(self, pool: _Pool, size: int) -> bool:
         """``release_available_cached_blocks``: with ``max_split_size`` set, give back cached
@@ -662,6 +782,13 @@ class AllocatorModel:
         pool.tail = tail.prev
         if tail.prev is not None:
             tail.prev.next = None
+        while pool.tail is not None and not pool.tail.mapped:  # a hole now at the end
+            hole = pool.tail
+            pool.holes.remove(hole)
+            pool.mapped_bytes -= hole.size
+            pool.tail = hole.prev
+            if hole.prev is not None:
+                hole.prev.next = None
 
     def _grow_reserved(self, nbytes: int) -> None:
         self.reserved_bytes += nbytes
