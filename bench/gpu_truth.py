@@ -300,36 +300,32 @@ def _op_mode() -> Any:
     return OpTags()
 
 
-def _compress_trace(entries: list[dict[str, Any]]) -> tuple[dict[str, Any], list[str]]:
-    """A snapshot's device trace as :class:`memfit.estimate.truth.Trace` columns."""
+def _compress_trace(snapshot: dict[str, Any], device: int) -> tuple[dict[str, Any], list[str]]:
+    """A ``_snapshot()``'s trace on ``device`` as :class:`memfit.estimate.truth.Trace`
+    columns, read through memfit's one snapshot reader (:mod:`memfit.core.snapshot`)."""
+    from memfit.core.snapshot import snapshot_from_data
     from memfit.estimate.truth import ACTIONS, Event, Trace
 
     notes: list[str] = []
+    snap = snapshot_from_data(snapshot, source="torch.cuda.memory._snapshot()", kind="pickle")
+    dev = next((d for d in snap.devices if d.device == device), None)
+    entries = dev.trace if dev is not None else ()
     events: list[Event] = []
     for i, e in enumerate(entries):
-        action = e.get("action")
-        if action not in ACTIONS:
-            notes.append(f"unknown action {action!r} dropped")
+        if e.action not in ACTIONS:
+            notes.append(f"unknown action {e.action!r} dropped")
             continue
-        if action == "free_requested":
-            nxt = entries[i + 1] if i + 1 < len(entries) else {}
-            if nxt.get("action") == "free_completed" and nxt.get("addr") == e.get("addr"):
+        if e.action == "free_requested":
+            nxt = entries[i + 1] if i + 1 < len(entries) else None
+            if nxt is not None and nxt.action == "free_completed" and nxt.addr == e.addr:
                 continue  # completed at once: the completion says it all
         op = None
-        for frame in reversed(e.get("frames") or []):
-            name = str(frame.get("name", ""))
-            if name.startswith(_TAG):
-                op = name[len(_TAG) :]
+        assert dev is not None
+        for frame in reversed(dev.stack_frames(e.stack)):
+            if frame.name.startswith(_TAG):
+                op = frame.name[len(_TAG) :]
                 break
-        events.append(
-            Event(
-                action,
-                int(e.get("addr", 0) or 0),
-                int(e.get("size", 0) or 0),
-                int(e.get("stream", 0) or 0),
-                op,
-            )
-        )
+        events.append(Event(e.action, e.addr, e.size, e.stream, op))
     if len(events) > MAX_STORED_EVENTS:
         notes.append(f"trace of {len(events)} events not stored (over {MAX_STORED_EVENTS})")
         return {}, notes
@@ -376,9 +372,9 @@ def _torch_child(name: str, batch: int, traced: bool) -> dict[str, Any]:
     if traced:
         snap = torch.cuda.memory._snapshot()
         torch.cuda.memory._record_memory_history(enabled=None)
-        device_trace = snap["device_traces"][torch.cuda.current_device()]
-        out["dropped"] = len(device_trace) >= MAX_ENTRIES
-        out["trace"], out["notes"] = _compress_trace(device_trace)
+        device = torch.cuda.current_device()
+        out["dropped"] = len(snap["device_traces"][device]) >= MAX_ENTRIES
+        out["trace"], out["notes"] = _compress_trace(snap, device)
     return out
 
 
@@ -456,9 +452,9 @@ def _program_child(name: str) -> dict[str, Any]:
         import torch
 
         snap = torch.cuda.memory._snapshot()
-        device_trace = snap["device_traces"][torch.cuda.current_device()]
-        out["dropped"] = len(device_trace) >= MAX_ENTRIES
-        out["trace"], out["notes"] = _compress_trace(device_trace)
+        device = torch.cuda.current_device()
+        out["dropped"] = len(snap["device_traces"][device]) >= MAX_ENTRIES
+        out["trace"], out["notes"] = _compress_trace(snap, device)
         out["max_allocated"] = int(torch.cuda.max_memory_allocated())
         out["max_reserved"] = int(torch.cuda.max_memory_reserved())
         free, total = torch.cuda.mem_get_info()

@@ -57,6 +57,9 @@ _LAZY: dict[str, str] = {
     # monitor
     "Recorder": "memfit.monitor.recorder",
     "Leak": "memfit.monitor.recorder",
+    # explain a CUDA memory snapshot (issue 20)
+    "explain": "memfit.monitor.explain",
+    "Explanation": "memfit.monitor.explain",
 }
 
 # Public submodules reachable as attributes: memfit.cleanup.every(10), memfit.testing.inject_oom.
@@ -71,6 +74,7 @@ __all__ = [
     "ConfigError",
     "EstimateError",
     "EstimatePoint",
+    "Explanation",
     "FitResult",
     "GpuSpec",
     "InfeasiblePlan",
@@ -93,6 +97,7 @@ __all__ = [
     "configure",
     "estimate_jax",
     "estimate_torch",
+    "explain",
     "fit",
     "format_bytes",
     "gpu",

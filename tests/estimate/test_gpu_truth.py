@@ -171,7 +171,8 @@ def test_gpu_truth_capture_names_the_op_of_each_allocation_and_compresses_the_tr
         {"action": "free_completed", "addr": 0x7F00, "size": 1000, "stream": 0},
         {"action": "oom", "size": 10, "stream": 0, "device_free": 5},
     ]
-    columns, notes = bench._compress_trace(snapshot_trace)
+    snapshot = {"segments": [], "device_traces": [snapshot_trace]}
+    columns, notes = bench._compress_trace(snapshot, 0)
     trace = Trace.from_json(columns)
     events = list(trace.events())
     # free_requested followed at once by its completion is not stored

@@ -269,7 +269,7 @@ def test_oom_in_a_with_block_dumps_the_last_samples(tmp_path: Path) -> None:
         for step in range(10):
             keep.append(torch.zeros(32_768))  # 128 KiB a step: the 9th does not fit
             rec.step(step=step)
-    assert [p.name for p in rec.oom_files] == ["run.oom1.samples.jsonl"]
+    assert [p.name for p in rec.oom_files] == ["run.oom1.samples.jsonl", "run.oom1.snapshot.pickle"]
     lines = [json.loads(x) for x in rec.oom_files[0].read_text().splitlines()]
     assert [r["step"] for r in lines if r["type"] == "sample"] == [5, 6, 7]
     assert [r["kind"] for r in lines if r["type"] == "event"] == ["oom"]

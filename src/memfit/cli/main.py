@@ -66,6 +66,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "plan",
     "fit",
     "show",  # issue 22
+    "explain",
 )
 
 app = typer.Typer(

@@ -11,6 +11,7 @@ back before it reports out of memory.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from memfit.errors import ConfigError, OutOfMemory
@@ -109,6 +110,8 @@ class _Block:
     allocated: bool = False
     prev: _Block | None = None
     next: _Block | None = None
+    gc_base: int = 0  # the pool's get_free_block count when it was cached (its age's start)
+    mapped: bool = True  # expandable segments: False for a free range whose pages are unmapped
 
 
 @dataclass
@@ -123,11 +126,17 @@ class _Pool:
     mapped_bytes: int = 0
     segment_id: int | None = None
     tail: _Block | None = None
+    # get_free_block calls on the C++ pool (small or large, shared by the streams), in a
+    # one-item list the pools of one kind share: a cached block's age is it minus gc_base.
+    clock: list[int] = field(default_factory=lambda: [0])
+    # Expandable segments: free ranges inside the segment whose pages were unmapped.
+    holes: list[_Block] = field(default_factory=list)
 
     def insert(self, block: _Block) -> None:
         key = (block.size, block.address)
         bisect.insort(self.keys, key)
         self.blocks[key] = block
+        block.gc_base = self.clock[0]
 
     def remove(self, block: _Block) -> None:
         key = (block.size, block.address)
@@ -151,6 +160,10 @@ class AllocatorModel:
             process, or the cap ``set_per_process_memory_fraction`` sets); ``None`` = no limit.
             At the limit it gives cached segments back, then raises
             :class:`~memfit.errors.OutOfMemory` as PyTorch does.
+        garbage_collection_threshold: Model ``garbage_collection_threshold`` (a fraction in
+            (0, 1)): with a limit set, before a new segment is obtained while more than this
+            fraction of the limit is reserved, cached whole large-pool segments older than
+            the average are given back (``garbage_collect_cached_blocks``); ``None`` = off.
 
     Raises:
         ConfigError: When ``max_split_size`` is not more than 20 MiB (PyTorch refuses it too)
@@ -170,7 +183,16 @@ class AllocatorModel:
         expandable_segments: bool = False,
         max_split_size: int | None = None,
         limit_bytes: int | None = None,
+        garbage_collection_threshold: float | None = None,
     ) -> None:
+        gc = garbage_collection_threshold
+        if gc is not None and not 0.0 < gc < 1.0:
+            raise ConfigError(
+                f"garbage_collection_threshold must be between 0 and 1, got "
+                f"{garbage_collection_threshold}",
+                key_path="garbage_collection_threshold",
+                hint="use a fraction such as 0.8, or leave it unset",
+            )
         if max_split_size is not None and max_split_size <= K_LARGE_BUFFER:
             raise ConfigError(
                 f"max_split_size must be more than 20 MiB, got {max_split_size} bytes",
@@ -182,6 +204,11 @@ class AllocatorModel:
         self.expandable_segments = expandable_segments
         self.max_split_size = _NO_LIMIT if max_split_size is None else max_split_size
         self.limit_bytes = _NO_LIMIT if limit_bytes is None else limit_bytes
+        self.gc_threshold = garbage_collection_threshold
+        #: Called as ``on_segment(action, address, size, stream)`` when a segment is obtained
+        #: (``"segment_alloc"``) or given back (``"segment_free"``); for recording a trace.
+        self.on_segment: Callable[[str, int, int, int], None] | None = None
+        self._clocks = {True: [0], False: [0]}
         self._pools: dict[tuple[int, bool], _Pool] = {}
         self._handles: dict[int, _Block | None] = {}
         self._next_handle = 1
@@ -207,11 +234,20 @@ class AllocatorModel:
         """Bytes reserved but not allocated (cached free blocks, the fragmentation headroom)."""
         return self.reserved_bytes - self.allocated_bytes
 
-    def malloc(self, nbytes: int, stream: int = 0) -> int:
+    def malloc(self, nbytes: int, stream: int = 0, *, segment_address: int | None = None) -> int:
         """Allocate ``nbytes`` on ``stream`` and return a handle for :meth:`free`.
 
         A zero-byte request gets a handle but no block, as ``cudaMalloc``-free ``nullptr``
         allocations in PyTorch.
+
+        Args:
+            nbytes: Bytes requested.
+            stream: The stream.
+            segment_address: The address ``cudaMalloc`` returns if this request needs a new
+                segment (a replay of a real trace knows it); best fit breaks ties between
+                free blocks of one size by address, so a replay that places segments where
+                the real allocator did picks the same blocks. ``None``: the next unused
+                address.
 
         Raises:
             ConfigError: When ``nbytes`` is negative.
@@ -228,15 +264,17 @@ class AllocatorModel:
         size = round_size(nbytes)
         pool = self._pool(stream, size <= K_SMALL_SIZE)
         block = self._get_free_block(pool, size)
+        if block is None and self.gc_threshold is not None and self.limit_bytes != _NO_LIMIT:
+            self._garbage_collect()
         if block is None:
-            block = self._alloc_block(pool, size)
+            block = self._alloc_block(pool, size, segment_address)
         if block is None and self._release_available(pool, size):
             self.num_alloc_retries += 1
-            block = self._alloc_block(pool, size)
+            block = self._alloc_block(pool, size, segment_address)
         if block is None:
             self.num_alloc_retries += 1
             self.empty_cache()
-            block = self._alloc_block(pool, size)
+            block = self._alloc_block(pool, size, segment_address)
         if block is None:
             raise OutOfMemory(
                 f"the allocator model cannot fit {size} more bytes under its limit of "
@@ -290,22 +328,160 @@ class AllocatorModel:
         block.allocated = False
         self.allocated_bytes -= block.size
         for neighbour in (block.prev, block.next):
-            if neighbour is not None and not neighbour.allocated:
+            if neighbour is not None and not neighbour.allocated and neighbour.mapped:
                 pool.remove(neighbour)
                 self._merge(block, neighbour)
                 if pool.tail is neighbour:
                     pool.tail = block
         pool.insert(block)
 
+    def add_segment(
+        self,
+        address: int,
+        size: int,
+        *,
+        stream: int = 0,
+        small: bool = False,
+        live: list[tuple[int, int]] | tuple[tuple[int, int], ...] = (),
+    ) -> list[int]:
+        """Seed a segment that existed before the replay starts (a trace recorded mid-run).
+
+        Args:
+            address: The segment's device address.
+            size: Its size in bytes.
+            stream: Its stream.
+            small: Whether it belongs to the small pool (a 2 MiB segment of small blocks).
+            live: The blocks allocated in it, as ``(address, block size)``, in address order;
+                the ranges between them are free, cached blocks.
+
+        Returns:
+            A handle for :meth:`free` per live block, in the order given.
+
+        Raises:
+            ConfigError: With expandable segments (their layout is not a ``cudaMalloc``
+                range), or when the blocks overlap or leave the segment.
+        """
+        if self.expandable_segments:
+            raise ConfigError(
+                "add_segment models a cudaMalloc segment; this model has expandable segments",
+                hint="seed a model made with expandable_segments=False",
+            )
+        pool = self._pool(stream, small)
+        self._segments += 1
+        pieces: list[tuple[int, int, bool]] = []
+        at = address
+        for start, nbytes in live:
+            if start < at or nbytes <= 0 or start + nbytes > address + size:
+                raise ConfigError(
+                    f"block {start:#x}+{nbytes} does not fit segment {address:#x}+{size} after "
+                    f"{at:#x}",
+                    hint="give the live blocks in address order, inside the segment",
+                )
+            if start > at:
+                pieces.append((at, start - at, False))
+            pieces.append((start, nbytes, True))
+            at = start + nbytes
+        if at < address + size:
+            pieces.append((at, address + size - at, False))
+        handles = []
+        prev: _Block | None = None
+        for start, nbytes, allocated in pieces:
+            block = _Block(
+                small=small,
+                stream=stream,
+                segment=self._segments,
+                address=start,
+                size=nbytes,
+                allocated=allocated,
+                prev=prev,
+            )
+            if prev is not None:
+                prev.next = block
+            prev = block
+            if allocated:
+                handle = self._next_handle
+                self._next_handle += 1
+                self._handles[handle] = block
+                self.allocated_bytes += nbytes
+                handles.append(handle)
+            else:
+                pool.insert(block)
+        self._next_address = max(self._next_address, address + size)
+        self._grow_reserved(size)
+        self.peak_allocated_bytes = max(self.peak_allocated_bytes, self.allocated_bytes)
+        return handles
+
+    def free_blocks(self) -> list[tuple[int, int, int, bool, bool, int]]:
+        """Cached free blocks as ``(address, size, stream, small pool, whole segment,
+        segment number)``; a block that is not a whole segment cannot be given back until
+        its neighbours are freed."""
+        out = []
+        for pool in self._pools.values():
+            for key in pool.keys:
+                block = pool.blocks[key]
+                whole = block.prev is None and block.next is None
+                out.append(
+                    (block.address, block.size, block.stream, block.small, whole, block.segment)
+                )
+        out.sort()
+        return out
+
+    def live_blocks(self) -> dict[int, tuple[int, int, int]]:
+        """Allocated blocks by handle: ``(address, size, segment number)``."""
+        return {
+            h: (b.address, b.size, b.segment) for h, b in self._handles.items() if b is not None
+        }
+
+    def address_of(self, handle: int) -> int | None:
+        """The address of the block behind ``handle`` (``None`` for a zero-byte request).
+
+        Raises:
+            KeyError: When the handle is not live.
+        """
+        block = self._handles[handle]
+        return None if block is None else block.address
+
+    def segments(self) -> list[tuple[int, int, int, bool, list[tuple[int, int, bool]]]]:
+        """Every segment now: ``(address, size, stream, small pool, blocks)``, blocks as
+        ``(address, size, allocated)`` in address order; by address."""
+        blocks: dict[int, list[_Block]] = {}
+        for block in self._handles.values():
+            if block is not None:
+                blocks.setdefault(block.segment, []).append(block)
+        for pool in self._pools.values():
+            for block in pool.blocks.values():
+                blocks.setdefault(block.segment, []).append(block)
+        out = []
+        for members in blocks.values():
+            members.sort(key=lambda b: b.address)
+            first = members[0]
+            out.append(
+                (
+                    first.address,
+                    sum(b.size for b in members),
+                    first.stream,
+                    first.small,
+                    [(b.address, b.size, b.allocated) for b in members],
+                )
+            )
+        out.sort()
+        return out
+
     def empty_cache(self) -> None:
         """Give every free, unsplit segment back (``torch.cuda.empty_cache()``); with
-        expandable segments, unmap the whole free pages at the end of each segment."""
+        expandable segments, unmap every whole free page (``release_blocks`` /
+        ``unmap_block``): those at the end shorten the segment, those inside it leave holes
+        that later requests map again."""
         for pool in self._pools.values():
             for key in list(pool.keys):
-                block = pool.blocks[key]
+                block = pool.blocks.get(key)
+                if block is None:
+                    continue
                 if self.expandable_segments:
                     if block is pool.tail:
                         self._unmap_tail(pool, block)
+                    else:
+                        self._unmap_inside(pool, block)
                 elif block.prev is None and block.next is None:
                     self._release(pool, block)
 
@@ -314,8 +490,50 @@ class AllocatorModel:
     def _pool(self, stream: int, small: bool) -> _Pool:
         pool = self._pools.get((stream, small))
         if pool is None:
-            pool = self._pools[(stream, small)] = _Pool(small=small, stream=stream)
+            pool = self._pools[(stream, small)] = _Pool(
+                small=small, stream=stream, clock=self._clocks[small]
+            )
         return pool
+
+    def _garbage_collect(self) -> None:
+        """``garbage_collect_cached_blocks``: above the threshold, give back whole cached
+        large-pool segments whose age is at least the average age, until enough is back."""
+        assert self.gc_threshold is not None
+        if self.expandable_segments:
+            return  # the C++ skips blocks of expandable segments
+        threshold = int(self.gc_threshold * self.limit_bytes)
+        if self.reserved_bytes <= threshold:
+            return
+        target = self.reserved_bytes - threshold
+        large = [p for p in self._pools.values() if not p.small]
+        clock = self._clocks[False][0]
+
+        def whole() -> list[tuple[_Pool, _Block]]:
+            # The C++ set of large blocks is ordered by (stream, size, address).
+            found = [
+                (p, p.blocks[k])
+                for p in sorted(large, key=lambda p: p.stream)
+                for k in p.keys
+                if p.blocks[k].prev is None and p.blocks[k].next is None
+            ]
+            return found
+
+        candidates = whole()
+        total_age = sum(clock - b.gc_base for _, b in candidates)
+        count = len(candidates)
+        reclaimed = 0
+        freed = True
+        while reclaimed < target and freed and count > 0:
+            average = total_age / count
+            freed = False
+            for pool, block in whole():
+                age = clock - block.gc_base
+                if age >= average:
+                    freed = True
+                    reclaimed += block.size
+                    total_age -= age
+                    count -= 1
+                    self._release(pool, block)
 
     def _page(self, pool: _Pool) -> int:
         return K_SMALL_BUFFER if pool.small else K_LARGE_BUFFER
@@ -324,6 +542,7 @@ class AllocatorModel:
         return self.expandable_segments and block is pool.tail
 
     def _get_free_block(self, pool: _Pool, size: int) -> _Block | None:
+        pool.clock[0] += 1
         index = bisect.bisect_left(pool.keys, (size, -1))
         tail: _Block | None = None
         for key in pool.keys[index:]:
@@ -345,23 +564,33 @@ class AllocatorModel:
             return False
         return not (size >= self.max_split_size and block_size >= size + K_LARGE_BUFFER)
 
-    def _alloc_block(self, pool: _Pool, size: int) -> _Block | None:
+    def _alloc_block(self, pool: _Pool, size: int, address: int | None = None) -> _Block | None:
         """A new segment (or newly mapped pages) for ``size``, or ``None`` at the limit."""
         if not self.expandable_segments:
             seg = segment_size(size)
             if self.reserved_bytes + seg > self.limit_bytes:
                 return None
             self._segments += 1
+            if address is None:
+                address = self._next_address
+                self._next_address += seg
+            else:
+                self._next_address = max(self._next_address, address + seg)
             block = _Block(
                 small=pool.small,
                 stream=pool.stream,
                 segment=self._segments,
-                address=self._next_address,
+                address=address,
                 size=seg,
             )
-            self._next_address += seg
             self._grow_reserved(seg)
+            if self.on_segment is not None:
+                self.on_segment("segment_alloc", address, seg, pool.stream)
             return block
+        if pool.holes:
+            filled, tried = self._fill_hole(pool, size)
+            if tried:
+                return filled  # None: the pages it needs do not fit under the limit
         # The free tail (if any) joins newly mapped pages; the tail was not taken because it
         # was too small (a fitting tail is returned by _get_free_block).
         tail = pool.tail
@@ -395,6 +624,113 @@ class AllocatorModel:
         pool.tail = block
         return block
 
+    def _split(self, block: _Block, at: int) -> _Block:
+        """Cut ``block`` at address ``at``; return the new block after the cut."""
+        rest = _Block(
+            small=block.small,
+            stream=block.stream,
+            segment=block.segment,
+            address=at,
+            size=block.address + block.size - at,
+            prev=block,
+            next=block.next,
+            mapped=block.mapped,
+        )
+        if block.next is not None:
+            block.next.prev = rest
+        block.next = rest
+        block.size = at - block.address
+        return rest
+
+    def _unmap_inside(self, pool: _Pool, block: _Block) -> None:
+        """Unmap the whole pages of a free block inside an expandable segment (a hole)."""
+        page = self._page(pool)
+        first = -(-block.address // page) * page
+        last = (block.address + block.size) // page * page
+        if last <= first:
+            return
+        pool.remove(block)
+        hole = block
+        if first > block.address:
+            hole = self._split(block, first)
+            pool.insert(block)
+        if last < hole.address + hole.size:
+            pool.insert(self._split(hole, last))
+        hole.mapped = False
+        self.reserved_bytes -= hole.size
+        self.num_segment_frees += 1
+        for neighbour in (hole.prev, hole.next):
+            if neighbour is not None and not neighbour.allocated and not neighbour.mapped:
+                pool.holes.remove(neighbour)
+                self._merge(hole, neighbour)
+        pool.holes.append(hole)
+
+    def _fill_hole(self, pool: _Pool, size: int) -> tuple[_Block | None, bool]:
+        """``find_expandable_block`` / ``try_allocate_expandable_block``: the lowest hole
+        (with the free block just before it) whose run of free and unmapped space holds
+        ``size`` (a run that reaches the segment's end grows it); its pages are mapped as
+        needed and the run becomes one block. Returns ``(block, True)``, ``(None, True)``
+        when that run's pages do not fit under the limit, ``(None, False)`` when no hole
+        serves (the end of the segment does, as without holes)."""
+        page = self._page(pool)
+
+        def in_pool(b: _Block) -> bool:
+            return pool.blocks.get((b.size, b.address)) is b
+
+        for hole in sorted(pool.holes, key=lambda b: b.address):
+            start = hole
+            if hole.prev is not None and not hole.prev.allocated and hole.prev.mapped:
+                start = hole.prev
+            run: list[_Block] = []
+            have = 0
+            block: _Block | None = start
+            while block is not None and not block.allocated and have < size:
+                run.append(block)
+                have += block.size
+                block = block.next
+            if have < size and block is not None:
+                continue  # the run ends at a live block
+            need = size
+            plan: list[tuple[_Block, int]] = []
+            for b in run:
+                if need <= 0:
+                    break
+                if b.mapped:
+                    need -= b.size
+                else:
+                    take = min(b.size, page * ((need + page - 1) // page))
+                    plan.append((b, take))
+                    need -= take
+            grow = page * ((need + page - 1) // page) if need > 0 else 0
+            if self.reserved_bytes + sum(t for _, t in plan) + grow > self.limit_bytes:
+                return None, True
+            for b, take in plan:
+                if take < b.size:
+                    pool.holes.append(self._split(b, b.address + take))
+                pool.holes.remove(b)
+                b.mapped = True
+                self._grow_reserved(take)
+            if grow:
+                last = run[-1]  # the segment's free tail (no hole is left at the end)
+                if in_pool(last):
+                    pool.remove(last)
+                last.size += grow
+                pool.mapped_bytes += grow
+                self._grow_reserved(grow)
+            merged = run[0]
+            if in_pool(merged):
+                pool.remove(merged)
+            while merged.size < size:
+                nxt = merged.next
+                assert nxt is not None and not nxt.allocated and nxt.mapped
+                if in_pool(nxt):
+                    pool.remove(nxt)
+                self._merge(merged, nxt)
+                if pool.tail is nxt:
+                    pool.tail = merged
+            return merged, True
+        return None, False
+
     def _release_available(self, pool: _Pool, size: int) -> bool:
         """``release_available_cached_blocks``: with ``max_split_size`` set, give back cached
         oversize segments of this pool and stream, the smallest that holds the request or
@@ -422,6 +758,8 @@ class AllocatorModel:
         return released >= want
 
     def _release(self, pool: _Pool, block: _Block) -> None:
+        if self.on_segment is not None:
+            self.on_segment("segment_free", block.address, block.size, block.stream)
         pool.remove(block)
         self.reserved_bytes -= block.size
         self.num_segment_frees += 1
@@ -444,6 +782,13 @@ class AllocatorModel:
         pool.tail = tail.prev
         if tail.prev is not None:
             tail.prev.next = None
+        while pool.tail is not None and not pool.tail.mapped:  # a hole now at the end
+            hole = pool.tail
+            pool.holes.remove(hole)
+            pool.mapped_bytes -= hole.size
+            pool.tail = hole.prev
+            if hole.prev is not None:
+                hole.prev.next = None
 
     def _grow_reserved(self, nbytes: int) -> None:
         self.reserved_bytes += nbytes

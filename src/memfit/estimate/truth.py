@@ -320,10 +320,18 @@ def load_entry(path: str | Path) -> TruthEntry:
     return TruthEntry.from_json(data, source=source.name)
 
 
+#: Folder of the corpus that holds public CUDA snapshots (``memfit.core.snapshot`` data, not
+#: entries of this format; ``tests/core/test_public_snapshots.py`` replays them).
+PUBLIC_FOLDER = "public"
+
+
 def load_corpus(root: str | Path) -> list[TruthEntry]:
-    """Every entry under ``root`` (``<slug>/*.json.gz``), sorted by slug and name."""
+    """Every entry under ``root`` (``<slug>/*.json.gz``, not :data:`PUBLIC_FOLDER`), sorted
+    by slug and name."""
     base = Path(root)
-    return [load_entry(p) for p in sorted(base.glob("*/*.json.gz"))]
+    return [
+        load_entry(p) for p in sorted(base.glob("*/*.json.gz")) if p.parent.name != PUBLIC_FOLDER
+    ]
 
 
 def corpus_bytes(root: str | Path) -> int:

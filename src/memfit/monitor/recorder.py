@@ -734,9 +734,10 @@ class Recorder:
         """Dump the evidence of an out-of-memory error: the last samples, a CUDA snapshot.
 
         Writes ``<name>.oom<N>.samples.jsonl`` (the last ``oom_samples`` samples and the
-        events) and, on CUDA, ``<name>.oom<N>.snapshot.pickle`` (``torch.cuda.memory``
-        snapshot, bounded by ``memory_history`` entries; open it at
-        https://pytorch.org/memory_viz). At most ``max_oom_dumps`` dumps are written.
+        events) and, on CUDA or under ``memfit.simulate_gpu``, ``<name>.oom<N>.snapshot.pickle``
+        (a ``torch.cuda.memory`` snapshot, bounded by ``memory_history`` entries on CUDA; the
+        simulated GPU's allocations in the same format), which ``memfit explain`` reads (the
+        log line names the command). At most ``max_oom_dumps`` dumps are written.
 
         Args:
             exc: The out-of-memory exception, if there is one (its message is recorded).
@@ -766,15 +767,19 @@ class Recorder:
         with self._lock:
             tail = list(self._samples)[-self.oom_samples :]
             events = [e.to_dict() for e in self._events]
-        written = write_oom_dump(directory, f"{stem}.oom{self._oom_dumps}", tail, events)
+        written = write_oom_dump(directory, f"{stem}.oom{self._oom_dumps}", tail, events, exc)
         self.oom_files.extend(written)
         if self.log:
+            snapshot = next((p for p in written if p.suffix == ".pickle"), None)
             logger.warning(
                 "memfit: out of memory at step %s (%s); wrote %s%s",
                 event.step,
                 event.message,
                 ", ".join(str(p) for p in written),
-                " (open the .pickle at https://pytorch.org/memory_viz)" if len(written) > 1 else "",
+                f"; run `memfit explain {snapshot}` to see where the memory went and what "
+                "would help"
+                if snapshot is not None
+                else "",
             )
         return written
 

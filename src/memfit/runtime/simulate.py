@@ -28,8 +28,10 @@ it is outside ``max_memory_reserved``.
 
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -43,10 +45,16 @@ from memfit.units import format_bytes, parse_bytes
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["SimulatedGpu", "active", "cuda_allocator_cap", "simulate_gpu"]
+__all__ = ["SimulatedGpu", "active", "cuda_allocator_cap", "raised_by", "simulate_gpu"]
 
 _STACK: list[SimulatedGpu] = []
 _STACK_LOCK = threading.Lock()
+
+#: Allocator events a simulated GPU keeps for its snapshot (the oldest go first).
+HISTORY_ENTRIES = 100_000
+
+#: Python frames kept per allocation (innermost first).
+STACK_DEPTH = 16
 
 
 class SimulatedGpu:
@@ -59,7 +67,7 @@ class SimulatedGpu:
         device_kind: ``"cpu"`` (simulated) or the CUDA device string.
     """
 
-    def __init__(self, budget_bytes: int, device_kind: str) -> None:
+    def __init__(self, budget_bytes: int, device_kind: str, history: int = HISTORY_ENTRIES) -> None:
         self.budget_bytes = budget_bytes
         self.device_kind = device_kind
         self.device = SimulatedDevice(budget_bytes, name=f"simulated-{format_bytes(budget_bytes)}")
@@ -67,6 +75,12 @@ class SimulatedGpu:
         self._lock = threading.Lock()
         self._paused = 0
         self.oom_count = 0
+        # Allocator history for snapshot(): (action, storage key, bytes, stack index).
+        # history=0: none kept (no stack is taken per allocation, no snapshot).
+        self._history: deque[tuple[str, int, int, int]] = deque(maxlen=max(history, 1))
+        self._keep_history = history > 0
+        self._stacks: dict[tuple[tuple[str, int, str], ...], int] = {}
+        self._stack_list: list[tuple[tuple[str, int, str], ...]] = []
 
     # -- figures -----------------------------------------------------------------------
     @property
@@ -133,23 +147,32 @@ class SimulatedGpu:
         import torch
 
         total = sum(n for _, _, n in items)
+        stack = self._stack()
         try:
             self.device.allocate(total)
         except OutOfMemory:
             self.oom_count += 1
             free = self.device.free_bytes
-            raise torch.OutOfMemoryError(
+            with self._lock:
+                if self._keep_history:
+                    self._history.append(("oom", 0, total, stack))
+            error = torch.OutOfMemoryError(
                 f"CUDA out of memory. Tried to allocate {format_bytes(total)} on memfit's "
                 f"simulated GPU (in {op}). The simulated GPU has a total capacity of "
                 f"{format_bytes(self.budget_bytes)} of which {format_bytes(free)} is free; "
                 f"{format_bytes(self.device.allocated_bytes)} is allocated by tensors created "
                 "inside memfit.simulate_gpu."
-            ) from None
+            )
+            # The Recorder's OOM dump may run after the context closed: it finds it here.
+            error._memfit_simulated_gpu = weakref.ref(self)  # type: ignore[attr-defined]
+            raise error from None
         with self._lock:
             for key, storage, nbytes in items:
                 fin = weakref.finalize(storage, self._release, key, nbytes)
                 fin.atexit = False
                 self._live[key] = (nbytes, fin)
+                if self._keep_history:
+                    self._history.append(("alloc", key, nbytes, stack))
 
     def _grow(self, key: int, storage: torch.UntypedStorage, nbytes: int, op: object) -> None:
         """A counted storage was resized in place to ``nbytes`` (rounded)."""
@@ -171,14 +194,96 @@ class SimulatedGpu:
         fin.detach()
         new_fin = weakref.finalize(storage, self._release, key, nbytes)
         new_fin.atexit = False
+        stack = self._stack()
         with self._lock:
             self._live[key] = (nbytes, new_fin)
+            if self._keep_history:
+                self._history.append(("free", key, old, -1))
+                self._history.append(("alloc", key, nbytes, stack))
 
     def _release(self, key: int, nbytes: int) -> None:
         with self._lock:
             entry = self._live.pop(key, None)
+            if entry is not None and self._keep_history:
+                self._history.append(("free", key, entry[0], -1))
         if entry is not None:
             self.device.release(entry[0])
+
+    def _stack(self) -> int:
+        """The caller's Python frames (innermost first), interned; -1 without history."""
+        if not self._keep_history:
+            return -1
+        frame: Any = sys._getframe(2)
+        frames: list[tuple[str, int, str]] = []
+        while frame is not None and len(frames) < STACK_DEPTH:
+            code = frame.f_code
+            frames.append((code.co_filename, frame.f_lineno, code.co_name))
+            frame = frame.f_back
+        key = tuple(frames)
+        with self._lock:
+            index = self._stacks.get(key)
+            if index is None:
+                index = self._stacks[key] = len(self._stack_list)
+                self._stack_list.append(key)
+        return index
+
+    def snapshot(self) -> dict[str, Any] | None:
+        """The allocations made inside the context as a CUDA memory snapshot
+        (``torch.cuda.memory._snapshot()``'s data, which ``memfit explain`` reads): the
+        history replayed through memfit's model of the caching allocator, so segments and
+        reserved bytes are the model's; an ``oom`` event marks each failed allocation, with
+        the budget less the modelled reserved bytes as the device's free memory. Storages live
+        before the kept history (:data:`HISTORY_ENTRIES` events) are live at its start.
+
+        Returns:
+            The snapshot's data, or ``None`` when the context keeps no history
+            (``simulate_gpu(..., history=0)``).
+        """
+        from memfit.core.snapshot_build import TraceBuilder
+
+        if not self._keep_history:
+            return None
+
+        with self._lock:
+            history = list(self._history)
+            live_now = {key: entry[0] for key, entry in self._live.items()}
+            stacks = list(self._stack_list)
+        before = dict(live_now)
+        for action, key, nbytes, _stack in reversed(history):
+            if action == "alloc":
+                before.pop(key, None)
+            elif action == "free":
+                before[key] = nbytes
+        builder = TraceBuilder()
+        handles = {key: builder.malloc(nbytes) for key, nbytes in before.items()}
+        builder.events.clear()  # those were live when the kept history starts
+        for action, key, nbytes, stack in history:
+            frames = stacks[stack] if stack >= 0 else None
+            if action == "alloc":
+                handles[key] = builder.malloc(nbytes, frames=frames)
+            elif action == "free":
+                handle = handles.pop(key, None)
+                if handle is not None:
+                    builder.free(handle)
+            else:
+                event: dict[str, Any] = {
+                    "action": "oom",
+                    "addr": 0,
+                    "size": nbytes,
+                    "stream": 0,
+                    "device_free": max(0, self.budget_bytes - builder.model.reserved_bytes),
+                }
+                if frames:
+                    event["frames"] = builder_frames(frames)
+                builder.events.append(event)
+        data = builder.snapshot()
+        data["memfit"] = {
+            "format": 1,
+            "origin": "memfit.simulate_gpu",
+            "budget_bytes": self.budget_bytes,
+            "note": "segments and reserved bytes are memfit's allocator model's",
+        }
+        return data
 
     def __repr__(self) -> str:
         return (
@@ -186,6 +291,18 @@ class SimulatedGpu:
             f"allocated={format_bytes(self.allocated_bytes)}, "
             f"peak={format_bytes(self.peak_allocated_bytes)})"
         )
+
+
+def builder_frames(frames: tuple[tuple[str, int, str], ...]) -> list[dict[str, Any]]:
+    """Frames as a snapshot writes them."""
+    return [{"filename": f, "line": n, "name": name} for f, n, name in frames]
+
+
+def raised_by(exc: BaseException | None) -> SimulatedGpu | None:
+    """The simulated GPU whose out-of-memory error ``exc`` is, while it is alive."""
+    ref = getattr(exc, "_memfit_simulated_gpu", None)
+    gpu = ref() if isinstance(ref, weakref.ref) else None
+    return gpu if isinstance(gpu, SimulatedGpu) else None
 
 
 def _tensors(tree: Any, tensor_type: type[torch.Tensor], strided: object) -> Iterator[Any]:
@@ -265,13 +382,19 @@ def _resolve_budget(budget: int | str) -> int:
 
 
 @contextmanager
-def simulate_gpu(budget: int | str, device: str = "cpu") -> Iterator[SimulatedGpu]:
+def simulate_gpu(
+    budget: int | str, device: str = "cpu", *, history: int = HISTORY_ENTRIES
+) -> Iterator[SimulatedGpu]:
     """Run PyTorch code as if on a GPU of ``budget`` bytes.
 
     Args:
         budget: The memory the simulated GPU offers (bytes or a size text, ``"64MiB"``).
         device: ``"cpu"`` to count allocations of CPU tensors made inside the context, or a
             CUDA device (``"cuda"``, ``"cuda:1"``) to cap the real caching allocator.
+        history: On the CPU, allocator events kept (with the allocating Python frames) for
+            :meth:`SimulatedGpu.snapshot`, which a Recorder's OOM dump writes and
+            ``memfit explain`` reads; 0 keeps none (it costs about a fifth of the
+            simulation's CPU time on many small operations: ``bench/simulate_history_cost.py``).
 
     Yields:
         The :class:`SimulatedGpu` with the live figures.
@@ -293,7 +416,13 @@ def simulate_gpu(budget: int | str, device: str = "cpu") -> Iterator[SimulatedGp
     budget_bytes = _resolve_budget(budget)
     kind = device.strip().lower()
     if kind == "cpu":
-        gpu = SimulatedGpu(budget_bytes, "cpu")
+        if isinstance(history, bool) or not isinstance(history, int) or history < 0:
+            raise ConfigError(
+                f"history must be a whole number of events >= 0, not {history!r}",
+                key_path="history",
+                hint="use history=0 to keep none",
+            )
+        gpu = SimulatedGpu(budget_bytes, "cpu", history)
         mode = _make_mode(gpu)
         with _STACK_LOCK:
             _STACK.append(gpu)
