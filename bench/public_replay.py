@@ -1,6 +1,6 @@
 """Replay real CUDA allocator traces and compare with what they recorded, to the byte.
 
-For each snapshot (the stored corpus ``tests/data/gpu_truth/public/`` and any raw
+For each snapshot (the reduced public corpus, see :func:`corpus_dir`, and any raw
 ``_dump_snapshot()`` files given on the command line), on each device with a trace: rebuild
 the allocator's state at the first event (``memfit.core.replay.start_state``), replay the
 trace's requests through ``memfit.core.allocator.AllocatorModel`` with the recorded settings
@@ -14,6 +14,7 @@ Writes ``bench/out/public_replay.json`` and ``.md`` and prints the markdown tabl
 
 from __future__ import annotations
 
+import os
 import platform
 import sys
 from pathlib import Path
@@ -28,7 +29,25 @@ from memfit.core.replay import implied_limit, recorded_curve, replay, start_stat
 from memfit.core.snapshot import load_snapshot  # noqa: E402
 from memfit.errors import ConfigError  # noqa: E402
 
-CORPUS = HERE.parent / "tests" / "data" / "gpu_truth" / "public"
+#: Where the corpus's sources, commits and licences are listed (the files themselves are data
+#: taken from public repositories, which developers do not commit: they live in the steering
+#: repository's shared/ folder, beside this checkout).
+SOURCES = HERE.parent / "tests" / "data" / "gpu_truth" / "public_sources.md"
+
+
+def corpus_dir() -> Path | None:
+    """The reduced public corpus: ``$MEMFIT_PUBLIC_SNAPSHOTS``, else ``shared/gpu_truth/public``
+    beside this checkout (as CI lays it out); ``None`` when neither holds any snapshot."""
+    env = os.environ.get("MEMFIT_PUBLIC_SNAPSHOTS")
+    for candidate in ([Path(env)] if env else []) + [
+        HERE.parent.parent / "shared" / "gpu_truth" / "public"
+    ]:
+        if candidate.is_dir() and any(candidate.glob("*.json.gz")):
+            return candidate
+    return None
+
+
+CORPUS = corpus_dir()
 MiB = 2**20
 
 
@@ -78,7 +97,8 @@ def replay_one(path: Path) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    paths = sorted(CORPUS.glob("*.json.gz")) + [Path(a) for a in (argv or sys.argv[1:])]
+    stored = sorted(CORPUS.glob("*.json.gz")) if CORPUS is not None else []
+    paths = stored + [Path(a) for a in (argv or sys.argv[1:])]
     rows: list[dict[str, Any]] = []
     for path in paths:
         try:

@@ -4,10 +4,13 @@ Reads a ``torch.cuda.memory._dump_snapshot()`` pickle with memfit's reader (no g
 resolved, nothing in it runs), drops the stack frames and the times, and writes the same data
 as gzip JSON with a ``memfit`` section naming where it came from::
 
-    python bench/reduce_snapshot.py RAW.pickle tests/data/gpu_truth/public/NAME.json.gz \\
+    python bench/reduce_snapshot.py RAW.pickle ../shared/gpu_truth/public/NAME.json.gz \\
         --repo owner/name --path path/in/repo --commit SHA --licence MIT
 
-The corpus is replayed by ``tests/core/test_public_snapshots.py``.
+The corpus is replayed by ``tests/core/test_public_snapshots.py``. It is data taken from public
+repositories, which developers do not commit: it lives in the steering repository's
+``shared/gpu_truth/public/``; its sources are listed in
+``tests/data/gpu_truth/public_sources.md``.
 """
 
 from __future__ import annotations

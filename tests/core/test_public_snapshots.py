@@ -1,8 +1,11 @@
 """Real CUDA allocator traces from public repositories, replayed exactly (issue 26 part 3).
 
-Each file under ``tests/data/gpu_truth/public/`` is a ``torch.cuda.memory._dump_snapshot()``
-of a real run (source, commit and licence in its ``memfit`` section and the folder's README),
-reduced by ``bench/reduce_snapshot.py``. Most were recorded mid-run, so the allocator's state at
+Each file of the public corpus is a ``torch.cuda.memory._dump_snapshot()`` of a real run
+(source, commit and licence in its ``memfit`` section and in
+``tests/data/gpu_truth/public_sources.md``), reduced by ``bench/reduce_snapshot.py``. The files
+are data taken from public repositories, which developers do not commit: they live in the
+steering repository's ``shared/gpu_truth/public/`` (CI lays ``shared/`` beside the checkout) or
+where ``MEMFIT_PUBLIC_SNAPSHOTS`` points; without them these tests skip and say so. Most were recorded mid-run, so the allocator's state at
 the first event is rebuilt from the final segments and the trace walked backwards
 (:func:`memfit.core.replay.start_state`), then the trace's requests are replayed through
 :class:`memfit.core.allocator.AllocatorModel`. The trace's own segment events are the truth:
@@ -16,11 +19,22 @@ from pathlib import Path
 
 import pytest
 
+from _bench_scripts import load_bench
+
 from memfit.core.replay import implied_limit, recorded_curve, replay, start_state
 from memfit.core.snapshot import Snapshot, load_snapshot, snapshot_from_data, snapshot_to_data
 
-PUBLIC = Path(__file__).resolve().parents[1] / "data" / "gpu_truth" / "public"
-FILES = sorted(PUBLIC.glob("*.json.gz"))
+_bench = load_bench("public_replay", "public_replay.py")
+PUBLIC = _bench.corpus_dir()
+FILES = sorted(PUBLIC.glob("*.json.gz")) if PUBLIC is not None else []
+SOURCES = _bench.SOURCES
+_MISSING = (
+    "the public snapshot corpus is not here: it is data from public repositories, kept in the "
+    "steering repository's shared/gpu_truth/public/ (or set MEMFIT_PUBLIC_SNAPSHOTS); "
+    "bench/reduce_snapshot.py makes it from the raw files listed in "
+    "tests/data/gpu_truth/public_sources.md"
+)
+pytestmark = pytest.mark.skipif(not FILES, reason=_MISSING)
 
 
 def test_the_public_corpus_is_there_and_small() -> None:
@@ -28,9 +42,9 @@ def test_the_public_corpus_is_there_and_small() -> None:
     sizes = [p.stat().st_size for p in FILES]
     assert max(sizes) < 300_000
     assert sum(sizes) < 5_000_000
-    readme = (PUBLIC / "README.md").read_text()
+    listed = SOURCES.read_text()
     for path in FILES:
-        assert path.name.removesuffix(".json.gz") in readme, path.name
+        assert path.name.removesuffix(".json.gz") in listed, path.name
 
 
 @pytest.fixture(scope="module", params=FILES, ids=[p.name.removesuffix(".json.gz") for p in FILES])
