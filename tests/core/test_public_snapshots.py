@@ -5,7 +5,8 @@ Each file of the public corpus is a ``torch.cuda.memory._dump_snapshot()`` of a 
 ``tests/data/gpu_truth/public_sources.md``), reduced by ``bench/reduce_snapshot.py``. The files
 are data taken from public repositories, which developers do not commit: they live in the
 steering repository's ``shared/gpu_truth/public/`` (CI lays ``shared/`` beside the checkout) or
-where ``MEMFIT_PUBLIC_SNAPSHOTS`` points; without them these tests skip and say so. Most were recorded mid-run, so the allocator's state at
+where ``MEMFIT_PUBLIC_SNAPSHOTS`` points; without them these tests skip and say so.
+Most were recorded mid-run, so the allocator's state at
 the first event is rebuilt from the final segments and the trace walked backwards
 (:func:`memfit.core.replay.start_state`), then the trace's requests are replayed through
 :class:`memfit.core.allocator.AllocatorModel`. The trace's own segment events are the truth:
@@ -15,10 +16,7 @@ segments obtained must match to the byte.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-
 from _bench_scripts import load_bench
 
 from memfit.core.replay import implied_limit, recorded_curve, replay, start_state
