@@ -37,7 +37,7 @@ import re
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
@@ -323,6 +323,7 @@ class _Trace:
     stand_ins: int = 0
     retargeted: int = 0
     kernel_scratch: Any = None  # a memfit.estimate._kernels.ScratchRecorder, or None
+    autocast: Any = None  # a memfit.estimate._autocast.CudaAutocast on a CPU trace, or None
     current_op: str | None = None
     closed: bool = False
 
@@ -556,21 +557,34 @@ def _run_trace(
     cublas_bytes: int,
     steps: int,
     kernel_scratch: Any = None,
+    cuda_autocast: bool | None = None,
 ) -> _Trace:
-    """Build and run ``steps`` steps under fake tensors; return the allocation sequence."""
+    """Build and run ``steps`` steps under fake tensors; return the allocation sequence.
+
+    ``cuda_autocast``: trace ``torch.autocast("cuda")`` regions (and ``GradScaler("cuda")``)
+    with CUDA's rules (:mod:`memfit.estimate._autocast`); ``None``: when the trace runs on
+    the CPU (a CUDA trace has torch's own).
+    """
     from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from memfit.estimate._autocast import CudaAutocast
 
     trace = _Trace(
         device_type=torch.device(device).type,
         cublas_bytes=cublas_bytes,
         kernel_scratch=kernel_scratch,
     )
+    if cuda_autocast is None:
+        cuda_autocast = trace.device_type == "cpu"
+    autocast = CudaAutocast() if cuda_autocast else nullcontext()
+    trace.autocast = autocast if cuda_autocast else None
     functions = TraceFunctionMode(
         retarget_cuda=trace.device_type == "cpu", on_stand_in=trace.stand_in
     )
     hook_handles: list[Any] = []
     try:
         with (
+            autocast,
             _default_device(device),
             _no_distribution_validation(),
             fake_swap_tensors(),
@@ -948,6 +962,7 @@ def estimate_torch(
             "fused optimizers) are seen as their CPU counterparts",
         ]
     points: list[EstimatePoint] = []
+    autocast_notes: list[str] = []
     stand_ins = retargeted = 0
     recorder = None
     gpu_events: dict[int, list[tuple[bool, int, int]]] = {}
@@ -961,12 +976,15 @@ def estimate_torch(
         )
         if recorder is not None:
             recorder.measure()
+        if trace.autocast is not None:
+            autocast_notes = trace.autocast.notes()  # the same rules at every size
         stand_ins = max(stand_ins, trace.stand_ins)
         retargeted = max(retargeted, trace.retargeted)
         points.append(_summarise(trace, size, allocator, context))
         gpu_events[size] = _gpu_events(trace)
     if recorder is not None:
         deviations += recorder.notes()
+    deviations += autocast_notes
     if stand_ins:
         deviations.append(
             f"{stand_ins} tensor value(s) read to Python in build() (initialisers) or inside "
