@@ -139,12 +139,19 @@ def _describe(value: Any, originals: dict[int, int]) -> Any:
 
 
 class _Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
-    """Records the casts of the original arguments and the first other call, then stops."""
+    """Records the casts of the original arguments and the first other call, then stops.
 
-    def __init__(self, originals: dict[int, int]) -> None:
+    With ``whole``, it lets that call run and stops at a second one instead; ``call`` is
+    then the only operator the op ran (``(func, args, kwargs, output)``) if it ran one.
+    """
+
+    def __init__(self, originals: dict[int, int], *, whole: bool = False) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.originals = originals
+        self.whole = whole
         self.events: list[tuple[Any, ...]] = []
+        self.cast_outputs: dict[int, int] = {}  # id(cast result) -> argument index
+        self.call: tuple[Any, Any, Any, Any] | None = None
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -155,13 +162,22 @@ class _Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
             and isinstance(args[0], torch.Tensor)
             and id(args[0]) in self.originals
             and set(kwargs) <= {"dtype"}
+            and self.call is None
         ):
-            self.events.append(("cast", self.originals[id(args[0])], kwargs.get("dtype")))
-            return func(*args, **kwargs)
+            index = self.originals[id(args[0])]
+            self.events.append(("cast", index, kwargs.get("dtype")))
+            out = func(*args, **kwargs)
+            self.cast_outputs[id(out)] = index
+            return out
         self.events.append(
             ("call", str(func), _describe(args, self.originals), _describe(kwargs, self.originals))
         )
-        raise _Stop
+        if not self.whole or self.call is not None:
+            self.call = None
+            raise _Stop
+        out = func(*args, **kwargs)
+        self.call = (func, args, kwargs, out)
+        return out
 
 
 class _Rule:
@@ -174,9 +190,13 @@ class _Rule:
         casts: ``(flattened argument index, dtype)`` in the order the kernel casts them.
         set_dtype: Set the operator's ``dtype`` argument to float32.
         target: The overload to call instead (with ``dtype=float32``), or ``None``.
+        direct: ``(operator, args, kwargs)`` to call instead, with ``("arg", i)`` /
+            ``("cast", i)`` for the traced tensors: the one operator the op runs on CUDA,
+            where its CPU decomposition takes another path (``softmax`` of float16 to
+            float32 runs ``_softmax(x, dim, half_to_float=True)`` on CUDA only).
     """
 
-    __slots__ = ("casts", "kind", "message", "set_dtype", "target")
+    __slots__ = ("casts", "direct", "kind", "message", "set_dtype", "target")
 
     def __init__(
         self,
@@ -185,18 +205,44 @@ class _Rule:
         set_dtype: bool = False,
         target: Any = None,
         message: str = "",
+        direct: tuple[Any, Any, Any] | None = None,
     ) -> None:
         self.kind = kind
         self.casts = casts
         self.set_dtype = set_dtype
         self.target = target
         self.message = message
+        self.direct = direct
 
     def __repr__(self) -> str:
         return (
             f"_Rule({self.kind!r}, casts={self.casts!r}, set_dtype={self.set_dtype!r}, "
-            f"target={self.target!r})"
+            f"target={self.target!r}, direct={self.direct is not None})"
         )
+
+
+class _Ref:
+    """A traced argument (``cast``: its autocast cast) in a :attr:`_Rule.direct` call."""
+
+    __slots__ = ("cast", "index")
+
+    def __init__(self, index: int, cast: bool) -> None:
+        self.index = index
+        self.cast = cast
+
+
+def _template(value: Any, originals: dict[int, int], casts: dict[int, int]) -> Any:
+    """``value`` with the probe's argument tensors (and their casts) as :class:`_Ref`;
+    raises ``LookupError`` for any other tensor."""
+    if isinstance(value, torch.Tensor):
+        if id(value) in originals:
+            return _Ref(originals[id(value)], cast=False)
+        if id(value) in casts:
+            return _Ref(casts[id(value)], cast=True)
+        raise LookupError("a tensor the op made itself")
+    if isinstance(value, (list, tuple)):
+        return type(value)(_template(v, originals, casts) for v in value)
+    return value
 
 
 def _dtype_argument(op: Any, *, optional: bool = False) -> tuple[int, bool] | None:
@@ -251,6 +297,8 @@ class CudaAutocast:
         self.key_name: str | None = None
         self.rules: dict[tuple[Any, ...], _Rule] = {}
         self.unread: set[str] = set()
+        self.cpu_paths: set[str] = set()  # CUDA's rule applied, but the CPU decomposes it
+        # another way after it (listed in the notes)
         self.dtypes_used: set[torch.dtype] = set()
         self.calls = 0
         self.cache_peak = 0
@@ -343,24 +391,28 @@ class CudaAutocast:
 
     # --- the kernel ---------------------------------------------------------------------
 
-    def _excluded(self) -> Any:
-        """Autocast off while the operator runs (``AutocastFunctionality`` in the C++)."""
+    def _excluded(self, *, all_autocast: bool) -> Any:
+        """Our key off while the operator runs; with ``all_autocast`` every autocast key, as
+        CUDA's kernel excludes ``AutocastFunctionality`` (the traced tensors stand for CUDA
+        tensors, which CPU autocast never casts). Without it, CPU autocast still applies
+        (a ``torch.autocast("cpu")`` region outside CUDA's)."""
         assert self.key_name is not None
         keys = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, self.key_name))
-        for name in ("AutocastCPU", "AutocastCUDA"):
-            keys = keys | torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, name))
+        if all_autocast:
+            for name in ("AutocastCPU", "AutocastCUDA"):
+                keys = keys | torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, name))
         return torch._C._ExcludeDispatchKeyGuard(keys)
 
     def _kernel(self, op: Any) -> Callable[..., Any]:
         def kernel(*args: Any, **kwargs: Any) -> Any:
             if not torch.is_autocast_enabled("cuda"):
-                with self._excluded():
+                with self._excluded(all_autocast=False):
                     return op(*args, **kwargs)
             lower = torch.get_autocast_dtype("cuda")
             rule = self._rule(op, args, kwargs, lower)
             self.calls += 1
             self.dtypes_used.add(lower)
-            with self._excluded():
+            with self._excluded(all_autocast=True):
                 return self._apply(rule, op, args, kwargs, lower)
 
         return kernel
@@ -372,11 +424,23 @@ class CudaAutocast:
             raise RuntimeError(rule.message)
         if rule.kind != "apply":
             return op(*args, **kwargs)
+        leaves, spec = tree_flatten((args, kwargs))
         if rule.casts:
-            leaves, spec = tree_flatten((args, kwargs))
+            cast = list(leaves)
             for index, dtype in rule.casts:
-                leaves[index] = self._cast(leaves[index], dtype, lower)
-            args, kwargs = tree_unflatten(leaves, spec)
+                cast[index] = self._cast(leaves[index], dtype, lower)
+            args, kwargs = tree_unflatten(cast, spec)
+        if rule.direct is not None:
+            func, template_args, template_kwargs = rule.direct
+
+            def fill(value: Any) -> Any:
+                if isinstance(value, _Ref):
+                    return cast[value.index] if value.cast else leaves[value.index]
+                if isinstance(value, (list, tuple)):
+                    return type(value)(fill(v) for v in value)
+                return value
+
+            return func(*fill(template_args), **{k: fill(v) for k, v in template_kwargs.items()})
         if rule.set_dtype:
             args, kwargs = _with_dtype(op, args, kwargs)
         if rule.target is not None:
@@ -451,12 +515,12 @@ class CudaAutocast:
                 torch.set_autocast_enabled("cuda", enabled)
                 torch.set_autocast_cache_enabled(cache)
 
-    def _shadow(self, value: Any) -> Any:
+    def _shadow(self, value: Any, device: str) -> Any:
         if not isinstance(value, torch.Tensor):
             return value
         with self._probe_mode:
             return torch.empty_strided(
-                tuple(value.shape), tuple(value.stride()), dtype=value.dtype, device="cuda"
+                tuple(value.shape), tuple(value.stride()), dtype=value.dtype, device=device
             )
 
     def _observe(
@@ -504,7 +568,7 @@ class CudaAutocast:
         self, op: Any, leaves: list[Any], spec: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> _Rule:
         with self._probing():
-            shadows = [self._shadow(v) for v in leaves]
+            shadows = [self._shadow(v, "cuda") for v in leaves]
             seen = self._observe(op, shadows, spec, autocast=True)
             plain = self._observe(op, shadows, spec, autocast=False)
             if seen == plain:
@@ -526,9 +590,45 @@ class CudaAutocast:
                 if other is not None:
                     candidates.append({"target": other})
             for candidate in candidates:
-                if self._observe(op, shadows, spec, autocast=False, **candidate) == seen:
+                if self._observe(op, shadows, spec, autocast=False, **candidate) != seen:
+                    continue
+                # The rule is CUDA's; does the CPU decomposition of the result take the
+                # path CUDA's does? Where it does not, run the one operator CUDA runs.
+                on_cpu = [self._shadow(v, "cpu") for v in leaves]
+                if self._observe(op, on_cpu, spec, autocast=False, **candidate) == seen:
                     return _Rule("apply", **candidate)
+                direct = self._direct(op, shadows, spec)
+                if direct is not None:
+                    return _Rule("apply", casts=casts, direct=direct)
+                self.cpu_paths.add(str(op))
+                return _Rule("apply", **candidate)
         return _Rule("unread")
+
+    def _direct(self, op: Any, shadows: list[Any], spec: Any) -> tuple[Any, Any, Any] | None:
+        """``(operator, args, kwargs)`` of the one operator ``op`` runs under CUDA autocast
+        after its casts (as :class:`_Ref` templates), or ``None`` if it runs more."""
+        originals = {id(v): i for i, v in enumerate(shadows) if isinstance(v, torch.Tensor)}
+        recorder = _Recorder(originals, whole=True)
+        args, kwargs = tree_unflatten(list(shadows), spec)
+        torch.set_autocast_enabled("cuda", True)
+        try:
+            with self._probe_mode, recorder:
+                result = op(*args, **kwargs)
+        except Exception:  # _Stop (a second operator) or a failure: not one operator
+            return None
+        finally:
+            torch.set_autocast_enabled("cuda", False)
+        if recorder.call is None or recorder.call[3] is not result:
+            return None
+        func, call_args, call_kwargs, _ = recorder.call
+        try:
+            return (
+                func,
+                _template(tuple(call_args), originals, recorder.cast_outputs),
+                {k: _template(v, originals, recorder.cast_outputs) for k, v in call_kwargs.items()},
+            )
+        except LookupError:
+            return None
 
     @staticmethod
     def _same_packet_overload(op: Any, called: str) -> Any:
@@ -571,6 +671,13 @@ class CudaAutocast:
                 "CUDA's autocast rule could not be read for "
                 + ", ".join(sorted(self.unread))
                 + ": these calls are traced as the CPU runs them (no autocast cast)"
+            )
+        if self.cpu_paths:
+            out.append(
+                "after CUDA's autocast cast, "
+                + ", ".join(sorted(self.cpu_paths))
+                + " decompose(s) into other operators on the CPU than on CUDA; traced the "
+                "CPU's way"
             )
         if self.scaler_steps:
             out.append(
