@@ -75,6 +75,9 @@ _QUERIES = frozenset(
 )
 
 _OP_NAMES: tuple[str, ...] | None = None
+# Rules read so far in this process: (operator, autocast dtype, argument pattern, keyword
+# names) -> rule. The installed torch does not change while the process runs.
+_RULES: dict[tuple[Any, ...], _Rule] = {}
 _OP_NAMES_LOCK = threading.Lock()
 
 
@@ -196,7 +199,7 @@ class _Rule:
             float32 runs ``_softmax(x, dim, half_to_float=True)`` on CUDA only).
     """
 
-    __slots__ = ("casts", "direct", "kind", "message", "set_dtype", "target")
+    __slots__ = ("casts", "cpu_path", "direct", "kind", "message", "set_dtype", "target")
 
     def __init__(
         self,
@@ -213,6 +216,7 @@ class _Rule:
         self.target = target
         self.message = message
         self.direct = direct
+        self.cpu_path = False  # the CPU decomposes the result another way (noted)
 
     def __repr__(self) -> str:
         return (
@@ -295,7 +299,7 @@ class CudaAutocast:
 
     def __init__(self) -> None:
         self.key_name: str | None = None
-        self.rules: dict[tuple[Any, ...], _Rule] = {}
+        self.rules: dict[tuple[Any, ...], _Rule] = {}  # the ones this trace used
         self.unread: set[str] = set()
         self.cpu_paths: set[str] = set()  # CUDA's rule applied, but the CPU decomposes it
         # another way after it (listed in the notes)
@@ -334,8 +338,9 @@ class CudaAutocast:
     def _kernels(self, names: tuple[str, ...], key_name: str) -> Iterator[None]:
         """Our kernels on the free autocast key, and that key switched on for this thread."""
         key = getattr(torch._C.DispatchKey, key_name)
-        fallback = torch.library.Library("_", "IMPL")  # noqa: TOR901 - destroyed below
-        lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901 - destroyed below
+        library: Any = torch.library.Library  # untyped in torch's stubs
+        fallback = library("_", "IMPL")  # both destroyed below
+        lib = library("aten", "IMPL")
         try:
             fallback.fallback(torch.library.fallthrough_kernel, key_name)
             for name in names:
@@ -378,14 +383,14 @@ class CudaAutocast:
                 return original_opt_step(scaler, *args, **kwargs)
 
         amp_common.amp_definitely_not_available = lambda: False
-        torch.cuda.is_bf16_supported = lambda *_a, **_k: True  # type: ignore[assignment]
+        torch.cuda.is_bf16_supported = lambda *_a, **_k: True
         torch.clear_autocast_cache = clear
-        GradScaler._maybe_opt_step = opt_step  # type: ignore[method-assign]
+        GradScaler._maybe_opt_step = opt_step  # type: ignore[method-assign,assignment]
         try:
             yield
         finally:
             amp_common.amp_definitely_not_available = original_check
-            torch.cuda.is_bf16_supported = original_bf16  # type: ignore[assignment]
+            torch.cuda.is_bf16_supported = original_bf16
             torch.clear_autocast_cache = original_clear
             GradScaler._maybe_opt_step = original_opt_step  # type: ignore[method-assign]
 
@@ -456,7 +461,7 @@ class CudaAutocast:
             and tensor.is_leaf
             and not tensor._is_view()
             and torch.is_autocast_cache_enabled()
-            and not torch._C._is_cached_tensor(tensor)
+            and not torch._C._is_cached_tensor(tensor)  # type: ignore[attr-defined]
         )
         if cached:
             hit = self._cache.get(id(tensor))
@@ -482,10 +487,15 @@ class CudaAutocast:
         key = (op, lower, tuple(_pattern(v) for v in leaves), tuple(sorted(kwargs)))
         rule = self.rules.get(key)
         if rule is None:
-            rule = self._read_rule(op, leaves, spec, args, kwargs)
+            rule = _RULES.get(key)
+            if rule is None:
+                rule = self._read_rule(op, leaves, spec, args, kwargs)
+                _RULES[key] = rule
             self.rules[key] = rule
             if rule.kind == "unread":
                 self.unread.add(str(op))
+            if rule.cpu_path:
+                self.cpu_paths.add(str(op))
         return rule
 
     @contextmanager
@@ -600,8 +610,9 @@ class CudaAutocast:
                 direct = self._direct(op, shadows, spec)
                 if direct is not None:
                     return _Rule("apply", casts=casts, direct=direct)
-                self.cpu_paths.add(str(op))
-                return _Rule("apply", **candidate)
+                rule = _Rule("apply", **candidate)
+                rule.cpu_path = True
+                return rule
         return _Rule("unread")
 
     def _direct(self, op: Any, shadows: list[Any], spec: Any) -> tuple[Any, Any, Any] | None:
