@@ -238,6 +238,33 @@ def test_training_step_with_grad_scaler(dtype: torch.dtype) -> None:
     assert grads == sorted(params * 2)  # two steps, zero_grad(set_to_none) between them
 
 
+def test_attention_mask_is_cast_down_with_the_inputs() -> None:
+    """scaled_dot_product_attention is on CUDA's low-precision list: a float32 mask is cast
+    to float16 with q, k, v (the rule is read past the math path's own upcasts)."""
+    e = 2
+
+    def build() -> tuple[Any, Any]:
+        return torch.nn.Linear(D, D), None
+
+    def step(model: Any, _opt: Any, batch: Any) -> None:
+        x, mask = batch
+        with torch.autocast("cuda", dtype=torch.float16):
+            q = model(x)
+            torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+
+    requests = trace_requests(
+        build,
+        step,
+        lambda n: (torch.randn(n, H, S, D), torch.randn(n, H, S, S)),
+        B,
+        steps=1,
+        kernel_scratch=False,
+    )
+    casts = sorted(r.nbytes for r in requests if r.op == "aten._to_copy.default")
+    # The linear's input, weight and bias, then the mask.
+    assert casts == sorted([e * B * H * S * D, e * D * D, e * D, e * B * H * S * S])
+
+
 def test_banned_op_is_refused_as_on_cuda() -> None:
     def build() -> tuple[Any, Any]:
         return torch.nn.Linear(4, 4), None

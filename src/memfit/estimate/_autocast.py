@@ -489,7 +489,10 @@ class CudaAutocast:
         if rule is None:
             rule = _RULES.get(key)
             if rule is None:
-                rule = self._read_rule(op, leaves, spec, args, kwargs)
+                try:
+                    rule = self._read_rule(op, leaves, spec, args, kwargs)
+                except Exception:  # arguments the probe cannot copy (a tensor subclass, ...)
+                    rule = _Rule("unread")
                 _RULES[key] = rule
             self.rules[key] = rule
             if rule.kind == "unread":
@@ -586,14 +589,15 @@ class CudaAutocast:
             last = seen[-1]
             if last[0] == "error" and plain[-1][0] != "error" and len(seen) == 1:
                 return _Rule("refuse", message=last[2])
+            # The kernel's casts come first; the op's own decomposition may cast arguments
+            # after them (math attention upcasts float16 inputs), so each leading run of
+            # the casts seen is a candidate, shortest first.
             casts = tuple((e[1], e[2]) for e in seen if e[0] == "cast")
-            candidates: list[dict[str, Any]] = []
-            if casts:
-                candidates.append({"casts": casts})
+            prefixes = [casts[:n] for n in range(1, len(casts) + 1)]
+            candidates: list[dict[str, Any]] = [{"casts": c} for c in prefixes]
             if _dtype_unset(op, args, kwargs):
                 candidates.append({"set_dtype": True})
-                if casts:
-                    candidates.append({"casts": casts, "set_dtype": True})
+                candidates += [{"casts": c, "set_dtype": True} for c in prefixes]
             call = next((e for e in seen if e[0] == "call"), None)
             if call is not None:
                 other = self._same_packet_overload(op, call[1])
@@ -609,15 +613,17 @@ class CudaAutocast:
                     return _Rule("apply", **candidate)
                 direct = self._direct(op, shadows, spec)
                 if direct is not None:
-                    return _Rule("apply", casts=casts, direct=direct)
+                    return _Rule("apply", casts=direct[0], direct=direct[1])
                 rule = _Rule("apply", **candidate)
                 rule.cpu_path = True
                 return rule
         return _Rule("unread")
 
-    def _direct(self, op: Any, shadows: list[Any], spec: Any) -> tuple[Any, Any, Any] | None:
-        """``(operator, args, kwargs)`` of the one operator ``op`` runs under CUDA autocast
-        after its casts (as :class:`_Ref` templates), or ``None`` if it runs more."""
+    def _direct(
+        self, op: Any, shadows: list[Any], spec: Any
+    ) -> tuple[tuple[tuple[int, torch.dtype], ...], tuple[Any, Any, Any]] | None:
+        """The casts ``op`` makes under CUDA autocast and ``(operator, args, kwargs)`` of the
+        one operator it then runs (as :class:`_Ref` templates), or ``None`` if it runs more."""
         originals = {id(v): i for i, v in enumerate(shadows) if isinstance(v, torch.Tensor)}
         recorder = _Recorder(originals, whole=True)
         args, kwargs = tree_unflatten(list(shadows), spec)
@@ -632,11 +638,13 @@ class CudaAutocast:
         if recorder.call is None or recorder.call[3] is not result:
             return None
         func, call_args, call_kwargs, _ = recorder.call
+        casts = tuple((e[1], e[2]) for e in recorder.events if e[0] == "cast")
+        made = recorder.cast_outputs
         try:
-            return (
+            return casts, (
                 func,
-                _template(tuple(call_args), originals, recorder.cast_outputs),
-                {k: _template(v, originals, recorder.cast_outputs) for k, v in call_kwargs.items()},
+                _template(tuple(call_args), originals, made),
+                {k: _template(v, originals, made) for k, v in call_kwargs.items()},
             )
         except LookupError:
             return None

@@ -27,7 +27,9 @@ CPU's ``exact_peak``; losses' unreduced buffers for every figure). Ordinary mode
 fake tensors refuse as such (``module.to(device)``, initialisers that read values, logging
 inside a library, an explicit ``"cuda"`` on a machine without one) is made to trace by
 :mod:`memfit.estimate._fake_compat`; what cannot be traced is refused with the phase
-(``build()``, ``make_batch()``, ``step()``), the line, and a hint.
+(``build()``, ``make_batch()``, ``step()``), the line, and a hint. On a CPU trace,
+``torch.autocast("cuda")`` regions and ``GradScaler("cuda")`` follow CUDA's rules, read from
+the installed torch (:mod:`memfit.estimate._autocast`).
 """
 
 from __future__ import annotations
