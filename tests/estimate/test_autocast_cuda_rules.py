@@ -277,6 +277,27 @@ def test_banned_op_is_refused_as_on_cuda() -> None:
         estimate_torch(build, step, lambda n: torch.rand(n, 4), [2], kernel_scratch=False)
 
 
+def test_without_a_free_dispatch_key_the_region_is_traced_in_float32_and_said_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from memfit.estimate import _autocast
+
+    monkeypatch.setattr(_autocast, "_CANDIDATE_KEYS", ())
+    t = _cnn_terms(torch.float16)
+    act = t["act"]
+    assert _cnn_peak("cuda", torch.float16) == t["params"] + t["input"] + 4 * act + 16 * act
+
+    def build() -> tuple[Any, Any]:
+        return torch.nn.Linear(4, 4), None
+
+    def step(model: Any, _opt: Any, x: torch.Tensor) -> None:
+        with torch.autocast("cuda"):
+            model(x)
+
+    est = estimate_torch(build, step, lambda n: torch.randn(n, 4), [2], kernel_scratch=False)
+    assert any("no autocast dispatch key free" in d for d in est.deviations)
+
+
 def test_op_lists_are_read_from_the_installed_torch() -> None:
     names = cuda_autocast_op_names()
     has = torch._C._dispatch_has_kernel_for_dispatch_key

@@ -307,6 +307,7 @@ class CudaAutocast:
         self.calls = 0
         self.cache_peak = 0
         self.scaler_steps = 0
+        self.cuda_regions = 0  # torch.autocast("cuda") regions entered enabled
         self._cache: dict[int, tuple[weakref.ref[torch.Tensor], torch.Tensor]] = {}
         self._cache_bytes = 0
         self._stack: ExitStack | None = None
@@ -364,6 +365,7 @@ class CudaAutocast:
         """Let ``autocast("cuda")`` and ``GradScaler("cuda")`` run; clear our cache with
         torch's; let ``GradScaler.step`` read its found-inf flags as stand-ins."""
         import torch.cuda.amp.common as amp_common
+        from torch.amp.autocast_mode import autocast
         from torch.amp.grad_scaler import GradScaler
 
         from memfit.estimate import stand_in_scalars
@@ -372,10 +374,16 @@ class CudaAutocast:
         original_bf16 = torch.cuda.is_bf16_supported
         original_clear = torch.clear_autocast_cache
         original_opt_step = GradScaler._maybe_opt_step
+        original_enter: Any = autocast.__enter__
 
         def clear() -> None:
             original_clear()
             self._clear_cache()
+
+        def enter(region: Any) -> Any:
+            if getattr(region, "device", None) == "cuda" and getattr(region, "_enabled", False):
+                self.cuda_regions += 1
+            return original_enter(region)
 
         def opt_step(scaler: Any, *args: Any, **kwargs: Any) -> Any:
             self.scaler_steps += 1
@@ -386,6 +394,7 @@ class CudaAutocast:
         torch.cuda.is_bf16_supported = lambda *_a, **_k: True
         torch.clear_autocast_cache = clear
         GradScaler._maybe_opt_step = opt_step  # type: ignore[method-assign,assignment]
+        autocast.__enter__ = enter  # type: ignore[method-assign]
         try:
             yield
         finally:
@@ -393,6 +402,7 @@ class CudaAutocast:
             torch.cuda.is_bf16_supported = original_bf16
             torch.clear_autocast_cache = original_clear
             GradScaler._maybe_opt_step = original_opt_step  # type: ignore[method-assign]
+            autocast.__enter__ = original_enter  # type: ignore[method-assign]
 
     # --- the kernel ---------------------------------------------------------------------
 
@@ -667,7 +677,7 @@ class CudaAutocast:
         """What the trace did with CUDA autocast, and what stayed the CPU's way."""
         out: list[str] = []
         if self.key_name is None:
-            if self.calls == 0:
+            if self.cuda_regions:
                 out.append(
                     "this torch leaves no autocast dispatch key free to stand in for CUDA's "
                     "on the CPU: torch.autocast('cuda') regions are traced without CUDA's "
