@@ -11,10 +11,11 @@ CPU-only machine, at one batch size, and replayed through the CUDA allocator mod
 * ``cpu_rules``: the same step written with ``torch.autocast("cpu", dtype=float16)``, i.e.
   the CPU's autocast lists.
 
-Writes ``bench/out/autocast_rules.json`` and ``.md`` and prints the table.
+Writes ``bench/out/autocast_rules_ATTN.json`` and ``.md`` and prints the table.
 
-    python bench/autocast_rules.py                       # bert-large, seq 128, batch 8
-    python bench/autocast_rules.py --layers 2 --batch 4  # quicker
+    python bench/autocast_rules.py --seq 512 --batch 8              # bert-large, eager attention
+    python bench/autocast_rules.py --seq 512 --batch 8 --attn sdpa  # through SDPA
+    python bench/autocast_rules.py --layers 2 --batch 4             # quicker
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ def _step_fns(args: argparse.Namespace, device_type: str) -> tuple[Any, Any, Any
         num_attention_heads=args.hidden // 64,
         intermediate_size=4 * args.hidden,
         max_position_embeddings=512,
+        attn_implementation=args.attn,
     )
 
     def build() -> tuple[Any, Any]:
@@ -106,8 +108,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=24)
     parser.add_argument("--hidden", type=int, default=1024)
-    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument(
+        "--attn",
+        choices=("eager", "sdpa"),
+        default="eager",
+        help="transformers' attention: eager (matmul, softmax, dropout, matmul: BERT as "
+        "published) or sdpa (scaled_dot_product_attention, whose kernel the CPU picks)",
+    )
     args = parser.parse_args(argv)
     import torch
 
@@ -115,7 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{platform.machine()}, {platform.python_version()}, torch {torch.__version__}",
-        "model": f"BertForMaskedLM {args.layers} layers, hidden {args.hidden}, seq {args.seq}",
+        "model": (
+            f"BertForMaskedLM {args.layers} layers, hidden {args.hidden}, seq {args.seq}, "
+            f"{args.attn} attention"
+        ),
         "batch": args.batch,
         "rows": rows,
     }
@@ -133,8 +145,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     table = "\n".join(lines)
     OUT.mkdir(exist_ok=True)
-    (OUT / "autocast_rules.json").write_text(json.dumps(result, indent=2) + "\n")
-    (OUT / "autocast_rules.md").write_text(table + "\n")
+    stem = f"autocast_rules_{args.attn}"
+    (OUT / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (OUT / f"{stem}.md").write_text(table + "\n")
     print(f"{result['model']}, batch {args.batch}, {result['date']}")
     print(table)
     return 0
