@@ -265,6 +265,30 @@ def test_attention_mask_is_cast_down_with_the_inputs() -> None:
     assert casts == sorted([e * B * H * S * D, e * D * D, e * D, e * B * H * S * S])
 
 
+def test_grad_scaler_made_before_the_trace_is_named() -> None:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch: "CUDA is not available. Disabling."
+        scaler = torch.amp.GradScaler("cuda")  # built here, outside the trace: disabled
+
+    def build() -> tuple[Any, Any]:
+        model = torch.nn.Linear(4, 4)
+        return model, torch.optim.SGD(model.parameters())
+
+    def step(model: Any, opt: Any, x: torch.Tensor) -> None:
+        with torch.autocast("cuda"):
+            loss = model(x).float().sum()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+
+    est = estimate_torch(build, step, lambda n: torch.randn(n, 4), [2], kernel_scratch=False)
+    notes = " | ".join(est.deviations)
+    assert "made before the trace" in notes
+    assert "GradScaler('cuda') traced as on the GPU" not in notes
+
+
 def test_banned_op_is_refused_as_on_cuda() -> None:
     def build() -> tuple[Any, Any]:
         return torch.nn.Linear(4, 4), None

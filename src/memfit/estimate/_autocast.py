@@ -308,6 +308,7 @@ class CudaAutocast:
         self.cache_peak = 0
         self.scaler_steps = 0
         self.cuda_regions = 0  # torch.autocast("cuda") regions entered enabled
+        self.disabled_scalers = 0  # scale() calls of a GradScaler("cuda") built disabled
         self._cache: dict[int, tuple[weakref.ref[torch.Tensor], torch.Tensor]] = {}
         self._cache_bytes = 0
         self._stack: ExitStack | None = None
@@ -375,6 +376,7 @@ class CudaAutocast:
         original_clear = torch.clear_autocast_cache
         original_opt_step = GradScaler._maybe_opt_step
         original_enter: Any = autocast.__enter__
+        original_scale: Any = GradScaler.scale
 
         def clear() -> None:
             original_clear()
@@ -384,6 +386,11 @@ class CudaAutocast:
             if getattr(region, "device", None) == "cuda" and getattr(region, "_enabled", False):
                 self.cuda_regions += 1
             return original_enter(region)
+
+        def scale(scaler: Any, outputs: Any) -> Any:
+            if getattr(scaler, "_device", None) == "cuda" and not scaler.is_enabled():
+                self.disabled_scalers += 1  # made before the trace, where CUDA was missing
+            return original_scale(scaler, outputs)
 
         def opt_step(scaler: Any, *args: Any, **kwargs: Any) -> Any:
             self.scaler_steps += 1
@@ -395,6 +402,7 @@ class CudaAutocast:
         torch.clear_autocast_cache = clear
         GradScaler._maybe_opt_step = opt_step  # type: ignore[method-assign,assignment]
         autocast.__enter__ = enter  # type: ignore[method-assign]
+        GradScaler.scale = scale  # type: ignore[method-assign,assignment]
         try:
             yield
         finally:
@@ -403,6 +411,7 @@ class CudaAutocast:
             torch.clear_autocast_cache = original_clear
             GradScaler._maybe_opt_step = original_opt_step  # type: ignore[method-assign]
             autocast.__enter__ = original_enter  # type: ignore[method-assign]
+            GradScaler.scale = original_scale  # type: ignore[method-assign]
 
     # --- the kernel ---------------------------------------------------------------------
 
@@ -707,6 +716,13 @@ class CudaAutocast:
                 + ", ".join(sorted(self.cpu_paths))
                 + " decompose(s) into other operators on the CPU than on CUDA; traced the "
                 "CPU's way"
+            )
+        if self.disabled_scalers:
+            out.append(
+                "a GradScaler('cuda') made before the trace (outside build() and step()) was "
+                "built disabled, as torch builds it without CUDA, and is traced so: its scale, "
+                "growth tracker and found-inf tensors (a few 512 B blocks) are not counted; "
+                "make it inside build() or step() to trace it"
             )
         if self.scaler_steps:
             out.append(
