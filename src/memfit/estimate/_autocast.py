@@ -16,18 +16,22 @@ low-precision copy of each weight for the whole autocast region).
   nesting, the cache flag) exactly as on the GPU.
 * Every operator with a CUDA autocast kernel in the installed torch (read from its dispatcher:
   the operators with a kernel for the ``AutocastCUDA`` key) gets a Python kernel for an
-  autocast key that nothing else uses on this machine (``AutocastXPU`` on a CPU build), and
-  that key is switched on for the trace's thread. The kernel does nothing unless CUDA autocast
-  is on. When it is, it asks torch's own ``AutocastCUDA`` kernel what it does with these
-  arguments: the same call, on fake CUDA tensors of the same shapes and dtypes, runs through
-  that kernel under a recording dispatch mode, which sees the casts it makes and the call it
-  passes on, and stops there. The rule is then whichever of "cast these arguments to these
-  dtypes", "set the ``dtype`` argument to float32", "call the overload that takes a dtype" or
-  "refuse" reproduces that observation exactly (checked by running the candidate the same way
-  without autocast); it is cached per operator and argument dtypes, and applied to the
-  traced tensors (above autograd, as the real kernel is, so the backward pass sees the same
-  dtypes). No list of operators or policies is copied here: a torch that moves an operator
-  between lists moves it in the trace too.
+  autocast key that nothing else uses on this machine (``AutocastPrivateUse1`` on a CPU
+  build, given a fallthrough for the other operators), and that key is switched on for the
+  trace's thread. The kernel does nothing unless CUDA autocast is on. When it is, it asks
+  torch's own ``AutocastCUDA`` kernel what it does with these arguments: the same call, on
+  fake CUDA tensors of the same shapes and dtypes (no gradient: autograd on a fake CUDA
+  tensor aborts a torch built without CUDA), runs through that kernel under a recording
+  dispatch mode, which sees the casts it makes and the call it passes on, and stops there.
+  The rule is then whichever of "cast these arguments to these dtypes", "set the ``dtype``
+  argument to float32", "call the overload that takes a dtype" or "refuse" reproduces that
+  observation exactly (checked by running the candidate the same way without autocast); it
+  is cached per operator and argument dtypes, and applied to the traced tensors (above
+  autograd, as the real kernel is, so the backward pass sees the same dtypes). Where the
+  CPU's decomposition of the result then differs from CUDA's and CUDA runs one operator
+  (``softmax`` of float16 to float32 is ``_softmax(half_to_float=True)`` on CUDA only), that
+  operator is called instead. No list of operators or policies is copied here: a torch that
+  moves an operator between lists moves it in the trace too.
 * Casts to the autocast dtype of float32 leaves that require grad (the parameters) are cached
   as ``at::autocast::cached_cast`` caches them (the same condition: leaf, requires grad, not a
   view, cache enabled) and dropped when torch clears its autocast cache, which
