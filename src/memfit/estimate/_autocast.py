@@ -453,8 +453,8 @@ class CudaAutocast:
         if rule.kind != "apply":
             return op(*args, **kwargs)
         leaves, spec = tree_flatten((args, kwargs))
+        cast = list(leaves)
         if rule.casts:
-            cast = list(leaves)
             for index, dtype in rule.casts:
                 cast[index] = self._cast(leaves[index], dtype, lower)
             args, kwargs = tree_unflatten(cast, spec)
