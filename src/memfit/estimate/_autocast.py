@@ -253,6 +253,17 @@ def _template(value: Any, originals: dict[int, int], casts: dict[int, int]) -> A
     return value
 
 
+def _fill(value: Any, leaves: list[Any], cast: list[Any]) -> Any:
+    """A :func:`_template` with the traced arguments (or their casts) put back. (A plain
+    function: a recursive closure would hold the arguments in a reference cycle, alive in
+    the trace until the garbage collector ran.)"""
+    if isinstance(value, _Ref):
+        return cast[value.index] if value.cast else leaves[value.index]
+    if isinstance(value, (list, tuple)):
+        return type(value)(_fill(v, leaves, cast) for v in value)
+    return value
+
+
 def _dtype_argument(op: Any, *, optional: bool = False) -> tuple[int, bool] | None:
     """``(position, keyword-only)`` of the operator's ``dtype`` argument (a ScalarType, which
     schemas type as ``int``; ``optional``: only an optional one), or ``None``."""
@@ -460,15 +471,10 @@ class CudaAutocast:
             args, kwargs = tree_unflatten(cast, spec)
         if rule.direct is not None:
             func, template_args, template_kwargs = rule.direct
-
-            def fill(value: Any) -> Any:
-                if isinstance(value, _Ref):
-                    return cast[value.index] if value.cast else leaves[value.index]
-                if isinstance(value, (list, tuple)):
-                    return type(value)(fill(v) for v in value)
-                return value
-
-            return func(*fill(template_args), **{k: fill(v) for k, v in template_kwargs.items()})
+            call_args = _fill(template_args, leaves, cast)
+            call_kwargs = {k: _fill(v, leaves, cast) for k, v in template_kwargs.items()}
+            del leaves, cast, args, kwargs  # the traced tensors die when the op is done with them
+            return func(*call_args, **call_kwargs)
         if rule.set_dtype:
             args, kwargs = _with_dtype(op, args, kwargs)
         if rule.target is not None:
