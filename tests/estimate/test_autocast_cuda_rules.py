@@ -238,6 +238,38 @@ def test_training_step_with_grad_scaler(dtype: torch.dtype) -> None:
     assert grads == sorted(params * 2)  # two steps, zero_grad(set_to_none) between them
 
 
+def test_casts_hold_no_tensor_past_its_op() -> None:
+    """The trace is the same with the garbage collector off: nothing the emulation does keeps
+    a traced tensor alive in a reference cycle (a free would then wait for a collection)."""
+    import gc
+
+    def build() -> tuple[Any, Any]:
+        model = _Block()
+        return model, torch.optim.SGD(model.parameters())
+
+    def step(model: Any, opt: Any, batch: Any) -> None:
+        x, y = batch
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+
+    def events() -> list[tuple[int, bool, int]]:
+        trace = _run_trace(
+            build, step, lambda n: (torch.randn(n, S, D), torch.randn(n, S, D)), B, "cpu", 0, 2
+        )
+        index = {id(r): i for i, r in enumerate(trace.records)}
+        return [(index[id(r)], alloc, r.nbytes) for r, alloc in trace.events]
+
+    with_gc = events()
+    gc.disable()
+    try:
+        without_gc = events()
+    finally:
+        gc.enable()
+    assert with_gc == without_gc
+
+
 def test_attention_mask_is_cast_down_with_the_inputs() -> None:
     """scaled_dot_product_attention is on CUDA's low-precision list: a float32 mask is cast
     to float16 with q, k, v (the rule is read past the math path's own upcasts)."""
