@@ -714,6 +714,12 @@ class CudaAutocast:
                 "the kernels the GPU picks for the low-precision inputs (cuDNN, flash "
                 "attention) are still the CPU's"
             )
+        if self.calls and not torch.backends.cuda.is_built():  # type: ignore[no-untyped-call]
+            out.append(
+                "this torch is built without CUDA, so the rules read from it lack the autocast "
+                "kernels only CUDA builds register (cuDNN's RNNs: nn.LSTM, nn.GRU and nn.RNN "
+                "run in float32 in the trace, in float16 on the GPU)"
+            )
         if self.unread:
             out.append(
                 "CUDA's autocast rule could not be read for "
