@@ -90,7 +90,7 @@ def _case(args: argparse.Namespace, name: str) -> dict[str, Any]:
                 "cpu",
                 cublas_workspace_bytes(None),
                 2,
-                cuda_autocast=name != "autocast_off",
+                cuda_target=name != "autocast_off",
             )
         cpu_seconds.append(time.process_time() - start)
     point = _summarise(trace, args.batch, AllocatorModel, None)

@@ -6,7 +6,8 @@ autocast behaviour (matmuls and convolutions in the low-precision dtype, ``layer
 parameter per autocast region), and checked against the trace. The same steps traced with the
 CPU's rules (``torch.autocast("cpu")``) or without the emulation (CUDA autocast switches itself
 off on a machine without CUDA) give other figures, also derived, so each test fails if the
-trace falls back to either.
+trace falls back to either. The rules apply when the figures are for a CUDA GPU: the tests
+name one (``gpu=GPU``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from memfit.errors import EstimateError
 from memfit.estimate._autocast import cuda_autocast_op_names
 from memfit.estimate.torch_trace import _run_trace, estimate_torch, trace_requests
 
+GPU = "RTX 4070"  # a CUDA target: the estimate's figures are for this GPU
 DTYPES = [torch.float16, torch.bfloat16]
 IDS = ["float16", "bfloat16"]
 
@@ -47,7 +49,7 @@ class _CNN(torch.nn.Module):
         return out
 
 
-def _cnn_peak(device_type: str, dtype: torch.dtype, *, emulate: bool = True) -> int:
+def _cnn_peak(device_type: str, dtype: torch.dtype, *, cuda_target: bool = True) -> int:
     def build() -> tuple[Any, Any]:
         return _CNN(), None
 
@@ -58,17 +60,12 @@ def _cnn_peak(device_type: str, dtype: torch.dtype, *, emulate: bool = True) -> 
     def make_batch(n: int) -> torch.Tensor:
         return torch.randn(n, C0, HW, HW)
 
-    if emulate:
-        est = estimate_torch(build, step, make_batch, [B], steps=1, kernel_scratch=False)
-        return est.points[0].exact_peak
-    with pytest.warns(UserWarning, match="CUDA is not available"):  # as torch does today
-        trace = _run_trace(build, step, make_batch, B, "cpu", 0, 1, cuda_autocast=False)
-    live = peak = 0
-    for record, is_alloc in trace.events:
-        if record.target in ("all", "cpu"):
-            live += record.nbytes if is_alloc else -record.nbytes
-            peak = max(peak, live)
-    return peak
+    if cuda_target:
+        est = estimate_torch(build, step, make_batch, [B], gpu=GPU, steps=1, kernel_scratch=False)
+    else:  # figures for this CPU: autocast("cuda") switches itself off, as torch does here
+        with pytest.warns(UserWarning, match="CUDA is not available"):
+            est = estimate_torch(build, step, make_batch, [B], steps=1, kernel_scratch=False)
+    return est.points[0].exact_peak
 
 
 def _cnn_terms(dtype: torch.dtype) -> dict[str, int]:
@@ -101,8 +98,8 @@ def test_cnn_inference_peak_follows_cuda_rules(dtype: torch.dtype) -> None:
     cpu_rules = base + t["cache"] + e * act + e * 4 * act
     assert cpu_rules != cuda
     assert _cnn_peak("cpu", dtype) == cpu_rules
-    # Without the emulation CUDA autocast is off here: float32 throughout.
-    assert _cnn_peak("cuda", dtype, emulate=False) == base + 4 * act + 4 * 4 * act
+    # For a CPU target CUDA autocast is off, as on this machine: float32 throughout.
+    assert _cnn_peak("cuda", dtype, cuda_target=False) == base + 4 * act + 4 * 4 * act
 
 
 def test_weight_cast_cache_makes_one_copy_per_parameter_per_region() -> None:
@@ -117,7 +114,7 @@ def test_weight_cast_cache_makes_one_copy_per_parameter_per_region() -> None:
                 model(x)  # a new region: cast again
 
     requests = trace_requests(
-        build, step, lambda n: torch.randn(n, C0, HW, HW), B, steps=1, kernel_scratch=False
+        build, step, lambda n: torch.randn(n, C0, HW, HW), B, gpu=GPU, steps=1, kernel_scratch=False
     )
     casts = Counter(r.nbytes for r in requests if r.op == "aten._to_copy.default")
     assert casts[2 * C1 * C1 * 9] == 2  # conv2's weight: once per region, not once per call
@@ -164,6 +161,7 @@ def _block_requests(device_type: str, dtype: torch.dtype) -> dict[str, list[int]
         step,
         lambda n: (torch.randn(n, S, D), torch.randn(n, S, D)),
         B,
+        gpu=GPU,
         steps=1,
         kernel_scratch=False,
     )
@@ -226,13 +224,13 @@ def test_training_step_with_grad_scaler(dtype: torch.dtype) -> None:
     def make_batch(n: int) -> Any:
         return torch.randn(n, S, D), torch.randn(n, S, D)
 
-    est = estimate_torch(build, step, make_batch, [2, 4], kernel_scratch=False)
+    est = estimate_torch(build, step, make_batch, [2, 4], gpu=GPU, kernel_scratch=False)
     notes = " | ".join(est.deviations)
     assert "traced with CUDA's autocast rules" in notes
     assert "GradScaler('cuda') traced as on the GPU" in notes
     assert "could not be read" not in notes
     # The casts are recorded by autograd: every gradient is float32, of its parameter's size.
-    trace = _run_trace(build, step, make_batch, 2, "cpu", 0, 2)
+    trace = _run_trace(build, step, make_batch, 2, "cpu", 0, 2, cuda_target=True)
     params = sorted(4 * p.numel() for p in _Block().parameters())
     grads = sorted(r.nbytes for r in trace.records if r.category == "gradients")
     assert grads == sorted(params * 2)  # two steps, zero_grad(set_to_none) between them
@@ -255,9 +253,10 @@ def test_casts_hold_no_tensor_past_its_op() -> None:
         opt.step()
 
     def events() -> list[tuple[int, bool, int]]:
-        trace = _run_trace(
-            build, step, lambda n: (torch.randn(n, S, D), torch.randn(n, S, D)), B, "cpu", 0, 2
-        )
+        def make_batch(n: int) -> Any:
+            return torch.randn(n, S, D), torch.randn(n, S, D)
+
+        trace = _run_trace(build, step, make_batch, B, "cpu", 0, 2, cuda_target=True)
         index = {id(r): i for i, r in enumerate(trace.records)}
         return [(index[id(r)], alloc, r.nbytes) for r, alloc in trace.events]
 
@@ -289,6 +288,7 @@ def test_attention_mask_is_cast_down_with_the_inputs() -> None:
         step,
         lambda n: (torch.randn(n, H, S, D), torch.randn(n, H, S, S)),
         B,
+        gpu=GPU,
         steps=1,
         kernel_scratch=False,
     )
@@ -315,7 +315,9 @@ def test_grad_scaler_made_before_the_trace_is_named() -> None:
         scaler.step(opt)
         scaler.update()
 
-    est = estimate_torch(build, step, lambda n: torch.randn(n, 4), [2], kernel_scratch=False)
+    est = estimate_torch(
+        build, step, lambda n: torch.randn(n, 4), [2], gpu=GPU, kernel_scratch=False
+    )
     notes = " | ".join(est.deviations)
     assert "made before the trace" in notes
     assert "GradScaler('cuda') traced as on the GPU" not in notes
@@ -330,7 +332,7 @@ def test_banned_op_is_refused_as_on_cuda() -> None:
             torch.nn.functional.binary_cross_entropy(torch.sigmoid(model(x)), x.clamp(0, 1))
 
     with pytest.raises(EstimateError, match="unsafe to autocast"):
-        estimate_torch(build, step, lambda n: torch.rand(n, 4), [2], kernel_scratch=False)
+        estimate_torch(build, step, lambda n: torch.rand(n, 4), [2], gpu=GPU, kernel_scratch=False)
 
 
 def test_without_a_free_dispatch_key_the_region_is_traced_in_float32_and_said_so(
@@ -350,7 +352,9 @@ def test_without_a_free_dispatch_key_the_region_is_traced_in_float32_and_said_so
         with torch.autocast("cuda"):
             model(x)
 
-    est = estimate_torch(build, step, lambda n: torch.randn(n, 4), [2], kernel_scratch=False)
+    est = estimate_torch(
+        build, step, lambda n: torch.randn(n, 4), [2], gpu=GPU, kernel_scratch=False
+    )
     assert any("no autocast dispatch key free" in d for d in est.deviations)
 
 

@@ -310,9 +310,14 @@ class CudaAutocast:
 
     Use as a context manager around a CPU trace; :meth:`notes` then says what it did and
     what stayed the CPU's way.
+
+    Args:
+        active: ``False`` makes it do nothing (a trace whose figures are not for a CUDA GPU,
+            or that runs on CUDA, where torch applies its own rules).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, active: bool = True) -> None:
+        self.active = active
         self.key_name: str | None = None
         self.rules: dict[tuple[Any, ...], _Rule] = {}  # the ones this trace used
         self.unread: set[str] = set()
@@ -332,6 +337,8 @@ class CudaAutocast:
     # --- entering and leaving -----------------------------------------------------------
 
     def __enter__(self) -> CudaAutocast:
+        if not self.active:
+            return self
         names = cuda_autocast_op_names()
         self.key_name = _emulation_key(names)
         stack = ExitStack()
@@ -695,6 +702,8 @@ class CudaAutocast:
     def notes(self) -> list[str]:
         """What the trace did with CUDA autocast, and what stayed the CPU's way."""
         out: list[str] = []
+        if not self.active:
+            return out
         if self.key_name is None:
             if self.cuda_regions:
                 out.append(

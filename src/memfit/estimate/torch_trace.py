@@ -27,9 +27,9 @@ CPU's ``exact_peak``; losses' unreduced buffers for every figure). Ordinary mode
 fake tensors refuse as such (``module.to(device)``, initialisers that read values, logging
 inside a library, an explicit ``"cuda"`` on a machine without one) is made to trace by
 :mod:`memfit.estimate._fake_compat`; what cannot be traced is refused with the phase
-(``build()``, ``make_batch()``, ``step()``), the line, and a hint. On a CPU trace,
-``torch.autocast("cuda")`` regions and ``GradScaler("cuda")`` follow CUDA's rules, read from
-the installed torch (:mod:`memfit.estimate._autocast`).
+(``build()``, ``make_batch()``, ``step()``), the line, and a hint. When the figures are for
+a CUDA GPU, a CPU trace follows CUDA's rules for ``torch.autocast("cuda")`` regions and
+``GradScaler("cuda")``, read from the installed torch (:mod:`memfit.estimate._autocast`).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import re
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
@@ -53,6 +53,7 @@ from memfit.core.allocator import AllocatorModel, round_size
 from memfit.core.measured import MeasuredTerms
 from memfit.errors import ConfigError, EstimateError, MemfitError
 from memfit.estimate import stand_in_scalars_active
+from memfit.estimate._autocast import CudaAutocast
 from memfit.estimate._fake_compat import (
     MAX_STAND_INS,
     TraceFunctionMode,
@@ -325,7 +326,8 @@ class _Trace:
     stand_ins: int = 0
     retargeted: int = 0
     kernel_scratch: Any = None  # a memfit.estimate._kernels.ScratchRecorder, or None
-    autocast: Any = None  # a memfit.estimate._autocast.CudaAutocast on a CPU trace, or None
+    # CUDA's autocast rules on a CPU trace for a CUDA target (memfit.estimate._autocast)
+    autocast: CudaAutocast = field(default_factory=lambda: CudaAutocast(active=False))
     current_op: str | None = None
     closed: bool = False
 
@@ -559,37 +561,28 @@ def _run_trace(
     cublas_bytes: int,
     steps: int,
     kernel_scratch: Any = None,
-    cuda_autocast: bool | None = None,
+    cuda_target: bool = False,
 ) -> _Trace:
-    """Build and run ``steps`` steps under fake tensors; return the allocation sequence.
-
-    ``cuda_autocast``: trace ``torch.autocast("cuda")`` regions (and ``GradScaler("cuda")``)
-    with CUDA's rules (:mod:`memfit.estimate._autocast`); ``None``: when the trace runs on
-    the CPU (a CUDA trace has torch's own).
-    """
+    """Build and run ``steps`` steps under fake tensors; return the allocation sequence."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from memfit.estimate._autocast import CudaAutocast
 
     trace = _Trace(
         device_type=torch.device(device).type,
         cublas_bytes=cublas_bytes,
         kernel_scratch=kernel_scratch,
     )
-    if cuda_autocast is None:
-        cuda_autocast = trace.device_type == "cpu"
-    autocast = CudaAutocast() if cuda_autocast else nullcontext()
-    trace.autocast = autocast if cuda_autocast else None
     functions = TraceFunctionMode(
         retarget_cuda=trace.device_type == "cpu", on_stand_in=trace.stand_in
     )
+    # A CPU trace for a CUDA target: CUDA's autocast rules (a CUDA trace has torch's own).
+    trace.autocast = CudaAutocast(active=cuda_target and trace.device_type == "cpu")
     hook_handles: list[Any] = []
     try:
         with (
-            autocast,
             _default_device(device),
             _no_distribution_validation(),
             fake_swap_tensors(),
+            trace.autocast,
             FakeTensorMode(allow_non_fake_inputs=False),
             _TrackerMode(trace, functions),
             functions,
@@ -854,6 +847,7 @@ def trace_requests(
         cublas_workspace_bytes(spec),
         steps,
         kernel_scratch=recorder,
+        cuda_target=device == "cuda" or gpu is not None,
     )
     if recorder is not None:
         recorder.measure()
@@ -946,6 +940,8 @@ def estimate_torch(
     workspace = cublas_workspace_bytes(spec)
     context = cuda_context_bytes(spec)
     on_cuda = device == "cuda"
+    # The figures are for a CUDA GPU whenever one is named or traced on.
+    cuda_target = on_cuda or gpu is not None
     measure_scratch = kernel_scratch is not False
     deviations: list[str] = [
         f"cuBLAS workspace: {format_bytes(workspace)} per cuBLAS handle that runs a matmul "
@@ -964,7 +960,6 @@ def estimate_torch(
             "fused optimizers) are seen as their CPU counterparts",
         ]
     points: list[EstimatePoint] = []
-    autocast_notes: list[str] = []
     stand_ins = retargeted = 0
     recorder = None
     gpu_events: dict[int, list[tuple[bool, int, int]]] = {}
@@ -974,19 +969,24 @@ def estimate_torch(
 
             recorder = ScratchRecorder()
         trace = _run_trace(
-            build, step, make_batch, size, device, workspace, steps, kernel_scratch=recorder
+            build,
+            step,
+            make_batch,
+            size,
+            device,
+            workspace,
+            steps,
+            kernel_scratch=recorder,
+            cuda_target=cuda_target,
         )
         if recorder is not None:
             recorder.measure()
-        if trace.autocast is not None:
-            autocast_notes = trace.autocast.notes()  # the same rules at every size
         stand_ins = max(stand_ins, trace.stand_ins)
         retargeted = max(retargeted, trace.retargeted)
         points.append(_summarise(trace, size, allocator, context))
         gpu_events[size] = _gpu_events(trace)
     if recorder is not None:
         deviations += recorder.notes()
-    deviations += autocast_notes
     if stand_ins:
         deviations.append(
             f"{stand_ins} tensor value(s) read to Python in build() (initialisers) or inside "
@@ -996,6 +996,7 @@ def estimate_torch(
         deviations.append(
             f"{retargeted} call(s) named a CUDA device explicitly and were traced on the CPU"
         )
+    deviations += trace.autocast.notes()  # the last size's: the rules are the same at every size
     xs = [p.batch_size for p in points]
     sequence = None
     if len(gpu_events) >= 2:
