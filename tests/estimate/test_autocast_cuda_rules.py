@@ -323,6 +323,48 @@ def test_grad_scaler_made_before_the_trace_is_named() -> None:
     assert "GradScaler('cuda') traced as on the GPU" not in notes
 
 
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non_reentrant", "reentrant"])
+def test_activation_checkpointing_recomputes_under_cuda_rules(reentrant: bool) -> None:
+    """torch.utils.checkpoint recomputes the forward in backward under the autocast state it
+    saved for the tensors' device; on the GPU that is CUDA's, so the recomputation casts the
+    weights again (a new region: the cache was cleared) and matches the forward's dtypes."""
+    from torch.utils.checkpoint import checkpoint
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = torch.nn.Linear(D, D)
+            self.b = torch.nn.Linear(D, D)
+
+        def inner(self, x: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = self.b(torch.relu(self.a(x)))
+            return out
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = checkpoint(self.inner, x, use_reentrant=reentrant)
+            return out
+
+    def build() -> tuple[Any, Any]:
+        return Net(), None
+
+    def step(model: Any, _opt: Any, x: torch.Tensor) -> None:
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = model(x).float().sum()
+        loss.backward()
+
+    requests = trace_requests(
+        build,
+        step,
+        lambda n: torch.randn(n, D, requires_grad=True),
+        B,
+        gpu=GPU,
+        steps=1,
+        kernel_scratch=False,
+    )
+    casts = Counter(r.nbytes for r in requests if r.op == "aten._to_copy.default")
+    assert casts[2 * D * D] == 4  # each weight: once in the forward, once in the recomputation
+
+
 def test_banned_op_is_refused_as_on_cuda() -> None:
     def build() -> tuple[Any, Any]:
         return torch.nn.Linear(4, 4), None

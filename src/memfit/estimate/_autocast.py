@@ -386,8 +386,11 @@ class CudaAutocast:
     @contextmanager
     def _patched_amp(self) -> Iterator[None]:
         """Let ``autocast("cuda")`` and ``GradScaler("cuda")`` run; clear our cache with
-        torch's; let ``GradScaler.step`` read its found-inf flags as stand-ins."""
+        torch's; let ``GradScaler.step`` read its found-inf flags as stand-ins; let
+        ``torch.utils.checkpoint`` take the traced tensors for CUDA's, so its recomputation
+        runs under the CUDA autocast state of the forward pass, as on the GPU."""
         import torch.cuda.amp.common as amp_common
+        import torch.utils.checkpoint as checkpoint
         from torch.amp.autocast_mode import autocast
         from torch.amp.grad_scaler import GradScaler
 
@@ -399,6 +402,7 @@ class CudaAutocast:
         original_opt_step = GradScaler._maybe_opt_step
         original_enter: Any = autocast.__enter__
         original_scale: Any = GradScaler.scale
+        original_infer: Any = checkpoint._infer_device_type
 
         def clear() -> None:
             original_clear()
@@ -414,6 +418,10 @@ class CudaAutocast:
                 self.disabled_scalers += 1  # made before the trace, where CUDA was missing
             return original_scale(scaler, outputs)
 
+        def infer_device_type(*args: Any) -> Any:
+            found = original_infer(*args)
+            return "cuda" if found == "cpu" else found
+
         def opt_step(scaler: Any, *args: Any, **kwargs: Any) -> Any:
             self.scaler_steps += 1
             with stand_in_scalars():
@@ -425,6 +433,7 @@ class CudaAutocast:
         GradScaler._maybe_opt_step = opt_step  # type: ignore[method-assign,assignment]
         autocast.__enter__ = enter  # type: ignore[method-assign]
         GradScaler.scale = scale  # type: ignore[method-assign,assignment]
+        checkpoint._infer_device_type = infer_device_type
         try:
             yield
         finally:
@@ -434,6 +443,7 @@ class CudaAutocast:
             GradScaler._maybe_opt_step = original_opt_step  # type: ignore[method-assign]
             autocast.__enter__ = original_enter  # type: ignore[method-assign]
             GradScaler.scale = original_scale  # type: ignore[method-assign]
+            checkpoint._infer_device_type = original_infer
 
     # --- the kernel ---------------------------------------------------------------------
 
