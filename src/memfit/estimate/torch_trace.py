@@ -27,7 +27,9 @@ CPU's ``exact_peak``; losses' unreduced buffers for every figure). Ordinary mode
 fake tensors refuse as such (``module.to(device)``, initialisers that read values, logging
 inside a library, an explicit ``"cuda"`` on a machine without one) is made to trace by
 :mod:`memfit.estimate._fake_compat`; what cannot be traced is refused with the phase
-(``build()``, ``make_batch()``, ``step()``), the line, and a hint.
+(``build()``, ``make_batch()``, ``step()``), the line, and a hint. When the figures are for
+a CUDA GPU, a CPU trace follows CUDA's rules for ``torch.autocast("cuda")`` regions and
+``GradScaler("cuda")``, read from the installed torch (:mod:`memfit.estimate._autocast`).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from memfit.core.measured import MeasuredTerms
 from memfit.core.runtime import ContextEstimate, Runtime
 from memfit.errors import ConfigError, EstimateError, MemfitError
 from memfit.estimate import stand_in_scalars_active
+from memfit.estimate._autocast import CudaAutocast
 from memfit.estimate._fake_compat import (
     MAX_STAND_INS,
     TraceFunctionMode,
@@ -332,6 +335,8 @@ class _Trace:
     stand_ins: int = 0
     retargeted: int = 0
     kernel_scratch: Any = None  # a memfit.estimate._kernels.ScratchRecorder, or None
+    # CUDA's autocast rules on a CPU trace for a CUDA target (memfit.estimate._autocast)
+    autocast: CudaAutocast = field(default_factory=lambda: CudaAutocast(active=False))
     current_op: str | None = None
     closed: bool = False
 
@@ -595,6 +600,8 @@ def _run_trace(
     functions = TraceFunctionMode(
         retarget_cuda=trace.device_type == "cpu", on_stand_in=trace.stand_in
     )
+    # A CPU trace for a CUDA target: CUDA's autocast rules (a CUDA trace has torch's own).
+    trace.autocast = CudaAutocast(active=cuda_target and trace.device_type == "cpu")
     hook_handles: list[Any] = []
     try:
         with (
@@ -602,6 +609,7 @@ def _run_trace(
             _default_device(device),
             _no_distribution_validation(),
             fake_swap_tensors(),
+            trace.autocast,
             FakeTensorMode(allow_non_fake_inputs=False),
             _TrackerMode(trace, functions),
             functions,
@@ -1152,6 +1160,7 @@ def estimate_torch(
         deviations.append(
             f"{retargeted} call(s) named a CUDA device explicitly and were traced on the CPU"
         )
+    deviations += trace.autocast.notes()  # the last size's: the rules are the same at every size
     xs = [p.batch_size for p in points]
     sequence = None
     if len(gpu_events) >= 2:
