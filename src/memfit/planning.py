@@ -28,6 +28,7 @@ from memfit.core.measured import MeasuredTerms
 from memfit.core.plan import FeasibleSpace, Plan, plan_many
 from memfit.core.plan import feasible_space as core_feasible
 from memfit.core.plan import plan_for_gpu as core_plan
+from memfit.core.runtime import Runtime, parse_runtime
 from memfit.core.workload import Workload, load_workload
 from memfit.errors import BackendUnavailable, ConfigError, InfeasiblePlan
 from memfit.units import format_bytes, parse_fraction
@@ -281,8 +282,8 @@ def plan(
         InfeasiblePlan: When nothing fits (smallest footprint and breaking term attached).
         EstimateError: When the workload's traced estimator cannot trace its step.
     """
-    target = target_runtime(runtime)
     loaded = load_workload(workload) if not isinstance(workload, Workload) else workload
+    target = _target_runtime(loaded, runtime)
     loaded, notes = with_measurements(loaded, measure, progress)
     fraction = parse_fraction(margin)
     others = 0
@@ -326,6 +327,15 @@ def _fraction_name_note(result: Plan) -> list[str]:
         f"{result.environment[old]} instead if you prefer it (memfit env prints that name), "
         "never both"
     ]
+
+
+def _target_runtime(workload: Workload, runtime: Mapping[str, str] | str | None) -> Runtime:
+    """The target's runtime: as given; by default this machine's torch for a PyTorch job, and
+    nothing assumed of versions for a JAX job (JAX brings its own CUDA libraries, whatever
+    torch is installed here)."""
+    if runtime is None and workload.framework == "jax":
+        return parse_runtime(None)
+    return target_runtime(runtime)
 
 
 def _host_spec(host_memory_bytes: int | None) -> tuple[GpuSpec, int, list[str]]:
@@ -373,8 +383,8 @@ def plan_tiers(
         ConfigError: On a bad workload, GPU name, override or margin.
         EstimateError: When the workload's traced estimator cannot trace its step.
     """
-    target = target_runtime(runtime)
     loaded = load_workload(workload) if not isinstance(workload, Workload) else workload
+    target = _target_runtime(loaded, runtime)
     loaded, notes = with_measurements(loaded, measure, progress)
     specs = [resolve_gpu(g) for g in gpus]
     measured = _measured(loaded, specs[0].name) if specs else None

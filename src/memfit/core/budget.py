@@ -29,7 +29,7 @@ from memfit.core.runtime import (
     runtime_from_versions,
 )
 from memfit.errors import ConfigError
-from memfit.units import KiB
+from memfit.units import KiB, format_bytes
 
 __all__ = [
     "CUBLAS_DEFAULT_CONFIG",
@@ -233,12 +233,14 @@ def recommended_xla_fraction(
     ('0.90', '0.85')
     """
     cap_steps = round(XLA_FRACTION_CAP / XLA_FRACTION_STEP)
-    outside = "the CUDA context (0.3-0.5 GB), other processes and the safety margin"
+    context = cuda_context_bytes(spec) if context_bytes is None else context_bytes
+    outside = (
+        f"the CUDA context ({format_bytes(context)}), other processes and the safety margin"
+    )
     if spec is None or spec.total_bytes <= 0:
         steps = cap_steps
         where = "on any card of 8 GB or more"
     else:
-        context = cuda_context_bytes(spec) if context_bytes is None else context_bytes
         room = spec.total_bytes * (1 - margin) - context - other_processes_bytes
         steps = min(cap_steps, math.floor(round(room / spec.total_bytes / XLA_FRACTION_STEP, 9)))
         steps = max(steps, 1)

@@ -203,7 +203,7 @@ def _loading(
         return "lazy", f"torch {torch} sets CUDA_MODULE_LOADING=LAZY when unset (from 1.13)"
     if torch_v is not None:
         return "eager", f"torch {torch} leaves CUDA's eager default (before 1.13)"
-    return "lazy", "no versions known: recent torch's default (lazy)"
+    return "lazy", "no versions known: lazy, the default of torch 1.13+ and of CUDA 12.2+"
 
 
 def runtime_from_versions(
