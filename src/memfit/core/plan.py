@@ -30,11 +30,14 @@ breaks it.
 from __future__ import annotations
 
 import heapq
+import itertools
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from memfit._plain import deep_merge
+from memfit.core._bounds import nondecreasing, upper_bound
 from memfit.core.allocator_settings import workload_settings
 from memfit.core.budget import DEFAULT_MARGIN, Budget, compose_budget
 from memfit.core.catalog import GpuSpec, size_note
@@ -52,7 +55,7 @@ from memfit.core.families import Evaluation, evaluate, family_for
 from memfit.core.measured import MeasuredTerms
 from memfit.core.workload import Workload
 from memfit.errors import ConfigError, InfeasiblePlan
-from memfit.units import format_bytes
+from memfit.units import format_bytes, parse_bytes
 
 __all__ = ["Plan", "plan_for_gpu", "plan_many"]
 
@@ -61,6 +64,10 @@ DEFAULT_ALTERNATIVES = 3
 
 #: Largest number of complete configurations one search may visit.
 MAX_CONFIGURATIONS = 2_000_000
+
+#: Largest number of combinations of the open knobs the rules read that the search lists
+#: at once to skip, before any memory is evaluated, a subtree where no rule can hold.
+MAX_COMPLETIONS = 4096
 
 
 @dataclass(frozen=True)
@@ -188,6 +195,59 @@ class _Limit:
         )
 
 
+#: A configuration with its rank: ``(rank, config)``, ``config`` in search order.
+_Ranked = tuple[tuple[float, tuple[int, ...]], tuple[int, ...]]
+
+
+def _order(item: _Ranked) -> tuple[Any, ...]:
+    """The total order of ranked configurations: the rank, then (at an equal rank) the
+    configuration that comes first in ascending enumeration order."""
+    rank, config = item
+    return rank, tuple(-v for v in config)
+
+
+def _memory_monotone(
+    workload: Workload, measured: MeasuredTerms | None, constants: Mapping[str, int]
+) -> bool:
+    """Whether allocated memory is shown never to fall when a knob grows, so the search may
+    prune on it.
+
+    The analytic families are (a property test checks every bundled workload); what a
+    workload writes itself is checked here: a custom family's term expressions, a measured
+    line's slope, a Brax measurement's coefficients, a simulator's per-env and per-pixel
+    bytes. Where it is not shown, the search evaluates every configuration its objective
+    bound leaves (the answer is the same, only slower).
+    """
+    if measured is not None and measured.per_item_bytes < 0:
+        return False
+    m = workload.measurements
+    if m is not None:
+        slopes = (m.env_step.per_item_bytes, m.step.per_transition_bytes)
+        if min(*slopes, m.step.per_minibatch_item_bytes) < 0:
+            return False
+    if workload.simulator is not None and min(workload.simulator.resolved()[1:3]) < 0:
+        return False
+    if workload.family == "custom":
+        knobs = frozenset(workload.knobs)
+        names = {"device_count": workload.device_count, **constants}
+        for spec in (workload.terms or {}).values():
+            if (
+                isinstance(spec, str)
+                and not _is_size(spec)
+                and not nondecreasing(spec, knobs, names)
+            ):
+                return False
+    return True
+
+
+def _is_size(text: str) -> bool:
+    try:
+        parse_bytes(text)
+    except ConfigError:
+        return False
+    return True
+
+
 class _Space:
     """The search space and the GPU-independent evaluation cache of one workload."""
 
@@ -252,6 +312,27 @@ class _Space:
         self._cache: dict[tuple[tuple[int, ...], bool], Evaluation] = {}
         self._valid: dict[tuple[int, ...], bool] = {}
         self._ranks: dict[tuple[int, ...], tuple[float, tuple[int, ...]]] = {}
+        reads = set(self.objective.names)
+        if eb is not None and eb.accumulation in reads:
+            reads.add(eb.micro)  # the accumulation follows the micro-batch
+        self.objective_reads = frozenset(reads)
+        self.monotone = _memory_monotone(workload, measured, self.env)
+        self.visited = 0  # complete configurations the last search visited
+        self.exhaustive = False  # True: enumerate every configuration (the tests' reference)
+        # the knobs the rules read (the micro-batch too when a rule reads the accumulation)
+        ruled = {n for rule in self.rules for n in rule.names}
+        if eb is not None and eb.accumulation in ruled:
+            ruled.add(eb.micro)
+        self.rule_knobs = frozenset(n for n in self.search_order if n in ruled)
+        self._rule_read = [n in self.rule_knobs for n in self.search_order]
+        # per depth: the positions of the rule-read knobs still open, or None (too many)
+        self._rule_rest: list[list[int] | None] = []
+        for depth in range(len(self.search_order) + 1):
+            rest = [j for j in range(depth, len(self.search_order)) if self._rule_read[j]]
+            size = math.prod(len(self.domains[self.search_order[j]]) for j in rest)
+            self._rule_rest.append(rest if size <= MAX_COMPLETIONS else None)
+        self._completions: dict[tuple[int, ...], frozenset[tuple[int, ...]]] = {}
+        self.last_top: list[tuple[int, ...]] = []  # the last search's answer: seeds the next
 
     def values(self, config: Sequence[int]) -> dict[str, int]:
         out = dict(self.env)
@@ -333,7 +414,13 @@ class _Space:
         return found
 
     def rank(self, config: tuple[int, ...]) -> tuple[float, tuple[int, ...]]:
-        """Objective, then knob values in priority order: larger is better (cached)."""
+        """The one comparison key of the search: larger is better (cached).
+
+        Its first element is the objective, the only part the search prunes on (an upper
+        bound of the objective over a box of knob values); everything after it is the tie
+        rule, free to read anything about the configuration. Today: the knob values in
+        priority order.
+        """
         found = self._ranks.get(config)
         if found is None:
             values = self.values(config)
@@ -342,47 +429,182 @@ class _Space:
             self._ranks[config] = found
         return found
 
-    def search(self, limit: _Limit) -> list[tuple[tuple[float, tuple[int, ...]], tuple[int, ...]]]:
-        """Every configuration that fits ``limit`` and keeps the rules, with its rank."""
+    def _leaf(self, config: tuple[int, ...], limit: _Limit) -> bool:
+        """Count one complete configuration visited; whether it fits and keeps the rules."""
+        self.visited += 1
+        if self.visited > MAX_CONFIGURATIONS:
+            raise ConfigError(
+                f"the knob space has more than {MAX_CONFIGURATIONS} configurations to visit",
+                key_path="knobs",
+                hint="narrow the knob ranges, or pin some knobs with --set",
+            )
+        return self.valid(config) and self.resolve(config, limit) is not None
+
+    def enumerate_all(self, limit: _Limit) -> list[_Ranked]:
+        """Every configuration that fits ``limit`` and keeps the rules, with its rank: plain
+        enumeration, no pruning (the reference the search is tested against)."""
+        domains = [self.domains[n] for n in self.search_order]
+        self.visited = 0
+        return [
+            (self.rank(config), config)
+            for config in itertools.product(*domains)
+            if self._leaf(config, limit)
+        ]
+
+    def completions(self, depth: int, prefix: Sequence[int]) -> frozenset[tuple[int, ...]] | None:
+        """The values of the knobs the rules read that are still open after ``prefix`` (in
+        search order) and keep every rule with it; ``None`` when there are too many such
+        combinations to list (more than :data:`MAX_COMPLETIONS`). Cached: it depends only
+        on the prefix's values of the knobs the rules read, not on the GPU."""
+        rest = self._rule_rest[depth]
+        if rest is None:
+            return None
+        key = (depth, *(v for v, read in zip(prefix, self._rule_read, strict=False) if read))
+        found = self._completions.get(key)
+        if found is None:
+            config = [*prefix, *(self.domains[n][0] for n in self.search_order[depth:])]
+            keep = set()
+            for combo in itertools.product(*(self.domains[self.search_order[j]] for j in rest)):
+                for j, value in zip(rest, combo, strict=True):
+                    config[j] = value
+                if self.rules_hold(self.values(config)):
+                    keep.add(combo)
+            found = frozenset(keep)
+            self._completions[key] = found
+        return found
+
+    def objective_bound(self, prefix: Sequence[int]) -> float | None:
+        """An upper bound of the objective over every configuration that starts with
+        ``prefix`` (search order), or ``None`` when none is safe."""
+        box: dict[str, tuple[float, float]] = {k: (v, v) for k, v in self.env.items()}
+        for depth, name in enumerate(self.search_order):
+            if depth < len(prefix):
+                box[name] = (prefix[depth], prefix[depth])
+            else:
+                domain = self.domains[name]
+                box[name] = (domain[0], domain[-1])
+        eb = self.workload.effective_batch
+        if eb is not None:
+            low, high = box[eb.micro]
+            box[eb.accumulation] = (eb.value // high, eb.value // low)
+        return upper_bound(self.objective.text, box)
+
+    def top(self, limit: _Limit, count: int) -> list[_Ranked]:
+        """The ``count`` best configurations that fit ``limit`` and keep the rules, best
+        first (:meth:`search`; with ``exhaustive`` set, from :meth:`enumerate_all`: the same
+        list, the reference the tests compare with)."""
+        if self.exhaustive:
+            found = sorted(self.enumerate_all(limit), key=_order, reverse=True)[:count]
+        else:
+            found = self.search(limit, count, self.last_top)
+        self.last_top = [config for _, config in found]
+        return found
+
+    def search(
+        self, limit: _Limit, count: int, seeds: Sequence[tuple[int, ...]] = ()
+    ) -> list[_Ranked]:
+        """The ``count`` best configurations that fit ``limit`` and keep the rules, best
+        first: exactly the first ``count`` of :meth:`enumerate_all` in :func:`_order`.
+
+        A depth-first search over the knobs in priority order that never enumerates the
+        space. Allocated memory never falls when a knob grows (where that is shown:
+        :func:`_memory_monotone`), so at each knob the values whose smallest completion may
+        fit are a prefix of its domain, found by bisection; each value is visited from the
+        largest down, and a subtree whose objective bound is below the ``count``-th best
+        found so far is skipped before any of its memory is evaluated. ``seeds`` are
+        configurations to try first (another GPU's answer): they only raise that bar
+        sooner.
+        """
         order = self.search_order
         domains = [self.domains[n] for n in order]
         mins = [d[0] for d in domains]
-        found: list[tuple[tuple[float, tuple[int, ...]], tuple[int, ...]]] = []
-        visited = 0
+        monotone = self.monotone
+        heap: list[tuple[tuple[Any, ...], tuple[int, ...]]] = []
+        kept: set[tuple[int, ...]] = set()
+        self.visited = 0
+
+        def offer(config: tuple[int, ...]) -> None:
+            if config in kept:
+                return
+            item = (_order((self.rank(config), config)), config)
+            if len(heap) < count:
+                heapq.heappush(heap, item)
+                kept.add(config)
+            elif item[0] > heap[0][0]:
+                kept.discard(heapq.heapreplace(heap, item)[1])
+                kept.add(config)
+
+        def bar() -> float | None:
+            """The objective a subtree must reach to matter, once ``count`` are kept."""
+            return heap[0][0][0][0] if len(heap) >= count else None
+
+        reads = self.objective_reads
+
+        def fits_below(prefix: list[int], value: int, depth: int) -> bool:
+            return self.could_fit((*prefix, value, *mins[depth + 1 :]), limit)
+
+        for seed in seeds:
+            if self.resolve(seed, limit) is not None and self.valid(seed):
+                offer(seed)
 
         def walk(depth: int, prefix: list[int]) -> None:
-            nonlocal visited
+            allowed = self.completions(depth, prefix)
+            if allowed is not None and not allowed:
+                return  # no values of the knobs still open keep every rule
             if depth == len(order):
                 config = tuple(prefix)
-                visited += 1
-                if visited > MAX_CONFIGURATIONS:
-                    raise ConfigError(
-                        f"the knob space has more than {MAX_CONFIGURATIONS} configurations",
-                        key_path="knobs",
-                        hint="narrow the knob ranges, or pin some knobs with --set",
-                    )
-                if self.resolve(config, limit) is not None and self.valid(config):
-                    found.append((self.rank(config), config))
+                if config not in kept and self._leaf(config, limit):
+                    offer(config)
                 return
-            for value in domains[depth]:
-                bound = (*prefix, value, *mins[depth + 1 :])
-                if not self.could_fit(bound, limit):
-                    break
-                prefix.append(value)
+            domain = domains[depth]
+            if allowed is not None and order[depth] in self.rule_knobs:
+                firsts = {combo[0] for combo in allowed}
+                domain = tuple(v for v in domain if v in firsts)
+            if order[depth] in reads:
+                bounds = [self.objective_bound([*prefix, v]) for v in domain]
+            else:  # the objective does not read this knob: one bound for every value
+                bounds = [self.objective_bound(prefix)] * len(domain)
+            need = bar()
+            candidates = [
+                i
+                for i in range(len(domain))
+                if need is None or bounds[i] is None or bounds[i] >= need  # type: ignore[operator]
+            ]
+            if monotone:
+                # the candidates whose smallest completion fits are a prefix of them
+                low, high = 0, len(candidates)
+                while low < high:
+                    mid = (low + high) // 2
+                    if fits_below(prefix, domain[candidates[mid]], depth):
+                        low = mid + 1
+                    else:
+                        high = mid
+                candidates = candidates[:low]
+            for i in reversed(candidates):
+                need = bar()
+                bound = bounds[i]
+                if need is not None and bound is not None and bound < need:
+                    continue
+                prefix.append(domain[i])
                 walk(depth + 1, prefix)
                 prefix.pop()
 
         walk(0, [])
-        return found
+        return [(rank, config) for (rank, _), config in sorted(heap, reverse=True)]
 
     def smallest_valid(self) -> tuple[tuple[int, ...], _Eval] | None:
-        """The valid configuration with the smallest device footprint (branch and bound)."""
+        """The valid configuration with the smallest device footprint (branch and bound
+        where memory is monotone, else every configuration)."""
+        prune = self.monotone and not self.exhaustive
         order = self.search_order
         domains = [self.domains[n] for n in order]
         mins = [d[0] for d in domains]
         best: list[tuple[int, tuple[int, ...], _Eval]] = []
 
         def walk(depth: int, prefix: list[int]) -> None:
+            allowed = None if self.exhaustive else self.completions(depth, prefix)
+            if allowed is not None and not allowed:
+                return  # no values of the knobs still open keep every rule
             if depth == len(order):
                 config = tuple(prefix)
                 if not self.valid(config):
@@ -394,7 +616,7 @@ class _Space:
                 return
             for value in domains[depth]:
                 bound = (*prefix, value, *mins[depth + 1 :])
-                if best and self.lower_bound(bound) >= best[0][0]:
+                if prune and best and self.lower_bound(bound) >= best[0][0]:
                     break
                 prefix.append(value)
                 walk(depth + 1, prefix)
@@ -625,6 +847,7 @@ def _would_fit(space: _Space, gpu: GpuSpec, budget: Budget) -> list[dict[str, An
             changed = Workload.model_validate(data)
             overrides = {k: v for k, v in space.overrides.items() if k not in fallback.unpin}
             trial = _Space(changed, overrides, space.measured, space.host_memory_bytes)
+            trial.exhaustive = space.exhaustive
             again = _budget(
                 changed, gpu, budget.margin, budget.other_processes_bytes, budget.context_bytes
             )
@@ -688,10 +911,9 @@ def _plan_on(
     if budget.breaking_term is not None:
         raise _infeasible_with_fallbacks(space, budget, gpu, fallbacks)
     limit = _Limit.of(budget)
-    found = space.search(limit)
-    if not found:
+    ranked = space.top(limit, 1 + alternatives * 8)
+    if not ranked:
         raise _infeasible_with_fallbacks(space, budget, gpu, fallbacks)
-    ranked = heapq.nlargest(1 + alternatives * 8, found, key=lambda item: item[0])
     best = ranked[0][1]
     chosen = space.resolve(best, limit)
     assert chosen is not None  # the search only keeps configurations that fit
