@@ -96,6 +96,8 @@ class _OutOfRange(Exception):
 
 def _in_range(value: Any) -> Value:
     """``value`` when it is a real number within :data:`_MAX_MAGNITUDE` (or a bool)."""
+    if type(value) is int and -_MAX_MAGNITUDE <= value <= _MAX_MAGNITUDE:
+        return value  # the common case first: the planner's innermost loop checks rules
     if isinstance(value, bool):
         return value
     if isinstance(value, complex):

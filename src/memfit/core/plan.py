@@ -32,7 +32,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -459,19 +459,40 @@ class _Space:
         rest = self._rule_rest[depth]
         if rest is None:
             return None
-        key = (depth, *(v for v, read in zip(prefix, self._rule_read, strict=False) if read))
+        # the projection's length says which rule-read knobs are still open
+        key = tuple(v for v, read in zip(prefix, self._rule_read, strict=False) if read)
         found = self._completions.get(key)
         if found is None:
-            config = [*prefix, *(self.domains[n][0] for n in self.search_order[depth:])]
-            keep = set()
-            for combo in itertools.product(*(self.domains[self.search_order[j]] for j in rest)):
-                for j, value in zip(rest, combo, strict=True):
-                    config[j] = value
-                if self.rules_hold(self.values(config)):
-                    keep.add(combo)
-            found = frozenset(keep)
+            found = frozenset(self._list_completions(depth, prefix, rest))
             self._completions[key] = found
         return found
+
+    def _list_completions(
+        self, depth: int, prefix: Sequence[int], rest: list[int]
+    ) -> Iterator[tuple[int, ...]]:
+        values = self.values([*prefix, *(self.domains[n][0] for n in self.search_order[depth:])])
+        names = [self.search_order[j] for j in rest]
+        eb = self.workload.effective_batch
+        micro_open = eb is not None and eb.micro in names
+        opened = set(names)
+        if micro_open:
+            assert eb is not None
+            opened.add(eb.accumulation)
+        settled = [r for r in self.rules if opened.isdisjoint(r.names)]
+        if not all(rule.holds(values) for rule in settled):
+            return  # a rule over the values given so far is already broken
+        tests = [r.test for r in self.rules if not opened.isdisjoint(r.names)]
+        domains = [self.domains[n] for n in names]
+        for combo in itertools.product(*domains):
+            values.update(zip(names, combo, strict=True))
+            if micro_open:
+                assert eb is not None
+                values[eb.accumulation] = eb.value // values[eb.micro]
+            for test in tests:  # a plain loop: this is the search's innermost one
+                if not test(values):
+                    break
+            else:
+                yield combo
 
     def objective_bound(self, prefix: Sequence[int]) -> float | None:
         """An upper bound of the objective over every configuration that starts with
