@@ -1,20 +1,27 @@
 """The planner: the best knob values that fit a GPU and keep every rule (pure).
 
-:func:`plan` searches the discrete knob space of a workload deterministically:
+:func:`plan` searches the discrete knob space of a workload deterministically, and gives
+exactly what enumerating every configuration would give (a property test checks it against
+``_Space.enumerate_all``), without enumerating it:
 
-* knobs are enumerated depth-first, each over its values in ascending order;
+* knobs are searched depth-first in priority order, each value from the largest down;
 * allocated memory is non-decreasing in every knob (each family's terms grow with the knobs
-  they read; a property test checks it), so the allocated bytes of the configuration made of
-  the values chosen so far and the *smallest* values of the knobs still open are a lower
-  bound on the reserved bytes of every configuration below it; once that bound is over the
-  limit, no larger value of the current knob fits either and the loop stops (pruning). The
+  they read; a property test checks it, and :func:`_memory_monotone` turns pruning off for a
+  workload whose own terms are not shown to grow), so the allocated bytes of the
+  configuration made of the values chosen so far and the *smallest* values of the knobs
+  still open are a lower bound on the reserved bytes of every configuration below it: the
+  values of a knob that may still fit are a prefix of its domain, found by bisection. The
   bound uses allocated, not reserved, bytes because the allocator's segment slack is not
   monotone (a block that crosses 10 MiB leaves a shared 20 MiB segment for its own);
-* every complete configuration that fits is tested against the rules
-  (:mod:`memfit.core.constraints`), and the best is chosen by the workload's objective (the
-  throughput proxy), ties broken by the knob values in priority order;
+* a subtree is skipped before any of its memory is evaluated when an upper bound of the
+  objective over it (interval arithmetic, :mod:`memfit.core._bounds`) is below the answers
+  kept so far, or when no values of its open knobs keep every rule
+  (:meth:`_Space.completions`);
+* only the best ``1 + 8 x alternatives`` configurations are kept, ranked by one key
+  (:meth:`_Space.rank`: the workload's objective, the throughput proxy, then the tie rule);
 * the evaluation of a configuration does not depend on the GPU (the GPU adds constants), so
-  :func:`plan_many` shares one cache over a whole tier table.
+  :func:`plan_many` shares one cache over a whole tier table, and each GPU's search starts
+  from the previous GPU's answer.
 
 With ``effective_batch`` declared, the accumulation knob is not searched: it is
 ``value // micro`` for each micro-batch that divides the effective batch.
