@@ -25,6 +25,8 @@ HEAVY = (
     "memfit.core.plan",
     "memfit.planning",
     "memfit.monitor",
+    "memfit.cli._common",
+    "rich.console",  # the root help is plain text
     *(f"memfit.cli.{m}" for m in cli_main.COMMAND_MODULES),
 )
 
@@ -92,3 +94,12 @@ def test_root_help_in_process(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "Usage: memfit [OPTIONS] COMMAND [ARGS]..." in out
     assert "--version" in out and "--debug" in out and "examples" in out
+
+
+def test_root_help_fits_the_terminal_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "60")
+    group = typer.main.get_command(cli_main.app)
+    ctx = group.make_context("memfit", ["--help"], resilient_parsing=True)
+    lines = cli_main._root_help(group, ctx).splitlines()  # type: ignore[arg-type]
+    assert max(len(line) for line in lines) == 60
+    assert sum(1 for line in lines if "Show each GPU" in line) == 1

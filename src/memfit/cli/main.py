@@ -19,11 +19,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import typer
-from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
 from memfit._version import __version__
-from memfit.cli._common import err_console, print_json, safe
 from memfit.errors import MemfitError
 
 __all__ = ["COMMANDS", "COMMAND_MODULES", "app", "main", "run"]
@@ -93,8 +91,7 @@ class _Pending(TyperCommand):
 
 class _LazyGroup(TyperGroup):
     """The root group: lists :data:`COMMANDS` without importing them, imports a command's
-    module when the command is resolved to run, and draws its own help with a few Rich
-    renderables (Typer's help renderer imports Markdown support the root help never uses)."""
+    module when the command is resolved to run, and writes its own help as plain text."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -122,51 +119,56 @@ class _LazyGroup(TyperGroup):
         return super().resolve_command(ctx, args)
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
-        _root_help(self, ctx)
+        formatter.write(_root_help(self, ctx))
 
 
-def _root_help(group: TyperGroup, ctx: Any) -> None:
-    """``memfit --help``: usage, the root options and the command table, as Typer lays them
-    out, from :data:`COMMANDS` alone."""
-    from rich import box
-    from rich.console import Console, Group
-    from rich.padding import Padding
-    from rich.panel import Panel
-    from rich.table import Table
-    from rich.text import Text
+def _root_help(group: TyperGroup, ctx: Any) -> str:
+    """``memfit --help``: usage, the root options and the command table, laid out as Typer
+    lays them out, from :data:`COMMANDS` alone, as plain text (Rich's renderer and Typer's
+    help module cost more to import than the whole help is worth)."""
+    import shutil
+    import textwrap
 
-    def panel(title: str, rows: list[tuple[str, str, str]]) -> Panel:
-        table = Table.grid(padding=(0, 1), expand=False)
-        table.add_column(style="bold cyan", no_wrap=True)
-        table.add_column(style="bold green", no_wrap=True)
-        table.add_column()
-        for first, second, text in rows:
-            table.add_row(first, second, text)
-        return Panel(table, title=title, title_align="left", border_style="dim", box=box.ROUNDED)
+    width = max(40, shutil.get_terminal_size(fallback=(80, 24)).columns)
+    boxed = "╭─╮│╰╯"
+    encoding = getattr(sys.stdout, "encoding", None) or "ascii"
+    try:
+        boxed.encode(encoding)
+    except (UnicodeEncodeError, LookupError):
+        boxed = "+-+|++"
+    tl, dash, tr, bar, bl, br = (boxed[i] for i in range(6))
+
+    def panel(title: str, rows: list[tuple[str, str, str]]) -> list[str]:
+        first = max(len(r[0]) for r in rows)
+        second = max(len(r[1]) for r in rows)
+        lead = first + 2 + (second + 2 if second else 0)
+        inner = width - 4
+        out = [f"{tl}{dash} {title} " + dash * max(0, width - len(title) - 5) + tr]
+        for name, short, text in rows:
+            pieces = textwrap.wrap(text, max(10, inner - lead)) or [""]
+            for i, piece in enumerate(pieces):
+                left = name.ljust(first) + "  " + (short.ljust(second) + "  " if second else "")
+                line = (left if i == 0 else " " * lead) + piece
+                out.append(f"{bar} {line.ljust(inner)} {bar}")
+        out.append(bl + dash * (width - 2) + br)
+        return out
 
     options: list[tuple[str, str, str]] = []
     for param in group.get_params(ctx):
-        opts = [o for o in getattr(param, "opts", []) if o.startswith("--")]
-        short = [o for o in getattr(param, "opts", []) if not o.startswith("--")]
-        options.append((", ".join(opts), ", ".join(short), getattr(param, "help", "") or ""))
+        opts = list(getattr(param, "opts", []))
+        long = ", ".join(o for o in opts if o.startswith("--"))
+        short = ", ".join(o for o in opts if not o.startswith("--"))
+        options.append((long, short, getattr(param, "help", "") or ""))
     commands = [(name, "", text) for name, (_m, text) in COMMANDS.items()]
-    extra = [
+    commands += [
         (name, "", command.get_short_help_str(limit=200))
         for name, command in group.commands.items()
         if name not in COMMANDS and not command.hidden
     ]
-    console = Console(highlight=False)
-    usage = Text.assemble(
-        ("Usage: ", "yellow"), (f"{ctx.command_path} [OPTIONS] COMMAND [ARGS]...", "bold")
-    )
-    console.print(
-        Group(
-            Padding(usage, (1, 1, 0, 1)),
-            Padding(Text(group.help or ""), (1, 1, 1, 1)),
-            panel("Options", options),
-            panel("Commands", commands + extra),
-        )
-    )
+    lines = ["", f" Usage: {ctx.command_path} [OPTIONS] COMMAND [ARGS]...", ""]
+    lines += [" " + x for x in textwrap.wrap(group.help or "", width - 2)]
+    lines += ["", *panel("Options", options), *panel("Commands", commands)]
+    return "\n".join(lines) + "\n"
 
 
 app = typer.Typer(
@@ -205,11 +207,20 @@ def _root(
     _state["debug"] = debug or bool(os.environ.get("MEMFIT_DEBUG"))
 
 
+def _err(text: str) -> None:
+    """Print Rich markup on stderr (imported here: a command that succeeds never needs it)."""
+    from memfit.cli._common import err_console
+
+    err_console.print(text)
+
+
 def _wants_json(argv: Sequence[str]) -> bool:
     return "--json" in argv
 
 
 def _report(exc: MemfitError, argv: Sequence[str]) -> None:
+    from memfit.cli._common import err_console, print_json, safe
+
     if _wants_json(argv):
         print_json(exc.to_dict())
     err_console.print(f"[bold red]Error:[/] {safe(exc.message, newlines=True)}")
@@ -263,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         exc.show()  # type: ignore[attr-defined]
         return 2
     except _ABORTS:
-        err_console.print("Aborted.")
+        _err("Aborted.")
         return 1
     except _EXITS as exc:
         return int(getattr(exc, "exit_code", 0))
@@ -271,7 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         exc.show()  # type: ignore[attr-defined]
         return int(getattr(exc, "exit_code", 1))
     except KeyboardInterrupt:
-        err_console.print("Interrupted.")
+        _err("Interrupted.")
         return 130
     except BrokenPipeError:
         return 0
@@ -282,11 +293,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         hint = "rerun with --debug for the traceback and report it as a memfit bug"
         if _wants_json(args):
+            from memfit.cli._common import print_json
+
             print_json(
                 {"error": "InternalError", "message": f"internal error: {exc!r}", "hint": hint}
             )
-        err_console.print(f"[bold red]Error:[/] internal error: {escape(repr(exc))}")
-        err_console.print(f"[bold]Hint:[/] {hint}")
+        from rich.markup import escape
+
+        _err(f"[bold red]Error:[/] internal error: {escape(repr(exc))}")
+        _err(f"[bold]Hint:[/] {hint}")
         return 1
     return int(result) if isinstance(result, int) else 0
 

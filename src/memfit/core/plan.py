@@ -213,6 +213,11 @@ def _order(item: _Ranked) -> tuple[Any, ...]:
     return rank, tuple(-v for v in config)
 
 
+def _below(bound: float | None, bar: float | None) -> bool:
+    """Whether an objective bound is strictly under the bar (no bound or no bar: ``False``)."""
+    return bound is not None and bar is not None and bound < bar
+
+
 def _memory_monotone(
     workload: Workload, measured: MeasuredTerms | None, constants: Mapping[str, int]
 ) -> bool:
@@ -593,11 +598,7 @@ class _Space:
             else:  # the objective does not read this knob: one bound for every value
                 bounds = [self.objective_bound(prefix)] * len(domain)
             need = bar()
-            candidates = [
-                i
-                for i in range(len(domain))
-                if need is None or bounds[i] is None or bounds[i] >= need  # type: ignore[operator]
-            ]
+            candidates = [i for i in range(len(domain)) if not _below(bounds[i], need)]
             if monotone:
                 # the candidates whose smallest completion fits are a prefix of them
                 low, high = 0, len(candidates)
@@ -609,10 +610,8 @@ class _Space:
                         high = mid
                 candidates = candidates[:low]
             for i in reversed(candidates):
-                need = bar()
-                bound = bounds[i]
-                if need is not None and bound is not None and bound < need:
-                    continue
+                if _below(bounds[i], bar()):
+                    continue  # the bar rose while the larger values were searched
                 prefix.append(domain[i])
                 walk(depth + 1, prefix)
                 prefix.pop()
