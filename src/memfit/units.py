@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 import re
-from fractions import Fraction
 
 from memfit.errors import ConfigError
 
@@ -167,6 +166,8 @@ def format_mib(n: int | float) -> str:
     '1024MiB'
     """
     if isinstance(n, int):
+        from fractions import Fraction  # here, not at the top: `memfit --help` does not need it
+
         return f"{round(Fraction(n, MiB))}MiB"  # exact for any size, no float on the way
     return f"{round(n / MiB)}MiB"
 

@@ -15,18 +15,16 @@ import contextlib
 import importlib
 import os
 import sys
-import traceback
 from collections.abc import Sequence
 from typing import Any
 
 import typer
-from rich.markup import escape
+from typer.core import TyperCommand, TyperGroup
 
 from memfit._version import __version__
-from memfit.cli._common import err_console, print_json, safe
 from memfit.errors import MemfitError
 
-__all__ = ["COMMAND_MODULES", "app", "main", "run"]
+__all__ = ["COMMANDS", "COMMAND_MODULES", "app", "main", "run"]
 
 
 def _click_exception_types() -> tuple[
@@ -38,7 +36,9 @@ def _click_exception_types() -> tuple[
     """Click's UsageError, Abort, Exit and ClickException classes.
 
     Typer >= 0.29 bundles its own copy of click (``typer._click``) whose exceptions are not
-    the installed click's; older Typer raises the installed click's. Catch whichever exist.
+    the installed click's; older Typer raises the installed click's. Catch Typer's copy where
+    there is one (importing the installed click too costs ``memfit --help`` 10 ms), else
+    click's.
     """
     modules: list[Any] = []
     for name in ("typer._click.exceptions", "click.exceptions"):
@@ -46,6 +46,7 @@ def _click_exception_types() -> tuple[
             modules.append(importlib.import_module(name))
         except ImportError:
             continue
+        break  # Typer's own copy is the one it raises: the installed click is not imported
 
     def collect(attr: str) -> tuple[type[Exception], ...]:
         return tuple(getattr(m, attr) for m in modules if hasattr(m, attr))
@@ -55,22 +56,127 @@ def _click_exception_types() -> tuple[
 
 _USAGE_ERRORS, _ABORTS, _EXITS, _CLICK_ERRORS = _click_exception_types()
 
-#: Modules under ``memfit.cli`` that register commands, in the order ``--help`` lists them.
-COMMAND_MODULES: tuple[str, ...] = (
-    "devices",
-    "gpus",
-    "env",
-    "watch",
-    "report",
-    "estimate",
-    "plan",
-    "fit",
-    "show",  # issue 22
-    "explain",
-)
+#: Every command: name -> (module under ``memfit.cli`` that registers it, its one-line help),
+#: in the order ``--help`` lists them. ``memfit --help`` lists this table without importing a
+#: command's module; a command's module is imported when the command runs (or shows its own
+#: help). Adding a command is one line here plus ``register(app)`` in its module; a test
+#: checks that each line's help is the first line of the command's own.
+COMMANDS: dict[str, tuple[str, str]] = {
+    # name: (module, help)
+    "devices": ("devices", "Show each GPU's memory and processes (NVML, else torch); no GPU "
+                "is not an error."),
+    "gpus": ("gpus", "List the known GPUs and the memory their driver reports, or show one."),
+    "env": ("env", "Recommend PyTorch/JAX allocator settings and validate the ones already set."),
+    "watch": ("watch", "Live view of GPU memory per device and per process (like `watch "
+              "nvidia-smi`)."),
+    "report": ("report", "Summarise a recorded run; draw it to a PNG or a self-contained HTML "
+               "page."),
+    "estimate": ("estimate", "Predict the peak GPU memory of a real PyTorch or JAX step, "
+                 "without a GPU."),
+    "plan": ("plan", "Fit a workload to a GPU: the biggest knob values that fit and keep every "
+             "rule."),
+    "check": ("plan", "Check knob values against the workload's rules; exit 1 when one is broken."),
+    "examples": ("plan", "List the workloads bundled with memfit."),
+    "fit": ("fit", "Find the largest batch (knob value) that fits, confirmed on the device in a "
+            "few probes."),
+    "show": ("show", "Print a bundled workload's YAML (with its variants) to copy and edit."),
+    "explain": ("explain", "Explain a CUDA memory snapshot: peaks, where the memory went, what "
+                "would help."),
+}  # fmt: skip
+
+#: Modules under ``memfit.cli`` that register commands (from :data:`COMMANDS`).
+COMMAND_MODULES: tuple[str, ...] = tuple(dict.fromkeys(m for m, _ in COMMANDS.values()))
+
+
+class _Pending(TyperCommand):
+    """A command whose module is not imported yet: its name and help, for listings."""
+
+
+class _LazyGroup(TyperGroup):
+    """The root group: lists :data:`COMMANDS` without importing them, imports a command's
+    module when the command is resolved to run, and writes its own help as plain text."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for name, (_module, text) in COMMANDS.items():
+            if name not in self.commands:
+                self.commands[name] = _Pending(name=name, help=text, callback=None)
+
+    def load(self, name: str) -> None:
+        """Import the module of command ``name`` and put its commands in place."""
+        if not isinstance(self.commands.get(name), _Pending):
+            return
+        module = importlib.import_module(f"memfit.cli.{COMMANDS[name][0]}")
+        holder = typer.Typer()
+        module.register(holder)
+        for info in holder.registered_commands:
+            command = typer.main.get_command_from_info(
+                info, pretty_exceptions_short=True, rich_markup_mode=self.rich_markup_mode
+            )
+            _flags_take_no_value(command)
+            self.commands[command.name or ""] = command
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> tuple[str | None, Any, list[str]]:
+        if args and args[0] in COMMANDS:
+            self.load(args[0])
+        return super().resolve_command(ctx, args)
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        formatter.write(_root_help(self, ctx))
+
+
+def _root_help(group: TyperGroup, ctx: Any) -> str:
+    """``memfit --help``: usage, the root options and the command table, laid out as Typer
+    lays them out, from :data:`COMMANDS` alone, as plain text (Rich's renderer and Typer's
+    help module cost more to import than the whole help is worth)."""
+    import shutil
+    import textwrap
+
+    width = max(40, shutil.get_terminal_size(fallback=(80, 24)).columns)
+    boxed = "╭─╮│╰╯"
+    encoding = getattr(sys.stdout, "encoding", None) or "ascii"
+    try:
+        boxed.encode(encoding)
+    except (UnicodeEncodeError, LookupError):
+        boxed = "+-+|++"
+    tl, dash, tr, bar, bl, br = (boxed[i] for i in range(6))
+
+    def panel(title: str, rows: list[tuple[str, str, str]]) -> list[str]:
+        first = max(len(r[0]) for r in rows)
+        second = max(len(r[1]) for r in rows)
+        lead = first + 2 + (second + 2 if second else 0)
+        inner = width - 4
+        out = [f"{tl}{dash} {title} " + dash * max(0, width - len(title) - 5) + tr]
+        for name, short, text in rows:
+            pieces = textwrap.wrap(text, max(10, inner - lead)) or [""]
+            for i, piece in enumerate(pieces):
+                left = name.ljust(first) + "  " + (short.ljust(second) + "  " if second else "")
+                line = (left if i == 0 else " " * lead) + piece
+                out.append(f"{bar} {line.ljust(inner)} {bar}")
+        out.append(bl + dash * (width - 2) + br)
+        return out
+
+    options: list[tuple[str, str, str]] = []
+    for param in group.get_params(ctx):
+        opts = list(getattr(param, "opts", []))
+        long = ", ".join(o for o in opts if o.startswith("--"))
+        short = ", ".join(o for o in opts if not o.startswith("--"))
+        options.append((long, short, getattr(param, "help", "") or ""))
+    commands = [(name, "", text) for name, (_m, text) in COMMANDS.items()]
+    commands += [
+        (name, "", command.get_short_help_str(limit=200))
+        for name, command in group.commands.items()
+        if name not in COMMANDS and not command.hidden
+    ]
+    lines = ["", f" Usage: {ctx.command_path} [OPTIONS] COMMAND [ARGS]...", ""]
+    lines += [" " + x for x in textwrap.wrap(group.help or "", width - 2)]
+    lines += ["", *panel("Options", options), *panel("Commands", commands)]
+    return "\n".join(lines) + "\n"
+
 
 app = typer.Typer(
     name="memfit",
+    cls=_LazyGroup,
     help="Keep ML and RL jobs inside the memory of their GPU: plan, estimate, guard, watch.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -104,13 +210,11 @@ def _root(
     _state["debug"] = debug or bool(os.environ.get("MEMFIT_DEBUG"))
 
 
-def _register_commands() -> None:
-    for name in COMMAND_MODULES:
-        module = importlib.import_module(f"memfit.cli.{name}")
-        module.register(app)
+def _err(text: str) -> None:
+    """Print Rich markup on stderr (imported here: a command that succeeds never needs it)."""
+    from memfit.cli._common import err_console
 
-
-_register_commands()
+    err_console.print(text)
 
 
 def _wants_json(argv: Sequence[str]) -> bool:
@@ -118,6 +222,8 @@ def _wants_json(argv: Sequence[str]) -> bool:
 
 
 def _report(exc: MemfitError, argv: Sequence[str]) -> None:
+    from memfit.cli._common import err_console, print_json, safe
+
     if _wants_json(argv):
         print_json(exc.to_dict())
     err_console.print(f"[bold red]Error:[/] {safe(exc.message, newlines=True)}")
@@ -162,6 +268,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = command.main(args=args, prog_name="memfit", standalone_mode=False)
     except MemfitError as exc:
         if debug:
+            import traceback
+
             traceback.print_exc()
         _report(exc, args)
         return 1
@@ -169,7 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         exc.show()  # type: ignore[attr-defined]
         return 2
     except _ABORTS:
-        err_console.print("Aborted.")
+        _err("Aborted.")
         return 1
     except _EXITS as exc:
         return int(getattr(exc, "exit_code", 0))
@@ -177,20 +285,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         exc.show()  # type: ignore[attr-defined]
         return int(getattr(exc, "exit_code", 1))
     except KeyboardInterrupt:
-        err_console.print("Interrupted.")
+        _err("Interrupted.")
         return 130
     except BrokenPipeError:
         return 0
     except Exception as exc:  # an internal bug, not a user's mistake
         if debug:
+            import traceback
+
             traceback.print_exc()
         hint = "rerun with --debug for the traceback and report it as a memfit bug"
         if _wants_json(args):
+            from memfit.cli._common import print_json
+
             print_json(
                 {"error": "InternalError", "message": f"internal error: {exc!r}", "hint": hint}
             )
-        err_console.print(f"[bold red]Error:[/] internal error: {escape(repr(exc))}")
-        err_console.print(f"[bold]Hint:[/] {hint}")
+        from rich.markup import escape
+
+        _err(f"[bold red]Error:[/] internal error: {escape(repr(exc))}")
+        _err(f"[bold]Hint:[/] {hint}")
         return 1
     return int(result) if isinstance(result, int) else 0
 

@@ -234,9 +234,7 @@ def recommended_xla_fraction(
     """
     cap_steps = round(XLA_FRACTION_CAP / XLA_FRACTION_STEP)
     context = cuda_context_bytes(spec) if context_bytes is None else context_bytes
-    outside = (
-        f"the CUDA context ({format_bytes(context)}), other processes and the safety margin"
-    )
+    outside = f"the CUDA context ({format_bytes(context)}), other processes and the safety margin"
     if spec is None or spec.total_bytes <= 0:
         steps = cap_steps
         where = "on any card of 8 GB or more"

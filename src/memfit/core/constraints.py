@@ -96,6 +96,8 @@ class _OutOfRange(Exception):
 
 def _in_range(value: Any) -> Value:
     """``value`` when it is a real number within :data:`_MAX_MAGNITUDE` (or a bool)."""
+    if type(value) is int and -_MAX_MAGNITUDE <= value <= _MAX_MAGNITUDE:
+        return value  # the common case first: the planner's innermost loop checks rules
     if isinstance(value, bool):
         return value
     if isinstance(value, complex):
@@ -220,6 +222,9 @@ def _compile(node: ast.AST, text: str, names: set[str]) -> _Fn:
         first = _compile(node.left, text, names)
         rest = [_compile(c, text, names) for c in node.comparators]
         ops = [_CMPOPS[type(o)] for o in node.ops]
+        if len(ops) == 1:  # the common case, without the chain's loop (the planner's hot path)
+            cmp_op, right_fn = ops[0], rest[0]
+            return lambda v: cmp_op(first(v), right_fn(v))
 
         def compare(v: Mapping[str, Value]) -> bool:
             left_value = first(v)

@@ -1,22 +1,30 @@
 """The planner: the best knob values that fit a GPU and keep every rule (pure).
 
-:func:`plan` searches the discrete knob space of a workload deterministically:
+:func:`plan` searches the discrete knob space of a workload deterministically, and gives
+exactly what enumerating every configuration would give (a property test checks it against
+``_Space.enumerate_all``), without enumerating it:
 
-* knobs are enumerated depth-first, each over its values in ascending order;
+* knobs are searched depth-first in priority order, each value from the largest down;
 * allocated memory is non-decreasing in every knob (each family's terms grow with the knobs
-  they read; a property test checks it), so the allocated bytes of the configuration made of
-  the values chosen so far and the *smallest* values of the knobs still open are a lower
-  bound on the reserved bytes of every configuration below it; once that bound is over the
-  limit, no larger value of the current knob fits either and the loop stops (pruning). The
+  they read; a property test checks it, and :func:`_memory_monotone` turns pruning off for a
+  workload whose own terms are not shown to grow), so the allocated bytes of the
+  configuration made of the values chosen so far and the *smallest* values of the knobs
+  still open are a lower bound on the reserved bytes of every configuration below it: the
+  values of a knob that may still fit are a prefix of its domain, found by bisection. The
   bound uses allocated, not reserved, bytes because the allocator's segment slack is not
   monotone (a block that crosses 10 MiB leaves a shared 20 MiB segment for its own);
-* every complete configuration that fits is tested against the rules
-  (:mod:`memfit.core.constraints`), and the best is chosen by the workload's objective (the
-  throughput proxy); at equal objective the configuration that keeps the knobs the objective
-  does not read at their declared defaults (the user's hyperparameters) wins, then the one
-  that needs less memory, then the knob values in priority order;
+* a subtree is skipped before any of its memory is evaluated when an upper bound of the
+  objective over it (interval arithmetic, :mod:`memfit.core._bounds`) is below the answers
+  kept so far, or when no values of its open knobs keep every rule
+  (:meth:`_Space.completions`);
+* only the best ``1 + 8 x alternatives`` configurations are kept, ranked by one key
+  (:meth:`_Space.rank`: the workload's objective, the throughput proxy; at equal objective
+  the configuration that keeps the knobs the objective does not read at their declared
+  defaults (the user's hyperparameters) wins, then the one that needs less memory, then the
+  knob values in priority order);
 * the evaluation of a configuration does not depend on the GPU (the GPU adds constants), so
-  :func:`plan_many` shares one cache over a whole tier table.
+  :func:`plan_many` shares one cache over a whole tier table, and each GPU's search starts
+  from the previous GPU's answer.
 
 With ``effective_batch`` declared, the accumulation knob is not searched: it is
 ``value // micro`` for each micro-batch that divides the effective batch.
@@ -32,11 +40,14 @@ breaks it.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping, Sequence
+import itertools
+import math
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from memfit._plain import deep_merge
+from memfit.core._bounds import nondecreasing, upper_bound
 from memfit.core.allocator_settings import workload_settings
 from memfit.core.budget import DEFAULT_MARGIN, Budget, compose_budget
 from memfit.core.catalog import GpuSpec, size_note
@@ -55,7 +66,7 @@ from memfit.core.measured import MeasuredTerms
 from memfit.core.runtime import Runtime
 from memfit.core.workload import Workload
 from memfit.errors import ConfigError, InfeasiblePlan
-from memfit.units import format_bytes
+from memfit.units import format_bytes, parse_bytes
 
 __all__ = ["FeasibleSpace", "Plan", "feasible_space", "plan_for_gpu", "plan_many"]
 
@@ -64,6 +75,10 @@ DEFAULT_ALTERNATIVES = 3
 
 #: Largest number of complete configurations one search may visit.
 MAX_CONFIGURATIONS = 2_000_000
+
+#: Largest number of combinations of the open knobs the rules read that the search lists
+#: at once to skip, before any memory is evaluated, a subtree where no rule can hold.
+MAX_COMPLETIONS = 4096
 
 
 @dataclass(frozen=True)
@@ -210,6 +225,64 @@ class _Limit:
         )
 
 
+#: A configuration with its rank: ``(rank, config)``, ``config`` in search order.
+_Ranked = tuple["_Rank", tuple[int, ...]]
+
+
+def _order(item: _Ranked) -> tuple[Any, ...]:
+    """The total order of ranked configurations: the rank, then (at an equal rank) the
+    configuration that comes first in ascending enumeration order."""
+    rank, config = item
+    return rank, tuple(-v for v in config)
+
+
+def _below(bound: float | None, bar: float | None) -> bool:
+    """Whether an objective bound is strictly under the bar (no bound or no bar: ``False``)."""
+    return bound is not None and bar is not None and bound < bar
+
+
+def _memory_monotone(
+    workload: Workload, measured: MeasuredTerms | None, constants: Mapping[str, int]
+) -> bool:
+    """Whether allocated memory is shown never to fall when a knob grows, so the search may
+    prune on it.
+
+    The analytic families are (a property test checks every bundled workload); what a
+    workload writes itself is checked here: a custom family's term expressions, a measured
+    line's slope, a Brax measurement's coefficients, a simulator's per-env and per-pixel
+    bytes. Where it is not shown, the search evaluates every configuration its objective
+    bound leaves (the answer is the same, only slower).
+    """
+    if measured is not None and measured.per_item_bytes < 0:
+        return False
+    m = workload.measurements
+    if m is not None:
+        slopes = (m.env_step.per_item_bytes, m.step.per_transition_bytes)
+        if min(*slopes, m.step.per_minibatch_item_bytes) < 0:
+            return False
+    if workload.simulator is not None and min(workload.simulator.resolved()[1:3]) < 0:
+        return False
+    if workload.family == "custom":
+        knobs = frozenset(workload.knobs)
+        names = {"device_count": workload.device_count, **constants}
+        for spec in (workload.terms or {}).values():
+            if (
+                isinstance(spec, str)
+                and not _is_size(spec)
+                and not nondecreasing(spec, knobs, names)
+            ):
+                return False
+    return True
+
+
+def _is_size(text: str) -> bool:
+    try:
+        parse_bytes(text)
+    except ConfigError:
+        return False
+    return True
+
+
 class _Space:
     """The search space and the GPU-independent evaluation cache of one workload."""
 
@@ -291,6 +364,27 @@ class _Space:
             and n not in pinned
             and workload.knobs[n].default is not None
         }
+        reads = set(self.objective.names)
+        if eb is not None and eb.accumulation in reads:
+            reads.add(eb.micro)  # the accumulation follows the micro-batch
+        self.objective_reads = frozenset(reads)
+        self.monotone = _memory_monotone(workload, measured, self.env)
+        self.visited = 0  # complete configurations the last search visited
+        self.exhaustive = False  # True: enumerate every configuration (the tests' reference)
+        # the knobs the rules read (the micro-batch too when a rule reads the accumulation)
+        ruled = {n for rule in self.rules for n in rule.names}
+        if eb is not None and eb.accumulation in ruled:
+            ruled.add(eb.micro)
+        self.rule_knobs = frozenset(n for n in self.search_order if n in ruled)
+        self._rule_read = [n in self.rule_knobs for n in self.search_order]
+        # per depth: the positions of the rule-read knobs still open, or None (too many)
+        self._rule_rest: list[list[int] | None] = []
+        for depth in range(len(self.search_order) + 1):
+            rest = [j for j in range(depth, len(self.search_order)) if self._rule_read[j]]
+            size = math.prod(len(self.domains[self.search_order[j]]) for j in rest)
+            self._rule_rest.append(rest if size <= MAX_COMPLETIONS else None)
+        self._completions: dict[tuple[int, ...], frozenset[tuple[int, ...]]] = {}
+        self.last_top: list[tuple[int, ...]] = []  # the last search's answer: seeds the next
 
     def values(self, config: Sequence[int]) -> dict[str, int]:
         out = dict(self.env)
@@ -372,10 +466,15 @@ class _Space:
         return found
 
     def rank(self, config: tuple[int, ...]) -> _Rank:
-        """Larger is better (cached): the objective; at equal objective, how many of the
-        knobs the objective does not read keep their declared default (the user's
-        hyperparameters: PPO learns differently with another batch_size); then less memory
-        (the reserved bytes on the device); then the knob values in priority order."""
+        """The one comparison key of the search: larger is better (cached).
+
+        Its first element is the objective, the only part the search prunes on (an upper
+        bound of the objective over a box of knob values); everything after it is the tie
+        rule, free to read anything about the configuration: how many of the knobs the
+        objective does not read keep their declared default (the user's hyperparameters:
+        PPO learns differently with another batch_size), then less memory (the reserved
+        bytes on the device), then the knob values in priority order.
+        """
         found = self._ranks.get(config)
         if found is None:
             values = self.values(config)
@@ -391,47 +490,197 @@ class _Space:
             self._ranks[config] = found
         return found
 
-    def search(self, limit: _Limit) -> list[tuple[_Rank, tuple[int, ...]]]:
-        """Every configuration that fits ``limit`` and keeps the rules, with its rank."""
+    def _leaf(self, config: tuple[int, ...], limit: _Limit) -> bool:
+        """Count one complete configuration visited; whether it fits and keeps the rules."""
+        self.visited += 1
+        if self.visited > MAX_CONFIGURATIONS:
+            raise ConfigError(
+                f"the knob space has more than {MAX_CONFIGURATIONS} configurations to visit",
+                key_path="knobs",
+                hint="narrow the knob ranges, or pin some knobs with --set",
+            )
+        return self.valid(config) and self.resolve(config, limit) is not None
+
+    def enumerate_all(self, limit: _Limit) -> list[_Ranked]:
+        """Every configuration that fits ``limit`` and keeps the rules, with its rank: plain
+        enumeration, no pruning (the reference the search is tested against)."""
+        domains = [self.domains[n] for n in self.search_order]
+        self.visited = 0
+        return [
+            (self.rank(config), config)
+            for config in itertools.product(*domains)
+            if self._leaf(config, limit)
+        ]
+
+    def completions(self, depth: int, prefix: Sequence[int]) -> frozenset[tuple[int, ...]] | None:
+        """The values of the knobs the rules read that are still open after ``prefix`` (in
+        search order) and keep every rule with it; ``None`` when there are too many such
+        combinations to list (more than :data:`MAX_COMPLETIONS`). Cached: it depends only
+        on the prefix's values of the knobs the rules read, not on the GPU."""
+        rest = self._rule_rest[depth]
+        if rest is None:
+            return None
+        # the projection's length says which rule-read knobs are still open
+        key = tuple(v for v, read in zip(prefix, self._rule_read, strict=False) if read)
+        found = self._completions.get(key)
+        if found is None:
+            found = frozenset(self._list_completions(depth, prefix, rest))
+            self._completions[key] = found
+        return found
+
+    def _list_completions(
+        self, depth: int, prefix: Sequence[int], rest: list[int]
+    ) -> Iterator[tuple[int, ...]]:
+        values = self.values([*prefix, *(self.domains[n][0] for n in self.search_order[depth:])])
+        names = [self.search_order[j] for j in rest]
+        eb = self.workload.effective_batch
+        micro_open = eb is not None and eb.micro in names
+        opened = set(names)
+        if micro_open:
+            assert eb is not None
+            opened.add(eb.accumulation)
+        settled = [r for r in self.rules if opened.isdisjoint(r.names)]
+        if not all(rule.holds(values) for rule in settled):
+            return  # a rule over the values given so far is already broken
+        tests = [r.test for r in self.rules if not opened.isdisjoint(r.names)]
+        domains = [self.domains[n] for n in names]
+        for combo in itertools.product(*domains):
+            values.update(zip(names, combo, strict=True))
+            if micro_open:
+                assert eb is not None
+                values[eb.accumulation] = eb.value // values[eb.micro]
+            for test in tests:  # a plain loop: this is the search's innermost one
+                if not test(values):
+                    break
+            else:
+                yield combo
+
+    def objective_bound(self, prefix: Sequence[int]) -> float | None:
+        """An upper bound of the objective over every configuration that starts with
+        ``prefix`` (search order), or ``None`` when none is safe."""
+        box: dict[str, tuple[float, float]] = {k: (v, v) for k, v in self.env.items()}
+        for depth, name in enumerate(self.search_order):
+            if depth < len(prefix):
+                box[name] = (prefix[depth], prefix[depth])
+            else:
+                domain = self.domains[name]
+                box[name] = (domain[0], domain[-1])
+        eb = self.workload.effective_batch
+        if eb is not None:
+            low, high = box[eb.micro]
+            box[eb.accumulation] = (eb.value // high, eb.value // low)
+        return upper_bound(self.objective.text, box)
+
+    def top(self, limit: _Limit, count: int) -> list[_Ranked]:
+        """The ``count`` best configurations that fit ``limit`` and keep the rules, best
+        first (:meth:`search`; with ``exhaustive`` set, from :meth:`enumerate_all`: the same
+        list, the reference the tests compare with)."""
+        if self.exhaustive:
+            found = sorted(self.enumerate_all(limit), key=_order, reverse=True)[:count]
+        else:
+            found = self.search(limit, count, self.last_top)
+        self.last_top = [config for _, config in found]
+        return found
+
+    def search(
+        self, limit: _Limit, count: int, seeds: Sequence[tuple[int, ...]] = ()
+    ) -> list[_Ranked]:
+        """The ``count`` best configurations that fit ``limit`` and keep the rules, best
+        first: exactly the first ``count`` of :meth:`enumerate_all` in :func:`_order`.
+
+        A depth-first search over the knobs in priority order that never enumerates the
+        space. Allocated memory never falls when a knob grows (where that is shown:
+        :func:`_memory_monotone`), so at each knob the values whose smallest completion may
+        fit are a prefix of its domain, found by bisection; each value is visited from the
+        largest down, and a subtree whose objective bound is below the ``count``-th best
+        found so far is skipped before any of its memory is evaluated. ``seeds`` are
+        configurations to try first (another GPU's answer): they only raise that bar
+        sooner.
+        """
         order = self.search_order
         domains = [self.domains[n] for n in order]
         mins = [d[0] for d in domains]
-        found: list[tuple[_Rank, tuple[int, ...]]] = []
-        visited = 0
+        monotone = self.monotone
+        heap: list[tuple[tuple[Any, ...], tuple[int, ...]]] = []
+        kept: set[tuple[int, ...]] = set()
+        self.visited = 0
+
+        def offer(config: tuple[int, ...]) -> None:
+            if config in kept:
+                return
+            item = (_order((self.rank(config), config)), config)
+            if len(heap) < count:
+                heapq.heappush(heap, item)
+                kept.add(config)
+            elif item[0] > heap[0][0]:
+                kept.discard(heapq.heapreplace(heap, item)[1])
+                kept.add(config)
+
+        def bar() -> float | None:
+            """The objective a subtree must reach to matter, once ``count`` are kept."""
+            return heap[0][0][0][0] if len(heap) >= count else None
+
+        reads = self.objective_reads
+
+        def fits_below(prefix: list[int], value: int, depth: int) -> bool:
+            return self.could_fit((*prefix, value, *mins[depth + 1 :]), limit)
+
+        for seed in seeds:
+            if self.resolve(seed, limit) is not None and self.valid(seed):
+                offer(seed)
 
         def walk(depth: int, prefix: list[int]) -> None:
-            nonlocal visited
+            allowed = self.completions(depth, prefix)
+            if allowed is not None and not allowed:
+                return  # no values of the knobs still open keep every rule
             if depth == len(order):
                 config = tuple(prefix)
-                visited += 1
-                if visited > MAX_CONFIGURATIONS:
-                    raise ConfigError(
-                        f"the knob space has more than {MAX_CONFIGURATIONS} configurations",
-                        key_path="knobs",
-                        hint="narrow the knob ranges, or pin some knobs with --set",
-                    )
-                if self.resolve(config, limit) is not None and self.valid(config):
-                    found.append((self.rank(config), config))
+                if config not in kept and self._leaf(config, limit):
+                    offer(config)
                 return
-            for value in domains[depth]:
-                bound = (*prefix, value, *mins[depth + 1 :])
-                if not self.could_fit(bound, limit):
-                    break
-                prefix.append(value)
+            domain = domains[depth]
+            if allowed is not None and order[depth] in self.rule_knobs:
+                firsts = {combo[0] for combo in allowed}
+                domain = tuple(v for v in domain if v in firsts)
+            if order[depth] in reads:
+                bounds = [self.objective_bound([*prefix, v]) for v in domain]
+            else:  # the objective does not read this knob: one bound for every value
+                bounds = [self.objective_bound(prefix)] * len(domain)
+            need = bar()
+            candidates = [i for i in range(len(domain)) if not _below(bounds[i], need)]
+            if monotone:
+                # the candidates whose smallest completion fits are a prefix of them
+                low, high = 0, len(candidates)
+                while low < high:
+                    mid = (low + high) // 2
+                    if fits_below(prefix, domain[candidates[mid]], depth):
+                        low = mid + 1
+                    else:
+                        high = mid
+                candidates = candidates[:low]
+            for i in reversed(candidates):
+                if _below(bounds[i], bar()):
+                    continue  # the bar rose while the larger values were searched
+                prefix.append(domain[i])
                 walk(depth + 1, prefix)
                 prefix.pop()
 
         walk(0, [])
-        return found
+        return [(rank, config) for (rank, _), config in sorted(heap, reverse=True)]
 
     def smallest_valid(self) -> tuple[tuple[int, ...], _Eval] | None:
-        """The valid configuration with the smallest device footprint (branch and bound)."""
+        """The valid configuration with the smallest device footprint (branch and bound
+        where memory is monotone, else every configuration)."""
+        prune = self.monotone and not self.exhaustive
         order = self.search_order
         domains = [self.domains[n] for n in order]
         mins = [d[0] for d in domains]
         best: list[tuple[int, tuple[int, ...], _Eval]] = []
 
         def walk(depth: int, prefix: list[int]) -> None:
+            allowed = None if self.exhaustive else self.completions(depth, prefix)
+            if allowed is not None and not allowed:
+                return  # no values of the knobs still open keep every rule
             if depth == len(order):
                 config = tuple(prefix)
                 if not self.valid(config):
@@ -443,7 +692,7 @@ class _Space:
                 return
             for value in domains[depth]:
                 bound = (*prefix, value, *mins[depth + 1 :])
-                if best and self.lower_bound(bound) >= best[0][0]:
+                if prune and best and self.lower_bound(bound) >= best[0][0]:
                     break
                 prefix.append(value)
                 walk(depth + 1, prefix)
@@ -677,6 +926,7 @@ def _would_fit(space: _Space, gpu: GpuSpec, budget: Budget) -> list[dict[str, An
             trial = _Space(
                 changed, overrides, space.measured, space.host_memory_bytes, margin=space.margin
             )
+            trial.exhaustive = space.exhaustive
             again = _budget(
                 changed, gpu, budget.margin, budget.other_processes_bytes, budget.context_bytes
             )
@@ -741,10 +991,9 @@ def _plan_on(
     if budget.breaking_term is not None:
         raise _infeasible_with_fallbacks(space, budget, gpu, fallbacks)
     limit = _Limit.of(budget)
-    found = space.search(limit)
-    if not found:
+    ranked = space.top(limit, 1 + alternatives * 8)
+    if not ranked:
         raise _infeasible_with_fallbacks(space, budget, gpu, fallbacks)
-    ranked = heapq.nlargest(1 + alternatives * 8, found, key=lambda item: item[0])
     best = ranked[0][1]
     chosen = space.resolve(best, limit)
     assert chosen is not None  # the search only keeps configurations that fit
@@ -1145,7 +1394,7 @@ def feasible_space(
     found = (
         [(space.rank(c), c) for c in [tuple(space.domains[n][0] for n in space.search_order)]]
         if space.pinned_all
-        else space.search(limit)
+        else sorted(space.enumerate_all(limit), key=_order, reverse=True)
     )
     configs: list[dict[str, int | str]] = []
     predicted: list[int] = []
