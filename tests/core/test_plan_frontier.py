@@ -102,10 +102,13 @@ def outcome(
 ) -> tuple[Any, ...]:
     """What planning gives, as comparable data: the plan, the InfeasiblePlan or the error."""
     try:
-        space = core_plan._Space(w, overrides, None, None, device_is_host=spec.is_host)
+        space = core_plan._Space(
+            w, overrides, None, None, device_is_host=spec.is_host, margin=margin
+        )
         space.exhaustive = exhaustive
         budget = core_plan._budget(w, spec, margin, 0)
-        return ("plan", core_plan._plan_on(space, spec, budget, alternatives).to_dict())
+        found = core_plan._plan_on(space, spec, budget, alternatives)
+        return ("plan", core_plan._with_context(found, budget).to_dict())
     except InfeasiblePlan as exc:
         return ("infeasible", exc.to_dict())
     except ConfigError as exc:
