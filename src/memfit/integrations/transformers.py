@@ -266,7 +266,7 @@ def train(
             "halve the micro-batch",
         )
     from memfit.runtime.guard import memory_figures
-    from memfit.runtime.oom import forget_exception, is_oom
+    from memfit.runtime.oom import first_line, forget_exception, is_oom
 
     output_dir = getattr(args, "output_dir", None)
     started = time.time()
@@ -291,7 +291,7 @@ def train(
         emit(
             on_event,
             MemoryEvent(
-                "oom", None, "transformers.train", message.splitlines()[0], memory_figures()
+                "oom", None, "transformers.train", first_line(message), memory_figures()
             ),
         )
         if micro == 1:

@@ -640,7 +640,9 @@ class Recorder:
             ConfigError: When the dump directory cannot be written.
         """
         if event is None:
-            message = str(exc).splitlines()[0][:500] if exc is not None else "out of memory"
+            from memfit.runtime.oom import first_line
+
+            message = first_line(str(exc))[:500] if exc is not None else "out of memory"
             event = MemoryEvent(
                 kind="oom", step=self._last_step, source="Recorder", message=message
             )

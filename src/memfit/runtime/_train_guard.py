@@ -6,12 +6,10 @@ See :mod:`memfit.runtime.guard` for the whole story; this module holds the class
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
-from memfit.backends.live import simulated_gpu, torch_cuda
 from memfit.core import ladder
 from memfit.errors import (
     ConfigError,
@@ -23,9 +21,9 @@ from memfit.errors import (
 from memfit.runtime import _distributed as distributed
 from memfit.runtime._batching import batch_size, chunk_bounds, split_batch
 from memfit.runtime._guard_base import GuardBase
+from memfit.runtime._journal import StepFailed, StepJournal, add_note
 from memfit.runtime._memory import (
     device_name,
-    free_device_bytes,
     free_memory,
     memory_figures,
     out_of_memory,
@@ -39,7 +37,7 @@ from memfit.runtime._snapshot import (
     versions_trustworthy,
 )
 from memfit.runtime.events import EventSink
-from memfit.runtime.oom import forget_exception, is_oom, no_alloc_section
+from memfit.runtime.oom import first_line, forget_exception, is_oom, no_alloc_section
 
 if TYPE_CHECKING:
     import torch
@@ -103,17 +101,7 @@ def clip_grad_norm(
     return hook
 
 
-def _add_note(exc: BaseException, note: str) -> None:
-    """``exc.add_note(note)`` (Python 3.11+; on 3.10 the note is kept in ``__notes__``)."""
-    add = getattr(exc, "add_note", None)
-    if callable(add):
-        add(note)
-    else:
-        notes = getattr(exc, "__notes__", None)
-        if not isinstance(notes, list):
-            notes = []
-        notes.append(note)
-        exc.__notes__ = notes  # type: ignore[attr-defined]
+_add_note = add_note
 
 
 class TrainGuard(GuardBase):
@@ -135,10 +123,19 @@ class TrainGuard(GuardBase):
         on_event: Called with every :class:`~memfit.runtime.events.MemoryEvent`.
         grow_back_after: Clean steps (steps that did not have to split further) after
             which the micro-batch count is halved again.
-        snapshot_optimizer: When to copy parameters and optimizer state to host memory
-            before ``optimizer.step()`` so an out-of-memory (or any other error) inside it
-            can be undone: ``"auto"`` (when the step is at risk), ``"always"``/``True`` or
-            ``"never"``/``False``.
+        snapshot_optimizer: How a fault inside ``optimizer.step()`` (an out-of-memory,
+            another error, an interrupt) is kept from leaving a half-done step. ``"auto"``
+            (default): a journal on the parameters' device (see
+            :mod:`memfit.runtime._journal`): the built-in per-parameter optimizers are
+            stepped in chunks of at most ``max(largest parameter with its state, 64 MiB)``
+            and only the chunk being stepped is copied; an out-of-memory is retried from
+            the chunk that failed, so the step completes exactly; another error or an
+            interrupt undoes the step when it is one chunk (models whose parameters and
+            state take up to 64 MiB) and completes it first when it is several, then
+            propagates with a note saying which. ``"always"``/``True``: a copy of
+            everything in host memory before every step (undone as a whole on any fault;
+            no device memory). ``"never"``/``False``: nothing (an out-of-memory that
+            changed something stops the run).
         before_step: ``before_step(optimizer)``, run once per step after the gradients are
             complete (accumulated, averaged across ranks, unscaled) and before
             ``optimizer.step()``: gradient clipping (:func:`clip_grad_norm`), logging
@@ -171,8 +168,9 @@ class TrainGuard(GuardBase):
     """
 
     source = "TrainGuard"
-    #: Seconds between two reads of CUDA's free memory for the ``"auto"`` snapshot policy.
-    free_check_seconds = 1.0
+    #: Bytes of parameters and optimizer state one chunk of the ``"auto"`` journal may hold
+    #: beyond the largest parameter's own (the journal's device memory).
+    journal_bytes = 64 * 2**20
 
     def __init__(
         self,
@@ -267,22 +265,17 @@ class TrainGuard(GuardBase):
         self.steps = 0
         self.last_before_step: Any = None
         self.last_step_snapshotted = False
-        self._params_at_last_step = -1  # parameters the optimizer had after its last step
+        self.last_step_journaled = False
         self._snapshot_policy: str = policy
-        self._snapshot = OptimizerSnapshot(optimizer) if policy != "never" else None
-        self._steps_since_oom: int | None = None
-        self._oom_in_step = False
-        self._next_free_check = 0.0  # monotonic time of the next read of CUDA's free memory
-        self._param_bytes = (-1, 0)  # (parameters counted, their bytes)
+        self._snapshot = OptimizerSnapshot(optimizer) if policy == "always" else None
+        self._journal = StepJournal(optimizer, self.journal_bytes) if policy == "auto" else None
+        self._divided: str | None = None  # a journalled step that gave up divided
         self._rng = _rng_state(restore_rng, rngs)
         watched = [model] if model is not None else modules_of(loss_fn)
         self._buffers = BufferState(watched, split_stats)
 
     # -- events ------------------------------------------------------------------------------
     def _event(self, kind: str, message: str, **data: Any) -> None:
-        if kind == "oom":
-            self._oom_in_step = True
-            self._steps_since_oom = 0
         figures: dict[str, Any] = memory_figures()
         figures.update(data)
         self._record(kind, message, self.steps, figures)
@@ -298,9 +291,7 @@ class TrainGuard(GuardBase):
             message = self._attempt(fn)
             if message is None:
                 return None
-            self._event(
-                "oom", f"out of memory in {what}; trying again", error=message.splitlines()[0]
-            )
+            self._event("oom", f"out of memory in {what}; trying again", error=first_line(message))
         return message
 
     @staticmethod
@@ -443,7 +434,7 @@ class TrainGuard(GuardBase):
         return out_of_memory(
             f"out of memory at step {self.steps}"
             + (f" even after {', '.join(tried)}" if tried else "")
-            + f": {message.splitlines()[0] if message else 'no message'}",
+            + f": {first_line(message)}",
             tried=tried,
             hint=(
                 f"a micro-batch of {smallest} item(s) does not fit: shrink the model or the "
@@ -551,7 +542,7 @@ class TrainGuard(GuardBase):
             action = self._next_rung(
                 tried,
                 f"out of memory in micro-batch [{start}:{stop}) of {n} items",
-                error=message.splitlines()[0],
+                error=first_line(message),
                 start=start,
                 stop=stop,
                 n=n,
@@ -607,56 +598,9 @@ class TrainGuard(GuardBase):
         return self._retrying(f"before_step ({getattr(hook, '__name__', 'hook')})", call)
 
     def _snapshot_wanted(self) -> bool:
-        """Whether this step's ``optimizer.step()`` should be snapshotted (the policy)."""
-        if self._snapshot is None:
-            return False
-        if self._snapshot_policy == "always":
-            return True
-        state = self.optimizer.state
-        n_params = sum(len(group["params"]) for group in self.optimizer.param_groups)
-        if n_params != self._params_at_last_step:
-            # The first step (or the first after add_param_group) may create optimizer state,
-            # the step's biggest allocation. After one step, a parameter still without state
-            # belongs to a stateless optimizer (SGD without momentum): no reason to copy.
-            for group in self.optimizer.param_groups:
-                for p in group["params"]:
-                    if not state.get(p):
-                        return True
-        if self._steps_since_oom is not None and self._steps_since_oom < self.grow_back_after:
-            return True
-        return self._memory_low(n_params)
-
-    def _memory_low(self, n_params: int) -> bool:
-        """Whether free device memory is below twice the parameters' bytes (what a
-        ``foreach`` step may need for temporaries).
-
-        The simulated GPU's figure is a Python attribute, read every step. CUDA's costs a
-        driver call and an allocator-statistics call (about 25 us on an H100, half a percent
-        of a 5 ms step), so it is read at most every :attr:`free_check_seconds` while memory
-        is not low, and every step once it is.
-        """
-        now = 0.0
-        throttled = simulated_gpu() is None
-        if throttled:
-            if torch_cuda() is None:
-                return False
-            now = time.monotonic()
-            if now < self._next_free_check:
-                return False
-        free = free_device_bytes()
-        if free is None:
-            return False
-        if self._param_bytes[0] != n_params:
-            total = sum(
-                p.numel() * p.element_size()
-                for g in self.optimizer.param_groups
-                for p in g["params"]
-            )
-            self._param_bytes = (n_params, total)
-        low = free < 2 * self._param_bytes[1]
-        if throttled:
-            self._next_free_check = now if low else now + self.free_check_seconds
-        return low
+        """Whether this step's ``optimizer.step()`` takes the host snapshot (``"always"``;
+        ``"auto"`` journals every step instead, ``"never"`` does neither)."""
+        return self._snapshot is not None
 
     def _restore_or_raise(self, snapshot: OptimizerSnapshot, tried: list[str], what: str) -> None:
         failure = self._retrying("restoring the optimizer snapshot", snapshot.restore, attempts=10)
@@ -675,6 +619,28 @@ class TrainGuard(GuardBase):
         Any other error inside it puts the parameters and optimizer state back when a
         snapshot was taken (else the error says they may be partly updated) and propagates.
         """
+        self._divided = None
+        journal = self._journal
+        self.last_step_journaled = journal is not None
+        if journal is not None:
+            self.last_step_snapshotted = False
+
+            def retried(message: str, what: str) -> None:
+                self._event(
+                    "oom",
+                    "out of memory inside optimizer.step(): put back from the journal and "
+                    "stepped again",
+                    error=first_line(message),
+                    attempt=what,
+                )
+
+            try:
+                journal.run(self._step_optimizer, retried)
+            except StepFailed as failed:
+                self._divided = failed.divided
+                tried.append("optimizer.step() retried from the journal")
+                return failed.message
+            return None
         snapshot = self._snapshot if wanted and self._snapshot is not None else None
         if snapshot is not None:
             failure = self._retrying("the optimizer snapshot", snapshot.take)
@@ -719,7 +685,7 @@ class TrainGuard(GuardBase):
                     return None
                 free_memory()
                 self._event(
-                    "oom", "out of memory inside optimizer.step()", error=message.splitlines()[0]
+                    "oom", "out of memory inside optimizer.step()", error=first_line(message)
                 )
                 if snapshot is not None:
                     self._restore_or_raise(snapshot, tried, attempt)
@@ -886,7 +852,6 @@ class TrainGuard(GuardBase):
             )
         params = self._params()
         tried: list[str] = []
-        self._oom_in_step = False
         for p in params:  # start from no gradient (cheaper than optimizer.zero_grad here)
             p.grad = None
         splits_before = self.splits
@@ -936,8 +901,17 @@ class TrainGuard(GuardBase):
                     )
                     is None
                 )
+            elif self._journal is not None and failure_message is None:
+                undone = self._journal.undo()
             error = self._peer_stopped()
-            if not undone:
+            if not undone and self._journal is not None and self._journal.chunks > 1:
+                _add_note(
+                    error,
+                    "memfit: this rank's optimizer step is complete (the step runs in "
+                    f"{self._journal.chunks} chunks and is completed rather than undone, on "
+                    "the rank that stopped too)",
+                )
+            elif not undone:
                 _add_note(
                     error,
                     "memfit: this rank's optimizer step had no snapshot to undo "
@@ -960,14 +934,12 @@ class TrainGuard(GuardBase):
         if failure_message is not None:
             self._reset_scaler_step()
             self._ladder = ladder.after_give_up(self._ladder)
-            if self._snapshot is None:
-                what = "it could not be undone (snapshot_optimizer='never')"
-            elif not self.last_step_snapshotted:
-                what = (
-                    "no snapshot was taken (free memory looked sufficient), so the parameters "
-                    "may be partly updated; reload the last checkpoint, and use "
-                    "snapshot_optimizer='always' if this happens again"
+            if self._journal is not None:
+                what = "retrying it from memfit's journal did not help; " + (
+                    self._divided or "the step was undone as a whole"
                 )
+            elif self._snapshot is None:
+                what = "it could not be undone (snapshot_optimizer='never')"
             else:
                 what = "restoring and retrying did not help"
             raise self._give_up(
@@ -984,11 +956,6 @@ class TrainGuard(GuardBase):
         if self.steps == 0:
             self._buffers.first_step_done()
         self.steps += 1
-        self._params_at_last_step = sum(len(g["params"]) for g in self.optimizer.param_groups)
-        if decision.split:
-            self._steps_since_oom = 0
-        elif self._steps_since_oom is not None and not self._oom_in_step:
-            self._steps_since_oom += 1
         # A step is clean when it did not have to split further: an out-of-memory that a
         # retry cured was transient and says nothing about the size that fits.
         grew = self._end_step(

@@ -34,6 +34,7 @@ from memfit.errors import OutOfMemory
 __all__ = [
     "OOM_MESSAGES",
     "allocate_retrying",
+    "first_line",
     "forget_exception",
     "in_no_alloc_section",
     "is_oom",
@@ -167,6 +168,15 @@ def forget_exception(exc: BaseException) -> str:
         current.__context__ = None
         current.__cause__ = None
     return message
+
+
+def first_line(message: str) -> str:
+    """The first non-empty line of an error message, or ``"no message"`` (an exception's
+    text may be empty, or only line breaks)."""
+    for line in message.splitlines():
+        if line.strip():
+            return line
+    return "no message"
 
 
 T = TypeVar("T")
