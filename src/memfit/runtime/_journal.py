@@ -140,6 +140,7 @@ class StepJournal:
         self._flat: dict[tuple[Any, Any], torch.Tensor] = {}
         #: Whether the last step's journal still holds the whole step's starting point.
         self.undoable = False
+        self._release = False  # give the buffers back after each step (device memory)
 
     # -- layout ----------------------------------------------------------------------------
     @property
@@ -219,6 +220,9 @@ class StepJournal:
         for t in src:
             k = (t.device, t.dtype)
             need[k] = need.get(k, 0) + t.numel()
+        from memfit.runtime.simulate import active
+
+        self._release = active() is not None or any(t.is_cuda for t in src)
         for k, n in need.items():
             flat = self._flat.get(k)
             if flat is None or flat.numel() < n:
@@ -246,6 +250,18 @@ class StepJournal:
                 state[p] = dict(saved)
         with torch.no_grad(), no_alloc_section():
             torch._foreach_copy_(chunk.src, chunk.dst)
+
+    def release(self) -> None:
+        """After a step (and after the ranks settled it): give the buffers back when they
+        take device memory (on CUDA the caching allocator keeps them for the next forward
+        and hands them back at the next step), keep them in host memory (allocating them
+        anew would cost page faults every step)."""
+        if not self._release:
+            return
+        self._flat = {}
+        self.undoable = False
+        for chunk in self._chunks:
+            chunk.src, chunk.dst = [], []
 
     def undo(self) -> bool:
         """Undo the last step as a whole, when the journal still holds its starting point.
@@ -371,7 +387,16 @@ class StepJournal:
         for index in range(start, len(chunks)):
             chunk = chunks[index]
             if not (first_retry and index == start):
-                self._take(chunk)
+                try:
+                    self._take(chunk)
+                except Exception as exc:  # no memory for the journal: nothing changed yet
+                    if not is_oom(exc):
+                        raise
+                    text = forget_exception(exc)
+                    divided = None if index == 0 else self._divided(chunks, index)
+                    raise StepFailed(
+                        f"no memory for memfit's journal of the step: {text}", divided=divided
+                    ) from None
             attempt = 0
             while True:
                 if not whole:

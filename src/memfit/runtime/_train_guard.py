@@ -918,6 +918,8 @@ class TrainGuard(GuardBase):
                     "it, so it is one step ahead of the rank that stopped",
                 )
             raise error
+        if self._journal is not None:
+            self._journal.release()
         if settled.failed and not settled.all_failed and settled.source is not None:
             # Some ranks could not step: they take the parameters and state of one that did.
             distributed.repair_optimizer(self.optimizer, settled.source)
