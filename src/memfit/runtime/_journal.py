@@ -144,6 +144,11 @@ class StepJournal:
 
     # -- layout ----------------------------------------------------------------------------
     @property
+    def held_bytes(self) -> int:
+        """Bytes the journal's buffers hold now."""
+        return sum(t.numel() * t.element_size() for t in self._flat.values())
+
+    @property
     def chunks(self) -> int:
         """Chunks in the last step (1: the journal is a copy of everything)."""
         return len(self._chunks)

@@ -274,6 +274,13 @@ class TrainGuard(GuardBase):
         watched = [model] if model is not None else modules_of(loss_fn)
         self._buffers = BufferState(watched, split_stats)
 
+    @property
+    def journal_held_bytes(self) -> int:
+        """Memory the ``"auto"`` journal holds now (0 under the other policies): its copy of
+        the chunk of parameters and optimizer state being stepped, on their device. On CUDA
+        or a simulated GPU it is given back after every step; in host memory it is kept."""
+        return self._journal.held_bytes if self._journal is not None else 0
+
     # -- events ------------------------------------------------------------------------------
     def _event(self, kind: str, message: str, **data: Any) -> None:
         figures: dict[str, Any] = memory_figures()
