@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from memfit._checks import require, require_mapping, require_workload
 from memfit.core.budget import DEFAULT_MARGIN
 from memfit.core.catalog import GpuSpec, anonymous_gpu, host_device
 from memfit.core.catalog import gpu as catalog_gpu
@@ -257,6 +258,14 @@ def plan(
         InfeasiblePlan: When nothing fits (smallest footprint and breaking term attached).
         EstimateError: When the workload's traced estimator cannot trace its step.
     """
+    require_workload("workload", workload)
+    if not isinstance(gpu, GpuSpec):
+        require("gpu", gpu, "str", "int")
+    require_mapping("overrides", overrides, values="int", optional=True)
+    require("margin", margin, "number", "str")
+    require("host_memory_bytes", host_memory_bytes, "size", optional=True)
+    require("device_index", device_index, "int")
+    require("measure", measure, "str")
     loaded = load_workload(workload) if not isinstance(workload, Workload) else workload
     loaded, notes = with_measurements(loaded, measure)
     fraction = parse_fraction(margin)

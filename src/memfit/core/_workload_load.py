@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from memfit._checks import require, require_workload
 from memfit._plain import deep_merge
 from memfit.core._workload_errors import translate_validation_error
 from memfit.core._workload_schema import Workload
@@ -75,6 +76,8 @@ def load_workload(ref: str | Path | Workload, *, variant: str | None = None) -> 
             ``file:line:column``), has an unknown key (with a did-you-mean hint), or a value of
             the wrong type or out of range (the key path names it), or the variant is unknown.
     """
+    require_workload("ref", ref)
+    require("variant", variant, "str", optional=True)
     if isinstance(ref, Workload):
         return ref
     try:

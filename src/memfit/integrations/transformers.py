@@ -290,9 +290,7 @@ def train(
         lost = int(getattr(getattr(trainer, "state", None), "global_step", 0) or 0)
         emit(
             on_event,
-            MemoryEvent(
-                "oom", None, "transformers.train", first_line(message), memory_figures()
-            ),
+            MemoryEvent("oom", None, "transformers.train", first_line(message), memory_figures()),
         )
         if micro == 1:
             break

@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from memfit._checks import require
 from memfit.backends.live import (
     LiveReader,
     NoReader,
@@ -171,6 +172,14 @@ class Recorder:
         memory_history: int | None = None,
         max_oom_dumps: int = 1,
     ) -> None:
+        require("path", path, "path", optional=True)
+        require("log", log, "bool")
+        require("csv", csv, "bool")
+        require("interval", interval, "number", optional=True)
+        require("budget", budget, "size", optional=True)
+        require("leak_check_seconds", leak_check_seconds, "number")
+        require("oom_dir", oom_dir, "path", optional=True)
+        require("memory_history", memory_history, "int", optional=True)
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ConfigError(
                 f"every must be a whole number of steps >= 1, not {every!r}",

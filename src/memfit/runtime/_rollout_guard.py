@@ -9,6 +9,7 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
 
+from memfit._checks import require_iterable
 from memfit.core import ladder
 from memfit.errors import ConfigError, require_callable
 from memfit.runtime._batching import concat, map_arrays, walk
@@ -73,6 +74,8 @@ class RolloutGuard(GuardBase, Generic[T]):
         require_callable(
             "fn", fn, hint="RolloutGuard(policy.select_action) or RolloutGuard(env.step)"
         )
+        require_callable("on_event", on_event, optional=True)
+        rngs = require_iterable("rngs", rngs)
         if isinstance(split_dim, bool) or not isinstance(split_dim, int) or split_dim < 0:
             raise ConfigError(
                 f"split_dim must be an integer >= 0, not {split_dim!r}",

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
+from memfit._checks import require, require_iterable
 from memfit.core import ladder
 from memfit.errors import (
     ConfigError,
@@ -70,6 +71,8 @@ def clip_grad_norm(
     Raises:
         ConfigError: When ``max_norm`` is not a positive number.
     """
+    require("norm_type", norm_type, "number")
+    require("error_if_nonfinite", error_if_nonfinite, "bool")
     if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) or not max_norm > 0:
         raise ConfigError(f"max_norm must be a number > 0, not {max_norm!r}", key_path="max_norm")
 
@@ -194,6 +197,20 @@ class TrainGuard(GuardBase):
 
         require_positive_int("max_splits", max_splits, hint="use a power of two such as 64")
         require_positive_int("grow_back_after", grow_back_after)
+        if model is not None and not isinstance(model, torch.nn.Module):
+            raise ConfigError(
+                f"model must be a torch.nn.Module or None, not {type(model).__name__}",
+                key_path="model",
+            )
+        if scaler is not None and not all(
+            callable(getattr(scaler, a, None)) for a in ("scale", "unscale_", "step", "update")
+        ):
+            raise ConfigError(
+                f"scaler must be a torch.amp.GradScaler or None, not {type(scaler).__name__}",
+                key_path="scaler",
+                hint="TrainGuard(..., scaler=torch.amp.GradScaler('cuda'))",
+            )
+        rngs = require_iterable("rngs", rngs)
         if not all(hasattr(optimizer, a) for a in ("param_groups", "step", "zero_grad", "state")):
             raise ConfigError(
                 f"optimizer must be a torch.optim.Optimizer, not {type(optimizer).__name__}",
@@ -851,6 +868,8 @@ class TrainGuard(GuardBase):
         # Checked before the step, so that a batch the ladder could not split fails at the
         # first step, not at the first out-of-memory hours later.
         n = batch_size(batch)
+        if self.steps == 0 and self.count_fn is not None:
+            self._count(batch)  # a count_fn that cannot count fails now, not at a split
         if n == 0:
             raise ConfigError(
                 "the batch has 0 items: there is no mean loss to step with",

@@ -24,6 +24,7 @@ import re
 import sys
 from collections.abc import Mapping, MutableMapping
 
+from memfit._checks import require, require_mapping
 from memfit.core.allocator_settings import (
     Problem,
     check_jax_env,
@@ -152,6 +153,18 @@ def configure(
     >>> env["XLA_PYTHON_CLIENT_PREALLOCATE"]
     'false'
     """
+    for name, value, kinds in (
+        ("expandable_segments", expandable_segments, ("bool",)),
+        ("max_split_size_mb", max_split_size_mb, ("int",)),
+        ("garbage_collection_threshold", garbage_collection_threshold, ("number",)),
+        ("roundup_power2_divisions", roundup_power2_divisions, ("int", "str")),
+        ("backend", backend, ("str",)),
+        ("jax_preallocate", jax_preallocate, ("bool",)),
+        ("jax_mem_fraction", jax_mem_fraction, ("number",)),
+        ("jax_allocator", jax_allocator, ("str",)),
+    ):
+        require(name, value, *kinds, optional=True)
+    require_mapping("environ", environ, optional=True)
     target: MutableMapping[str, str] = os.environ if environ is None else environ
     wants_torch = any(
         v is not None

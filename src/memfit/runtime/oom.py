@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
 
+from memfit._checks import require
 from memfit.errors import OutOfMemory
 
 __all__ = [
@@ -125,6 +126,7 @@ def is_oom(exc: BaseException) -> bool:
     >>> is_oom(RuntimeError("shape mismatch"))
     False
     """
+    require("exc", exc, "exception")
     if isinstance(exc, (OutOfMemory, MemoryError)):
         return True
     torch_oom = _torch_oom_type()
