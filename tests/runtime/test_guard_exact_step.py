@@ -250,3 +250,42 @@ def test_an_out_of_memory_with_any_text_in_a_hook_is_retried(text: str) -> None:
     assert calls["n"] == 2 and guard.steps == 1
     oom = [e for e in guard.events if e.kind == "oom"]
     assert oom and oom[0].data["error"] == (text.strip() or "no message")
+
+
+def _sum_setup(reduction: str) -> tuple[TrainGuard, nn.Module]:
+    torch.manual_seed(0)
+    model = nn.Linear(6, 2).double()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def loss_fn(b: Batch) -> torch.Tensor:  # a sum over the items, not a mean
+        return nn.functional.mse_loss(model(b[0]), b[1], reduction="sum")
+
+    return TrainGuard(opt, loss_fn, model=model, reduction=reduction), model
+
+
+def _double_batches() -> list[Batch]:
+    return [(x.double(), y.double()) for x, y in _batches()]
+
+
+def test_a_split_says_how_it_weights_the_losses() -> None:
+    for reduction, says in (("mean", "reduction='sum' if"), ("sum", "added")):
+        guard, _ = _sum_setup(reduction)
+        batch = _double_batches()[0]
+        with inject_oom(0.0, where=("forward",), at=[0, 1]):  # the batch, then its retry
+            guard(batch)
+        splits = [e.message for e in guard.events if e.kind == "split"]
+        assert splits and all(says in m for m in splits), splits
+
+
+def test_reduction_sum_splits_like_the_whole_batch() -> None:
+    batches = _double_batches()
+    whole, whole_model = _sum_setup("sum")
+    split, split_model = _sum_setup("sum")
+    for b in batches:
+        whole(b)
+        split.splits = 4
+        split(b)
+    for p, q in zip(whole_model.parameters(), split_model.parameters(), strict=True):
+        assert float((p - q).abs().max()) <= 1e-12
+    with pytest.raises(Exception, match="reduction"):
+        _sum_setup("total")

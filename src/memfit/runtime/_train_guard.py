@@ -155,6 +155,11 @@ class TrainGuard(GuardBase):
             step leaves the item-weighted average of the micro-batches' updates),
             ``"first"`` (only the first micro-batch updates them) or ``"each"`` (each
             does, as a gradient-accumulation loop).
+        reduction: What ``loss_fn`` returns: ``"mean"`` (default) over the batch's items
+            (micro-batch losses are weighted by their share of ``count_fn``), or ``"sum"``
+            over them (micro-batch losses are added as they are). A sum passed as a mean
+            changes the update when the batch is split (each ``"split"`` event says which
+            weighting the guard uses).
         transient_retries: Retries of a micro-batch size that ran before (a transient
             failure) before the batch is split further.
 
@@ -192,6 +197,7 @@ class TrainGuard(GuardBase):
         rngs: Iterable[Any] = (),
         split_stats: str = "average",
         transient_retries: int = 3,
+        reduction: str = "mean",
     ) -> None:
         import torch
 
@@ -279,6 +285,13 @@ class TrainGuard(GuardBase):
         self.snapshot_optimizer = snapshot_optimizer
         self.before_step = before_step
         self.split_stats = split_stats
+        if reduction not in ("mean", "sum"):
+            raise ConfigError(
+                f"reduction must be 'mean' or 'sum', not {reduction!r}",
+                key_path="reduction",
+                hint="what loss_fn returns over the batch's items: their mean or their sum",
+            )
+        self.reduction = reduction
         self.steps = 0
         self.last_before_step: Any = None
         self.last_step_snapshotted = False
@@ -532,7 +545,11 @@ class TrainGuard(GuardBase):
             if pending is None:
                 try:
                     chunk = batch if whole else split_batch(batch, start, stop)
-                    weight = 1.0 if whole else (self._count(chunk) / total if total else 0.0)
+                    weight = (
+                        1.0
+                        if whole or self.reduction == "sum"
+                        else (self._count(chunk) / total if total else 0.0)
+                    )
                     # Read now (the split path is the slow path anyway), so that only the
                     # gradients of the micro-batches that succeeded stay on the device.
                     losses.append(float(self._micro_step(chunk, weight, params, done == 0)))
@@ -576,7 +593,13 @@ class TrainGuard(GuardBase):
                 split_here=split_here,
                 unit="micro-batch",
                 split_message="splitting the batch into {splits} micro-batches "
-                f"({n - done} items left)",
+                f"({n - done} items left; their losses "
+                + (
+                    "added: reduction='sum')"
+                    if self.reduction == "sum"
+                    else "weighted as means: reduction='mean', pass reduction='sum' if "
+                    "loss_fn returns a sum)"
+                ),
             )
             if isinstance(action, ladder.Split):
                 splits = action.splits
