@@ -98,6 +98,13 @@ def chunkable(optimizer: Any) -> bool:
     return not any(hooks)
 
 
+def _aligned(t: torch.Tensor) -> int:
+    """Elements ``t`` takes in a flat buffer, rounded up to 64 bytes (views that start on a
+    cache line copy faster: a one-element step count would misalign all that follow)."""
+    per_line = max(1, 64 // t.element_size())
+    return -(-t.numel() // per_line) * per_line
+
+
 class StepFailed(Exception):
     """An out-of-memory that retrying a chunk did not cure (internal: the guard gives up)."""
 
@@ -224,7 +231,7 @@ class StepJournal:
         need: dict[tuple[Any, Any], int] = {}
         for t in src:
             k = (t.device, t.dtype)
-            need[k] = need.get(k, 0) + t.numel()
+            need[k] = need.get(k, 0) + _aligned(t)
         from memfit.runtime.simulate import active
 
         self._release = active() is not None or any(t.is_cuda for t in src)
@@ -239,7 +246,7 @@ class StepJournal:
         for t in src:
             k = (t.device, t.dtype)
             start = offsets[k]
-            offsets[k] = start + t.numel()
+            offsets[k] = start + _aligned(t)
             views.append(self._flat[k][start : start + t.numel()].view(t.shape))
         return views
 
