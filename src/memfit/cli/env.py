@@ -31,6 +31,9 @@ from memfit.core.allocator_settings import (
 from memfit.errors import ConfigError
 from memfit.runtime.allocator_env import check_environment, installed_torch_version
 
+#: The largest shell file ``env --check`` reads (a few lines of exports is the norm).
+MAX_SETTINGS_BYTES = 1 * 2**20
+
 __all__ = ["env", "register"]
 
 
@@ -71,7 +74,9 @@ def env(
     rec = recommend(profile, torch_version=installed_torch_version(), gpu=spec)
     script = render_shell(rec.settings, shell)
     if check is not None:
-        text, source = read_input_text(check, what="the shell file (--check)", stdin=True)
+        text, source = read_input_text(
+            check, what="the shell file (--check)", stdin=True, max_bytes=MAX_SETTINGS_BYTES
+        )
         try:
             problems = check_shell(text)
         except ConfigError as exc:

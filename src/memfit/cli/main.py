@@ -117,7 +117,8 @@ def _wants_json(argv: Sequence[str]) -> bool:
 
 def _report(exc: MemfitError, argv: Sequence[str]) -> None:
     if _wants_json(argv):
-        print_json(exc.to_dict())
+        with contextlib.suppress(MemfitError, OSError, ValueError):
+            print_json(exc.to_dict())  # stdout may be what failed: stderr still says it
     err_console.print(f"[bold red]Error:[/] {safe(exc.message, newlines=True)}")
     command = next((a for a in argv if not a.startswith("-")), None)
     fallback = f"memfit {command} --help" if command else "memfit --help"
@@ -149,8 +150,20 @@ def _flags_take_no_value(command: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI with ``argv`` (default: ``sys.argv[1:]``) and return the exit status."""
+    """Run the CLI with ``argv`` (default: ``sys.argv[1:]``) and return the exit status.
+
+    Reporting an error never raises: when stderr itself is closed, the status says it.
+    """
     args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(args)
+    except BrokenPipeError:
+        return 0
+    except (OSError, ValueError, AttributeError):  # stderr closed too: nowhere to say more
+        return 1
+
+
+def _main(args: list[str]) -> int:
     debug = "--debug" in args or bool(os.environ.get("MEMFIT_DEBUG"))
     command = typer.main.get_command(app)
     _flags_take_no_value(command)
@@ -179,14 +192,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
-    except Exception as exc:  # an internal bug, not a user's mistake
+    except (SystemExit, GeneratorExit):
+        raise
+    except BaseException as exc:  # an internal bug, not a user's mistake
         if debug:
             traceback.print_exc()
         hint = "rerun with --debug for the traceback and report it as a memfit bug"
         if _wants_json(args):
-            print_json(
-                {"error": "InternalError", "message": f"internal error: {exc!r}", "hint": hint}
-            )
+            with contextlib.suppress(MemfitError, OSError, ValueError):
+                print_json(
+                    {"error": "InternalError", "message": f"internal error: {exc!r}", "hint": hint}
+                )
         err_console.print(f"[bold red]Error:[/] internal error: {escape(repr(exc))}")
         err_console.print(f"[bold]Hint:[/] {hint}")
         return 1

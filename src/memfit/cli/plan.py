@@ -34,6 +34,7 @@ from memfit.cli._files import (
     Output,
     read_input_text,
 )
+from memfit.core._workload_load import MAX_WORKLOAD_BYTES
 from memfit.core.budget import DEFAULT_MARGIN
 from memfit.core.catalog import GpuSpec
 from memfit.core.constraints import Violation, check, parse_set
@@ -65,7 +66,9 @@ def load_workload_arg(ref: str) -> Workload:
         ConfigError: When it cannot be read or is not a valid workload.
     """
     if ref == STDIN:
-        text, source = read_input_text(STDIN, what="the workload", stdin=True)
+        text, source = read_input_text(
+            STDIN, what="the workload", stdin=True, max_bytes=MAX_WORKLOAD_BYTES
+        )
         return parse_workload(text, source=source, default_name="stdin")
     return load_workload(ref)
 

@@ -60,6 +60,10 @@ def _resolve(ref: str | Path) -> tuple[Path, str | None]:
     )
 
 
+#: The largest workload file memfit reads (the bundled ones take a few KiB).
+MAX_WORKLOAD_BYTES = 1 * 2**20
+
+
 def load_workload(ref: str | Path | Workload, *, variant: str | None = None) -> Workload:
     """Load and validate a workload file or a bundled workload.
 
@@ -84,7 +88,7 @@ def load_workload(ref: str | Path | Workload, *, variant: str | None = None) -> 
         path, at_variant = _resolve(ref)
     except OSError as exc:  # a path the system cannot even look up (a name too long, ...)
         raise file_error(exc, str(ref), action="read the workload file") from exc
-    text = read_user_text(path, what="the workload file")
+    text = read_user_text(path, what="the workload file", max_bytes=MAX_WORKLOAD_BYTES)
     return parse_workload(
         text, source=str(path), variant=variant or at_variant, default_name=path.stem
     )
