@@ -48,10 +48,13 @@ JSON_OPTION: bool = typer.Option(
 
 #: Characters a terminal acts on instead of showing: C0 and C1 controls (ESC starts colour
 #: and cursor sequences, BEL rings, CR overwrites the line) and the bidirectional overrides
-#: that reorder what follows them.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+#: that reorder what follows them; and lone surrogates (from a "\\ud800" escape in a YAML or
+#: JSON file), which no terminal encoding can write.
+_CONTROL = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)
 _CONTROL_KEEP_NEWLINES = re.compile(
-    "[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]"
+    "[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
 )
 
 

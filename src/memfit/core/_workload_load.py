@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +127,35 @@ def _yaml_hint(exc: yaml.MarkedYAMLError) -> str:
     return "check the indentation and the punctuation (':', '-', quotes) at that spot"
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _refuse_surrogates(data: Any, source: str, path: str = "") -> None:
+    """Refuse text holding a lone surrogate (a ``"\\ud800"`` escape): no file or terminal
+    encoding can write it back.
+
+    Raises:
+        ConfigError: Naming the key where it is.
+    """
+    stack: list[tuple[Any, str]] = [(data, path)]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                raise ConfigError(
+                    f"text with a lone surrogate ({value.encode('utf-8', 'backslashreplace')!r})",
+                    key_path=where or source,
+                    hint="a \\uD800-\\uDFFF escape must be half of a pair; write the "
+                    "character itself",
+                )
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                stack.append((key, where or source))
+                stack.append((item, f"{where}.{key}" if where else str(key)))
+        elif isinstance(value, list):
+            stack.extend((item, f"{where}[{i}]") for i, item in enumerate(value))
+
+
 def parse_workload(
     text: str, *, source: str = "<workload>", variant: str | None = None, default_name: str = ""
 ) -> Workload:
@@ -154,6 +184,13 @@ def parse_workload(
             key_path=source,
             hint="a workload file is a few levels deep; check that this is the right file",
         ) from None
+    except ValueError as exc:  # an integer past Python's 4300-digit conversion limit
+        raise ConfigError(
+            f"a value of the workload cannot be read: {exc}",
+            key_path=source,
+            hint="sizes and counts in a workload file are numbers of at most 20 digits",
+        ) from None
+    _refuse_surrogates(data, source)
     if not isinstance(data, dict):
         raise ConfigError(
             "a workload file must be a mapping of keys to values",
