@@ -46,7 +46,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from memfit._checks import require, require_int_list
+from memfit._checks import require
 from memfit._plain import plain_fields
 from memfit.core.allocator import AllocatorModel, round_size
 from memfit.core.measured import MeasuredTerms
@@ -902,7 +902,6 @@ def estimate_torch(
     """
     for name, fn in (("build", build), ("step", step), ("make_batch", make_batch)):
         require(name, fn, "callable")
-    require_int_list("batch_sizes", batch_sizes)
     require("gpu", gpu, "str", optional=True)
     require("device", device, "str", optional=True)
     require("expandable_segments", expandable_segments, "bool")
