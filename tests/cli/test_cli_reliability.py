@@ -103,7 +103,7 @@ def test_inputs_over_their_cap_are_refused_before_they_are_read(
         f.write("family: ppo\n")
         f.write("# " + "x" * 2**20 + "\n")
     code, _, err = run(capsys, "plan", str(big), "--gpu", "A100-80GB")
-    user_error(code, err, "more than the 1.00 MiB")
+    user_error(code, err, "more than the 256.00 KiB")
     shell = tmp_path / "env.sh"
     shell.write_text("#" * (2**20 + 1))
     code, _, err = run(capsys, "env", "--check", str(shell))

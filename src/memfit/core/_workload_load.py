@@ -62,7 +62,7 @@ def _resolve(ref: str | Path) -> tuple[Path, str | None]:
 
 
 #: The largest workload file memfit reads (the bundled ones take a few KiB).
-MAX_WORKLOAD_BYTES = 1 * 2**20
+MAX_WORKLOAD_BYTES = 256 * 2**10
 
 
 def load_workload(ref: str | Path | Workload, *, variant: str | None = None) -> Workload:
@@ -95,14 +95,14 @@ def load_workload(ref: str | Path | Workload, *, variant: str | None = None) -> 
     )
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, except that a key given twice in one mapping is an error (PyYAML
-    keeps the last silently, so a second ``knobs:`` section would replace the first)."""
+class _UniqueKeys:
+    """A key given twice in one mapping is an error (PyYAML keeps the last silently, so a
+    second ``knobs:`` section would replace the first)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, yaml.Node] = {}
         for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
+            key = self.construct_object(key_node, deep=deep)  # type: ignore[attr-defined]
             if isinstance(key, (str, int, float, bool)) and key in seen:
                 first = seen[key].start_mark
                 raise yaml.constructor.ConstructorError(
@@ -113,7 +113,27 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 )
             if isinstance(key, (str, int, float, bool)):
                 seen[key] = key_node
-        return super().construct_mapping(node, deep=deep)
+        return super().construct_mapping(node, deep=deep)  # type: ignore[misc,no-any-return]
+
+
+class _UniqueKeyLoader(_UniqueKeys, yaml.SafeLoader):
+    """PyYAML's safe loader with :class:`_UniqueKeys`: its error messages are the ones users
+    see."""
+
+
+_C_LOADER = getattr(yaml, "CSafeLoader", None)
+#: The same checks on libyaml's parser (ten times faster; None without libyaml). A file it
+#: refuses is read again with :class:`_UniqueKeyLoader` for the message.
+_FastLoader: Any = type("_FastLoader", (_UniqueKeys, _C_LOADER), {}) if _C_LOADER else None
+
+
+def _load_yaml(text: str) -> Any:
+    if _FastLoader is not None:
+        try:
+            return yaml.load(text, Loader=_FastLoader)
+        except yaml.YAMLError:
+            pass  # the pure-Python loader below says what is wrong, as users know it
+    return yaml.load(text, Loader=_UniqueKeyLoader)
 
 
 def _yaml_hint(exc: yaml.MarkedYAMLError) -> str:
@@ -166,7 +186,7 @@ def parse_workload(
             variant; the key path says where.
     """
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)
+        data = _load_yaml(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
