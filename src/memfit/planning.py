@@ -167,6 +167,10 @@ def resolve_gpu(gpu: str | int | GpuSpec) -> GpuSpec:
     return catalog_gpu(gpu)
 
 
+#: The ways ``plan`` may get a Brax workload's measurements (``measure=``).
+MEASURE_MODES: tuple[str, ...] = ("auto", "fresh", "recorded")
+
+
 def with_measurements(workload: Workload, measure: str = "auto") -> tuple[Workload, list[str]]:
     """The workload with the measurements its environment needs (``env: brax:...``), and
     notes saying where they come from
@@ -178,6 +182,13 @@ def with_measurements(workload: Workload, measure: str = "auto") -> tuple[Worklo
         BackendUnavailable: For ``fresh`` without brax or jax.
         EstimateError: When measuring fails.
     """
+    if measure not in MEASURE_MODES:  # also for a workload that measures nothing
+        raise ConfigError(
+            f"measure must be one of {', '.join(MEASURE_MODES)}, not {measure!r}",
+            key_path="measure",
+            hint="auto: the best measurement at hand; fresh: measure now; recorded: only "
+            "the workload's recorded measurements",
+        )
     if workload.env is None:
         return workload, []
     from memfit.integrations._brax_measure import resolve_measurements

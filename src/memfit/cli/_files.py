@@ -149,7 +149,19 @@ class Output:
         force: bool,
         inputs: Iterable[str | Path | None] = (),
     ) -> Output:
-        """The output at ``path``; ``None`` inputs (stdin, no file) are left out."""
+        """The output at ``path``; ``None`` inputs (stdin, no file) are left out.
+
+        Raises:
+            ConfigError: When ``path`` ends with a path separator (it names a folder).
+        """
+        text = str(path)
+        if text.endswith(("/", os.sep)) or (os.altsep and text.endswith(os.altsep)):
+            raise ConfigError(
+                f"cannot write {what} ({option}): {text!r} names a folder (it ends with "
+                f"{text[-1]!r})",
+                key_path=text,
+                hint=f"give a file name, e.g. {option} {text.rstrip('/' + os.sep)}/out.yaml",
+            )
         kept = tuple(Path(i) for i in inputs if i is not None)
         return cls(Path(path), what, option, force, kept)
 

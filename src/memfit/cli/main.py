@@ -163,12 +163,51 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+def _repeated_option(command: Any, args: Sequence[str]) -> MemfitError | None:
+    """An option that takes one value given more than once (click keeps the last silently:
+    ``--gpu A --gpu B`` planned for B)."""
+    commands = getattr(command, "commands", {})
+    name = next((a for a in args if not a.startswith("-")), None)
+    sub = commands.get(name) if name is not None else None
+    if sub is None:
+        return None
+    single: dict[str, str] = {}
+    for param in getattr(sub, "params", ()):
+        if getattr(param, "param_type_name", "") != "option":
+            continue
+        if getattr(param, "multiple", False) or getattr(param, "is_flag", False):
+            continue
+        for opt in [*param.opts, *param.secondary_opts]:
+            single[opt] = param.opts[0]
+    counts: dict[str, int] = {}
+    for arg in args[args.index(name) + 1 :] if name is not None else ():
+        if arg == "--":
+            break
+        opt = arg.split("=", 1)[0] if arg.startswith("--") else arg
+        if opt in single:
+            counts[single[opt]] = counts.get(single[opt], 0) + 1
+    for opt, n in counts.items():
+        if n > 1:
+            from memfit.errors import ConfigError
+
+            return ConfigError(
+                f"{opt} is given {n} times; it takes one value",
+                key_path=opt,
+                hint=f"give {opt} once (only the last would be used)",
+            )
+    return None
+
+
 def _main(args: list[str]) -> int:
     debug = "--debug" in args or bool(os.environ.get("MEMFIT_DEBUG"))
     command = typer.main.get_command(app)
     _flags_take_no_value(command)
     if not args:  # bare `memfit`: the help, as a request rather than a usage error
         args = ["--help"]
+    repeated = _repeated_option(command, args)
+    if repeated is not None:
+        _report(repeated, args)
+        return 1
     try:
         result = command.main(args=args, prog_name="memfit", standalone_mode=False)
     except MemfitError as exc:

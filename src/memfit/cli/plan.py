@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 from typing import Any
 
 import typer
@@ -382,7 +381,7 @@ def _plan_command(
     host_memory: str | None = typer.Option(
         None, "--host-memory", help="Host RAM for a replay buffer on the host (64GiB)."
     ),
-    write: Path | None = typer.Option(
+    write: str | None = typer.Option(
         None,
         "--write",
         metavar="FILE",

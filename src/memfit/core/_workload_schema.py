@@ -14,6 +14,8 @@ from memfit.units import parse_bytes
 
 #: Most values one knob may take (the planner enumerates them).
 MAX_KNOB_VALUES = 4096
+#: Most devices one job may run on (the largest training clusters have about 10**5 GPUs).
+MAX_DEVICES = 2**20
 
 _DTYPE_BYTES: dict[str, int] = {
     "uint8": 1,
@@ -187,8 +189,8 @@ class NetworkSpec(_Strict):
     output last) optionally after ``conv`` layers over the raster or camera input."""
 
     params: int | None = Field(default=None, ge=1)
-    layers: list[Annotated[int, Field(ge=1)]] | None = None
-    conv: list[ConvLayer] | None = None
+    layers: list[Annotated[int, Field(ge=1)]] | None = Field(default=None, min_length=1)
+    conv: list[ConvLayer] | None = Field(default=None, min_length=1)
     input: Literal["vector", "raster", "camera"] | None = None
     target: bool = False
     activation_items: int | None = Field(default=None, ge=0)
@@ -237,7 +239,7 @@ class Observations(_Strict):
 class DeviceSpec(_Strict):
     """Devices the job runs on and how it spreads over them; memory terms are per device."""
 
-    count: int = Field(default=1, ge=1)
+    count: int = Field(default=1, ge=1, le=MAX_DEVICES)
     strategy: Literal["single", "ddp", "fsdp", "pmap"] = "single"
 
     @model_validator(mode="after")
@@ -336,7 +338,7 @@ class Workload(_Strict):
     terms: dict[str, int | str] | None = None
     settings: dict[str, int] = Field(default_factory=dict)
     knobs: dict[str, KnobSpec] = Field(default_factory=dict)
-    objective: str | None = None
+    objective: str | None = Field(default=None, min_length=1, pattern=r"\S")
     effective_batch: EffectiveBatch | None = None
     constraints: Constraints = Field(default_factory=Constraints)
     estimator: Literal["analytic", "torch", "jax"] = "analytic"

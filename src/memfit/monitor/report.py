@@ -321,8 +321,14 @@ def _check_event(record: dict[str, Any], where: str) -> None:
     _check_whole(record, "step", where, -_MAX_STEP, _MAX_STEP)
     _check_real(record, "time", where)
     kind = record.get("kind")
-    if kind is not None and not isinstance(kind, str):
+    if not isinstance(kind, str) or not kind.strip():
         raise _bad("kind", kind, "a name such as 'oom' or 'cleanup'", where)
+    if record.get("step") is None and record.get("time") is None:
+        raise ConfigError(
+            "an event needs its step or its time (it has neither)",
+            key_path=where,
+            hint=_HINT,
+        )
 
 
 def _snapshot_samples(record: dict[str, Any], where: str) -> list[dict[str, Any]]:
