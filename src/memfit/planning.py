@@ -184,7 +184,8 @@ def with_measurements(workload: Workload, measure: str = "auto") -> tuple[Worklo
     """
     if measure not in MEASURE_MODES:  # also for a workload that measures nothing
         raise ConfigError(
-            f"measure must be one of {', '.join(MEASURE_MODES)}, not {measure!r}",
+            f"unknown measurement mode {measure!r}: measure must be one of "
+            + ", ".join(MEASURE_MODES),
             key_path="measure",
             hint="auto: the best measurement at hand; fresh: measure now; recorded: only "
             "the workload's recorded measurements",

@@ -22,13 +22,14 @@ ACT = ROOT / "src" / "memfit" / "workloads" / "act_dual_camera.yaml"
 def _child(args: list[str], close: int) -> subprocess.CompletedProcess[str]:
     """``memfit ARGS`` in a new process whose descriptor ``close`` (0 or 1) is closed."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    redirect = ">&-" if close == 1 else "<&-"
     return subprocess.run(
-        [sys.executable, "-m", "memfit.cli.main", *args],
-        capture_output=close != 1,
-        stderr=subprocess.PIPE if close == 1 else None,
+        ["sh", "-c", f'exec "$0" -m memfit.cli.main "$@" {redirect}', sys.executable, *args],
+        stdin=subprocess.DEVNULL if close == 1 else None,
+        stdout=subprocess.PIPE if close == 0 else None,
+        stderr=subprocess.PIPE,
         text=True,
         env=env,
-        preexec_fn=lambda: os.close(close),
         timeout=120,
         check=False,
     )

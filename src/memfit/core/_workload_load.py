@@ -150,16 +150,26 @@ def _yaml_hint(exc: yaml.MarkedYAMLError) -> str:
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _refuse_surrogates(data: Any, source: str, path: str = "") -> None:
-    """Refuse text holding a lone surrogate (a ``"\\ud800"`` escape): no file or terminal
-    encoding can write it back.
+#: Deepest nesting a workload file may have (the bundled ones are five levels deep).
+MAX_WORKLOAD_DEPTH = 64
+
+
+def _check_tree(data: Any, source: str) -> None:
+    """Refuse nesting deeper than :data:`MAX_WORKLOAD_DEPTH` and text holding a lone
+    surrogate (a ``"\\ud800"`` escape: no file or terminal encoding can write it back).
 
     Raises:
         ConfigError: Naming the key where it is.
     """
-    stack: list[tuple[Any, str]] = [(data, path)]
+    stack: list[tuple[Any, str, int]] = [(data, "", 0)]
     while stack:
-        value, where = stack.pop()
+        value, where, depth = stack.pop()
+        if depth > MAX_WORKLOAD_DEPTH:
+            raise ConfigError(
+                "the YAML is nested too deeply to read (hundreds of levels or more)",
+                key_path=source,
+                hint="a workload file is a few levels deep; check that this is the right file",
+            )
         if isinstance(value, str):
             if _SURROGATE.search(value):
                 raise ConfigError(
@@ -170,10 +180,10 @@ def _refuse_surrogates(data: Any, source: str, path: str = "") -> None:
                 )
         elif isinstance(value, dict):
             for key, item in value.items():
-                stack.append((key, where or source))
-                stack.append((item, f"{where}.{key}" if where else str(key)))
+                stack.append((key, where or source, depth + 1))
+                stack.append((item, f"{where}.{key}" if where else str(key), depth + 1))
         elif isinstance(value, list):
-            stack.extend((item, f"{where}[{i}]") for i, item in enumerate(value))
+            stack.extend((item, f"{where}[{i}]", depth + 1) for i, item in enumerate(value))
 
 
 def parse_workload(
@@ -210,7 +220,7 @@ def parse_workload(
             key_path=source,
             hint="sizes and counts in a workload file are numbers of at most 20 digits",
         ) from None
-    _refuse_surrogates(data, source)
+    _check_tree(data, source)
     if not isinstance(data, dict):
         raise ConfigError(
             "a workload file must be a mapping of keys to values",
