@@ -289,3 +289,43 @@ def test_reduction_sum_splits_like_the_whole_batch() -> None:
         assert float((p - q).abs().max()) <= 1e-12
     with pytest.raises(Exception, match="reduction"):
         _sum_setup("total")
+
+
+def test_a_fault_anywhere_in_a_step_with_a_hook_and_a_grow_back_leaves_the_exact_run() -> None:
+    """Forward, backward, the before_step hook, the optimizer step and the step that grows
+    back to the whole batch: an out-of-memory at any operation (in-place ones too) ends the
+    run where the fault-free run ends (float64; a split sums in another order: 1e-12)."""
+    from memfit.runtime.guard import clip_grad_norm
+
+    def make() -> tuple[TrainGuard, nn.Module]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 2)).double()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2, foreach=False)
+        guard = TrainGuard(
+            opt,
+            lambda b: nn.functional.mse_loss(model(b[0]), b[1]),
+            model=model,
+            before_step=clip_grad_norm(0.5),
+            grow_back_after=1,
+        )
+        guard.splits = 2  # the first step runs split, the second grows back to whole
+        return guard, model
+
+    batches = [(x.double(), y.double()) for x, y in _batches()[:2]]
+    guard, model = make()
+    with inject_oom(0.0, inplace=True) as probe:
+        for b in batches:
+            guard(b)
+    assert any(e.kind == "grow_back" for e in guard.events)
+    expected = _state(guard, model)
+    for at in range(probe.ops_seen):
+        guard, model = make()
+        with inject_oom(0.0, at=[at], inplace=True) as fault:
+            for b in batches:
+                guard(b)
+        assert fault.total_raised == 1, at
+        got = _state(guard, model)
+        assert len(got) == len(expected)
+        assert (
+            max(float((a - b).abs().max()) for a, b in zip(got, expected, strict=True)) <= 1e-12
+        ), at
