@@ -329,3 +329,45 @@ def test_a_fault_anywhere_in_a_step_with_a_hook_and_a_grow_back_leaves_the_exact
         assert (
             max(float((a - b).abs().max()) for a, b in zip(got, expected, strict=True)) <= 1e-12
         ), at
+
+
+@pytest.mark.parametrize("where", ["loss_fn", "before_step"])
+@pytest.mark.parametrize("error", [KeyboardInterrupt, RuntimeError])
+def test_an_error_before_the_optimizer_step_leaves_generators_and_statistics_as_before(
+    where: str, error: type[BaseException]
+) -> None:
+    """Dropout draws and BatchNorm statistics of a step that an error ends are put back, so
+    running the batch again gives the run without the error, bit for bit."""
+
+    def run(fault_at: int | None) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = nn.Sequential(
+            nn.Linear(6, 8), nn.BatchNorm1d(8), nn.Dropout(0.3), nn.Linear(8, 2)
+        ).double()
+        state = {"armed": False}
+
+        def loss_fn(b: Batch) -> torch.Tensor:
+            loss = nn.functional.mse_loss(model(b[0]), b[1])
+            if state["armed"] and where == "loss_fn":
+                raise error("stop")
+            return loss
+
+        def hook(optimizer: Any) -> None:
+            if state["armed"] and where == "before_step":
+                raise error("stop")
+
+        guard = TrainGuard(
+            torch.optim.Adam(model.parameters(), lr=1e-2), loss_fn, model=model, before_step=hook
+        )
+        torch.manual_seed(123)
+        for i, b in enumerate(_double_batches()):
+            if i == fault_at:
+                state["armed"] = True
+                with pytest.raises(error):
+                    guard(b)
+                state["armed"] = False
+            guard(b)
+        return [t.detach().clone() for t in [*model.parameters(), *model.buffers()]]
+
+    expected = run(None)
+    assert _equal(run(1), expected)

@@ -147,6 +147,8 @@ class StepJournal:
         self._flat: dict[tuple[Any, Any], torch.Tensor] = {}
         #: Whether the last step's journal still holds the whole step's starting point.
         self.undoable = False
+        #: Whether the last step was completed although an error ends it (several chunks).
+        self.completed = False
         self._release = False  # give the buffers back after each step (device memory)
 
     # -- layout ----------------------------------------------------------------------------
@@ -309,6 +311,7 @@ class StepJournal:
         had_own = "step" in vars(opt)
         own = vars(opt).get("step")
         self.undoable = False
+        self.completed = False
 
         def journalled(*args: Any, **kwargs: Any) -> Any:
             return self._step(inner, args, kwargs, on_retry)
@@ -346,6 +349,7 @@ class StepJournal:
         # step is completed instead (the failed chunk again first), then the error goes on.
         again = self._advance(chunks, index, inner, args, kwargs, on_retry, first_retry=True)
         if again is None:
+            self.completed = True
             add_note(
                 exc,
                 "memfit: this optimizer.step() was completed before the error propagated "

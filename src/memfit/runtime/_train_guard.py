@@ -5,6 +5,7 @@ See :mod:`memfit.runtime.guard` for the whole story; this module holds the class
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
@@ -460,6 +461,13 @@ class TrainGuard(GuardBase):
         if buffers:
             self._buffers.capture()
 
+    def _abandon(self) -> None:
+        """A step that will not happen: generators and buffers back to the step's start (as
+        last captured), best effort (the error that ends the step is the one to report)."""
+        with contextlib.suppress(Exception):
+            self._buffers.discard_average()
+            self._rewind()
+
     def _rewind(self) -> None:
         if self._rng is not None:
             self._rng.restore()
@@ -907,10 +915,13 @@ class TrainGuard(GuardBase):
         try:
             losses, split, failure = self._backward_all(batch, n, params, tried)
         except BaseException:
-            # Not an out-of-memory (loss_fn raised, a bad batch): leave no partial gradient
-            # behind for an optimizer.step() the caller might still make, and no rank waiting.
+            # Not an out-of-memory (loss_fn raised, a bad batch, an interrupt): leave no
+            # partial gradient behind for an optimizer.step() the caller might still make, the
+            # generators and buffers (BatchNorm statistics) as before the step, so that running
+            # the batch again is the step without the fault, and no rank waiting.
             self._zero_grad()
             self._reset_scaler_step()
+            self._abandon()
             distributed.try_abort(during_step=False)
             raise
         decision = distributed.agree(
@@ -920,6 +931,7 @@ class TrainGuard(GuardBase):
             snapshot=failure is None and self._snapshot_wanted(),
         )
         if decision.aborted:
+            self._abandon()
             raise self._peer_stopped()
         if decision.gave_up:
             self._reset_scaler_step()
@@ -936,6 +948,8 @@ class TrainGuard(GuardBase):
         except BaseException:
             self._zero_grad()
             self._reset_scaler_step()
+            if self._journal is None or not self._journal.completed:
+                self._abandon()  # the step did not happen (or was undone): nor did its forward
             distributed.try_abort(during_step=True)
             raise
         settled = distributed.settle(failed=failure_message is not None)
@@ -952,6 +966,8 @@ class TrainGuard(GuardBase):
                 )
             elif self._journal is not None and failure_message is None:
                 undone = self._journal.undo()
+            if undone:
+                self._abandon()
             error = self._peer_stopped()
             if not undone and self._journal is not None and self._journal.chunks > 1:
                 _add_note(
