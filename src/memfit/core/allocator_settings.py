@@ -627,7 +627,7 @@ def shell_words(line: str) -> list[str]:
     Raises:
         ValueError: ``"No closing quotation"`` or ``"No escaped character"``, as ``shlex``.
 
-    >>> shell_words("export A='x y' B=\"1\";echo # done")
+    >>> shell_words("export A='x y' B=1;echo # done")
     ['export', 'A=x y', 'B=1', ';', 'echo']
     """
     words: list[str] = []
