@@ -371,3 +371,37 @@ def test_an_error_before_the_optimizer_step_leaves_generators_and_statistics_as_
 
     expected = run(None)
     assert _equal(run(1), expected)
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["one_chunk", "per_parameter"])
+def test_with_a_grad_scaler_an_oom_inside_the_step_is_exact(chunked: bool) -> None:
+    """``scaler.step(optimizer)`` calls the journalled step (the optimizer's ``step`` is
+    replaced for the call): a fault at any operation of the step leaves the fault-free run."""
+    cls = _PerParameter if chunked else TrainGuard
+
+    def make() -> tuple[TrainGuard, nn.Module]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 2))
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2, foreach=False)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+        guard = cls(
+            opt, lambda b: nn.functional.mse_loss(model(b[0]), b[1]), model=model, scaler=scaler
+        )
+        return guard, model
+
+    batches = _batches()
+    guard, model = make()
+    for b in batches[:2]:
+        guard(b)
+    with _raising(None, None) as counter:
+        guard(batches[2])
+    expected = _state(guard, model)
+    assert counter.seen > 0
+    for at in range(counter.seen):
+        guard, model = make()
+        for b in batches[:2]:
+            guard(b)
+        with inject_oom(0.0, where=("optimizer",), at=[at], inplace=True) as fault:
+            guard(batches[2])
+        assert fault.total_raised == 1, at
+        assert _equal(_state(guard, model), expected), at
