@@ -18,10 +18,13 @@ Every run is compared with the same run without faults (a bare loop; plain DDP o
   draws, per micro-batch). The goal: ``drift <= 1e-6`` for every exact run, every step
   completed at per-operation rates up to 1%, no hang, ranks identical.
 
-Under ``"auto"`` an out-of-memory inside an Adam step that was not snapshotted (Adam writes
-its moments in place, then allocates the ``sqrt`` temporary) cannot be undone: that step
-stops with ``OutOfMemory`` saying the parameters may be partly updated (the run is then
-``undefined``). On 2 ranks it is repaired from the other rank when only one rank failed.
+Before issue 21, under ``"auto"`` an out-of-memory inside an Adam step that was not
+snapshotted (Adam writes its moments in place, then allocates the ``sqrt`` temporary) could
+not be undone: that step stopped with ``OutOfMemory`` saying the parameters may be partly
+updated (the run is then ``undefined``). The default now journals every step, and such a
+step is put back and run again; a step left divided (an out-of-memory that retries did not
+cure, after other chunks took the step) also counts as ``undefined``. On 2 ranks a rank
+whose step failed is repaired from the other rank.
 
     python bench/guard_faults.py            # about 3 minutes on 2 cores
     python bench/guard_faults.py --steps 50 # a quick look
@@ -164,7 +167,9 @@ def _guarded(
                     completed += 1
                 except OutOfMemory as exc:
                     gave_up += 1
-                    undefined = undefined or "partly updated" in exc.message
+                    undefined = (
+                        undefined or "partly updated" in exc.message or "divided" in exc.message
+                    )
             if one is not None:
                 injected += one.total_raised
     if chaos is not None:

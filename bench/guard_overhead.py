@@ -8,9 +8,12 @@ The same training step run seven ways in one process:
 * ``bare_item``: ``bare`` plus ``loss.item()``, i.e. a bare loop that also gets the loss as a
   float, which ``TrainGuard.__call__`` returns (on a GPU this waits for the step to finish);
 * ``guard``: ``memfit.TrainGuard(optimizer, loss_fn)(batch)`` (no out-of-memory happens: this
-  is the price of being ready for one; with the default ``snapshot_optimizer="auto"`` no host
-  snapshot is taken while memory is not at risk); it returns the loss as a float, so compare
-  it with ``bare_item``;
+  is the price of being ready for one; the default ``snapshot_optimizer="auto"`` copies the
+  parameters and optimizer state being stepped to a journal on their device before every
+  ``optimizer.step()``); it returns the loss as a float, so compare it with ``bare_item``;
+* ``guard_never``: the same with ``snapshot_optimizer="never"`` (no copy at all: what the
+  default cost before issue 21 made it exact; ``guard`` against ``guard_never`` is the
+  journal's price);
 * ``guard_step``: ``guard.step(batch)``, the same step returning the loss as a tensor, without
   waiting for the device: compare it with ``bare``;
 * ``guard_snapshot_always``: the same with ``snapshot_optimizer="always"`` (a host copy of
@@ -169,12 +172,16 @@ def bench_model(name: str, device: str, rounds: int, block: int, step_ms: float)
 
     guard = memfit.TrainGuard(opt, loss_fn)
     guard_always = memfit.TrainGuard(opt, loss_fn, snapshot_optimizer="always")
+    guard_never = memfit.TrainGuard(opt, loss_fn, snapshot_optimizer="never")
 
     def guard_step() -> None:
         guard(batch)
 
     def guard_always_step() -> None:
         guard_always(batch)
+
+    def guard_never_step() -> None:
+        guard_never(batch)
 
     def guard_tensor_step() -> None:
         guard.step(batch)
@@ -196,6 +203,7 @@ def bench_model(name: str, device: str, rounds: int, block: int, step_ms: float)
         "guard": guard_step,
         "guard_step": guard_tensor_step,
         "guard_snapshot_always": guard_always_step,
+        "guard_never": guard_never_step,
         "habit": habit_step,
     }
     for fn in modes.values():  # warm up: allocator, optimizer state, snapshot buffers
@@ -246,6 +254,14 @@ def bench_model(name: str, device: str, rounds: int, block: int, step_ms: float)
             "full_reset_every_200": reset_200.stats.to_dict(),
         },
         "guard_events": len(guard.events),
+        # What the default's journal holds between steps (device memory on CUDA only
+        # during optimizer.step(); kept in host memory on a CPU).
+        "journal_bytes": guard.journal_held_bytes,
+        "parameter_and_state_bytes": sum(
+            t.numel() * t.element_size()
+            for p in model.parameters()
+            for t in [p, *(v for v in opt.state[p].values() if isinstance(v, torch.Tensor))]
+        ),
     }
 
 
@@ -322,7 +338,15 @@ def bench_ddp(steps: int) -> dict[str, Any]:
     }
 
 
-MODES = ("bare_again", "bare_item", "guard", "guard_step", "guard_snapshot_always", "habit")
+MODES = (
+    "bare_again",
+    "bare_item",
+    "guard",
+    "guard_step",
+    "guard_never",
+    "guard_snapshot_always",
+    "habit",
+)
 
 
 def _markdown(result: dict[str, Any]) -> str:
@@ -367,6 +391,16 @@ def _markdown(result: dict[str, Any]) -> str:
             f"| {ddp['guard_ratio']:.3f} | {ddp['best_guard_ratio']:.3f} |",
             "",
         ]
+    lines += [
+        "| model | device | parameters + optimizer state | journal held (default) |",
+        "|---|---|---:|---:|",
+    ]
+    lines += [
+        f"| {r['model']} | {r['device']} | {r['parameter_and_state_bytes']:,} B "
+        f"| {r['journal_bytes']:,} B |"
+        for r in result["models"]
+    ]
+    lines.append("")
     r0 = result["models"][0]
     lines.append(
         f"{r0['rounds']} rounds of {r0['steps_per_block']} steps per mode, in a random order "

@@ -280,7 +280,38 @@ def not_a_file_error(path: str | Path, kind: str, *, action: str) -> ConfigError
     return ConfigError(f"cannot {action}: it is {kind}, not a file", key_path=str(path), hint=hint)
 
 
-def read_user_bytes(path: str | Path, *, what: str = "the file", hint: str | None = None) -> bytes:
+#: The largest file memfit reads by default (run logs); smaller caps for smaller formats.
+MAX_USER_FILE_BYTES = 256 * 2**20
+
+
+def too_large_error(source: str | Path, size: int, limit: int, *, what: str) -> ConfigError:
+    """The error for an input over its size cap (said in MiB/KiB, with the cap)."""
+    from memfit.units import format_bytes
+
+    return ConfigError(
+        f"{what} is {format_bytes(size)}{' or more' if size > limit else ''}: more than the "
+        f"{format_bytes(limit)} memfit reads from {what}",
+        key_path=str(source),
+        hint="check that this is the right file; memfit refuses larger inputs rather than "
+        "look hung reading them",
+    )
+
+
+def read_limited(handle: Any, limit: int, *, source: str | Path, what: str) -> bytes:
+    """Read at most ``limit`` bytes from a binary handle; more is a :class:`ConfigError`."""
+    data: bytes = handle.read(limit + 1)
+    if len(data) > limit:
+        raise too_large_error(source, len(data), limit, what=what)
+    return data
+
+
+def read_user_bytes(
+    path: str | Path,
+    *,
+    what: str = "the file",
+    hint: str | None = None,
+    max_bytes: int = MAX_USER_FILE_BYTES,
+) -> bytes:
     """Read a file the user named, refusing anything that is not a regular file.
 
     A folder, a named pipe (which would block until a writer comes) and a device file (which
@@ -291,12 +322,14 @@ def read_user_bytes(path: str | Path, *, what: str = "the file", hint: str | Non
         path: The file.
         what: What the file is, for the message (``"the workload file"``).
         hint: What to do when it cannot be read; default: a hint for the kind of error.
+        max_bytes: The most bytes read; a larger file is refused before it is read.
 
     Returns:
         The file's bytes.
 
     Raises:
-        ConfigError: When the file is missing, unreadable, or not a regular file.
+        ConfigError: When the file is missing, unreadable, not a regular file, or larger
+            than ``max_bytes``.
     """
     source = Path(path)
     action = f"read {what}"
@@ -309,12 +342,15 @@ def read_user_bytes(path: str | Path, *, what: str = "the file", hint: str | Non
     except OSError as exc:
         raise file_error(exc, source, action=action, hint=hint) from exc
     try:
-        kind = file_kind(os.fstat(fd).st_mode)
+        info = os.fstat(fd)
+        kind = file_kind(info.st_mode)
         if kind is not None:
             raise not_a_file_error(source, kind, action=action)
+        if info.st_size > max_bytes:
+            raise too_large_error(source, info.st_size, max_bytes, what=what)
         with os.fdopen(fd, "rb", closefd=True) as handle:
             fd = -1
-            return handle.read()
+            return read_limited(handle, max_bytes, source=source, what=what)
     except OSError as exc:
         raise file_error(exc, source, action=action, hint=hint) from exc
     finally:
@@ -344,7 +380,13 @@ def decode_user_text(
         ) from exc
 
 
-def read_user_text(path: str | Path, *, what: str = "the file", hint: str | None = None) -> str:
+def read_user_text(
+    path: str | Path,
+    *,
+    what: str = "the file",
+    hint: str | None = None,
+    max_bytes: int = MAX_USER_FILE_BYTES,
+) -> str:
     """Read a text file the user named, as UTF-8, with every failure a :class:`ConfigError`.
 
     A missing file, a folder, a named pipe or a device (refused before reading, see
@@ -356,12 +398,14 @@ def read_user_text(path: str | Path, *, what: str = "the file", hint: str | None
         path: The file.
         what: What the file is, for the message (``"the workload file"``).
         hint: What to do; default: a hint for the kind of error.
+        max_bytes: The most bytes read (see :func:`read_user_bytes`).
 
     Raises:
-        ConfigError: When the file cannot be read, is not a regular file, or is not UTF-8
-            text (``key_path`` is the file, or ``FILE:LINE:COLUMN`` for a bad byte).
+        ConfigError: When the file cannot be read, is not a regular file, is larger than
+            ``max_bytes``, or is not UTF-8 text (``key_path`` is the file, or
+            ``FILE:LINE:COLUMN`` for a bad byte).
     """
-    data = read_user_bytes(path, what=what, hint=hint)
+    data = read_user_bytes(path, what=what, hint=hint, max_bytes=max_bytes)
     return decode_user_text(data, source=Path(path), what=what, hint=hint)
 
 

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from memfit._checks import require, require_mapping, require_workload
 from memfit.backends.software import target_runtime
 from memfit.core.budget import DEFAULT_MARGIN
 from memfit.core.catalog import GpuSpec, anonymous_gpu, host_device
@@ -171,6 +172,10 @@ def resolve_gpu(gpu: str | int | GpuSpec) -> GpuSpec:
     return catalog_gpu(gpu)
 
 
+#: The ways ``plan`` may get a Brax workload's measurements (``measure=``).
+MEASURE_MODES: tuple[str, ...] = ("auto", "fresh", "recorded")
+
+
 def with_measurements(
     workload: Workload,
     measure: str = "auto",
@@ -186,6 +191,14 @@ def with_measurements(
         BackendUnavailable: For ``fresh`` without brax or jax.
         EstimateError: When measuring fails.
     """
+    if measure not in MEASURE_MODES:  # also for a workload that measures nothing
+        raise ConfigError(
+            f"unknown measurement mode {measure!r}: measure must be one of "
+            + ", ".join(MEASURE_MODES),
+            key_path="measure",
+            hint="auto: the best measurement at hand; fresh: measure now; recorded: only "
+            "the workload's recorded measurements",
+        )
     if workload.env is None:
         return workload, []
     from memfit.integrations._brax_measure import resolve_measurements
@@ -282,6 +295,15 @@ def plan(
         InfeasiblePlan: When nothing fits (smallest footprint and breaking term attached).
         EstimateError: When the workload's traced estimator cannot trace its step.
     """
+    require_workload("workload", workload)
+    if not isinstance(gpu, GpuSpec):
+        require("gpu", gpu, "str", "int")
+    require_mapping("overrides", overrides, values="int", optional=True)
+    require("margin", margin, "number", "str")
+    require("host_memory_bytes", host_memory_bytes, "size", optional=True)
+    require("device_index", device_index, "int")
+    require("measure", measure, "str")
+    require("progress", progress, "callable", optional=True)
     loaded = load_workload(workload) if not isinstance(workload, Workload) else workload
     target = _target_runtime(loaded, runtime)
     loaded, notes = with_measurements(loaded, measure, progress)

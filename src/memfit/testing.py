@@ -40,6 +40,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from memfit._checks import require, require_int_list, require_str_list
 from memfit.errors import ConfigError
 from memfit.runtime.oom import in_no_alloc_section
 
@@ -108,7 +109,7 @@ def _check(rate: float, where: Sequence[str], limit: int | None) -> tuple[str, .
         )
     if isinstance(where, str):
         where = (where,)
-    phases = tuple(where)
+    phases = tuple(require_str_list("where", where))
     unknown = [p for p in phases if p not in PHASES]
     if unknown or not phases:
         raise ConfigError(
@@ -161,6 +162,10 @@ def inject_oom(
     >>> chaos.raised["forward"]
     1
     """
+    require("seed", seed, "int")
+    require("limit", limit, "int", optional=True)
+    require("inplace", inplace, "bool")
+    targets_list = require_int_list("at", at) if at is not None else None
     phases = _check(rate, where, limit)
     import torch
     from torch.autograd.graph import increment_version
@@ -171,7 +176,7 @@ def inject_oom(
     from torch.utils._python_dispatch import TorchDispatchMode
 
     record = InjectedOom(rate=float(rate), seed=seed, where=phases, limit=limit)
-    targets = frozenset(int(i) for i in at) if at is not None else None
+    targets = frozenset(targets_list) if targets_list is not None else None
     rng = random.Random(seed)
     state = {"optimizer": 0}
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import re
 
+from memfit._checks import require
 from memfit.errors import ConfigError
 
 __all__ = [
@@ -88,6 +89,7 @@ def parse_bytes(text: str | int) -> int:
     >>> parse_bytes(512)
     512
     """
+    require("text", text, "str", "int")
     if isinstance(text, bool):
         raise ConfigError(f"not a size: {text!r}", hint=_HINT)
     if isinstance(text, int):
@@ -145,6 +147,8 @@ def format_bytes(n: int | float, *, precision: int = 2) -> str:
     >>> format_bytes(0), format_bytes(1536), format_bytes(-3 * 2**20)
     ('0 B', '1.50 KiB', '-3.00 MiB')
     """
+    require("n", n, "real")
+    require("precision", precision, "int")
     if isinstance(n, float) and (math.isnan(n) or math.isinf(n)):
         return str(n)
     sign = "-" if n < 0 else ""

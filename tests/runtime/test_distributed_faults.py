@@ -60,3 +60,30 @@ def test_an_error_on_one_rank_stops_every_rank(ranks: list[dict[str, Any]], scen
     assert r0["raised"].startswith("MemfitError: another rank stopped")
     assert r0["steps"] == r1["steps"]
     assert _same(r0["params"], r1["params"])  # the failed step was undone on rank 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chunked", [False, True], ids=["whole", "chunked"])
+@pytest.mark.parametrize("kind", ["oom", "error", "interrupt"])
+def test_the_default_leaves_every_rank_on_the_same_whole_step(
+    ranks: list[dict[str, Any]], kind: str, chunked: bool
+) -> None:
+    """A fault inside rank 1's optimizer.step() under the default policy (issue 21)."""
+    ops = ranks[0]["default_ops"]
+    for at in (1, ops // 2, ops - 1):
+        name = f"default_{kind}_{'chunked' if chunked else 'whole'}_{at}"
+        r0, r1 = (r[name] for r in ranks)
+        # bit for bit the same parameters and optimizer state on both ranks
+        assert all(torch.equal(p, q) for p, q in zip(r0["params"], r1["params"], strict=True))
+        assert all(torch.equal(p, q) for p, q in zip(r0["state"], r1["state"], strict=True))
+        if kind == "oom":  # retried from the journal: the run goes on, as plain DDP
+            assert r0["raised"] is None and r1["raised"] is None, name
+            assert r0["steps"] == r1["steps"] == worker_module.STEPS
+            assert _same(r0["params"], ranks[0]["reference"], 1e-12)
+            assert "oom" in r1["kinds"] and "oom" not in r0["kinds"], name
+            assert not any("copied from rank" in m for m in r1["messages"])
+        else:  # every rank stops after step 3, undone (one chunk) or completed (chunks)
+            expected = "RuntimeError: a bug" if kind == "error" else "KeyboardInterrupt"
+            assert r1["raised"].startswith(expected), name
+            assert r0["raised"].startswith("MemfitError: another rank stopped"), name
+            assert r0["steps"] == r1["steps"] == 3

@@ -213,7 +213,7 @@ def test_jax_guard_misuse_gives_config_errors() -> None:
     assert info.value.key_path == "loss_fn"
 
 
-def test_stateless_optimizer_is_snapshotted_on_its_first_step_only() -> None:
+def test_stateless_optimizer_is_journaled_not_snapshotted() -> None:
     import torch
 
     import memfit
@@ -222,8 +222,8 @@ def test_stateless_optimizer_is_snapshotted_on_its_first_step_only() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)  # no momentum: never any state
     batch = {"x": torch.randn(8, 4), "y": torch.randn(8, 1)}
     guard = memfit.TrainGuard(opt, lambda b: torch.nn.functional.mse_loss(model(b["x"]), b["y"]))
-    snapshotted = []
+    seen = []
     for _ in range(3):
         guard(batch)
-        snapshotted.append(guard.last_step_snapshotted)
-    assert snapshotted == [True, False, False]
+        seen.append((guard.last_step_journaled, guard.last_step_snapshotted))
+    assert seen == [(True, False)] * 3

@@ -23,7 +23,7 @@ import typer
 from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
 
-from memfit.errors import ConfigError
+from memfit.errors import ConfigError, MemfitError
 
 __all__ = [
     "JSON_OPTION",
@@ -80,10 +80,13 @@ RUNTIME_OPTION: str | None = typer.Option(
 
 #: Characters a terminal acts on instead of showing: C0 and C1 controls (ESC starts colour
 #: and cursor sequences, BEL rings, CR overwrites the line) and the bidirectional overrides
-#: that reorder what follows them.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+#: that reorder what follows them; and lone surrogates (from a "\\ud800" escape in a YAML or
+#: JSON file), which no terminal encoding can write.
+_CONTROL = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)
 _CONTROL_KEEP_NEWLINES = re.compile(
-    "[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]"
+    "[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
 )
 
 
@@ -133,7 +136,7 @@ def user_code(what: str) -> Iterator[None]:
         ConfigError: When the code calls ``sys.exit`` (or raises ``SystemExit``).
     """
     try:
-        with contextlib.redirect_stdout(sys.stderr):
+        with contextlib.redirect_stdout(_Unclosable(sys.stderr)):
             yield
     except SystemExit as exc:
         raise ConfigError(
@@ -142,6 +145,36 @@ def user_code(what: str) -> Iterator[None]:
             hint="keep the module importable without side effects: put its script part "
             'under `if __name__ == "__main__":`',
         ) from exc
+    except (KeyboardInterrupt, GeneratorExit):
+        raise
+    except BaseException as exc:
+        if isinstance(exc, Exception):
+            raise
+        # A BaseException of the user's own (not an Exception): still the user's code.
+        raise ConfigError(
+            f"{what} raised {type(exc).__name__}: {exc}",
+            key_path="factory",
+            hint="the user code raised an exception that is not an Exception subclass; "
+            "rerun with --debug for the traceback",
+        ) from exc
+
+
+class _Unclosable:
+    """A stream that passes everything through but ``close()`` (user code that closes
+    ``sys.stdout`` while memfit sends it to stderr must not take memfit's messages with it)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def close(self) -> None:
+        """Do nothing: the stream is memfit's."""
+
+    @property
+    def closed(self) -> bool:
+        return bool(getattr(self._stream, "closed", False))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -173,6 +206,29 @@ def to_jsonable(obj: Any) -> Any:
 
 
 def print_json(obj: Any) -> None:
-    """Print one JSON document on stdout (indented, keys in their given order)."""
-    sys.stdout.write(json.dumps(to_jsonable(obj), indent=2) + "\n")
-    sys.stdout.flush()
+    """Print one JSON document on stdout (indented, keys in their given order).
+
+    Raises:
+        MemfitError: When stdout is closed (``memfit ... --json >&-``) or cannot be written
+            (a full disk); a closed pipe (``| head``) stays a ``BrokenPipeError``.
+    """
+    text = json.dumps(to_jsonable(obj), indent=2) + "\n"
+    out = sys.stdout
+    if out is None or getattr(out, "closed", False):
+        raise stdout_closed()
+    try:
+        out.write(text)
+        out.flush()
+    except BrokenPipeError:
+        raise
+    except (OSError, ValueError) as exc:
+        raise stdout_closed(exc) from exc
+
+
+def stdout_closed(exc: BaseException | None = None) -> MemfitError:
+    """The error for output that has nowhere to go."""
+    reason = f" ({exc})" if exc is not None else ""
+    return MemfitError(
+        f"cannot write the output: standard output is closed or not writable{reason}",
+        hint="give the command a stdout to write to (a terminal, a file, a pipe)",
+    )

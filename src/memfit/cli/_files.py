@@ -29,11 +29,13 @@ from pathlib import Path
 import typer
 
 from memfit.errors import (
+    MAX_USER_FILE_BYTES,
     ConfigError,
     decode_user_text,
     file_error,
     file_kind,
     not_a_file_error,
+    read_limited,
     read_user_bytes,
 )
 
@@ -57,7 +59,12 @@ FORCE_OPTION: bool = typer.Option(
 
 
 def read_input(
-    arg: str | Path, *, what: str, hint: str | None = None, stdin: bool = False
+    arg: str | Path,
+    *,
+    what: str,
+    hint: str | None = None,
+    stdin: bool = False,
+    max_bytes: int = MAX_USER_FILE_BYTES,
 ) -> tuple[bytes, str]:
     """The bytes of a file the user named, and the name to show for it.
 
@@ -66,6 +73,7 @@ def read_input(
         what: What the file is, for messages (``"the run log"``).
         hint: What to do when it cannot be read.
         stdin: Whether ``-`` means standard input.
+        max_bytes: The most bytes read (more is a :class:`ConfigError`).
 
     Returns:
         ``(data, source)``; ``source`` is the path as given, or ``"<stdin>"``.
@@ -74,15 +82,34 @@ def read_input(
         ConfigError: When the file is missing, unreadable, or not a regular file.
     """
     if stdin and str(arg) == STDIN:
-        return sys.stdin.buffer.read(), "<stdin>"
-    return read_user_bytes(arg, what=what, hint=hint), str(arg)
+        stream = getattr(sys.stdin, "buffer", None)
+        if stream is None or getattr(sys.stdin, "closed", False):
+            raise ConfigError(
+                f"cannot read {what} from standard input: it is closed",
+                key_path=STDIN,
+                hint="pipe the file in (`memfit ... - < FILE`) or give its path",
+            )
+        try:
+            return read_limited(stream, max_bytes, source="<stdin>", what=what), "<stdin>"
+        except (OSError, ValueError) as exc:  # a closed descriptor, a detached buffer
+            raise ConfigError(
+                f"cannot read {what} from standard input: {exc}",
+                key_path=STDIN,
+                hint="pipe the file in (`memfit ... - < FILE`) or give its path",
+            ) from exc
+    return read_user_bytes(arg, what=what, hint=hint, max_bytes=max_bytes), str(arg)
 
 
 def read_input_text(
-    arg: str | Path, *, what: str, hint: str | None = None, stdin: bool = False
+    arg: str | Path,
+    *,
+    what: str,
+    hint: str | None = None,
+    stdin: bool = False,
+    max_bytes: int = MAX_USER_FILE_BYTES,
 ) -> tuple[str, str]:
     """Like :func:`read_input`, decoded as UTF-8 (a bad byte names its line and column)."""
-    data, source = read_input(arg, what=what, hint=hint, stdin=stdin)
+    data, source = read_input(arg, what=what, hint=hint, stdin=stdin, max_bytes=max_bytes)
     return decode_user_text(data, source=source, what=what, hint=hint), source
 
 
@@ -122,7 +149,19 @@ class Output:
         force: bool,
         inputs: Iterable[str | Path | None] = (),
     ) -> Output:
-        """The output at ``path``; ``None`` inputs (stdin, no file) are left out."""
+        """The output at ``path``; ``None`` inputs (stdin, no file) are left out.
+
+        Raises:
+            ConfigError: When ``path`` ends with a path separator (it names a folder).
+        """
+        text = str(path)
+        if text.endswith(("/", os.sep)) or (os.altsep and text.endswith(os.altsep)):
+            raise ConfigError(
+                f"cannot write {what} ({option}): {text!r} names a folder (it ends with "
+                f"{text[-1]!r})",
+                key_path=text,
+                hint=f"give a file name, e.g. {option} {text.rstrip('/' + os.sep)}/out.yaml",
+            )
         kept = tuple(Path(i) for i in inputs if i is not None)
         return cls(Path(path), what, option, force, kept)
 

@@ -9,7 +9,6 @@ attached to a bug report (a new file, or ``--force``); ``--from-json FILE`` show
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import typer
 from rich.table import Table
@@ -116,7 +115,7 @@ def devices(
         metavar="FILE",
         help="Show a snapshot saved earlier (- reads it from stdin).",
     ),
-    save: Path | None = typer.Option(
+    save: str | None = typer.Option(
         None,
         "--save",
         metavar="FILE",

@@ -38,6 +38,9 @@ from memfit.runtime.allocator_env import (
     jax_fraction_name,
 )
 
+#: The largest shell file ``env --check`` reads (a few lines of exports is the norm).
+MAX_SETTINGS_BYTES = 1 * 2**20
+
 __all__ = ["env", "register"]
 
 
@@ -85,7 +88,9 @@ def env(
     rec = replace(rec, notes=(*rec.notes, f"{fraction_name}: {fraction_why}"))
     script = render_shell(rec.settings, shell)
     if check is not None:
-        text, source = read_input_text(check, what="the shell file (--check)", stdin=True)
+        text, source = read_input_text(
+            check, what="the shell file (--check)", stdin=True, max_bytes=MAX_SETTINGS_BYTES
+        )
         try:
             problems = check_shell(text)
         except ConfigError as exc:

@@ -225,7 +225,8 @@ def _report(exc: MemfitError, argv: Sequence[str]) -> None:
     from memfit.cli._common import err_console, print_json, safe
 
     if _wants_json(argv):
-        print_json(exc.to_dict())
+        with contextlib.suppress(MemfitError, OSError, ValueError):
+            print_json(exc.to_dict())  # stdout may be what failed: stderr still says it
     err_console.print(f"[bold red]Error:[/] {safe(exc.message, newlines=True)}")
     command = next((a for a in argv if not a.startswith("-")), None)
     fallback = f"memfit {command} --help" if command else "memfit --help"
@@ -257,13 +258,67 @@ def _flags_take_no_value(command: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI with ``argv`` (default: ``sys.argv[1:]``) and return the exit status."""
+    """Run the CLI with ``argv`` (default: ``sys.argv[1:]``) and return the exit status.
+
+    Reporting an error never raises: when stderr itself is closed, the status says it.
+    """
     args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(args)
+    except BrokenPipeError:
+        return 0
+    except (OSError, ValueError, AttributeError):  # stderr closed too: nowhere to say more
+        return 1
+
+
+def _repeated_option(command: Any, args: Sequence[str]) -> MemfitError | None:
+    """An option that takes one value given more than once (click keeps the last silently:
+    ``--gpu A --gpu B`` planned for B)."""
+    name = next((a for a in args if not a.startswith("-")), None)
+    load = getattr(command, "load", None)
+    if name in COMMANDS and callable(load):
+        load(name)  # a lazy command's options are known once its module is imported
+    commands = getattr(command, "commands", {})
+    sub = commands.get(name) if name is not None else None
+    if sub is None:
+        return None
+    single: dict[str, str] = {}
+    for param in getattr(sub, "params", ()):
+        if getattr(param, "param_type_name", "") != "option":
+            continue
+        if getattr(param, "multiple", False) or getattr(param, "is_flag", False):
+            continue
+        for opt in [*param.opts, *param.secondary_opts]:
+            single[opt] = param.opts[0]
+    counts: dict[str, int] = {}
+    for arg in args[args.index(name) + 1 :] if name is not None else ():
+        if arg == "--":
+            break
+        opt = arg.split("=", 1)[0] if arg.startswith("--") else arg
+        if opt in single:
+            counts[single[opt]] = counts.get(single[opt], 0) + 1
+    for opt, n in counts.items():
+        if n > 1:
+            from memfit.errors import ConfigError
+
+            return ConfigError(
+                f"{opt} is given {n} times; it takes one value",
+                key_path=opt,
+                hint=f"give {opt} once (only the last would be used)",
+            )
+    return None
+
+
+def _main(args: list[str]) -> int:
     debug = "--debug" in args or bool(os.environ.get("MEMFIT_DEBUG"))
     command = typer.main.get_command(app)
     _flags_take_no_value(command)
     if not args:  # bare `memfit`: the help, as a request rather than a usage error
         args = ["--help"]
+    repeated = _repeated_option(command, args)
+    if repeated is not None:
+        _report(repeated, args)
+        return 1
     try:
         result = command.main(args=args, prog_name="memfit", standalone_mode=False)
     except MemfitError as exc:
@@ -289,7 +344,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
-    except Exception as exc:  # an internal bug, not a user's mistake
+    except (SystemExit, GeneratorExit):
+        raise
+    except BaseException as exc:  # an internal bug, not a user's mistake
         if debug:
             import traceback
 
@@ -298,9 +355,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if _wants_json(args):
             from memfit.cli._common import print_json
 
-            print_json(
-                {"error": "InternalError", "message": f"internal error: {exc!r}", "hint": hint}
-            )
+            with contextlib.suppress(MemfitError, OSError, ValueError):
+                print_json(
+                    {"error": "InternalError", "message": f"internal error: {exc!r}", "hint": hint}
+                )
         from rich.markup import escape
 
         _err(f"[bold red]Error:[/] internal error: {escape(repr(exc))}")

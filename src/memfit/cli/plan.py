@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 from typing import Any
 
 import typer
@@ -36,6 +35,7 @@ from memfit.cli._files import (
     read_input_text,
 )
 from memfit.cli._progress import status
+from memfit.core._workload_load import MAX_WORKLOAD_BYTES
 from memfit.core.budget import DEFAULT_MARGIN
 from memfit.core.catalog import GpuSpec
 from memfit.core.constraints import Violation, check, parse_set
@@ -67,7 +67,9 @@ def load_workload_arg(ref: str) -> Workload:
         ConfigError: When it cannot be read or is not a valid workload.
     """
     if ref == STDIN:
-        text, source = read_input_text(STDIN, what="the workload", stdin=True)
+        text, source = read_input_text(
+            STDIN, what="the workload", stdin=True, max_bytes=MAX_WORKLOAD_BYTES
+        )
         return parse_workload(text, source=source, default_name="stdin")
     return load_workload(ref)
 
@@ -453,7 +455,7 @@ def _plan_command(
     host_memory: str | None = typer.Option(
         None, "--host-memory", help="Host RAM for a replay buffer on the host (64GiB)."
     ),
-    write: Path | None = typer.Option(
+    write: str | None = typer.Option(
         None,
         "--write",
         metavar="FILE",

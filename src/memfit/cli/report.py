@@ -42,7 +42,7 @@ def report(
     run_file: str = typer.Argument(
         ..., metavar="RUN.jsonl", help="File a Recorder (or memfit watch --log) wrote; - for stdin."
     ),
-    output: Path | None = typer.Option(
+    output: str | None = typer.Option(
         None,
         "-o",
         "--output",
@@ -55,10 +55,10 @@ def report(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Summarise a recorded run; draw it to a PNG or a self-contained HTML page."""
-    suffix = output.suffix.lower() if output is not None else ""
+    suffix = Path(output).suffix.lower() if output is not None else ""
     if output is not None and suffix not in (".png", ".html", ".htm"):
         raise ConfigError(
-            f"cannot tell the report format from {output.name!r}",
+            f"cannot tell the report format from {Path(output).name!r}",
             key_path="--output",
             hint="name the output report.png (figure) or report.html (page)",
         )

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import time
-from pathlib import Path
 from typing import Any
 
 import typer
@@ -167,7 +166,7 @@ def watch(
     ),
     once: bool = typer.Option(False, "--once", help="Print one frame and exit."),
     as_json: bool = JSON_OPTION,
-    log: Path | None = typer.Option(
+    log: str | None = typer.Option(
         None, "--log", help="Append every frame as one JSON line to this file."
     ),
     pid: list[int] | None = typer.Option(

@@ -72,8 +72,8 @@ def _fields_at(loc: Sequence[int | str]) -> list[str]:
 
 def _line_of(text: str, loc: Sequence[int | str]) -> tuple[int, int] | None:
     """1-based line and column of the key or item at ``loc`` in the YAML text, if found."""
-    try:
-        node: Any = yaml.compose(text)
+    try:  # libyaml's composer when there is one: the same nodes and marks, ten times faster
+        node: Any = yaml.compose(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError:
         return None
     mark = None

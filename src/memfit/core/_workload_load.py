@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
+from memfit._checks import require, require_workload
 from memfit._plain import deep_merge
 from memfit.core._workload_errors import translate_validation_error
 from memfit.core._workload_schema import Workload
@@ -59,6 +61,10 @@ def _resolve(ref: str | Path) -> tuple[Path, str | None]:
     )
 
 
+#: The largest workload file memfit reads (the bundled ones take a few KiB).
+MAX_WORKLOAD_BYTES = 256 * 2**10
+
+
 def load_workload(ref: str | Path | Workload, *, variant: str | None = None) -> Workload:
     """Load and validate a workload file or a bundled workload.
 
@@ -75,28 +81,30 @@ def load_workload(ref: str | Path | Workload, *, variant: str | None = None) -> 
             ``file:line:column``), has an unknown key (with a did-you-mean hint), or a value of
             the wrong type or out of range (the key path names it), or the variant is unknown.
     """
+    require_workload("ref", ref)
+    require("variant", variant, "str", optional=True)
     if isinstance(ref, Workload):
         return ref
     try:
         path, at_variant = _resolve(ref)
     except OSError as exc:  # a path the system cannot even look up (a name too long, ...)
         raise file_error(exc, str(ref), action="read the workload file") from exc
-    text = read_user_text(path, what="the workload file")
+    text = read_user_text(path, what="the workload file", max_bytes=MAX_WORKLOAD_BYTES)
     return parse_workload(
         text, source=str(path), variant=variant or at_variant, default_name=path.stem
     )
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, except that a key given twice in one mapping is an error (PyYAML
-    keeps the last silently, so a second ``knobs:`` section would replace the first)."""
+class _UniqueKeys:
+    """A key given twice in one mapping is an error (PyYAML keeps the last silently, so a
+    second ``knobs:`` section would replace the first)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, yaml.Node] = {}
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":
                 continue  # `<<: *anchor`: merged below, its keys overridable as YAML allows
-            key = self.construct_object(key_node, deep=deep)
+            key = self.construct_object(key_node, deep=deep)  # type: ignore[attr-defined]
             if isinstance(key, (str, int, float, bool)) and key in seen:
                 first = seen[key].start_mark
                 raise yaml.constructor.ConstructorError(
@@ -107,7 +115,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 )
             if isinstance(key, (str, int, float, bool)):
                 seen[key] = key_node
-        return super().construct_mapping(node, deep=deep)
+        return super().construct_mapping(node, deep=deep)  # type: ignore[misc,no-any-return]
 
     def _refuse_base_60(self, node: yaml.ScalarNode) -> None:
         text = str(node.value)
@@ -122,15 +130,37 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
     def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
         self._refuse_base_60(node)
-        return int(super().construct_yaml_int(node))
+        return int(super().construct_yaml_int(node))  # type: ignore[misc]
 
     def construct_yaml_float(self, node: yaml.ScalarNode) -> float:
         self._refuse_base_60(node)
-        return float(super().construct_yaml_float(node))
+        return float(super().construct_yaml_float(node))  # type: ignore[misc]
 
 
-_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _UniqueKeyLoader.construct_yaml_int)
-_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:float", _UniqueKeyLoader.construct_yaml_float)
+class _UniqueKeyLoader(_UniqueKeys, yaml.SafeLoader):
+    """PyYAML's safe loader with :class:`_UniqueKeys`: its error messages are the ones users
+    see."""
+
+
+_C_LOADER = getattr(yaml, "CSafeLoader", None)
+#: The same checks on libyaml's parser (ten times faster; None without libyaml). A file it
+#: refuses is read again with :class:`_UniqueKeyLoader` for the message.
+_FastLoader: Any = type("_FastLoader", (_UniqueKeys, _C_LOADER), {}) if _C_LOADER else None
+
+
+def _load_yaml(text: str) -> Any:
+    if _FastLoader is not None:
+        try:
+            return yaml.load(text, Loader=_FastLoader)
+        except yaml.YAMLError:
+            pass  # the pure-Python loader below says what is wrong, as users know it
+    return yaml.load(text, Loader=_UniqueKeyLoader)
+
+
+for _loader in (_UniqueKeyLoader, _FastLoader):
+    if _loader is not None:  # YAML 1.1 base-60 numbers refused by both parsers
+        _loader.add_constructor("tag:yaml.org,2002:int", _UniqueKeys.construct_yaml_int)  # type: ignore[type-var]
+        _loader.add_constructor("tag:yaml.org,2002:float", _UniqueKeys.construct_yaml_float)  # type: ignore[type-var]
 
 
 def _yaml_hint(exc: yaml.MarkedYAMLError) -> str:
@@ -146,6 +176,45 @@ def _yaml_hint(exc: yaml.MarkedYAMLError) -> str:
     return "check the indentation and the punctuation (':', '-', quotes) at that spot"
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+#: Deepest nesting a workload file may have (the bundled ones are five levels deep).
+MAX_WORKLOAD_DEPTH = 64
+
+
+def _check_tree(data: Any, source: str) -> None:
+    """Refuse nesting deeper than :data:`MAX_WORKLOAD_DEPTH` and text holding a lone
+    surrogate (a ``"\\ud800"`` escape: no file or terminal encoding can write it back).
+
+    Raises:
+        ConfigError: Naming the key where it is.
+    """
+    stack: list[tuple[Any, str, int]] = [(data, "", 0)]
+    while stack:
+        value, where, depth = stack.pop()
+        if depth > MAX_WORKLOAD_DEPTH:
+            raise ConfigError(
+                "the YAML is nested too deeply to read (hundreds of levels or more)",
+                key_path=source,
+                hint="a workload file is a few levels deep; check that this is the right file",
+            )
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                raise ConfigError(
+                    f"text with a lone surrogate ({value.encode('utf-8', 'backslashreplace')!r})",
+                    key_path=where or source,
+                    hint="a \\uD800-\\uDFFF escape must be half of a pair; write the "
+                    "character itself",
+                )
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                stack.append((key, where or source, depth + 1))
+                stack.append((item, f"{where}.{key}" if where else str(key), depth + 1))
+        elif isinstance(value, list):
+            stack.extend((item, f"{where}[{i}]", depth + 1) for i, item in enumerate(value))
+
+
 def parse_workload(
     text: str, *, source: str = "<workload>", variant: str | None = None, default_name: str = ""
 ) -> Workload:
@@ -156,7 +225,7 @@ def parse_workload(
             variant; the key path says where.
     """
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)
+        data = _load_yaml(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
@@ -174,6 +243,13 @@ def parse_workload(
             key_path=source,
             hint="a workload file is a few levels deep; check that this is the right file",
         ) from None
+    except ValueError as exc:  # an integer past Python's 4300-digit conversion limit
+        raise ConfigError(
+            f"a value of the workload cannot be read: {exc}",
+            key_path=source,
+            hint="sizes and counts in a workload file are numbers of at most 20 digits",
+        ) from None
+    _check_tree(data, source)
     if not isinstance(data, dict):
         raise ConfigError(
             "a workload file must be a mapping of keys to values",

@@ -18,6 +18,8 @@ _FACTORY = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*")
 
 #: Most values one knob may take (the planner enumerates them).
 MAX_KNOB_VALUES = 4096
+#: Most devices one job may run on (the largest training clusters have about 10**5 GPUs).
+MAX_DEVICES = 2**20
 
 _DTYPE_BYTES: dict[str, int] = {
     "uint8": 1,
@@ -197,8 +199,8 @@ class NetworkSpec(_Strict):
     critics: 2)."""
 
     params: int | None = Field(default=None, ge=1)
-    layers: list[Annotated[int, Field(ge=1)]] | None = None
-    conv: list[ConvLayer] | None = None
+    layers: list[Annotated[int, Field(ge=1)]] | None = Field(default=None, min_length=1)
+    conv: list[ConvLayer] | None = Field(default=None, min_length=1)
     input: Literal["vector", "raster", "camera"] | None = None
     target: bool = False
     activation_items: int | None = Field(default=None, ge=0)
@@ -257,7 +259,7 @@ class Observations(_Strict):
 class DeviceSpec(_Strict):
     """Devices the job runs on and how it spreads over them; memory terms are per device."""
 
-    count: int = Field(default=1, ge=1)
+    count: int = Field(default=1, ge=1, le=MAX_DEVICES)
     strategy: Literal["single", "ddp", "fsdp", "pmap"] = "single"
 
     @model_validator(mode="after")
@@ -413,7 +415,7 @@ class Workload(_Strict):
     terms: dict[str, int | str] | None = None
     settings: dict[str, int] = Field(default_factory=dict)
     knobs: dict[str, KnobSpec] = Field(default_factory=dict)
-    objective: str | None = None
+    objective: str | None = Field(default=None, min_length=1, pattern=r"\S")
     effective_batch: EffectiveBatch | None = None
     constraints: Constraints = Field(default_factory=Constraints)
     estimator: Literal["analytic", "torch", "jax"] = "analytic"

@@ -610,6 +610,88 @@ _ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
 _PS_ASSIGN = re.compile(r"""^\s*\$env:([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(["']?)(.*?)\2\s*;?\s*$""")
 
 
+_PLAIN_RUN = re.compile(r"[^ \t\r\n;&|#'\"\\]+")
+_PUNCT_RUN = re.compile(r"[;&|]+")
+_DQ_RUN = re.compile(r'[^"\\]+')
+
+
+def shell_words(line: str) -> list[str]:
+    """Split one line as ``shlex.shlex(line, posix=True, punctuation_chars=";&|")`` with
+    ``whitespace_split`` and ``#`` comments does, in time linear in the line's length.
+
+    ``shlex`` builds each token by adding one character at a time to an attribute, which
+    is quadratic in the token's length: a 200,000-entry ``PYTORCH_CUDA_ALLOC_CONF`` line
+    took minutes. Quotes are removed as a POSIX shell does; runs of ``;``, ``&`` and ``|``
+    are tokens of their own; a ``#`` starts a comment.
+
+    Raises:
+        ValueError: ``"No closing quotation"`` or ``"No escaped character"``, as ``shlex``.
+
+    >>> shell_words("export A='x y' B=1;echo # done")
+    ['export', 'A=x y', 'B=1', ';', 'echo']
+    """
+    words: list[str] = []
+    buf: list[str] = []
+    in_word = False
+    i, n = 0, len(line)
+    while i < n:
+        c = line[i]
+        if c in " \t\r\n":
+            if in_word:
+                words.append("".join(buf))
+                buf, in_word = [], False
+            i += 1
+        elif c in ";&|":
+            if in_word:
+                words.append("".join(buf))
+                buf, in_word = [], False
+            match = _PUNCT_RUN.match(line, i)
+            assert match is not None
+            words.append(match.group())
+            i = match.end()
+        elif c == "#":
+            break  # a comment, at the start of a word or inside one (as shlex reads it)
+        elif c == "'":
+            end = line.find("'", i + 1)
+            if end < 0:
+                raise ValueError("No closing quotation")
+            buf.append(line[i + 1 : end])
+            in_word, i = True, end + 1
+        elif c == '"':
+            in_word, i = True, i + 1
+            while True:
+                if i >= n:
+                    raise ValueError("No closing quotation")
+                d = line[i]
+                if d == '"':
+                    i += 1
+                    break
+                if d == "\\":
+                    if i + 1 >= n:
+                        raise ValueError("No escaped character")
+                    following = line[i + 1]
+                    buf.append(following if following in '"\\' else d + following)
+                    i += 2
+                    continue
+                match = _DQ_RUN.match(line, i)
+                assert match is not None
+                buf.append(match.group())
+                i = match.end()
+        elif c == "\\":
+            if i + 1 >= n:
+                raise ValueError("No escaped character")
+            buf.append(line[i + 1])
+            in_word, i = True, i + 2
+        else:
+            match = _PLAIN_RUN.match(line, i)
+            assert match is not None
+            buf.append(match.group())
+            in_word, i = True, match.end()
+    if in_word:
+        words.append("".join(buf))
+    return words
+
+
 def parse_shell_assignments(text: str) -> list[tuple[int, str, str | None]]:
     """Environment assignments in a shell snippet, in order: ``(line, name, value)``.
 
@@ -634,10 +716,7 @@ def parse_shell_assignments(text: str) -> list[tuple[int, str, str | None]]:
             found.append((lineno, ps.group(1), ps.group(3)))
             continue
         try:
-            lexer = shlex.shlex(stripped, posix=True, punctuation_chars=";&|")
-            lexer.whitespace_split = True
-            lexer.commenters = "#"
-            tokens = list(lexer)
+            tokens = shell_words(stripped)
         except ValueError as exc:
             raise ConfigError(
                 f"cannot read the line: {exc}",

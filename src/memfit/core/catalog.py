@@ -29,6 +29,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from memfit._checks import require
 from memfit.errors import ConfigError
 from memfit.units import GiB, MiB, format_bytes, format_mib, parse_bytes
 
@@ -1190,6 +1191,7 @@ def gpu(name_or_size: str | int) -> GpuSpec:
     >>> gpu("NVIDIA GeForce RTX 4090") is gpu("rtx4090")
     True
     """
+    require("name_or_size", name_or_size, "str", "int")
     if isinstance(name_or_size, bool):
         raise ConfigError(f"not a GPU name or size: {name_or_size!r}", key_path="gpu")
     if isinstance(name_or_size, int):

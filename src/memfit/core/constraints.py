@@ -31,6 +31,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from memfit._checks import require_mapping, require_workload
 from memfit._plain import plain_fields
 from memfit.core.workload import Rule as RuleSpec
 from memfit.core.workload import Workload, load_workload
@@ -591,6 +592,8 @@ def check(
     >>> v[0].suggestions[:2]
     ({'num_minibatches': 4}, {'batch_size': 256})
     """
+    require_workload("workload", workload)
+    require_mapping("overrides", overrides, values="int", optional=True)
     workload = load_workload(workload)
     given = apply_overrides(workload, overrides)
     values: dict[str, int] = {**environment(workload), **workload.default_values(), **given}

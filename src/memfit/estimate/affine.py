@@ -5,7 +5,7 @@ Kept apart from the estimators so that using one framework's estimator never imp
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,12 @@ def check_batch_sizes(batch_sizes: Sequence[int]) -> list[int]:
     if isinstance(batch_sizes, (str, bytes)):
         raise ConfigError(
             f"batch sizes must be a list of integers, not the text {batch_sizes!r}",
+            key_path="batch_sizes",
+            hint=hint,
+        )
+    if not isinstance(batch_sizes, Iterable):
+        raise ConfigError(
+            f"batch sizes must be a list of integers, not {type(batch_sizes).__name__}",
             key_path="batch_sizes",
             hint=hint,
         )

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from memfit._checks import require, require_mapping
 from memfit._plain import plain_fields
 from memfit.errors import ConfigError, EstimateError, MemfitError
 from memfit.estimate.affine import AffineFit, check_batch_sizes, fit_affine
@@ -208,6 +209,10 @@ def estimate_jax(
             backend has no memory analysis.
         ConfigError: When the GPU name or an allocator setting is invalid.
     """
+    require("fn", fn, "callable")
+    require("gpu", gpu, "str", optional=True)
+    require_mapping("environ", environ, values="str", optional=True)
+    require("batch_size", batch_size, "int", optional=True)
     import jax
 
     try:

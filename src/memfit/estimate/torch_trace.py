@@ -50,6 +50,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from memfit._checks import require
 from memfit._plain import plain_fields
 from memfit.core.allocator import AllocatorModel, round_size
 from memfit.core.measured import MeasuredTerms
@@ -1038,6 +1039,16 @@ def estimate_torch(
         EstimateError: When the step calls an op fake tensors cannot run (data-dependent
             output, no fake kernel; the message names the op), or the user's code raises.
     """
+    for name, fn in (("build", build), ("step", step), ("make_batch", make_batch)):
+        require(name, fn, "callable")
+    require("gpu", gpu, "str", optional=True)
+    require("device", device, "str", optional=True)
+    require("expandable_segments", expandable_segments, "bool")
+    require("max_split_size", max_split_size, "int", optional=True)
+    require("steps", steps, "int")
+    require("batch_knob", batch_knob, "str")
+    require("kernel_scratch", kernel_scratch, "bool", optional=True)
+    require("progress", progress, "callable", optional=True)
     sizes = check_batch_sizes(batch_sizes)
 
     def allocator() -> AllocatorModel:

@@ -267,7 +267,7 @@ def train(
             "halve the micro-batch",
         )
     from memfit.runtime.guard import memory_figures
-    from memfit.runtime.oom import forget_exception, is_oom
+    from memfit.runtime.oom import first_line, forget_exception, is_oom
 
     output_dir = getattr(args, "output_dir", None)
     started = time.time()
@@ -291,9 +291,7 @@ def train(
         lost = int(getattr(getattr(trainer, "state", None), "global_step", 0) or 0)
         emit(
             on_event,
-            MemoryEvent(
-                "oom", None, "transformers.train", message.splitlines()[0], memory_figures()
-            ),
+            MemoryEvent("oom", None, "transformers.train", first_line(message), memory_figures()),
         )
         if micro == 1:
             break

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from memfit._checks import require
 from memfit._plain import plain_fields
 from memfit.core.allocator import K_SMALL_SIZE, round_size
 from memfit.core.replay import (
@@ -668,8 +669,15 @@ def explain(
 
     Raises:
         ConfigError: For a file that is not a snapshot, names a Python object, is cut off,
-            has no trace or an empty one, or an ``at`` the trace does not have.
+            has no trace or an empty one, or an ``at`` the trace does not have; for an
+            argument of the wrong type (named).
     """
+    if not isinstance(snapshot, (Mapping, Snapshot)):
+        require("snapshot", snapshot, "path")
+    require("at", at, "str", "int")
+    require("device", device, "int", optional=True)
+    require("capacity_bytes", capacity_bytes, "int", optional=True)
+    require("max_bytes", max_bytes, "int", optional=True)
     snap = _resolve(snapshot, max_bytes)
     dev = _device(snap, device)
     notes: list[str] = []

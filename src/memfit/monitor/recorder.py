@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from memfit._checks import require, require_iterable
 from memfit.backends.live import (
     LiveReader,
     NoReader,
@@ -187,6 +188,16 @@ class Recorder:
         imbalance: float = DEFAULT_IMBALANCE,
         sinks: Iterable[Any] = (),
     ) -> None:
+        require("path", path, "path", optional=True)
+        require("log", log, "bool")
+        require("csv", csv, "bool")
+        require("interval", interval, "number", optional=True)
+        require("budget", budget, "size", optional=True)
+        require("leak_check_seconds", leak_check_seconds, "number")
+        require("oom_dir", oom_dir, "path", optional=True)
+        require("memory_history", memory_history, "int", optional=True)
+        require("imbalance", imbalance, "number")
+        sinks = require_iterable("sinks", sinks)
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ConfigError(
                 f"every must be a whole number of steps >= 1, not {every!r}",
@@ -750,7 +761,9 @@ class Recorder:
             ConfigError: When the dump directory cannot be written.
         """
         if event is None:
-            message = str(exc).splitlines()[0][:500] if exc is not None else "out of memory"
+            from memfit.runtime.oom import first_line
+
+            message = first_line(str(exc))[:500] if exc is not None else "out of memory"
             event = MemoryEvent(
                 kind="oom", step=self._last_step, source="Recorder", message=message
             )

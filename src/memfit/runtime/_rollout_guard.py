@@ -9,6 +9,7 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
 
+from memfit._checks import require_iterable
 from memfit.core import ladder
 from memfit.errors import ConfigError, require_callable
 from memfit.runtime._batching import concat, map_arrays, walk
@@ -16,7 +17,7 @@ from memfit.runtime._guard_base import GuardBase
 from memfit.runtime._memory import free_memory, memory_figures, out_of_memory
 from memfit.runtime._rewind import rng_state as _rng_state
 from memfit.runtime.events import EventSink
-from memfit.runtime.oom import forget_exception, is_oom
+from memfit.runtime.oom import first_line, forget_exception, is_oom
 
 __all__ = ["RolloutGuard"]
 
@@ -73,6 +74,8 @@ class RolloutGuard(GuardBase, Generic[T]):
         require_callable(
             "fn", fn, hint="RolloutGuard(policy.select_action) or RolloutGuard(env.step)"
         )
+        require_callable("on_event", on_event, optional=True)
+        rngs = require_iterable("rngs", rngs)
         if isinstance(split_dim, bool) or not isinstance(split_dim, int) or split_dim < 0:
             raise ConfigError(
                 f"split_dim must be an integer >= 0, not {split_dim!r}",
@@ -163,7 +166,7 @@ class RolloutGuard(GuardBase, Generic[T]):
             action = self._next_rung(
                 tried,
                 "out of memory in the guarded call",
-                error=message.splitlines()[0],
+                error=first_line(message),
                 start=done,
                 stop=stop,
                 n=items,
@@ -182,7 +185,7 @@ class RolloutGuard(GuardBase, Generic[T]):
                 self._gave_up(tried)
                 raise out_of_memory(
                     f"out of memory in {getattr(self.fn, '__name__', 'the guarded call')} "
-                    f"even after {', '.join(tried)}: {message.splitlines()[0]}",
+                    f"even after {', '.join(tried)}: {first_line(message)}",
                     tried=tried,
                     hint="fewer environments per call, a smaller observation, or a larger GPU",
                 )

@@ -5,14 +5,14 @@ See :mod:`memfit.runtime.guard` for the whole story; this module holds the class
 
 from __future__ import annotations
 
+import contextlib
 import math
-import time
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
+from memfit._checks import require, require_iterable
 from memfit._plain import plural
-from memfit.backends.live import simulated_gpu, torch_cuda
 from memfit.core import ladder
 from memfit.errors import (
     ConfigError,
@@ -24,9 +24,9 @@ from memfit.errors import (
 from memfit.runtime import _distributed as distributed
 from memfit.runtime._batching import batch_size, chunk_bounds, split_batch
 from memfit.runtime._guard_base import GuardBase
+from memfit.runtime._journal import StepFailed, StepJournal, add_note
 from memfit.runtime._memory import (
     device_name,
-    free_device_bytes,
     free_memory,
     memory_figures,
     out_of_memory,
@@ -40,7 +40,7 @@ from memfit.runtime._snapshot import (
     versions_trustworthy,
 )
 from memfit.runtime.events import EventSink
-from memfit.runtime.oom import forget_exception, is_oom, no_alloc_section
+from memfit.runtime.oom import first_line, forget_exception, is_oom, no_alloc_section
 
 if TYPE_CHECKING:
     import torch
@@ -73,6 +73,8 @@ def clip_grad_norm(
     Raises:
         ConfigError: When ``max_norm`` is not a positive number.
     """
+    require("norm_type", norm_type, "number")
+    require("error_if_nonfinite", error_if_nonfinite, "bool")
     if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) or not max_norm > 0:
         raise ConfigError(f"max_norm must be a number > 0, not {max_norm!r}", key_path="max_norm")
 
@@ -104,17 +106,7 @@ def clip_grad_norm(
     return hook
 
 
-def _add_note(exc: BaseException, note: str) -> None:
-    """``exc.add_note(note)`` (Python 3.11+; on 3.10 the note is kept in ``__notes__``)."""
-    add = getattr(exc, "add_note", None)
-    if callable(add):
-        add(note)
-    else:
-        notes = getattr(exc, "__notes__", None)
-        if not isinstance(notes, list):
-            notes = []
-        notes.append(note)
-        exc.__notes__ = notes  # type: ignore[attr-defined]
+_add_note = add_note
 
 
 class TrainGuard(GuardBase):
@@ -136,10 +128,19 @@ class TrainGuard(GuardBase):
         on_event: Called with every :class:`~memfit.runtime.events.MemoryEvent`.
         grow_back_after: Clean steps (steps that did not have to split further) after
             which the micro-batch count is halved again.
-        snapshot_optimizer: When to copy parameters and optimizer state to host memory
-            before ``optimizer.step()`` so an out-of-memory (or any other error) inside it
-            can be undone: ``"auto"`` (when the step is at risk), ``"always"``/``True`` or
-            ``"never"``/``False``.
+        snapshot_optimizer: How a fault inside ``optimizer.step()`` (an out-of-memory,
+            another error, an interrupt) is kept from leaving a half-done step. ``"auto"``
+            (default): a journal on the parameters' device (see
+            :mod:`memfit.runtime._journal`): the built-in per-parameter optimizers are
+            stepped in chunks of at most ``max(largest parameter with its state, 64 MiB)``
+            and only the chunk being stepped is copied; an out-of-memory is retried from
+            the chunk that failed, so the step completes exactly; another error or an
+            interrupt undoes the step when it is one chunk (models whose parameters and
+            state take up to 64 MiB) and completes it first when it is several, then
+            propagates with a note saying which. ``"always"``/``True``: a copy of
+            everything in host memory before every step (undone as a whole on any fault;
+            no device memory). ``"never"``/``False``: nothing (an out-of-memory that
+            changed something stops the run).
         before_step: ``before_step(optimizer)``, run once per step after the gradients are
             complete (accumulated, averaged across ranks, unscaled) and before
             ``optimizer.step()``: gradient clipping (:func:`clip_grad_norm`), logging
@@ -156,6 +157,11 @@ class TrainGuard(GuardBase):
             step leaves the item-weighted average of the micro-batches' updates),
             ``"first"`` (only the first micro-batch updates them) or ``"each"`` (each
             does, as a gradient-accumulation loop).
+        reduction: What ``loss_fn`` returns: ``"mean"`` (default) over the batch's items
+            (micro-batch losses are weighted by their share of ``count_fn``), or ``"sum"``
+            over them (micro-batch losses are added as they are). A sum passed as a mean
+            changes the update when the batch is split (each ``"split"`` event says which
+            weighting the guard uses).
         transient_retries: Retries of a micro-batch size that ran before (a transient
             failure) before the batch is split further.
 
@@ -172,8 +178,9 @@ class TrainGuard(GuardBase):
     """
 
     source = "TrainGuard"
-    #: Seconds between two reads of CUDA's free memory for the ``"auto"`` snapshot policy.
-    free_check_seconds = 1.0
+    #: Bytes of parameters and optimizer state one chunk of the ``"auto"`` journal may hold
+    #: beyond the largest parameter's own (the journal's device memory).
+    journal_bytes = 64 * 2**20
 
     def __init__(
         self,
@@ -192,11 +199,26 @@ class TrainGuard(GuardBase):
         rngs: Iterable[Any] = (),
         split_stats: str = "average",
         transient_retries: int = 3,
+        reduction: str = "mean",
     ) -> None:
         import torch
 
         require_positive_int("max_splits", max_splits, hint="use a power of two such as 64")
         require_positive_int("grow_back_after", grow_back_after)
+        if model is not None and not isinstance(model, torch.nn.Module):
+            raise ConfigError(
+                f"model must be a torch.nn.Module or None, not {type(model).__name__}",
+                key_path="model",
+            )
+        if scaler is not None and not all(
+            callable(getattr(scaler, a, None)) for a in ("scale", "unscale_", "step", "update")
+        ):
+            raise ConfigError(
+                f"scaler must be a torch.amp.GradScaler or None, not {type(scaler).__name__}",
+                key_path="scaler",
+                hint="TrainGuard(..., scaler=torch.amp.GradScaler('cuda'))",
+            )
+        rngs = require_iterable("rngs", rngs)
         if not all(hasattr(optimizer, a) for a in ("param_groups", "step", "zero_grad", "state")):
             raise ConfigError(
                 f"optimizer must be a torch.optim.Optimizer, not {type(optimizer).__name__}",
@@ -265,25 +287,34 @@ class TrainGuard(GuardBase):
         self.snapshot_optimizer = snapshot_optimizer
         self.before_step = before_step
         self.split_stats = split_stats
+        if reduction not in ("mean", "sum"):
+            raise ConfigError(
+                f"reduction must be 'mean' or 'sum', not {reduction!r}",
+                key_path="reduction",
+                hint="what loss_fn returns over the batch's items: their mean or their sum",
+            )
+        self.reduction = reduction
         self.steps = 0
         self.last_before_step: Any = None
         self.last_step_snapshotted = False
-        self._params_at_last_step = -1  # parameters the optimizer had after its last step
+        self.last_step_journaled = False
         self._snapshot_policy: str = policy
-        self._snapshot = OptimizerSnapshot(optimizer) if policy != "never" else None
-        self._steps_since_oom: int | None = None
-        self._oom_in_step = False
-        self._next_free_check = 0.0  # monotonic time of the next read of CUDA's free memory
-        self._param_bytes = (-1, 0)  # (parameters counted, their bytes)
+        self._snapshot = OptimizerSnapshot(optimizer) if policy == "always" else None
+        self._journal = StepJournal(optimizer, self.journal_bytes) if policy == "auto" else None
+        self._divided: str | None = None  # a journalled step that gave up divided
         self._rng = _rng_state(restore_rng, rngs)
         watched = [model] if model is not None else modules_of(loss_fn)
         self._buffers = BufferState(watched, split_stats)
 
+    @property
+    def journal_held_bytes(self) -> int:
+        """Memory the ``"auto"`` journal holds now (0 under the other policies): its copy of
+        the chunk of parameters and optimizer state being stepped, on their device. On CUDA
+        or a simulated GPU it is given back after every step; in host memory it is kept."""
+        return self._journal.held_bytes if self._journal is not None else 0
+
     # -- events ------------------------------------------------------------------------------
     def _event(self, kind: str, message: str, **data: Any) -> None:
-        if kind == "oom":
-            self._oom_in_step = True
-            self._steps_since_oom = 0
         figures: dict[str, Any] = memory_figures()
         figures.update(data)
         self._record(kind, message, self.steps, figures)
@@ -299,9 +330,7 @@ class TrainGuard(GuardBase):
             message = self._attempt(fn)
             if message is None:
                 return None
-            self._event(
-                "oom", f"out of memory in {what}; trying again", error=message.splitlines()[0]
-            )
+            self._event("oom", f"out of memory in {what}; trying again", error=first_line(message))
         return message
 
     @staticmethod
@@ -433,6 +462,13 @@ class TrainGuard(GuardBase):
         if buffers:
             self._buffers.capture()
 
+    def _abandon(self) -> None:
+        """A step that will not happen: generators and buffers back to the step's start (as
+        last captured), best effort (the error that ends the step is the one to report)."""
+        with contextlib.suppress(Exception):
+            self._buffers.discard_average()
+            self._rewind()
+
     def _rewind(self) -> None:
         if self._rng is not None:
             self._rng.restore()
@@ -444,7 +480,7 @@ class TrainGuard(GuardBase):
         return out_of_memory(
             f"out of memory at step {self.steps}"
             + (f" even after {', '.join(tried)}" if tried else "")
-            + f": {message.splitlines()[0] if message else 'no message'}",
+            + f": {first_line(message)}",
             tried=tried,
             hint=(
                 f"a micro-batch of {plural(smallest, 'item')} does not fit: shrink the model or "
@@ -518,7 +554,11 @@ class TrainGuard(GuardBase):
             if pending is None:
                 try:
                     chunk = batch if whole else split_batch(batch, start, stop)
-                    weight = 1.0 if whole else (self._count(chunk) / total if total else 0.0)
+                    weight = (
+                        1.0
+                        if whole or self.reduction == "sum"
+                        else (self._count(chunk) / total if total else 0.0)
+                    )
                     # Read now (the split path is the slow path anyway), so that only the
                     # gradients of the micro-batches that succeeded stay on the device.
                     losses.append(float(self._micro_step(chunk, weight, params, done == 0)))
@@ -552,7 +592,7 @@ class TrainGuard(GuardBase):
             action = self._next_rung(
                 tried,
                 f"out of memory in micro-batch [{start}:{stop}) of {n} items",
-                error=message.splitlines()[0],
+                error=first_line(message),
                 start=start,
                 stop=stop,
                 n=n,
@@ -562,7 +602,13 @@ class TrainGuard(GuardBase):
                 split_here=split_here,
                 unit="micro-batch",
                 split_message="splitting the batch into {splits} micro-batches "
-                f"({n - done} items left)",
+                f"({n - done} items left; their losses "
+                + (
+                    "added: reduction='sum')"
+                    if self.reduction == "sum"
+                    else "weighted as means: reduction='mean', pass reduction='sum' if "
+                    "loss_fn returns a sum)"
+                ),
             )
             if isinstance(action, ladder.Split):
                 splits = action.splits
@@ -608,56 +654,9 @@ class TrainGuard(GuardBase):
         return self._retrying(f"before_step ({getattr(hook, '__name__', 'hook')})", call)
 
     def _snapshot_wanted(self) -> bool:
-        """Whether this step's ``optimizer.step()`` should be snapshotted (the policy)."""
-        if self._snapshot is None:
-            return False
-        if self._snapshot_policy == "always":
-            return True
-        state = self.optimizer.state
-        n_params = sum(len(group["params"]) for group in self.optimizer.param_groups)
-        if n_params != self._params_at_last_step:
-            # The first step (or the first after add_param_group) may create optimizer state,
-            # the step's biggest allocation. After one step, a parameter still without state
-            # belongs to a stateless optimizer (SGD without momentum): no reason to copy.
-            for group in self.optimizer.param_groups:
-                for p in group["params"]:
-                    if not state.get(p):
-                        return True
-        if self._steps_since_oom is not None and self._steps_since_oom < self.grow_back_after:
-            return True
-        return self._memory_low(n_params)
-
-    def _memory_low(self, n_params: int) -> bool:
-        """Whether free device memory is below twice the parameters' bytes (what a
-        ``foreach`` step may need for temporaries).
-
-        The simulated GPU's figure is a Python attribute, read every step. CUDA's costs a
-        driver call and an allocator-statistics call (about 25 us on an H100, half a percent
-        of a 5 ms step), so it is read at most every :attr:`free_check_seconds` while memory
-        is not low, and every step once it is.
-        """
-        now = 0.0
-        throttled = simulated_gpu() is None
-        if throttled:
-            if torch_cuda() is None:
-                return False
-            now = time.monotonic()
-            if now < self._next_free_check:
-                return False
-        free = free_device_bytes()
-        if free is None:
-            return False
-        if self._param_bytes[0] != n_params:
-            total = sum(
-                p.numel() * p.element_size()
-                for g in self.optimizer.param_groups
-                for p in g["params"]
-            )
-            self._param_bytes = (n_params, total)
-        low = free < 2 * self._param_bytes[1]
-        if throttled:
-            self._next_free_check = now if low else now + self.free_check_seconds
-        return low
+        """Whether this step's ``optimizer.step()`` takes the host snapshot (``"always"``;
+        ``"auto"`` journals every step instead, ``"never"`` does neither)."""
+        return self._snapshot is not None
 
     def _restore_or_raise(self, snapshot: OptimizerSnapshot, tried: list[str], what: str) -> None:
         failure = self._retrying("restoring the optimizer snapshot", snapshot.restore, attempts=10)
@@ -676,6 +675,28 @@ class TrainGuard(GuardBase):
         Any other error inside it puts the parameters and optimizer state back when a
         snapshot was taken (else the error says they may be partly updated) and propagates.
         """
+        self._divided = None
+        journal = self._journal
+        self.last_step_journaled = journal is not None
+        if journal is not None:
+            self.last_step_snapshotted = False
+
+            def retried(message: str, what: str) -> None:
+                self._event(
+                    "oom",
+                    "out of memory inside optimizer.step(): put back from the journal and "
+                    "stepped again",
+                    error=first_line(message),
+                    attempt=what,
+                )
+
+            try:
+                journal.run(self._step_optimizer, retried)
+            except StepFailed as failed:
+                self._divided = failed.divided
+                tried.append("optimizer.step() retried from the journal")
+                return failed.message
+            return None
         snapshot = self._snapshot if wanted and self._snapshot is not None else None
         if snapshot is not None:
             failure = self._retrying("the optimizer snapshot", snapshot.take)
@@ -720,7 +741,7 @@ class TrainGuard(GuardBase):
                     return None
                 free_memory()
                 self._event(
-                    "oom", "out of memory inside optimizer.step()", error=message.splitlines()[0]
+                    "oom", "out of memory inside optimizer.step()", error=first_line(message)
                 )
                 if snapshot is not None:
                     self._restore_or_raise(snapshot, tried, attempt)
@@ -879,6 +900,8 @@ class TrainGuard(GuardBase):
         # Checked before the step, so that a batch the ladder could not split fails at the
         # first step, not at the first out-of-memory hours later.
         n = batch_size(batch)
+        if self.steps == 0 and self.count_fn is not None:
+            self._count(batch)  # a count_fn that cannot count fails now, not at a split
         if n == 0:
             raise ConfigError(
                 "the batch has 0 items: there is no mean loss to step with",
@@ -887,17 +910,19 @@ class TrainGuard(GuardBase):
             )
         params = self._params()
         tried: list[str] = []
-        self._oom_in_step = False
         for p in params:  # start from no gradient (cheaper than optimizer.zero_grad here)
             p.grad = None
         splits_before = self.splits
         try:
             losses, split, failure = self._backward_all(batch, n, params, tried)
         except BaseException:
-            # Not an out-of-memory (loss_fn raised, a bad batch): leave no partial gradient
-            # behind for an optimizer.step() the caller might still make, and no rank waiting.
+            # Not an out-of-memory (loss_fn raised, a bad batch, an interrupt): leave no
+            # partial gradient behind for an optimizer.step() the caller might still make, the
+            # generators and buffers (BatchNorm statistics) as before the step, so that running
+            # the batch again is the step without the fault, and no rank waiting.
             self._zero_grad()
             self._reset_scaler_step()
+            self._abandon()
             distributed.try_abort(during_step=False)
             raise
         decision = distributed.agree(
@@ -907,6 +932,7 @@ class TrainGuard(GuardBase):
             snapshot=failure is None and self._snapshot_wanted(),
         )
         if decision.aborted:
+            self._abandon()
             raise self._peer_stopped()
         if decision.gave_up:
             self._reset_scaler_step()
@@ -923,6 +949,8 @@ class TrainGuard(GuardBase):
         except BaseException:
             self._zero_grad()
             self._reset_scaler_step()
+            if self._journal is None or not self._journal.completed:
+                self._abandon()  # the step did not happen (or was undone): nor did its forward
             distributed.try_abort(during_step=True)
             raise
         settled = distributed.settle(failed=failure_message is not None)
@@ -937,14 +965,27 @@ class TrainGuard(GuardBase):
                     )
                     is None
                 )
+            elif self._journal is not None and failure_message is None:
+                undone = self._journal.undo()
+            if undone:
+                self._abandon()
             error = self._peer_stopped()
-            if not undone:
+            if not undone and self._journal is not None and self._journal.chunks > 1:
+                _add_note(
+                    error,
+                    "memfit: this rank's optimizer step is complete (the step runs in "
+                    f"{self._journal.chunks} chunks and is completed rather than undone, on "
+                    "the rank that stopped too)",
+                )
+            elif not undone:
                 _add_note(
                     error,
                     "memfit: this rank's optimizer step had no snapshot to undo "
                     "it, so it is one step ahead of the rank that stopped",
                 )
             raise error
+        if self._journal is not None:
+            self._journal.release()
         if settled.failed and not settled.all_failed and settled.source is not None:
             # Some ranks could not step: they take the parameters and state of one that did.
             distributed.repair_optimizer(self.optimizer, settled.source)
@@ -961,14 +1002,12 @@ class TrainGuard(GuardBase):
         if failure_message is not None:
             self._reset_scaler_step()
             self._ladder = ladder.after_give_up(self._ladder)
-            if self._snapshot is None:
-                what = "it could not be undone (snapshot_optimizer='never')"
-            elif not self.last_step_snapshotted:
-                what = (
-                    "no snapshot was taken (free memory looked sufficient), so the parameters "
-                    "may be partly updated; reload the last checkpoint, and use "
-                    "snapshot_optimizer='always' if this happens again"
+            if self._journal is not None:
+                what = "retrying it from memfit's journal did not help; " + (
+                    self._divided or "the step was undone as a whole"
                 )
+            elif self._snapshot is None:
+                what = "it could not be undone (snapshot_optimizer='never')"
             else:
                 what = "restoring and retrying did not help"
             raise self._give_up(
@@ -985,11 +1024,6 @@ class TrainGuard(GuardBase):
         if self.steps == 0:
             self._buffers.first_step_done()
         self.steps += 1
-        self._params_at_last_step = sum(len(g["params"]) for g in self.optimizer.param_groups)
-        if decision.split:
-            self._steps_since_oom = 0
-        elif self._steps_since_oom is not None and not self._oom_in_step:
-            self._steps_since_oom += 1
         # A step is clean when it did not have to split further: an out-of-memory that a
         # retry cured was transient and says nothing about the size that fits.
         grew = self._end_step(

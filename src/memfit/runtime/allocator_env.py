@@ -26,6 +26,7 @@ from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Literal
 
+from memfit._checks import require, require_mapping
 from memfit.core.allocator_settings import (
     Problem,
     check_jax_env,
@@ -268,6 +269,18 @@ def configure(
     >>> env["XLA_PYTHON_CLIENT_PREALLOCATE"]
     'false'
     """
+    for name, value, kinds in (
+        ("expandable_segments", expandable_segments, ("bool",)),
+        ("max_split_size_mb", max_split_size_mb, ("int",)),
+        ("garbage_collection_threshold", garbage_collection_threshold, ("number",)),
+        ("roundup_power2_divisions", roundup_power2_divisions, ("int", "str")),
+        ("backend", backend, ("str",)),
+        ("jax_preallocate", jax_preallocate, ("bool",)),
+        ("jax_mem_fraction", jax_mem_fraction, ("number",)),
+        ("jax_allocator", jax_allocator, ("str",)),
+    ):
+        require(name, value, *kinds, optional=True)
+    require_mapping("environ", environ, optional=True)
     target: MutableMapping[str, str] = os.environ if environ is None else environ
     wants_torch = any(
         v is not None

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from memfit._checks import require, require_mapping, require_str_list, require_workload
 from memfit.core.budget import DEFAULT_MARGIN
 from memfit.core.catalog import GpuSpec, anonymous_gpu
 from memfit.core.catalog import gpu as catalog_gpu
@@ -249,6 +250,17 @@ def autoconfig(
         ConfigError: On a bad workload, override or margin, or ``per_rank`` names a knob the
             workload does not have.
     """
+    require_workload("workload", workload)
+    require("device", device, "int")
+    require_mapping("overrides", overrides, values="int", optional=True)
+    require("margin", margin, "number", "str")
+    require_str_list("already_running", already_running)
+    require("apply", apply, "bool")
+    require("host_memory_bytes", host_memory_bytes, "size", optional=True)
+    require("distributed", distributed, "bool")
+    require_str_list("per_rank", per_rank)
+    if probe is not None and not callable(getattr(probe, "snapshot", None)):
+        require("probe", probe, "callable")  # a DeviceProbe has snapshot()
     loaded = load_workload(workload)
     reading = read_device(device, probe=probe)
     notes: list[str] = [_reading_note(reading)]

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
+from memfit._checks import require
 from memfit._plain import plain_fields
 from memfit.errors import ConfigError
 from memfit.runtime.events import EventSink, MemoryEvent, emit
@@ -241,6 +242,9 @@ def every(
     >>> [event.step for event in policy.events]  # the 10th and the 20th call
     [9, 19]
     """
+    for name, flag in (("empty_cache", empty_cache), ("gc_collect", gc_collect), ("reset", reset)):
+        require(name, flag, "bool")
+    require("on_event", on_event, "callable", optional=True)
     return Every(n, empty_cache=empty_cache, gc_collect=gc_collect, reset=reset, on_event=on_event)
 
 
@@ -372,6 +376,11 @@ def on_pressure(
     Raises:
         ConfigError: When a threshold is not a fraction in ``[0, 1)``.
     """
+    require("min_free", min_free, "number", "str")
+    require("max_fragmentation", max_fragmentation, "number", "str")
+    require("gc_collect", gc_collect, "bool")
+    require("on_event", on_event, "callable", optional=True)
+    require("read", read, "callable", optional=True)
     return OnPressure(
         min_free=parse_fraction(min_free),
         max_fragmentation=parse_fraction(max_fragmentation),
@@ -414,6 +423,10 @@ def after_call(
     >>> fetch(3), fetch.cleanup.stats.cleanups
     (6, 1)
     """
+
+    require("empty_cache", empty_cache, "bool")
+    require("gc_collect", gc_collect, "bool")
+    require("on_event", on_event, "callable", optional=True)
 
     def decorate(func: Callable[P, R]) -> Callable[P, R]:
         policy = CleanupPolicy(
@@ -466,6 +479,7 @@ class _FullReset(CleanupPolicy):
         Raises:
             ConfigError: When ``step`` is not a whole number or ``None``.
         """
+        require("on_event", on_event, "callable", optional=True)
         step = self._called(step)
         seconds = self._run("full reset", step, reset=True)
         if on_event is not None:

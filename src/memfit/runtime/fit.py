@@ -44,6 +44,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from memfit._checks import require
 from memfit._plain import plain_fields
 from memfit.backends.live import (
     JaxReader,
@@ -590,6 +591,12 @@ def fit(
     >>> result.value, len(result.probes) <= 4
     (127, True)
     """
+    require("budget", budget, "size", optional=True)
+    require("margin", margin, "number")
+    require("constraint", constraint, "callable", optional=True)
+    require("knob", knob, "str", optional=True)
+    require("device", device, "str", optional=True)
+    require("tolerance", tolerance, "number")
     require_callable(
         "run", run, hint="pass a function run(value) -> None that runs one short probe"
     )

@@ -22,26 +22,24 @@ gradient stays the full-batch gradient:
   such as ``register_post_accumulate_grad_hook``, fire for the first micro-batch only;
   tensor hooks fire for all);
 * the loss is read (``.item()``) only at the end of the step, after ``optimizer.step()`` is
-  queued, so on a GPU the host does not wait for the device in the middle of the step; the
-  free-memory check of the snapshot policy reads CUDA's figures at most once a second;
-* before ``optimizer.step()`` the parameters and the optimizer state can be copied to host
-  memory (into buffers reused from step to step); an out-of-memory inside the step restores
-  them before the step is retried (a retry turns ``foreach`` off, which needs fewer
-  temporaries), so there is never a partial update. The copy costs memory bandwidth every
-  step (a tenth of a small MLP's CPU step; a whole PCIe transfer of the model on a GPU), so
-  the default policy, ``snapshot_optimizer="auto"``, takes it only when the step is at
-  risk: when some parameter has no optimizer state yet (the step that creates it allocates
-  the most), for ``grow_back_after`` steps after any out-of-memory, under
-  :func:`memfit.testing.inject_oom`, and when the device's free memory (the simulated GPU's,
-  or CUDA's free plus cached) is below twice the parameters' bytes (what a ``foreach`` step
-  may need for temporaries). ``"always"`` (or ``True``) takes it every step, ``"never"`` (or
-  ``False``) never. An out-of-memory inside a step taken without a snapshot is retried when
-  the tensors' version counters show the step changed nothing yet; otherwise it stops the
-  run with :class:`memfit.OutOfMemory` saying the parameters may be partly updated. Any
-  other error inside the step (``KeyboardInterrupt`` included) restores the snapshot, when
-  there is one, before it propagates. Optimizers
-  whose state holds anything but tensors and plain numbers cannot be snapshotted:
-  TrainGuard refuses them with a :class:`memfit.ConfigError` (use ``"never"``).
+  queued, so on a GPU the host does not wait for the device in the middle of the step;
+* no optimizer step is left half done (issue 21). The default,
+  ``snapshot_optimizer="auto"``, keeps a journal on the parameters' device
+  (:mod:`memfit.runtime._journal`): the built-in per-parameter optimizers of ``torch.optim``
+  are stepped in chunks of at most ``max(largest parameter with its state, 64 MiB)``, each
+  copied just before it is stepped (any other optimizer is one chunk). An out-of-memory
+  inside the step puts the chunk back and steps it again (``foreach`` off after three
+  tries), so the step completes exactly; another error or a ``KeyboardInterrupt`` puts the
+  chunk back and then undoes the step (one chunk) or completes it (several) before it
+  propagates with a note saying which; an error that repeats while completing leaves the
+  step divided, and the note names the parameters that took it. The copy costs memory
+  bandwidth every step (``docs/benchmarks.md``). ``"always"`` (or ``True``) copies
+  everything to host memory before every step instead (undone as a whole on any fault, no
+  device memory); ``"never"`` (or ``False``) copies nothing: an out-of-memory inside a step
+  is then retried only when the tensors' version counters show the step changed nothing
+  yet, and otherwise stops the run with :class:`memfit.OutOfMemory` saying the step could
+  not be undone. Optimizers whose state holds anything but tensors and plain numbers cannot
+  be snapshotted with ``"always"`` (a :class:`memfit.ConfigError`).
 
 * ``before_step(optimizer)`` runs between the complete gradient and ``optimizer.step()``:
   gradient clipping goes there (:func:`clip_grad_norm`), not in ``loss_fn``.

@@ -31,7 +31,7 @@ from memfit.core.ladder import next_divisor
 from memfit.errors import ConfigError, OutOfMemory, require_callable
 from memfit.runtime._guard_base import GuardBase
 from memfit.runtime.events import EventSink
-from memfit.runtime.oom import forget_exception, is_oom
+from memfit.runtime.oom import first_line, forget_exception, is_oom
 
 __all__ = ["TrainGuard", "next_divisor"]
 
@@ -225,7 +225,7 @@ class TrainGuard(GuardBase):
             action = self._next_rung(
                 tried,
                 "RESOURCE_EXHAUSTED in the jitted step",
-                error=message.splitlines()[0],
+                error=first_line(message),
                 n=n,
                 splits=splits,
                 size=n // splits,
@@ -243,7 +243,7 @@ class TrainGuard(GuardBase):
                 device, peak, limit = _jax_figures()
                 raise OutOfMemory(
                     f"RESOURCE_EXHAUSTED at step {self.steps} even after {', '.join(tried)}: "
-                    f"{message.splitlines()[0]}",
+                    f"{first_line(message)}",
                     device=device,
                     peak_bytes=peak,
                     budget_bytes=limit,

@@ -29,11 +29,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
 
+from memfit._checks import require
 from memfit.errors import OutOfMemory
 
 __all__ = [
     "OOM_MESSAGES",
     "allocate_retrying",
+    "first_line",
     "forget_exception",
     "in_no_alloc_section",
     "is_oom",
@@ -124,6 +126,7 @@ def is_oom(exc: BaseException) -> bool:
     >>> is_oom(RuntimeError("shape mismatch"))
     False
     """
+    require("exc", exc, "exception")
     if isinstance(exc, (OutOfMemory, MemoryError)):
         return True
     torch_oom = _torch_oom_type()
@@ -167,6 +170,15 @@ def forget_exception(exc: BaseException) -> str:
         current.__context__ = None
         current.__cause__ = None
     return message
+
+
+def first_line(message: str) -> str:
+    """The first non-empty line of an error message, or ``"no message"`` (an exception's
+    text may be empty, or only line breaks)."""
+    for line in message.splitlines():
+        if line.strip():
+            return line
+    return "no message"
 
 
 T = TypeVar("T")

@@ -36,6 +36,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from memfit._checks import require
 from memfit.backends.live import register_simulated
 from memfit.backends.simulated import SimulatedDevice
 from memfit.core.allocator import round_size
@@ -413,6 +414,8 @@ def simulate_gpu(
     ...     gpu.allocated_bytes
     4096
     """
+    require("budget", budget, "size")
+    require("device", device, "str")
     budget_bytes = _resolve_budget(budget)
     kind = device.strip().lower()
     if kind == "cpu":
