@@ -434,6 +434,7 @@ def feasible(
     host_memory_bytes: int | None = None,
     device_index: int = 0,
     measure: str = "auto",
+    runtime: Mapping[str, str] | str | None = None,
 ) -> FeasibleSpace:
     """Every configuration of a workload that keeps its rules and fits a GPU: what a sweep
     may draw from (:mod:`memfit.integrations.optuna`, :mod:`memfit.integrations.ray`).
@@ -451,6 +452,7 @@ def feasible(
         host_memory_bytes: As :func:`plan`.
         device_index: Which local GPU, for ``gpu="local"``.
         measure: As :func:`plan`.
+        runtime: The target's software, as :func:`plan` (it sizes the CUDA context).
 
     Returns:
         The :class:`FeasibleSpace`.
@@ -466,6 +468,7 @@ def feasible(
     (('buffer_size',), True, True)
     """
     loaded = load_workload(workload) if not isinstance(workload, Workload) else workload
+    target = _target_runtime(loaded, runtime)
     loaded, _ = with_measurements(loaded, measure)
     others = 0
     if isinstance(gpu, str) and gpu.strip().lower() == "local":
@@ -484,4 +487,5 @@ def feasible(
         measured=_measured(loaded, spec.name),
         other_processes_bytes=others,
         host_memory_bytes=host,
+        runtime=target,
     )

@@ -129,3 +129,14 @@ def test_the_budget_and_the_plan_carry_the_runtime_they_assumed() -> None:
 def test_a_given_context_is_not_described_as_estimated() -> None:
     budget = compose_budget(gpu("V100"), context_bytes=0)
     assert budget.context is None and budget.context_bytes == 0
+
+
+def test_the_feasible_space_of_a_sweep_takes_the_runtime_too() -> None:
+    from memfit.planning import feasible
+
+    lazy = feasible("dqn_fire_raster@device_replay", gpu="3.68GiB", runtime="torch=2.4.1")
+    eager = feasible("dqn_fire_raster@device_replay", gpu="3.68GiB", runtime="cuda=11.2")
+    assert len(eager) < len(lazy)  # a 1.3 GiB context leaves room for fewer configurations
+    assert set(map(str, eager.configs)) <= set(map(str, lazy.configs))
+    best = memfit.plan("dqn_fire_raster@device_replay", gpu="3.68GiB", runtime="cuda=11.2")
+    assert best.knobs in eager.configs

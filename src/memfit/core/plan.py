@@ -1370,6 +1370,7 @@ def feasible_space(
     *,
     host_memory_bytes: int | None = None,
     context_bytes: int | None = None,
+    runtime: Runtime | None = None,
 ) -> FeasibleSpace:
     """Every configuration of ``workload`` that keeps its rules and fits ``gpu``, by the
     same search and the same memory model as :func:`plan_for_gpu` (arguments as there).
@@ -1386,8 +1387,10 @@ def feasible_space(
     >>> best.knobs in space.configs and max(space.predicted_bytes) <= space.budget_bytes
     True
     """
-    space = _Space(workload, overrides, measured, host_memory_bytes, device_is_host=gpu.is_host)
-    budget = _budget(workload, gpu, margin, other_processes_bytes, context_bytes)
+    space = _Space(
+        workload, overrides, measured, host_memory_bytes, device_is_host=gpu.is_host, margin=margin
+    )
+    budget = _budget(workload, gpu, margin, other_processes_bytes, context_bytes, runtime)
     if budget.breaking_term is not None:
         raise _infeasible_with_fallbacks(space, budget, gpu, False)
     limit = _Limit.of(budget)
