@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from memfit.core.allocator import AllocatorModel
+from memfit.core.snapshot import ACTIONS as SNAPSHOT_ACTIONS
 from memfit.errors import ConfigError, OutOfMemory
 
 __all__ = [
@@ -64,18 +65,9 @@ __all__ = [
 #: Version of the stored format; :func:`load_entry` refuses any other.
 FORMAT_VERSION = 1
 
-#: Trace actions, as ``torch.cuda.memory._snapshot()`` names them; stored by index.
-ACTIONS: tuple[str, ...] = (
-    "alloc",
-    "free_requested",
-    "free_completed",
-    "segment_alloc",
-    "segment_free",
-    "segment_map",
-    "segment_unmap",
-    "oom",
-    "snapshot",
-)
+#: Trace actions, as ``torch.cuda.memory._snapshot()`` names them (the snapshot reader's
+#: one list); a corpus trace stores each by its index here.
+ACTIONS = SNAPSHOT_ACTIONS
 
 _KINDS = ("torch", "jax", "program")
 _DEVICES = ("cuda", "cpu")
