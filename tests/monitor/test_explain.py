@@ -317,3 +317,15 @@ def test_cli_device_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     _user_error(code, err, "device 0 has no trace")
     code, _, err = _run(capsys, "explain", str(path), "--device", "7")
     _user_error(code, err, "no device 7")
+
+
+def test_a_users_frame_in_a_checkout_named_memfit_is_the_users() -> None:
+    """A clone of memfit (CI's folder) is not memfit's own package: its tests are user code."""
+    from memfit.core.snapshot import Frame
+    from memfit.monitor.explain import _user_frame
+
+    inner = Frame("/x/site-packages/torch/nn/modules/linear.py", 125, "forward")
+    guard = Frame("/x/site-packages/memfit/runtime/_train_guard.py", 300, "step")
+    user = Frame("/tmp/ci/memfit/tests/monitor/test_x.py", 12, "_train")
+    assert _user_frame([inner, guard, user]) == user
+    assert _user_frame([inner, Frame("/work/src/memfit/runtime/guard.py", 1, "g")]) is None

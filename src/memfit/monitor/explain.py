@@ -312,7 +312,12 @@ class Explanation:
 # --- frames --------------------------------------------------------------------------------------
 
 _STDLIB = re.compile(r"(^|[/\\])(lib[/\\]python3[.\d]*|Lib)[/\\](?!site-packages|dist-packages)")
-_LIBRARY = re.compile(r"(^|[/\\])(torch|memfit|triton|_pytest|pluggy)[/\\]")
+#: Library frames: torch's (and what runs it), and memfit's own package, but not a checkout
+#: of memfit whose tests, examples or benchmarks are the user's code here.
+_LIBRARY = re.compile(
+    r"(^|[/\\])(torch|triton|_pytest|pluggy)[/\\]"
+    r"|(^|[/\\])memfit[/\\](?!tests[/\\]|examples[/\\]|bench[/\\])"
+)
 
 
 def _user_frame(frames: Sequence[Frame]) -> Frame | None:
