@@ -614,7 +614,7 @@ class CudaAutocast:
             with self._probe_mode, recorder:
                 (target or op)(*args, **kwargs)
         except _Stop:
-            pass
+            pass  # the probe stopped the op once the kernel had shown what it does
         except Exception as exc:  # the kernel (or the op) refused these arguments
             recorder.events.append(("error", type(exc).__name__, str(exc).split("\n\n")[0]))
         else:

@@ -142,7 +142,7 @@ def nvidia_gpu_present(
         if proc_gpus.is_dir() and any(proc_gpus.iterdir()):
             return True
     except OSError:
-        pass
+        pass  # the driver's /proc entries cannot be read: the device node below decides
     if device.exists():
         return True
     return not sys.platform.startswith("linux") and shutil.which("nvidia-smi") is not None
