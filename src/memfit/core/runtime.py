@@ -262,10 +262,9 @@ def parse_runtime(
         installed_origin: How to name where those came from.
 
     Returns:
-        The runtime, its module loading decided from the versions unless given. A key the
-        caller gave wins; when the caller names any version but not the loading mode, the
-        mode follows from the caller's versions alone (an installed torch says nothing of
-        a target that runs CUDA 11.2).
+        The runtime, its module loading decided from the versions unless given. When the
+        caller names any version, the keys it leaves out are unknown (an installed torch
+        says nothing of a target that runs CUDA 11.2); otherwise ``installed`` fills them.
 
     Raises:
         ConfigError: For an unknown key, a value that is not a version, a loading mode
