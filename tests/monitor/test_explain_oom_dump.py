@@ -44,8 +44,7 @@ def test_recorder_oom_dump_goes_straight_into_explain(
     assert e.oom is not None
     assert e.oom.requested_bytes == 2 * MiB  # the ones() of the step that did not fit
     site = e.group("site")
-    assert site is not None
-    assert site.rows[0].name.startswith("monitor/test_explain_oom_dump.py:")
+    assert site is not None and site.rows[0].name.startswith("monitor/test_explain_oom_dump.py:")
     assert "test_recorder_oom_dump_goes_straight_into_explain" in site.rows[0].name
     assert e.oom.allocated_bytes >= 20 * MiB
     assert e.leaks and e.leaks[0].growth_per_step_bytes == MiB

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 from pathlib import Path
 from typing import Any
@@ -150,10 +151,9 @@ _FastLoader: Any = type("_FastLoader", (_UniqueKeys, _C_LOADER), {}) if _C_LOADE
 
 def _load_yaml(text: str) -> Any:
     if _FastLoader is not None:
-        try:
+        # a file libyaml refuses is read again below: that loader's message is the one users know
+        with contextlib.suppress(yaml.YAMLError):
             return yaml.load(text, Loader=_FastLoader)
-        except yaml.YAMLError:
-            pass  # the pure-Python loader below says what is wrong, as users know it
     return yaml.load(text, Loader=_UniqueKeyLoader)
 
 

@@ -613,8 +613,8 @@ class CudaAutocast:
         try:
             with self._probe_mode, recorder:
                 (target or op)(*args, **kwargs)
-        except _Stop:
-            pass  # the probe stopped the op once the kernel had shown what it does
+        except _Stop:  # the probe stopped the op once the kernel had shown what it does
+            return tuple(events + recorder.events)
         except Exception as exc:  # the kernel (or the op) refused these arguments
             recorder.events.append(("error", type(exc).__name__, str(exc).split("\n\n")[0]))
         else:

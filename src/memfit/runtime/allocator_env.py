@@ -19,6 +19,7 @@ place, :mod:`memfit.core.allocator_settings`; import those names from there.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -138,11 +139,10 @@ def nvidia_gpu_present(
     ``/proc`` entries or ``/dev/nvidia0``; elsewhere whether ``nvidia-smi`` is on the PATH)."""
     import shutil
 
-    try:
+    # the driver's /proc entries may not be readable: the device node below decides then
+    with contextlib.suppress(OSError):
         if proc_gpus.is_dir() and any(proc_gpus.iterdir()):
             return True
-    except OSError:
-        pass  # the driver's /proc entries cannot be read: the device node below decides
     if device.exists():
         return True
     return not sys.platform.startswith("linux") and shutil.which("nvidia-smi") is not None
