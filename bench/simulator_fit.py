@@ -71,7 +71,9 @@ def fit() -> dict[str, Any]:
     """The figures, from the calibration readings."""
     runs = [r for r in truth.load_runs() if r.role == "calibration"]
     isaac = [r for r in runs if (r.workload.get("simulator") or {}).get("preset") == "isaac_sim"]
-    state = [r for r in isaac if not r.workload["simulator"].get("cameras") and "cartpole" in r.name]
+    state = [
+        r for r in isaac if not r.workload["simulator"].get("cameras") and "cartpole" in r.name
+    ]
     cards: dict[str, Any] = {}
     slopes = []
     by_card: dict[str, list[truth.Run]] = {}

@@ -77,6 +77,8 @@ DataType = Literal[
     "instance_id_segmentation",
 ]
 RayDataType = Literal["distance_to_image_plane", "distance_to_camera", "normals"]
+_RGB: tuple[DataType, ...] = ("rgb",)
+_DEPTH: tuple[RayDataType, ...] = ("distance_to_image_plane",)
 
 #: Presets: what each one's figures are (the per-card Isaac Sim figures live in
 #: :mod:`memfit.core.simulator_figures`).
@@ -111,7 +113,7 @@ class SimCamera(_Model):
     """
 
     kind: Literal["tiled", "standard"] = "tiled"
-    data_types: list[DataType] = Field(default_factory=lambda: ["rgb"], min_length=1)
+    data_types: list[DataType] = Field(default_factory=lambda: list(_RGB), min_length=1)
     height: int | str
     width: int | str
     count: int | str = 1
@@ -140,7 +142,7 @@ class RayCasterSpec(_Model):
     rays: int | str | None = None
     height: int | str | None = None
     width: int | str | None = None
-    data_types: list[RayDataType] = Field(default_factory=lambda: ["distance_to_image_plane"])
+    data_types: list[RayDataType] = Field(default_factory=lambda: list(_DEPTH))
     count: int | str = 1
 
     @model_validator(mode="after")

@@ -16,6 +16,7 @@ trained. Terms, per device:
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 
 from memfit.core.families.common import Term, camera_hw, conv_shapes
@@ -59,8 +60,8 @@ def extractor_terms(workload: Workload, values: Mapping[str, int]) -> list[Term]
     sizes = [first] + [c * y * x for c, y, x in conv_shapes(fx.channels, h, w, fx.backbone)]
     copies = 2 if fx.batch_norm else 1
     # the float input stays referenced by the caller through the whole forward
-    peak = max(copies * out + (prev if i > 0 else 0) for i, (prev, out) in
-               enumerate(zip(sizes, sizes[1:], strict=False)))  # fmt: skip
+    pairs = enumerate(itertools.pairwise(sizes))
+    peak = max(copies * out + (prev if i > 0 else 0) for i, (prev, out) in pairs)
     return [
         Term("extractor_parameters", (fx.params * nbytes,)),
         Term("extractor_input", (images * first * nbytes,)),
