@@ -275,7 +275,9 @@ def plan(
         measure: For a workload that names its environment (``env: brax:humanoid``): use
             the best measurement at hand (``"auto"``), measure now (``"fresh"``), or only the
             measurements recorded in the workload (``"recorded"``); see
-            :func:`with_measurements`.
+            :func:`with_measurements`. For a workload with a ``simulator:``, ``"auto"`` and
+            ``"fresh"`` also use the measurement :func:`memfit.measure_simulator` stored for
+            this card (a simulator is measured inside its own process, never here).
         runtime: The target's software, which sizes the CUDA context:
             ``{"torch": "1.10.0", "cuda": "11.2", "driver": "460.91.03",
             "module_loading": "eager"}`` (every key optional) or the same as
@@ -317,6 +319,11 @@ def plan(
         notes.extend(host_notes)
     else:
         spec = resolve_gpu(gpu)
+    if loaded.simulator is not None and not spec.is_host:
+        from memfit.runtime.sim_measure import with_simulator_measurement
+
+        loaded, sim_notes = with_simulator_measurement(loaded, spec.name, measure)
+        notes.extend(sim_notes)
     host, check_notes = _host_check(loaded, host_memory_bytes, spec)
     result = core_plan(
         loaded,
