@@ -252,6 +252,20 @@ def main(argv: list[str] | None = None) -> int:
             cells.append(f"{s['mean_abs']:.1%}, {s['worst_abs']:.1%}")
         lines.append(f"| {label} | {len(chosen)} | " + " | ".join(cells) + " |")
     lines.append("")
+    lines.append(
+        "| source (held out) | n | " + " | ".join(f"{m} mean, worst" for m in models) + " |"
+    )
+    lines.append("|---|---|" + "---|" * len(models))
+    for series in dict.fromkeys(r["run"].split("/")[0] for r in results):
+        chosen = [r for r in results if r["role"] == "held_out" and r["run"].startswith(series)]
+        if not chosen:
+            continue
+        cells = []
+        for model in models:
+            s = summary([r[f"{model}_error"] for r in chosen])
+            cells.append(f"{s['mean_abs']:.1%}, {s['most_under']:+.1%} .. {s['most_over']:+.1%}")
+        lines.append(f"| {series} | {len(chosen)} | " + " | ".join(cells) + " |")
+    lines.append("")
     lines.append("| reading | role | measured GB | " + " | ".join(models) + " |")
     lines.append("|---|---|---|" + "---|" * len(models))
     for r in results:

@@ -214,3 +214,30 @@ def test_the_simulator_alone_can_leave_no_room() -> None:
     with pytest.raises(InfeasiblePlan) as info:
         plan_for_gpu(load_workload("act_dual_camera"), gpu("GTX 1650"))
     assert info.value.binding_term in ("simulator_base", "renderer_base", "renderer_cameras")
+
+
+def test_the_camera_count_is_a_knob() -> None:
+    """Cameras per env as a knob: the observation, the policy and the renderer follow it."""
+    text = """\
+family: vision_inference
+optimizer: none
+observations: {cameras: {count: cameras, height: 64, width: 64}}
+action_dim: 2
+networks: {policy: {params: 1000}}
+vision: {backbone: [{out_channels: 4, kernel: 4, stride: 4}]}
+simulator:
+  preset: isaac_sim
+  scene: {joints: 2}
+  cameras: [{height: 64, width: 64, count: cameras}]
+knobs:
+  num_envs: {min: 1, max: 64, powers_of_two: true}
+  cameras: {choices: [1, 2, 3]}
+"""
+    w = parse_workload(text)
+    one = evaluate(w, {"num_envs": 16, "cameras": 1}).terms
+    three = evaluate(w, {"num_envs": 16, "cameras": 3}).terms
+    assert three["camera_frames"] == 3 * one["camera_frames"]
+    assert three["backbone_features"] == 3 * one["backbone_features"]
+    assert three["renderer_cameras"] > 2 * one["renderer_cameras"]
+    with pytest.raises(ConfigError, match=r"observations\.cameras\.count names 'cams'"):
+        parse_workload(text.replace("count: cameras, height", "count: cams, height"))

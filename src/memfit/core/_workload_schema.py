@@ -236,15 +236,22 @@ class RasterSpec(_Strict):
 class CameraSpec(_Strict):
     """Cameras: ``count`` frames of height x width x channels each, ``frame_stack`` deep.
 
-    ``height`` and ``width`` may name a knob or setting instead of a number.
+    ``height``, ``width`` and ``count`` may name a knob or setting instead of a number.
     """
 
-    count: int = Field(default=1, ge=1)
+    count: int | str = 1
     height: int | str
     width: int | str
     channels: int = Field(default=3, ge=1)
     dtype: Dtype = "uint8"
     frame_stack: int = Field(default=1, ge=1)
+
+    @field_validator("count")
+    @classmethod
+    def _count(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError("count must be at least 1 (or name a knob or setting)")
+        return value
 
 
 class Observations(_Strict):
@@ -536,7 +543,7 @@ class Workload(_Strict):
                 raise ValueError(f"{key_path} names {ref!r}, which is neither a knob nor a setting")
         cams = self.observations.cameras
         if cams is not None:
-            for axis in ("height", "width"):
+            for axis in ("height", "width", "count"):
                 ref = getattr(cams, axis)
                 if isinstance(ref, str) and ref not in names:
                     raise ValueError(

@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping
 
-from memfit.core.families.common import Term, camera_hw, conv_shapes
+from memfit.core.families.common import Term, camera_count, camera_hw, conv_shapes
 from memfit.core.workload import Workload
 
 __all__ = ["extractor_terms"]
@@ -39,8 +39,7 @@ def _input(workload: Workload, values: Mapping[str, int]) -> tuple[int, int, int
     if fx.count is not None:
         count = values[fx.count] if isinstance(fx.count, str) else fx.count
     else:
-        cams = workload.observations.cameras
-        count = 1 if cams is None else cams.count
+        count = max(1, camera_count(workload, values))
     return h, w, count
 
 
