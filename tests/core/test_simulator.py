@@ -241,3 +241,33 @@ knobs:
     assert three["renderer_cameras"] > 2 * one["renderer_cameras"]
     with pytest.raises(ConfigError, match=r"observations\.cameras\.count names 'cams'"):
         parse_workload(text.replace("count: cameras, height", "count: cams, height"))
+
+
+def test_the_plan_says_what_no_reading_sizes() -> None:
+    from memfit.core.simulator import simulator_notes
+
+    spec = SimulatorSpec(
+        preset="isaac_sim",
+        gpu=RTX4090,
+        scene={"joints": 3},
+        headless=False,
+        cameras=[
+            {
+                "kind": "standard",
+                "height": 8,
+                "width": 8,
+                "data_types": ["rgb", "semantic_segmentation"],
+            }
+        ],
+        ray_casters=[{"rays": 10}],
+    )
+    notes = " ".join(simulator_notes(spec))
+    for words in (
+        "no reading of semantic_segmentation",
+        "standard cameras: one reading",
+        "ray casters: counted from Isaac Lab's source",
+        "viewport: one rough reading",
+    ):
+        assert words in notes
+    measured = SimulatorSpec(preset="isaac_sim", gpu=RTX4090, scene={"robot": "cartpole"})
+    assert len(simulator_notes(measured)) == 1  # a measured card and scene: nothing to add

@@ -508,4 +508,29 @@ def simulator_notes(spec: SimulatorSpec) -> list[str]:
     source = spec.source or PRESETS[spec.preset]
     note = f"simulator {name}" + (f" on {spec.gpu}" if spec.gpu else "") + ": "
     note += ", ".join(parts) + f" ({source}); outside the framework's allocator"
-    return [note, *(f"simulator: {n}" for n in f.notes)]
+    return [note, *(f"simulator: {n}" for n in [*f.notes, *_unmeasured(spec)])]
+
+
+def _unmeasured(spec: SimulatorSpec) -> list[str]:
+    """What the plan counts without a reading behind it (the conservative figure)."""
+    if spec.preset != "isaac_sim":
+        return []
+    out = []
+    cams = spec.cameras or []
+    kinds = sorted({t for c in cams for t in c.data_types if t not in DATA_TYPES_MEASURED})
+    if kinds:
+        out.append(
+            f"no reading of {', '.join(kinds)}: each counted as a whole first data type "
+            "(the conservative figure)"
+        )
+    if any(c.kind == "standard" for c in cams):
+        out.append(
+            "standard cameras: one reading sizes them (a 640x480 camera lift task, about 21 GB)"
+        )
+    if spec.ray_casters:
+        out.append(
+            "ray casters: counted from Isaac Lab's source (float32 buffers per ray), no reading"
+        )
+    if not spec.headless:
+        out.append("the GUI's viewport: one rough reading sizes it (about 9 GB with one env)")
+    return out
