@@ -18,11 +18,11 @@ from hypothesis import strategies as st
 
 from memfit.core import plan as core_plan
 from memfit.core._bounds import nondecreasing, upper_bound
-from memfit.core.catalog import GpuSpec, anonymous_gpu, gpu
 from memfit.core.constraints import parse_expr
 from memfit.core.plan import plan_many
 from memfit.core.workload import Workload, load_workload, parse_workload
 from memfit.errors import ConfigError, InfeasiblePlan
+from memfit.hardware.catalog import GpuSpec, anonymous_gpu, gpu
 from memfit.units import GiB, MiB
 
 RULES = [

@@ -7,7 +7,7 @@ import shlex
 
 import pytest
 
-from memfit.core.allocator_settings import check_shell, parse_shell_assignments, shell_words
+from memfit.allocator.settings import check_shell, parse_shell_assignments, shell_words
 
 
 def _shlex(line: str) -> list[str]:

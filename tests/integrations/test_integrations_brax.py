@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import memfit
-from memfit.core.budget import recommended_xla_fraction
+from memfit.allocator.xla_fraction import recommended_xla_fraction
 from memfit.core.constraints import PRESETS
 from memfit.core.measured import BraxMeasurements
 from memfit.core.workload import parse_workload

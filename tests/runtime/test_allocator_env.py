@@ -8,7 +8,7 @@ from types import ModuleType, SimpleNamespace
 import pytest
 
 from memfit import ConfigError
-from memfit.core.allocator_settings import (
+from memfit.allocator.settings import (
     JAX_VARIABLES,
     PROFILES,
     SHELLS,

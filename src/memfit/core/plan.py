@@ -47,10 +47,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from memfit._plain import deep_merge
+from memfit.allocator.settings import workload_settings
+from memfit.allocator.xla_fraction import DEFAULT_MARGIN
 from memfit.core._bounds import nondecreasing, upper_bound
-from memfit.core.allocator_settings import workload_settings
-from memfit.core.budget import DEFAULT_MARGIN, Budget, compose_budget
-from memfit.core.catalog import GpuSpec, size_note
+from memfit.core.budget import Budget, compose_budget
 from memfit.core.constraints import (
     CompiledRule,
     apply_overrides,
@@ -63,9 +63,10 @@ from memfit.core.constraints import (
 )
 from memfit.core.families import Evaluation, evaluate, family_for
 from memfit.core.measured import MeasuredTerms
-from memfit.core.runtime import Runtime
 from memfit.core.workload import Workload
 from memfit.errors import ConfigError, InfeasiblePlan
+from memfit.hardware.catalog import GpuSpec, size_note
+from memfit.hardware.runtime import Runtime
 from memfit.units import format_bytes, parse_bytes
 
 __all__ = ["FeasibleSpace", "Plan", "feasible_space", "plan_for_gpu", "plan_many"]
@@ -107,7 +108,7 @@ class Plan:
         host_bytes: Host RAM the plan puts state in (a replay buffer in host RAM), not part
             of ``predicted_bytes``.
         environment: The allocator settings the plan assumes, to run the job with
-            (:func:`memfit.core.allocator_settings.workload_settings`).
+            (:func:`memfit.allocator.settings.workload_settings`).
         notes: Sentences a reader needs: the XLA fraction's reason, what a size given in
             decimal units means, a knob range that limits the plan, where measurements came
             from.
@@ -121,7 +122,7 @@ class Plan:
             less the same margin (a share of it) the GPU keeps.
         context: How the ``cuda_context`` term was sized: the runtime it assumed (versions,
             module loading and why), the architecture and the source of the figure
-            (:meth:`memfit.core.runtime.ContextEstimate.to_dict`); ``None`` when the
+            (:meth:`memfit.hardware.runtime.ContextEstimate.to_dict`); ``None`` when the
             context was given (measured) rather than estimated.
     """
 
@@ -1233,7 +1234,7 @@ def plan_for_gpu(
         context_bytes: The job's CUDA context; ``None``: the estimate for ``gpu`` and
             ``runtime``; ``0`` when the process already has one and
             ``other_processes_bytes`` counts it (``memfit.autoconfig``).
-        runtime: The target's software (:class:`memfit.core.runtime.Runtime`), which sizes
+        runtime: The target's software (:class:`memfit.hardware.runtime.Runtime`), which sizes
             the CUDA context; ``None``: lazy module loading, versions unknown.
 
     Returns:
@@ -1246,7 +1247,7 @@ def plan_for_gpu(
         ConfigError: When an override names an unknown knob, a rule or the objective is
             malformed, no knob setting keeps every rule, or the margin is out of range.
 
-    >>> from memfit.core.catalog import gpu
+    >>> from memfit.hardware.catalog import gpu
     >>> from memfit.core.workload import load_workload
     >>> p = plan_for_gpu(load_workload("brax_humanoid_ppo"), gpu("RTX 4090"))
     >>> p.fits and sum(p.breakdown.values()) == p.predicted_bytes <= p.budget_bytes
@@ -1379,7 +1380,7 @@ def feasible_space(
         InfeasiblePlan: When no configuration fits (as :func:`plan_for_gpu`).
         ConfigError: As :func:`plan_for_gpu`.
 
-    >>> from memfit.core.catalog import gpu
+    >>> from memfit.hardware.catalog import gpu
     >>> from memfit.core.workload import load_workload
     >>> w = load_workload("brax_humanoid_ppo")
     >>> space = feasible_space(w, gpu("RTX 4070"))

@@ -281,7 +281,7 @@ def guard(
     if existing is not None:
         return existing  # type: ignore[no-any-return]
     require("lightning.pytorch")
-    from memfit.errors import require_positive_int
+    from memfit._checks import require_positive_int
     from memfit.runtime.guard import TrainGuard
 
     require_positive_int(

@@ -1,9 +1,9 @@
 """``memfit explain``: what a CUDA memory snapshot says about a run's peak or its OOM.
 
 :func:`explain` reads a snapshot (``torch.cuda.memory._dump_snapshot()``, memfit's OOM dump,
-or the same data as JSON) through :mod:`memfit.core.snapshot`, rebuilds the allocator's state
+or the same data as JSON) through :mod:`memfit.allocator.snapshot`, rebuilds the allocator's state
 at the first recorded event and replays the trace through the allocator model
-(:mod:`memfit.core.replay`), and returns an :class:`Explanation`: plain data, which the CLI
+(:mod:`memfit.allocator.replay`), and returns an :class:`Explanation`: plain data, which the CLI
 and the picture only render.
 
 1. the peaks (reserved from the trace's own segment events, allocated from its blocks), and at
@@ -33,8 +33,8 @@ from typing import Any
 
 from memfit._checks import require
 from memfit._plain import plain_fields
-from memfit.core.allocator import K_SMALL_SIZE, round_size
-from memfit.core.replay import (
+from memfit.allocator.model import K_SMALL_SIZE, round_size
+from memfit.allocator.replay import (
     ModelState,
     StartState,
     empty_cache_points,
@@ -43,7 +43,7 @@ from memfit.core.replay import (
     replay,
     start_state,
 )
-from memfit.core.snapshot import (
+from memfit.allocator.snapshot import (
     RECORD_HINT,
     DeviceSnapshot,
     Frame,
@@ -663,14 +663,14 @@ def explain(
 
     Args:
         snapshot: A path (pickle, JSON, gzip), the snapshot's data (``_snapshot()``'s dict),
-            or a :class:`~memfit.core.snapshot.Snapshot`.
+            or a :class:`~memfit.allocator.snapshot.Snapshot`.
         at: ``"auto"`` (the OOM if there is one, else the peak), ``"oom"``, ``"peak"``,
             ``"end"``, or an event index: the point whose live blocks are grouped.
         device: The device to explain (default: the one with an OOM, else the longest trace).
         capacity_bytes: What the process may hold on the device, for the what-if replays
             (default: at an OOM the allocator's reserved plus the driver's free memory, else
             the limit the trace met, else unknown).
-        max_bytes: Refuse a larger file (default :data:`memfit.core.snapshot.MAX_SNAPSHOT_BYTES`).
+        max_bytes: Refuse a larger file (default :data:`memfit.allocator.snapshot.MAX_SNAPSHOT_BYTES`).
 
     Raises:
         ConfigError: For a file that is not a snapshot, names a Python object, is cut off,

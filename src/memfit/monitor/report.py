@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memfit.errors import ConfigError, file_error, read_user_bytes
+from memfit._userfiles import file_error, read_user_bytes
+from memfit.errors import ConfigError
 from memfit.monitor._leaks import Leak, check_fragmentation, detect_leak
 from memfit.units import MAX_BYTES, MiB, format_bytes
 

@@ -15,7 +15,7 @@ Sources:
   ``floor((size + 2 * padding - kernel) / stride) + 1`` (``torch.nn.Conv2d`` docs).
 * Allocator slack: PyTorch's caching allocator rounds each block to 512 bytes and takes 2 MiB
   segments for requests up to 1 MiB, 20 MiB segments up to 10 MiB and 2 MiB-rounded segments
-  above (``c10/cuda/CUDACachingAllocator.cpp``, :mod:`memfit.core.allocator`). XLA's BFC
+  above (``c10/cuda/CUDACachingAllocator.cpp``, :mod:`memfit.allocator.model`). XLA's BFC
   allocator rounds each allocation to 256 bytes (``kMinAllocationSize`` in
   ``xla/tsl/framework/bfc_allocator.h``).
 """
@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from memfit.core.allocator import (
+from memfit.allocator.model import (
     K_LARGE_BUFFER,
     K_MIN_LARGE_ALLOC,
     K_SMALL_BUFFER,

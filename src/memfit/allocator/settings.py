@@ -16,7 +16,7 @@ torch or JAX, or applies anything; :mod:`memfit.runtime.allocator_env` applies t
 * recommendations per use (:func:`recommend`: ``training``, ``inference``, ``shared-gpu``),
   each with a one-line reason, the settings a planned workload runs with
   (:func:`workload_settings`, whose XLA fraction is the one memfit recommends everywhere:
-  :func:`memfit.core.budget.recommended_xla_fraction`), and shell snippets
+  :func:`memfit.allocator.xla_fraction.recommended_xla_fraction`), and shell snippets
   (:func:`render_shell`).
 
 The option table follows PyTorch's ``c10/core/AllocatorConfig`` and
@@ -50,9 +50,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memfit._plain import plain_fields
-from memfit.core.budget import recommended_xla_fraction
-from memfit.core.catalog import GpuSpec
+from memfit.allocator.xla_fraction import recommended_xla_fraction
 from memfit.errors import ConfigError
+from memfit.hardware.catalog import GpuSpec
 
 __all__ = [
     "JAX_VARIABLES",
@@ -857,7 +857,7 @@ def recommend(
             name(s) to set; ``None`` (unknown) sets both.
             :func:`memfit.runtime.allocator_env.recommend` reads the installed version.
         gpu: The GPU, for the XLA pool fraction of ``training``
-            (:func:`memfit.core.budget.recommended_xla_fraction`); ``None``: any card of 8 GB
+            (:func:`memfit.allocator.xla_fraction.recommended_xla_fraction`); ``None``: any card of 8 GB
             or more.
         jax_fraction_variable: The name to set the XLA pool fraction under:
             ``XLA_CLIENT_MEM_FRACTION`` (the name JAX now documents) or
