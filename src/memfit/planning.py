@@ -22,7 +22,7 @@ from pathlib import Path
 from memfit._checks import require, require_mapping
 from memfit.allocator.xla_fraction import DEFAULT_MARGIN
 from memfit.backends.software import target_runtime
-from memfit.core.families import family_for
+from memfit.core.evaluate import family_for
 from memfit.core.measured import MeasuredTerms
 from memfit.core.plan import FeasibleSpace, Plan, plan_many
 from memfit.core.plan import feasible_space as core_feasible
@@ -201,7 +201,7 @@ def with_measurements(
         )
     if workload.env is None:
         return workload, []
-    from memfit.integrations._brax_measure import resolve_measurements
+    from memfit.estimate.brax_measure import resolve_measurements
 
     return resolve_measurements(workload, measure, progress=progress)
 

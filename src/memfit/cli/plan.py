@@ -253,7 +253,7 @@ def fitted_workload(workload: Workload, result: Plan, overrides: dict[str, int])
     (``host_memory_bytes``), the replay buffer's chosen placement, and, as comments, the GPU,
     the predicted peak and the allocator settings.
     """
-    from memfit.core.families import family_for
+    from memfit.core.evaluate import family_for
 
     data = workload.model_dump(mode="json", exclude_none=True, exclude={"source"})
     data.pop("variants", None)
@@ -330,7 +330,7 @@ def _tiers(
     measure: str = "auto",
     runtime: str | None = None,
 ) -> None:
-    from memfit.core.families import family_for
+    from memfit.core.evaluate import family_for
     from memfit.planning import TIER_GPUS, plan_tiers, resolve_gpu
 
     with (

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from memfit.core.families.registry import family_names, get_family
 from memfit.core.measured import BraxMeasurements
 from memfit.core.simulator import SimulatorSpec
 from memfit.errors import ConfigError
@@ -381,10 +382,7 @@ class EffectiveBatch(_Strict):
 
 
 def _family(name: str) -> Any:
-    """The registered family ``name`` (:mod:`memfit.core.families.registry`), imported here
-    rather than at the top: the family modules import this schema."""
-    from memfit.core.families import get_family
-
+    """The registered family ``name`` (:mod:`memfit.core.families.registry`)."""
     return get_family(name)
 
 
@@ -428,8 +426,6 @@ class Workload(_Strict):
     @field_validator("family")
     @classmethod
     def _known_family(cls, value: str) -> str:
-        from memfit.core.families import family_names
-
         known = family_names()
         if value not in known:
             raise PydanticCustomError(

@@ -61,7 +61,7 @@ from memfit.core.constraints import (
     range_violation,
     require_known,
 )
-from memfit.core.families import Evaluation, evaluate, family_for
+from memfit.core.evaluate import Evaluation, evaluate, family_for
 from memfit.core.measured import MeasuredTerms
 from memfit.core.workload import Workload
 from memfit.errors import ConfigError, InfeasiblePlan

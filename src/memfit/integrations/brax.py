@@ -37,16 +37,16 @@ from typing import Any
 
 import yaml
 
+from memfit._lazy import require
 from memfit.allocator.xla_fraction import recommended_xla_fraction
 from memfit.core.constraints import PRESETS, Violation, parse_expr
 from memfit.core.measured import BraxMeasurements
 from memfit.core.plan import Plan
 from memfit.core.workload import Workload, parse_workload
 from memfit.errors import ConfigError
+from memfit.estimate.brax_measure import measure_ppo, resolve_measurements
 from memfit.hardware.catalog import anonymous_gpu
 from memfit.hardware.catalog import gpu as catalog_gpu
-from memfit.integrations._brax_measure import measure_ppo, resolve_measurements
-from memfit.integrations._lazy import require
 
 __all__ = [
     "BRAX_PPO_DEFAULTS",

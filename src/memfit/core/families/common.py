@@ -23,7 +23,6 @@ Sources:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from memfit.allocator.model import (
     K_LARGE_BUFFER,
@@ -33,7 +32,8 @@ from memfit.allocator.model import (
     round_size,
     segment_size,
 )
-from memfit.core.workload import ConvLayer, NetworkSpec, Workload, dtype_bytes
+from memfit.core._workload_schema import ConvLayer, NetworkSpec, Workload, dtype_bytes
+from memfit.core.families.registry import Term
 from memfit.errors import ConfigError
 
 __all__ = [
@@ -70,26 +70,6 @@ MODEL_TERMS = frozenset(
 _BFC_ROUND = 256
 
 
-@dataclass(frozen=True)
-class Term:
-    """A named memory term and the buffers that make it up (bytes each).
-
-    Attributes:
-        name: The term's name in the breakdown (``"rollout_buffer"``).
-        tensors: Sizes of the separate buffers, for the allocator model.
-        outside_allocator: ``True`` for device memory the framework's allocator does not
-            hand out (a simulator or renderer in the job's process): no allocator slack, and
-            not inside JAX's preallocated pool.
-    """
-
-    name: str
-    tensors: tuple[int, ...]
-    outside_allocator: bool = False
-
-    @property
-    def nbytes(self) -> int:
-        """Total bytes of the term."""
-        return sum(self.tensors)
 
 
 def param_bytes(workload: Workload) -> int:
