@@ -70,8 +70,6 @@ MODEL_TERMS = frozenset(
 _BFC_ROUND = 256
 
 
-
-
 def param_bytes(workload: Workload) -> int:
     """Bytes per stored parameter (fp32 master weights under amp)."""
     return 2 if workload.precision in ("bf16", "fp16") else 4
