@@ -244,5 +244,3 @@ def read_user_text(
     """
     data = read_user_bytes(path, what=what, hint=hint, max_bytes=max_bytes)
     return decode_user_text(data, source=Path(path), what=what, hint=hint)
-
-

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from memfit.allocator.settings import JAX_VARIABLES, TORCH_VARIABLES
+from memfit.allocator.settings_check import JAX_VARIABLES, TORCH_VARIABLES
 from memfit.backends.base import DeviceSnapshot, ProcessSnapshot, SystemSnapshot
 from memfit.cli import devices as devices_cli
 from memfit.cli.main import main

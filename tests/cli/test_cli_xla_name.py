@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 from _cli_run import run, run_json
 
-from memfit.allocator.settings import check_jax_env, recommend
+from memfit.allocator.settings import recommend
+from memfit.allocator.settings_check import check_jax_env
 from memfit.cli import env as env_cli
 from memfit.runtime import allocator_env
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from memfit.allocator.settings import (
-    check_jax_env,
     read_jax_env,
     recommend,
     torch_allocator_options,
     workload_settings,
 )
+from memfit.allocator.settings_check import check_jax_env
 from memfit.allocator.xla_fraction import XLA_FRACTION_CAP, recommended_xla_fraction
 from memfit.core.budget import compose_budget
 from memfit.errors import ConfigError

@@ -7,7 +7,8 @@ import shlex
 
 import pytest
 
-from memfit.allocator.settings import check_shell, parse_shell_assignments, shell_words
+from memfit.allocator.settings_check import check_shell
+from memfit.allocator.shell import parse_shell_assignments, shell_words
 
 
 def _shlex(line: str) -> list[str]:

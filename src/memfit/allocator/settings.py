@@ -10,9 +10,10 @@ torch or JAX, or applies anything; :mod:`memfit.runtime.allocator_env` applies t
   ``XLA_PYTHON_CLIENT_PREALLOCATE``, the memory fraction and the allocator) and
   :func:`torch_allocator_options` (expandable segments and ``max_split_size`` from a torch
   string, for the allocator replay);
-* validation: :func:`check_torch_conf`, :func:`check_jax_env`, :func:`check_environment` and
-  :func:`check_shell` (which also catches a variable exported twice, where the second
-  silently replaces the first); every problem has a code and names the variable and option;
+* validation (:mod:`memfit.allocator.settings_check`): ``check_torch_conf``, ``check_jax_env``,
+  ``check_environment`` and ``check_shell`` (which also catches a variable exported twice,
+  where the second silently replaces the first); every problem has a code and names the
+  variable and option;
 * recommendations per use (:func:`recommend`: ``training``, ``inference``, ``shared-gpu``),
   each with a one-line reason, the settings a planned workload runs with
   (:func:`workload_settings`, whose XLA fraction is the one memfit recommends everywhere:
@@ -29,19 +30,12 @@ lower case); only ``false`` / ``False`` / ``0`` turn preallocation off (``no`` o
 leave it on); ``XLA_CLIENT_MEM_FRACTION`` is read first and setting both fraction variables
 stops the backend from starting.
 
->>> [p.code for p in check_torch_conf("expandable_segments:true")]
-['bad-value']
->>> [p.code for p in check_shell('''export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-... export PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128''')]
-['exported-twice']
 >>> read_jax_env({"XLA_PYTHON_CLIENT_PREALLOCATE": "no"}).preallocate
 True
 """
 
 from __future__ import annotations
 
-import difflib
-import math
 import re
 import shlex
 import sys
@@ -50,26 +44,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memfit._plain import plain_fields
+from memfit.allocator.settings_check import (
+    JAX_ALLOCATORS,
+    TORCH_VARIABLES,
+    as_float,
+    check_value,
+    parse_torch_conf,
+)
 from memfit.allocator.xla_fraction import recommended_xla_fraction
 from memfit.errors import ConfigError
 from memfit.hardware.catalog import GpuSpec
 
 __all__ = [
-    "JAX_VARIABLES",
     "PROFILES",
     "SHELLS",
-    "TORCH_OPTIONS",
-    "TORCH_VARIABLES",
     "JaxAllocator",
-    "Problem",
     "Recommendation",
     "Setting",
-    "check_environment",
-    "check_jax_env",
-    "check_shell",
-    "check_torch_conf",
-    "parse_shell_assignments",
-    "parse_torch_conf",
     "read_jax_env",
     "recommend",
     "render_shell",
@@ -77,91 +68,12 @@ __all__ = [
     "workload_settings",
 ]
 
-#: The two names PyTorch reads its allocator options from.
-TORCH_VARIABLES: tuple[str, str] = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
-
-#: The JAX / XLA variables checked here.
-JAX_VARIABLES: tuple[str, ...] = (
-    "XLA_PYTHON_CLIENT_PREALLOCATE",
-    "XLA_PYTHON_CLIENT_MEM_FRACTION",
-    "XLA_CLIENT_MEM_FRACTION",
-    "XLA_PYTHON_CLIENT_ALLOCATOR",
-)
 
 #: Use profiles :func:`recommend` knows.
 PROFILES: tuple[str, ...] = ("training", "inference", "shared-gpu")
 
 #: Shells :func:`render_shell` writes for.
 SHELLS: tuple[str, ...] = ("bash", "fish", "powershell")
-
-_BOOL = "bool"
-_INT_GT20 = "int>20"
-_INT_GE20 = "int>=20"
-_INT_POS = "int>0"
-_INT_NONNEG = "int>=0"
-_FRACTION_OPEN = "fraction(0,1)"
-_FRACTION_HALF_OPEN = "fraction(0,1]"
-_POW2_OR_LIST = "pow2-or-list"
-_POW2 = "pow2"
-_BACKEND = "backend"
-_ANY = "any"
-
-#: Known PyTorch allocator options and the kind of value each takes.
-TORCH_OPTIONS: dict[str, str] = {
-    "backend": _BACKEND,
-    "expandable_segments": _BOOL,
-    "max_split_size_mb": _INT_GT20,
-    "max_non_split_rounding_mb": _INT_GE20,
-    "garbage_collection_threshold": _FRACTION_OPEN,
-    "roundup_power2_divisions": _POW2_OR_LIST,
-    "release_lock_on_cudamalloc": _BOOL,
-    "pinned_use_cuda_host_register": _BOOL,
-    "pinned_num_register_threads": _POW2,
-    "pinned_use_background_threads": _BOOL,
-    "pinned_reserve_segment_size_mb": _INT_NONNEG,
-    "graph_capture_record_stream_reuse": _BOOL,
-    "per_process_memory_fraction": _FRACTION_HALF_OPEN,
-    "large_segment_size_mb": _INT_POS,
-    "pinned_free_catch_all": _ANY,
-    "throw_on_cudamalloc_oom": _ANY,
-}
-
-_NATIVE_ONLY = (
-    "expandable_segments",
-    "max_split_size_mb",
-    "garbage_collection_threshold",
-    "roundup_power2_divisions",
-)
-
-_JAX_ALLOCATORS = ("default", "platform", "bfc", "cuda_async", "vmm")
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One thing wrong with allocator settings.
-
-    Attributes:
-        code: ``"unknown-option"``, ``"bad-value"``, ``"malformed"``, ``"duplicate-option"``,
-            ``"conflict"``, ``"both-names-differ"``, ``"exported-twice"``,
-            ``"unknown-variable"``.
-        severity: ``"error"`` (the framework refuses it, or a setting is silently lost) or
-            ``"warning"`` (accepted, but not what was meant).
-        variable: The environment variable.
-        option: The option inside it (``"max_split_size_mb"``), or ``None``.
-        message: What is wrong.
-        hint: What to write instead, or ``None``.
-    """
-
-    code: str
-    severity: str
-    variable: str
-    option: str | None
-    message: str
-    hint: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """The problem as plain JSON data."""
-        return plain_fields(self)
 
 
 @dataclass(frozen=True)
@@ -218,612 +130,10 @@ class Recommendation:
 # -- PyTorch option strings ----------------------------------------------------------------------
 
 
-def _tokens(text: str) -> list[str]:
-    # PyTorch's lexer: ',', ':', '[' and ']' are tokens of their own; spaces are dropped.
-    tokens: list[str] = []
-    buf: list[str] = []
-    for ch in text:
-        if ch in ",:[]":
-            if buf:
-                tokens.append("".join(buf))
-                buf = []
-            tokens.append(ch)
-        elif ch != " ":
-            buf.append(ch)
-    if buf:
-        tokens.append("".join(buf))
-    return tokens
-
-
-def parse_torch_conf(
-    text: str, *, variable: str = "PYTORCH_ALLOC_CONF"
-) -> tuple[list[tuple[str, str]], list[Problem]]:
-    """Split a PyTorch allocator string into ``(option, value)`` pairs, in order.
-
-    A list value (``roundup_power2_divisions:[256:1,>:4]``) is kept whole, brackets included.
-
-    Returns:
-        The pairs and the syntax problems (``"malformed"``) found on the way.
-
-    >>> parse_torch_conf("expandable_segments:True, max_split_size_mb:128")[0]
-    [('expandable_segments', 'True'), ('max_split_size_mb', '128')]
-    """
-    tokens = _tokens(text)
-    pairs: list[tuple[str, str]] = []
-    problems: list[Problem] = []
-    i = 0
-    hint = "write comma-separated key:value options, such as expandable_segments:True"
-    while i < len(tokens):
-        key = tokens[i]
-        if key in ",:[]":
-            if key != ",":
-                problems.append(
-                    Problem("malformed", "error", variable, None, f"unexpected {key!r}", hint)
-                )
-            i += 1
-            continue
-        if i + 1 >= len(tokens) or tokens[i + 1] != ":":
-            problems.append(
-                Problem(
-                    "malformed",
-                    "error",
-                    variable,
-                    key.split("=")[0] if "=" in key else key,
-                    f"option {key!r} has no ':value'",
-                    hint,
-                )
-            )
-            i += 1
-            while i < len(tokens) and tokens[i] != ",":
-                i += 1
-            continue
-        i += 2
-        if i >= len(tokens) or tokens[i] == ",":
-            problems.append(
-                Problem("malformed", "error", variable, key, f"option {key!r} has no value", hint)
-            )
-            continue
-        if tokens[i] == "[":
-            depth_end = i
-            while depth_end < len(tokens) and tokens[depth_end] != "]":
-                depth_end += 1
-            if depth_end >= len(tokens):
-                problems.append(
-                    Problem("malformed", "error", variable, key, "list value lacks ']'", hint)
-                )
-                pairs.append((key, "".join(tokens[i:])))
-                break
-            pairs.append((key, "".join(tokens[i : depth_end + 1])))
-            i = depth_end + 1
-        else:
-            pairs.append((key, tokens[i]))
-            i += 1
-        if i < len(tokens) and tokens[i] != ",":
-            problems.append(
-                Problem(
-                    "malformed",
-                    "error",
-                    variable,
-                    key,
-                    f"expected ',' after {key}, found {tokens[i]!r}",
-                    hint,
-                )
-            )
-            while i < len(tokens) and tokens[i] != ",":
-                i += 1
-    return pairs, problems
-
-
-def _is_pow2(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0
-
-
-def _as_int(text: str) -> int | None:
-    return int(text) if re.fullmatch(r"[+]?\d+", text) else None
-
-
-def _as_float(text: str) -> float | None:
-    try:
-        value = float(text)
-    except ValueError:
-        return None
-    return value if math.isfinite(value) else None
-
-
-def _check_value(variable: str, key: str, value: str) -> Problem | None:
-    kind = TORCH_OPTIONS[key]
-
-    def bad(message: str, hint: str) -> Problem:
-        return Problem("bad-value", "error", variable, key, message, hint)
-
-    if kind == _BOOL:
-        if value not in ("True", "False"):
-            return bad(
-                f"{key} takes True or False (capitalised), not {value!r}",
-                f"write {key}:{'True' if value.lower() in ('true', '1', 'yes') else 'False'}",
-            )
-    elif kind in (_INT_GT20, _INT_GE20, _INT_POS, _INT_NONNEG):
-        n = _as_int(value)
-        minimum = {_INT_GT20: 21, _INT_GE20: 20, _INT_POS: 1, _INT_NONNEG: 0}[kind]
-        if n is None or n < minimum:
-            rule = {
-                _INT_GT20: "a whole number of MiB greater than 20",
-                _INT_GE20: "a whole number of MiB of at least 20",
-                _INT_POS: "a positive whole number",
-                _INT_NONNEG: "a whole number >= 0",
-            }[kind]
-            return bad(f"{key} must be {rule}, not {value!r}", f"for instance {key}:512")
-    elif kind in (_FRACTION_OPEN, _FRACTION_HALF_OPEN):
-        x = _as_float(value)
-        upper_ok = (x is not None) and (x < 1 if kind == _FRACTION_OPEN else x <= 1)
-        if x is None or x <= 0 or not upper_ok:
-            span = "(0, 1)" if kind == _FRACTION_OPEN else "(0, 1]"
-            return bad(
-                f"{key} must be a number in {span}, not {value!r}", f"for instance {key}:0.6"
-            )
-    elif kind == _POW2:
-        n = _as_int(value)
-        if n is None or not _is_pow2(n):
-            return bad(f"{key} must be a power of two, not {value!r}", f"for instance {key}:8")
-    elif kind == _BACKEND:
-        if value not in ("native", "cudaMallocAsync"):
-            return bad(
-                f"backend must be native or cudaMallocAsync, not {value!r}",
-                "write backend:native or backend:cudaMallocAsync",
-            )
-    elif kind == _POW2_OR_LIST:
-        return _check_roundup(variable, key, value)
-    return None
-
-
-def _check_roundup(variable: str, key: str, value: str) -> Problem | None:
-    hint = "write a power of two (roundup_power2_divisions:4) or [256:1,512:2,1024:4,>:8]"
-    if not value.startswith("["):
-        n = _as_int(value)
-        if n is None or not _is_pow2(n):
-            return Problem(
-                "bad-value", "error", variable, key, f"{key} must be a power of two", hint
-            )
-        return None
-    inner = value[1:-1] if value.endswith("]") else value[1:]
-    for item in filter(None, inner.split(",")):
-        size, _, divs = item.partition(":")
-        d = _as_int(divs)
-        if d is None or (d != 0 and not _is_pow2(d)):
-            return Problem(
-                "bad-value",
-                "error",
-                variable,
-                key,
-                f"{key}: divisions {divs!r} in {item!r} must be a power of two or 0",
-                hint,
-            )
-        if size != ">":
-            s = _as_int(size)
-            if s is None or not _is_pow2(s):
-                return Problem(
-                    "bad-value",
-                    "error",
-                    variable,
-                    key,
-                    f"{key}: size {size!r} in {item!r} must be a power of two (MiB) or '>'",
-                    hint,
-                )
-    return None
-
-
-def check_torch_conf(text: str, *, variable: str = "PYTORCH_ALLOC_CONF") -> list[Problem]:
-    """Validate one PyTorch allocator string.
-
-    Finds syntax errors, unknown options (with the nearest known name), bad values,
-    options given twice (the last wins) and options ``backend:cudaMallocAsync`` ignores.
-
-    >>> [p.code for p in check_torch_conf("max_split_size_mb:20")]
-    ['bad-value']
-    >>> check_torch_conf("expandable_segments:True,garbage_collection_threshold:0.6")
-    []
-    """
-    pairs, problems = parse_torch_conf(text, variable=variable)
-    seen: dict[str, str] = {}
-    for key, value in pairs:
-        if key not in TORCH_OPTIONS:
-            near = difflib.get_close_matches(key, list(TORCH_OPTIONS), n=1)
-            problems.append(
-                Problem(
-                    "unknown-option",
-                    "error",
-                    variable,
-                    key,
-                    f"unknown allocator option {key!r} (PyTorch refuses it at the first CUDA "
-                    "allocation)",
-                    f"did you mean {near[0]}?" if near else "see `memfit env` for known options",
-                )
-            )
-            continue
-        if key in seen:
-            problems.append(
-                Problem(
-                    "duplicate-option",
-                    "warning",
-                    variable,
-                    key,
-                    f"{key} is given twice ({seen[key]!r}, then {value!r}); the last wins",
-                    f"keep one {key}",
-                )
-            )
-        seen[key] = value
-        problem = _check_value(variable, key, value)
-        if problem is not None:
-            problems.append(problem)
-    if seen.get("backend") == "cudaMallocAsync":
-        for key in _NATIVE_ONLY:
-            if key in seen:
-                problems.append(
-                    Problem(
-                        "conflict",
-                        "warning",
-                        variable,
-                        key,
-                        f"backend:cudaMallocAsync ignores {key} (a native-allocator option)",
-                        f"drop {key}, or use backend:native",
-                    )
-                )
-    return problems
-
-
 # -- JAX variables ---------------------------------------------------------------------------------
 
 
-def check_jax_env(env: Mapping[str, str]) -> list[Problem]:
-    """Validate the JAX / XLA allocator variables in ``env``.
-
-    >>> [p.code for p in check_jax_env({"XLA_PYTHON_CLIENT_MEM_FRACTION": "1.5"})]
-    ['bad-value']
-    >>> check_jax_env({"XLA_PYTHON_CLIENT_PREALLOCATE": "false",
-    ...                "XLA_PYTHON_CLIENT_MEM_FRACTION": ".5"})
-    []
-    """
-    problems: list[Problem] = []
-    pre = env.get("XLA_PYTHON_CLIENT_PREALLOCATE")
-    if pre and pre not in ("true", "True", "1", "false", "False", "0"):
-        problems.append(
-            Problem(
-                "bad-value",
-                "warning",
-                "XLA_PYTHON_CLIENT_PREALLOCATE",
-                None,
-                f"{pre!r} is read as true: only false, False or 0 turn preallocation off",
-                "write XLA_PYTHON_CLIENT_PREALLOCATE=false or true",
-            )
-        )
-    for var in ("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_CLIENT_MEM_FRACTION"):
-        raw = env.get(var)
-        if raw is None or raw == "":
-            continue
-        x = _as_float(raw)
-        if x is None or not 0 < x <= 1:
-            problems.append(
-                Problem(
-                    "bad-value",
-                    "error",
-                    var,
-                    None,
-                    f"{var} must be a fraction in (0, 1], not {raw!r}",
-                    f"for instance {var}=.75",
-                )
-            )
-    if env.get("XLA_PYTHON_CLIENT_MEM_FRACTION") and env.get("XLA_CLIENT_MEM_FRACTION"):
-        problems.append(
-            Problem(
-                "conflict",
-                "error",
-                "XLA_PYTHON_CLIENT_MEM_FRACTION",
-                None,
-                "XLA_CLIENT_MEM_FRACTION and XLA_PYTHON_CLIENT_MEM_FRACTION are both set: JAX "
-                "refuses to start its GPU backend",
-                "keep XLA_CLIENT_MEM_FRACTION and unset XLA_PYTHON_CLIENT_MEM_FRACTION",
-            )
-        )
-    alloc_raw = env.get("XLA_PYTHON_CLIENT_ALLOCATOR")
-    alloc = alloc_raw.lower() if alloc_raw else None
-    if alloc is not None and alloc not in _JAX_ALLOCATORS:
-        problems.append(
-            Problem(
-                "bad-value",
-                "error",
-                "XLA_PYTHON_CLIENT_ALLOCATOR",
-                None,
-                f"unknown allocator {alloc_raw!r}",
-                "use one of " + ", ".join(_JAX_ALLOCATORS),
-            )
-        )
-    if alloc == "platform":
-        if pre is not None and pre not in ("false", "False", "0", ""):
-            problems.append(
-                Problem(
-                    "conflict",
-                    "warning",
-                    "XLA_PYTHON_CLIENT_ALLOCATOR",
-                    None,
-                    "allocator=platform allocates exactly what is asked and never "
-                    "preallocates: XLA_PYTHON_CLIENT_PREALLOCATE=true has no effect",
-                    "unset XLA_PYTHON_CLIENT_PREALLOCATE, or use the default allocator",
-                )
-            )
-        for var in ("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_CLIENT_MEM_FRACTION"):
-            if env.get(var):
-                problems.append(
-                    Problem(
-                        "conflict",
-                        "warning",
-                        var,
-                        None,
-                        f"allocator=platform has no pool, so {var} sets no limit",
-                        "drop the fraction, or use the default allocator",
-                    )
-                )
-    return problems
-
-
 # -- whole environments and shell snippets -------------------------------------------------------
-
-
-def check_environment(env: Mapping[str, str]) -> list[Problem]:
-    """Validate every allocator variable in ``env`` (a process environment, as a mapping).
-
-    Besides each variable on its own, reports both torch names set to different values:
-    PyTorch 2.13's CUDA allocator reads ``PYTORCH_CUDA_ALLOC_CONF`` first while its generic
-    allocator config reads ``PYTORCH_ALLOC_CONF`` first, so the two parts see different
-    settings.
-
-    >>> [p.code for p in check_environment({"PYTORCH_ALLOC_CONF": "expandable_segments:True",
-    ...                                     "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"})]
-    ['both-names-differ']
-    """
-    problems: list[Problem] = []
-    for var in TORCH_VARIABLES:
-        value = env.get(var)
-        if value:
-            problems.extend(check_torch_conf(value, variable=var))
-    new, old = env.get("PYTORCH_ALLOC_CONF"), env.get("PYTORCH_CUDA_ALLOC_CONF")
-    if new and old and _normalized_conf(new) != _normalized_conf(old):
-        problems.append(
-            Problem(
-                "both-names-differ",
-                "error",
-                "PYTORCH_CUDA_ALLOC_CONF",
-                None,
-                f"PYTORCH_ALLOC_CONF={new!r} and PYTORCH_CUDA_ALLOC_CONF={old!r} differ: "
-                "parts of PyTorch read one, parts the other",
-                "set both to the same value, or unset one",
-            )
-        )
-    problems.extend(check_jax_env(env))
-    return problems
-
-
-def _normalized_conf(text: str) -> list[tuple[str, str]]:
-    return parse_torch_conf(text)[0]
-
-
-_ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
-_PS_ASSIGN = re.compile(r"""^\s*\$env:([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(["']?)(.*?)\2\s*;?\s*$""")
-
-
-_PLAIN_RUN = re.compile(r"[^ \t\r\n;&|#'\"\\]+")
-_PUNCT_RUN = re.compile(r"[;&|]+")
-_DQ_RUN = re.compile(r'[^"\\]+')
-
-
-def shell_words(line: str) -> list[str]:
-    """Split one line as ``shlex.shlex(line, posix=True, punctuation_chars=";&|")`` with
-    ``whitespace_split`` and ``#`` comments does, in time linear in the line's length.
-
-    ``shlex`` builds each token by adding one character at a time to an attribute, which
-    is quadratic in the token's length: a 200,000-entry ``PYTORCH_CUDA_ALLOC_CONF`` line
-    took minutes. Quotes are removed as a POSIX shell does; runs of ``;``, ``&`` and ``|``
-    are tokens of their own; a ``#`` starts a comment.
-
-    Raises:
-        ValueError: ``"No closing quotation"`` or ``"No escaped character"``, as ``shlex``.
-
-    >>> shell_words("export A='x y' B=1;echo # done")
-    ['export', 'A=x y', 'B=1', ';', 'echo']
-    """
-    words: list[str] = []
-    buf: list[str] = []
-    in_word = False
-    i, n = 0, len(line)
-    while i < n:
-        c = line[i]
-        if c in " \t\r\n":
-            if in_word:
-                words.append("".join(buf))
-                buf, in_word = [], False
-            i += 1
-        elif c in ";&|":
-            if in_word:
-                words.append("".join(buf))
-                buf, in_word = [], False
-            match = _PUNCT_RUN.match(line, i)
-            assert match is not None
-            words.append(match.group())
-            i = match.end()
-        elif c == "#":
-            break  # a comment, at the start of a word or inside one (as shlex reads it)
-        elif c == "'":
-            end = line.find("'", i + 1)
-            if end < 0:
-                raise ValueError("No closing quotation")
-            buf.append(line[i + 1 : end])
-            in_word, i = True, end + 1
-        elif c == '"':
-            in_word, i = True, i + 1
-            while True:
-                if i >= n:
-                    raise ValueError("No closing quotation")
-                d = line[i]
-                if d == '"':
-                    i += 1
-                    break
-                if d == "\\":
-                    if i + 1 >= n:
-                        raise ValueError("No escaped character")
-                    following = line[i + 1]
-                    buf.append(following if following in '"\\' else d + following)
-                    i += 2
-                    continue
-                match = _DQ_RUN.match(line, i)
-                assert match is not None
-                buf.append(match.group())
-                i = match.end()
-        elif c == "\\":
-            if i + 1 >= n:
-                raise ValueError("No escaped character")
-            buf.append(line[i + 1])
-            in_word, i = True, i + 2
-        else:
-            match = _PLAIN_RUN.match(line, i)
-            assert match is not None
-            buf.append(match.group())
-            in_word, i = True, match.end()
-    if in_word:
-        words.append("".join(buf))
-    return words
-
-
-def parse_shell_assignments(text: str) -> list[tuple[int, str, str | None]]:
-    """Environment assignments in a shell snippet, in order: ``(line, name, value)``.
-
-    Understands ``export A=1 B=2``, ``A=1`` (also as a command prefix), ``unset A``
-    (value ``None``), ``env A=1 cmd``, fish's ``set -gx A 1`` / ``set -e A`` and PowerShell's
-    ``$env:A = "1"``. Quotes are removed as the shell would.
-
-    Raises:
-        ConfigError: When a line cannot be split (an unclosed quote); ``key_path`` names the
-            line.
-
-    >>> parse_shell_assignments("export A=1 B='x y'\\nset -gx C 3")
-    [(1, 'A', '1'), (1, 'B', 'x y'), (2, 'C', '3')]
-    """
-    found: list[tuple[int, str, str | None]] = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        ps = _PS_ASSIGN.match(stripped)
-        if ps:
-            found.append((lineno, ps.group(1), ps.group(3)))
-            continue
-        try:
-            tokens = shell_words(stripped)
-        except ValueError as exc:
-            raise ConfigError(
-                f"cannot read the line: {exc}",
-                key_path=f"line {lineno}",
-                hint="close the quote",
-            ) from exc
-        found.extend(_assignments_in_tokens(lineno, tokens))
-    return found
-
-
-def _assignments_in_tokens(lineno: int, tokens: list[str]) -> list[tuple[int, str, str | None]]:
-    out: list[tuple[int, str, str | None]] = []
-    command_start = True
-    i = 0
-    while i < len(tokens):
-        tok = tokens[i]
-        if tok in (";", "&&", "||", "|", "&"):
-            command_start = True
-            i += 1
-            continue
-        if command_start and tok in ("export", "declare", "typeset", "env", "local"):
-            i += 1
-            while i < len(tokens) and tokens[i].startswith("-"):
-                i += 1
-            continue
-        if command_start and tok == "unset":
-            i += 1
-            while i < len(tokens) and tokens[i] not in (";", "&&", "||", "|", "&"):
-                if not tokens[i].startswith("-"):
-                    out.append((lineno, tokens[i], None))
-                i += 1
-            continue
-        if command_start and tok == "set":
-            args: list[str] = []
-            i += 1
-            while i < len(tokens) and tokens[i] not in (";", "&&", "||", "|", "&"):
-                args.append(tokens[i])
-                i += 1
-            flags = [a for a in args if a.startswith("-")]
-            rest = [a for a in args if not a.startswith("-")]
-            erase = "--erase" in flags or any(
-                "e" in f.lstrip("-") for f in flags if not f.startswith("--")
-            )
-            if erase and rest:
-                out.append((lineno, rest[0], None))
-            elif rest and any("x" in f for f in flags):
-                out.append((lineno, rest[0], " ".join(rest[1:])))
-            continue
-        match = _ASSIGN.match(tok)
-        if command_start and match:
-            out.append((lineno, match.group(1), match.group(2)))
-            i += 1
-            continue
-        command_start = False
-        i += 1
-    return out
-
-
-def check_shell(text: str, *, base_env: Mapping[str, str] | None = None) -> list[Problem]:
-    """Validate the allocator variables a shell snippet sets, as the shell would end up.
-
-    A variable assigned twice is reported (``"exported-twice"``): the second assignment
-    silently replaces the first, so options only in the first are lost (an ``"error"`` when
-    that loses options, a ``"warning"`` when the values are the same); an explicit ``unset``
-    in between is deliberate and not reported. Then the final values
-    (on top of ``base_env``, default empty) are checked with :func:`check_environment`.
-
-    Raises:
-        ConfigError: When a line cannot be split (an unclosed quote).
-    """
-    watched = set(TORCH_VARIABLES) | set(JAX_VARIABLES)
-    env: dict[str, str] = dict(base_env or {})
-    first: dict[str, tuple[int, str | None]] = {}
-    problems: list[Problem] = []
-    for lineno, name, value in parse_shell_assignments(text):
-        if name in watched and name in first and value is not None and first[name][1] is not None:
-            prev_line, prev_value = first[name]
-            lost: list[str] = []
-            if name in TORCH_VARIABLES and prev_value and value is not None:
-                new_keys = {k for k, _ in parse_torch_conf(value)[0]}
-                lost = [f"{k}:{v}" for k, v in parse_torch_conf(prev_value)[0] if k not in new_keys]
-            same = prev_value == value
-            detail = (
-                f"; lost: {', '.join(lost)}"
-                if lost
-                else ("" if same else f"; {prev_value!r} is replaced by {value!r}")
-            )
-            problems.append(
-                Problem(
-                    "exported-twice",
-                    "warning" if same else "error",
-                    name,
-                    None,
-                    f"{name} is set on line {prev_line} and again on line {lineno}: the second "
-                    f"silently replaces the first{detail}",
-                    f"set {name} once, with every option comma-separated"
-                    if name in TORCH_VARIABLES
-                    else f"set {name} once",
-                )
-            )
-        first[name] = (lineno, value)
-        if value is None:
-            env.pop(name, None)
-        else:
-            env[name] = value
-    problems.extend(check_environment(env))
-    return problems
 
 
 # -- recommendations ------------------------------------------------------------------------------
@@ -857,8 +167,8 @@ def recommend(
             name(s) to set; ``None`` (unknown) sets both.
             :func:`memfit.runtime.allocator_env.recommend` reads the installed version.
         gpu: The GPU, for the XLA pool fraction of ``training``
-            (:func:`memfit.allocator.xla_fraction.recommended_xla_fraction`); ``None``: any card of 8 GB
-            or more.
+            (:func:`memfit.allocator.xla_fraction.recommended_xla_fraction`); ``None``: any
+            card of 8 GB or more.
         jax_fraction_variable: The name to set the XLA pool fraction under:
             ``XLA_CLIENT_MEM_FRACTION`` (the name JAX now documents) or
             ``XLA_PYTHON_CLIENT_MEM_FRACTION`` (the older one, which every JAX reads; newer
@@ -1081,7 +391,7 @@ def read_jax_env(env: Mapping[str, str]) -> JaxAllocator:
     if new or old:
         variable = "XLA_CLIENT_MEM_FRACTION" if new else "XLA_PYTHON_CLIENT_MEM_FRACTION"
         raw = new or old
-        value = _as_float(raw)
+        value = as_float(raw)
         if value is None or not 0 < value <= 1:
             raise ConfigError(
                 f"{variable} must be a fraction in (0, 1], not {raw!r}",
@@ -1090,11 +400,11 @@ def read_jax_env(env: Mapping[str, str]) -> JaxAllocator:
             )
         fraction = value
     allocator = env.get("XLA_PYTHON_CLIENT_ALLOCATOR", "default").lower() or "default"
-    if allocator not in _JAX_ALLOCATORS:
+    if allocator not in JAX_ALLOCATORS:
         raise ConfigError(
             f"unknown allocator {env.get('XLA_PYTHON_CLIENT_ALLOCATOR')!r}",
             key_path="XLA_PYTHON_CLIENT_ALLOCATOR",
-            hint="use one of " + ", ".join(_JAX_ALLOCATORS),
+            hint="use one of " + ", ".join(JAX_ALLOCATORS),
         )
     preallocate_text = env.get("XLA_PYTHON_CLIENT_PREALLOCATE", "")
     preallocate = not preallocate_text or preallocate_text not in ("false", "False", "0")
@@ -1124,7 +434,7 @@ def torch_allocator_options(text: str | None, variable: str) -> tuple[bool, int 
     max_split: int | None = None
     for key, value in pairs:
         if key == "expandable_segments":
-            problem = _check_value(variable, key, value)
+            problem = check_value(variable, key, value)
             if problem is not None:
                 raise ConfigError(problem.message, key_path=variable, hint=problem.hint)
             expandable = value == "True"

@@ -19,15 +19,8 @@ import typer
 from rich.table import Table
 
 from memfit._plain import plural
-from memfit.allocator.settings import (
-    JAX_VARIABLES,
-    PROFILES,
-    SHELLS,
-    TORCH_VARIABLES,
-    check_shell,
-    recommend,
-    render_shell,
-)
+from memfit.allocator.settings import PROFILES, SHELLS, recommend, render_shell
+from memfit.allocator.settings_check import JAX_VARIABLES, TORCH_VARIABLES, check_shell
 from memfit.cli._common import JSON_OPTION, err_console, out_console, print_json, safe
 from memfit.cli._files import read_input_text
 from memfit.errors import ConfigError

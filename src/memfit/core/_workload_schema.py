@@ -273,8 +273,9 @@ class DeviceSpec(_Strict):
 class JaxSettings(_Strict):
     """JAX's allocator: preallocation (``XLA_PYTHON_CLIENT_PREALLOCATE``) and its fraction
     (``XLA_PYTHON_CLIENT_MEM_FRACTION``). Without ``mem_fraction`` the plan uses the fraction
-    memfit recommends for the card (:func:`memfit.allocator.xla_fraction.recommended_xla_fraction`: 0.90
-    on cards of 8 GB or more) and says to set it; give one to plan with yours (JAX's own
+    memfit recommends for the card
+    (:func:`memfit.allocator.xla_fraction.recommended_xla_fraction`: 0.90 on cards of 8 GB or
+    more) and says to set it; give one to plan with yours (JAX's own
     default is 0.75)."""
 
     preallocate: bool = True

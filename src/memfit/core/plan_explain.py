@@ -1,5 +1,6 @@
 """What a plan says besides its numbers: the breakdown, what binds, what else would do, and
-why nothing fits (pure; the search is :mod:`memfit.core.space`, the plan :mod:`memfit.core.plan`)."""
+why nothing fits (pure; the search is :mod:`memfit.core.space`, the plan
+:mod:`memfit.core.plan`)."""
 
 from __future__ import annotations
 

@@ -430,8 +430,9 @@ def ppo_workload(
         value_hidden_layer_sizes: Brax's ``value_hidden_layer_sizes``.
         device_count: Devices Brax ``pmap`` s over.
         jax_preallocate: Plan against the XLA pool memfit recommends for the card
-            (``True``, the default: :func:`memfit.allocator.xla_fraction.recommended_xla_fraction`) or
-            allocation on demand (``False``).
+            (``True``, the default:
+            :func:`memfit.allocator.xla_fraction.recommended_xla_fraction`) or allocation on
+            demand (``False``).
         measurements: The env and Brax's training step measured (:func:`measure_ppo`): the
             plan's terms are then these measurements instead of the analytic model.
         settings: Fixed Brax arguments the measurement depends on
@@ -649,8 +650,8 @@ def jax_allocator_settings(plan: Plan, total_bytes: int) -> dict[str, str]:
 
     A plan made against a preallocated pool (the default) carries its settings
     (``plan.environment``): preallocate that pool, whose fraction is
-    :func:`memfit.allocator.xla_fraction.recommended_xla_fraction` for the card unless the workload set
-    one. A plan made without preallocation gets the same recommendation for a card of
+    :func:`memfit.allocator.xla_fraction.recommended_xla_fraction` for the card unless the
+    workload set one. A plan made without preallocation gets the same recommendation for a card of
     ``total_bytes``, once its buffers are checked to fit that pool.
 
     Args:

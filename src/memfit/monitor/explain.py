@@ -670,7 +670,8 @@ def explain(
         capacity_bytes: What the process may hold on the device, for the what-if replays
             (default: at an OOM the allocator's reserved plus the driver's free memory, else
             the limit the trace met, else unknown).
-        max_bytes: Refuse a larger file (default :data:`memfit.allocator.snapshot.MAX_SNAPSHOT_BYTES`).
+        max_bytes: Refuse a larger file (default
+            :data:`memfit.allocator.snapshot.MAX_SNAPSHOT_BYTES`).
 
     Raises:
         ConfigError: For a file that is not a snapshot, names a Python object, is cut off,

@@ -28,13 +28,13 @@ from pathlib import Path
 from typing import Literal
 
 from memfit._checks import require, require_mapping
-from memfit.allocator.settings import (
+from memfit.allocator.settings_check import (
     Problem,
     check_jax_env,
     check_torch_conf,
     parse_torch_conf,
 )
-from memfit.allocator.settings import check_environment as _check_environment
+from memfit.allocator.settings_check import check_environment as _check_environment
 from memfit.errors import ConfigError
 
 __all__ = [
