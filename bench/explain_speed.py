@@ -31,7 +31,8 @@ from _common import utc_minute, write_results  # noqa: E402
 from memfit.allocator.snapshot import load_snapshot  # noqa: E402
 from memfit.allocator.snapshot_build import TraceBuilder  # noqa: E402
 from memfit.errors import OutOfMemory  # noqa: E402
-from memfit.monitor.explain import explain, png_bytes, render_html  # noqa: E402
+from memfit.monitor.explain import explain  # noqa: E402
+from memfit.monitor.explain_render import png_bytes, render_html  # noqa: E402
 
 MiB = 2**20
 EVENTS = 100_000
