@@ -117,7 +117,8 @@ def _figure(e: Explanation) -> Any:
             "memfit explain draws with matplotlib, which is not installed",
             hint="pip install 'memfit[plot]', or leave out -o",
         ) from exc
-    from memfit.monitor.report import EVENT_COLOURS, _mib_ticks
+    from memfit.monitor.report import EVENT_COLOURS
+    from memfit.monitor.report_plot import mib_ticks
 
     fig = Figure(figsize=(10, 4.5), dpi=100)
     FigureCanvasAgg(fig)
@@ -173,7 +174,7 @@ def _figure(e: Explanation) -> Any:
     ax.set_ylabel("MiB")
     top = max(reserved, default=0.0)
     ax.set_ylim(bottom=0, top=max(top * 1.25, 1.0))
-    _mib_ticks(ax, top)
+    mib_ticks(ax, top)
     ax.legend(loc="lower right", fontsize=8)
     ax.set_title(f"{Path(e.source).name}: device {e.device}", fontsize=10)
     fig.tight_layout()
