@@ -1,4 +1,4 @@
-"""``allocator_settings.shell_words``: shlex's splitting (issue 21), in linear time."""
+"""``allocator.shell.shell_words``: shlex's splitting (issue 21), in linear time."""
 
 from __future__ import annotations
 
