@@ -71,9 +71,9 @@ def _step_fns(args: argparse.Namespace, device_type: str) -> tuple[Any, Any, Any
 
 
 def _case(args: argparse.Namespace, name: str) -> dict[str, Any]:
-    from memfit.core.allocator import AllocatorModel
-    from memfit.core.budget import cublas_workspace_bytes
+    from memfit.allocator.model import AllocatorModel
     from memfit.estimate.torch_trace import _run_trace, _summarise
+    from memfit.hardware.cuda import cublas_workspace_bytes
 
     device_type = "cpu" if name == "cpu_rules" else "cuda"
     build, step, make_batch = _step_fns(args, device_type)

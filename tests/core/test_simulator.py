@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from memfit.core.catalog import gpu
 from memfit.core.families import evaluate
 from memfit.core.plan import plan_for_gpu
 from memfit.core.simulator import (
@@ -19,6 +18,7 @@ from memfit.core.simulator import (
 from memfit.core.simulator_figures import CARD_FIGURES, ROBOT_PER_ENV, SCENE_RULE, SHARED
 from memfit.core.workload import load_workload, parse_workload
 from memfit.errors import ConfigError, InfeasiblePlan
+from memfit.hardware.catalog import gpu
 from memfit.units import GiB, MiB
 
 RTX4090 = "NVIDIA GeForce RTX 4090"

@@ -130,7 +130,7 @@ def simulator(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Show the simulator figures a plan uses on a card; fit and store your own from readings."""
-    from memfit.core.catalog import gpu as catalog_gpu
+    from memfit.hardware.catalog import gpu as catalog_gpu
 
     card = catalog_gpu(gpu).name
     if not reading:

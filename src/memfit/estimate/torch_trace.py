@@ -13,7 +13,7 @@ reference fires exactly when the storage goes away. This is the same lifetime ru
 own ``torch.distributed._tools.mem_tracker.MemTracker`` uses.
 
 The sequence of allocations and frees is then replayed through
-:class:`memfit.core.allocator.AllocatorModel` to get what ``torch.cuda.max_memory_allocated``
+:class:`memfit.allocator.model.AllocatorModel` to get what ``torch.cuda.max_memory_allocated``
 and ``max_memory_reserved`` would read, and each storage is put in one category: parameters,
 buffers, gradients, optimizer state, activations (made in the forward pass, attributed to the
 innermost module running), temporaries (backward and optimizer intermediates), inputs (the
@@ -52,9 +52,8 @@ from torch.utils._pytree import tree_flatten
 
 from memfit._checks import require
 from memfit._plain import plain_fields
-from memfit.core.allocator import AllocatorModel, round_size
+from memfit.allocator.model import AllocatorModel, round_size
 from memfit.core.measured import MeasuredTerms
-from memfit.core.runtime import ContextEstimate, Runtime
 from memfit.errors import ConfigError, EstimateError, MemfitError
 from memfit.estimate import stand_in_scalars_active
 from memfit.estimate._autocast import CudaAutocast
@@ -67,6 +66,7 @@ from memfit.estimate._fake_compat import (
 )
 from memfit.estimate._sequence import Fit, SequenceModel
 from memfit.estimate.affine import AffineFit, check_batch_sizes, fit_affine
+from memfit.hardware.runtime import ContextEstimate, Runtime
 from memfit.units import format_bytes
 
 __all__ = [
@@ -188,7 +188,7 @@ class TorchEstimate:
         tensor_fit: Affine fit of ``tensor_peak`` (what :func:`memfit.simulate_gpu`
             counts), or ``None`` with fewer than two distinct batch sizes.
         context: The CUDA context ``device_used_peak`` adds: its bytes, the runtime it
-            assumed and its source (:class:`memfit.core.runtime.ContextEstimate`).
+            assumed and its source (:class:`memfit.hardware.runtime.ContextEstimate`).
     """
 
     points: list[EstimatePoint]
@@ -947,10 +947,10 @@ def trace_requests(
     """
     spec = None
     if gpu is not None:
-        from memfit.core.catalog import gpu as lookup_gpu
+        from memfit.hardware.catalog import gpu as lookup_gpu
 
         spec = lookup_gpu(gpu)
-    from memfit.core.budget import cublas_workspace_bytes
+    from memfit.hardware.cuda import cublas_workspace_bytes
 
     recorder = None
     if kernel_scratch:
@@ -1007,7 +1007,7 @@ def estimate_torch(
         make_batch: ``make_batch(batch_size) -> batch``.
         batch_sizes: Batch sizes to trace (each traced from a fresh build).
         gpu: GPU name or size for the device-level figures (CUDA context, cuBLAS workspace
-            by architecture), looked up in :mod:`memfit.core.catalog`; ``None`` for defaults.
+            by architecture), looked up in :mod:`memfit.hardware.catalog`; ``None`` for defaults.
         device: ``"cuda"`` or ``"cpu"``; by default ``"cuda"`` where torch has CUDA, else
             ``"cpu"`` (with the deviations listed in the result).
         expandable_segments: Replay the allocator with ``expandable_segments:True``.
@@ -1072,12 +1072,12 @@ def estimate_torch(
         )
     spec = None
     if gpu is not None:
-        from memfit.core.catalog import gpu as lookup_gpu
+        from memfit.hardware.catalog import gpu as lookup_gpu
 
         spec = lookup_gpu(gpu)
     from memfit.backends.software import target_runtime
-    from memfit.core.budget import cublas_workspace_bytes
-    from memfit.core.runtime import cuda_context
+    from memfit.hardware.cuda import cublas_workspace_bytes
+    from memfit.hardware.runtime import cuda_context
 
     target = target_runtime(runtime)
     workspace = cublas_workspace_bytes(spec)

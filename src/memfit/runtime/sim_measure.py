@@ -312,9 +312,9 @@ def _probe_reader(device: int, probe: Any | None) -> tuple[Callable[[], int], st
 def modelled_overhead_bytes(gpu: str) -> int:
     """The CUDA context and cuBLAS workspace memfit models for ``gpu``."""
     from memfit.backends.software import target_runtime
-    from memfit.core.budget import cublas_workspace_bytes
-    from memfit.core.catalog import gpu as catalog_gpu
-    from memfit.core.runtime import cuda_context
+    from memfit.hardware.catalog import gpu as catalog_gpu
+    from memfit.hardware.cuda import cublas_workspace_bytes
+    from memfit.hardware.runtime import cuda_context
 
     try:
         spec = catalog_gpu(gpu)
