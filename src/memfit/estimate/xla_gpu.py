@@ -373,3 +373,25 @@ def compile_for_gpu(
     )
     del start
     return result
+
+
+def local_target_config() -> str:
+    """The target config of this machine's first GPU, as XLA reads it from the device
+    (``xla_client.get_topology_for_devices(jax.devices()).target_config``): the real one, to
+    compare with ``memfit gpus NAME --target-config``.
+
+    Raises:
+        BackendUnavailable: When JAX has no GPU here.
+    """
+    import jax
+    from jaxlib import xla_client
+
+    devices = jax.devices()
+    if not devices or devices[0].platform != "gpu":
+        raise BackendUnavailable(
+            f"JAX has no GPU here (its devices: {', '.join(str(d) for d in devices)})",
+            hint='on a machine with an NVIDIA GPU: pip install -U "jax[cuda12]"; here, '
+            "`memfit gpus NAME --target-config` shows memfit's config for a card",
+        )
+    config = xla_client.get_topology_for_devices(devices).target_config
+    return config if isinstance(config, str) else str(config)
