@@ -203,10 +203,22 @@ def export_step(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> ExportedSt
 
     jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
     every_call = [export.DisabledSafetyCheck.custom_call("ALL")]  # the child has this jaxlib
+    leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+
+    def flat(*flat_leaves: Any) -> Any:
+        call_args, call_kwargs = jax.tree_util.tree_unflatten(tree, flat_leaves)
+        return jax.tree_util.tree_leaves(jitted(*call_args, **call_kwargs))
+
     try:
-        exported = export.export(jitted, platforms=("cuda",), disabled_checks=every_call)(
+        # exported as it is first, for the donations its own jit declares; then over flat
+        # leaves, so pytrees of any class (Brax's states) serialize
+        own = export.export(jitted, platforms=("cuda",), disabled_checks=every_call)(
             *args, **kwargs
         )
+        donate = _donated(own.mlir_module(), own.module_kept_var_idx)
+        exported = export.export(
+            jax.jit(flat, donate_argnums=donate), platforms=("cuda",), disabled_checks=every_call
+        )(*leaves)
         serialized = bytes(exported.serialize())
     except ImportError as exc:
         raise BackendUnavailable(
@@ -218,7 +230,6 @@ def export_step(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> ExportedSt
             hint="the step must be jit-able at these argument shapes; values that decide "
             "control flow must be static",
         ) from exc
-    donate = _donated(exported.mlir_module(), exported.module_kept_var_idx)
     return ExportedStep(serialized=serialized, donate=donate)
 
 
