@@ -78,7 +78,10 @@ def make_step(kind: str, size: int, *, concrete: bool = False) -> tuple[Any, tup
             grads = jax.grad(loss)(params, x)
             return [p - 1e-3 * g for p, g in zip(params, grads, strict=True)]
 
-        return jax.jit(mlp, donate_argnums=(0,)), ([arg((512, 512)) for _ in range(3)], arg((size, 512)))
+        return jax.jit(mlp, donate_argnums=(0,)), (
+            [arg((512, 512)) for _ in range(3)],
+            arg((size, 512)),
+        )
     if kind == "matmul":
         return jax.jit(lambda a, b: (a @ b).sum()), (arg((size, size)), arg((size, size)))
     if kind == "permute":
@@ -138,16 +141,25 @@ def main() -> int:
         print(json.dumps(rows[-1])[:400], flush=True)
     out = Path(parsed.out)
     out.mkdir(parents=True, exist_ok=True)
-    report = {"device": device.device_kind, "memfit_target_config": ours.text(),
-              "real_target_config": real, "xla_client": xla_client.__name__, "rows": rows}
+    report = {
+        "device": device.device_kind,
+        "memfit_target_config": ours.text(),
+        "real_target_config": real,
+        "xla_client": xla_client.__name__,
+        "rows": rows,
+    }
     (out / "xla_deviceless.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
-    lines = ["| step | device temp | deviceless temp | peak in use (measured) | memfit |",
-             "|---|---:|---:|---:|---:|"]
+    lines = [
+        "| step | device temp | deviceless temp | peak in use (measured) | memfit |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for row in rows:
         m = row["measured"] or {}
         temp = (m.get("analysis") or {}).get("temp_size_in_bytes")
-        lines.append(f"| {row['step']} | {temp} | {row['deviceless_temp_bytes']} | "
-                     f"{m.get('after_steps_peak')} | {row['estimate_peak_bytes_in_use']} |")
+        lines.append(
+            f"| {row['step']} | {temp} | {row['deviceless_temp_bytes']} | "
+            f"{m.get('after_steps_peak')} | {row['estimate_peak_bytes_in_use']} |"
+        )
     (out / "xla_deviceless.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return 0
 

@@ -78,7 +78,11 @@ def test_device_level_prediction_follows_the_preallocation_policy() -> None:
     )
     assert half.device_used_bytes == int(spec.total_bytes * 0.5) + cuda_context_bytes(spec)
     lazy = estimate_jax(
-        _layer, x, w, gpu="H100", environ={"XLA_PYTHON_CLIENT_PREALLOCATE": "false"},
+        _layer,
+        x,
+        w,
+        gpu="H100",
+        environ={"XLA_PYTHON_CLIENT_PREALLOCATE": "false"},
         compiler="cpu",
     )
     assert lazy.device_used_bytes == own + cuda_context_bytes(spec)

@@ -84,7 +84,7 @@ def test_compiled_for_names_the_card_and_its_target() -> None:
 def test_a_gpu_known_only_by_its_size_has_no_target_config() -> None:
     with pytest.raises(ConfigError, match="no XLA target config"):
         target_config(lookup_gpu("12GiB"))
-    with pytest.raises(ConfigError, match="compute capability 5.2"):
+    with pytest.raises(ConfigError, match=r"compute capability 5\.2"):
         arch_limits((5, 2))
 
 
@@ -141,7 +141,9 @@ def test_donated_arguments_are_read_from_the_exported_main() -> None:
 
 
 def test_without_the_extra_the_cpu_compile_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(xla_gpu, "gpu_target_missing", lambda: ["jax-cuda12-plugin is not installed"])
+    monkeypatch.setattr(
+        xla_gpu, "gpu_target_missing", lambda: ["jax-cuda12-plugin is not installed"]
+    )
     step = _mlp_step()
     est = jax_xla().estimate_jax(step, *_args(256), gpu="RTX 4070", environ={})
     assert est.compiled_for == "cpu" and est.peak_bytes_in_use is None
@@ -215,9 +217,45 @@ def test_a_config_xla_cannot_use_is_an_error_not_a_crash() -> None:
 @needs_extra
 def test_the_plugin_leaves_jax_working_on_a_machine_without_a_gpu() -> None:
     env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
-    code = "import jax, jax.numpy as jnp; print(jax.devices()[0].platform, float(jnp.ones(3).sum()))"
+    code = (
+        "import jax, jax.numpy as jnp; print(jax.devices()[0].platform, float(jnp.ones(3).sum()))"
+    )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["cpu", "3.0"]
+
+
+# -- whole-loop trainers (PureJaxRL style) ----------------------------------------------------
+
+
+def _make_train(num_updates: int, num_envs: int = 64, num_steps: int = 16) -> Any:
+    """A PureJaxRL-shaped trainer: the whole run one jitted function, a scan over updates, each
+    update collecting a rollout, shuffling a copy of it, and stacking its metrics."""
+
+    def update(carry: Any, _: Any) -> Any:
+        params, key = carry
+        key, k_obs, k_perm = jax.random.split(key, 3)
+        obs = jax.random.normal(k_obs, (num_steps * num_envs, 32))
+        batch = obs[jax.random.permutation(k_perm, obs.shape[0])]  # the shuffled copy
+        grad = jax.grad(lambda p: jnp.mean(jnp.tanh(batch @ p) ** 2))(params)
+        metric = jnp.mean(jnp.tanh(obs @ params), axis=1)[:num_envs]  # one per env, per update
+        return (params - 1e-3 * grad, key), metric
+
+    def train(params: Any, key: Any) -> Any:
+        (params, _), metrics = jax.lax.scan(update, (params, key), None, length=num_updates)
+        return params, metrics
+
+    return jax.jit(train)
+
+
+def test_a_whole_loop_trainer_counts_its_stacked_metrics() -> None:
+    params = jax.ShapeDtypeStruct((32, 32), jnp.float32)
+    key = jax.ShapeDtypeStruct((2,), jnp.uint32)
+    short = jax_xla().estimate_jax(_make_train(10), params, key, compiler="cpu")
+    long = jax_xla().estimate_jax(_make_train(20), params, key, compiler="cpu")
+    # ten more updates stack ten more (num_envs,) float32 metrics in the run's output
+    assert long.output_bytes - short.output_bytes == 10 * 64 * 4
+    # the rollout and its shuffled copy are both in the temporaries
+    assert short.temp_bytes >= 2 * 16 * 64 * 32 * 4

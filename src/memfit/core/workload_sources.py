@@ -26,7 +26,9 @@ from memfit.errors import ConfigError
 __all__ = ["workload_from_dict", "workload_from_yaml"]
 
 
-def workload_from_yaml(text: str, *, variant: str | None = None, name: str = "workload") -> Workload:
+def workload_from_yaml(
+    text: str, *, variant: str | None = None, name: str = "workload"
+) -> Workload:
     """A workload from YAML text (what a workload file holds).
 
     Raises:

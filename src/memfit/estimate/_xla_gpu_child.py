@@ -19,11 +19,32 @@ import time
 from typing import Any
 
 MARKER = "memfit-xla-gpu-job "
-_SHAPE = re.compile(r"\b(pred|s4|u4|s8|u8|s16|u16|f16|bf16|s32|u32|f32|s64|u64|f64|c64|c128|f8e4m3fn|f8e5m2|f8e4m3fnuz|f8e5m2fnuz|token)\[([0-9,]*)\]")
+_SHAPE = re.compile(
+    r"\b(pred|s4|u4|s8|u8|s16|u16|f16|bf16|s32|u32|f32|s64|u64|f64|c64|c128|f8e4m3fn|f8e5m2|f8e4m3fnuz|f8e5m2fnuz|token)\[([0-9,]*)\]"
+)
 _BYTES = {
-    "pred": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
-    "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16,
-    "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "token": 0,
+    "pred": 1,
+    "s4": 1,
+    "u4": 1,
+    "s8": 1,
+    "u8": 1,
+    "s16": 2,
+    "u16": 2,
+    "f16": 2,
+    "bf16": 2,
+    "s32": 4,
+    "u32": 4,
+    "f32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f64": 8,
+    "c64": 8,
+    "c128": 16,
+    "f8e4m3fn": 1,
+    "f8e5m2": 1,
+    "f8e4m3fnuz": 1,
+    "f8e5m2fnuz": 1,
+    "token": 0,
 }
 _GEMM = ('"__cublas$gemm"', '"__cublas$lt$matmul"', "_gemm_fusion", '"__cudnn$')
 _DEF = re.compile(r"^\s*(?:ROOT )?%(\S+) = (.+?) ([a-z][a-z0-9-]*)\((.*?)\)(?:, |$)")
@@ -64,12 +85,14 @@ def _gemm_buffers(hlo: str) -> list[list[int]]:
 def _compile(job: dict[str, Any], config: str, topology: Any, jax: Any) -> dict[str, Any]:
     from jax import export
     from jax.experimental import topologies
-    from jax.sharding import NamedSharding, PartitionSpec
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as _PartitionSpec
 
+    partition_spec: Any = _PartitionSpec  # untyped in jax's stubs
     with open(job["exported"], "rb") as f:
-        exp = export.deserialize(bytearray(f.read()))
+        exp: Any = export.deserialize(bytearray(f.read()))
     mesh = topologies.make_mesh(topology, (1,), ("x",))
-    sharding = NamedSharding(mesh, PartitionSpec())
+    sharding = NamedSharding(mesh, partition_spec())
     avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding) for a in exp.in_avals]
 
     def flat(*leaves: Any) -> Any:
@@ -112,7 +135,9 @@ def main(path: str) -> int:
             platform="cuda", target_config=request["config"], topology="1x1x1"
         )
     except Exception as exc:
-        print(json.dumps({"ok": False, "stage": "topology", "error": f"{type(exc).__name__}: {exc}"}))
+        print(
+            json.dumps({"ok": False, "stage": "topology", "error": f"{type(exc).__name__}: {exc}"})
+        )
         return 0
     for index, job in enumerate(request["jobs"]):
         os.write(2, f"\n{MARKER}{index}\n".encode())

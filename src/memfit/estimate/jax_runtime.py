@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from memfit.units import MiB
 
 __all__ = [
-    "BFC_MIN_ALLOCATION",
     "BFC_FIRST_REGION",
+    "BFC_MIN_ALLOCATION",
     "REDZONE_BYTES",
     "RuntimeTerm",
     "autotune_bytes",

@@ -245,10 +245,14 @@ def _gpu_target(gpu: str | None, compiler: str) -> tuple[Any, Any, list[str]]:
     except ConfigError:
         if compiler == "gpu":
             raise
-        return spec, None, [
-            f"compiled with this process's XLA backend: {spec.name} has no XLA target config "
-            "(a GPU given by its size has no compute capability or SM count)"
-        ]
+        return (
+            spec,
+            None,
+            [
+                f"compiled with this process's XLA backend: {spec.name} has no XLA target config "
+                "(a GPU given by its size has no compute capability or SM count)"
+            ],
+        )
     missing = gpu_target_missing()
     if missing:
         if compiler == "gpu":
@@ -256,11 +260,15 @@ def _gpu_target(gpu: str | None, compiler: str) -> tuple[Any, Any, list[str]]:
                 "XLA's GPU compiler is not available here: " + "; ".join(missing),
                 hint=EXTRA_INSTALL,
             )
-        return spec, None, [
-            f"compiled with this process's XLA backend, not XLA's GPU compiler for "
-            f"{spec.name} ({'; '.join(missing)}): GPU fusions, layouts and rematerialization "
-            f"toward the card's memory are not seen; {EXTRA_INSTALL} compiles for the card"
-        ]
+        return (
+            spec,
+            None,
+            [
+                f"compiled with this process's XLA backend, not XLA's GPU compiler for "
+                f"{spec.name} ({'; '.join(missing)}): GPU fusions, layouts and rematerialization "
+                f"toward the card's memory are not seen; {EXTRA_INSTALL} compiles for the card"
+            ],
+        )
     return spec, target, []
 
 

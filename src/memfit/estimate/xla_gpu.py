@@ -95,7 +95,9 @@ def parse_remat(log: str) -> RematShortfall | None:
     if match is None:
         return None
     original = match.group(3)
-    return RematShortfall(int(match.group(1)), int(match.group(2)), int(original) if original else None)
+    return RematShortfall(
+        int(match.group(1)), int(match.group(2)), int(original) if original else None
+    )
 
 
 @dataclass(frozen=True)
@@ -201,7 +203,7 @@ def export_step(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> ExportedSt
     import jax
     from jax import export
 
-    jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+    jitted: Any = fn if hasattr(fn, "lower") else jax.jit(fn)
     every_call = [export.DisabledSafetyCheck.custom_call("ALL")]  # the child has this jaxlib
     leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
 
@@ -287,7 +289,11 @@ def compile_exported(
             "XLA's GPU compiler is not available here: " + "; ".join(missing),
             hint=EXTRA_INSTALL,
         )
-    base = target.device_memory_size if memory_base_bytes is None else base_for_limit(memory_base_bytes)
+    base = (
+        target.device_memory_size
+        if memory_base_bytes is None
+        else base_for_limit(memory_base_bytes)
+    )
     child = Path(__file__).with_name("_xla_gpu_child.py")
     results: list[GpuCompile] = []
     with tempfile.TemporaryDirectory(prefix="memfit-xla-gpu-") as folder:

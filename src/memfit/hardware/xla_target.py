@@ -230,9 +230,7 @@ class TargetConfig:
         """What a compile for this config is for: ``"cuda sm_89 (NVIDIA GeForce RTX 4070)"``."""
         return f"cuda {self.sm} ({self.name})"
 
-    def text(
-        self, *, device_memory_size: int | None = None, feature_extension: bool = True
-    ) -> str:
+    def text(self, *, device_memory_size: int | None = None, feature_extension: bool = True) -> str:
         """The config in protobuf text format.
 
         Args:
@@ -267,7 +265,9 @@ class TargetConfig:
         lines += [f"    major: {major}", f"    minor: {minor}"]
         if feature_extension:
             accelerated = self.compute_capability in _ACCELERATED
-            lines.append(f"    feature_extension: {'ACCELERATED_FEATURES' if accelerated else 'NONE'}")
+            lines.append(
+                f"    feature_extension: {'ACCELERATED_FEATURES' if accelerated else 'NONE'}"
+            )
         lines.append("  }")
         lines += [
             "  registers_per_core_limit: 65536",
@@ -319,7 +319,10 @@ def target_config(spec: _Spec) -> TargetConfig:
     memory, how = cuda_total_bytes(spec)
     note = figures.get("note")
     if note == "laptop":
-        note = "laptop card: its clock depends on the laptop's power limit; the highest listed boost is used"
+        note = (
+            "laptop card: its clock depends on the laptop's power limit; the highest listed "
+            "boost is used"
+        )
     return TargetConfig(
         name=spec.name,
         compute_capability=cc,

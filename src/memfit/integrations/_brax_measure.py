@@ -620,7 +620,9 @@ def gpu_target_for(gpu: str | None) -> Any:
     return None if gpu_target_missing() else config
 
 
-def _compile_all(jobs: Sequence[tuple[Any, tuple[Any, ...]]], target: Any) -> list[tuple[int, int, int, int]]:
+def _compile_all(
+    jobs: Sequence[tuple[Any, tuple[Any, ...]]], target: Any
+) -> list[tuple[int, int, int, int]]:
     """``(argument, output, alias, temp)`` of each ``(jitted, args)``: compiled here, or by
     XLA's GPU compiler for ``target`` (all in one child process)."""
     if target is None:
