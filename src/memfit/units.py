@@ -66,7 +66,9 @@ _MULTIPLIERS: dict[str, int] = {
     "t": 2**40,
 }
 
-_SIZE_RE = re.compile(r"^\s*([+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*([A-Za-z]*)\s*$")
+_SIZE_RE = re.compile(
+    r"^\s*([+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*([A-Za-z]*)\s*$", re.ASCII
+)
 
 _HINT = "write a size like 8GB (decimal), 8GiB or 8192MiB (binary), or a plain number of bytes"
 

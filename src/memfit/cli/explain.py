@@ -13,6 +13,7 @@ from pathlib import Path
 
 import typer
 
+from memfit._checks import parse_int
 from memfit.cli._common import JSON_OPTION, err_console, out_console, print_json, safe
 from memfit.cli._files import FORCE_OPTION, Output
 from memfit.errors import ConfigError
@@ -24,11 +25,16 @@ def _at(text: str) -> str | int:
     value = text.strip().lower()
     if value in ("oom", "peak", "end", "auto"):
         return value
-    if value.isdigit():
-        return int(value)
-    raise ConfigError(
-        f"--at {text!r} is not oom, peak, end or an event index",
-        key_path="--at",
+    if value[:1].isalpha():
+        raise ConfigError(
+            f"--at {text[:40]!r} is not oom, peak, end or an event index",
+            key_path="--at",
+            hint="pass --at oom, --at peak, --at end or --at 1234 (an event of the trace)",
+        )
+    return parse_int(
+        "--at",
+        value,
+        lo=0,
         hint="pass --at oom, --at peak, --at end or --at 1234 (an event of the trace)",
     )
 

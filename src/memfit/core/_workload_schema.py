@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from memfit._checks import INT_LIMIT
 from memfit.core.families.registry import family_names, get_family
 from memfit.core.measured import BraxMeasurements
 from memfit.core.simulator import SimulatorSpec
@@ -59,6 +60,33 @@ class _Strict(BaseModel):
     not coerced (``num_envs: true`` or ``action_dim: "8"`` is an error, not 1 or 8)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _bounded_ints(cls, value: Any) -> Any:
+        """No integer of a workload is 2**63 or more in magnitude (a count or a size never
+        is): a 24-digit ``optimizer_states`` or ``copies`` is an error here, not an overflow
+        deep in the planner. Lists and mappings of integers are checked too."""
+        items = value if isinstance(value, list) else (
+            list(value.values()) if isinstance(value, dict) else [value]
+        )  # fmt: skip
+        for item in items:
+            big = isinstance(item, int) and not -INT_LIMIT < item < INT_LIMIT
+            if big and not isinstance(item, bool):
+                raise PydanticCustomError(
+                    "int_too_large",
+                    "a number of about {digits} digits; no count or size is 2**63 or more",
+                    {"digits": item.bit_length() * 30103 // 100000 + 1},
+                )
+        return value
+
+
+#: Most copies of one network (twin critics are 2; an ensemble of critics some tens).
+MAX_COPIES = 1024
+#: Most optimizer states per parameter (Adam keeps 2).
+MAX_OPTIMIZER_STATES = 64
+#: Most repeats of one conv layer (a ResNet-152 stage has 36).
+MAX_REPEAT = 1024
 
 
 def _size(value: Any) -> Any:
@@ -178,7 +206,7 @@ class ConvLayer(_Strict):
     kernel: int = Field(ge=1)
     stride: int = Field(default=1, ge=1)
     padding: int = Field(default=0, ge=0)
-    repeat: int = Field(default=1, ge=1)
+    repeat: int = Field(default=1, ge=1, le=MAX_REPEAT)
 
     @model_validator(mode="after")
     def _channels(self) -> ConvLayer:
@@ -207,7 +235,7 @@ class NetworkSpec(_Strict):
     activation_items: int | None = Field(default=None, ge=0)
     trunk: str | None = None
     action_input: bool = False
-    copies: int = Field(default=1, ge=1)
+    copies: int = Field(default=1, ge=1, le=MAX_COPIES)
 
     @model_validator(mode="after")
     def _shape(self) -> NetworkSpec:
@@ -396,7 +424,7 @@ class Workload(_Strict):
     framework: Literal["torch", "jax"] = "torch"
     precision: Literal["fp32", "bf16", "fp16", "amp"] = "fp32"
     optimizer: Literal["adam", "adamw", "sgd", "sgd_momentum", "rmsprop", "none"] = "adam"
-    optimizer_states: int | None = Field(default=None, ge=0)
+    optimizer_states: int | None = Field(default=None, ge=0, le=MAX_OPTIMIZER_STATES)
     networks: dict[str, NetworkSpec] = Field(default_factory=dict)
     observations: Observations = Field(default_factory=Observations)
     action_dim: int = Field(default=1, ge=1)

@@ -39,6 +39,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from memfit._checks import parse_int
 from memfit.errors import ConfigError
 from memfit.runtime.events import EventSink, MemoryEvent, emit
 
@@ -173,8 +174,8 @@ def _device_index(device: Any) -> int:
     if isinstance(index, int):
         return index
     text = str(device)
-    if ":" in text and text.rsplit(":", 1)[1].isdigit():
-        return int(text.rsplit(":", 1)[1])
+    if ":" in text:
+        return parse_int("device", text.rsplit(":", 1)[1], lo=0, hint="a device such as cuda:0")
     return 0
 
 

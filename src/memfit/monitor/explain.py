@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from memfit._checks import require
+from memfit._checks import parse_int, require
 from memfit.allocator.model import round_size
 from memfit.allocator.replay import (
     StartState,
@@ -260,6 +260,8 @@ def _peak(curve: Sequence[int], first: int) -> Peak:
 def _point(at: str | int, dev: DeviceSnapshot, peak: Peak, ooms: list[int]) -> tuple[str, int, int]:
     """``(at, event index, events applied)``."""
     n = len(dev.trace)
+    if isinstance(at, str) and at.strip()[:1].isdigit():
+        at = parse_int("--at", at, hint="pass oom, peak, end or an event index")
     if isinstance(at, int) and not isinstance(at, bool):
         if not 0 <= at < n:
             raise ConfigError(
