@@ -56,7 +56,11 @@ class ConfigError(MemfitError, ValueError):
     def __init__(
         self, message: str, *, key_path: str | None = None, hint: str | None = None
     ) -> None:
-        full = f"{key_path}: {message}" if key_path else message
+        # A path of thousands of characters is shown by its ends (key_path keeps it whole).
+        shown = key_path if not key_path or len(key_path) <= 160 else (
+            f"{key_path[:60]}...({len(key_path):,} characters)...{key_path[-60:]}"
+        )  # fmt: skip
+        full = f"{shown}: {message}" if shown else message
         super().__init__(full, hint=hint)
         self.key_path = key_path
 

@@ -45,7 +45,7 @@ def explain(
         metavar="SNAPSHOT",
         help="A torch.cuda.memory._dump_snapshot() pickle, memfit's OOM dump, or JSON.",
     ),
-    output: Path | None = typer.Option(
+    output: str | None = typer.Option(  # text, not Path: Path("x.png/") drops the slash
         None,
         "-o",
         "--output",
@@ -68,14 +68,6 @@ def explain(
     from memfit.monitor.explain import explain as run_explain
     from memfit.monitor.explain_render import png_bytes, render_html, render_text
 
-    suffix = output.suffix.lower() if output is not None else ""
-    if output is not None and suffix not in (".png", ".html", ".htm"):
-        raise ConfigError(
-            f"cannot tell the output format from {output.name!r}",
-            key_path="--output",
-            hint="name the output report.png (timeline) or report.html (page)",
-        )
-    where = _at(at)
     out = (
         Output.named(
             output, what="the explanation", option="--output", force=force, inputs=[snapshot]
@@ -83,6 +75,14 @@ def explain(
         if output is not None
         else None
     )
+    suffix = out.path.suffix.lower() if out is not None else ""
+    if out is not None and suffix not in (".png", ".html", ".htm"):
+        raise ConfigError(
+            f"cannot tell the output format from {out.path.name!r}",
+            key_path="--output",
+            hint="name the output report.png (timeline) or report.html (page)",
+        )
+    where = _at(at)
     if out is not None:
         out.check()
     result = run_explain(snapshot, at=where, device=device)

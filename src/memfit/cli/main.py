@@ -189,7 +189,9 @@ _state: dict[str, bool] = {"debug": False}
 
 def _version_callback(value: bool) -> None:
     if value:
-        sys.stdout.write(f"memfit {__version__}\n")
+        from memfit.cli._common import write_stdout
+
+        write_stdout(f"memfit {__version__}\n")
         raise typer.Exit(0)
 
 
@@ -266,9 +268,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _main(args)
     except BrokenPipeError:
-        return 0
+        return _pipe_closed()
     except (OSError, ValueError, AttributeError):  # stderr closed too: nowhere to say more
         return 1
+
+
+def _pipe_closed() -> int:
+    """The reader of stdout went away (``memfit ... | head``): exit quietly, as ``cat`` and
+    ``grep`` do, with status 0. Stdout is pointed at ``/dev/null`` first, so that Python's
+    last flush of what is still buffered does not fail at exit with a message of its own."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, sys.stdout.fileno())
+        finally:
+            os.close(devnull)
+    return 0
 
 
 def _repeated_option(command: Any, args: Sequence[str]) -> MemfitError | None:
@@ -343,7 +358,7 @@ def _main(args: list[str]) -> int:
         _err("Interrupted.")
         return 130
     except BrokenPipeError:
-        return 0
+        return _pipe_closed()
     except (SystemExit, GeneratorExit):
         raise
     except BaseException as exc:  # an internal bug, not a user's mistake

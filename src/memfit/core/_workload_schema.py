@@ -440,7 +440,8 @@ class Workload(_Strict):
     sac: SacSpec | None = None
     vision: VisionSpec | None = None
     terms: dict[str, int | str] | None = None
-    settings: dict[str, int] = Field(default_factory=dict)
+    #: Values the job runs with; positive integers, as `--set NAME=VALUE` takes them.
+    settings: dict[str, Annotated[int, Field(ge=1)]] = Field(default_factory=dict)
     knobs: dict[str, KnobSpec] = Field(default_factory=dict)
     objective: str | None = Field(default=None, min_length=1, pattern=r"\S")
     effective_batch: EffectiveBatch | None = None
@@ -525,21 +526,31 @@ class Workload(_Strict):
         return self
 
     def _check_trunks(self) -> None:
-        """Every ``trunk`` names another network, and no chain of trunks loops."""
-        for name, net in self.networks.items():
-            seen = [name]
-            while net.trunk is not None:
-                if net.trunk not in self.networks:
+        """Every ``trunk`` names another network, and no chain of trunks loops: each network
+        is walked once (time linear in the networks, however long the chains)."""
+        done: set[str] = set()
+        for name in self.networks:
+            path: list[str] = []
+            on_path: set[str] = set()
+            current: str | None = name
+            while current is not None and current not in done:
+                if current in on_path:
+                    loop = path[path.index(current) :]
                     raise ValueError(
-                        f"networks.{seen[-1]}.trunk names {net.trunk!r}, which is not a network "
-                        f"(networks: {', '.join(sorted(self.networks))})"
+                        "networks loop through their trunks: "
+                        + " -> ".join([*loop[:8], "..."] if len(loop) > 8 else loop)
+                        + f" -> {current}"
                     )
-                if net.trunk in seen:
+                path.append(current)
+                on_path.add(current)
+                trunk = self.networks[current].trunk
+                if trunk is not None and trunk not in self.networks:
                     raise ValueError(
-                        "networks loop through their trunks: " + " -> ".join([*seen, net.trunk])
+                        f"networks.{current}.trunk names {trunk!r}, which is not a network "
+                        f"(networks: {', '.join(sorted(self.networks)[:20])})"
                     )
-                seen.append(net.trunk)
-                net = self.networks[net.trunk]
+                current = trunk
+            done.update(path)
 
     @property
     def family_key(self) -> str:
