@@ -27,8 +27,10 @@ __all__ = [
     "require_callable",
     "require_choice",
     "require_int_list",
+    "require_items",
     "require_iterable",
     "require_mapping",
+    "require_object",
     "require_positive_int",
     "require_str_list",
 ]
@@ -192,6 +194,47 @@ def require_iterable(name: str, value: object) -> list[Any]:
             key_path=name,
         )
     return list(value)
+
+
+def require_object(
+    name: str,
+    value: object,
+    *,
+    methods: tuple[str, ...] = (),
+    attributes: tuple[str, ...] = (),
+    what: str,
+    hint: str | None = None,
+    optional: bool = False,
+) -> None:
+    """Check that ``value`` is the kind of object a function needs (an Optuna trial, an
+    skrl agent, an environment), by what it has: callable ``methods`` and ``attributes``.
+
+    Raises:
+        ConfigError: Otherwise, with ``name`` as the key path, saying what it lacks.
+    """
+    if value is None and optional:
+        return
+    lacks = [m for m in methods if not callable(getattr(value, m, None))]
+    lacks += [a for a in attributes if not hasattr(value, a)]
+    if lacks:
+        raise ConfigError(
+            f"{name} must be {what}, not {type(value).__name__} (it has no {', '.join(lacks)})",
+            key_path=name,
+            hint=hint,
+        )
+
+
+def require_items(name: str, value: object, *kinds: str, what: str | None = None) -> list[Any]:
+    """Check that ``value`` is a list (or another iterable, not a string) whose items are of
+    one of ``kinds``; return the items.
+
+    Raises:
+        ConfigError: Naming the argument (``name``) or the item (``name[i]``).
+    """
+    items = require_iterable(name, value)
+    for i, item in enumerate(items):
+        require(f"{name}[{i}]", item, *kinds, hint=what)
+    return items
 
 
 def require_positive_int(name: str, value: object, *, hint: str | None = None) -> int:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from memfit._checks import require, require_mapping
+from memfit._checks import require, require_mapping, require_positive_int
 from memfit._plain import plain_fields
 from memfit.errors import ConfigError, EstimateError, MemfitError
 from memfit.estimate.affine import AffineFit, check_batch_sizes, fit_affine
@@ -213,6 +213,8 @@ def estimate_jax(
     require("gpu", gpu, "str", optional=True)
     require_mapping("environ", environ, values="str", optional=True)
     require("batch_size", batch_size, "int", optional=True)
+    if batch_size is not None:
+        require_positive_int("batch_size", batch_size, hint="the batch the step runs, e.g. 64")
     import jax
 
     try:
