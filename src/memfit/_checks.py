@@ -116,7 +116,12 @@ def require_choice(name: str, value: object, choices: Iterable[object]) -> None:
 
 
 def require_mapping(
-    name: str, value: object, *, values: str | None = None, optional: bool = False
+    name: str,
+    value: object,
+    *,
+    values: str | None = None,
+    optional: bool = False,
+    hint: str | None = None,
 ) -> None:
     """Check that ``value`` is a mapping with string keys (and values of kind ``values``).
 
@@ -125,7 +130,8 @@ def require_mapping(
     """
     if value is None and optional:
         return
-    hint = "pass a dict such as {'batch_size': 64}" if values == "int" else None
+    if hint is None and values == "int":
+        hint = "pass a dict such as {'batch_size': 64}"
     require(name, value, "mapping", optional=optional, hint=hint)
     assert isinstance(value, Mapping)
     for key, item in value.items():

@@ -123,9 +123,7 @@ class GpuSpec:
                 key_path="compute_capability",
             )
         require("source", self.source, "str")
-        if not isinstance(self.aliases, tuple) or not all(
-            isinstance(a, str) for a in self.aliases
-        ):
+        if not isinstance(self.aliases, tuple) or not all(isinstance(a, str) for a in self.aliases):
             raise ConfigError("aliases must be a tuple of names", key_path="aliases")
         require("unified_memory", self.unified_memory, "bool")
         require("cuda_total_bytes", self.cuda_total_bytes, "int", optional=True)
