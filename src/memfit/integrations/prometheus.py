@@ -64,6 +64,7 @@ def parse_address(address: str | int, *, key_path: str = "address") -> tuple[str
     >>> parse_address(":9400"), parse_address("127.0.0.1:0")
     (('', 9400), ('127.0.0.1', 0))
     """
+    require_arg("key_path", key_path, "str")
     require_arg(key_path, address, "str", "int", hint="a port (9400) or HOST:PORT text")
     if isinstance(address, str) and len(address) > 300:
         raise ConfigError(
