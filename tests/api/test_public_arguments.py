@@ -424,7 +424,7 @@ def test_a_text_size_for_host_memory_is_read_as_a_size() -> None:
         (
             lambda: memfit.plan("dqn_fire_raster", gpu="4GB", host_memory_bytes="16 parsecs"),
             "host_memory_bytes",
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_the_cases_of_the_issue_round_3(call: Callable[[], Any], param: str) -> None:
