@@ -16,7 +16,9 @@ import typer
 from memfit._checks import parse_int
 from memfit.cli._common import JSON_OPTION, err_console, out_console, print_json, safe
 from memfit.cli._files import FORCE_OPTION, Output
+from memfit.cli._progress import status
 from memfit.errors import ConfigError
+from memfit.units import format_bytes
 
 __all__ = ["explain", "register"]
 
@@ -85,7 +87,15 @@ def explain(
     where = _at(at)
     if out is not None:
         out.check()
-    result = run_explain(snapshot, at=where, device=device)
+    with status(f"reading {safe(snapshot)}", quiet=as_json) as update:
+        result = run_explain(
+            snapshot,
+            at=where,
+            device=device,
+            progress=lambda done, total: update(
+                f"reading {safe(snapshot)}: {done / max(total, 1):.0%} of {format_bytes(total)}"
+            ),
+        )
     if out is not None:
         out.write(png_bytes(result) if suffix == ".png" else render_html(result))
     if as_json:
