@@ -584,8 +584,8 @@ class _Reader:
 
         The same opcodes as the main loop, for the few that make up an event (integers,
         strings, memo references, ``None``, a frames list of memo references), without the
-        stack: about three times faster. At anything else the event is given back (its
-        bytes and its memo entries) for the main loop to read.
+        stack: about twice as fast (``docs/benchmarks.md``). At anything else the event is
+        given back (its bytes and its memo entries) for the main loop to read.
 
         Returns:
             Where the main loop goes on, and the objects read (memo references counted with
