@@ -26,10 +26,11 @@ to write, so such a fault is undone exactly, whatever the update rule:
   too is the step left divided, and the error's note names which parameters took it.
 
 Where the copy lives (issue 34): on the parameters' device while that device has room for
-it next to the step, else in host memory (pinned when the parameters are on CUDA). Before
-each step the journal compares what the device has free (:mod:`memfit.backends.live`, the
-one reader of this process's memory) with its copy plus the step's own temporaries and any
-optimizer state the step creates (:func:`step_headroom`); an out-of-memory inside a chunk
+it next to the step, else in host memory (pinned when the parameters are on CUDA). At a new
+layout (the first steps) and every :data:`PLACE_EVERY` steps the journal compares what the
+device has free (:mod:`memfit.backends.live`, the one reader of this process's memory) with
+its copy plus the step's own temporaries and any optimizer state the step creates
+(:func:`step_headroom`); an out-of-memory inside a chunk
 while the copy is on the device moves it to host memory and steps the chunk again, not
 counted as a retry. The copy never makes a step that fits without it fail: once moved, it
 stays in host memory for the guard's life (each step then costs a copy over the bus).
@@ -123,6 +124,10 @@ def chunkable(optimizer: Any) -> bool:
     )
     return not any(hooks)
 
+
+#: Steps between two readings of the device's free memory for the copy's place (and at
+#: every new layout).
+PLACE_EVERY = 64
 
 #: Temporaries ``optimizer.step()`` allocates, in bytes of the parameters it steps: measured
 #: on ``memfit.simulate_gpu`` for the built-in optimizers of ``torch.optim`` (foreach and
@@ -235,6 +240,8 @@ class StepJournal:
         self.copy_bytes = 0
         #: Device memory the copy took in the last step (0 in host memory).
         self.device_bytes = 0
+        self._placed_key: tuple[Any, ...] | None = None  # the layout last placed
+        self._since_placed = 0
 
     # -- layout ----------------------------------------------------------------------------
     @property
@@ -370,11 +377,29 @@ class StepJournal:
 
     def _place(self, chunks: list[_Chunk]) -> None:
         """Before a step: keep the copy on the device only when the device has room for it
-        next to the step's own needs, else move it to host memory (for good)."""
+        next to the step's own needs, else move it to host memory (for good).
+
+        The device is read when the layout is new (the first step, the step after the
+        optimizer made its state) and every :data:`PLACE_EVERY` steps after (a read costs
+        tens of microseconds on CUDA); between reads an out-of-memory with the copy on the
+        device still moves it (:meth:`_advance`). On a CPU run there is no device to share.
+        """
         if self.on_host:
             self.device_bytes = 0
             return
         self.device_bytes = self.copy_bytes
+        self._since_placed += 1
+        if self._placed_key == self._key and self._since_placed < PLACE_EVERY:
+            return
+        self._placed_key = self._key
+        self._since_placed = 0
+        from memfit.runtime.simulate import active
+
+        on_device = active() is not None or any(
+            p.is_cuda for chunk in chunks for p in chunk.params[:1]
+        )
+        if not on_device:
+            return
         free = free_device_bytes()
         if free is None:
             return  # no device to share (a CPU run): the copy is in host memory anyway
