@@ -253,6 +253,7 @@ def test_a_trace_is_a_sequence_of_events_like_the_tuple_it_replaces() -> None:
     assert len(trace) == 3 and list(trace) == events and trace == tuple(events)
     assert trace[1] == events[1] and trace[-1] == events[-1] and trace[1:] == events[1:]
     assert trace == Trace.of(events) and trace != events[:2]
+    assert trace.has("oom") and not trace.has("free_completed") and not trace.has("jump")
     with pytest.raises(IndexError):
         trace[3]
 

@@ -174,7 +174,9 @@ class Snapshot:
         return max(
             self.devices,
             key=lambda d: (
-                any(e.action == "oom" for e in d.trace),
+                d.trace.has("oom")
+                if isinstance(d.trace, Trace)
+                else any(e.action == "oom" for e in d.trace),
                 len(d.trace),
                 d.reserved_bytes,
                 -d.device,

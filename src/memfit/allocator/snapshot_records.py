@@ -372,6 +372,11 @@ class Trace(Sequence[TraceEvent]):
     def __repr__(self) -> str:
         return f"Trace({len(self)} events)"
 
+    def has(self, action: str) -> bool:
+        """Whether any event is ``action`` (a search of the action column, no events built)."""
+        code = _ACTION_CODE.get(action)
+        return code is not None and code in self._actions
+
     @property
     def nbytes(self) -> int:
         """Bytes the columns take."""
