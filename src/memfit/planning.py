@@ -181,6 +181,7 @@ def with_measurements(
     workload: Workload,
     measure: str = "auto",
     progress: Callable[[str], None] | None = None,
+    gpu: str | None = None,
 ) -> tuple[Workload, list[str]]:
     """The workload with the measurements its environment needs (``env: brax:...``), and
     notes saying where they come from
@@ -204,7 +205,7 @@ def with_measurements(
         return workload, []
     from memfit.estimate.brax_measure import resolve_measurements
 
-    return resolve_measurements(workload, measure, progress=progress)
+    return resolve_measurements(workload, measure, progress=progress, gpu=gpu)
 
 
 def _measured(workload: Workload, gpu_name: str) -> MeasuredTerms | None:
@@ -308,7 +309,9 @@ def plan(
     )
     loaded = load_workload(workload) if not isinstance(workload, Workload) else workload
     target = _target_runtime(loaded, runtime)
-    loaded, notes = with_measurements(loaded, measure, progress)
+    loaded, notes = with_measurements(
+        loaded, measure, progress, gpu=gpu.name if isinstance(gpu, GpuSpec) else str(gpu)
+    )
     fraction = parse_fraction(margin)
     others = 0
     if isinstance(gpu, str) and gpu.strip().lower() == "local":
