@@ -335,7 +335,7 @@ def parse_int(
     >>> parse_int("n", "\u00b2")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    memfit.errors.ConfigError: n: n must be a whole number ... not '²' (SUPERSCRIPT TWO)
+    memfit.errors.ConfigError: n: '²' (SUPERSCRIPT TWO) is not a whole number ...
     """
     if isinstance(text, bool) or not isinstance(text, (str, int)):
         require(name, text, "int", "str")
@@ -359,7 +359,7 @@ def parse_int(
             if odd is not None and not odd.isascii():
                 what += f" ({unicodedata.name(odd, f'U+{ord(odd):04X}')})"
             raise ConfigError(
-                f"{name} must be a whole number written in the digits 0-9, not {what}",
+                f"{what} is not a whole number written in the digits 0-9",
                 key_path=name,
                 hint=hint,
             )

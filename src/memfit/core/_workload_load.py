@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from memfit._checks import INT_LIMIT, MAX_INT_DIGITS, require
+from memfit._checks import MAX_INT_DIGITS, require
 from memfit._plain import deep_merge
 from memfit._userfiles import file_error, read_user_text, strip_bom
 from memfit.core._workload_errors import translate_validation_error
@@ -187,16 +187,8 @@ class _UniqueKeys:
                 f"a number of {digits} digits; memfit reads integers of at most {MAX_INT_DIGITS}",
                 node.start_mark,
             )
-        value = int(super().construct_yaml_int(node))  # type: ignore[misc]
-        if not -INT_LIMIT < value < INT_LIMIT:
-            raise yaml.constructor.ConstructorError(
-                None,
-                None,
-                f"a number of {digits} digits, past 2**63: no count or size memfit reads is "
-                "this large",
-                node.start_mark,
-            )
-        return value
+        # its size is the schema's to check, with the key's path (every integer < 2**63)
+        return int(super().construct_yaml_int(node))  # type: ignore[misc]
 
     def get_single_data(self) -> Any:
         """The document, composed first and refused when its aliases would expand to more
