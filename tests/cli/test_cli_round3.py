@@ -297,3 +297,20 @@ def test_a_chain_of_3000_shared_encoders_is_checked(tmp_path: Path) -> None:
     assert len(workload.networks) == 3000 + 3
     with pytest.raises(ConfigError, match=r"networks loop through their trunks: .*\.\.\."):
         load_workload(_file(tmp_path, "loop.yaml", _chain(3000, loop=True)))
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["plan", "dqn_fire_raster", "--gpu", "4GB", "--margin", "9" * 5000],
+        ["plan", "dqn_fire_raster", "--gpu", "9" * 5000],
+        ["env", "--for", "x" * 5000],
+        ["plan", "dqn_fire_raster", "--gpu", "4GB", "--runtime", "module_loading=" + "x" * 5000],
+    ],
+)
+def test_an_error_about_a_long_value_stays_short(
+    capsys: pytest.CaptureFixture[str], args: list[str]
+) -> None:
+    code, _, err = run(capsys, *args)
+    user_error(code, err)
+    assert len(err) < 2000 and "characters)" in err

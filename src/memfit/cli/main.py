@@ -229,11 +229,20 @@ def _report(exc: MemfitError, argv: Sequence[str]) -> None:
     if _wants_json(argv):
         with contextlib.suppress(MemfitError, OSError, ValueError):
             print_json(exc.to_dict())  # stdout may be what failed: stderr still says it
-    err_console.print(f"[bold red]Error:[/] {safe(exc.message, newlines=True)}")
+    err_console.print(f"[bold red]Error:[/] {safe(_shortened(exc.message), newlines=True)}")
     command = next((a for a in argv if not a.startswith("-")), None)
-    fallback = f"memfit {command} --help" if command else "memfit --help"
+    fallback = f"memfit {command[:40]} --help" if command else "memfit --help"
     hint = exc.hint or f"see `{fallback}`; rerun with --debug for the details"
-    err_console.print(f"[bold]Hint:[/] {safe(hint, newlines=True)}")
+    err_console.print(f"[bold]Hint:[/] {safe(_shortened(hint), newlines=True)}")
+
+
+def _shortened(text: str, limit: int = 800) -> str:
+    """A message of at most ``limit`` characters: a value a user pasted (5,000 digits, a name
+    of 5,000 letters) is shown by its ends (``--json`` keeps the whole message)."""
+    if len(text) <= limit:
+        return text
+    half = (limit - 40) // 2
+    return f"{text[:half]} ...({len(text) - 2 * half:,} characters)... {text[-half:]}"
 
 
 def _flags_take_no_value(command: Any) -> None:
