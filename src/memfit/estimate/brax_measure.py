@@ -487,6 +487,7 @@ def measure_ppo(
     require_arg("directory", directory, "path", optional=True)
     require_arg("command", command, "str", optional=True)
     require_callable("progress", progress, optional=True)
+    require_arg("gpu", gpu, "str", optional=True)
     require("brax")
     jax: Any = require("jax")
     versions = installed_versions() or {}
@@ -839,6 +840,7 @@ def resolve_measurements(
         )
     require_arg("directory", directory, "path", optional=True)
     require_callable("progress", progress, optional=True)
+    require_arg("gpu", gpu, "str", optional=True)
     if mode not in ("auto", "fresh", "recorded"):
         raise ConfigError(
             f"unknown measurement mode {mode!r}", key_path="--measure",
