@@ -11,18 +11,26 @@ from __future__ import annotations
 
 import math
 import os
+import re
+import unicodedata
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from memfit.errors import ConfigError
 
 __all__ = [
+    "INT_LIMIT",
+    "MAX_INT_DIGITS",
+    "check_int_size",
+    "parse_int",
     "require",
     "require_callable",
     "require_choice",
     "require_int_list",
+    "require_items",
     "require_iterable",
     "require_mapping",
+    "require_object",
     "require_positive_int",
     "require_str_list",
 ]
@@ -108,7 +116,12 @@ def require_choice(name: str, value: object, choices: Iterable[object]) -> None:
 
 
 def require_mapping(
-    name: str, value: object, *, values: str | None = None, optional: bool = False
+    name: str,
+    value: object,
+    *,
+    values: str | None = None,
+    optional: bool = False,
+    hint: str | None = None,
 ) -> None:
     """Check that ``value`` is a mapping with string keys (and values of kind ``values``).
 
@@ -117,7 +130,8 @@ def require_mapping(
     """
     if value is None and optional:
         return
-    hint = "pass a dict such as {'batch_size': 64}" if values == "int" else None
+    if hint is None and values == "int":
+        hint = "pass a dict such as {'batch_size': 64}"
     require(name, value, "mapping", optional=optional, hint=hint)
     assert isinstance(value, Mapping)
     for key, item in value.items():
@@ -188,6 +202,47 @@ def require_iterable(name: str, value: object) -> list[Any]:
     return list(value)
 
 
+def require_object(
+    name: str,
+    value: object,
+    *,
+    methods: tuple[str, ...] = (),
+    attributes: tuple[str, ...] = (),
+    what: str,
+    hint: str | None = None,
+    optional: bool = False,
+) -> None:
+    """Check that ``value`` is the kind of object a function needs (an Optuna trial, an
+    skrl agent, an environment), by what it has: callable ``methods`` and ``attributes``.
+
+    Raises:
+        ConfigError: Otherwise, with ``name`` as the key path, saying what it lacks.
+    """
+    if value is None and optional:
+        return
+    lacks = [m for m in methods if not callable(getattr(value, m, None))]
+    lacks += [a for a in attributes if not hasattr(value, a)]
+    if lacks:
+        raise ConfigError(
+            f"{name} must be {what}, not {type(value).__name__} (it has no {', '.join(lacks)})",
+            key_path=name,
+            hint=hint,
+        )
+
+
+def require_items(name: str, value: object, *kinds: str, what: str | None = None) -> list[Any]:
+    """Check that ``value`` is a list (or another iterable, not a string) whose items are of
+    one of ``kinds``; return the items.
+
+    Raises:
+        ConfigError: Naming the argument (``name``) or the item (``name[i]``).
+    """
+    items = require_iterable(name, value)
+    for i, item in enumerate(items):
+        require(f"{name}[{i}]", item, *kinds, hint=what)
+    return items
+
+
 def require_positive_int(name: str, value: object, *, hint: str | None = None) -> int:
     """Return ``value`` when it is an ``int`` of at least 1 (not a ``bool``).
 
@@ -222,3 +277,98 @@ def require_callable(
         raise ConfigError(
             f"{name} must be callable, not {type(value).__name__}", key_path=name, hint=hint
         )
+
+
+#: Most digits an integer from a user may have (``2**63`` has 19): longer text is refused
+#: before it is converted (Python refuses past 4,300 digits, with an error of its own).
+MAX_INT_DIGITS = 30
+
+#: No count or size memfit reads is this large or larger (in magnitude): ``2**63``.
+INT_LIMIT = 2**63
+
+_INT_TEXT = re.compile(r"[+-]?[0-9]+(?:_[0-9]+)*", re.ASCII)
+
+
+def _digit_count(text: str) -> int:
+    return sum(1 for c in text if c.isdigit())
+
+
+def check_int_size(name: str, value: int, *, hint: str | None = None) -> int:
+    """Return ``value`` when its magnitude is under :data:`INT_LIMIT`.
+
+    Raises:
+        ConfigError: Otherwise, naming ``name`` (the value is not printed whole: a number
+            of thousands of digits cannot be).
+    """
+    if -INT_LIMIT < value < INT_LIMIT:
+        return value
+    digits = value.bit_length() * 30103 // 100000 + 1  # log10(2) * bits, without str()
+    raise ConfigError(
+        f"{name} is a number of about {digits} digits; no count or size memfit reads is "
+        "2**63 or more",
+        key_path=name,
+        hint=hint or "give the count or size itself (at most 19 digits)",
+    )
+
+
+def parse_int(
+    name: str,
+    text: str | int,
+    *,
+    lo: int | None = None,
+    hi: int | None = None,
+    hint: str | None = None,
+) -> int:
+    """The one parser of integers a user typed: ASCII digits (``_`` between digits allowed,
+    as Python writes them), an optional sign, at most :data:`MAX_INT_DIGITS` digits, within
+    ``lo`` and ``hi`` when given. An ``int`` is checked the same way.
+
+    ``"²".isdigit()`` is true and ``int("²")`` fails; ``int("٣")`` is 3: neither is an
+    integer here. A number of thousands of digits is refused before it is converted.
+
+    Raises:
+        ConfigError: When the text is not such an integer, or out of range; ``name`` is the
+            key path.
+
+    >>> parse_int("--at", " 1_024 ")
+    1024
+    >>> parse_int("n", "\u00b2")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    memfit.errors.ConfigError: n: '²' (SUPERSCRIPT TWO) is not a whole number ...
+    """
+    if isinstance(text, bool) or not isinstance(text, (str, int)):
+        require(name, text, "int", "str")
+    if isinstance(text, int):
+        value = check_int_size(name, text, hint=hint)
+    else:
+        stripped = text.strip()
+        if len(stripped) > 2 * MAX_INT_DIGITS or _digit_count(stripped) > MAX_INT_DIGITS:
+            raise ConfigError(
+                f"{name} has {_digit_count(stripped)} digits; memfit reads integers of at "
+                f"most {MAX_INT_DIGITS}",
+                key_path=name,
+                hint=hint or "give the count or size itself (at most 19 digits)",
+            )
+        if not _INT_TEXT.fullmatch(stripped):
+            odd = next(
+                (c for c in stripped if not (c in "+-_" or ("0" <= c <= "9"))),
+                None,
+            )
+            what = repr(stripped[:40])
+            if odd is not None and not odd.isascii():
+                what += f" ({unicodedata.name(odd, f'U+{ord(odd):04X}')})"
+            raise ConfigError(
+                f"{what} is not a whole number written in the digits 0-9",
+                key_path=name,
+                hint=hint,
+            )
+        value = check_int_size(name, int(stripped), hint=hint)
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        bounds = (
+            f"from {lo} to {hi}"
+            if lo is not None and hi is not None
+            else (f"at least {lo}" if lo is not None else f"at most {hi}")
+        )
+        raise ConfigError(f"{name} must be {bounds}, not {value}", key_path=name, hint=hint)
+    return value

@@ -17,6 +17,7 @@ from memfit.errors import ConfigError
 from memfit.units import format_bytes
 
 __all__ = [
+    "BOM",
     "MAX_USER_FILE_BYTES",
     "decode_user_text",
     "file_error",
@@ -25,6 +26,7 @@ __all__ = [
     "read_limited",
     "read_user_bytes",
     "read_user_text",
+    "strip_bom",
     "too_large_error",
 ]
 
@@ -200,11 +202,16 @@ def decode_user_text(
 ) -> str:
     """Decode bytes the user gave as UTF-8; a bad byte names its line and column.
 
+    One byte-order mark at the start (editors on Windows write it) is dropped; a second one
+    after it is refused: no editor writes two, and the second would be read as part of the
+    text (an invisible character in the first key).
+
     Raises:
-        ConfigError: When the bytes are not UTF-8 (``key_path`` is ``SOURCE:LINE:COLUMN``).
+        ConfigError: When the bytes are not UTF-8 (``key_path`` is ``SOURCE:LINE:COLUMN``),
+            or start with two byte-order marks.
     """
     try:
-        return data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         before = data[: exc.start]
         line = before.count(b"\n") + 1
@@ -215,6 +222,30 @@ def decode_user_text(
             key_path=f"{source}:{line}:{column}",
             hint=hint or "save it as UTF-8 text, or check that this is the right file",
         ) from exc
+    return strip_bom(text, source=source, what=what)
+
+
+def strip_bom(text: str, *, source: str | Path, what: str = "the file") -> str:
+    """``text`` without the one byte-order mark it may start with.
+
+    Raises:
+        ConfigError: When it starts with two (the second would be read as part of the text).
+    """
+    if not text.startswith(BOM):
+        return text
+    text = text[1:]
+    if text.startswith(BOM):
+        raise ConfigError(
+            f"{what} starts with two byte-order marks (U+FEFF); the second would be read "
+            "as part of the text",
+            key_path=f"{source}:1:1",
+            hint="save it again as UTF-8 (with one byte-order mark or none)",
+        )
+    return text
+
+
+#: The byte-order mark (U+FEFF) as text.
+BOM = "\ufeff"
 
 
 def read_user_text(

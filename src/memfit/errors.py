@@ -56,7 +56,11 @@ class ConfigError(MemfitError, ValueError):
     def __init__(
         self, message: str, *, key_path: str | None = None, hint: str | None = None
     ) -> None:
-        full = f"{key_path}: {message}" if key_path else message
+        # A path of thousands of characters is shown by its ends (key_path keeps it whole).
+        shown = key_path if not key_path or len(key_path) <= 160 else (
+            f"{key_path[:60]}...({len(key_path):,} characters)...{key_path[-60:]}"
+        )  # fmt: skip
+        full = f"{shown}: {message}" if shown else message
         super().__init__(full, hint=hint)
         self.key_path = key_path
 
@@ -136,6 +140,29 @@ class OutOfMemory(MemfitError):
         hint: str | None = None,
     ) -> None:
         super().__init__(message, hint=hint)
+        if isinstance(tried, (str, bytes)) or not isinstance(tried, Iterable):
+            raise ConfigError(
+                f"tried must be a list of what was tried, not {type(tried).__name__}",
+                key_path="tried",
+                hint='OutOfMemory("...", tried=["retry", "split x2"])',
+            )
+        for name, value in (
+            ("requested_bytes", requested_bytes),
+            ("free_bytes", free_bytes),
+            ("peak_bytes", peak_bytes),
+            ("budget_bytes", budget_bytes),
+        ):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ConfigError(
+                    f"{name} must be a number of bytes (an int) or None, not "
+                    f"{type(value).__name__}",
+                    key_path=name,
+                )
+        if device is not None and not isinstance(device, str):
+            raise ConfigError(
+                f"device must be a name (str) or None, not {type(device).__name__}",
+                key_path="device",
+            )
         self.device = device
         self.requested_bytes = requested_bytes
         self.free_bytes = free_bytes

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from memfit._checks import require, require_mapping
+from memfit._checks import require, require_iterable, require_mapping
 from memfit.allocator.xla_fraction import DEFAULT_MARGIN
 from memfit.backends.software import target_runtime
 from memfit.core.evaluate import family_for
@@ -32,13 +32,14 @@ from memfit.errors import BackendUnavailable, ConfigError, InfeasiblePlan
 from memfit.hardware.catalog import GpuSpec, anonymous_gpu, host_device
 from memfit.hardware.catalog import gpu as catalog_gpu
 from memfit.hardware.runtime import Runtime, parse_runtime
-from memfit.units import format_bytes, parse_fraction
+from memfit.units import format_bytes, parse_fraction, require_size
 
 __all__ = [
     "HOST_NAMES",
     "TIER_GPUS",
     "FeasibleSpace",
     "LocalGpu",
+    "check_plan_arguments",
     "feasible",
     "host_memory",
     "local_gpu",
@@ -298,15 +299,16 @@ def plan(
         InfeasiblePlan: When nothing fits (smallest footprint and breaking term attached).
         EstimateError: When the workload's traced estimator cannot trace its step.
     """
-    require_workload("workload", workload)
-    if not isinstance(gpu, GpuSpec):
-        require("gpu", gpu, "str", "int")
-    require_mapping("overrides", overrides, values="int", optional=True)
-    require("margin", margin, "number", "str")
-    require("host_memory_bytes", host_memory_bytes, "size", optional=True)
-    require("device_index", device_index, "int")
-    require("measure", measure, "str")
-    require("progress", progress, "callable", optional=True)
+    host_memory_bytes = check_plan_arguments(
+        workload,
+        gpu=gpu,
+        pins=("overrides", overrides),
+        margin=margin,
+        host_memory_bytes=host_memory_bytes,
+        device_index=device_index,
+        measure=measure,
+        progress=progress,
+    )
     loaded = load_workload(workload) if not isinstance(workload, Workload) else workload
     target = _target_runtime(loaded, runtime)
     loaded, notes = with_measurements(
@@ -341,6 +343,43 @@ def plan(
     return replace(
         result, notes=[*notes, *check_notes, *result.notes, *_fraction_name_note(result)]
     )
+
+
+def check_plan_arguments(
+    workload: object,
+    *,
+    gpu: object = "local",
+    pins: tuple[str, object] = ("overrides", None),
+    margin: object = DEFAULT_MARGIN,
+    host_memory_bytes: object = None,
+    device_index: object = 0,
+    measure: object = "auto",
+    progress: object = None,
+) -> int | None:
+    """The one check of the planner's arguments, for :func:`plan`, :func:`plan_tiers`,
+    :func:`feasible` and the integrations that plan (Optuna, Ray): each a
+    :class:`~memfit.errors.ConfigError` naming the argument.
+
+    Args:
+        pins: The name the caller gives its pinned values (``overrides``, ``fixed``) and
+            them: a mapping of names to integers.
+
+    Returns:
+        ``host_memory_bytes`` as bytes (a text size such as ``"16GiB"`` read).
+
+    Raises:
+        ConfigError: Naming the first argument of the wrong type or value.
+    """
+    require_workload("workload", workload)
+    if not isinstance(gpu, GpuSpec):
+        require("gpu", gpu, "str", "int", hint='a catalog name ("RTX 4070"), a size, or "local"')
+    require_mapping(pins[0], pins[1], values="int", optional=True)
+    require("margin", margin, "number", "str")
+    host = require_size("host_memory_bytes", host_memory_bytes, optional=True)
+    require("device_index", device_index, "int")
+    require("measure", measure, "str")
+    require("progress", progress, "callable", optional=True)
+    return host
 
 
 def _fraction_name_note(result: Plan) -> list[str]:
@@ -415,6 +454,17 @@ def plan_tiers(
         ConfigError: On a bad workload, GPU name, override or margin.
         EstimateError: When the workload's traced estimator cannot trace its step.
     """
+    host_memory_bytes = check_plan_arguments(
+        workload,
+        pins=("overrides", overrides),
+        margin=margin,
+        host_memory_bytes=host_memory_bytes,
+        measure=measure,
+        progress=progress,
+    )
+    for i, item in enumerate(require_iterable("gpus", gpus)):
+        if not isinstance(item, GpuSpec):
+            require(f"gpus[{i}]", item, "str", "int")
     loaded = load_workload(workload) if not isinstance(workload, Workload) else workload
     target = _target_runtime(loaded, runtime)
     loaded, notes = with_measurements(loaded, measure, progress)
@@ -477,6 +527,15 @@ def feasible(
     >>> space.order, len(space) > 1, max(space.predicted_bytes) <= space.budget_bytes
     (('buffer_size',), True, True)
     """
+    host_memory_bytes = check_plan_arguments(
+        workload,
+        gpu=gpu,
+        pins=("fixed", fixed),
+        margin=margin,
+        host_memory_bytes=host_memory_bytes,
+        device_index=device_index,
+        measure=measure,
+    )
     loaded = load_workload(workload) if not isinstance(workload, Workload) else workload
     target = _target_runtime(loaded, runtime)
     loaded, _ = with_measurements(loaded, measure)

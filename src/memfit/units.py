@@ -39,6 +39,7 @@ __all__ = [
     "format_mib",
     "parse_bytes",
     "parse_fraction",
+    "require_size",
 ]
 
 KiB = 1024
@@ -66,7 +67,9 @@ _MULTIPLIERS: dict[str, int] = {
     "t": 2**40,
 }
 
-_SIZE_RE = re.compile(r"^\s*([+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*([A-Za-z]*)\s*$")
+_SIZE_RE = re.compile(
+    r"^\s*([+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*([A-Za-z]*)\s*$", re.ASCII
+)
 
 _HINT = "write a size like 8GB (decimal), 8GiB or 8192MiB (binary), or a plain number of bytes"
 
@@ -149,6 +152,12 @@ def format_bytes(n: int | float, *, precision: int = 2) -> str:
     """
     require("n", n, "real")
     require("precision", precision, "int")
+    if not 0 <= precision <= 12:
+        raise ConfigError(
+            f"precision must be from 0 to 12 digits after the point, not {precision}",
+            key_path="precision",
+            hint="format_bytes(n, precision=2) gives '7.79 GiB'",
+        )
     if isinstance(n, float) and (math.isnan(n) or math.isinf(n)):
         return str(n)
     sign = "-" if n < 0 else ""
@@ -207,3 +216,22 @@ def parse_fraction(text: str | float, *, key_path: str | None = None) -> float:
             f"fraction out of range [0, 100%): {text!r}", key_path=key_path, hint=hint
         )
     return value
+
+
+def require_size(name: str, value: object, *, optional: bool = False) -> int | None:
+    """A size argument as bytes: an ``int`` or a text size (``"16GiB"``), as
+    :func:`parse_bytes` reads it, or ``None`` when ``optional``.
+
+    Raises:
+        ConfigError: When it is neither, or not a size; ``name`` is the key path.
+
+    >>> require_size("host_memory_bytes", "16GiB")
+    17179869184
+    """
+    if value is None and optional:
+        return None
+    require(name, value, "size", optional=optional)
+    try:
+        return parse_bytes(value)  # type: ignore[arg-type]
+    except ConfigError as exc:
+        raise ConfigError(exc.message, key_path=name, hint=exc.hint) from None

@@ -4,8 +4,11 @@ wrong type for any parameter is a ``ConfigError`` naming the parameter, never a
 
 from __future__ import annotations
 
+import functools
+import importlib
 import inspect
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -156,3 +159,386 @@ def test_a_count_fn_that_returns_a_negative_count_fails_at_the_first_step() -> N
     )
     with pytest.raises(ConfigError, match="count_fn"):
         guard(torch.ones(4, 2))
+
+
+# --- every public function of every integration (issue 34) ------------------------------------
+
+#: The integration modules and the library each one's valid arguments need.
+INTEGRATIONS: dict[str, str] = {
+    "brax": "brax",
+    "gymnasium": "gymnasium",
+    "isaaclab": "torch",
+    "lightning": "lightning.pytorch",
+    "optuna": "optuna",
+    "prometheus": "prometheus_client",
+    "ray": "ray.tune",
+    "skrl": "torch",
+    "transformers": "transformers",
+}
+
+#: Records memfit returns (built from checked data, never from a user's arguments).
+RECORDS = {"brax.PpoViolation", "ray.EventLog"}
+
+#: Parameters that take any object by design (the event's ids Isaac Lab passes; the env a
+#: cleanup event keeps its policy on).
+INTEGRATION_ANY = {
+    ("isaaclab.cleanup_event", "env"),
+    ("isaaclab.cleanup_event", "env_ids"),
+    ("lightning.in_batch_size_trial", "trainer"),
+}
+
+WORKLOAD = "dqn_fire_raster@device_replay"
+SMALL_GPU = "3.68GiB"
+
+
+class _Agent:
+    """What memfit needs of an skrl agent: ``act``, ``update`` and a config."""
+
+    def __init__(self) -> None:
+        self.cfg = {"rollouts": 8, "mini_batches": 2}
+        self.memory = None
+
+    def act(self, *args: Any, **kwargs: Any) -> Any:
+        return None
+
+    def update(self, *args: Any, **kwargs: Any) -> Any:
+        return None
+
+    def post_interaction(self, *args: Any, **kwargs: Any) -> Any:
+        return None
+
+
+def _trial() -> Any:
+    optuna = pytest.importorskip("optuna")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna.create_study(direction="maximize").ask()
+
+
+@functools.cache
+def _plan() -> Any:
+    return memfit.plan("dqn_fire_raster", gpu="4GB")
+
+
+@functools.cache
+def _violation() -> Any:
+    return memfit.check("dqn_fire_raster", {"buffer_size": 10_005})[0]
+
+
+@functools.cache
+def _brax_env() -> Any:
+    envs = pytest.importorskip("brax.envs")
+    return envs.get_environment("fast")
+
+
+def _pl_module() -> Any:
+    pl = pytest.importorskip("lightning.pytorch")
+
+    class Tiny(pl.LightningModule):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Linear(2, 1)
+            self.automatic_optimization = False
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    module = Tiny()
+    module.optimizers = lambda: torch.optim.SGD(module.parameters(), lr=0.1)
+    return module
+
+
+def _training_args(tmp: str = "memfit-test-out") -> Any:
+    transformers = pytest.importorskip("transformers")
+    return transformers.TrainingArguments(output_dir=tmp, per_device_train_batch_size=8)
+
+
+def _simulated_device() -> Any:
+    from memfit.backends.simulated import SimulatedDevice
+
+    return SimulatedDevice(8 * 2**30)
+
+
+def _ppo_args() -> dict[str, Any]:
+    return {
+        "num_envs": 2048,
+        "batch_size": 1024,
+        "num_minibatches": 32,
+        "unroll_length": 10,
+        "episode_length": 1000,
+        "local_device_count": 1,
+        "process_count": 1,
+    }
+
+
+def _gym_env() -> Any:
+    return pytest.importorskip("gymnasium").make("CartPole-v1")
+
+
+def _cards() -> list[str]:
+    return ["RTX 4090"]
+
+
+@functools.cache
+def _knobs() -> dict[str, Any]:
+    from memfit.integrations.ray import feasible_configs
+
+    return feasible_configs(WORKLOAD, _cards())[0]
+
+
+@functools.cache
+def _estimate() -> Any:
+    return memfit.estimate_torch(
+        lambda: (torch.nn.Linear(4, 4), None),
+        lambda m, o, b: m(b).sum().backward(),
+        lambda n: torch.ones(n, 4),
+        batch_sizes=[1, 2],
+    )
+
+
+# "module.name" -> the valid arguments a call needs (made when the case runs)
+INTEGRATION_CASES: dict[str, Callable[[], dict[str, Any]]] = {
+    "brax.check_ppo": _ppo_args,
+    "brax.ppo_violations": _ppo_args,
+    "brax.describe": lambda: {"violation": _violation()},
+    "brax.ensure_jax_compat": dict,
+    "brax.jax_allocator_settings": lambda: {"plan": _plan(), "total_bytes": 4 * 2**30},
+    "brax.measure_ppo": lambda: {"env": _brax_env()},
+    "brax.plan_ppo": lambda: {"env": _brax_env(), "gpu": "RTX 4070"},
+    "brax.ppo_kwargs": lambda: {"plan": _plan()},
+    "brax.ppo_workload": lambda: {"observation_size": 8, "action_size": 2, "env_state_bytes": 64},
+    "brax.resolve_measurements": lambda: {
+        "workload": memfit.load_workload("brax_humanoid_ppo@quick"),
+        "mode": "recorded",
+    },
+    "brax.train": lambda: {"environment": _brax_env()},
+    "gymnasium.MemoryWrapper": lambda: {"env": _gym_env()},
+    "gymnasium.guard_mode": lambda: {"env": _gym_env()},
+    "gymnasium.wrapper_class": dict,
+    "isaaclab.autoconfig": lambda: {
+        "env": SimpleNamespace(num_envs=4, device="cpu"),
+        "workload": "act_dual_camera",
+    },
+    "isaaclab.cleanup_event": lambda: {"env": SimpleNamespace(), "env_ids": None},
+    "isaaclab.guarded_term": lambda: {"term": lambda env: torch.zeros(2)},
+    "lightning.LightningGuard": lambda: {
+        "pl_module": _pl_module(),
+        "train_guard": memfit.TrainGuard(_optimizer(), _loss),
+        "accumulate": 1,
+    },
+    "lightning.MemfitCallback": dict,
+    "lightning.batch_size_from_estimate": lambda: {"estimate": _estimate(), "budget": "1GiB"},
+    "lightning.callback_class": dict,
+    "lightning.guard": lambda: {"pl_module": _pl_module(), "loss_fn": _loss},
+    "lightning.in_batch_size_trial": lambda: {"trainer": SimpleNamespace()},
+    "lightning.keep_effective_batch": lambda: {"effective": 64, "micro": 16},
+    "optuna.knobs": lambda: {"trial": _trial()},
+    "optuna.objective": lambda: {"fn": lambda trial: 0.0},
+    "optuna.position_to_index": lambda: {"position": 1, "positions": 5, "options": 3},
+    "optuna.pruned_on_oom": lambda: {"trial": _trial()},
+    "optuna.space": lambda: {"workload": WORKLOAD, "gpu": SMALL_GPU},
+    "optuna.suggest": lambda: {"trial": _trial(), "workload": WORKLOAD, "gpu": SMALL_GPU},
+    "prometheus.PrometheusSink": dict,
+    "prometheus.parse_address": lambda: {"address": ":0"},
+    "ray.Card": lambda: {"gpu": "A100"},
+    "ray.Request": lambda: {"gpu": 0.5, "cpu": 1.0, "labels": (), "peak_bytes": 2**30},
+    "ray.feasible_configs": lambda: {"workload": WORKLOAD, "cards": _cards()},
+    "ray.fits_some": lambda: {"workload": WORKLOAD, "cards": _cards()},
+    "ray.metrics": dict,
+    "ray.param_space": lambda: {"workload": WORKLOAD, "cards": _cards()},
+    "ray.request_for": lambda: {"knobs": _knobs(), "workload": WORKLOAD, "cards": _cards()},
+    "ray.resources": lambda: {"workload": WORKLOAD, "cards": _cards()},
+    "ray.trial_autoconfig": lambda: {"workload": WORKLOAD, "probe": _simulated_device()},
+    "skrl.SkrlGuard": lambda: {"agent": _Agent()},
+    "skrl.apply_knobs": lambda: {"cfg": {"rollouts": 16}, "knobs": {"rollouts": 32}},
+    "skrl.autoconfig": lambda: {"cfg": {"rollouts": 16}, "workload": "skrl_isaaclab_ppo"},
+    "skrl.guard": lambda: {"agent": _Agent()},
+    "skrl.knobs_of": dict,
+    "transformers.MemfitCallback": dict,
+    "transformers.apply_batch": lambda: {"args": _training_args(), "micro_batch": 4},
+    "transformers.batch_size_from_estimate": lambda: {"estimate": _estimate(), "budget": "1GiB"},
+    "transformers.callback_class": dict,
+    "transformers.keep_effective_batch": lambda: {"effective": 64, "micro": 16},
+    "transformers.train": lambda: {
+        "trainer": SimpleNamespace(
+            train=lambda **kw: None,
+            args=_training_args(),
+            model=torch.nn.Linear(2, 1),
+            optimizer=None,
+            lr_scheduler=None,
+        ),
+    },
+}
+
+
+def _integration_module(short: str) -> Any:
+    return importlib.import_module(f"memfit.integrations.{short}")
+
+
+def _integration_callables() -> set[str]:
+    found = set()
+    for short in INTEGRATIONS:
+        module = _integration_module(short)
+        for name in module.__all__:
+            if callable(getattr(module, name)):
+                found.add(f"{short}.{name}")
+    return found - RECORDS
+
+
+def test_every_public_callable_of_every_integration_is_covered() -> None:
+    found = _integration_callables()
+    assert found == set(INTEGRATION_CASES), found ^ set(INTEGRATION_CASES)
+
+
+def _integration_params() -> list[tuple[str, str]]:
+    out = []
+    for name in sorted(INTEGRATION_CASES):
+        short, _, attr = name.partition(".")
+        fn = getattr(_integration_module(short), attr)
+        for param in inspect.signature(fn).parameters.values():
+            if (name, param.name) in INTEGRATION_ANY or param.kind in (
+                param.VAR_POSITIONAL,
+                param.VAR_KEYWORD,
+            ):
+                continue
+            out.append((name, param.name))
+    return out
+
+
+@pytest.mark.parametrize(("name", "param"), _integration_params())
+def test_an_integration_refuses_a_wrong_type_naming_the_argument(name: str, param: str) -> None:
+    short, _, attr = name.partition(".")
+    pytest.importorskip(INTEGRATIONS[short])
+    fn = getattr(_integration_module(short), attr)
+    kwargs = {**INTEGRATION_CASES[name](), param: WRONG}
+    with pytest.raises(ConfigError) as info:
+        _call(fn, kwargs)
+    assert param in (info.value.key_path or "") or param in str(info.value), str(info.value)
+
+
+def test_a_text_size_for_host_memory_is_read_as_a_size() -> None:
+    as_text = memfit.plan("dqn_fire_raster", gpu="4GB", host_memory_bytes="16GiB")
+    as_int = memfit.plan("dqn_fire_raster", gpu="4GB", host_memory_bytes=16 * 2**30)
+    assert as_text.knobs == as_int.knobs and as_text.host_bytes == as_int.host_bytes
+
+
+@pytest.mark.parametrize(
+    ("call", "param"),
+    [
+        (lambda: memfit.format_bytes(1, precision=-1), "precision"),
+        (lambda: memfit.GpuSpec("mine", -1, "ampere", None, "by hand"), "total_bytes"),
+        (lambda: memfit.GpuSpec("mine", "8GB", "ampere", None, "by hand"), "total_bytes"),  # type: ignore[arg-type]
+        (lambda: memfit.GpuSpec("mine", 2**30, "ampere", (8,), "by hand"), "compute_capability"),
+        (lambda: memfit.estimate_jax(lambda x: x, 1, batch_size=-5), "batch_size"),
+        (lambda: memfit.OutOfMemory("x", tried=5), "tried"),  # type: ignore[arg-type]
+        (lambda: memfit.OutOfMemory("x", peak_bytes="1GB"), "peak_bytes"),  # type: ignore[arg-type]
+        (
+            lambda: memfit.plan("dqn_fire_raster", gpu="4GB", host_memory_bytes="16 parsecs"),
+            "host_memory_bytes",
+        ),
+    ],
+)
+def test_the_cases_of_the_issue_round_3(call: Callable[[], Any], param: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        call()
+    assert info.value.key_path == param, str(info.value)
+
+
+class _Trial:
+    """A trial whose sampler answers ``answer`` (an Optuna trial gone wrong)."""
+
+    def __init__(self, answer: Any) -> None:
+        self.answer = answer
+        self.user_attrs: dict[str, Any] = {}
+
+    def suggest_int(self, name: str, low: int, high: int) -> Any:
+        return self.answer
+
+    def set_user_attr(self, key: str, value: Any) -> None:
+        self.user_attrs[key] = value
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [
+        ({"trial": None}, "trial"),
+        ({"trial": object()}, "trial"),
+        ({"trial": _Trial(0), "fixed": [("buffer_size", 10000)]}, "fixed"),
+        ({"trial": _Trial(0), "fixed": {"buffer_size": [1]}}, "fixed.buffer_size"),
+        ({"trial": _Trial(10**30)}, "trial"),
+        ({"trial": _Trial(-1)}, "trial"),
+        ({"trial": _Trial("3")}, "trial"),
+        ({"trial": _Trial(0), "host_memory_bytes": "lots"}, "host_memory_bytes"),
+    ],
+)
+def test_optuna_suggest_refuses_what_is_not_a_trial_or_a_pin(
+    kwargs: dict[str, Any], param: str
+) -> None:
+    from memfit.integrations.optuna import suggest
+
+    with pytest.raises(ConfigError) as info:
+        suggest(workload=WORKLOAD, gpu=SMALL_GPU, **kwargs)
+    assert info.value.key_path == param, str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("call", "param"),
+    [
+        (lambda r: r.request_for(_knobs(), WORKLOAD, _cards(), cpu="two"), "cpu"),
+        (lambda r: r.request_for(_knobs(), WORKLOAD, _cards(), cpu=0), "cpu"),
+        (lambda r: r.request_for(None, WORKLOAD, _cards()), "knobs"),
+        (lambda r: r.feasible_configs(WORKLOAD, None), "cards"),
+        (lambda r: r.feasible_configs(WORKLOAD, "RTX 4090"), "cards"),
+        (lambda r: r.feasible_configs(WORKLOAD, [None]), "cards[0]"),
+        (lambda r: r.param_space(WORKLOAD, 5), "cards"),
+        (lambda r: r.resources(WORKLOAD, _cards(), cpu="two"), "cpu"),
+        (lambda r: r.trial_autoconfig(WORKLOAD, share="half"), "share"),
+        (lambda r: r.metrics(["oom"]), "events[0]"),
+        (lambda r: r.fits_some(WORKLOAD, _cards())(5), "knobs"),
+    ],
+)
+def test_ray_refuses_what_is_not_a_card_a_share_or_a_cpu_count(
+    call: Callable[[Any], Any], param: str
+) -> None:
+    from memfit.integrations import ray
+
+    with pytest.raises(ConfigError) as info:
+        call(ray)
+    assert info.value.key_path == param, str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [
+        ({"max_mini_batches": -2}, "max_mini_batches"),
+        ({"max_mini_batches": "8"}, "max_mini_batches"),
+        ({"on_event": "print"}, "on_event"),
+        ({"recorder": 5}, "recorder"),
+    ],
+)
+def test_skrl_guard_refuses_bad_options(kwargs: dict[str, Any], param: str) -> None:
+    from memfit.integrations import skrl
+
+    with pytest.raises(ConfigError) as info:
+        skrl.guard(_Agent(), **kwargs)
+    assert info.value.key_path == param
+    with pytest.raises(ConfigError, match="skrl agent") as info:
+        skrl.guard(object())
+    assert info.value.key_path == "agent"
+    with pytest.raises(ConfigError) as info:
+        skrl.apply_knobs({"rollouts": 16}, {"rollouts": "many"})
+    assert info.value.key_path == "knobs.rollouts"
+    with pytest.raises(ConfigError) as info:
+        skrl.apply_knobs("PPO", {})
+    assert info.value.key_path == "cfg"
+
+
+def test_prometheus_sink_refuses_a_registry_that_is_not_one() -> None:
+    pytest.importorskip("prometheus_client")
+    from memfit.integrations.prometheus import PrometheusSink
+
+    with pytest.raises(ConfigError) as info:
+        PrometheusSink(registry=5)
+    assert info.value.key_path == "registry"
+    with pytest.raises(ConfigError) as info:
+        PrometheusSink(10**5000)
+    assert info.value.key_path == "address"

@@ -121,7 +121,7 @@ def test_env_state_bytes_of_1e308_is_an_error(
 
 def test_superscript_batch_size_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "estimate", "nowhere:factory", "--batch", "32,\u00b2")
-    user_error(code, err, "--batch", "not a positive integer")
+    user_error(code, err, "--batch", "digits 0-9")
 
 
 def test_superscript_max_split_size_is_an_error(

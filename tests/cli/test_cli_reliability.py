@@ -93,7 +93,7 @@ def test_an_integer_past_the_string_limit_is_a_user_error(
     text = ACT.read_text(encoding="utf-8").replace("{params: 52000000}", f"{{params: {huge}}}")
     path.write_text(text, encoding="utf-8")
     code, _, err = run(capsys, "plan", str(path), "--gpu", "RTX 4060 Ti")
-    user_error(code, err, "4300 digits")
+    user_error(code, err, "5000 digits")
 
 
 def test_inputs_over_their_cap_are_refused_before_they_are_read(

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -366,8 +367,14 @@ def test_recorded_humanoid_figures_are_the_measured_ones() -> None:
 
 def test_train_checks_before_brax() -> None:
     pytest.importorskip("brax", reason="brax is an optional extra (integrations)")
+    env = SimpleNamespace(
+        reset=lambda rng: None, step=lambda s, a: None, observation_size=4, action_size=1
+    )
     with pytest.raises(ConfigError, match="episode_length"):
+        mbrax.train(env, num_envs=4, batch_size=4, num_minibatches=1, num_timesteps=10)
+    with pytest.raises(ConfigError, match="must be a Brax environment") as info:
         mbrax.train(object(), num_envs=4, batch_size=4, num_minibatches=1, num_timesteps=10)
+    assert info.value.key_path == "environment"
 
 
 def test_ensure_jax_compat_replicates_over_devices() -> None:

@@ -70,9 +70,9 @@ def test_factory_env_is_measured_like_the_registered_one(
     handed: list[tuple[str, str]] = []
     measure = bm._measure
 
-    def spy(env: object, env_id: str, *args: object) -> object:
+    def spy(env: object, env_id: str, *args: object, **kwargs: object) -> object:
         handed.append((type(env).__name__, env_id))
-        return measure(env, env_id, *args)  # type: ignore[arg-type]
+        return measure(env, env_id, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(bm, "_measure", spy)
     mine = mbrax.measure_ppo("my_envs_memfit:make_env")

@@ -275,7 +275,7 @@ def test_knobs_read_and_written() -> None:
         "rollouts": 24, "learning_epochs": 4, "mini_batches": 2}  # fmt: skip
     with pytest.raises(ConfigError, match="dataclass or a dict"):
         mskrl.apply_knobs([1], {})
-    with pytest.raises(ConfigError, match="not an skrl agent"):
+    with pytest.raises(ConfigError, match="must be an skrl agent"):
         mskrl.guard(object())
     mskrl.guard(agent)
     with pytest.raises(ConfigError, match="guarded already"):

@@ -43,6 +43,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from memfit._checks import parse_int
 from memfit._plain import plain_fields
 from memfit.allocator.settings_check import (
     JAX_ALLOCATORS,
@@ -445,7 +446,7 @@ def torch_allocator_options(text: str | None, variable: str) -> tuple[bool, int 
                     key_path=variable,
                     hint="write e.g. max_split_size_mb:128",
                 )
-            max_split = int(value) * 1024 * 1024
+            max_split = parse_int(variable, value, lo=0) * 1024 * 1024
     return expandable, max_split
 
 

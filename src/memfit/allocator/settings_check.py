@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import difflib
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from memfit._checks import parse_int
 from memfit._plain import plain_fields
 from memfit.allocator.shell import parse_shell_assignments
+from memfit.errors import ConfigError
 
 #: The two names PyTorch reads its allocator options from.
 TORCH_VARIABLES: tuple[str, str] = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
@@ -231,7 +232,13 @@ def _is_pow2(n: int) -> bool:
 
 
 def _as_int(text: str) -> int | None:
-    return int(text) if re.fullmatch(r"[+]?\d+", text) else None
+    """The integer a value is (the one parser of integers from users), else ``None``."""
+    if text.strip()[:1] == "-":
+        return None
+    try:
+        return parse_int("value", text, lo=0)
+    except ConfigError:
+        return None
 
 
 def as_float(text: str) -> float | None:

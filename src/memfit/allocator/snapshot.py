@@ -8,11 +8,19 @@ dict, written by :mod:`memfit.monitor._oom_dump`) or the same data as JSON (opti
 gzip-compressed), into plain frozen records; it imports no torch.
 
 A snapshot is untrusted input: a pickle can name any Python callable and run it while it is
-loaded. The unpickler here resolves no global at all: a pickle that names one (``GLOBAL``,
-``STACK_GLOBAL``, ``INST``, ``OBJ``, the ``REDUCE`` / ``NEWOBJ`` / ``BUILD`` that need a class,
-persistent ids, copyreg extensions) is refused before anything of it is called. Files over
-:data:`MAX_SNAPSHOT_BYTES` (also after gzip) and data nested deeper than a snapshot nests
+loaded. Pickles are read by memfit's own opcode interpreter
+(:mod:`memfit.allocator.snapshot_pickle`), never by ``pickle.load``: it resolves no global at
+all (``GLOBAL``, ``STACK_GLOBAL``, ``INST``, ``OBJ``, ``REDUCE``, ``NEWOBJ``, ``BUILD``,
+persistent ids, copyreg extensions are refused before anything of them is called), builds
+without recursion, hashes only flat keys, and counts every object it builds, a memo
+reference counted as everything it holds. Files over ``max_bytes`` (default
+:data:`MAX_SNAPSHOT_BYTES`, also after gzip) and data nested deeper than a snapshot nests
 (:data:`MAX_DEPTH`) are refused with a message that says so.
+
+Memory and time are linear in the file: the events of a trace are checked and kept in
+columns as they are read (:class:`~memfit.allocator.snapshot_records.Trace`, about 50 bytes
+an event), so a pickle of 7.7 million events (200 MB) is read in about the same memory again
+(``docs/benchmarks.md``). ``progress(done, total)`` reports long reads.
 
 Stack frames are interned: each event and block carries the index of its stack in
 :attr:`DeviceSnapshot.stacks` (a tuple of indices into :attr:`DeviceSnapshot.frames`,
@@ -21,19 +29,35 @@ innermost first as PyTorch records them), or ``-1`` when it has none.
 
 from __future__ import annotations
 
-import copyreg
 import gzip
-import io
 import json
 import os
-import pickle
+import sys
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from memfit._userfiles import file_error, read_user_bytes
+from memfit.allocator.snapshot_pickle import read_pickle
+from memfit.allocator.snapshot_records import (
+    ACTIONS,
+    BLOCK_STATES,
+    PICKLE_HINT,
+    BlockInfo,
+    Frame,
+    Interner,
+    SegmentInfo,
+    Trace,
+    TraceEvent,
+    TraceSink,
+    not_snapshot,
+    printable,
+    read_int,
+    read_size,
+    shown,
+)
 from memfit.errors import ConfigError
 
 __all__ = [
@@ -47,6 +71,7 @@ __all__ = [
     "Frame",
     "SegmentInfo",
     "Snapshot",
+    "Trace",
     "TraceEvent",
     "load_snapshot",
     "parse_snapshot",
@@ -55,23 +80,8 @@ __all__ = [
     "write_json_gz",
 ]
 
-#: Trace actions PyTorch records (``TraceEntry::Action``).
-ACTIONS: tuple[str, ...] = (
-    "alloc",
-    "free_requested",
-    "free_completed",
-    "segment_alloc",
-    "segment_free",
-    "segment_map",
-    "segment_unmap",
-    "oom",
-    "snapshot",
-)
-
-#: Block states in ``segments[i]["blocks"]``.
-BLOCK_STATES: tuple[str, ...] = ("active_allocated", "active_pending_free", "inactive")
-
-#: Largest snapshot read, in bytes (the file, and again the data after gzip).
+#: Largest snapshot read by default, in bytes (the file, and again the data after gzip):
+#: ``max_bytes=`` lifts it.
 MAX_SNAPSHOT_BYTES = 1 << 30
 
 #: Deepest nesting of lists and dicts a snapshot has (segments > blocks > frames > frame is 5;
@@ -85,81 +95,9 @@ RECORD_HINT = (
     "out-of-memory error)"
 )
 
-_PICKLE_HINT = (
-    "pass a file written by torch.cuda.memory._dump_snapshot(), by memfit's Recorder OOM "
-    "dump, or the same data as JSON"
-)
+_PICKLE_HINT = PICKLE_HINT
 
-
-@dataclass(frozen=True, slots=True)
-class Frame:
-    """One stack frame: a Python frame (``filename`` ends in ``.py``) or a C++ one."""
-
-    filename: str
-    line: int
-    name: str
-
-
-@dataclass(frozen=True, slots=True)
-class BlockInfo:
-    """One block of a segment at the time of the snapshot.
-
-    Attributes:
-        address: Its device address.
-        size: Its size (a multiple of 512; an unsplit block counts whole).
-        requested_size: Bytes the caller asked for (0 for a free block).
-        state: ``"active_allocated"``, ``"active_pending_free"`` (freed, waiting on another
-            stream's work) or ``"inactive"`` (free, cached).
-        stack: Index into :attr:`DeviceSnapshot.stacks`, ``-1`` without frames.
-    """
-
-    address: int
-    size: int
-    requested_size: int
-    state: str
-    stack: int = -1
-
-    @property
-    def live(self) -> bool:
-        """Whether the block is allocated (or its free has not completed yet)."""
-        return self.state != "inactive"
-
-
-@dataclass(frozen=True, slots=True)
-class SegmentInfo:
-    """One segment (a ``cudaMalloc``, or an expandable segment's mapped range)."""
-
-    address: int
-    total_size: int
-    stream: int
-    small: bool
-    expandable: bool
-    blocks: tuple[BlockInfo, ...]
-    stack: int = -1
-
-
-@dataclass(frozen=True, slots=True)
-class TraceEvent:
-    """One allocator event (``device_traces[d][i]``).
-
-    Attributes:
-        action: One of :data:`ACTIONS`.
-        addr: The block's (or segment's) address.
-        size: Bytes: the request for ``alloc`` / ``free_*`` (not rounded), the segment's size
-            for ``segment_*``, the failed request for ``oom``.
-        stream: The CUDA stream (as an integer handle).
-        time_us: When, in microseconds, or ``None``.
-        stack: Index into :attr:`DeviceSnapshot.stacks`, ``-1`` without frames.
-        device_free: For ``oom``: the driver's free memory at the failure, else ``None``.
-    """
-
-    action: str
-    addr: int
-    size: int
-    stream: int
-    time_us: int | None = None
-    stack: int = -1
-    device_free: int | None = None
+Progress = Callable[[int, int], None]
 
 
 @dataclass(frozen=True)
@@ -168,7 +106,7 @@ class DeviceSnapshot:
 
     device: int
     segments: tuple[SegmentInfo, ...]
-    trace: tuple[TraceEvent, ...]
+    trace: Sequence[TraceEvent]
     frames: tuple[Frame, ...] = ()
     stacks: tuple[tuple[int, ...], ...] = ()
 
@@ -236,7 +174,9 @@ class Snapshot:
         return max(
             self.devices,
             key=lambda d: (
-                any(e.action == "oom" for e in d.trace),
+                d.trace.has("oom")
+                if isinstance(d.trace, Trace)
+                else any(e.action == "oom" for e in d.trace),
                 len(d.trace),
                 d.reserved_bytes,
                 -d.device,
@@ -262,56 +202,18 @@ class Snapshot:
 # --- reading -------------------------------------------------------------------------------------
 
 
-class _NoGlobals(pickle.Unpickler):
-    """Unpickles plain data only: every way a pickle names a Python object is refused."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise ConfigError(
-            f"the pickle names the Python object {_printable(module)}.{_printable(name)}; "
-            "a memory snapshot holds only plain data (dicts, lists, strings, numbers), so it "
-            "is refused and nothing of it is run",
-            hint="only open pickles you trust; " + _PICKLE_HINT,
-        )
-
-    def persistent_load(self, pid: Any) -> Any:
-        raise ConfigError(
-            "the pickle refers to a persistent object; a memory snapshot has none, so it is "
-            "refused",
-            hint=_PICKLE_HINT,
-        )
-
-
-class _PyNoGlobals(pickle._Unpickler):
-    """The pure-Python unpickler with the opcodes that reach objects removed (used when the
-    process registered copyreg extensions, which the C unpickler resolves from its cache
-    without asking :meth:`find_class`)."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        return _NoGlobals.find_class(self, module, name)  # type: ignore[arg-type]
-
-    def persistent_load(self, pid: Any) -> Any:
-        return _NoGlobals.persistent_load(self, pid)  # type: ignore[arg-type]
-
-    def _refuse(self) -> None:
-        self.find_class("copyreg", "extension")
-
-
-_DISPATCH: dict[int, Any] = dict(pickle._Unpickler.dispatch)
-for _op in (pickle.EXT1, pickle.EXT2, pickle.EXT4):
-    _DISPATCH[_op[0]] = _PyNoGlobals._refuse
-_PyNoGlobals.dispatch = _DISPATCH
-
-
-def _printable(text: str) -> str:
-    return "".join(c if c.isprintable() else "?" for c in str(text))[:80]
-
-
-def load_snapshot(path: str | Path, *, max_bytes: int = MAX_SNAPSHOT_BYTES) -> Snapshot:
+def load_snapshot(
+    path: str | Path,
+    *,
+    max_bytes: int = MAX_SNAPSHOT_BYTES,
+    progress: Progress | None = None,
+) -> Snapshot:
     """Read a snapshot file (pickle, JSON, either gzip-compressed).
 
     Args:
         path: The file.
-        max_bytes: Refuse a larger file (and more data after gzip).
+        max_bytes: Refuse a larger file (and more data after gzip); any size may be given.
+        progress: ``progress(done, total)`` in bytes while a pickle is read (every 8 MiB).
 
     Raises:
         ConfigError: When the file is missing, not a regular file, too large, not a snapshot,
@@ -324,8 +226,10 @@ def load_snapshot(path: str | Path, *, max_bytes: int = MAX_SNAPSHOT_BYTES) -> S
         raise file_error(exc, source, action="read the snapshot", hint=_PICKLE_HINT) from exc
     if size > max_bytes:
         raise _too_big(str(source), size, max_bytes)
-    data = read_user_bytes(source, what="the snapshot", hint=_PICKLE_HINT)
-    return parse_snapshot(data, source=str(source), max_bytes=max_bytes)
+    data = read_user_bytes(
+        source, what="the snapshot", hint=_PICKLE_HINT, max_bytes=min(max_bytes, sys.maxsize - 1)
+    )
+    return parse_snapshot(data, source=str(source), max_bytes=max_bytes, progress=progress)
 
 
 def _too_big(source: str, size: int, max_bytes: int) -> ConfigError:
@@ -339,13 +243,15 @@ def _too_big(source: str, size: int, max_bytes: int) -> ConfigError:
 
 def _gunzip(data: bytes, source: str, max_bytes: int) -> bytes:
     stream = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    # zlib takes a length that fits a C ssize_t: any max_bytes beyond that is no bound at all
+    cap = min(max_bytes, sys.maxsize - 1)
     try:
-        out = stream.decompress(data, max_bytes + 1)
+        out = stream.decompress(data, cap + 1)
     except zlib.error as exc:
         raise ConfigError(
             f"a broken gzip file ({exc})", key_path=source, hint=_PICKLE_HINT
         ) from exc
-    if len(out) > max_bytes:
+    if len(out) > cap:
         raise _too_big(source + " (after gzip)", len(out), max_bytes)
     if not stream.eof:
         raise ConfigError("the gzip data is cut off", key_path=source, hint="copy the file again")
@@ -353,7 +259,11 @@ def _gunzip(data: bytes, source: str, max_bytes: int) -> bytes:
 
 
 def parse_snapshot(
-    data: bytes, *, source: str = "<data>", max_bytes: int = MAX_SNAPSHOT_BYTES
+    data: bytes,
+    *,
+    source: str = "<data>",
+    max_bytes: int = MAX_SNAPSHOT_BYTES,
+    progress: Progress | None = None,
 ) -> Snapshot:
     """Read a snapshot from its bytes (see :func:`load_snapshot`)."""
     if len(data) > max_bytes:
@@ -363,7 +273,7 @@ def parse_snapshot(
     if not data.strip():
         raise ConfigError("the file is empty", key_path=source, hint=_PICKLE_HINT)
     if data[:1] == b"\x80":
-        return snapshot_from_data(_unpickle(data, source), source=source, kind="pickle")
+        return _from_pickle(data, source, progress)
     if data.lstrip()[:1] in (b"{", b"["):
         try:
             obj = json.loads(data)
@@ -379,7 +289,7 @@ def parse_snapshot(
                     "with `memfit report`)",
                 ) from exc
             raise ConfigError(
-                f"not valid JSON ({exc})", key_path=source, hint=_PICKLE_HINT
+                f"not valid JSON ({printable(str(exc))})", key_path=source, hint=_PICKLE_HINT
             ) from exc
         return snapshot_from_data(obj, source=source, kind="json")
     if data[:4] == b"PK\x03\x04":
@@ -405,41 +315,27 @@ def _is_recorder_log(data: bytes) -> bool:
     return isinstance(record, dict) and "type" in record
 
 
-def _unpickle(data: bytes, source: str) -> Any:
-    extensions = bool(copyreg._extension_registry) or bool(copyreg._extension_cache)  # type: ignore[attr-defined]
-    cls = _PyNoGlobals if extensions else _NoGlobals
-    try:
-        return cls(io.BytesIO(data)).load()
-    except ConfigError as exc:
-        raise ConfigError(exc.message, key_path=source, hint=exc.hint) from None
-    except RecursionError as exc:
-        raise _too_deep(source) from exc
-    except (EOFError, pickle.UnpicklingError) as exc:
-        if not isinstance(exc, EOFError) and "truncated" not in str(exc):
-            raise ConfigError(
-                f"not a readable pickle ({_printable(str(exc))})",
-                key_path=source,
-                hint=_PICKLE_HINT,
-            ) from exc
-        raise ConfigError(
-            "the pickle is cut off (it ends before its STOP)",
-            key_path=source,
-            hint="copy the file again; a dump interrupted while it was written is incomplete",
-        ) from exc
-    except (
-        ValueError,
-        TypeError,
-        KeyError,
-        IndexError,
-        AttributeError,
-        OverflowError,
-        MemoryError,
-    ) as exc:
-        raise ConfigError(
-            f"not a readable pickle ({_printable(str(exc))})",
-            key_path=source,
-            hint=_PICKLE_HINT,
-        ) from exc
+class _Devices:
+    """One interner per device, shared by its segments and its trace."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.by_device: dict[int, Interner] = {}
+
+    def __call__(self, device: int) -> Interner:
+        got = self.by_device.get(device)
+        if got is None:
+            got = self.by_device[device] = Interner(self.source)
+        return got
+
+    def sink(self, device: int) -> TraceSink:
+        return TraceSink(device, self(device), self.source)
+
+
+def _from_pickle(data: bytes, source: str, progress: Progress | None) -> Snapshot:
+    devices = _Devices(source)
+    obj = read_pickle(data, source=source, make_trace=devices.sink, progress=progress)
+    return _convert(obj, source, "pickle", devices)
 
 
 def _too_deep(source: str) -> ConfigError:
@@ -463,85 +359,16 @@ def _check_depth(obj: Any, source: str) -> None:
             continue
         seen.add(id(item))
         if isinstance(item, dict):
-            todo.extend((v, depth + 1) for v in item.values() if isinstance(v, dict | list | tuple))
+            for k, v in item.items():
+                todo.extend((x, depth + 1) for x in (k, v) if isinstance(x, _NESTED))
         else:
-            todo.extend((v, depth + 1) for v in item if isinstance(v, dict | list | tuple))
+            todo.extend((v, depth + 1) for v in item if isinstance(v, _NESTED))
 
 
-def _not_snapshot(source: str, why: str) -> ConfigError:
-    return ConfigError(f"not a CUDA memory snapshot ({why})", key_path=source, hint=_PICKLE_HINT)
+_NESTED = (dict, list, tuple, set, frozenset)
 
 
-def _int(value: Any, where: str, source: str, *, default: int | None = None) -> int:
-    if value is None and default is not None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _not_snapshot(source, f"{where} is {type(value).__name__}, not an integer")
-    return value
-
-
-def _size(value: Any, where: str, source: str) -> int:
-    got = _int(value, where, source, default=0)
-    if not 0 <= got < 1 << 64:
-        raise _not_snapshot(source, f"{where} is {got}, not a size")
-    return got
-
-
-class _Interner:
-    """Frames and stacks, each stored once."""
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-        self.frames: list[Frame] = []
-        self.frame_index: dict[tuple[str, int, str], int] = {}
-        self.by_id: dict[int, int] = {}
-        self.stack_by_id: dict[int, int] = {}
-        self.stacks: list[tuple[int, ...]] = []
-        self.stack_index: dict[tuple[int, ...], int] = {}
-
-    def frame(self, raw: Any) -> int:
-        got = self.by_id.get(id(raw))
-        if got is not None:
-            return got
-        try:  # the common case, checked once per distinct frame below
-            key: Any = (raw["filename"], raw["line"], raw["name"])
-            index = self.frame_index.get(key)
-        except (KeyError, TypeError):
-            index = None
-        if index is None:
-            if not isinstance(raw, dict):
-                raise _not_snapshot(self.source, "a stack frame is not a dict")
-            line = raw.get("line", raw.get("lineno", 0))
-            key = (
-                str(raw.get("filename", "??")),
-                line if isinstance(line, int) and not isinstance(line, bool) else 0,
-                str(raw.get("name", "??")),
-            )
-            index = self.frame_index.get(key)
-            if index is None:
-                index = self.frame_index[key] = len(self.frames)
-                self.frames.append(Frame(*key))
-        self.by_id[id(raw)] = index
-        return index
-
-    def stack(self, raw: Any) -> int:
-        if not raw:
-            return -1
-        got = self.stack_by_id.get(id(raw))
-        if got is not None:
-            return got
-        if not isinstance(raw, list | tuple):
-            raise _not_snapshot(self.source, "frames is not a list")
-        key = tuple(map(self.frame, raw))
-        index = self.stack_index.get(key)
-        if index is None:
-            index = self.stack_index[key] = len(self.stacks)
-            self.stacks.append(key)
-        self.stack_by_id[id(raw)] = index
-        return index
-
-
-def _block_stack(raw: Mapping[str, Any], frames: _Interner) -> int:
+def _block_stack(raw: Mapping[str, Any], frames: Interner) -> int:
     if raw.get("frames"):
         return frames.stack(raw["frames"])
     history = raw.get("history")  # PyTorch 2.0 / 2.1
@@ -556,83 +383,43 @@ def snapshot_from_data(obj: Any, *, source: str = "<data>", kind: str = "json") 
     Raises:
         ConfigError: When it is not a snapshot, or has neither segments nor a device trace.
     """
+    return _convert(obj, source, kind, _Devices(source))
+
+
+def _convert(obj: Any, source: str, kind: str, devices: _Devices) -> Snapshot:
     if not isinstance(obj, dict):
-        raise _not_snapshot(source, f"a {type(obj).__name__}, not a dict")
+        raise not_snapshot(source, f"{shown(obj)}, not a dict")
     # The segments and traces are read field by field with their types checked, so nothing
     # deeper than a snapshot nests is followed there; the rest is checked here.
     _check_depth({k: v for k, v in obj.items() if k not in ("segments", "device_traces")}, source)
     if "segments" not in obj:
-        keys = ", ".join(sorted(_printable(str(k)) for k in obj)[:8]) or "none"
-        raise _not_snapshot(source, f"no 'segments' key; its keys are {keys}")
+        keys = ", ".join(sorted(printable(str(k)) for k in obj)[:8]) or "none"
+        raise not_snapshot(source, f"no 'segments' key; its keys are {keys}")
     raw_segments = obj["segments"]
     raw_traces = obj.get("device_traces") or []
     if not isinstance(raw_segments, list) or not isinstance(raw_traces, list):
-        raise _not_snapshot(source, "'segments' and 'device_traces' must be lists")
-    by_device: dict[int, list[SegmentInfo]] = {}
-    interners: dict[int, _Interner] = {}
-
-    def interner(device: int) -> _Interner:
-        got = interners.get(device)
-        if got is None:
-            got = interners[device] = _Interner(source)
-        return got
-
-    for i, seg in enumerate(raw_segments):
-        where = f"segments[{i}]"
-        if not isinstance(seg, dict):
-            raise _not_snapshot(source, f"{where} is not a dict")
-        device = _int(seg.get("device", 0), f"{where}.device", source)
-        frames = interner(device)
-        blocks = []
-        raw_blocks = seg.get("blocks") or []
-        if not isinstance(raw_blocks, list):
-            raise _not_snapshot(source, f"{where}.blocks is not a list")
-        for j, blk in enumerate(raw_blocks):
-            bw = f"{where}.blocks[{j}]"
-            if not isinstance(blk, dict):
-                raise _not_snapshot(source, f"{bw} is not a dict")
-            state = blk.get("state")
-            if state not in BLOCK_STATES:
-                raise _not_snapshot(source, f"{bw}.state is {_printable(str(state))!r}")
-            blocks.append(
-                BlockInfo(
-                    address=_size(blk.get("address"), f"{bw}.address", source),
-                    size=_size(blk.get("size"), f"{bw}.size", source),
-                    requested_size=_size(blk.get("requested_size", 0), f"{bw}.requested", source),
-                    state=str(state),
-                    stack=_block_stack(blk, frames),
-                )
-            )
-        seg_type = seg.get("segment_type", "large")
-        if seg_type not in ("small", "large"):
-            raise _not_snapshot(source, f"{where}.segment_type is {_printable(str(seg_type))!r}")
-        by_device.setdefault(device, []).append(
-            SegmentInfo(
-                address=_size(seg.get("address"), f"{where}.address", source),
-                total_size=_size(seg.get("total_size"), f"{where}.total_size", source),
-                stream=_int(seg.get("stream", 0), f"{where}.stream", source),
-                small=seg_type == "small",
-                expandable=bool(seg.get("is_expandable", False)),
-                blocks=tuple(blocks),
-                stack=frames.stack(seg.get("frames")) if seg.get("frames") else -1,
-            )
-        )
-    traces: dict[int, list[TraceEvent]] = {}
+        raise not_snapshot(source, "'segments' and 'device_traces' must be lists")
+    by_device = _read_segments(raw_segments, source, devices)
+    traces: dict[int, Trace] = {}
     for device, raw_trace in enumerate(raw_traces):
-        if not isinstance(raw_trace, list):
-            raise _not_snapshot(source, f"device_traces[{device}] is not a list")
-        if not raw_trace:
-            continue
-        traces[device] = _read_trace(raw_trace, device, interner(device), source)
-    devices = []
+        if isinstance(raw_trace, TraceSink):
+            sink = raw_trace  # read while the pickle was
+        elif isinstance(raw_trace, list):
+            sink = devices.sink(device)
+            sink.extend(raw_trace)
+        else:
+            raise not_snapshot(source, f"device_traces[{device}] is not a list")
+        if len(sink):
+            traces[device] = sink.trace
+    out = []
     for device in sorted(set(by_device) | set(traces)):
-        frames = interner(device)
+        frames = devices(device)
         segs = sorted(by_device.get(device, []), key=lambda s: s.address)
-        devices.append(
+        out.append(
             DeviceSnapshot(
                 device=device,
                 segments=tuple(segs),
-                trace=tuple(traces.get(device, [])),
+                trace=traces.get(device, Trace()),
                 frames=tuple(frames.frames),
                 stacks=tuple(frames.stacks),
             )
@@ -640,7 +427,7 @@ def snapshot_from_data(obj: Any, *, source: str = "<data>", kind: str = "json") 
     settings = obj.get("allocator_settings")
     meta = obj.get("memfit")
     return Snapshot(
-        devices=tuple(devices),
+        devices=tuple(out),
         settings=dict(settings) if isinstance(settings, dict) else {},
         source=source,
         kind=kind,
@@ -649,35 +436,55 @@ def snapshot_from_data(obj: Any, *, source: str = "<data>", kind: str = "json") 
     )
 
 
-def _read_trace(
-    raw_trace: Sequence[Any], device: int, frames: _Interner, source: str
-) -> list[TraceEvent]:
-    out = []
-    for k, ev in enumerate(raw_trace):
-        where = f"device_traces[{device}][{k}]"
-        if not isinstance(ev, dict):
-            raise _not_snapshot(source, f"{where} is not a dict")
-        action = ev.get("action")
-        if action not in ACTIONS:
-            raise _not_snapshot(source, f"{where}.action is {_printable(str(action))!r}")
-        time_us = ev.get("time_us")
-        free = ev.get("device_free")
-        out.append(
-            TraceEvent(
-                action=str(action),
-                addr=_size(ev.get("addr", 0), f"{where}.addr", source),
-                size=_size(ev.get("size", 0), f"{where}.size", source),
-                stream=_int(ev.get("stream", 0), f"{where}.stream", source),
-                time_us=time_us
-                if isinstance(time_us, int) and not isinstance(time_us, bool)
-                else None,
-                stack=frames.stack(ev.get("frames")) if ev.get("frames") else -1,
-                device_free=_size(free, f"{where}.device_free", source)
-                if free is not None
-                else None,
+def _read_segments(
+    raw_segments: list[Any], source: str, devices: _Devices
+) -> dict[int, list[SegmentInfo]]:
+    by_device: dict[int, list[SegmentInfo]] = {}
+    for i, seg in enumerate(raw_segments):
+        where = f"segments[{i}]"
+        if not isinstance(seg, dict):
+            raise not_snapshot(source, f"{where} is not a dict")
+        device = read_int(seg.get("device", 0), f"{where}.device", source)
+        if not 0 <= device < 1 << 16:
+            raise not_snapshot(source, f"{where}.device is {device}, not a device index")
+        frames = devices(device)
+        blocks = []
+        raw_blocks = seg.get("blocks") or []
+        if not isinstance(raw_blocks, list):
+            raise not_snapshot(source, f"{where}.blocks is not a list")
+        for j, blk in enumerate(raw_blocks):
+            bw = f"{where}.blocks[{j}]"
+            if not isinstance(blk, dict):
+                raise not_snapshot(source, f"{bw} is not a dict")
+            state = blk.get("state")
+            if not isinstance(state, str) or state not in BLOCK_STATES:
+                raise not_snapshot(source, f"{bw}.state is {shown(state)}")
+            blocks.append(
+                BlockInfo(
+                    address=read_size(blk.get("address"), f"{bw}.address", source),
+                    size=read_size(blk.get("size"), f"{bw}.size", source),
+                    requested_size=read_size(
+                        blk.get("requested_size", 0), f"{bw}.requested", source
+                    ),
+                    state=state,
+                    stack=_block_stack(blk, frames),
+                )
+            )
+        seg_type = seg.get("segment_type", "large")
+        if not isinstance(seg_type, str) or seg_type not in ("small", "large"):
+            raise not_snapshot(source, f"{where}.segment_type is {shown(seg_type)}")
+        by_device.setdefault(device, []).append(
+            SegmentInfo(
+                address=read_size(seg.get("address"), f"{where}.address", source),
+                total_size=read_size(seg.get("total_size"), f"{where}.total_size", source),
+                stream=read_int(seg.get("stream", 0), f"{where}.stream", source),
+                small=seg_type == "small",
+                expandable=bool(seg.get("is_expandable", False)),
+                blocks=tuple(blocks),
+                stack=frames.stack(seg.get("frames")) if seg.get("frames") else -1,
             )
         )
-    return out
+    return by_device
 
 
 # --- writing -------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import re
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 import typer
 from rich.console import Console, ConsoleDimensions
@@ -35,6 +35,7 @@ __all__ = [
     "safe",
     "to_jsonable",
     "user_code",
+    "write_stdout",
 ]
 
 #: Width of stdout's text when it is not a terminal (a pipe, a file): wide enough that no
@@ -42,10 +43,94 @@ __all__ = [
 PIPE_WIDTH = 1000
 
 
+def stdout_closed(exc: BaseException | None = None) -> MemfitError:
+    """The error for output that has nowhere to go."""
+    reason = f" ({exc})" if exc is not None else ""
+    return MemfitError(
+        f"cannot write the output: standard output is closed or not writable{reason}",
+        hint="give the command a stdout to write to (a terminal, a file, a pipe)",
+    )
+
+
+class GuardedStdout:
+    """``sys.stdout`` as it is at each write, written so that nothing leaks out as an
+    internal error: a closed or missing stdout (``>&-``) and a failed write (``> /dev/full``)
+    are a :class:`~memfit.errors.MemfitError` (``Error:`` / ``Hint:``, exit 1), and a closed
+    pipe (``| head``) stays a ``BrokenPipeError``, on which :func:`memfit.cli.main.main`
+    exits quietly. Every byte a command writes to stdout goes through it (:func:`write_stdout`,
+    :data:`out_console`, :func:`print_json`)."""
+
+    def _stream(self) -> Any:
+        out = sys.stdout
+        if out is None or getattr(out, "closed", False):
+            raise stdout_closed()
+        return out
+
+    def write(self, text: str) -> int:
+        """Write ``text`` to stdout (see the class)."""
+        try:
+            return int(self._stream().write(text) or 0)
+        except BrokenPipeError:
+            raise
+        except (OSError, ValueError, AttributeError) as exc:
+            raise stdout_closed(exc) from exc
+
+    def flush(self) -> None:
+        """Flush stdout (see the class)."""
+        try:
+            self._stream().flush()
+        except BrokenPipeError:
+            raise
+        except (OSError, ValueError, AttributeError) as exc:
+            raise stdout_closed(exc) from exc
+
+    def isatty(self) -> bool:
+        """Whether stdout is a terminal (``False`` when it is closed or missing)."""
+        try:
+            return bool(self._stream().isatty())
+        except (MemfitError, OSError, ValueError, AttributeError):
+            return False
+
+    def fileno(self) -> int:
+        """Stdout's descriptor."""
+        return int(self._stream().fileno())
+
+    @property
+    def encoding(self) -> str:
+        """Stdout's encoding (UTF-8 when it has none)."""
+        return str(getattr(sys.stdout, "encoding", None) or "utf-8")
+
+    def __getattr__(self, name: str) -> Any:
+        # Anything else is stdout's own (an AttributeError when there is none).
+        return getattr(sys.stdout, name)
+
+
+#: The one way to stdout.
+guarded_stdout = GuardedStdout()
+
+
+def write_stdout(text: str) -> None:
+    """Write ``text`` to stdout and flush it (see :class:`GuardedStdout`).
+
+    Raises:
+        MemfitError: When stdout is closed, missing or cannot be written.
+        BrokenPipeError: When the reader of a pipe went away.
+    """
+    guarded_stdout.write(text)
+    guarded_stdout.flush()
+
+
 class _StdoutConsole(Console):
     """A Rich console that, when its output is not a terminal, lays text out
     :data:`PIPE_WIDTH` wide instead of 80 (or the width of a terminal on stderr): piped or
-    redirected tables keep every word whole (``memfit plan ... --all-gpus | cat``)."""
+    redirected tables keep every word whole (``memfit plan ... --all-gpus | cat``). It writes
+    through :data:`guarded_stdout`, and a closed pipe is a ``BrokenPipeError`` for
+    :func:`memfit.cli.main.main` (Rich's own handling exits with status 1)."""
+
+    def on_broken_pipe(self) -> None:
+        """Leave a closed pipe to ``main``, which exits quietly."""
+        self.quiet = True
+        raise BrokenPipeError("the reader of standard output went away")
 
     @property
     def size(self) -> ConsoleDimensions:
@@ -60,7 +145,9 @@ class _StdoutConsole(Console):
 
 
 #: Rich console for human output on stdout.
-out_console: Console = _StdoutConsole(highlight=False, soft_wrap=False)
+out_console: Console = _StdoutConsole(
+    file=cast("IO[str]", guarded_stdout), highlight=False, soft_wrap=False
+)
 #: Rich console for notes and problems on stderr.
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -212,23 +299,4 @@ def print_json(obj: Any) -> None:
         MemfitError: When stdout is closed (``memfit ... --json >&-``) or cannot be written
             (a full disk); a closed pipe (``| head``) stays a ``BrokenPipeError``.
     """
-    text = json.dumps(to_jsonable(obj), indent=2) + "\n"
-    out = sys.stdout
-    if out is None or getattr(out, "closed", False):
-        raise stdout_closed()
-    try:
-        out.write(text)
-        out.flush()
-    except BrokenPipeError:
-        raise
-    except (OSError, ValueError) as exc:
-        raise stdout_closed(exc) from exc
-
-
-def stdout_closed(exc: BaseException | None = None) -> MemfitError:
-    """The error for output that has nowhere to go."""
-    reason = f" ({exc})" if exc is not None else ""
-    return MemfitError(
-        f"cannot write the output: standard output is closed or not writable{reason}",
-        hint="give the command a stdout to write to (a terminal, a file, a pipe)",
-    )
+    write_stdout(json.dumps(to_jsonable(obj), indent=2) + "\n")

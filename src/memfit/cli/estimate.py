@@ -8,18 +8,17 @@ the predicted peaks and the breakdown per batch size, and the fitted line.
 from __future__ import annotations
 
 import os
-import re
 from typing import Any
 
 import typer
 from rich.table import Table
 
+from memfit._checks import parse_int
 from memfit.cli._common import (
     JSON_OPTION,
     RUNTIME_OPTION,
     err_console,
     out_console,
-    plain,
     print_json,
     safe,
     user_code,
@@ -43,15 +42,16 @@ def parse_batch_sizes(text: str) -> list[int]:
     sizes: list[int] = []
     for part in text.split(","):
         item = part.strip()
-        # ASCII digits only: str.isdigit() also takes '²', which int() refuses
-        if not re.fullmatch(r"[0-9]{1,12}", item) or int(item) <= 0:
-            raise ConfigError(
-                f"not a positive integer: {plain(item)[:40]!r}",
-                key_path="--batch",
+        sizes.append(
+            parse_int(
+                "--batch",
+                item,
+                lo=1,
+                hi=10**12 - 1,
                 hint="give batch sizes as a comma-separated list of whole numbers below "
                 "10**12, e.g. --batch 32,64,128",
             )
-        sizes.append(int(item))
+        )
     return sizes
 
 

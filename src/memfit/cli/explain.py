@@ -13,9 +13,12 @@ from pathlib import Path
 
 import typer
 
+from memfit._checks import parse_int
 from memfit.cli._common import JSON_OPTION, err_console, out_console, print_json, safe
 from memfit.cli._files import FORCE_OPTION, Output
+from memfit.cli._progress import status
 from memfit.errors import ConfigError
+from memfit.units import format_bytes
 
 __all__ = ["explain", "register"]
 
@@ -24,11 +27,16 @@ def _at(text: str) -> str | int:
     value = text.strip().lower()
     if value in ("oom", "peak", "end", "auto"):
         return value
-    if value.isdigit():
-        return int(value)
-    raise ConfigError(
-        f"--at {text!r} is not oom, peak, end or an event index",
-        key_path="--at",
+    if value[:1].isalpha():
+        raise ConfigError(
+            f"--at {text[:40]!r} is not oom, peak, end or an event index",
+            key_path="--at",
+            hint="pass --at oom, --at peak, --at end or --at 1234 (an event of the trace)",
+        )
+    return parse_int(
+        "--at",
+        value,
+        lo=0,
         hint="pass --at oom, --at peak, --at end or --at 1234 (an event of the trace)",
     )
 
@@ -39,7 +47,7 @@ def explain(
         metavar="SNAPSHOT",
         help="A torch.cuda.memory._dump_snapshot() pickle, memfit's OOM dump, or JSON.",
     ),
-    output: Path | None = typer.Option(
+    output: str | None = typer.Option(  # text, not Path: Path("x.png/") drops the slash
         None,
         "-o",
         "--output",
@@ -62,14 +70,6 @@ def explain(
     from memfit.monitor.explain import explain as run_explain
     from memfit.monitor.explain_render import png_bytes, render_html, render_text
 
-    suffix = output.suffix.lower() if output is not None else ""
-    if output is not None and suffix not in (".png", ".html", ".htm"):
-        raise ConfigError(
-            f"cannot tell the output format from {output.name!r}",
-            key_path="--output",
-            hint="name the output report.png (timeline) or report.html (page)",
-        )
-    where = _at(at)
     out = (
         Output.named(
             output, what="the explanation", option="--output", force=force, inputs=[snapshot]
@@ -77,9 +77,25 @@ def explain(
         if output is not None
         else None
     )
+    suffix = out.path.suffix.lower() if out is not None else ""
+    if out is not None and suffix not in (".png", ".html", ".htm"):
+        raise ConfigError(
+            f"cannot tell the output format from {out.path.name!r}",
+            key_path="--output",
+            hint="name the output report.png (timeline) or report.html (page)",
+        )
+    where = _at(at)
     if out is not None:
         out.check()
-    result = run_explain(snapshot, at=where, device=device)
+    with status(f"reading {safe(snapshot)}", quiet=as_json) as update:
+        result = run_explain(
+            snapshot,
+            at=where,
+            device=device,
+            progress=lambda done, total: update(
+                f"reading {safe(snapshot)}: {done / max(total, 1):.0%} of {format_bytes(total)}"
+            ),
+        )
     if out is not None:
         out.write(png_bytes(result) if suffix == ".png" else render_html(result))
     if as_json:

@@ -191,7 +191,9 @@ _state: dict[str, bool] = {"debug": False}
 
 def _version_callback(value: bool) -> None:
     if value:
-        sys.stdout.write(f"memfit {__version__}\n")
+        from memfit.cli._common import write_stdout
+
+        write_stdout(f"memfit {__version__}\n")
         raise typer.Exit(0)
 
 
@@ -229,11 +231,20 @@ def _report(exc: MemfitError, argv: Sequence[str]) -> None:
     if _wants_json(argv):
         with contextlib.suppress(MemfitError, OSError, ValueError):
             print_json(exc.to_dict())  # stdout may be what failed: stderr still says it
-    err_console.print(f"[bold red]Error:[/] {safe(exc.message, newlines=True)}")
+    err_console.print(f"[bold red]Error:[/] {safe(_shortened(exc.message), newlines=True)}")
     command = next((a for a in argv if not a.startswith("-")), None)
-    fallback = f"memfit {command} --help" if command else "memfit --help"
+    fallback = f"memfit {command[:40]} --help" if command else "memfit --help"
     hint = exc.hint or f"see `{fallback}`; rerun with --debug for the details"
-    err_console.print(f"[bold]Hint:[/] {safe(hint, newlines=True)}")
+    err_console.print(f"[bold]Hint:[/] {safe(_shortened(hint), newlines=True)}")
+
+
+def _shortened(text: str, limit: int = 800) -> str:
+    """A message of at most ``limit`` characters: a value a user pasted (5,000 digits, a name
+    of 5,000 letters) is shown by its ends (``--json`` keeps the whole message)."""
+    if len(text) <= limit:
+        return text
+    half = (limit - 40) // 2
+    return f"{text[:half]} ...({len(text) - 2 * half:,} characters)... {text[-half:]}"
 
 
 def _flags_take_no_value(command: Any) -> None:
@@ -268,9 +279,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _main(args)
     except BrokenPipeError:
-        return 0
+        return _pipe_closed()
     except (OSError, ValueError, AttributeError):  # stderr closed too: nowhere to say more
         return 1
+
+
+def _pipe_closed() -> int:
+    """The reader of stdout went away (``memfit ... | head``): exit quietly, as ``cat`` and
+    ``grep`` do, with status 0. Stdout is pointed at ``/dev/null`` first, so that Python's
+    last flush of what is still buffered does not fail at exit with a message of its own."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, sys.stdout.fileno())
+        finally:
+            os.close(devnull)
+    return 0
 
 
 def _repeated_option(command: Any, args: Sequence[str]) -> MemfitError | None:
@@ -345,7 +369,7 @@ def _main(args: list[str]) -> int:
         _err("Interrupted.")
         return 130
     except BrokenPipeError:
-        return 0
+        return _pipe_closed()
     except (SystemExit, GeneratorExit):
         raise
     except BaseException as exc:  # an internal bug, not a user's mistake

@@ -7,11 +7,9 @@ The file goes to stdout exactly as it ships (comments and all); notes go to stde
 
 from __future__ import annotations
 
-import sys
-
 import typer
 
-from memfit.cli._common import JSON_OPTION, err_console, print_json, safe
+from memfit.cli._common import JSON_OPTION, err_console, print_json, safe, write_stdout
 from memfit.core._workload_load import BUNDLED_DIR
 from memfit.core.workload import bundled_names, parse_workload
 from memfit.errors import ConfigError, did_you_mean
@@ -29,14 +27,15 @@ def show(
 ) -> None:
     """Print a bundled workload's YAML (with its variants) to copy and edit."""
     base, _, variant = name.partition("@")
-    path = BUNDLED_DIR / f"{base}.yaml"
     known = [n for n in bundled_names() if "@" not in n]
-    if "/" in base or "\\" in base or not path.is_file():
+    if base not in known:  # looked up among the names, never as a path (of any length)
+        shown = base if len(base) <= 60 else f"{base[:28]}...{base[-28:]}"
         raise ConfigError(
-            f"no bundled workload named {base!r}",
+            f"no bundled workload named {shown!r}",
             key_path="NAME",
-            hint=did_you_mean(base, known, otherwise="bundled: " + ", ".join(known)),
+            hint=did_you_mean(base[:100], known, otherwise="bundled: " + ", ".join(known)),
         )
+    path = BUNDLED_DIR / f"{base}.yaml"
     text = path.read_text(encoding="utf-8")
     # the variant must exist; parsing checks it (and the file) as memfit plan would
     workload = parse_workload(text, source=path.name, variant=variant or None, default_name=base)
@@ -44,8 +43,7 @@ def show(
     if as_json:
         print_json({"name": workload.name, "file": path.name, "variants": variants, "yaml": text})
         return
-    sys.stdout.write(text if text.endswith("\n") else text + "\n")
-    sys.stdout.flush()
+    write_stdout(text if text.endswith("\n") else text + "\n")
     where = (
         f"variant {variant!r} is the keys under variants.{variant}, applied over the rest; "
         if variant

@@ -220,7 +220,8 @@ def watch(
             )
         from memfit.integrations.prometheus import parse_address
 
-        parse_address(prometheus)  # a bad address is an error on any machine, GPU or not
+        # a bad address is an error on any machine, GPU or not
+        parse_address(prometheus, key_path="--prometheus")
     probe, reasons = make_probe()
     if probe is None:
         _no_gpu(reasons, as_json)

@@ -11,8 +11,9 @@ enumerating the values it may take:
   values are positive), decided from its syntax (``+``, ``*``, ``/`` and ``//`` by a positive
   constant, ``**`` by a constant, ``-`` of a constant); ``False`` when that cannot be shown.
 
-Both read the same safe subset :func:`memfit.core.constraints.parse_expr` accepts; every
-expression given here has already been parsed by it.
+Both read the tree :func:`memfit.core.constraints.parse_expr` checked (the one safe parser;
+a text is parsed by it first, so a text it refuses is a ``ConfigError`` here too), and bound
+the size of every number they compute as the evaluator does (+-2**100).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import functools
 import math
 from collections.abc import Callable, Mapping
 
+from memfit.core.constraints import Expr, parse_expr
+
 __all__ = ["Interval", "nondecreasing", "upper_bound"]
 
 #: A closed interval ``(low, high)``.
@@ -29,27 +32,56 @@ Interval = tuple[float, float]
 
 #: Exponents above this are not bounded (``parse_expr`` refuses them anyway).
 _MAX_EXPONENT = 64
+#: No bound is computed past this magnitude (as the evaluator refuses values past it): an
+#: endpoint beyond it makes the bound ``None``, so ``((x ** 64) ** 64) ** 64`` costs nothing.
+_MAX_MAGNITUDE = 2**100
+_LOG2_MAX = 100.0
 
 
 @functools.lru_cache(maxsize=512)
-def _tree(text: str) -> ast.expr:
-    return ast.parse(text.strip(), mode="eval").body
+def _parsed(text: str) -> ast.expr:
+    tree = parse_expr(text).tree
+    assert tree is not None
+    return tree
 
 
-def upper_bound(text: str, box: Mapping[str, Interval]) -> float | None:
-    """An upper bound of ``text`` over ``box``, or ``None`` when none is safe.
+def _tree(expr: Expr | str) -> ast.expr:
+    """The checked syntax tree of an expression (parsed by the one safe parser; a text it
+    refuses is a :class:`~memfit.errors.ConfigError`, never a ``SyntaxError``)."""
+    if isinstance(expr, Expr) and expr.tree is not None:
+        return expr.tree
+    return _parsed(expr.text if isinstance(expr, Expr) else expr)
+
+
+def upper_bound(expr: Expr | str, box: Mapping[str, Interval]) -> float | None:
+    """An upper bound of ``expr`` over ``box``, or ``None`` when none is safe.
 
     Args:
-        text: An expression ``parse_expr`` accepted.
+        expr: An expression (or its text) ``parse_expr`` accepts.
         box: Every name the expression reads -> its ``(low, high)`` (a setting: ``(v, v)``).
+
+    Raises:
+        ConfigError: When the text is not an expression ``parse_expr`` accepts.
 
     >>> upper_bound("num_envs * unroll_length", {"num_envs": (256, 512), "unroll_length": (5, 20)})
     10240
     >>> upper_bound("a / b", {"a": (1, 4), "b": (-1, 2)}) is None
     True
+    >>> upper_bound("((n ** 64) ** 64) ** 64", {"n": (10, 1000)}) is None
+    True
     """
-    found = _interval(_tree(text), box)
+    found = _interval(_tree(expr), box)
     return None if found is None else found[1]
+
+
+def _bounded(found: Interval | None) -> Interval | None:
+    """``found`` when both ends are within :data:`_MAX_MAGNITUDE`, else ``None``."""
+    if found is None or not (
+        -_MAX_MAGNITUDE <= found[0] <= _MAX_MAGNITUDE
+        and -_MAX_MAGNITUDE <= found[1] <= _MAX_MAGNITUDE
+    ):
+        return None
+    return found
 
 
 def _corners(
@@ -65,7 +97,12 @@ def _corners(
 
 
 def _interval(node: ast.expr, box: Mapping[str, Interval]) -> Interval | None:
-    """The interval ``node`` takes over ``box`` (a superset), or ``None``."""
+    """The interval ``node`` takes over ``box`` (a superset), or ``None``; ``None`` too when
+    any part of it leaves +-2**100 (checked before a power is computed)."""
+    return _bounded(_raw_interval(node, box))
+
+
+def _raw_interval(node: ast.expr, box: Mapping[str, Interval]) -> Interval | None:
     if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
         return node.value, node.value
     if isinstance(node, ast.Name):
@@ -100,17 +137,20 @@ def _interval(node: ast.expr, box: Mapping[str, Interval]) -> Interval | None:
         exponent = right[0]
         if not 0 <= exponent <= _MAX_EXPONENT:
             return None
+        largest = max(abs(left[0]), abs(left[1]))
+        if largest > 1 and exponent * math.log2(largest) > _LOG2_MAX:
+            return None  # past 2**100: not computed (it could take minutes)
         return _corners(lambda a, b: a**b, left, (exponent, exponent))
     return None
 
 
 def nondecreasing(
-    text: str, knobs: frozenset[str] | set[str], constants: Mapping[str, int]
+    expr: Expr | str, knobs: frozenset[str] | set[str], constants: Mapping[str, int]
 ) -> bool:
-    """Whether ``text`` never falls when a knob grows (knob values positive).
+    """Whether ``expr`` never falls when a knob grows (knob values positive).
 
     Args:
-        text: An expression ``parse_expr`` accepted.
+        expr: An expression (or its text) ``parse_expr`` accepts.
         knobs: The names that vary (knobs); every one is positive.
         constants: The other names' values (settings).
 
@@ -119,7 +159,7 @@ def nondecreasing(
     >>> nondecreasing("(100 - num_envs) * 4096", {"num_envs"}, {})
     False
     """
-    return _monotone(_tree(text), frozenset(knobs), constants)[0]
+    return _monotone(_tree(expr), frozenset(knobs), constants)[0]
 
 
 def _constant(node: ast.expr, constants: Mapping[str, int]) -> float | None:

@@ -10,9 +10,9 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from memfit._checks import require
+from memfit._checks import MAX_INT_DIGITS, require
 from memfit._plain import deep_merge
-from memfit._userfiles import file_error, read_user_text
+from memfit._userfiles import file_error, read_user_text, strip_bom
 from memfit.core._workload_errors import translate_validation_error
 from memfit.core._workload_schema import Workload
 from memfit.errors import ConfigError, did_you_mean
@@ -27,7 +27,7 @@ def bundled_names() -> list[str]:
     for path in sorted(BUNDLED_DIR.glob("*.yaml")):
         names.append(path.stem)
         try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+            data = _load_yaml(path.read_text(encoding="utf-8"))
         except yaml.YAMLError:
             continue
         variants = data.get("variants") if isinstance(data, dict) else None
@@ -97,6 +97,52 @@ def load_workload(ref: str | Path | Workload, *, variant: str | None = None) -> 
     )
 
 
+#: Most nodes a workload file may stand for with its aliases expanded (the bundled ones have
+#: a few hundred; a file with a few thousand lines has a few tens of thousands).
+MAX_YAML_NODES = 200_000
+
+
+def check_expansion(root: yaml.Node) -> None:
+    """Refuse a YAML document whose aliases expand to more than :data:`MAX_YAML_NODES` nodes.
+
+    An alias is the anchored node itself (PyYAML composes it once), so the document is a
+    graph; its expanded size is counted bottom-up with each node's size kept, in time linear
+    in the graph's nodes and edges, whatever the expansion.
+
+    Raises:
+        yaml.constructor.ConstructorError: At the root's mark, saying how large it would be.
+    """
+    sizes: dict[int, int] = {}
+    todo: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while todo:
+        node, children_done = todo.pop()
+        key = id(node)
+        if key in sizes and not children_done:
+            continue
+        if isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        else:
+            sizes[key] = 1
+            continue
+        if not children_done:
+            sizes[key] = 0  # a cycle through an alias counts as the node itself
+            todo.append((node, True))
+            todo.extend((c, False) for c in children if id(c) not in sizes)
+            continue
+        total = 1 + sum(sizes.get(id(c), 1) for c in children)
+        if total > MAX_YAML_NODES:
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"the file's aliases (*name) expand to more than {MAX_YAML_NODES:,} values; "
+                "a workload is a few hundred",
+                node.start_mark,
+            )
+        sizes[key] = total
+
+
 class _UniqueKeys:
     """A key given twice in one mapping is an error (PyYAML keeps the last silently, so a
     second ``knobs:`` section would replace the first)."""
@@ -132,7 +178,27 @@ class _UniqueKeys:
 
     def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
         self._refuse_base_60(node)
+        text = str(node.value)
+        digits = sum(1 for c in text if c.isdigit())
+        if digits > MAX_INT_DIGITS:
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"a number of {digits} digits; memfit reads integers of at most {MAX_INT_DIGITS}",
+                node.start_mark,
+            )
+        # its size is the schema's to check, with the key's path (every integer < 2**63)
         return int(super().construct_yaml_int(node))  # type: ignore[misc]
+
+    def get_single_data(self) -> Any:
+        """The document, composed first and refused when its aliases would expand to more
+        than :data:`MAX_YAML_NODES` nodes (a "billion laughs" file: nine levels of nine
+        aliases are 387 million nodes once expanded, from a few hundred bytes)."""
+        node = self.get_single_node()  # type: ignore[attr-defined]
+        if node is None:
+            return None
+        check_expansion(node)
+        return self.construct_document(node)  # type: ignore[attr-defined]
 
     def construct_yaml_float(self, node: yaml.ScalarNode) -> float:
         self._refuse_base_60(node)
@@ -174,6 +240,10 @@ def _yaml_hint(exc: yaml.MarkedYAMLError) -> str:
         return "indent with spaces; YAML does not allow tabs"
     if "base-60" in problem:
         return "write the number itself (90), or quote the text ('1:30')"
+    if "aliases" in problem:
+        return "write the values out, or use fewer aliases of aliases"
+    if "digits" in problem:
+        return "sizes and counts in a workload file are numbers of at most 19 digits"
     return "check the indentation and the punctuation (':', '-', quotes) at that spot"
 
 
@@ -225,14 +295,18 @@ def parse_workload(
         ConfigError: On a syntax error, an unknown key, a wrong type or range, or an unknown
             variant; the key path says where.
     """
+    text = strip_bom(text, source=source, what="the workload file")
     try:
         data = _load_yaml(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
         problem = exc.problem or "invalid YAML"
+        bounded = "digits" in problem or "aliases" in problem  # read, but past a bound
         raise ConfigError(
-            f"YAML syntax error: {problem}", key_path=where, hint=_yaml_hint(exc)
+            problem if bounded else f"YAML syntax error: {problem}",
+            key_path=where,
+            hint=_yaml_hint(exc),
         ) from exc
     except yaml.YAMLError as exc:
         raise ConfigError(

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from memfit._checks import INT_LIMIT
 from memfit.core.families.registry import family_names, get_family
 from memfit.core.measured import BraxMeasurements
 from memfit.core.simulator import SimulatorSpec
@@ -59,6 +60,33 @@ class _Strict(BaseModel):
     not coerced (``num_envs: true`` or ``action_dim: "8"`` is an error, not 1 or 8)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _bounded_ints(cls, value: Any) -> Any:
+        """No integer of a workload is 2**63 or more in magnitude (a count or a size never
+        is): a 24-digit ``optimizer_states`` or ``copies`` is an error here, not an overflow
+        deep in the planner. Lists and mappings of integers are checked too."""
+        items = value if isinstance(value, list) else (
+            list(value.values()) if isinstance(value, dict) else [value]
+        )  # fmt: skip
+        for item in items:
+            big = isinstance(item, int) and not -INT_LIMIT < item < INT_LIMIT
+            if big and not isinstance(item, bool):
+                raise PydanticCustomError(
+                    "int_too_large",
+                    "a number of about {digits} digits; no count or size is 2**63 or more",
+                    {"digits": item.bit_length() * 30103 // 100000 + 1},
+                )
+        return value
+
+
+#: Most copies of one network (twin critics are 2; an ensemble of critics some tens).
+MAX_COPIES = 1024
+#: Most optimizer states per parameter (Adam keeps 2).
+MAX_OPTIMIZER_STATES = 64
+#: Most repeats of one conv layer (a ResNet-152 stage has 36).
+MAX_REPEAT = 1024
 
 
 def _size(value: Any) -> Any:
@@ -178,7 +206,7 @@ class ConvLayer(_Strict):
     kernel: int = Field(ge=1)
     stride: int = Field(default=1, ge=1)
     padding: int = Field(default=0, ge=0)
-    repeat: int = Field(default=1, ge=1)
+    repeat: int = Field(default=1, ge=1, le=MAX_REPEAT)
 
     @model_validator(mode="after")
     def _channels(self) -> ConvLayer:
@@ -207,7 +235,7 @@ class NetworkSpec(_Strict):
     activation_items: int | None = Field(default=None, ge=0)
     trunk: str | None = None
     action_input: bool = False
-    copies: int = Field(default=1, ge=1)
+    copies: int = Field(default=1, ge=1, le=MAX_COPIES)
 
     @model_validator(mode="after")
     def _shape(self) -> NetworkSpec:
@@ -432,7 +460,7 @@ class Workload(_Strict):
     framework: Literal["torch", "jax"] = "torch"
     precision: Literal["fp32", "bf16", "fp16", "amp"] = "fp32"
     optimizer: Literal["adam", "adamw", "sgd", "sgd_momentum", "rmsprop", "none"] = "adam"
-    optimizer_states: int | None = Field(default=None, ge=0)
+    optimizer_states: int | None = Field(default=None, ge=0, le=MAX_OPTIMIZER_STATES)
     networks: dict[str, NetworkSpec] = Field(default_factory=dict)
     observations: Observations = Field(default_factory=Observations)
     action_dim: int = Field(default=1, ge=1)
@@ -449,7 +477,8 @@ class Workload(_Strict):
     vision: VisionSpec | None = None
     feature_extractor: FeatureExtractorSpec | None = None
     terms: dict[str, int | str] | None = None
-    settings: dict[str, int] = Field(default_factory=dict)
+    #: Values the job runs with; positive integers, as `--set NAME=VALUE` takes them.
+    settings: dict[str, Annotated[int, Field(ge=1)]] = Field(default_factory=dict)
     knobs: dict[str, KnobSpec] = Field(default_factory=dict)
     objective: str | None = Field(default=None, min_length=1, pattern=r"\S")
     effective_batch: EffectiveBatch | None = None
@@ -550,21 +579,31 @@ class Workload(_Strict):
         return self
 
     def _check_trunks(self) -> None:
-        """Every ``trunk`` names another network, and no chain of trunks loops."""
-        for name, net in self.networks.items():
-            seen = [name]
-            while net.trunk is not None:
-                if net.trunk not in self.networks:
+        """Every ``trunk`` names another network, and no chain of trunks loops: each network
+        is walked once (time linear in the networks, however long the chains)."""
+        done: set[str] = set()
+        for name in self.networks:
+            path: list[str] = []
+            on_path: set[str] = set()
+            current: str | None = name
+            while current is not None and current not in done:
+                if current in on_path:
+                    loop = path[path.index(current) :]
                     raise ValueError(
-                        f"networks.{seen[-1]}.trunk names {net.trunk!r}, which is not a network "
-                        f"(networks: {', '.join(sorted(self.networks))})"
+                        "networks loop through their trunks: "
+                        + " -> ".join([*loop[:8], "..."] if len(loop) > 8 else loop)
+                        + f" -> {current}"
                     )
-                if net.trunk in seen:
+                path.append(current)
+                on_path.add(current)
+                trunk = self.networks[current].trunk
+                if trunk is not None and trunk not in self.networks:
                     raise ValueError(
-                        "networks loop through their trunks: " + " -> ".join([*seen, net.trunk])
+                        f"networks.{current}.trunk names {trunk!r}, which is not a network "
+                        f"(networks: {', '.join(sorted(self.networks)[:20])})"
                     )
-                seen.append(net.trunk)
-                net = self.networks[net.trunk]
+                current = trunk
+            done.update(path)
 
     @property
     def family_key(self) -> str:

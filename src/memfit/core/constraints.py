@@ -31,7 +31,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from memfit._checks import require_mapping, require_positive_int
+from memfit._checks import parse_int, require_mapping, require_positive_int
 from memfit._plain import plain_fields
 from memfit.core.workload import Rule as RuleSpec
 from memfit.core.workload import Workload, load_workload, require_workload
@@ -83,6 +83,10 @@ _CMPOPS: dict[type[ast.cmpop], Callable[[Any, Any], bool]] = {
     ast.GtE: operator.ge,
 }
 _MAX_EXPONENT = 64
+#: Longest expression text parsed (a rule or an objective is a line).
+MAX_EXPR_CHARS = 4096
+#: Deepest expression tree compiled and evaluated (each level is a Python call).
+MAX_EXPR_DEPTH = 200
 #: Every value an expression computes (constants, intermediate results, the result) stays
 #: within +-2**100 (about 1.3e30): far above any byte count or throughput proxy, and below
 #: the float range, so no result is infinite, NaN, or too large to compare with a float.
@@ -123,6 +127,8 @@ class Expr:
     names: tuple[str, ...]
     _fn: _Fn = field(repr=False, compare=False)
     key_path: str | None = field(default=None, compare=False)
+    #: The checked syntax tree (what :mod:`memfit.core._bounds` reads; never re-parsed).
+    tree: ast.expr | None = field(default=None, repr=False, compare=False)
 
     def evaluate(self, values: Mapping[str, Value]) -> Value:
         """Evaluate with ``values`` for the names.
@@ -161,6 +167,18 @@ class Expr:
                 key_path=self.key_path,
                 hint="divide only by knobs and settings (never 0), or by a constant other than 0",
             ) from None
+
+
+def _depth(tree: ast.AST) -> int:
+    """The depth of a syntax tree, walked without recursion."""
+    deepest = 0
+    todo: list[tuple[ast.AST, int]] = [(tree, 1)]
+    while todo:
+        node, depth = todo.pop()
+        deepest = max(deepest, depth)
+        if depth <= MAX_EXPR_DEPTH:
+            todo.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+    return deepest
 
 
 def _compile(node: ast.AST, text: str, names: set[str]) -> _Fn:
@@ -258,20 +276,39 @@ def parse_expr(text: str, *, key_path: str | None = None) -> Expr:
         ConfigError: On a syntax error or a construct that is not allowed (calls, attributes,
             subscripts, lambdas, strings, ...).
     """
+    if not isinstance(text, str):
+        raise ConfigError(
+            f"an expression must be text, not {type(text).__name__}",
+            key_path=key_path,
+            hint="write it as Python arithmetic over knob names, e.g. batch_size % 8 == 0",
+        )
+    if len(text) > MAX_EXPR_CHARS:
+        raise ConfigError(
+            f"an expression of {len(text):,} characters; memfit reads at most {MAX_EXPR_CHARS:,}",
+            key_path=key_path,
+            hint="an expression over knob names is a line long",
+        )
     try:
         tree = ast.parse(text.strip(), mode="eval")
-    except SyntaxError as exc:
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        reason = exc.msg if isinstance(exc, SyntaxError) else type(exc).__name__
         raise ConfigError(
-            f"cannot parse expression {text!r}: {exc.msg}",
+            f"cannot parse expression {text[:80]!r}: {reason}",
             key_path=key_path,
             hint="write it as Python arithmetic over knob names, e.g. batch_size % 8 == 0",
         ) from None
+    if _depth(tree) > MAX_EXPR_DEPTH:
+        raise ConfigError(
+            f"the expression {text[:80]!r} is nested more than {MAX_EXPR_DEPTH} levels deep",
+            key_path=key_path,
+            hint="an expression over knob names is a few levels deep",
+        )
     names: set[str] = set()
     try:
         fn = _compile(tree, text, names)
     except ConfigError as exc:
         raise ConfigError(exc.message, key_path=key_path, hint=exc.hint) from None
-    return Expr(text=text, names=tuple(sorted(names)), _fn=fn, key_path=key_path)
+    return Expr(text=text, names=tuple(sorted(names)), _fn=fn, key_path=key_path, tree=tree.body)
 
 
 @dataclass(frozen=True)
@@ -446,14 +483,11 @@ def parse_set(items: Iterable[str]) -> dict[str, int]:
             raise ConfigError(
                 f"--set needs NAME=VALUE, not {item!r}", hint="e.g. --set num_envs=2048"
             )
-        try:
-            value = int(text.strip())
-        except ValueError:
-            raise ConfigError(
-                f"{text.strip()!r} is not a whole number",
-                key_path=f"--set {name}",
-                hint="knob and setting values are positive integers, e.g. --set num_envs=2048",
-            ) from None
+        value = parse_int(
+            f"--set {name}",
+            text,
+            hint="knob and setting values are positive integers, e.g. --set num_envs=2048",
+        )
         if value < 1:
             raise ConfigError(
                 f"{value} must be at least 1",

@@ -55,7 +55,6 @@ from memfit.core.evaluate import Evaluation, evaluate, family_for
 from memfit.core.measured import MeasuredTerms
 from memfit.core.workload import Workload
 from memfit.errors import ConfigError
-from memfit.units import parse_bytes
 
 #: Largest number of complete configurations one search may visit.
 MAX_CONFIGURATIONS = 2_000_000
@@ -146,23 +145,13 @@ def _memory_monotone(
     if workload.simulator is not None and min(workload.simulator.resolved()[1:3]) < 0:
         return False
     if workload.family == "custom":
+        from memfit.core.families.custom import compile_terms
+
         knobs = frozenset(workload.knobs)
         names = {"device_count": workload.device_count, **constants}
-        for spec in (workload.terms or {}).values():
-            if (
-                isinstance(spec, str)
-                and not _is_size(spec)
-                and not nondecreasing(spec, knobs, names)
-            ):
+        for spec in compile_terms(workload).values():  # checked: a bad term says which
+            if not isinstance(spec, int) and not nondecreasing(spec, knobs, names):
                 return False
-    return True
-
-
-def _is_size(text: str) -> bool:
-    try:
-        parse_bytes(text)
-    except ConfigError:
-        return False
     return True
 
 
@@ -452,7 +441,7 @@ class Space:
         if eb is not None:
             low, high = box[eb.micro]
             box[eb.accumulation] = (eb.value // high, eb.value // low)
-        return upper_bound(self.objective.text, box)
+        return upper_bound(self.objective, box)
 
     def top(self, limit: Limit, count: int) -> list[Ranked]:
         """The ``count`` best configurations that fit ``limit`` and keep the rules, best

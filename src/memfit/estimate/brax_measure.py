@@ -45,6 +45,8 @@ from importlib import metadata, util
 from pathlib import Path
 from typing import Any
 
+from memfit._checks import require as require_arg
+from memfit._checks import require_callable, require_items, require_object, require_positive_int
 from memfit._lazy import require
 from memfit.core.measured import AffineLine, BraxMeasurements, Provenance, StepFit
 from memfit.core.workload import Workload
@@ -466,6 +468,26 @@ def measure_ppo(
         ConfigError: When brax has no such environment, or the factory fails.
         EstimateError: When Brax's training step cannot be captured or compiled.
     """
+    if not isinstance(env, str):
+        require_object(
+            "env",
+            env,
+            methods=("reset", "step"),
+            what="a Brax environment or its name",
+            hint="pass brax.envs.get_environment('humanoid'), 'humanoid' or 'module:function'",
+        )
+    require_arg("backend", backend, "str", optional=True)
+    require_items("policy_hidden_layer_sizes", policy_hidden_layer_sizes, "int")
+    require_items("value_hidden_layer_sizes", value_hidden_layer_sizes, "int")
+    require_positive_int("num_updates_per_batch", num_updates_per_batch)
+    require_arg("normalize_observations", normalize_observations, "bool")
+    require_positive_int("episode_length", episode_length)
+    require_arg("cache", cache, "bool")
+    require_arg("refresh", refresh, "bool")
+    require_arg("directory", directory, "path", optional=True)
+    require_arg("command", command, "str", optional=True)
+    require_callable("progress", progress, optional=True)
+    require_arg("gpu", gpu, "str", optional=True)
     require("brax")
     jax: Any = require("jax")
     versions = installed_versions() or {}
@@ -810,6 +832,15 @@ def resolve_measurements(
         BackendUnavailable: For ``"fresh"`` without brax or jax.
         EstimateError: When measuring fails.
     """
+    if not isinstance(workload, Workload):
+        raise ConfigError(
+            f"workload must be a loaded memfit Workload, not {type(workload).__name__}",
+            key_path="workload",
+            hint="memfit.load_workload('brax_humanoid_ppo') gives one",
+        )
+    require_arg("directory", directory, "path", optional=True)
+    require_callable("progress", progress, optional=True)
+    require_arg("gpu", gpu, "str", optional=True)
     if mode not in ("auto", "fresh", "recorded"):
         raise ConfigError(
             f"unknown measurement mode {mode!r}", key_path="--measure",

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from memfit._checks import require, require_choice, require_mapping
+from memfit._checks import require, require_choice, require_mapping, require_positive_int
 from memfit._plain import plain_fields
 from memfit.errors import BackendUnavailable, ConfigError, EstimateError, MemfitError
 from memfit.estimate.affine import AffineFit, check_batch_sizes, fit_affine
@@ -508,6 +508,8 @@ def estimate_jax(
     require("gpu", gpu, "str", optional=True)
     require_mapping("environ", environ, values="str", optional=True)
     require("batch_size", batch_size, "int", optional=True)
+    if batch_size is not None:
+        require_positive_int("batch_size", batch_size, hint="the batch the step runs, e.g. 64")
     require("compiler", compiler, "str")
     spec, target, notes = _gpu_target(gpu, compiler)
     if target is None:

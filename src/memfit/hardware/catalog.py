@@ -37,7 +37,7 @@ from typing import Any
 
 from memfit._checks import require
 from memfit.errors import ConfigError
-from memfit.units import GiB, MiB, format_bytes, format_mib, parse_bytes
+from memfit.units import MAX_BYTES, GiB, MiB, format_bytes, format_mib, parse_bytes
 
 __all__ = [
     "ARCHITECTURES",
@@ -99,6 +99,40 @@ class GpuSpec:
     unified_memory: bool = False
     cuda_total_bytes: int | None = None
     given_as: str | None = None
+
+    def __post_init__(self) -> None:
+        """A spec built by hand is checked as the catalog's are: the same argument checks
+        as every public entry (a ``ConfigError`` naming the field)."""
+        require("name", self.name, "str")
+        require("total_bytes", self.total_bytes, "int", hint="the total in bytes, e.g. 8 * 2**30")
+        if not 0 < self.total_bytes <= MAX_BYTES:
+            raise ConfigError(
+                f"total_bytes must be a size from 1 byte to 16 EiB, not {self.total_bytes}",
+                key_path="total_bytes",
+                hint="the GPU's total memory in bytes, as nvidia-smi reports it",
+            )
+        require("arch", self.arch, "str")
+        if self.compute_capability is not None and not (
+            isinstance(self.compute_capability, tuple)
+            and len(self.compute_capability) == 2
+            and all(type(v) is int and v >= 0 for v in self.compute_capability)
+        ):
+            raise ConfigError(
+                f"compute_capability must be (major, minor) or None, not "
+                f"{self.compute_capability!r:.40}",
+                key_path="compute_capability",
+            )
+        require("source", self.source, "str")
+        if not isinstance(self.aliases, tuple) or not all(isinstance(a, str) for a in self.aliases):
+            raise ConfigError("aliases must be a tuple of names", key_path="aliases")
+        require("unified_memory", self.unified_memory, "bool")
+        require("cuda_total_bytes", self.cuda_total_bytes, "int", optional=True)
+        if self.cuda_total_bytes is not None and not 0 < self.cuda_total_bytes <= MAX_BYTES:
+            raise ConfigError(
+                f"cuda_total_bytes must be a size, not {self.cuda_total_bytes}",
+                key_path="cuda_total_bytes",
+            )
+        require("given_as", self.given_as, "str", optional=True)
 
     @property
     def is_anonymous(self) -> bool:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 
+from memfit._checks import parse_int
 from memfit.errors import ConfigError
 from memfit.hardware.catalog import GpuSpec
 from memfit.hardware.runtime import Runtime, cuda_context, runtime_from_versions
@@ -48,7 +49,7 @@ CUBLAS_DEFAULT_CONFIG = ":4096:2:16:8"
 #: PyTorch's default workspace configuration on sm90 and newer.
 CUBLAS_HOPPER_CONFIG = ":4096:8"
 
-_CUBLAS_CONFIG_RE = re.compile(r"^(?::\d+:\d+)+$")
+_CUBLAS_CONFIG_RE = re.compile(r"^(?::\d+:\d+)+$", re.ASCII)
 
 
 def parse_cublas_workspace_config(config: str) -> int:
@@ -72,7 +73,10 @@ def parse_cublas_workspace_config(config: str) -> int:
             key_path="CUBLAS_WORKSPACE_CONFIG",
             hint="write pairs of :SIZE_KIB:COUNT, such as :4096:8 or :4096:2:16:8",
         )
-    numbers = [int(n) for n in text.strip(":").split(":")]
+    numbers = [
+        parse_int("CUBLAS_WORKSPACE_CONFIG", n, lo=0, hint="write pairs of :SIZE_KIB:COUNT")
+        for n in text.strip(":").split(":")
+    ]
     return sum(size * count for size, count in zip(numbers[::2], numbers[1::2], strict=True)) * KiB
 
 

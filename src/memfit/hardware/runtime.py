@@ -39,6 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from memfit._checks import parse_int
 from memfit.errors import ConfigError
 from memfit.hardware.catalog import GpuSpec
 from memfit.units import MiB, format_bytes
@@ -62,7 +63,9 @@ RUNTIME_KEYS: tuple[str, ...] = ("torch", "cuda", "driver", "module_loading")
 
 _LOADING_NAMES = {"lazy": "lazy", "eager": "eager"}
 
-_VERSION_RE = re.compile(r"^(\d+(?:\.\d+){0,3})(?:(?:a|b|rc|\.dev|\.post)\d*)?(?:\+[\w.]*)?$")
+_VERSION_RE = re.compile(
+    r"^(\d+(?:\.\d+){0,3})(?:(?:a|b|rc|\.dev|\.post)\d*)?(?:\+[\w.]*)?$", re.ASCII
+)
 
 #: Where every context figure below comes from, quoted in the breakdown and in docs/guide.md.
 CONTEXT_SOURCES: dict[str, str] = {
@@ -126,11 +129,19 @@ def parse_version(text: str, key: str) -> tuple[int, ...]:
     match = _VERSION_RE.match(text.strip())
     if match is None:
         raise ConfigError(
-            f"runtime.{key} is not a version: {text!r}",
+            f"runtime.{key} is not a version: {text[:40]!r}",
             key_path=f"runtime.{key}",
             hint="write a dotted version number such as 11.2, 2.4.1 or 535.104.05",
         )
-    return tuple(int(part) for part in match.group(1).split("."))
+    return tuple(
+        parse_int(
+            f"runtime.{key}",
+            part,
+            lo=0,
+            hint="write a dotted version number such as 11.2, 2.4.1 or 535.104.05",
+        )
+        for part in match.group(1).split(".")
+    )
 
 
 @dataclass(frozen=True)

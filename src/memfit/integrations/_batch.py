@@ -1,15 +1,16 @@
-"""Batch-size arithmetic shared by the trainer integrations (Lightning, Hugging Face)."""
+"""What the trainer integrations (Lightning, Hugging Face) share: batch-size arithmetic and the
+check of a Recorder they are given."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from memfit._checks import require_positive_int
+from memfit._checks import require_object, require_positive_int
 from memfit.errors import ConfigError, InfeasiblePlan
-from memfit.units import format_bytes, parse_bytes
+from memfit.units import format_bytes, require_size
 
-__all__ = ["batch_size_from_estimate", "keep_effective_batch"]
+__all__ = ["batch_size_from_estimate", "keep_effective_batch", "require_recorder"]
 
 
 def batch_size_from_estimate(
@@ -41,9 +42,19 @@ def batch_size_from_estimate(
         ConfigError: When the estimate has no fit, or an argument is out of range.
         InfeasiblePlan: When even ``low`` does not fit.
     """
-    if level not in ("allocated", "reserved"):
+    require_object(
+        "estimate",
+        estimate,
+        attributes=("fit", "reserved_fit"),
+        what="a memfit.TorchEstimate",
+        hint="estimate = memfit.estimate_torch(build, step, make_batch, batch_sizes=[8, 16])",
+    )
+    limit = require_size("budget", budget)
+    for name, value in (("low", low), ("high", high), ("multiple_of", multiple_of)):
+        require_positive_int(name, value)
+    if not isinstance(level, str) or level not in ("allocated", "reserved"):
         raise ConfigError(
-            f"unknown level {level!r}", key_path="level", hint="allocated or reserved"
+            f"unknown level {level!r:.40}", key_path="level", hint="allocated or reserved"
         )
     if low < 1 or high < low or multiple_of < 1:
         raise ConfigError(
@@ -58,7 +69,7 @@ def batch_size_from_estimate(
             key_path="estimate.fit",
             hint="estimate_torch(..., batch_sizes=[8, 16, 32])",
         )
-    limit = parse_bytes(budget)
+    assert limit is not None
     slope, intercept = float(fit.slope), float(fit.intercept)
     best = high if slope <= 0 else math.floor((limit - intercept) / slope)
     best = min(best, high)
@@ -93,3 +104,15 @@ def keep_effective_batch(effective: int, micro: int) -> tuple[int, int]:
     while effective % size:
         size -= 1
     return size, effective // size
+
+
+def require_recorder(recorder: Any) -> None:
+    """A :class:`memfit.Recorder` (or ``None``): what a callback steps and closes."""
+    require_object(
+        "recorder",
+        recorder,
+        methods=("step", "close", "on_event"),
+        what="a memfit.Recorder",
+        hint="memfit.Recorder('run.jsonl')",
+        optional=True,
+    )

@@ -12,7 +12,7 @@ from memfit.allocator.xla_fraction import DEFAULT_MARGIN
 from memfit.core.plan import FeasibleSpace
 from memfit.core.workload import Workload, load_workload
 from memfit.hardware.catalog import GpuSpec
-from memfit.planning import feasible
+from memfit.planning import check_plan_arguments, feasible
 
 __all__ = ["space"]
 
@@ -41,8 +41,17 @@ def space(
     its first use).
 
     Raises:
-        ConfigError, InfeasiblePlan, BackendUnavailable: As :func:`memfit.planning.feasible`.
+        ConfigError, InfeasiblePlan, BackendUnavailable: As :func:`memfit.planning.feasible`
+            (the arguments are checked before the cache is looked at).
     """
+    host_memory_bytes = check_plan_arguments(
+        workload,
+        gpu=gpu,
+        pins=("fixed", fixed),
+        margin=margin,
+        host_memory_bytes=host_memory_bytes,
+        device_index=device_index,
+    )
     gpu_key = gpu if not isinstance(gpu, GpuSpec) else repr(gpu)
     key = (
         _workload_key(workload),

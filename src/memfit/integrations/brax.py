@@ -37,6 +37,8 @@ from typing import Any
 
 import yaml
 
+from memfit._checks import require as require_arg
+from memfit._checks import require_mapping, require_object, require_positive_int
 from memfit._lazy import require
 from memfit.allocator.xla_fraction import recommended_xla_fraction
 from memfit.core.constraints import PRESETS, Violation, parse_expr
@@ -45,7 +47,7 @@ from memfit.core.plan import Plan
 from memfit.core.workload import Workload, parse_workload
 from memfit.errors import ConfigError
 from memfit.estimate.brax_measure import measure_ppo, resolve_measurements
-from memfit.hardware.catalog import anonymous_gpu
+from memfit.hardware.catalog import GpuSpec, anonymous_gpu
 from memfit.hardware.catalog import gpu as catalog_gpu
 
 __all__ = [
@@ -128,6 +130,12 @@ PpoViolation = Violation
 
 def describe(violation: Violation) -> str:
     """A violation and its nearest fixes in one line."""
+    if not isinstance(violation, Violation):
+        raise ConfigError(
+            f"violation must be a memfit Violation (from ppo_violations), not "
+            f"{type(violation).__name__}",
+            key_path="violation",
+        )
     if not violation.suggestions:
         return violation.message
     fixes = " or ".join(
@@ -165,6 +173,41 @@ def _divisors_near(total: int, value: int, unit: int) -> list[int]:
     above = [d for d in candidates if d > value]
     picks = ([below[-1]] if below else []) + ([above[0]] if above else [])
     return sorted(picks, key=lambda d: (abs(d - value), d))
+
+
+def _check_counts(local_device_count: Any, process_count: Any) -> None:
+    for name, value in (
+        ("local_device_count", local_device_count),
+        ("process_count", process_count),
+    ):
+        if value is not None:
+            require_positive_int(name, value, hint="leave it None to ask JAX")
+
+
+def require_env(env: Any, *, name: str = "env") -> None:
+    """A Brax environment: what memfit calls on one (``reset``, ``step``) and reads
+    (``observation_size``, ``action_size``).
+
+    Raises:
+        ConfigError: Naming ``name`` and what the object lacks.
+    """
+    require_object(
+        name,
+        env,
+        methods=("reset", "step"),
+        attributes=("observation_size", "action_size"),
+        what="a Brax environment",
+        hint="pass brax.envs.get_environment('humanoid') (or your own brax Env)",
+    )
+
+
+def _require_plan(plan: Any) -> None:
+    if not isinstance(plan, Plan):
+        raise ConfigError(
+            f"plan must be a memfit Plan (what plan_ppo or memfit.plan returns), not "
+            f"{type(plan).__name__}",
+            key_path="plan",
+        )
 
 
 def _device_count(
@@ -205,6 +248,7 @@ def ppo_violations(
         ConfigError: When an argument is not one ``ppo.train`` takes (with the nearest name).
         BackendUnavailable: When a device count is needed from JAX and JAX is not installed.
     """
+    _check_counts(local_device_count, process_count)
     unknown = sorted(set(ppo_kwargs) - BRAX_PPO_PARAMETERS)
     if unknown:
         name = unknown[0]
@@ -387,6 +431,20 @@ def check_ppo(
     return {**BRAX_PPO_DEFAULTS, **ppo_kwargs}
 
 
+def _check_ranges(ranges: Any) -> None:
+    """Search ranges: knob -> a tuple of values (or ``(low, high)``)."""
+    require_mapping("ranges", ranges, optional=True)
+    for knob, values in (ranges or {}).items():
+        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+            raise ConfigError(
+                f"ranges.{knob} must be a tuple of values, not {type(values).__name__}",
+                key_path=f"ranges.{knob}",
+                hint="ranges={'num_envs': (256, 8192)}",
+            )
+        for value in values:
+            require_positive_int(f"ranges.{knob}", value)
+
+
 def _widths(value: Any, name: str) -> list[int]:
     try:
         sizes = [int(v) for v in value]
@@ -448,6 +506,19 @@ def ppo_workload(
     for key, size in (("observation_size", observation_size), ("action_size", action_size)):
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ConfigError(f"{key} must be a positive integer, not {size!r}", key_path=key)
+    require_arg("env_state_bytes", env_state_bytes, "int")
+    require_mapping("pinned", pinned, values="int", optional=True)
+    _check_ranges(ranges)
+    require_positive_int("device_count", device_count)
+    require_arg("jax_preallocate", jax_preallocate, "bool")
+    require_arg("name", name, "str")
+    if measurements is not None and not isinstance(measurements, BraxMeasurements):
+        raise ConfigError(
+            f"measurements must be BraxMeasurements (from measure_ppo), not "
+            f"{type(measurements).__name__}",
+            key_path="measurements",
+        )
+    require_mapping("settings", settings, values="int", optional=True)
     policy = _widths(policy_hidden_layer_sizes, "policy_hidden_layer_sizes")
     value = _widths(value_hidden_layer_sizes, "value_hidden_layer_sizes")
     pinned = dict(pinned or {})
@@ -567,6 +638,21 @@ def plan_ppo(
     from memfit.estimate.jax_xla import env_state_bytes
     from memfit.planning import plan
 
+    require_env(env)
+    if not isinstance(gpu, GpuSpec):
+        require_arg("gpu", gpu, "str", "int")
+    require_arg("margin", margin, "number", "str")
+    _check_ranges(ranges)
+    _check_counts(local_device_count, process_count)
+    require_arg("jax_preallocate", jax_preallocate, "bool")
+    require_arg("state_bytes", state_bytes, "int", optional=True)
+    require_arg("measure", measure, "bool")
+    if measurements is not None and not isinstance(measurements, BraxMeasurements):
+        raise ConfigError(
+            f"measurements must be BraxMeasurements (from measure_ppo), not "
+            f"{type(measurements).__name__}",
+            key_path="measurements",
+        )
     policy = _widths(
         ppo_kwargs.get("policy_hidden_layer_sizes", (32,) * 4), "policy_hidden_layer_sizes"
     )
@@ -635,6 +721,7 @@ def ppo_kwargs(plan: Plan) -> dict[str, int]:
     Raises:
         ConfigError: When the plan lacks one of Brax's four knobs.
     """
+    _require_plan(plan)
     missing = [k for k in _KNOBS if k not in plan.knobs]
     if missing:
         raise ConfigError(
@@ -665,6 +752,8 @@ def jax_allocator_settings(plan: Plan, total_bytes: int) -> dict[str, str]:
         ConfigError: When ``total_bytes`` is not positive, the plan does not fit, or its
             buffers need more than the recommended pool.
     """
+    _require_plan(plan)
+    require_arg("total_bytes", total_bytes, "int", hint="the GPU's total memory in bytes")
     if total_bytes <= 0:
         raise ConfigError(
             f"total_bytes must be positive, not {total_bytes}", key_path="total_bytes"
@@ -741,6 +830,7 @@ def train(environment: Any, **ppo_kwargs: Any) -> Any:
         ConfigError: When a Brax rule is broken (before Brax asserts).
         BackendUnavailable: When brax is not installed.
     """
+    require_env(environment, name="environment")
     ppo = require("brax.training.agents.ppo.train")
     check_ppo(**ppo_kwargs)
     ensure_jax_compat()

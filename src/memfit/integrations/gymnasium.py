@@ -34,6 +34,8 @@ import functools
 import warnings
 from typing import Any
 
+from memfit._checks import require as require_arg
+from memfit._checks import require_callable, require_object, require_positive_int
 from memfit._lazy import require
 from memfit.errors import ConfigError
 from memfit.runtime.events import EventSink
@@ -53,7 +55,8 @@ def wrapper_class(vector: bool = False) -> type[Any]:
     Raises:
         BackendUnavailable: When gymnasium is not installed.
     """
-    return _build(bool(vector))
+    require_arg("vector", vector, "bool")
+    return _build(vector)
 
 
 def guard_mode(env: Any, guard: bool | str = "auto") -> str:
@@ -69,6 +72,7 @@ def guard_mode(env: Any, guard: bool | str = "auto") -> str:
         BackendUnavailable: When gymnasium is not installed.
     """
     gym = require("gymnasium")
+    _require_env(gym, env)
     if guard is False:
         return "none"
     if guard not in (True, "auto"):
@@ -99,6 +103,15 @@ def guard_mode(env: Any, guard: bool | str = "auto") -> str:
         )
         return "none"
     return "step"
+
+
+def _require_env(gym: Any, env: Any) -> None:
+    if not isinstance(env, (gym.Env, gym.vector.VectorEnv)):
+        raise ConfigError(
+            f"not a Gymnasium environment: {type(env).__name__}",
+            key_path="env",
+            hint="pass gymnasium.make(...) or a gymnasium.vector env",
+        )
 
 
 @functools.cache
@@ -216,16 +229,18 @@ def MemoryWrapper(
         BackendUnavailable: When gymnasium is not installed.
     """
     gym = require("gymnasium")
-    if isinstance(env, gym.vector.VectorEnv):
-        cls = wrapper_class(True)
-    elif isinstance(env, gym.Env):
-        cls = wrapper_class(False)
-    else:
-        raise ConfigError(
-            f"not a Gymnasium environment: {type(env).__name__}",
-            key_path="env",
-            hint="pass gymnasium.make(...) or a gymnasium.vector env",
-        )
+    _require_env(gym, env)
+    require_object(
+        "recorder",
+        recorder,
+        methods=("step", "close", "on_event"),
+        what="a memfit.Recorder",
+        optional=True,
+    )
+    require_callable("on_event", on_event, optional=True)
+    require_positive_int("max_splits", max_splits)
+    require_arg("info_key", info_key, "str", optional=True)
+    cls = wrapper_class(isinstance(env, gym.vector.VectorEnv))
     return cls(
         env,
         recorder=recorder,

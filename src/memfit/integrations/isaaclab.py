@@ -55,6 +55,8 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from memfit._checks import parse_int, require_callable
+from memfit._checks import require as require_arg
 from memfit.errors import ConfigError
 from memfit.runtime.events import EventSink, MemoryEvent, emit
 
@@ -127,6 +129,15 @@ def guarded_term(
     """
     if not callable(term):
         raise ConfigError(f"term must be callable, not {type(term).__name__}", key_path="term")
+    if to_dtype is not None and not (
+        type(to_dtype).__name__ == "dtype" and type(to_dtype).__module__ == "torch"
+    ):
+        raise ConfigError(
+            f"to_dtype must be a torch dtype (torch.uint8) or None, not {type(to_dtype).__name__}",
+            key_path="to_dtype",
+        )
+    require_callable("on_event", on_event, optional=True)
+    require_arg("budget_bytes", budget_bytes, "int", optional=True)
     if budget_bytes is not None and budget_bytes <= 0:
         raise ConfigError(
             f"budget_bytes must be positive, not {budget_bytes}", key_path="budget_bytes"
@@ -189,8 +200,8 @@ def _device_index(device: Any) -> int:
     if isinstance(index, int):
         return index
     text = str(device)
-    if ":" in text and text.rsplit(":", 1)[1].isdigit():
-        return int(text.rsplit(":", 1)[1])
+    if ":" in text:
+        return parse_int("device", text.rsplit(":", 1)[1], lo=0, hint="a device such as cuda:0")
     return 0
 
 
@@ -213,9 +224,10 @@ def autoconfig(env: Any, workload: Any, **kwargs: Any) -> Any:
         BackendUnavailable: When the device cannot be read.
         InfeasiblePlan: When nothing fits what is free.
     """
-    from memfit.core.workload import load_workload
+    from memfit.core.workload import load_workload, require_workload
     from memfit.runtime.autoconfig import autoconfig as plan_now
 
+    require_workload("workload", workload)
     num_envs = getattr(env, "num_envs", None)
     if not isinstance(num_envs, int) or num_envs < 1:
         raise ConfigError(

@@ -38,9 +38,15 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from memfit._checks import require as require_arg
+from memfit._checks import require_callable, require_object, require_positive_int
 from memfit._lazy import require
 from memfit.errors import ConfigError
-from memfit.integrations._batch import batch_size_from_estimate, keep_effective_batch
+from memfit.integrations._batch import (
+    batch_size_from_estimate,
+    keep_effective_batch,
+    require_recorder,
+)
 
 __all__ = [
     "LightningGuard",
@@ -53,6 +59,16 @@ __all__ = [
 ]
 
 _GUARD_ATTR = "_memfit_guard"
+
+
+def _require_module(pl_module: Any) -> None:
+    require_object(
+        "pl_module",
+        pl_module,
+        methods=("optimizers", "parameters"),
+        what="a lightning.pytorch.LightningModule",
+        hint="call it in training_step as guard(self, self.loss)",
+    )
 
 
 @functools.cache
@@ -153,7 +169,13 @@ def MemfitCallback(
 
     Raises:
         BackendUnavailable: When lightning is not installed.
+        ConfigError: When an argument is of the wrong type.
     """
+    require_recorder(recorder)
+    if batch_size is not None and not callable(batch_size):
+        require_positive_int("batch_size", batch_size, hint="a batch size, or fn(pl_module)")
+    require_arg("attribute", attribute, "str")
+    require_arg("log_metrics", log_metrics, "bool")
     return callback_class()(recorder, batch_size, attribute, log_metrics)
 
 
@@ -192,6 +214,15 @@ class LightningGuard:
     """
 
     def __init__(self, pl_module: Any, train_guard: Any, accumulate: int) -> None:
+        _require_module(pl_module)
+        from memfit.runtime.guard import TrainGuard
+
+        if not isinstance(train_guard, TrainGuard):
+            raise ConfigError(
+                f"train_guard must be a memfit.TrainGuard, not {type(train_guard).__name__}",
+                key_path="train_guard",
+            )
+        require_positive_int("accumulate", accumulate)
         self.pl_module = pl_module
         self.train_guard = train_guard
         self.accumulate = accumulate
@@ -277,13 +308,18 @@ def guard(
             or ``accumulate`` is not a positive integer.
         BackendUnavailable: When lightning is not installed.
     """
+    _require_module(pl_module)
     existing = getattr(pl_module, _GUARD_ATTR, None)
     if existing is not None:
         return existing  # type: ignore[no-any-return]
     require("lightning.pytorch")
-    from memfit._checks import require_positive_int
     from memfit.runtime.guard import TrainGuard
 
+    require_callable("loss_fn", loss_fn, hint="loss_fn(batch) returns the mean loss")
+    require_callable("count_fn", count_fn, optional=True)
+    require_positive_int("max_splits", max_splits)
+    require_callable("on_event", on_event, optional=True)
+    require_callable("before_step", before_step, optional=True)
     require_positive_int(
         "accumulate", accumulate, hint="batches per optimizer step, as accumulate_grad_batches"
     )

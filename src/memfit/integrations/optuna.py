@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from memfit._checks import require_callable, require_object, require_positive_int
 from memfit._lazy import require
 from memfit.allocator.xla_fraction import DEFAULT_MARGIN
 from memfit.core.workload import Workload
@@ -72,6 +73,38 @@ PRUNED_ATTR = "memfit_pruned"
 
 R = TypeVar("R")
 
+_TRIAL_HINT = "pass the optuna.Trial your objective receives (study.optimize(objective))"
+
+
+def _require_trial(trial: Any, *, suggests: bool = True) -> None:
+    """An Optuna trial: what :func:`suggest` and :func:`pruned_on_oom` call on it."""
+    require_object(
+        "trial",
+        trial,
+        methods=("suggest_int", "set_user_attr") if suggests else ("set_user_attr",),
+        what="an optuna.Trial",
+        hint=_TRIAL_HINT,
+    )
+
+
+def _require_position(position: Any, positions: int, *, key_path: str) -> int:
+    """A position ``0 .. positions - 1`` (an Optuna sampler's answer, checked: a trial
+    whose ``suggest_int`` returns anything else is not one memfit can map)."""
+    if isinstance(position, bool) or not isinstance(position, int):
+        raise ConfigError(
+            f"{key_path} must be an integer position, not {type(position).__name__}",
+            key_path=key_path,
+            hint=_TRIAL_HINT,
+        )
+    if not 0 <= position < positions:
+        raise ConfigError(
+            f"{key_path} {position if abs(position) < 10**18 else 'of many digits'} is not "
+            f"one of 0 .. {positions - 1}",
+            key_path=key_path,
+            hint="the trial's suggest_int must return a value in the range it was asked for",
+        )
+    return position
+
 
 def position_to_index(position: int, positions: int, options: int) -> int:
     """Map a position ``0 .. positions - 1`` onto ``0 .. options - 1`` in proportion
@@ -80,7 +113,14 @@ def position_to_index(position: int, positions: int, options: int) -> int:
 
     >>> [position_to_index(p, 5, 3) for p in range(5)]
     [0, 1, 1, 2, 2]
+
+    Raises:
+        ConfigError: When ``positions`` or ``options`` is not a positive integer, or
+            ``position`` is not one of ``0 .. positions - 1``.
     """
+    require_positive_int("positions", positions)
+    require_positive_int("options", options)
+    _require_position(position, positions, key_path="position")
     if options <= 1 or positions <= 1:
         return 0
     return (2 * position * (options - 1) + (positions - 1)) // (2 * (positions - 1))
@@ -115,9 +155,11 @@ def suggest(
         ``predicted_bytes``, ``budget_bytes`` and the GPU.
 
     Raises:
-        ConfigError: On a bad workload or pinned value.
+        ConfigError: On a bad trial, workload, GPU, pinned value or size, or a trial whose
+            ``suggest_int`` returns a position outside the range asked.
         InfeasiblePlan: When nothing fits the GPU (no trial can run).
     """
+    _require_trial(trial)
     feasible_space = space(
         workload,
         gpu=gpu,
@@ -136,7 +178,11 @@ def suggest(
             given[name] = options[0]
             continue
         positions = len(feasible_space.domains[name])
-        position = int(trial.suggest_int(PARAM_PREFIX + name, 0, positions - 1))
+        position = _require_position(
+            trial.suggest_int(PARAM_PREFIX + name, 0, positions - 1),
+            positions,
+            key_path="trial",
+        )
         given[name] = options[position_to_index(position, positions, len(options))]
     index = feasible_space.index(given)
     if index is None:  # pragma: no cover - every step above kept a feasible prefix
@@ -158,8 +204,19 @@ def suggest(
 
 def knobs(trial: Any) -> dict[str, int | str] | None:
     """The knob values :func:`suggest` chose for a trial (live or finished: ``study.trials``,
-    ``study.best_trial``), or ``None`` when it did not run on this trial."""
-    attrs = getattr(trial, "user_attrs", None) or {}
+    ``study.best_trial``), or ``None`` when it did not run on this trial.
+
+    Raises:
+        ConfigError: When ``trial`` is not an Optuna trial (it has no ``user_attrs``).
+    """
+    attrs = getattr(trial, "user_attrs", None)
+    if not isinstance(attrs, Mapping):
+        raise ConfigError(
+            f"trial must be an optuna.Trial or FrozenTrial, not {type(trial).__name__} "
+            "(it has no user_attrs)",
+            key_path="trial",
+            hint="pass a trial of the study (study.trials, study.best_trial)",
+        )
     record = attrs.get(ATTR)
     if not isinstance(record, dict) or not isinstance(record.get("knobs"), dict):
         return None
@@ -189,7 +246,9 @@ def pruned_on_oom(trial: Any) -> Iterator[None]:
 
     Raises:
         optuna.TrialPruned: After an out-of-memory inside the block.
+        ConfigError: When ``trial`` is not an Optuna trial (checked on entering).
     """
+    _require_trial(trial, suggests=False)
     optuna = require("optuna")
     record: dict[str, Any] | None = None
     try:
@@ -218,7 +277,12 @@ def pruned_on_oom(trial: Any) -> Iterator[None]:
 
 def objective(fn: Callable[[Any], R]) -> Callable[[Any], R]:
     """Decorate an Optuna objective so out-of-memory prunes the trial
-    (:func:`pruned_on_oom` around the whole objective)."""
+    (:func:`pruned_on_oom` around the whole objective).
+
+    Raises:
+        ConfigError: When ``fn`` is not callable.
+    """
+    require_callable("fn", fn, hint="decorate the objective: @objective def f(trial): ...")
 
     @functools.wraps(fn)
     def wrapped(trial: Any) -> R:

@@ -37,6 +37,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from memfit._checks import parse_int, require_object
+from memfit._checks import require as require_arg
 from memfit._lazy import require
 from memfit.backends.base import SystemSnapshot
 from memfit.errors import ConfigError
@@ -47,29 +49,48 @@ __all__ = ["PrometheusSink", "parse_address"]
 _GPU = ("gpu", "name", "uuid")
 
 
-def parse_address(address: str | int) -> tuple[str, int]:
+def parse_address(address: str | int, *, key_path: str = "address") -> tuple[str, int]:
     """``(host, port)`` of ``":9400"``, ``"127.0.0.1:9400"``, ``"9400"`` or ``9400``
     (no host: every interface).
 
+    Args:
+        address: The address.
+        key_path: The argument's name in messages (``--prometheus`` for the CLI).
+
     Raises:
-        ConfigError: When the port is not a number in 0..65535.
+        ConfigError: When the port is not a number in 0..65535, or ``address`` is neither
+            text nor an integer.
 
     >>> parse_address(":9400"), parse_address("127.0.0.1:0")
     (('', 9400), ('127.0.0.1', 0))
     """
+    require_arg("key_path", key_path, "str")
+    require_arg(key_path, address, "str", "int", hint="a port (9400) or HOST:PORT text")
+    if isinstance(address, str) and len(address) > 300:
+        raise ConfigError(
+            f"not a listen address: {len(address):,} characters",
+            key_path=key_path,
+            hint="give :PORT (every interface) or HOST:PORT, e.g. :9400 or 127.0.0.1:9400",
+        )
+    if isinstance(address, int) and not isinstance(address, bool) and not 0 <= address <= 65535:
+        raise ConfigError(
+            "not a listen address: a port is from 0 to 65535",
+            key_path=key_path,
+            hint="give :PORT (every interface) or HOST:PORT, e.g. :9400 or 127.0.0.1:9400",
+        )
     text = str(address).strip()
     host, sep, port_text = text.rpartition(":")
     if not sep:
         host, port_text = "", text
     host = host.strip("[]")
     try:
-        port = int(port_text)
-    except ValueError:
+        port = parse_int(key_path, port_text, lo=0, hi=65535)
+    except ConfigError:
         port = -1
     if not 0 <= port <= 65535 or isinstance(address, bool):
         raise ConfigError(
             f"not a listen address: {address!r}",
-            key_path="--prometheus",
+            key_path=key_path,
             hint="give :PORT (every interface) or HOST:PORT, e.g. :9400 or 127.0.0.1:9400",
         )
     return host, port
@@ -90,6 +111,16 @@ class PrometheusSink:
     """
 
     def __init__(self, address: str | int | None = None, *, registry: Any | None = None) -> None:
+        if address is not None:
+            parse_address(address)  # checked before anything is made
+        require_object(
+            "registry",
+            registry,
+            methods=("register", "unregister", "collect"),
+            what="a prometheus_client CollectorRegistry",
+            hint="pass prometheus_client.CollectorRegistry() (or leave it out for a new one)",
+            optional=True,
+        )
         prom: Any = require("prometheus_client")
         self._prom = prom
         self.registry = registry if registry is not None else prom.CollectorRegistry()

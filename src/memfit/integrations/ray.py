@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from memfit._checks import require as require_arg
+from memfit._checks import require_mapping, require_object, require_str_list
 from memfit._lazy import require
 from memfit.allocator.xla_fraction import DEFAULT_MARGIN
 from memfit.core.plan import FeasibleSpace
@@ -37,7 +39,7 @@ from memfit.core.workload import JaxSettings, Workload, load_workload
 from memfit.errors import ConfigError, InfeasiblePlan
 from memfit.hardware.catalog import GpuSpec
 from memfit.integrations._feasible import space as cached_space
-from memfit.planning import resolve_gpu
+from memfit.planning import check_plan_arguments, resolve_gpu
 from memfit.runtime.autoconfig import AutoConfig, autoconfig, read_device
 from memfit.runtime.events import MemoryEvent
 from memfit.units import format_bytes, parse_fraction
@@ -73,6 +75,11 @@ class Card:
     gpu: str | int | GpuSpec
     label: str | None = None
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.gpu, GpuSpec):
+            require_arg("gpu", self.gpu, "str", "int", hint='Card("RTX 4090", label="4090")')
+        require_arg("label", self.label, "str", optional=True)
+
 
 @dataclass(frozen=True)
 class Request:
@@ -91,6 +98,16 @@ class Request:
     labels: tuple[str, ...]
     peak_bytes: int
 
+    def __post_init__(self) -> None:
+        require_arg("gpu", self.gpu, "number")
+        if not 0 < self.gpu <= 1:
+            raise ConfigError(f"gpu must be a fraction in (0, 1], not {self.gpu}", key_path="gpu")
+        _require_cpu(self.cpu)
+        if not isinstance(self.labels, tuple):
+            raise ConfigError("labels must be a tuple of accelerator labels", key_path="labels")
+        require_str_list("labels", self.labels)
+        require_arg("peak_bytes", self.peak_bytes, "int")
+
     def bundle(self) -> dict[str, float]:
         """The resource bundle for ``tune.PlacementGroupFactory`` (one label: Ray asks
         a tiny amount of the ``accelerator_type:<label>`` resource, as its own
@@ -101,8 +118,28 @@ class Request:
         return out
 
 
+def _require_cpu(cpu: Any) -> float:
+    require_arg("cpu", cpu, "number", hint="CPUs per trial, e.g. cpu=2 (a number, not text)")
+    if cpu <= 0:
+        raise ConfigError(f"cpu must be more than 0, not {cpu}", key_path="cpu")
+    return float(cpu)
+
+
 def _cards(cards: Sequence[Card | str | int | GpuSpec]) -> list[Card]:
-    out = [c if isinstance(c, Card) else Card(c) for c in cards]
+    if isinstance(cards, (str, bytes, Card, GpuSpec)) or not isinstance(cards, Sequence):
+        raise ConfigError(
+            f"cards must be a list of the cluster's GPU types, not {type(cards).__name__}",
+            key_path="cards",
+            hint='cards=["A100", Card("RTX 4090", label="4090")]',
+        )
+    out: list[Card] = []
+    for i, c in enumerate(cards):
+        if isinstance(c, Card):
+            out.append(c)
+            continue
+        if not isinstance(c, GpuSpec):
+            require_arg(f"cards[{i}]", c, "str", "int", hint="a catalog name, a size or a Card")
+        out.append(Card(c))
     if not out:
         raise ConfigError("no cards given", key_path="cards", hint='give cards=["RTX 4090"]')
     return out
@@ -124,6 +161,14 @@ def _spaces(
     return out
 
 
+def _check(workload: Any, cards: Any, fixed: Any, margin: Any) -> tuple[Workload, list[Card]]:
+    """The arguments every function here shares, checked (and the workload loaded)."""
+    check_plan_arguments(workload, pins=("fixed", fixed), margin=margin)
+    given = _cards(cards)
+    loaded = workload if isinstance(workload, Workload) else load_workload(workload)
+    return loaded, given
+
+
 def _key(space: FeasibleSpace, knobs: Mapping[str, Any]) -> tuple[Any, ...]:
     return tuple(knobs.get(n) for n in space.order)
 
@@ -143,8 +188,8 @@ def feasible_configs(
         InfeasiblePlan: When nothing fits any card.
         ConfigError: On a bad workload, card or pinned value.
     """
-    loaded = workload if isinstance(workload, Workload) else load_workload(workload)
-    spaces = _spaces(loaded, _cards(cards), fixed, margin)
+    loaded, given = _check(workload, cards, fixed, margin)
+    spaces = _spaces(loaded, given, fixed, margin)
     seen: dict[tuple[Any, ...], dict[str, int | str]] = {}
     for space in spaces:
         if space is None:
@@ -171,7 +216,12 @@ def param_space(
     margin: float | str = DEFAULT_MARGIN,
 ) -> Any:
     """``tune.choice`` over :func:`feasible_configs`: put it in ``param_space`` (for example
-    ``{"memfit": param_space(...), "lr": tune.loguniform(1e-5, 1e-3)}``)."""
+    ``{"memfit": param_space(...), "lr": tune.loguniform(1e-5, 1e-3)}``).
+
+    Raises:
+        ConfigError, InfeasiblePlan: As :func:`feasible_configs` (checked before Ray loads).
+    """
+    _check(workload, cards, fixed, margin)
     tune = require("ray.tune")
     return tune.choice(feasible_configs(workload, cards, fixed=fixed, margin=margin))
 
@@ -184,13 +234,22 @@ def fits_some(
     margin: float | str = DEFAULT_MARGIN,
 ) -> Callable[[Mapping[str, Any]], bool]:
     """A predicate over knob values: ``True`` when they keep the rules and fit at least one
-    card (for a search algorithm's proposals; unknown knobs are ignored)."""
-    loaded = workload if isinstance(workload, Workload) else load_workload(workload)
-    spaces = [s for s in _spaces(loaded, _cards(cards), fixed, margin) if s is not None]
+    card (for a search algorithm's proposals; unknown knobs are ignored).
+
+    Raises:
+        ConfigError: On a bad workload, card or pinned value (and, from the predicate,
+            knob values that are not a mapping).
+    """
+    loaded, given = _check(workload, cards, fixed, margin)
+    spaces = [s for s in _spaces(loaded, given, fixed, margin) if s is not None]
     keys = [{_key(s, c) for c in s.configs} for s in spaces]
 
     def check(knobs: Mapping[str, Any]) -> bool:
-        return any(_key(s, knobs) in k for s, k in zip(spaces, keys, strict=True))
+        require_mapping("knobs", knobs)
+        try:
+            return any(_key(s, knobs) in k for s, k in zip(spaces, keys, strict=True))
+        except TypeError:  # an unhashable value: no configuration of the space has it
+            return False
 
     return check
 
@@ -212,15 +271,20 @@ def request_for(
 
     Raises:
         InfeasiblePlan: When the configuration fits no card.
+        ConfigError: On bad knob values, workload, cards, CPUs, pinned value or margin.
     """
-    loaded = workload if isinstance(workload, Workload) else load_workload(workload)
-    given = _cards(cards)
+    require_mapping("knobs", knobs, hint="the trial's knob values: config['memfit']")
+    cpu = _require_cpu(cpu)
+    loaded, given = _check(workload, cards, fixed, margin)
     spaces = _spaces(loaded, given, fixed, margin)
     fits: list[tuple[int, int, Card]] = []  # (total, peak, card)
     for card, space in zip(given, spaces, strict=True):
         if space is None:
             continue
-        index = space.index(knobs)
+        try:
+            index = space.index(knobs)
+        except TypeError:  # an unhashable value: not a configuration of the space
+            index = None
         if index is not None:
             total = resolve_gpu(card.gpu).total_bytes
             fits.append((total, space.used_bytes[index], card))
@@ -252,9 +316,16 @@ def resources(
 ) -> Callable[[Mapping[str, Any]], Any]:
     """The ``resources`` callable for ``tune.with_resources``: a trial's knob values are
     ``config[key]`` (as :func:`param_space` puts them); it returns a
-    ``tune.PlacementGroupFactory`` with the bundle of :func:`request_for`."""
+    ``tune.PlacementGroupFactory`` with the bundle of :func:`request_for`.
+
+    Raises:
+        ConfigError: On a bad workload, cards, key, CPUs, pinned value or margin (checked
+            here, before any trial is sized).
+    """
+    require_arg("key", key, "str")
+    cpu = _require_cpu(cpu)
+    loaded, _ = _check(workload, cards, fixed, margin)
     tune = require("ray.tune")
-    loaded = workload if isinstance(workload, Workload) else load_workload(workload)
 
     def size(config: Mapping[str, Any]) -> Any:
         knobs = config.get(key)
@@ -293,9 +364,20 @@ def trial_autoconfig(
     what is free and the share of the card, with ``margin`` taken of the share.
 
     Raises:
-        ConfigError: When ``share`` is not in (0, 1].
+        ConfigError: When ``share`` is not in (0, 1], or an argument is of the wrong type.
         InfeasiblePlan, BackendUnavailable: As :func:`memfit.autoconfig`.
     """
+    check_plan_arguments(workload, pins=("knobs", None), margin=margin)
+    require_mapping("knobs", knobs, optional=True)
+    require_arg("share", share, "number", optional=True)
+    follow = require_str_list("follow", follow)
+    require_object(
+        "probe",
+        probe,
+        methods=("snapshot",),
+        what="a device probe (memfit.backends)",
+        optional=True,
+    )
     loaded = workload if isinstance(workload, Workload) else load_workload(workload)
     pins = {k: int(v) for k, v in (knobs or {}).items() if k not in follow and _is_int(v)}
     margin_value = parse_fraction(margin)
@@ -331,6 +413,22 @@ def trial_autoconfig(
     return cfg
 
 
+def _events(events: Any) -> list[MemoryEvent]:
+    if isinstance(events, (str, bytes, MemoryEvent)) or not isinstance(events, Sequence):
+        raise ConfigError(
+            f"events must be a list of memfit events, not {type(events).__name__}",
+            key_path="events",
+            hint="pass an EventLog's .events or a guard's / Recorder's .events",
+        )
+    for i, event in enumerate(events):
+        if not isinstance(event, MemoryEvent):
+            raise ConfigError(
+                f"events[{i}] is a {type(event).__name__}, not a memfit MemoryEvent",
+                key_path=f"events[{i}]",
+            )
+    return list(events)
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -346,8 +444,12 @@ class EventLog:
         self.events.append(event)
 
     def extend(self, events: Sequence[MemoryEvent]) -> None:
-        """Add events a Recorder or guard kept."""
-        self.events.extend(events)
+        """Add events a Recorder or guard kept.
+
+        Raises:
+            ConfigError: When an item is not a :class:`~memfit.runtime.events.MemoryEvent`.
+        """
+        self.events.extend(_events(events))
 
 
 def metrics(
@@ -358,7 +460,20 @@ def metrics(
 ) -> dict[str, Any]:
     """Flat metrics for ``tune.report`` / ``train.report``: counts of each event kind
     (``memfit/oom``, ``memfit/give_up``, ``memfit/rank_imbalance``, ...), the last event's
-    message, the measured peak and, with ``cfg``, the card and the planned peak."""
+    message, the measured peak and, with ``cfg``, the card and the planned peak.
+
+    Raises:
+        ConfigError: When ``events`` is not a list of events, ``peak_bytes`` not an int or
+            ``cfg`` not an :class:`~memfit.runtime.autoconfig.AutoConfig`.
+    """
+    events = _events(events)
+    require_arg("peak_bytes", peak_bytes, "int", optional=True)
+    if cfg is not None and not isinstance(cfg, AutoConfig):
+        raise ConfigError(
+            f"cfg must be a memfit AutoConfig (what trial_autoconfig returns), not "
+            f"{type(cfg).__name__}",
+            key_path="cfg",
+        )
     out: dict[str, Any] = {}
     for event in events:
         name = f"memfit/{event.kind}"

@@ -38,6 +38,8 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from memfit._checks import require as require_arg
+from memfit._checks import require_callable, require_mapping, require_object, require_positive_int
 from memfit._lazy import require
 from memfit.errors import ConfigError
 from memfit.runtime._memory import free_memory, memory_figures, out_of_memory
@@ -50,6 +52,33 @@ __all__ = ["AGENT_KNOBS", "SkrlGuard", "apply_knobs", "autoconfig", "guard", "kn
 #: Agent config fields that shape memory, named as skrl names them (PPO/A2C/RPO:
 #: ``rollouts``, ``mini_batches``; SAC/TD3/DDPG: ``batch_size``, ``gradient_steps``).
 AGENT_KNOBS: tuple[str, ...] = ("rollouts", "mini_batches", "batch_size", "gradient_steps")
+
+
+_AGENT_HINT = "pass an agent of skrl.agents.torch (PPO, SAC, ...), after it is made"
+_CFG_HINT = "pass PPO_CFG(...) / SAC_CFG(...) or Isaac Lab's agent dict"
+
+
+def _require_agent(agent: Any, *, optional: bool = False) -> None:
+    require_object(
+        "agent",
+        agent,
+        methods=("act", "update"),
+        what="an skrl agent",
+        hint=_AGENT_HINT,
+        optional=optional,
+    )
+
+
+def _require_cfg(cfg: Any, *, optional: bool = False) -> None:
+    if cfg is None and optional:
+        return
+    if isinstance(cfg, Mapping) or (dataclasses.is_dataclass(cfg) and not isinstance(cfg, type)):
+        return
+    raise ConfigError(
+        f"an skrl agent config is a dataclass or a dict, not {type(cfg).__name__}",
+        key_path="cfg",
+        hint=_CFG_HINT,
+    )
 
 
 def _cfg_get(cfg: Any, name: str) -> Any:
@@ -76,7 +105,22 @@ def knobs_of(
     Returns:
         ``rollouts``, ``mini_batches``, ``batch_size``, ``gradient_steps`` (those the config
         has), ``memory_size`` and ``num_envs`` (when known).
+
+    Raises:
+        ConfigError: When an argument is not what it names (an agent, a config, a memory, a
+            positive number of environments).
     """
+    _require_agent(agent, optional=True)
+    _require_cfg(cfg, optional=True)
+    require_object(
+        "memory",
+        memory,
+        attributes=("memory_size", "num_envs"),
+        what="an skrl memory",
+        optional=True,
+    )
+    if num_envs is not None:
+        require_positive_int("num_envs", num_envs)
     if agent is not None:
         cfg = cfg if cfg is not None else getattr(agent, "cfg", None)
         memory = memory if memory is not None else getattr(agent, "memory", None)
@@ -86,8 +130,8 @@ def knobs_of(
         if isinstance(value, int) and not isinstance(value, bool):
             out[name] = value
     if memory is not None:
-        out["memory_size"] = int(memory.memory_size)
-        out["num_envs"] = int(memory.num_envs)
+        for name in ("memory_size", "num_envs"):
+            out[name] = require_positive_int(f"memory.{name}", getattr(memory, name))
     if num_envs is not None:
         out["num_envs"] = num_envs
     return out
@@ -106,9 +150,14 @@ def apply_knobs(cfg: Any, knobs: Mapping[str, Any]) -> Any:
         The updated copy (the input is not changed).
 
     Raises:
-        ConfigError: When ``cfg`` is neither a dataclass nor a mapping.
+        ConfigError: When ``cfg`` is neither a dataclass nor a mapping, or ``knobs`` is not a
+            mapping whose agent knobs are positive integers.
     """
-    chosen = {k: int(v) for k, v in knobs.items() if k in AGENT_KNOBS}
+    _require_cfg(cfg)
+    require_mapping("knobs", knobs, hint="the plan's knobs: result.knobs")
+    chosen = {
+        k: require_positive_int(f"knobs.{k}", v) for k, v in knobs.items() if k in AGENT_KNOBS
+    }
     if isinstance(cfg, Mapping):
         return {**cfg, **{k: v for k, v in chosen.items() if k in cfg}}
     if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
@@ -139,9 +188,11 @@ def autoconfig(cfg: Any, workload: Any, **kwargs: Any) -> tuple[Any, Any]:
     Raises:
         InfeasiblePlan: When nothing fits what is free.
         BackendUnavailable: When no device can be read.
+        ConfigError: When ``cfg`` is not an agent config, or as :func:`memfit.autoconfig`.
     """
     from memfit.runtime.autoconfig import autoconfig as _autoconfig
 
+    _require_cfg(cfg)
     result = _autoconfig(workload, **kwargs)
     return apply_knobs(cfg, result.knobs), result
 
@@ -271,19 +322,23 @@ class SkrlGuard:
         track: bool = True,
         restore_rng: bool | str = True,
     ) -> None:
+        _require_agent(agent)
+        require_object(
+            "recorder",
+            recorder,
+            methods=("on_event",),
+            what="a memfit.Recorder",
+            optional=True,
+        )
+        require_callable("on_event", on_event, optional=True)
+        require_arg("rollout", rollout, "bool")
         for name, value in (("retries", retries), ("grow_back_after", grow_back_after)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(
-                    f"{name} must be a whole number >= 1, not {value!r}", key_path=name
-                )
-        if not callable(getattr(agent, "update", None)) or not callable(
-            getattr(agent, "act", None)
-        ):
-            raise ConfigError(
-                f"{type(agent).__name__} is not an skrl agent (it needs act and update)",
-                key_path="agent",
-                hint="pass an agent of skrl.agents.torch (PPO, SAC, ...), after it is made",
+            require_positive_int(name, value)
+        if max_mini_batches is not None:
+            require_positive_int(
+                "max_mini_batches", max_mini_batches, hint="a whole number of mini-batches >= 1"
             )
+        require_arg("track", track, "bool")
         if getattr(agent, "_memfit_guard", None) is not None:
             raise ConfigError(
                 "this agent is guarded already", key_path="agent", hint="call guard() once"

@@ -32,10 +32,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from memfit._checks import require_callable, require_positive_int
 from memfit._lazy import require
 from memfit._plain import plural
 from memfit.errors import ConfigError, OutOfMemory
-from memfit.integrations._batch import batch_size_from_estimate, keep_effective_batch
+from memfit.integrations._batch import (
+    batch_size_from_estimate,
+    keep_effective_batch,
+    require_recorder,
+)
 from memfit.runtime.events import EventSink, MemoryEvent, emit
 
 __all__ = [
@@ -97,7 +102,9 @@ def MemfitCallback(recorder: Any | None = None) -> Any:
 
     Raises:
         BackendUnavailable: When transformers is not installed.
+        ConfigError: When ``recorder`` is not a Recorder.
     """
+    require_recorder(recorder)
     return callback_class()(recorder)
 
 
@@ -131,6 +138,7 @@ def apply_batch(args: Any, micro_batch: int) -> tuple[int, int]:
             ``per_device_train_batch_size`` / ``gradient_accumulation_steps``.
     """
     _require_training_args(args, "args")
+    require_positive_int("micro_batch", micro_batch, hint="the wanted per-device micro-batch")
     effective = int(args.per_device_train_batch_size) * int(args.gradient_accumulation_steps)
     micro, accumulation = keep_effective_batch(effective, micro_batch)
     args.per_device_train_batch_size = micro
@@ -244,10 +252,11 @@ def train(
             f"max_halvings must be a whole number >= 0, not {max_halvings!r}",
             key_path="max_halvings",
         )
-    if restart not in ("auto", "checkpoint"):
+    if not isinstance(restart, str) or restart not in ("auto", "checkpoint"):
         raise ConfigError(
-            f"restart must be 'auto' or 'checkpoint', not {restart!r}", key_path="restart"
+            f"restart must be 'auto' or 'checkpoint', not {restart!r:.40}", key_path="restart"
         )
+    require_callable("on_event", on_event, optional=True)
     require("transformers")
     if not callable(getattr(trainer, "train", None)):
         raise ConfigError(

@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from memfit._checks import require
+from memfit._checks import parse_int, require
 from memfit.allocator.model import round_size
 from memfit.allocator.replay import (
     StartState,
@@ -216,14 +216,18 @@ def _leaks(dev: DeviceSnapshot, start: StartState, starts: Sequence[int]) -> tup
 # --- the explanation -----------------------------------------------------------------------------
 
 
-def _resolve(source: str | Path | Mapping[str, Any] | Snapshot, max_bytes: int | None) -> Snapshot:
+def _resolve(
+    source: str | Path | Mapping[str, Any] | Snapshot,
+    max_bytes: int | None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Snapshot:
     if isinstance(source, Snapshot):
         return source
     if isinstance(source, Mapping):
         return snapshot_from_data(dict(source), source="<data>")
     if max_bytes is not None:
-        return load_snapshot(source, max_bytes=max_bytes)
-    return load_snapshot(source)
+        return load_snapshot(source, max_bytes=max_bytes, progress=progress)
+    return load_snapshot(source, progress=progress)
 
 
 def _device(snapshot: Snapshot, device: int | None) -> DeviceSnapshot:
@@ -260,6 +264,8 @@ def _peak(curve: Sequence[int], first: int) -> Peak:
 def _point(at: str | int, dev: DeviceSnapshot, peak: Peak, ooms: list[int]) -> tuple[str, int, int]:
     """``(at, event index, events applied)``."""
     n = len(dev.trace)
+    if isinstance(at, str) and at.strip()[:1].isdigit():
+        at = parse_int("--at", at, hint="pass oom, peak, end or an event index")
     if isinstance(at, int) and not isinstance(at, bool):
         if not 0 <= at < n:
             raise ConfigError(
@@ -321,6 +327,7 @@ def explain(
     device: int | None = None,
     capacity_bytes: int | None = None,
     max_bytes: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Explanation:
     """Explain a CUDA memory snapshot (see the module docstring).
 
@@ -334,7 +341,10 @@ def explain(
             (default: at an OOM the allocator's reserved plus the driver's free memory, else
             the limit the trace met, else unknown).
         max_bytes: Refuse a larger file (default
-            :data:`memfit.allocator.snapshot.MAX_SNAPSHOT_BYTES`).
+            :data:`memfit.allocator.snapshot.MAX_SNAPSHOT_BYTES`, 1 GiB; any size may be
+            given).
+        progress: ``progress(done, total)`` in bytes while a pickle is read (every 8 MiB),
+            for a status line on long reads.
 
     Raises:
         ConfigError: For a file that is not a snapshot, names a Python object, is cut off,
@@ -347,7 +357,8 @@ def explain(
     require("device", device, "int", optional=True)
     require("capacity_bytes", capacity_bytes, "int", optional=True)
     require("max_bytes", max_bytes, "int", optional=True)
-    snap = _resolve(snapshot, max_bytes)
+    require("progress", progress, "callable", optional=True)
+    snap = _resolve(snapshot, max_bytes, progress)
     dev = _device(snap, device)
     notes: list[str] = []
     start = start_state(dev)

@@ -24,20 +24,47 @@ to write, so such a fault is undone exactly, whatever the update rule:
   is then undone as a whole; with several, the remaining chunks are stepped (the failed one
   again first), so the step is completed before the error propagates; only when that fails
   too is the step left divided, and the error's note names which parameters took it.
+
+Where the copy lives (issue 34): on the parameters' device while that device has room for
+it next to the step, else in host memory (pinned when the parameters are on CUDA). At a new
+layout (the first steps) and every :data:`PLACE_EVERY` steps the journal compares what the
+device has free (:mod:`memfit.backends.live`, the one reader of this process's memory) with
+its copy plus the step's own temporaries and any optimizer state the step creates
+(:func:`step_headroom`); an out-of-memory inside a chunk
+while the copy is on the device moves it to host memory and steps the chunk again, not
+counted as a retry. The copy never makes a step that fits without it fail: once moved, it
+stays in host memory for the guard's life (each step then costs a copy over the bus).
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
-from memfit.runtime.oom import allocate_retrying, forget_exception, is_oom, no_alloc_section
+from memfit.runtime._memory import free_device_bytes
+from memfit.runtime._snapshot import copy_all
+from memfit.runtime.oom import (
+    allocate_retrying,
+    first_line,
+    forget_exception,
+    is_oom,
+    no_alloc_section,
+)
+from memfit.units import format_bytes
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DEFAULT_CAP_BYTES", "StepFailed", "StepJournal", "add_note", "chunkable"]
+__all__ = [
+    "DEFAULT_CAP_BYTES",
+    "StepFailed",
+    "StepJournal",
+    "add_note",
+    "chunkable",
+    "step_headroom",
+]
 
 #: Parameters and state a chunk may hold beyond the largest parameter's own.
 DEFAULT_CAP_BYTES = 64 * 2**20
@@ -98,6 +125,34 @@ def chunkable(optimizer: Any) -> bool:
     return not any(hooks)
 
 
+#: Steps between two readings of the device's free memory for the copy's place (and at
+#: every new layout).
+PLACE_EVERY = 64
+
+#: Temporaries ``optimizer.step()`` allocates, in bytes of the parameters it steps: measured
+#: on ``memfit.simulate_gpu`` for the built-in optimizers of ``torch.optim`` (foreach and
+#: for-loop; Rprop's foreach step is the largest, 2.24x; Adam's 1.0x foreach, 1.98x for-loop).
+STEP_TEMPORARIES = 3
+
+#: Optimizer state the first step creates, in bytes of the parameters that have none yet
+#: (Adam's two moments, Rprop's two buffers; SGD's momentum is one).
+NEW_STATE = 2
+
+
+def step_headroom(param_bytes: int, stateless_bytes: int) -> int:
+    """Device memory a chunk's ``optimizer.step()`` may take beyond what is allocated before
+    it: its temporaries, and the state it creates for parameters that have none.
+
+    Args:
+        param_bytes: Bytes of the chunk's parameters.
+        stateless_bytes: Bytes of its parameters that have no optimizer state yet.
+
+    >>> step_headroom(100, 0), step_headroom(100, 100)
+    (300, 500)
+    """
+    return STEP_TEMPORARIES * param_bytes + NEW_STATE * stateless_bytes
+
+
 def _aligned(t: torch.Tensor) -> int:
     """Elements ``t`` takes in a flat buffer, rounded up to 64 bytes (views that start on a
     cache line copy faster: a one-element step count would misalign all that follow)."""
@@ -118,7 +173,7 @@ class StepFailed(Exception):
 class _Chunk:
     """One run of parameters stepped together, and the journal's copy of them."""
 
-    __slots__ = ("dst", "groups", "params", "saved", "src")
+    __slots__ = ("copy_bytes", "dst", "groups", "headroom", "params", "saved", "src")
 
     def __init__(self, groups: list[tuple[int, list[Any]]]) -> None:
         self.groups = groups  # (index of the param group, its parameters in this chunk)
@@ -126,6 +181,27 @@ class _Chunk:
         self.src: list[torch.Tensor] = []
         self.dst: list[torch.Tensor] = []
         self.saved: list[tuple[Any, dict[str, Any] | None]] = []
+        #: Bytes of its copy (parameters and state as the layout saw them).
+        self.copy_bytes = 0
+        #: What its step may take beyond that (:func:`step_headroom`).
+        self.headroom = 0
+
+    def measure(self, state: Any) -> None:
+        """Size the chunk's copy and its step's headroom from its parameters and state."""
+        copy = params = stateless = 0
+        for p in self.params:
+            nbytes = p.numel() * p.element_size()
+            params += nbytes
+            copy += nbytes
+            st = state.get(p)
+            if not st:
+                stateless += nbytes
+                continue
+            for v in st.values():
+                if hasattr(v, "element_size"):
+                    copy += v.numel() * v.element_size()
+        self.copy_bytes = copy
+        self.headroom = step_headroom(params, stateless)
 
 
 class StepJournal:
@@ -138,10 +214,16 @@ class StepJournal:
             :func:`chunkable`.
     """
 
-    def __init__(self, optimizer: Any, cap_bytes: int = DEFAULT_CAP_BYTES) -> None:
+    def __init__(
+        self,
+        optimizer: Any,
+        cap_bytes: int = DEFAULT_CAP_BYTES,
+        on_move: Callable[[str, dict[str, Any]], None] | None = None,
+    ) -> None:
         self.optimizer = optimizer
         self.cap_bytes = cap_bytes
         self.chunked = chunkable(optimizer)
+        self.on_move = on_move
         self._key: tuple[Any, ...] | None = None
         self._chunks: list[_Chunk] = []
         self._flat: dict[tuple[Any, Any], torch.Tensor] = {}
@@ -150,12 +232,36 @@ class StepJournal:
         #: Whether the last step was completed although an error ends it (several chunks).
         self.completed = False
         self._release = False  # give the buffers back after each step (device memory)
+        #: Whether the copy lives in host memory (the device had no room for it).
+        self.on_host = False
+        #: Why it moved there (``None`` while it is on the device).
+        self.moved_because: str | None = None
+        #: Bytes of the last step's copy (its largest chunk's).
+        self.copy_bytes = 0
+        #: Device memory the copy took in the last step (0 in host memory).
+        self.device_bytes = 0
+        self._placed_key: tuple[Any, ...] | None = None  # the layout last placed
+        self._since_placed = 0
 
     # -- layout ----------------------------------------------------------------------------
     @property
     def held_bytes(self) -> int:
-        """Bytes the journal's buffers hold now."""
+        """Bytes the journal's buffers hold now (on the device or in host memory)."""
         return sum(t.numel() * t.element_size() for t in self._flat.values())
+
+    def cost(self) -> str:
+        """What the copy cost in the last step, for messages."""
+        if not self.copy_bytes:
+            return "memfit's journal took no copy"
+        if self.on_host:
+            return (
+                f"memfit's journal kept its copy ({format_bytes(self.copy_bytes)}) in host "
+                "memory, so the step does not fit without it either"
+            )
+        return (
+            f"memfit's journal held {format_bytes(self.device_bytes)} of device memory "
+            "(its copy of the chunk being stepped)"
+        )
 
     @property
     def chunks(self) -> int:
@@ -195,6 +301,8 @@ class StepJournal:
                 used += nbytes
             if current or not chunks:
                 chunks.append(_Chunk(current))
+        for chunk in chunks:
+            chunk.measure(state)
         self._key = key
         self._chunks = chunks
         self._flat = {}
@@ -224,10 +332,15 @@ class StepJournal:
             chunk.dst = allocate_retrying(lambda: self._buffers(src))
             chunk.src = src
         with torch.no_grad(), no_alloc_section():
-            torch._foreach_copy_(chunk.dst, chunk.src)
+            if self.on_host:
+                copy_all(chunk.dst, chunk.src)
+            else:
+                torch._foreach_copy_(chunk.dst, chunk.src)
 
     def _buffers(self, src: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Views for ``src`` into flat buffers per device and dtype, shared by the chunks."""
+        """Views for ``src`` into flat buffers per device and dtype, shared by the chunks (in
+        host memory when :attr:`on_host`: pinned for CUDA tensors, not counted by a
+        simulated GPU)."""
         import torch
 
         need: dict[tuple[Any, Any], int] = {}
@@ -236,13 +349,23 @@ class StepJournal:
             need[k] = need.get(k, 0) + _aligned(t)
         from memfit.runtime.simulate import active
 
-        self._release = active() is not None or any(t.is_cuda for t in src)
+        gpu = active()
+        self._release = gpu is not None or any(t.is_cuda for t in src)
         for k, n in need.items():
             flat = self._flat.get(k)
             if flat is None or flat.numel() < n:
-                self._flat[k] = torch.empty(n, dtype=k[1], device=k[0])
+                self._flat.pop(k, None)  # the old buffer goes before the new one comes
                 for other in self._chunks:  # their views pointed into the old buffer
                     other.src, other.dst = [], []
+                if self.on_host:
+                    pin = bool(k[0].type == "cuda" and torch.cuda.is_available())
+                    ctx: AbstractContextManager[Any] = (
+                        gpu.paused() if gpu is not None else nullcontext()
+                    )
+                    with ctx:
+                        self._flat[k] = torch.empty(n, dtype=k[1], device="cpu", pin_memory=pin)
+                else:
+                    self._flat[k] = torch.empty(n, dtype=k[1], device=k[0])
         offsets = dict.fromkeys(need, 0)
         views: list[torch.Tensor] = []
         for t in src:
@@ -251,6 +374,59 @@ class StepJournal:
             offsets[k] = start + _aligned(t)
             views.append(self._flat[k][start : start + t.numel()].view(t.shape))
         return views
+
+    def _place(self, chunks: list[_Chunk]) -> None:
+        """Before a step: keep the copy on the device only when the device has room for it
+        next to the step's own needs, else move it to host memory (for good).
+
+        The device is read when the layout is new (the first step, the step after the
+        optimizer made its state) and every :data:`PLACE_EVERY` steps after (a read costs
+        tens of microseconds on CUDA); between reads an out-of-memory with the copy on the
+        device still moves it (:meth:`_advance`). On a CPU run there is no device to share.
+        """
+        if self.on_host:
+            self.device_bytes = 0
+            return
+        self.device_bytes = self.copy_bytes
+        self._since_placed += 1
+        if self._placed_key == self._key and self._since_placed < PLACE_EVERY:
+            return
+        self._placed_key = self._key
+        self._since_placed = 0
+        from memfit.runtime.simulate import active
+
+        on_device = active() is not None or any(
+            p.is_cuda for chunk in chunks for p in chunk.params[:1]
+        )
+        if not on_device:
+            return
+        free = free_device_bytes()
+        if free is None:
+            return  # no device to share (a CPU run): the copy is in host memory anyway
+        held = sum(t.numel() * t.element_size() for t in self._flat.values())
+        need = max((c.copy_bytes + c.headroom for c in chunks), default=0)
+        if free + held >= need:
+            return
+        self._to_host(
+            f"the device had {format_bytes(free + held)} free before optimizer.step(); "
+            f"the journal's copy ({format_bytes(self.copy_bytes)}) and the step's own needs "
+            f"(up to {format_bytes(need - self.copy_bytes)}) would not fit"
+        )
+
+    def _to_host(self, why: str) -> None:
+        """Move the copy to host memory from now on (its device buffers are given back)."""
+        self.on_host = True
+        self.moved_because = why
+        self.device_bytes = 0
+        self._flat = {}
+        for chunk in self._chunks:
+            chunk.src, chunk.dst = [], []
+        if self.on_move is not None:
+            self.on_move(
+                f"memfit's journal moved to host memory: {why}; snapshot_optimizer='never' "
+                "takes no copy",
+                {"journal_bytes": self.copy_bytes},
+            )
 
     def _restore(self, chunk: _Chunk) -> None:
         """Put the chunk's parameters and state back as :meth:`_take` saw them."""
@@ -263,14 +439,17 @@ class StepJournal:
             else:
                 state[p] = dict(saved)
         with torch.no_grad(), no_alloc_section():
-            torch._foreach_copy_(chunk.src, chunk.dst)
+            if self.on_host:
+                copy_all(chunk.src, chunk.dst)
+            else:
+                torch._foreach_copy_(chunk.src, chunk.dst)
 
     def release(self) -> None:
         """After a step (and after the ranks settled it): give the buffers back when they
         take device memory (on CUDA the caching allocator keeps them for the next forward
         and hands them back at the next step), keep them in host memory (allocating them
         anew would cost page faults every step)."""
-        if not self._release:
+        if not self._release or self.on_host:
             return
         self._flat = {}
         self.undoable = False
@@ -333,6 +512,8 @@ class StepJournal:
         on_retry: Callable[[str, str], None],
     ) -> Any:
         chunks = self._layout()
+        self.copy_bytes = max((c.copy_bytes for c in chunks), default=0)
+        self._place(chunks)
         failed = self._advance(chunks, 0, inner, args, kwargs, on_retry)
         if failed is None:
             self.undoable = len(chunks) == 1
@@ -403,16 +584,7 @@ class StepJournal:
         for index in range(start, len(chunks)):
             chunk = chunks[index]
             if not (first_retry and index == start):
-                try:
-                    self._take(chunk)
-                except Exception as exc:  # no memory for the journal: nothing changed yet
-                    if not is_oom(exc):
-                        raise
-                    text = forget_exception(exc)
-                    divided = None if index == 0 else self._divided(chunks, index)
-                    raise StepFailed(
-                        f"no memory for memfit's journal of the step: {text}", divided=divided
-                    ) from None
+                self._take_or_move(chunks, index)
             attempt = 0
             while True:
                 if not whole:
@@ -435,6 +607,18 @@ class StepJournal:
                     opt.param_groups = originals
                 if message is None:
                     break
+                if not self.on_host and self._release:
+                    # The copy may be what did not fit: move it off the device and step
+                    # the chunk again (not counted as a retry).
+                    from memfit.runtime._memory import free_memory
+
+                    self._to_host(
+                        "optimizer.step() ran out of memory with the copy "
+                        f"({format_bytes(self.copy_bytes)}) on the device"
+                    )
+                    free_memory()
+                    self._take_or_move(chunks, index)
+                    continue
                 attempt += 1
                 if attempt >= CHUNK_ATTEMPTS:
                     divided = None if index == 0 else self._divided(chunks, index)
@@ -445,6 +629,29 @@ class StepJournal:
                 where = "" if whole else f" (chunk {index + 1} of {len(chunks)})"
                 on_retry(message, f"optimizer.step(){where}, attempt {attempt + 1}")
         return None
+
+    def _take_or_move(self, chunks: list[_Chunk], index: int) -> None:
+        """Copy chunk ``index``; with no device memory for the copy, copy it to host memory.
+
+        Raises:
+            StepFailed: When not even host memory could take it (nothing changed yet).
+        """
+        for _ in range(2):
+            try:
+                self._take(chunks[index])
+                return
+            except Exception as exc:  # no memory for the journal: nothing changed yet
+                if not is_oom(exc):
+                    raise
+                text = forget_exception(exc)
+            if self.on_host:
+                break
+            from memfit.runtime._memory import free_memory
+
+            self._to_host(f"no device memory for its copy ({first_line(text)})")
+            free_memory()
+        divided = None if index == 0 else self._divided(chunks, index)
+        raise StepFailed(f"no memory for memfit's journal of the step: {text}", divided=divided)
 
     @staticmethod
     def _foreach(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -1,109 +1,44 @@
 """TrainGuard: optimisation steps that survive out-of-memory without changing the result.
 
-See :mod:`memfit.runtime.guard` for the whole story; this module holds the class.
+See :mod:`memfit.runtime.guard` for the whole story. The class is made of three pieces, one
+job each: :mod:`memfit.runtime._train_parts` (state, events, shared operations),
+:mod:`memfit.runtime._micro_batches` (forward and backward of the micro-batches) and
+:mod:`memfit.runtime._guarded_step` (the optimizer step); this module holds the arguments
+and the order of a step. Gradient clipping as a hook is :mod:`memfit.runtime._clip`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
-from memfit._checks import require, require_callable, require_iterable, require_positive_int
+from memfit._checks import require_callable, require_iterable, require_positive_int
 from memfit._plain import plural
 from memfit.core import ladder
 from memfit.errors import ConfigError, MemfitError, OutOfMemory
 from memfit.runtime import _distributed as distributed
-from memfit.runtime._batching import batch_size, chunk_bounds, split_batch
-from memfit.runtime._guard_base import GuardBase
-from memfit.runtime._journal import StepFailed, StepJournal, add_note
-from memfit.runtime._memory import (
-    device_name,
-    free_memory,
-    memory_figures,
-    out_of_memory,
-)
+from memfit.runtime._batching import batch_size
+from memfit.runtime._clip import BeforeStep, clip_grad_norm
+from memfit.runtime._guarded_step import GuardedStep
+from memfit.runtime._journal import StepJournal, add_note
+from memfit.runtime._memory import out_of_memory
+from memfit.runtime._micro_batches import MicroBatches
 from memfit.runtime._rewind import SPLIT_STATS, BufferState, modules_of
 from memfit.runtime._rewind import rng_state as _rng_state
-from memfit.runtime._snapshot import (
-    OptimizerSnapshot,
-    step_fingerprint,
-    undo_if_untouched,
-    versions_trustworthy,
-)
+from memfit.runtime._snapshot import OptimizerSnapshot
 from memfit.runtime.events import EventSink
-from memfit.runtime.oom import first_line, forget_exception, is_oom, no_alloc_section
+from memfit.runtime.oom import first_line
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = ["TrainGuard", "clip_grad_norm"]
 
-BeforeStep = Callable[[Any], Any]
-
-
-def clip_grad_norm(
-    max_norm: float, norm_type: float = 2.0, *, error_if_nonfinite: bool = False
-) -> BeforeStep:
-    """A ``before_step`` hook that clips the gradients' total norm, as
-    ``torch.nn.utils.clip_grad_norm_`` does.
-
-    It computes the norm and the clipping factor first (the only allocations) and scales the
-    gradients in place last, so an out-of-memory can only strike before any gradient
-    changed and TrainGuard can run it again. With a ``GradScaler`` it sees the gradients
-    after ``unscale_``, as the AMP recipe wants.
-
-    Args:
-        max_norm: The largest total norm allowed.
-        norm_type: The norm's order (``2.0``, ``float("inf")``, ...).
-        error_if_nonfinite: Raise when the total norm is NaN or infinite.
-
-    Returns:
-        ``hook(optimizer) -> total_norm``: pass it as ``TrainGuard(..., before_step=...)``;
-        the guard keeps its last result in ``guard.last_before_step``.
-
-    Raises:
-        ConfigError: When ``max_norm`` is not a positive number.
-    """
-    require("norm_type", norm_type, "number")
-    require("error_if_nonfinite", error_if_nonfinite, "bool")
-    if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) or not max_norm > 0:
-        raise ConfigError(f"max_norm must be a number > 0, not {max_norm!r}", key_path="max_norm")
-
-    def hook(optimizer: Any) -> Any:
-        import torch
-
-        grads = [
-            p.grad
-            for group in optimizer.param_groups
-            for p in group["params"]
-            if p.grad is not None
-        ]
-        if not grads:
-            return torch.tensor(0.0)
-        total = torch.nn.utils.get_total_norm(
-            grads, norm_type, error_if_nonfinite=error_if_nonfinite
-        )
-        factor = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        by_device: dict[Any, list[torch.Tensor]] = {}
-        for g in grads:
-            by_device.setdefault(g.device, []).append(g)
-        factors = {device: factor.to(device) for device in by_device}
-        with torch.no_grad(), no_alloc_section():
-            for device, group in by_device.items():
-                torch._foreach_mul_(group, factors[device])
-        return total
-
-    hook.__name__ = hook.__qualname__ = f"clip_grad_norm({max_norm})"
-    return hook
-
-
 _add_note = add_note
 
 
-class TrainGuard(GuardBase):
+class TrainGuard(MicroBatches, GuardedStep):
     """Run optimisation steps that survive out-of-memory without changing the result.
 
     Args:
@@ -131,7 +66,10 @@ class TrainGuard(GuardBase):
             the chunk that failed, so the step completes exactly; another error or an
             interrupt undoes the step when it is one chunk (models whose parameters and
             state take up to 64 MiB) and completes it first when it is several, then
-            propagates with a note saying which. ``"always"``/``True``: a copy of
+            propagates with a note saying which. The copy is on the device only while the
+            device has room for it next to the step, else in host memory (pinned on
+            CUDA): it never makes a step that fits without it run out of memory
+            (:attr:`journal_on_host`). ``"always"``/``True``: a copy of
             everything in host memory before every step (undone as a whole on any fault;
             no device memory). ``"never"``/``False``: nothing (an out-of-memory that
             changed something stops the run).
@@ -294,7 +232,11 @@ class TrainGuard(GuardBase):
         self.last_step_journaled = False
         self._snapshot_policy: str = policy
         self._snapshot = OptimizerSnapshot(optimizer) if policy == "always" else None
-        self._journal = StepJournal(optimizer, self.journal_bytes) if policy == "auto" else None
+        self._journal = (
+            StepJournal(optimizer, self.journal_bytes, on_move=self._journal_moved)
+            if policy == "auto"
+            else None
+        )
         self._divided: str | None = None  # a journalled step that gave up divided
         self._rng = _rng_state(restore_rng, rngs)
         watched = [model] if model is not None else modules_of(loss_fn)
@@ -303,170 +245,20 @@ class TrainGuard(GuardBase):
     @property
     def journal_held_bytes(self) -> int:
         """Memory the ``"auto"`` journal holds now (0 under the other policies): its copy of
-        the chunk of parameters and optimizer state being stepped, on their device. On CUDA
-        or a simulated GPU it is given back after every step; in host memory it is kept."""
+        the chunk of parameters and optimizer state being stepped, on their device, or in
+        host memory where the device had no room for it (:attr:`journal_on_host`). On CUDA
+        or a simulated GPU device memory is given back after every step; host memory is
+        kept."""
         return self._journal.held_bytes if self._journal is not None else 0
 
-    # -- events ------------------------------------------------------------------------------
-    def _event(self, kind: str, message: str, **data: Any) -> None:
-        figures: dict[str, Any] = memory_figures()
-        figures.update(data)
-        self._record(kind, message, self.steps, figures)
+    @property
+    def journal_on_host(self) -> bool:
+        """Whether the ``"auto"`` journal keeps its copy in host memory (it moves there, for
+        good, when the device has no room for it next to the step)."""
+        return self._journal is not None and self._journal.on_host
 
-    def _retrying(self, what: str, fn: Callable[[], Any], attempts: int = 3) -> str | None:
-        """Run ``fn`` (safe to run again after an out-of-memory); retry ``attempts`` times.
-
-        Returns:
-            ``None`` on success, else the last error message.
-        """
-        message: str | None = None
-        for _ in range(attempts):
-            message = self._attempt(fn)
-            if message is None:
-                return None
-            self._event("oom", f"out of memory in {what}; trying again", error=first_line(message))
-        return message
-
-    @staticmethod
-    def _attempt(fn: Callable[[], Any]) -> str | None:
-        """Run ``fn`` once; on out-of-memory, leave the ``except`` block, free, and say why.
-
-        Returns:
-            ``None`` on success, else the out-of-memory message (the exception, its frames
-            and chained exceptions already released, and cached memory freed).
-        """
-        try:
-            fn()
-        except Exception as exc:
-            if not is_oom(exc):
-                raise
-            message = forget_exception(exc)
-        else:
-            return None
-        free_memory()
-        return message
-
-    def _step_optimizer(self) -> None:
-        if self.scaler is not None:
-            self.scaler.step(self.optimizer)
-        else:
-            self.optimizer.step()
-
-    # -- pieces of a step --------------------------------------------------------------------
-    def _params(self) -> list[torch.nn.Parameter]:
-        return [p for g in self.optimizer.param_groups for p in g["params"] if p.requires_grad]
-
-    def _count(self, batch: Any) -> float:
-        if self.count_fn is None:
-            return float(batch_size(batch))
-        count = float(self.count_fn(batch))
-        if not math.isfinite(count) or count < 0:
-            raise ConfigError(
-                f"count_fn returned {count!r}; it must be a finite count >= 0",
-                key_path="count_fn",
-            )
-        return count
-
-    def _micro_step(
-        self, chunk: Any, weight: float, params: list[torch.nn.Parameter], first: bool
-    ) -> torch.Tensor:
-        """Forward and backward of one micro-batch; add its gradient only if all succeeded.
-
-        ``first``: no gradient has been accumulated in this step yet (every ``.grad`` is
-        ``None``). Then ``backward()`` writes the gradients directly, in C++, as a bare loop
-        does; an out-of-memory in it leaves a partial gradient that the caller drops
-        (:meth:`_drop_grads`). Later micro-batches compute theirs with ``autograd.grad`` and
-        add them in one operation, the last of the micro-step: every allocation of the
-        micro-step comes before it, so an out-of-memory can never strike after a gradient
-        was added (and the micro-batch be added twice when it is run again).
-
-        Returns:
-            The micro-batch's weighted loss, a detached tensor (read after the step is
-            launched, so the device is not waited for in the middle of the step).
-        """
-        import torch
-
-        sync: AbstractContextManager[Any] = (
-            self.model.no_sync() if self._ddp and self.model is not None else nullcontext()  # type: ignore[operator]
-        )
-        with sync:
-            loss = self.loss_fn(chunk)
-            if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-                got = (
-                    f"a tensor of shape {tuple(loss.shape)}"
-                    if isinstance(loss, torch.Tensor)
-                    else f"a {type(loss).__name__}"
-                )
-                raise ConfigError(
-                    f"loss_fn must return the mean loss as a one-element tensor, got {got}",
-                    key_path="loss_fn",
-                    hint="return loss.mean() (a tensor that requires grad), not loss.item() "
-                    "or per-item losses",
-                )
-            if not loss.requires_grad:
-                raise ConfigError(
-                    "loss_fn returned a tensor that does not require grad, so there is "
-                    "no gradient to step with",
-                    key_path="loss_fn",
-                    hint="compute the loss from the model's output, outside torch.no_grad()",
-                )
-            weighted = loss.detach() if weight == 1.0 else loss.detach() * weight
-            objective = loss if weight == 1.0 else loss * weight
-            if self.scaler is not None:
-                objective = self.scaler.scale(objective)
-            if objective.dim():
-                objective = objective.reshape(())
-            if first:
-                # Plain backward(), as a bare loop: restricting it with inputs=params makes
-                # the engine walk the graph for them first (about 1% of a 5 ms CPU step).
-                objective.backward()  # type: ignore[no-untyped-call]
-                return weighted
-            grads = torch.autograd.grad(objective, params, allow_unused=True)
-        # Add to the accumulated gradient in one in-place operation, then fill the empty
-        # ones: nothing below allocates, so the micro-batch is added whole or not at all.
-        acc_dst: list[torch.Tensor] = []
-        acc_src: list[torch.Tensor] = []
-        fresh: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
-        for p, g in zip(params, grads, strict=True):
-            if g is None:
-                continue
-            if p.grad is None:
-                fresh.append((p, g))
-            else:
-                acc_dst.append(p.grad)
-                acc_src.append(g)
-        if acc_dst:
-            torch._foreach_add_(acc_dst, acc_src)
-        for p, g in fresh:
-            p.grad = g
-        return weighted
-
-    @staticmethod
-    def _drop_grads(params: list[torch.nn.Parameter]) -> None:
-        """Forget every gradient (a first micro-batch's backward that ran out of memory)."""
-        for p in params:
-            p.grad = None
-
-    def _zero_grad(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def _capture(self, buffers: bool = True) -> None:
-        if self._rng is not None:
-            self._rng.capture()
-        if buffers:
-            self._buffers.capture()
-
-    def _abandon(self) -> None:
-        """A step that will not happen: generators and buffers back to the step's start (as
-        last captured), best effort (the error that ends the step is the one to report)."""
-        with contextlib.suppress(Exception):
-            self._buffers.discard_average()
-            self._rewind()
-
-    def _rewind(self) -> None:
-        if self._rng is not None:
-            self._rng.restore()
-        self._buffers.restore()
+    def _journal_moved(self, message: str, data: dict[str, Any]) -> None:
+        self._event("journal", message, **data)
 
     def _give_up(self, message: str, tried: list[str], smallest: int) -> OutOfMemory:
         self._zero_grad()
@@ -484,320 +276,15 @@ class TrainGuard(GuardBase):
                 else "the optimizer step itself does not fit next to the model: use an "
                 "optimizer with less state (SGD, Adafactor, 8-bit Adam), foreach=False, "
                 "or a larger GPU"
+                + (
+                    "; memfit's journal (snapshot_optimizer='auto') moves its copy to host "
+                    "memory when the device has no room for it, and "
+                    "snapshot_optimizer='never' takes no copy at all"
+                    if self._journal is not None
+                    else ""
+                )
             ),
         )
-
-    def _backward_all(
-        self, batch: Any, n: int, params: list[torch.nn.Parameter], tried: list[str]
-    ) -> tuple[list[torch.Tensor | float], bool, tuple[str, int] | None]:
-        """All micro-batches of a step.
-
-        Returns:
-            The micro-batches' weighted losses (a detached tensor for a whole batch, read
-            at the end of the step; numbers for micro-batches), whether the batch had to
-            be split further, and when the ladder gave up, the failure message and the
-            size of the micro-batch that failed last.
-        """
-        if ladder.first_splits(self._config, self._ladder, n) == 1:
-            # The common case: the whole batch at once, without walking the batch first.
-            self._capture()
-            message: str | None = None
-            try:
-                loss = self._micro_step(batch, 1.0, params, True)
-            except Exception as exc:
-                if not is_oom(exc):
-                    raise
-                message = forget_exception(exc)
-            if message is None:
-                self._ladder = ladder.on_fit(self._ladder, n)
-                return [loss], False, None
-            self._drop_grads(params)
-            return self._climb(batch, n, params, tried, message)
-        self._capture()
-        return self._climb(batch, n, params, tried, None)
-
-    def _climb(
-        self,
-        batch: Any,
-        n: int,
-        params: list[torch.nn.Parameter],
-        tried: list[str],
-        first_failure: str | None,
-    ) -> tuple[list[torch.Tensor | float], bool, tuple[str, int] | None]:
-        """Micro-batches from the ladder's split count on, climbing on each out-of-memory.
-
-        ``first_failure`` is the message of a whole-batch attempt that already failed; the
-        generators and buffers were captured before the first attempt either way.
-        """
-        config = self._config
-        total = self._count(batch)
-        splits = ladder.first_splits(config, self._ladder, n)
-        first_splits = splits
-        done = 0
-        failures = 0
-        split_here = False
-        losses: list[torch.Tensor | float] = []
-        pending = first_failure
-        policy = self.split_stats
-        while done < n:
-            start, stop = chunk_bounds(n, done, splits)
-            size = stop - start
-            whole = start == 0 and stop == n
-            message: str | None = pending
-            weight = 1.0
-            if pending is None:
-                try:
-                    chunk = batch if whole else split_batch(batch, start, stop)
-                    weight = (
-                        1.0
-                        if whole or self.reduction == "sum"
-                        else (self._count(chunk) / total if total else 0.0)
-                    )
-                    # Read now (the split path is the slow path anyway), so that only the
-                    # gradients of the micro-batches that succeeded stay on the device.
-                    losses.append(float(self._micro_step(chunk, weight, params, done == 0)))
-                except Exception as exc:
-                    if not is_oom(exc):
-                        raise
-                    message = forget_exception(exc)
-                chunk = None
-                if message is not None and done == 0:
-                    self._drop_grads(params)
-            pending = None
-            if message is None:
-                self._ladder = ladder.on_fit(self._ladder, size, failures)
-                failures = 0
-                split_here = False
-                done = stop
-                if not whole and self._buffers.active:
-                    if policy == "average":
-                        self._buffers.add_to_average(size / n)
-                        self._buffers.restore()  # the next micro-batch starts from the same
-                    elif policy == "first" and start != 0:
-                        self._buffers.restore()
-                if done < n:
-                    # Where the next micro-batch starts: its retry comes back here.
-                    self._capture(buffers=policy == "each" or (policy == "first" and start == 0))
-                continue
-            # Out of the except block: the failed attempt's tensors can go now.
-            free_memory()
-            failures += 1
-            self._rewind()
-            action = self._next_rung(
-                tried,
-                f"out of memory in micro-batch [{start}:{stop}) of {n} items",
-                error=first_line(message),
-                start=start,
-                stop=stop,
-                n=n,
-                splits=splits,
-                size=size,
-                failures=failures,
-                split_here=split_here,
-                unit="micro-batch",
-                split_message="splitting the batch into {splits} micro-batches "
-                f"({n - done} items left; their losses "
-                + (
-                    "added: reduction='sum')"
-                    if self.reduction == "sum"
-                    else "weighted as means: reduction='mean', pass reduction='sum' if "
-                    "loss_fn returns a sum)"
-                ),
-            )
-            if isinstance(action, ladder.Split):
-                splits = action.splits
-                failures = 0
-                split_here = True
-            elif isinstance(action, ladder.GiveUp):
-                self._buffers.discard_average()
-                self._ladder = self._ladder._replace(splits=splits)
-                return losses, splits > first_splits, (message, action.smallest)
-        if splits > 1 and policy == "average" and self._buffers.active:
-            self._buffers.commit_average()
-        self._ladder = self._ladder._replace(splits=splits)
-        return losses, splits > first_splits, None
-
-    def _unscale(self) -> str | None:
-        """``scaler.unscale_`` once per full step; retried only where it is atomic."""
-        scaler = self.scaler
-        if scaler is None:
-            return None
-        groups = {
-            (p.grad.device, p.grad.dtype)
-            for g in self.optimizer.param_groups
-            for p in g["params"]
-            if p.grad is not None
-        }
-
-        def unscale() -> None:
-            # An out-of-memory before the (single, in-place) unscale op leaves the gradients
-            # as they were; forget the scaler's half-done bookkeeping and do it again.
-            self._reset_scaler_step()
-            scaler.unscale_(self.optimizer)
-
-        return self._retrying("GradScaler.unscale_", unscale, attempts=3 if len(groups) <= 1 else 1)
-
-    def _run_before_step(self) -> str | None:
-        hook = self.before_step
-        if hook is None:
-            return None
-
-        def call() -> None:
-            self.last_before_step = hook(self.optimizer)
-
-        return self._retrying(f"before_step ({getattr(hook, '__name__', 'hook')})", call)
-
-    def _snapshot_wanted(self) -> bool:
-        """Whether this step's ``optimizer.step()`` takes the host snapshot (``"always"``;
-        ``"auto"`` journals every step instead, ``"never"`` does neither)."""
-        return self._snapshot is not None
-
-    def _restore_or_raise(self, snapshot: OptimizerSnapshot, tried: list[str], what: str) -> None:
-        failure = self._retrying("restoring the optimizer snapshot", snapshot.restore, attempts=10)
-        if failure is not None:
-            raise OutOfMemory(
-                "could not restore the parameters after an out-of-memory inside "
-                f"optimizer.step(): {failure}",
-                device=device_name(),
-                tried=[*tried, what],
-                hint="the model is in an undefined state; reload the last checkpoint",
-            )
-
-    def _optimizer_step(self, tried: list[str], wanted: bool) -> str | None:
-        """``optimizer.step()`` (through the scaler), undone and retried on out-of-memory.
-
-        Any other error inside it puts the parameters and optimizer state back when a
-        snapshot was taken (else the error says they may be partly updated) and propagates.
-        """
-        self._divided = None
-        journal = self._journal
-        self.last_step_journaled = journal is not None
-        if journal is not None:
-            self.last_step_snapshotted = False
-
-            def retried(message: str, what: str) -> None:
-                self._event(
-                    "oom",
-                    "out of memory inside optimizer.step(): put back from the journal and "
-                    "stepped again",
-                    error=first_line(message),
-                    attempt=what,
-                )
-
-            try:
-                journal.run(self._step_optimizer, retried)
-            except StepFailed as failed:
-                self._divided = failed.divided
-                tried.append("optimizer.step() retried from the journal")
-                return failed.message
-            return None
-        snapshot = self._snapshot if wanted and self._snapshot is not None else None
-        if snapshot is not None:
-            failure = self._retrying("the optimizer snapshot", snapshot.take)
-            if failure is not None:
-                return failure
-        self.last_step_snapshotted = snapshot is not None
-        # Without a snapshot: whether a failed step changed anything (version counters).
-        before = (
-            step_fingerprint(self.optimizer)
-            if snapshot is None and versions_trustworthy()
-            else None
-        )
-        saved_foreach: list[Any] | None = None
-        # Retries are cheap (a copy back from host memory); a step that fails the same way
-        # three times is retried without foreach, which needs fewer temporaries.
-        attempts = [
-            "step",
-            "retry step",
-            "retry step",
-            "step foreach=False",
-            "retry step foreach=False",
-            "retry step foreach=False",
-        ]
-        message: str | None = None
-        try:
-            for attempt in attempts:
-                if attempt == "step foreach=False":
-                    if not any("foreach" in g for g in self.optimizer.param_groups):
-                        break
-                    saved_foreach = [g.get("foreach") for g in self.optimizer.param_groups]
-                    for g in self.optimizer.param_groups:
-                        if "foreach" in g:
-                            g["foreach"] = False
-                try:
-                    self._step_optimizer()
-                except BaseException as exc:
-                    if not isinstance(exc, Exception) or not is_oom(exc):
-                        self._undo_after_error(exc, snapshot, tried, attempt)
-                        raise
-                    message = forget_exception(exc)
-                else:
-                    return None
-                free_memory()
-                self._event(
-                    "oom", "out of memory inside optimizer.step()", error=first_line(message)
-                )
-                if snapshot is not None:
-                    self._restore_or_raise(snapshot, tried, attempt)
-                    self._event(
-                        "restore",
-                        "parameters and optimizer state restored to their pre-step values",
-                        attempt=attempt,
-                    )
-                elif before is not None and undo_if_untouched(self.optimizer, before):
-                    self._event(
-                        "restore",
-                        "optimizer.step() failed before it changed anything: running it again",
-                        attempt=attempt,
-                    )
-                else:
-                    return message
-                tried.append(attempt)
-            return message
-        finally:
-            if saved_foreach is not None:
-                for g, value in zip(self.optimizer.param_groups, saved_foreach, strict=True):
-                    if "foreach" in g:
-                        g["foreach"] = value
-
-    def _undo_after_error(
-        self,
-        exc: BaseException,
-        snapshot: OptimizerSnapshot | None,
-        tried: list[str],
-        attempt: str,
-    ) -> None:
-        """A non-OOM error (or KeyboardInterrupt) inside ``optimizer.step()``: put back what
-        can be put back before it propagates."""
-        if snapshot is not None:
-            try:
-                self._restore_or_raise(snapshot, tried, attempt)
-            except OutOfMemory:
-                _add_note(
-                    exc,
-                    "memfit: the parameters could not be restored (out of memory); "
-                    "reload the last checkpoint",
-                )
-            else:
-                _add_note(
-                    exc,
-                    "memfit: parameters and optimizer state were restored to their "
-                    "values before this optimizer.step()",
-                )
-        else:
-            _add_note(
-                exc,
-                "memfit: no snapshot was taken for this optimizer.step(), so the parameters "
-                "may be partly updated; use snapshot_optimizer='always' to make every step "
-                "undoable",
-            )
-
-    def _reset_scaler_step(self) -> None:
-        if self.scaler is None:
-            return
-        from torch.amp.grad_scaler import _refresh_per_optimizer_state
-
-        self.scaler._per_optimizer_states[id(self.optimizer)] = _refresh_per_optimizer_state()
 
     def _peer_stopped(self) -> MemfitError:
         self._zero_grad()
@@ -997,8 +484,11 @@ class TrainGuard(GuardBase):
             self._reset_scaler_step()
             self._ladder = ladder.after_give_up(self._ladder)
             if self._journal is not None:
-                what = "retrying it from memfit's journal did not help; " + (
-                    self._divided or "the step was undone as a whole"
+                what = (
+                    "retrying it from memfit's journal did not help ("
+                    + self._journal.cost()
+                    + "); "
+                    + (self._divided or "the step was undone as a whole")
                 )
             elif self._snapshot is None:
                 what = "it could not be undone (snapshot_optimizer='never')"

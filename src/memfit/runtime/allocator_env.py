@@ -69,7 +69,7 @@ def installed_torch_version() -> tuple[int, int] | None:
         text = metadata.version("torch")
     except metadata.PackageNotFoundError:
         return None
-    match = re.match(r"(\d+)\.(\d+)", text)
+    match = re.match(r"(\d{1,9})\.(\d{1,9})", text, re.ASCII)
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 

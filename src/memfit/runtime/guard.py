@@ -33,7 +33,10 @@ gradient stays the full-batch gradient:
   chunk back and then undoes the step (one chunk) or completes it (several) before it
   propagates with a note saying which; an error that repeats while completing leaves the
   step divided, and the note names the parameters that took it. The copy costs memory
-  bandwidth every step (``docs/benchmarks.md``). ``"always"`` (or ``True``) copies
+  bandwidth every step (``docs/benchmarks.md``), and device memory during the step only
+  while the device has room for it next to the step; otherwise (or after an out-of-memory
+  with the copy on the device) it moves to host memory for good, so the journal never
+  makes a step that fits without it run out of memory. ``"always"`` (or ``True``) copies
   everything to host memory before every step instead (undone as a whole on any fault, no
   device memory); ``"never"`` (or ``False``) copies nothing: an out-of-memory inside a step
   is then retried only when the tensors' version counters show the step changed nothing

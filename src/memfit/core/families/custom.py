@@ -8,6 +8,7 @@ walker of :mod:`memfit.core.constraints` (never ``eval``).
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Mapping
 
 from memfit.core._workload_schema import Workload
@@ -20,12 +21,24 @@ from memfit.units import parse_bytes
 __all__ = ["FAMILY", "compile_terms", "terms"]
 
 
-def _size(text: str) -> int | None:
+#: A term written as a size: a number with a unit (``512MiB``, ``-1GiB``, ``1.5 GB``).
+_SIZE_LIKE = re.compile(
+    r"\s*[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?\s*[A-Za-z]+\s*", re.ASCII
+)
+
+
+def _size(text: str, key_path: str) -> int | None:
     """The bytes a term written as a size gives (``"512MiB"``), or ``None`` when the text is
-    not a size (then it is an expression)."""
+    not a size (then it is an expression).
+
+    Raises:
+        ConfigError: When it is written as a size that is not one (``"-1GiB"``, ``"3 parsecs"``).
+    """
     try:
         return parse_bytes(text)
-    except ConfigError:
+    except ConfigError as exc:
+        if _SIZE_LIKE.fullmatch(text):
+            raise ConfigError(exc.message, key_path=key_path, hint=exc.hint) from None
         return None
 
 
@@ -49,7 +62,7 @@ def compile_terms(workload: Workload) -> dict[str, int | Expr]:
         if isinstance(spec, int):
             out[name] = spec
             continue
-        constant = _size(spec)
+        constant = _size(spec, key_path)
         if constant is not None:
             out[name] = constant
             continue
