@@ -321,7 +321,11 @@ INTEGRATION_CASES: dict[str, Callable[[], dict[str, Any]]] = {
     "isaaclab.cleanup_event": lambda: {"env": SimpleNamespace(), "env_ids": None},
     "isaaclab.guarded_term": lambda: {"term": lambda env: torch.zeros(2)},
     "isaaclab.isaac_versions": dict,
-    "isaaclab.measure": lambda: {"make_env": lambda point: None, "probe": _device(), "store": False},
+    "isaaclab.measure": lambda: {
+        "make_env": lambda point: None,
+        "probe": _device(),
+        "store": False,
+    },
     "lightning.LightningGuard": lambda: {
         "pl_module": _pl_module(),
         "train_guard": memfit.TrainGuard(_optimizer(), _loss),
