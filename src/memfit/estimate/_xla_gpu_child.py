@@ -58,11 +58,13 @@ def _shape_bytes(dtype: str, dims: str) -> int:
     return n * _BYTES[dtype]
 
 
-def _gemm_buffers(hlo: str) -> list[list[int]]:
-    """For each GEMM or cuDNN call of the optimized HLO's entry and loop bodies, the bytes of
-    its result buffers and operands (the buffers the autotuner allocates for it on a device)."""
+def _gemm_buffers(hlo: str) -> list[dict[str, Any]]:
+    """For each GEMM or cuDNN call of the optimized HLO's entry and loop bodies, how XLA's
+    autotuner tunes it (``kind``: ``"cublas"`` for a cuBLAS custom call, ``"cudnn"`` for a
+    cuDNN one, ``"fusion"`` for a Triton or cuDNN GEMM fusion) and the bytes of its results
+    and operands (the buffers the autotuner allocates for it on a device)."""
     sizes: dict[str, list[int]] = {}
-    found = []
+    found: list[dict[str, Any]] = []
     for line in hlo.splitlines():
         match = _DEF.match(line)
         if match is None:
@@ -70,15 +72,20 @@ def _gemm_buffers(hlo: str) -> list[list[int]]:
         name, result, op, operands = match.groups()
         result_sizes = [_shape_bytes(t, d) for t, d in _SHAPE.findall(result)]
         sizes[name] = result_sizes
-        is_gemm = (op == "custom-call" and any(t in line for t in _GEMM[:2] + _GEMM[3:])) or (
-            op == "fusion" and "kind=kCustom" in line and _GEMM[2] in line
-        )
-        if not is_gemm:
+        if op == "custom-call" and any(t in line for t in _GEMM[:2]):
+            kind = "cublas"
+        elif op == "custom-call" and _GEMM[3] in line:
+            kind = "cudnn"
+        elif op == "fusion" and "kind=kCustom" in line and (
+            _GEMM[2] in line or "__cudnn$fusion" in line
+        ):
+            kind = "fusion"
+        else:
             continue
-        buffers = list(result_sizes)
-        for operand in re.findall(r"%([^\s,()]+)", operands):
-            buffers.append(sum(sizes.get(operand, [0])))
-        found.append(buffers)
+        operand_sizes = [
+            sum(sizes.get(operand, [0])) for operand in re.findall(r"%([^\s,()]+)", operands)
+        ]
+        found.append({"kind": kind, "results": result_sizes, "operands": operand_sizes})
     return found
 
 

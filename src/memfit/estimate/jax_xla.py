@@ -373,7 +373,7 @@ def _from_gpu_compile(
     argument, output, alias = result.argument_bytes, result.output_bytes, result.alias_bytes
     temp = result.temp_bytes
     buffers = argument + output - alias + temp
-    autotune = rt.autotune_bytes(result.gemm_buffers, target.compute_capability, env)
+    autotune = rt.autotune_bytes(result.gemm_buffers, env)
     rounding = sum(rt.round_up(n) - n for n in leaves) + rt.round_up(temp) - temp
     in_use = max(buffers, argument + autotune) + rounding
     context = cuda_context_bytes(spec)
@@ -381,9 +381,12 @@ def _from_gpu_compile(
     terms = [
         ("XLA buffers (arguments + outputs - donated + temporaries)", buffers,
          f"XLA:GPU's memory analysis, compiled for {target.compiled_for}"),
-        ("first-call autotuning above the arguments (largest GEMM's buffers, 8 MiB guard "
-         "zones each side, cuBLAS workspace)", max(0, argument + autotune - buffers),
-         "xla/service/gpu/autotuning/redzone_buffers.cc; xla_gpu_redzone_padding_bytes"),
+        ("first-call autotuning above the arguments (one GEMM's inputs with 8 MiB guard "
+         "zones each side, its output and the reference output)",
+         max(0, argument + autotune - buffers),
+         "xla/service/gpu/autotuning/redzone_buffers.cc, gemm_fusion_autotuner.cc, "
+         "gemm_algorithm_picker.cc; xla_gpu_redzone_padding_bytes; measured floors: "
+         "KluvaDa/benchback-rl"),
         ("BFC rounding to 256 B", rounding, bfc + " (kMinAllocationSize)"),
     ]  # fmt: skip
     notes = [

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from memfit.errors import BackendUnavailable, EstimateError
+from memfit.estimate.jax_runtime import GemmBuffers
 from memfit.hardware.xla_target import TargetConfig, base_for_limit
 
 __all__ = [
@@ -113,8 +114,8 @@ class GpuCompile:
         compiled_for: What it was compiled for (``"cuda sm_89 (NVIDIA GeForce RTX 4070)"``).
         memory_base_bytes: The ``device_memory_size`` the compile worked from.
         remat: XLA's rematerialization verdict when it could not fit its limit, else ``None``.
-        gemm_buffers: For each GEMM / cuDNN call, the bytes of its buffers (what the
-            autotuner allocates for it on a device).
+        gemm_buffers: For each GEMM / cuDNN call, how XLA tunes it and the bytes of its
+            buffers (what the autotuner allocates for it on a device).
         warnings: What XLA said it could not do without a device (sort scratch).
         seconds: The compile's time in the child.
     """
@@ -127,7 +128,7 @@ class GpuCompile:
     compiled_for: str
     memory_base_bytes: int
     remat: RematShortfall | None = None
-    gemm_buffers: tuple[tuple[int, ...], ...] = ()
+    gemm_buffers: tuple[GemmBuffers, ...] = ()
     warnings: tuple[str, ...] = ()
     seconds: float = 0.0
 
@@ -355,7 +356,7 @@ def compile_exported(
                     compiled_for=target.compiled_for,
                     memory_base_bytes=base,
                     remat=parse_remat(log),
-                    gemm_buffers=tuple(tuple(int(b) for b in g) for g in line["gemms"]),
+                    gemm_buffers=tuple(GemmBuffers.from_plain(g) for g in line["gemms"]),
                     warnings=tuple(warnings),
                     seconds=float(line["seconds"]),
                 )
