@@ -292,3 +292,27 @@ def test_a_whole_loop_trainer_counts_its_stacked_metrics() -> None:
     assert long.output_bytes - short.output_bytes == 10 * 64 * 4
     # the rollout and its shuffled copy are both in the temporaries
     assert short.temp_bytes >= 2 * 16 * 64 * 32 * 4
+
+
+@needs_extra
+def test_a_step_sharded_over_two_devices_is_compiled_per_device() -> None:
+    """A data-parallel step (batch sharded over an abstract mesh of two devices, gradients
+    all-reduced): the compile-only topology has two devices and every figure is per device."""
+    from jax.sharding import AbstractMesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    def step(w: Any, x: Any) -> Any:
+        return w - 0.1 * jax.grad(lambda w: jnp.mean(jnp.tanh(x @ w) ** 2))(w)
+
+    mesh = AbstractMesh((2,), ("data",))
+    w = jax.ShapeDtypeStruct((512, 512), jnp.float32, sharding=NamedSharding(mesh, P()))
+    x = jax.ShapeDtypeStruct((4096, 512), jnp.float32, sharding=NamedSharding(mesh, P("data")))
+    one = jax_xla().estimate_jax(jax.jit(step), w, jax.ShapeDtypeStruct(x.shape, x.dtype),
+                              gpu="RTX 4070")  # fmt: skip
+    two = jax_xla().estimate_jax(jax.jit(step), w, x, gpu="RTX 4070")
+    # half the batch per device: x's shard is 4 MiB of 8 MiB, w (1 MiB) replicated
+    assert one.argument_bytes == 9 * MiB and two.argument_bytes == 5 * MiB
+    assert any("compiled for 2 devices" in n for n in two.notes)
+    assert any("all-reduce" in n for n in two.notes)
+    assert any(name.startswith("device 1 holds less") for name, _, _ in two.breakdown)
+    assert not any("compiled for 2 devices" in n for n in one.notes)

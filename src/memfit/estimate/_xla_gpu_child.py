@@ -89,6 +89,31 @@ def _gemm_buffers(hlo: str) -> list[dict[str, Any]]:
     return found
 
 
+_COLLECTIVES = (
+    "all-reduce",
+    "all-gather",
+    "reduce-scatter",
+    "all-to-all",
+    "collective-permute",
+    "ragged-all-to-all",
+)
+
+
+def _collectives(hlo: str) -> list[list[Any]]:
+    """``[op, result bytes]`` of each collective of the optimized HLO (their ``-start`` halves
+    where XLA made them asynchronous): what one device sends or receives through NCCL."""
+    found: list[list[Any]] = []
+    for line in hlo.splitlines():
+        match = _DEF.match(line)
+        if match is None:
+            continue
+        _, result, op, _ = match.groups()
+        base = op[: -len("-start")] if op.endswith("-start") else op
+        if base in _COLLECTIVES:
+            found.append([base, sum(_shape_bytes(t, d) for t, d in _SHAPE.findall(result))])
+    return found
+
+
 def _compile(job: dict[str, Any], config: str, topology: Any, jax: Any) -> dict[str, Any]:
     from jax import export
     from jax.experimental import topologies
@@ -98,9 +123,18 @@ def _compile(job: dict[str, Any], config: str, topology: Any, jax: Any) -> dict[
     partition_spec: Any = _PartitionSpec  # untyped in jax's stubs
     with open(job["exported"], "rb") as f:
         exp: Any = export.deserialize(bytearray(f.read()))
-    mesh = topologies.make_mesh(topology, (1,), ("x",))
-    sharding = NamedSharding(mesh, partition_spec())
-    avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding) for a in exp.in_avals]
+    axes = job.get("mesh") or []
+    if axes:  # sharded over several devices: the same mesh over the compile-only devices
+        names = tuple(str(name) for name, _ in axes)
+        mesh = topologies.make_mesh(topology, tuple(int(size) for _, size in axes), names)
+    else:
+        mesh = topologies.make_mesh(topology, (1,), ("x",))
+    specs = job.get("specs") or [None] * len(exp.in_avals)
+    avals = []
+    for aval, spec in zip(exp.in_avals, specs, strict=True):
+        entries = [tuple(e) if isinstance(e, list) else e for e in (spec or [])]
+        sharding = NamedSharding(mesh, partition_spec(*entries))
+        avals.append(jax.ShapeDtypeStruct(aval.shape, aval.dtype, sharding=sharding))
 
     def flat(*leaves: Any) -> Any:
         args, kwargs = jax.tree_util.tree_unflatten(exp.in_tree, leaves)
@@ -125,6 +159,7 @@ def _compile(job: dict[str, Any], config: str, topology: Any, jax: Any) -> dict[
         "temp": get("temp_size_in_bytes"),
         "code": get("generated_code_size_in_bytes"),
         "gemms": _gemm_buffers(hlo),
+        "collectives": _collectives(hlo),
         "seconds": round(time.perf_counter() - start, 3),
     }
 
@@ -139,7 +174,9 @@ def main(path: str) -> int:
 
     try:
         topology = topologies.get_topology_desc(
-            platform="cuda", target_config=request["config"], topology="1x1x1"
+            platform="cuda",
+            target_config=request["config"],
+            topology=f"1x1x{int(request.get('devices', 1))}",
         )
     except Exception as exc:
         print(
