@@ -307,8 +307,8 @@ def test_a_step_sharded_over_two_devices_is_compiled_per_device() -> None:
     mesh = AbstractMesh((2,), ("data",))
     w = jax.ShapeDtypeStruct((512, 512), jnp.float32, sharding=NamedSharding(mesh, P()))
     x = jax.ShapeDtypeStruct((4096, 512), jnp.float32, sharding=NamedSharding(mesh, P("data")))
-    one = jax_xla().estimate_jax(jax.jit(step), w, jax.ShapeDtypeStruct(x.shape, x.dtype),
-                              gpu="RTX 4070")  # fmt: skip
+    plain = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (w, x)]
+    one = jax_xla().estimate_jax(jax.jit(step), *plain, gpu="RTX 4070")
     two = jax_xla().estimate_jax(jax.jit(step), w, x, gpu="RTX 4070")
     # half the batch per device: x's shard is 4 MiB of 8 MiB, w (1 MiB) replicated
     assert one.argument_bytes == 9 * MiB and two.argument_bytes == 5 * MiB
