@@ -257,7 +257,12 @@ def benchback_linen_ppo(settings: dict[str, Any]) -> Program:
 
     def reset_all(k: Any) -> Any:
         obs, state = jax.vmap(env.reset)(jax.random.split(k, num_envs))
-        carry = (obs.reshape(num_envs, obs_dim), state, jnp.zeros(num_envs), jnp.zeros(num_envs, jnp.int32))
+        carry = (
+            obs.reshape(num_envs, obs_dim),
+            state,
+            jnp.zeros(num_envs),
+            jnp.zeros(num_envs, jnp.int32),
+        )
         return carry
 
     carry = sds(jax.eval_shape(reset_all, key))
@@ -297,7 +302,9 @@ def benchback_linen_ppo(settings: dict[str, Any]) -> Program:
             return (gae, value), gae
 
         init = (jnp.zeros_like(final_value), final_value)
-        _, adv = jax.lax.scan(back, init, (values, rewards, dones.astype(jnp.float32)), reverse=True)
+        _, adv = jax.lax.scan(
+            back, init, (values, rewards, dones.astype(jnp.float32)), reverse=True
+        )
         return adv, adv + values
 
     def update(train_state: Any, rollout: Any, k: Any) -> Any:
@@ -326,8 +333,8 @@ def benchback_linen_ppo(settings: dict[str, Any]) -> Program:
             order = jax.random.permutation(k_epoch, batch)
 
             def shuffled(x: Any) -> Any:
-                flat = x.reshape((batch,) + x.shape[2:])[order]
-                return flat.reshape((num_minibatches, size) + x.shape[2:])
+                flat = x.reshape((batch, *x.shape[2:]))[order]
+                return flat.reshape((num_minibatches, size, *x.shape[2:]))
 
             data = tuple(shuffled(x) for x in (obs, actions, log_probs, adv, returns, values))
             return jax.lax.scan(minibatch, state, data)
@@ -337,24 +344,36 @@ def benchback_linen_ppo(settings: dict[str, Any]) -> Program:
         )
         return (params, opt_state, count + epochs * num_minibatches), losses.mean()
 
+    gae_out = jax.ShapeDtypeStruct(values.shape, jnp.float32)  # advantages, returns
     rollout_args = (
-        sds(rollout_out[0]), sds(rollout_out[1]), sds(rollout_out[2]), values,
-        jax.ShapeDtypeStruct(values.shape, jnp.float32), jax.ShapeDtypeStruct(values.shape, jnp.float32),
+        sds(rollout_out[0]), sds(rollout_out[1]), sds(rollout_out[2]), values, gae_out, gae_out,
     )  # fmt: skip
     state = (params, opt_state, step_count)
     nbytes = _tree_bytes
     program = Program()
     program.phases.append(
-        Phase("rollout", jax.jit(collect_rollout), (params, carry, keys),
-              held_bytes=nbytes(opt_state) + nbytes(step_count))  # fmt: skip
+        Phase(
+            "rollout",
+            jax.jit(collect_rollout),
+            (params, carry, keys),
+            held_bytes=nbytes(opt_state) + nbytes(step_count),
+        )
     )
     program.phases.append(
-        Phase("advantages", jax.jit(compute_gae), (values, rewards, dones, final_value),
-              held_bytes=nbytes(state) + nbytes(carry) + nbytes(rollout_out[:3]))  # fmt: skip
+        Phase(
+            "advantages",
+            jax.jit(compute_gae),
+            (values, rewards, dones, final_value),
+            held_bytes=nbytes(state) + nbytes(carry) + nbytes(rollout_out[:3]),
+        )
     )
     program.phases.append(
-        Phase("update", jax.jit(update), (state, rollout_args, keys),
-              held_bytes=nbytes(carry) + nbytes(rollout_out[4:6]))  # fmt: skip
+        Phase(
+            "update",
+            jax.jit(update),
+            (state, rollout_args, keys),
+            held_bytes=nbytes(carry) + nbytes(rollout_out[4:6]),
+        )
     )
     return program
 
@@ -465,9 +484,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-before", action="store_true", help="skip the CPU compile")
     args = parser.parse_args(argv)
     runs = [
-        r
-        for r in load_runs()
-        if args.series in (None, r.series) and args.run in (None, r.name)
+        r for r in load_runs() if args.series in (None, r.series) and args.run in (None, r.name)
     ]
     results = []
     for outcome in outcomes(runs, before=not args.no_before):

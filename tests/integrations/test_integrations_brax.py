@@ -386,9 +386,7 @@ def test_the_plan_says_what_its_measurements_were_compiled_for() -> None:
     card = "cuda sm_89 (NVIDIA GeForce RTX 4070)"
     provenance = recorded.measurements.provenance.model_copy(update={"platform": card})
     measured = recorded.measurements.model_copy(update={"provenance": provenance})
-    for_card = memfit.plan(
-        recorded.model_copy(update={"measurements": measured}), gpu="RTX 4070"
-    )
+    for_card = memfit.plan(recorded.model_copy(update={"measurements": measured}), gpu="RTX 4070")
     assert for_card.compiled_for == card
     assert for_card.to_dict()["compiled_for"] == card
     # a workload planned without a compile has none

@@ -76,8 +76,10 @@ def _gemm_buffers(hlo: str) -> list[dict[str, Any]]:
             kind = "cublas"
         elif op == "custom-call" and _GEMM[3] in line:
             kind = "cudnn"
-        elif op == "fusion" and "kind=kCustom" in line and (
-            _GEMM[2] in line or "__cudnn$fusion" in line
+        elif (
+            op == "fusion"
+            and "kind=kCustom" in line
+            and (_GEMM[2] in line or "__cudnn$fusion" in line)
         ):
             kind = "fusion"
         else:
