@@ -26,15 +26,28 @@ RUNS = published.load_runs()
 BY_KEY = {run.key: run for run in RUNS}
 
 #: The runs CI predicts (the bench predicts them all): the smallest program (the autotuner's
-#: floor decides it), the largest (its buffers decide it), and an image one.
+#: floor decides it), the largest (its buffers decide it), and one with image observations.
 CHECKED = [
     "benchback_rl_gymnax_ppo/CartPole-v1 64x64",
     "benchback_rl_gymnax_ppo/CartPole-v1 1024x6",
-    "benchback_rl_gymnax_ppo/Breakout-MinAtar 64x64",
+    "benchback_rl_gymnax_ppo/Freeway-MinAtar 64x64",
 ]
 
-#: Runs memfit still misses by more than the goal, and why.
-KNOWN_MISSES: dict[str, str] = {}
+#: Runs memfit still misses by more than the goal, and why (docs/benchmarks.md, issue 30).
+KNOWN_MISSES: dict[str, str] = {
+    "benchback_rl_gymnax_ppo/CartPole-v1 1024x6": (
+        "the measured peak is 24.2 MiB above jaxlib 0.10.2's buffers for every "
+        "classic-control env alike (six 4 MiB buffers of a 1024-wide layer at a 1024-row "
+        "minibatch); the source ran jaxlib 0.7.2, whose XLA fused and buffered the update "
+        "differently, or the BFC allocator handed the temporaries a larger free chunk (it "
+        "does not split one under twice the request): not modelled"
+    ),
+    "benchback_rl_gymnax_ppo/Freeway-MinAtar 64x64": (
+        "the source's update held one more copy of the rollout's observations than "
+        "jaxlib 0.10.2's compile (that copy brings every MinAtar run within -4.2%..+0.6%), "
+        "likely jaxlib 0.7.2's XLA copying the scanned, shuffled batch: not modelled"
+    ),
+}
 
 
 def test_every_jax_source_states_what_a_rebuild_needs() -> None:
