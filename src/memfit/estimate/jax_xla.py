@@ -538,7 +538,10 @@ def estimate_jax(
 
     Args:
         fn: The step (jitted or not).
-        *args: Its arguments: arrays, pytrees, or ``jax.ShapeDtypeStruct``.
+        *args: Its arguments: arrays, pytrees, or ``jax.ShapeDtypeStruct``. Arguments sharded
+            over a mesh of several devices (a ``NamedSharding`` on a ``jax.sharding.Mesh`` or
+            ``AbstractMesh``) are compiled, with the GPU compiler, for that many devices:
+            every figure is then per device (device 0's, which also holds the autotuning).
         gpu: GPU name or size for the device-level prediction (context, preallocation).
         environ: Environment to read JAX's allocator settings from (default ``os.environ``).
         batch_size: Recorded in the result, for sweeps.
