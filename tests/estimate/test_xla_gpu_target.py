@@ -91,6 +91,7 @@ def test_the_laptop_3070s_memory_is_the_one_xla_printed_for_it() -> None:
     figures = card_figures(config.name)
     assert figures is not None
     assert "purejaxrl" in _sources()[figures["cuda_total_source"]]
+    assert "purejaxrl" in config.source  # the config says where its memory figure is from
 
 
 def _sources() -> dict[str, str]:
