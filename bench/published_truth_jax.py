@@ -1,8 +1,8 @@
 """Published JAX GPU memory measurements, rebuilt from their text and predicted by memfit.
 
 Each file under ``tests/data/published_truth/`` with ``framework: jax`` names a public source,
-the quantity it measured (``memory_stats()["peak_bytes_in_use"]``, the limit XLA printed), its
-GPU and versions as stated, and its runs. This script rebuilds each run's program as the source
+the quantity it measured (``memory_stats()["peak_bytes_in_use"]``), its GPU and versions as
+stated, and its runs. This script rebuilds each run's program as the source
 ran it (its networks, optimizer, rollout and update, each jitted function as the source jitted
 it) and predicts the measured quantity with :func:`memfit.estimate_jax` for the source's card:
 
@@ -437,15 +437,6 @@ def _phase_figures(phase: Phase, gpu: str, compiler: str) -> tuple[int, str, tup
 def predict(run: Run, *, before: bool = True, phases: Sequence[str] | None = None) -> Outcome:
     """Rebuild ``run``'s program and predict its measured quantity for the source's card."""
     started = time.perf_counter()
-    if run.quantity == "allocator_limit":
-        from memfit.estimate.jax_xla import preallocation_from_env
-        from memfit.hardware.catalog import gpu as lookup
-        from memfit.hardware.xla_target import target_config
-
-        fraction = preallocation_from_env(run.settings.get("environ") or {}).fraction
-        target = target_config(lookup(run.gpu))
-        limit = int(target.device_memory_size * fraction)
-        return Outcome(run, limit, None, "-", time.perf_counter() - started, target.compiled_for)
     program = WORKLOADS[run.workload](run.settings)
     chosen = [p for p in program.phases if phases is None or p.name in phases]
     best = (-1, "", "", ())
