@@ -392,7 +392,9 @@ def _from_gpu_compile(
     notes = [
         "XLA's memory analysis is a lower bound (its documentation says so)",
         f"compiled by XLA's GPU compiler for {target.compiled_for} on this machine, "
-        "without the card (compile-only devices)",
+        f"without the card (compile-only devices), with jaxlib {_jaxlib_version()}'s XLA: a "
+        "GPU running another jaxlib may fuse and buffer the step differently (published "
+        "peaks of jaxlib 0.7.2 runs are compared in docs/benchmarks.md)",
     ]
     limit = int(target.device_memory_size * policy.fraction)
     if policy.platform_allocator:
@@ -466,6 +468,15 @@ def _from_gpu_compile(
         xla_reduced_to_bytes=reduced,
         breakdown=tuple((name, int(n), src) for name, n, src in terms),
     )
+
+
+def _jaxlib_version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("jaxlib")
+    except metadata.PackageNotFoundError:
+        return "?"
 
 
 def _other_devices_term(devices: int, buffers: int, device0: int) -> tuple[str, int, str]:
