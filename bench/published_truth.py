@@ -70,6 +70,8 @@ def load_runs(root: Path = DATA) -> list[Run]:
     runs: list[Run] = []
     for path in sorted(root.glob("*.yaml")):
         data = yaml.safe_load(path.read_text())
+        if data.get("framework", "torch") != "torch":
+            continue  # JAX sources: bench/published_truth_jax.py
         for item in data["runs"]:
             runs.append(
                 Run(

@@ -61,6 +61,7 @@ def test_every_cuda_card_has_a_target_config_from_its_own_figures() -> None:
         config = target_config(spec)
         figures = card_figures(spec.name)
         assert figures is not None and figures["source_text"], spec.name
+        assert figures.get("cuda_total_source", figures["source"]) in _sources(), spec.name
         assert config.core_count == figures["sm_count"] > 0
         assert 0.5 < config.clock_rate_ghz < 3.0, spec.name
         # CUDA's total is at most nvidia-smi's, and not far below it
@@ -81,6 +82,25 @@ def test_compiled_for_names_the_card_and_its_target() -> None:
     assert "feature_extension" not in target_config(lookup_gpu("T4")).text(feature_extension=False)
 
 
+def test_the_laptop_3070s_memory_is_the_one_xla_printed_for_it() -> None:
+    """luchris429/purejaxrl#38: on an 8 GB RTX 3070 Laptop GPU XLA printed its base limit,
+    JAX's allocator limit (0.75 of the memory CUDA reports), as 6,244,368,384 bytes."""
+    config = target_config(lookup_gpu("RTX 3070 Laptop"))
+    assert config.device_memory_source == "published"
+    assert int(config.device_memory_size * 0.75) == 6_244_368_384
+    figures = card_figures(config.name)
+    assert figures is not None
+    assert "purejaxrl" in _sources()[figures["cuda_total_source"]]
+    assert "purejaxrl" in config.source  # the config says where its memory figure is from
+
+
+def _sources() -> dict[str, str]:
+    from memfit.hardware.xla_target import _data
+
+    sources: dict[str, str] = _data()["sources"]
+    return sources
+
+
 def test_a_gpu_known_only_by_its_size_has_no_target_config() -> None:
     with pytest.raises(ConfigError, match="no XLA target config"):
         target_config(lookup_gpu("12GiB"))
@@ -96,14 +116,28 @@ def test_xla_memory_limit_is_xlas_rule() -> None:
 # -- the runtime's terms ----------------------------------------------------------------------
 
 
-def test_autotuning_holds_guard_zones_and_the_workspace() -> None:
-    triton = [[8 * MiB, 8 * MiB, MiB]]  # result, two operands: cuBLAS's workspace is added
-    assert rt.autotune_bytes(triton, (8, 9), {}) == 17 * MiB + 4 * MiB + 4 * 16 * MiB
-    assert rt.autotune_bytes(triton, (9, 0), {}) == 17 * MiB + 32 * MiB + 4 * 16 * MiB
-    assert rt.autotune_bytes(triton, (8, 9), {"XLA_FLAGS": "--xla_gpu_autotune_level=0"}) == 0
+def test_autotuning_holds_guarded_buffers_one_gemm_at_a_time() -> None:
+    gemm = rt.GemmBuffers
+    # a GEMM fusion: its two inputs guarded (8 MiB each side), output and reference unguarded
+    fusion = gemm("fusion", (MiB,), (8 * MiB, MiB))
+    assert rt.autotune_bytes([fusion], {}) == (8 + 16) * MiB + (1 + 16) * MiB + 2 * MiB
+    # a fused bias (a third, small input) is not counted: the measured floors show two
+    with_bias = gemm("fusion", (MiB,), (8 * MiB, MiB, 4096))
+    assert rt.autotune_bytes([with_bias], {}) == rt.autotune_bytes([fusion], {})
+    # a cuBLAS call: operands, result, workspace and a reference copy, every one guarded
+    cublas = gemm("cublas", (MiB, 4 * MiB), (8 * MiB, MiB))
+    assert rt.autotune_bytes([cublas], {}) == (8 + 1 + 1 + 4 + 1) * MiB + 5 * 16 * MiB
+    # one GEMM at a time: the largest decides
+    assert rt.autotune_bytes([fusion, cublas], {}) == rt.autotune_bytes([cublas], {})
+    assert rt.autotune_bytes([fusion], {"XLA_FLAGS": "--xla_gpu_autotune_level=0"}) == 0
+    # below level 4 no correctness check: no guard zones, no reference
+    assert rt.autotune_bytes([fusion], {"XLA_FLAGS": "--xla_gpu_autotune_level=3"}) == 10 * MiB
     padded = {"XLA_FLAGS": "--xla_gpu_redzone_padding_bytes=0"}
-    assert rt.autotune_bytes(triton, (8, 9), padded) == 21 * MiB
-    assert rt.autotune_bytes([], (8, 9), {}) == 0
+    assert rt.autotune_bytes([fusion], padded) == 11 * MiB
+    assert rt.autotune_bytes([], {}) == 0
+    assert gemm.from_plain({"kind": "fusion", "results": [1], "operands": [2, 3]}) == gemm(
+        "fusion", (1,), (2, 3)
+    )
 
 
 def test_bfc_growth_doubles_its_regions() -> None:
@@ -259,3 +293,27 @@ def test_a_whole_loop_trainer_counts_its_stacked_metrics() -> None:
     assert long.output_bytes - short.output_bytes == 10 * 64 * 4
     # the rollout and its shuffled copy are both in the temporaries
     assert short.temp_bytes >= 2 * 16 * 64 * 32 * 4
+
+
+@needs_extra
+def test_a_step_sharded_over_two_devices_is_compiled_per_device() -> None:
+    """A data-parallel step (batch sharded over an abstract mesh of two devices, gradients
+    all-reduced): the compile-only topology has two devices and every figure is per device."""
+    from jax.sharding import AbstractMesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    def step(w: Any, x: Any) -> Any:
+        return w - 0.1 * jax.grad(lambda w: jnp.mean(jnp.tanh(x @ w) ** 2))(w)
+
+    mesh = AbstractMesh((2,), ("data",))
+    w = jax.ShapeDtypeStruct((512, 512), jnp.float32, sharding=NamedSharding(mesh, P()))
+    x = jax.ShapeDtypeStruct((4096, 512), jnp.float32, sharding=NamedSharding(mesh, P("data")))
+    plain = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (w, x)]
+    one = jax_xla().estimate_jax(jax.jit(step), *plain, gpu="RTX 4070")
+    two = jax_xla().estimate_jax(jax.jit(step), w, x, gpu="RTX 4070")
+    # half the batch per device: x's shard is 4 MiB of 8 MiB, w (1 MiB) replicated
+    assert one.argument_bytes == 9 * MiB and two.argument_bytes == 5 * MiB
+    assert any("compiled for 2 devices" in n for n in two.notes)
+    assert any("all-reduce" in n for n in two.notes)
+    assert any(name.startswith("device 1 holds less") for name, _, _ in two.breakdown)
+    assert not any("compiled for 2 devices" in n for n in one.notes)

@@ -385,3 +385,28 @@ def test_ensure_jax_compat_replicates_over_devices() -> None:
     mbrax.ensure_jax_compat()
     out = jax.device_put_replicated({"w": jax.numpy.ones(3)}, jax.local_devices())
     assert out["w"].shape == (jax.local_device_count(), 3)
+
+
+def test_the_plan_says_what_its_measurements_were_compiled_for() -> None:
+    """``compiled_for`` is a field of the plan (and of its JSON), not only words in a note."""
+    recorded = memfit.load_workload("brax_humanoid_ppo")
+    assert recorded.measurements is not None
+    plain = memfit.plan(recorded, gpu="RTX 4070")
+    assert plain.compiled_for == recorded.measurements.provenance.platform == "cpu"
+    card = "cuda sm_89 (NVIDIA GeForce RTX 4070)"
+    provenance = recorded.measurements.provenance.model_copy(update={"platform": card})
+    measured = recorded.measurements.model_copy(update={"provenance": provenance})
+    for_card = memfit.plan(recorded.model_copy(update={"measurements": measured}), gpu="RTX 4070")
+    assert for_card.compiled_for == card
+    assert for_card.to_dict()["compiled_for"] == card
+    # a workload planned without a compile has none
+    assert memfit.plan("sac_pixels_8gb", gpu="RTX 4070").compiled_for is None
+
+
+def test_plan_json_carries_compiled_for() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "memfit.cli.main", "plan", "brax_humanoid_ppo", "--gpu",
+         "RTX 4070", "--json"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert json.loads(out)["compiled_for"] == "cpu"

@@ -23,4 +23,5 @@ PLAN_FIELDS = [
     "host_memory_bytes",
     "host_budget_bytes",
     "context",
+    "compiled_for",
 ]

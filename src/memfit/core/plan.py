@@ -91,6 +91,10 @@ class Plan:
             module loading and why), the architecture and the source of the figure
             (:meth:`memfit.hardware.runtime.ContextEstimate.to_dict`); ``None`` when the
             context was given (measured) rather than estimated.
+        compiled_for: For a JAX workload planned from measured compiles (Brax's), what XLA
+            compiled them for: ``"cuda sm_89 (NVIDIA GeForce RTX 4070)"`` (XLA's GPU
+            compiler for that card) or ``"cpu"``; ``None`` for workloads planned without a
+            compile.
     """
 
     gpu: str
@@ -110,6 +114,7 @@ class Plan:
     host_memory_bytes: int | None = None
     host_budget_bytes: int | None = None
     context: dict[str, Any] | None = None
+    compiled_for: str | None = None
 
     @property
     def used_bytes(self) -> int:
@@ -148,6 +153,7 @@ class Plan:
             "host_memory_bytes": self.host_memory_bytes,
             "host_budget_bytes": self.host_budget_bytes,
             "context": None if self.context is None else dict(self.context),
+            "compiled_for": self.compiled_for,
         }
 
 
@@ -353,8 +359,10 @@ def _finish(space: Space, gpu: GpuSpec, budget: Budget, plan_: Plan) -> Plan:
         pool_fraction=budget.pool_fraction,
         gpu=gpu,
     )
+    measured = workload.measurements if workload.framework == "jax" else None
     return replace(
         plan_,
+        compiled_for=None if measured is None else measured.provenance.platform,
         host_memory_bytes=space.host_memory_bytes,
         host_budget_bytes=space.host_budget_bytes,
         gpu_total_bytes=gpu.total_bytes,

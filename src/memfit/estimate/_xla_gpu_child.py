@@ -58,11 +58,13 @@ def _shape_bytes(dtype: str, dims: str) -> int:
     return n * _BYTES[dtype]
 
 
-def _gemm_buffers(hlo: str) -> list[list[int]]:
-    """For each GEMM or cuDNN call of the optimized HLO's entry and loop bodies, the bytes of
-    its result buffers and operands (the buffers the autotuner allocates for it on a device)."""
+def _gemm_buffers(hlo: str) -> list[dict[str, Any]]:
+    """For each GEMM or cuDNN call of the optimized HLO's entry and loop bodies, how XLA's
+    autotuner tunes it (``kind``: ``"cublas"`` for a cuBLAS custom call, ``"cudnn"`` for a
+    cuDNN one, ``"fusion"`` for a Triton or cuDNN GEMM fusion) and the bytes of its results
+    and operands (the buffers the autotuner allocates for it on a device)."""
     sizes: dict[str, list[int]] = {}
-    found = []
+    found: list[dict[str, Any]] = []
     for line in hlo.splitlines():
         match = _DEF.match(line)
         if match is None:
@@ -70,15 +72,47 @@ def _gemm_buffers(hlo: str) -> list[list[int]]:
         name, result, op, operands = match.groups()
         result_sizes = [_shape_bytes(t, d) for t, d in _SHAPE.findall(result)]
         sizes[name] = result_sizes
-        is_gemm = (op == "custom-call" and any(t in line for t in _GEMM[:2] + _GEMM[3:])) or (
-            op == "fusion" and "kind=kCustom" in line and _GEMM[2] in line
-        )
-        if not is_gemm:
+        if op == "custom-call" and any(t in line for t in _GEMM[:2]):
+            kind = "cublas"
+        elif op == "custom-call" and _GEMM[3] in line:
+            kind = "cudnn"
+        elif (
+            op == "fusion"
+            and "kind=kCustom" in line
+            and (_GEMM[2] in line or "__cudnn$fusion" in line)
+        ):
+            kind = "fusion"
+        else:
             continue
-        buffers = list(result_sizes)
-        for operand in re.findall(r"%([^\s,()]+)", operands):
-            buffers.append(sum(sizes.get(operand, [0])))
-        found.append(buffers)
+        operand_sizes = [
+            sum(sizes.get(operand, [0])) for operand in re.findall(r"%([^\s,()]+)", operands)
+        ]
+        found.append({"kind": kind, "results": result_sizes, "operands": operand_sizes})
+    return found
+
+
+_COLLECTIVES = (
+    "all-reduce",
+    "all-gather",
+    "reduce-scatter",
+    "all-to-all",
+    "collective-permute",
+    "ragged-all-to-all",
+)
+
+
+def _collectives(hlo: str) -> list[list[Any]]:
+    """``[op, result bytes]`` of each collective of the optimized HLO (their ``-start`` halves
+    where XLA made them asynchronous): what one device sends or receives through NCCL."""
+    found: list[list[Any]] = []
+    for line in hlo.splitlines():
+        match = _DEF.match(line)
+        if match is None:
+            continue
+        _, result, op, _ = match.groups()
+        base = op[: -len("-start")] if op.endswith("-start") else op
+        if base in _COLLECTIVES:
+            found.append([base, sum(_shape_bytes(t, d) for t, d in _SHAPE.findall(result))])
     return found
 
 
@@ -91,9 +125,18 @@ def _compile(job: dict[str, Any], config: str, topology: Any, jax: Any) -> dict[
     partition_spec: Any = _PartitionSpec  # untyped in jax's stubs
     with open(job["exported"], "rb") as f:
         exp: Any = export.deserialize(bytearray(f.read()))
-    mesh = topologies.make_mesh(topology, (1,), ("x",))
-    sharding = NamedSharding(mesh, partition_spec())
-    avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding) for a in exp.in_avals]
+    axes = job.get("mesh") or []
+    if axes:  # sharded over several devices: the same mesh over the compile-only devices
+        names = tuple(str(name) for name, _ in axes)
+        mesh = topologies.make_mesh(topology, tuple(int(size) for _, size in axes), names)
+    else:
+        mesh = topologies.make_mesh(topology, (1,), ("x",))
+    specs = job.get("specs") or [None] * len(exp.in_avals)
+    avals = []
+    for aval, spec in zip(exp.in_avals, specs, strict=True):
+        entries = [tuple(e) if isinstance(e, list) else e for e in (spec or [])]
+        sharding = NamedSharding(mesh, partition_spec(*entries))
+        avals.append(jax.ShapeDtypeStruct(aval.shape, aval.dtype, sharding=sharding))
 
     def flat(*leaves: Any) -> Any:
         args, kwargs = jax.tree_util.tree_unflatten(exp.in_tree, leaves)
@@ -118,6 +161,7 @@ def _compile(job: dict[str, Any], config: str, topology: Any, jax: Any) -> dict[
         "temp": get("temp_size_in_bytes"),
         "code": get("generated_code_size_in_bytes"),
         "gemms": _gemm_buffers(hlo),
+        "collectives": _collectives(hlo),
         "seconds": round(time.perf_counter() - start, 3),
     }
 
@@ -132,7 +176,9 @@ def main(path: str) -> int:
 
     try:
         topology = topologies.get_topology_desc(
-            platform="cuda", target_config=request["config"], topology="1x1x1"
+            platform="cuda",
+            target_config=request["config"],
+            topology=f"1x1x{int(request.get('devices', 1))}",
         )
     except Exception as exc:
         print(

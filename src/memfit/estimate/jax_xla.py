@@ -373,7 +373,7 @@ def _from_gpu_compile(
     argument, output, alias = result.argument_bytes, result.output_bytes, result.alias_bytes
     temp = result.temp_bytes
     buffers = argument + output - alias + temp
-    autotune = rt.autotune_bytes(result.gemm_buffers, target.compute_capability, env)
+    autotune = rt.autotune_bytes(result.gemm_buffers, env)
     rounding = sum(rt.round_up(n) - n for n in leaves) + rt.round_up(temp) - temp
     in_use = max(buffers, argument + autotune) + rounding
     context = cuda_context_bytes(spec)
@@ -381,15 +381,20 @@ def _from_gpu_compile(
     terms = [
         ("XLA buffers (arguments + outputs - donated + temporaries)", buffers,
          f"XLA:GPU's memory analysis, compiled for {target.compiled_for}"),
-        ("first-call autotuning above the arguments (largest GEMM's buffers, 8 MiB guard "
-         "zones each side, cuBLAS workspace)", max(0, argument + autotune - buffers),
-         "xla/service/gpu/autotuning/redzone_buffers.cc; xla_gpu_redzone_padding_bytes"),
+        ("first-call autotuning above the arguments (one GEMM's inputs with 8 MiB guard "
+         "zones each side, its output and the reference output)",
+         max(0, argument + autotune - buffers),
+         "xla/service/gpu/autotuning/redzone_buffers.cc, gemm_fusion_autotuner.cc, "
+         "gemm_algorithm_picker.cc; xla_gpu_redzone_padding_bytes; measured floors: "
+         "KluvaDa/benchback-rl"),
         ("BFC rounding to 256 B", rounding, bfc + " (kMinAllocationSize)"),
     ]  # fmt: skip
     notes = [
         "XLA's memory analysis is a lower bound (its documentation says so)",
         f"compiled by XLA's GPU compiler for {target.compiled_for} on this machine, "
-        "without the card (compile-only devices)",
+        f"without the card (compile-only devices), with jaxlib {_jaxlib_version()}'s XLA: a "
+        "GPU running another jaxlib may fuse and buffer the step differently (published "
+        "peaks of jaxlib 0.7.2 runs are compared in docs/benchmarks.md)",
     ]
     limit = int(target.device_memory_size * policy.fraction)
     if policy.platform_allocator:
@@ -432,9 +437,17 @@ def _from_gpu_compile(
     if target.note:
         notes.append(target.note)
     notes.extend(result.warnings)
+    if result.devices > 1:
+        terms.append(_other_devices_term(result.devices, buffers + rounding, in_use))
+        notes.extend(_several_devices_notes(result))
     notes.append(
-        "not counted: cuDNN convolution autotuning beyond its buffers, and, on several GPUs, "
-        "device 0's extra and the collectives' buffers"
+        "not counted: cuDNN convolution autotuning beyond its buffers"
+        + (
+            "; on several GPUs, arrays the program leaves on JAX's default device (device 0) "
+            "and NCCL's own buffers"
+            if result.devices > 1
+            else ""
+        )
     )
     return JaxEstimate(
         argument_bytes=argument,
@@ -455,6 +468,56 @@ def _from_gpu_compile(
         xla_reduced_to_bytes=reduced,
         breakdown=tuple((name, int(n), src) for name, n, src in terms),
     )
+
+
+def _jaxlib_version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("jaxlib")
+    except metadata.PackageNotFoundError:
+        return "?"
+
+
+def _other_devices_term(devices: int, buffers: int, device0: int) -> tuple[str, int, str]:
+    """The breakdown line for devices 1..N-1: XLA's buffers only (the autotuner ran on
+    device 0), reported as how much less than device 0 each holds."""
+    others = "device 1 holds" if devices == 2 else f"devices 1-{devices - 1} each hold"
+    return (
+        f"{others} less than device 0 by (the first call's autotuning runs on device 0 only)",
+        max(0, device0 - buffers),
+        "XLA's GPU compiler autotunes with one device's stream executor (AutotuneConfig, "
+        "xla/service/gpu/autotuning/autotuner_util.h; not measured on several GPUs); SPMD "
+        "gives every device the same buffers",
+    )
+
+
+def _several_devices_notes(result: Any) -> list[str]:
+    """What the estimate of a step sharded over several devices says besides its terms."""
+    from memfit.units import format_bytes
+
+    notes = [
+        f"compiled for {result.devices} devices (compile-only topology 1x1x{result.devices}, "
+        "XLA's SPMD partitioning): every figure is per device; peak_bytes_in_use is device "
+        "0's, which also holds the first call's autotuning"
+    ]
+    if result.collectives:
+        moved = sum(size for _, size in result.collectives)
+        kinds = sorted({op for op, _ in result.collectives})
+        notes.append(
+            f"{len(result.collectives)} collectives ({', '.join(kinds)}) move "
+            f"{format_bytes(moved)} per device and call; their results are among XLA's "
+            "buffers above. NCCL's own communication buffers (NCCL_BUFFSIZE, 4 MiB by default, "
+            "per channel and peer, and its communicators) are allocated outside JAX's allocator: "
+            "in nvidia-smi, not in memory_stats(), and not counted (their number of channels "
+            "and peers depends on the machine's topology)"
+        )
+    notes.append(
+        "device 0 also holds every array the program did not shard or place (JAX puts "
+        "uncommitted arrays on jax.devices()[0]: keys, metrics, anything created outside a "
+        "sharded jit); memfit cannot see those"
+    )
+    return notes
 
 
 def _memory_base(target: Any, environ: Mapping[str, str] | None) -> int | None:
@@ -486,7 +549,10 @@ def estimate_jax(
 
     Args:
         fn: The step (jitted or not).
-        *args: Its arguments: arrays, pytrees, or ``jax.ShapeDtypeStruct``.
+        *args: Its arguments: arrays, pytrees, or ``jax.ShapeDtypeStruct``. Arguments sharded
+            over a mesh of several devices (a ``NamedSharding`` on a ``jax.sharding.Mesh`` or
+            ``AbstractMesh``) are compiled, with the GPU compiler, for that many devices:
+            every figure is then per device (device 0's, which also holds the autotuning).
         gpu: GPU name or size for the device-level prediction (context, preallocation).
         environ: Environment to read JAX's allocator settings from (default ``os.environ``).
         batch_size: Recorded in the result, for sweeps.

@@ -30,7 +30,8 @@ from importlib import metadata, util
 from pathlib import Path
 from typing import Any
 
-from memfit.errors import BackendUnavailable, EstimateError
+from memfit.errors import BackendUnavailable, ConfigError, EstimateError
+from memfit.estimate.jax_runtime import GemmBuffers
 from memfit.hardware.xla_target import TargetConfig, base_for_limit
 
 __all__ = [
@@ -113,10 +114,13 @@ class GpuCompile:
         compiled_for: What it was compiled for (``"cuda sm_89 (NVIDIA GeForce RTX 4070)"``).
         memory_base_bytes: The ``device_memory_size`` the compile worked from.
         remat: XLA's rematerialization verdict when it could not fit its limit, else ``None``.
-        gemm_buffers: For each GEMM / cuDNN call, the bytes of its buffers (what the
-            autotuner allocates for it on a device).
+        gemm_buffers: For each GEMM / cuDNN call, how XLA tunes it and the bytes of its
+            buffers (what the autotuner allocates for it on a device).
         warnings: What XLA said it could not do without a device (sort scratch).
         seconds: The compile's time in the child.
+        devices: The devices the step was compiled for (``topology="1x1xN"``): the figures
+            are per device (XLA's SPMD partitioner gives each device the same program).
+        collectives: ``(op, result bytes)`` of each collective in the compiled program.
     """
 
     argument_bytes: int
@@ -127,17 +131,82 @@ class GpuCompile:
     compiled_for: str
     memory_base_bytes: int
     remat: RematShortfall | None = None
-    gemm_buffers: tuple[tuple[int, ...], ...] = ()
+    gemm_buffers: tuple[GemmBuffers, ...] = ()
     warnings: tuple[str, ...] = ()
     seconds: float = 0.0
+    devices: int = 1
+    collectives: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
 class ExportedStep:
-    """A step exported for CUDA: its serialization and which flat arguments it donates."""
+    """A step exported for CUDA: its serialization, which flat arguments it donates and, for
+    a step sharded over several devices, its mesh and each flat argument's partition.
+
+    Attributes:
+        serialized: ``jax.export``'s serialization.
+        donate: Flat argument indices it donates.
+        mesh: ``((axis name, size), ...)`` of the devices its arguments are sharded over;
+            ``()`` for a step on one device.
+        specs: For each flat argument, its ``PartitionSpec`` entries (``None``, an axis
+            name, or a list of axis names per dimension); ``()`` for one device.
+    """
 
     serialized: bytes
     donate: tuple[int, ...] = field(default=())
+    mesh: tuple[tuple[str, int], ...] = ()
+    specs: tuple[tuple[Any, ...] | None, ...] = ()
+
+    @property
+    def devices(self) -> int:
+        """How many devices the step runs on (the mesh's size)."""
+        count = 1
+        for _, size in self.mesh:
+            count *= size
+        return count
+
+
+def _mesh_and_specs(
+    leaves: Sequence[Any],
+) -> tuple[tuple[tuple[str, int], ...], tuple[tuple[Any, ...] | None, ...]]:
+    """The mesh the leaves are sharded over (``NamedSharding`` on a mesh of several
+    devices, concrete or ``jax.sharding.AbstractMesh``) and each leaf's partition.
+
+    Raises:
+        ConfigError: When the leaves are sharded over different meshes.
+    """
+    from jax.sharding import NamedSharding
+
+    mesh: tuple[tuple[str, int], ...] = ()
+    specs: list[tuple[Any, ...] | None] = []
+    for index, leaf in enumerate(leaves):
+        sharding = getattr(leaf, "sharding", None)
+        if not isinstance(sharding, NamedSharding) or sharding.mesh.size <= 1:
+            specs.append(None)
+            continue
+        axes = tuple(
+            (str(name), int(size))
+            for name, size in zip(sharding.mesh.axis_names, sharding.mesh.axis_sizes, strict=True)
+        )
+        if mesh and axes != mesh:
+            raise ConfigError(
+                f"argument leaf {index} is sharded over mesh {dict(axes)}, another over "
+                f"{dict(mesh)}",
+                key_path="args",
+                hint="shard every argument over the same mesh (one jax.sharding.Mesh or "
+                "AbstractMesh)",
+            )
+        mesh = axes
+        entries: list[Any] = []
+        for entry in sharding.spec:
+            if entry is None or isinstance(entry, str):
+                entries.append(entry)
+            else:
+                entries.append([str(e) for e in entry])
+        specs.append(tuple(entries))
+    if not mesh:
+        return (), ()
+    return mesh, tuple(() if spec is None else spec for spec in specs)
 
 
 def _version(name: str) -> str | None:
@@ -222,6 +291,7 @@ def export_step(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> ExportedSt
             jax.jit(flat, donate_argnums=donate), platforms=("cuda",), disabled_checks=every_call
         )(*leaves)
         serialized = bytes(exported.serialize())
+        mesh, specs = _mesh_and_specs(leaves)
     except ImportError as exc:
         raise BackendUnavailable(
             f"exporting the step for the GPU compile failed: {exc}", hint=EXTRA_INSTALL
@@ -232,7 +302,7 @@ def export_step(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> ExportedSt
             hint="the step must be jit-able at these argument shapes; values that decide "
             "control flow must be static",
         ) from exc
-    return ExportedStep(serialized=serialized, donate=donate)
+    return ExportedStep(serialized=serialized, donate=donate, mesh=mesh, specs=specs)
 
 
 def _child_env(environ: Mapping[str, str] | None) -> dict[str, str]:
@@ -298,14 +368,31 @@ def compile_exported(
     results: list[GpuCompile] = []
     with tempfile.TemporaryDirectory(prefix="memfit-xla-gpu-") as folder:
         jobs = []
+        devices = {step.devices for step in steps}
+        if len(devices) > 1:
+            raise ConfigError(
+                f"the steps run on different numbers of devices ({sorted(devices)})",
+                key_path="steps",
+                hint="compile steps sharded over one mesh together, others apart",
+            )
         for index, step in enumerate(steps):
             path = Path(folder) / f"step{index}.bin"
             path.write_bytes(step.serialized)
-            jobs.append({"exported": str(path), "donate": list(step.donate)})
+            jobs.append(
+                {
+                    "exported": str(path),
+                    "donate": list(step.donate),
+                    "mesh": [list(axis) for axis in step.mesh],
+                    "specs": [list(spec) if spec is not None else None for spec in step.specs],
+                }
+            )
+        count = devices.pop() if devices else 1
         request = Path(folder) / "request.json"
         for extension in (True, False):
             config = target.text(device_memory_size=base, feature_extension=extension)
-            request.write_text(json.dumps({"config": config, "jobs": jobs}), encoding="utf-8")
+            request.write_text(
+                json.dumps({"config": config, "jobs": jobs, "devices": count}), encoding="utf-8"
+            )
             try:
                 done = subprocess.run(
                     [sys.executable, str(child), str(request)],
@@ -355,9 +442,13 @@ def compile_exported(
                     compiled_for=target.compiled_for,
                     memory_base_bytes=base,
                     remat=parse_remat(log),
-                    gemm_buffers=tuple(tuple(int(b) for b in g) for g in line["gemms"]),
+                    gemm_buffers=tuple(GemmBuffers.from_plain(g) for g in line["gemms"]),
                     warnings=tuple(warnings),
                     seconds=float(line["seconds"]),
+                    devices=count,
+                    collectives=tuple(
+                        (str(op), int(size)) for op, size in line.get("collectives", [])
+                    ),
                 )
             )
     return results

@@ -317,6 +317,11 @@ def target_config(spec: _Spec) -> TargetConfig:
             hint="name a card from `memfit gpus` (a GPU given by its size alone has none)",
         )
     memory, how = cuda_total_bytes(spec)
+    source = str(figures["source_text"])
+    if figures.get("cuda_total_source"):
+        source += (
+            "; the memory as CUDA reports it: " + _data()["sources"][figures["cuda_total_source"]]
+        )
     note = figures.get("note")
     if note == "laptop":
         note = (
@@ -333,7 +338,7 @@ def target_config(spec: _Spec) -> TargetConfig:
         device_memory_size=memory,
         device_memory_source=how,
         limits=arch_limits(cc),
-        source=str(figures["source_text"]),
+        source=source,
         note=note,
     )
 
