@@ -30,6 +30,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common
+import published_kernels
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "published_truth"
 
@@ -59,10 +60,14 @@ class Run:
 
     @property
     def tolerance_bytes(self) -> float:
-        """Half the width of that interval (the figure's own precision)."""
+        """Half the width of that interval (the figure's own precision): ``floor`` to whole
+        units, ``nearest_<step>`` (``nearest_0.01``) or ``exact``."""
         if self.rounding == "floor":
             return 0.5 * self.unit_bytes
-        return 0.005 * self.unit_bytes
+        if self.rounding == "exact":
+            return 0.0
+        step = float(self.rounding.removeprefix("nearest_"))
+        return step / 2 * self.unit_bytes
 
 
 def load_runs(root: Path = DATA) -> list[Run]:
@@ -328,9 +333,10 @@ def torchvision_vit_l16_cifar(settings: dict[str, Any]) -> Workload:
     return Workload(build, step, make_batch, batch)
 
 
-WORKLOADS: dict[str, Callable[[dict[str, Any]], Workload]] = {
+WORKLOADS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "hf_bert_large_trainer": hf_bert_large_trainer,
     "torchvision_vit_l16_cifar": torchvision_vit_l16_cifar,
+    **published_kernels.WORKLOADS,
 }
 
 

@@ -1,0 +1,88 @@
+"""What a CUDA target is, for the kernels its ops run: the GPU and the software around it.
+
+:class:`CudaTarget` gathers what the trace needs to follow a CUDA target's kernels: the GPU's
+compute capability (:mod:`memfit.core.catalog`), the target's torch version (given in the
+runtime, else the installed torch's), the cuDNN it bundles, and the cuBLAS workspace of its
+architecture. It makes the per-trace objects that add the kernels' memory
+(:class:`memfit.estimate._cuda_blas.BlasWorkspaces`,
+:class:`memfit.estimate._cuda_kernels.CudaKernels`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["CudaTarget", "cudnn_major_for", "parse_version"]
+
+_VERSION_RE = re.compile(r"^\s*(\d+)\.(\d+)")
+
+
+def parse_version(text: str | None) -> tuple[int, int] | None:
+    """``"2.1.0.dev20230623+cu118"`` -> ``(2, 1)``; ``None`` for no version."""
+    if not text:
+        return None
+    match = _VERSION_RE.match(text)
+    return None if match is None else (int(match.group(1)), int(match.group(2)))
+
+
+def cudnn_major_for(torch_version: tuple[int, int] | None, cuda: tuple[int, int] | None) -> int:
+    """The cuDNN major version PyTorch's wheels bundle for a torch and CUDA version.
+
+    CUDA 10.x builds link cuDNN 7 (7.6.5 up to torch 1.12's cu102 wheels); CUDA 11 builds
+    cuDNN 8; torch 2.4 and later cuDNN 9 (the ``nvidia-cudnn-cu12`` 9.x pins of its
+    wheels). Without a CUDA version, torch before 1.8 is taken to be a CUDA 10 build.
+    """
+    if cuda is not None and cuda[0] <= 10:
+        return 7
+    if torch_version is None:
+        return 9
+    if cuda is None and torch_version < (1, 8):
+        return 7
+    return 9 if torch_version >= (2, 4) else 8
+
+
+@dataclass(frozen=True)
+class CudaTarget:
+    """The CUDA target of a trace.
+
+    Attributes:
+        spec: The GPU (a :class:`memfit.core.catalog.GpuSpec`), or ``None`` when unknown.
+        torch_version: The target's torch ``(major, minor)``, or ``None``.
+        cuda_version: The target's CUDA runtime ``(major, minor)``, or ``None``.
+        cublas_bytes: One cuBLAS workspace on this GPU.
+    """
+
+    spec: Any
+    torch_version: tuple[int, int] | None
+    cuda_version: tuple[int, int] | None
+    cublas_bytes: int
+
+    @property
+    def capability(self) -> tuple[int, int] | None:
+        """The GPU's compute capability, or ``None``."""
+        if self.spec is None:
+            return None
+        cc = self.spec.compute_capability
+        return None if cc is None else (int(cc[0]), int(cc[1]))
+
+    @property
+    def cudnn_major(self) -> int:
+        """The cuDNN major version the target's torch bundles."""
+        return cudnn_major_for(self.torch_version, self.cuda_version)
+
+    def blas_workspaces(self, device_type: str) -> Any:
+        """The cuBLAS / cuBLASLt workspace model for one trace."""
+        from memfit.estimate._cuda_blas import BlasWorkspaces, cublaslt_policy
+
+        mode, nbytes = cublaslt_policy(self.torch_version)
+        if self.cuda_version is not None and self.cuda_version < (11, 4) and mode != "none":
+            mode, nbytes = "none", 0  # addmm takes cuBLASLt from CUDA 11.4 on
+        return BlasWorkspaces(self.cublas_bytes, mode, nbytes, device_type)
+
+    def kernels(self) -> Any:
+        """The kernel model for one CPU trace for this target."""
+        from memfit.estimate._cuda_kernels import CudaKernels
+
+        return CudaKernels(self.capability, self.torch_version, self.cudnn_major)
