@@ -203,8 +203,14 @@ def hf_bert_large_trainer(settings: dict[str, Any]) -> Workload:
     def make_batch(n: int) -> Any:
         if build_only:
             return None
+        # The Trainer passes no attention mask; BertModel of transformers 4.15 then made one of
+        # ones and added its extended form, (1 - mask) * -10000 in the parameters' dtype
+        # (float32), to every layer's scores (get_extended_attention_mask). Today's BERT skips
+        # an all-ones mask; passing the extended mask as a 4-D mask restores the addition,
+        # which under fp16 autocast makes the scores float32 before softmax.
         return {
             "input_ids": torch.randint(100, 30000, (n, 512)),
+            "attention_mask": torch.zeros(n, 1, 1, 512),
             "labels": torch.zeros(n, dtype=torch.long),
         }
 

@@ -126,14 +126,19 @@ class BlasWorkspaces:
         if self.cublas_bytes and key not in self.handles:
             self.handles.add(key)
             trace.add(self.cublas_bytes, "cublas_workspace", None, target)
-        if self.lt_mode in ("none", "unified") or not _is_lt_call(name, args):
-            return
-        self.lt_calls += 1
-        if self.lt_mode == "transient":
-            trace.add_transient(self.lt_bytes, "kernel_workspace", target)
-        elif key not in self.lt_handles:
+        if self.lt_mode == "persistent" and _is_lt_call(name, args) and key not in self.lt_handles:
             self.lt_handles.add(key)
             trace.add(self.lt_bytes, "cublas_workspace", None, target)
+
+    def after_op(self, trace: Any, func: Any, args: tuple[Any, ...]) -> None:
+        """Called after the op's outputs are recorded: a workspace the kernel takes for the
+        call alone (``addmm_out_cuda_impl`` allocates its result first), alive with them."""
+        if self.lt_mode != "transient":
+            return
+        name = func.overloadpacket.__name__
+        if name in CUBLAS_OPS and _is_lt_call(name, args):
+            self.lt_calls += 1
+            trace.add_transient(self.lt_bytes, "kernel_workspace", self._key(trace)[1])
 
     def describe(self) -> str:
         """One sentence for the estimate's deviations."""

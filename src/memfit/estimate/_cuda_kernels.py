@@ -17,6 +17,8 @@ a CPU trace follow CUDA's kernels for a CUDA target:
 * **What kernels take inside** (added to the trace as transients at the op, for the CUDA
   target): cuDNN's convolution workspace (:mod:`memfit.estimate._cuda_conv`) and the
   attention backward kernels' scratch.
+* **What an older torch's backward kept** (:mod:`memfit.estimate._older_formulas`): the
+  installed torch's derivative formulas, corrected where the target's torch kept more.
 
 Every choice is recorded (:meth:`CudaKernels.uses`, the estimate's ``kernels``) with its
 bytes, and :meth:`CudaKernels.notes` says what was assumed and what stays unknown.
@@ -44,6 +46,7 @@ from memfit.estimate._cuda_probe import (
     rule_for,
 )
 from memfit.estimate._cuda_sdpa import backward_scratch, choose, run
+from memfit.estimate._older_formulas import OlderFormulas
 from memfit.units import format_bytes
 
 __all__ = ["CudaKernels", "KernelUse"]
@@ -152,6 +155,7 @@ class CudaKernels:
         self._thread: int | None = None
         self._lib: Any = None
         self._names = frozenset(composite_op_names())
+        self.older = OlderFormulas(torch_version)
 
     # --- entering and leaving -------------------------------------------------------------
 
@@ -251,8 +255,11 @@ class CudaKernels:
     # --- what kernels take inside -----------------------------------------------------------
 
     def on_op(self, trace: Any, func: Any, args: tuple[Any, ...], out: Any) -> None:
-        """Called by the tracer after each op: the workspace the target's kernel takes."""
+        """Called by the tracer after each op: the workspace the target's kernel takes, and
+        what an older torch's backward formula keeps."""
         name = str(func)
+        if self.older.active:
+            self.older.on_op(name, args, out)
         if name in _CONV:
             if torch.backends.cudnn.benchmark:
                 self.benchmark_seen = True
@@ -324,6 +331,7 @@ class CudaKernels:
                 "CUDA's kernels traced in place of the CPU's (est.kernels): " + "; ".join(parts)
             )
         out.extend(sorted(self.assumed))
+        out.extend(self.older.notes())
         if any(use.bound for kernels in uses.values() for use in kernels):
             out.append(
                 "cuDNN's workspace for half-precision NCHW convolutions (cuDNN 8 and later) and "

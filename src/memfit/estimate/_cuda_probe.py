@@ -243,6 +243,8 @@ def in_cpu_probe() -> bool:
 
 
 def _shadow(mode: Any, value: Any, device: str, grad: bool) -> Any:
+    if isinstance(value, torch.device) and value.type == "cpu":
+        return torch.device(device)  # the traced device, named in an argument (``.to(dev)``)
     if not isinstance(value, torch.Tensor):
         return value
     with mode:
@@ -312,7 +314,11 @@ def read_rule(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Rule:
         return Rule("same")
     try:
         cuda = _observe(op, leaves, spec, "cuda")
-    except Exception:  # the CUDA path needs what a CPU build lacks
+    except Exception as exc:  # the CUDA path needs what a CPU build lacks
+        if "not linked with support for cuda" in str(exc):
+            # a device guard (moving data to the device the call names: ``.to(device)``),
+            # not a kernel choice: both devices copy or return alike
+            return Rule("same")
         return Rule("unread")
     cuda_ops = tuple(name for name, _ in cuda.seen)
     cpu_ops = tuple(name for name, _ in cpu.seen)

@@ -171,6 +171,8 @@ class Trace:
         for item in tree_flatten(out)[0]:
             if isinstance(item, torch.Tensor):
                 self.see(item)
+        if self.blas is not None:
+            self.blas.after_op(self, func, args)
         if self.cuda_kernels is not None:
             self.cuda_kernels.on_op(self, func, args, out)
         if self.kernel_scratch is not None:
