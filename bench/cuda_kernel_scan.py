@@ -210,10 +210,12 @@ def main(argv: list[str] | None = None) -> int:
         diffs = _leaf_differences(leaves.ops)
         kernels = {op: [u.to_dict() for u in uses] for op, uses in est.kernels.items()}
         results[name] = {"composite_rules": rules, "leaf_differences": diffs, "kernels": kernels}
+        chosen = [
+            f"{op} -> " + ", ".join(u["kernel"] for u in uses) for op, uses in kernels.items()
+        ]
         lines.append(
             f"| {name} | {', '.join(f'{k} ({v})' for k, v in sorted(rules.items())) or '-'} | "
-            f"{'; '.join(diffs) or '-'} | "
-            f"{'; '.join(f'{op} -> ' + ', '.join(u['kernel'] for u in uses) for op, uses in kernels.items()) or '-'} |"
+            f"{'; '.join(diffs) or '-'} | {'; '.join(chosen) or '-'} |"
         )
         print(lines[-1], f"({time.perf_counter() - started:.1f} s)", flush=True)
     header = (
