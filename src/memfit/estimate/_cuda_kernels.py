@@ -135,6 +135,7 @@ class CudaKernels:
         capability: The target GPU's compute capability, or ``None`` (unknown).
         torch_version: The target's torch ``(major, minor)``, or ``None``.
         cudnn_major: The target's cuDNN major version.
+        version_text: The target's torch version as given (``"2.1.0.dev20230623"``).
     """
 
     def __init__(
@@ -142,6 +143,7 @@ class CudaKernels:
         capability: tuple[int, int] | None,
         torch_version: tuple[int, int] | None,
         cudnn_major: int,
+        version_text: str | None = None,
     ) -> None:
         self.capability = capability
         self.torch_version = torch_version
@@ -155,7 +157,7 @@ class CudaKernels:
         self._thread: int | None = None
         self._lib: Any = None
         self._names = frozenset(composite_op_names())
-        self.older = OlderFormulas(torch_version)
+        self.older = OlderFormulas(torch_version, version_text)
 
     # --- entering and leaving -------------------------------------------------------------
 
@@ -259,7 +261,7 @@ class CudaKernels:
         what an older torch's backward formula keeps."""
         name = str(func)
         if self.older.active:
-            self.older.on_op(name, args, out)
+            self.older.on_op(trace, name, args, out)
         if name in _CONV:
             if torch.backends.cudnn.benchmark:
                 self.benchmark_seen = True

@@ -52,12 +52,14 @@ class CudaTarget:
         torch_version: The target's torch ``(major, minor)``, or ``None``.
         cuda_version: The target's CUDA runtime ``(major, minor)``, or ``None``.
         cublas_bytes: One cuBLAS workspace on this GPU.
+        torch_text: The target's torch version as given (``"2.1.0.dev20230623+cu118"``).
     """
 
     spec: Any
     torch_version: tuple[int, int] | None
     cuda_version: tuple[int, int] | None
     cublas_bytes: int
+    torch_text: str | None = None
 
     @property
     def capability(self) -> tuple[int, int] | None:
@@ -85,4 +87,4 @@ class CudaTarget:
         """The kernel model for one CPU trace for this target."""
         from memfit.estimate._cuda_kernels import CudaKernels
 
-        return CudaKernels(self.capability, self.torch_version, self.cudnn_major)
+        return CudaKernels(self.capability, self.torch_version, self.cudnn_major, self.torch_text)

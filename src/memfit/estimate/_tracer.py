@@ -76,6 +76,7 @@ class Trace:
     step_starts: list[int] = field(default_factory=list)  # index into events of each step
     done_index: int | None = None  # index into events where the teardown begins
     in_optimizer: int = 0
+    optimizer_class: str | None = None  # the class of the optimizer stepping now
     module_stack: list[str] = field(default_factory=list)
     module_names: dict[int, str] = field(default_factory=dict)
     stand_ins: int = 0
@@ -104,6 +105,12 @@ class Trace:
         self.records.append(record)
         self.events.append((record, True))
         return record
+
+    def release(self, record: Storage) -> None:
+        """Free a record added with :meth:`add` that no tensor's storage stands for."""
+        if record.free_index is None:
+            record.free_index = len(self.events)
+            self.events.append((record, False))
 
     def add_transient(self, nbytes: int, category: str, target: str) -> Storage:
         """Memory taken and given back inside one kernel (a workspace, a scratch buffer)."""
@@ -255,12 +262,15 @@ def _hooks(trace: Trace) -> Iterator[None]:
 
     def pre_step(opt: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
         trace.in_optimizer += 1
+        trace.optimizer_class = type(opt).__name__
         for group in opt.param_groups:
             for p in group["params"]:
                 trace.retag(p.grad, "gradients")
 
     def post_step(opt: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
         trace.in_optimizer = max(0, trace.in_optimizer - 1)
+        if not trace.in_optimizer:
+            trace.optimizer_class = None
         for state in opt.state.values():
             for value in tree_flatten(state)[0]:
                 if isinstance(value, torch.Tensor):

@@ -498,6 +498,6 @@ def _cuda_target(gpu: str | None, runtime: Runtime | None) -> CudaTarget:
         from memfit.core.catalog import gpu as lookup_gpu
 
         spec = lookup_gpu(gpu)
-    torch_version = parse_version(runtime.torch if runtime is not None else torch.__version__)
+    text = runtime.torch if runtime is not None else torch.__version__
     cuda_version = parse_version(runtime.cuda) if runtime is not None else None
-    return CudaTarget(spec, torch_version, cuda_version, cublas_workspace_bytes(spec))
+    return CudaTarget(spec, parse_version(text), cuda_version, cublas_workspace_bytes(spec), text)
