@@ -210,8 +210,8 @@ def _gpu_row(kind: str, name: str, batch: int, gpu_arg: str | None) -> dict[str,
 def run_gpu(jobs: int = 1) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     import torch
 
-    from memfit.core.catalog import gpu as lookup_gpu
     from memfit.errors import ConfigError
+    from memfit.hardware.catalog import gpu as lookup_gpu
 
     gpu_name = torch.cuda.get_device_name(0)
     try:

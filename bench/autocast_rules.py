@@ -71,11 +71,11 @@ def _step_fns(args: argparse.Namespace, device_type: str) -> tuple[Any, Any, Any
 
 
 def _case(args: argparse.Namespace, name: str) -> dict[str, Any]:
-    from memfit.core.allocator import AllocatorModel
-    from memfit.core.budget import cublas_workspace_bytes
+    from memfit.allocator.model import AllocatorModel
     from memfit.estimate._cuda_target import CudaTarget
     from memfit.estimate._summary import summarise
     from memfit.estimate._tracer import run_trace
+    from memfit.hardware.cuda import cublas_workspace_bytes
 
     device_type = "cpu" if name == "cpu_rules" else "cuda"
     build, step, make_batch = _step_fns(args, device_type)

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     command = "python bench/brax_measure.py " + shlex.join(sys.argv[1:] if argv is None else argv)
 
-    from memfit.integrations import _brax_measure as bm
+    from memfit.estimate import brax_measure as bm
 
     start = time.perf_counter()
     record = bm.measure_ppo(

@@ -1,7 +1,7 @@
 """How long ``memfit explain`` takes on a large snapshot, and how small its picture stays.
 
 Builds a synthetic snapshot of about 100,000 trace events whose stacks draw on 5,000
-distinct frames (``memfit.core.snapshot_build.TraceBuilder``: steps that allocate and free
+distinct frames (``memfit.allocator.snapshot_build.TraceBuilder``: steps that allocate and free
 activations, keep a few blocks, and end in an out-of-memory), pickles it as
 ``_dump_snapshot`` would, then times reading it (the restricted unpickler), the explanation
 (every replay included: the recorded settings, expandable segments, two ``max_split_size_mb``,
@@ -28,10 +28,11 @@ sys.path.insert(0, str(HERE))
 
 from _common import utc_minute, write_results  # noqa: E402
 
-from memfit.core.snapshot import load_snapshot  # noqa: E402
-from memfit.core.snapshot_build import TraceBuilder  # noqa: E402
+from memfit.allocator.snapshot import load_snapshot  # noqa: E402
+from memfit.allocator.snapshot_build import TraceBuilder  # noqa: E402
 from memfit.errors import OutOfMemory  # noqa: E402
-from memfit.monitor.explain import explain, png_bytes, render_html  # noqa: E402
+from memfit.monitor.explain import explain  # noqa: E402
+from memfit.monitor.explain_render import png_bytes, render_html  # noqa: E402
 
 MiB = 2**20
 EVENTS = 100_000

@@ -882,7 +882,7 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
 #
 # On a GPU a probe's reserved memory is a step function of the batch (20 MiB segments, cached
 # blocks given back at the cap). Without a GPU, the "device" here is the caching allocator
-# model (memfit.core.allocator) replaying a step's allocations under the same cap that
+# model (memfit.allocator.model) replaying a step's allocations under the same cap that
 # set_per_process_memory_fraction puts on the real allocator, with what a fake-tensor trace
 # does not see on a real GPU added on purpose. memfit.fit runs unchanged against it (its CUDA
 # meter replaced by one that replays), with a prior traced on the CPU; the rule of the H100

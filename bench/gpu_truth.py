@@ -302,8 +302,8 @@ def _op_mode() -> Any:
 
 def _compress_trace(snapshot: dict[str, Any], device: int) -> tuple[dict[str, Any], list[str]]:
     """A ``_snapshot()``'s trace on ``device`` as :class:`memfit.estimate.truth.Trace`
-    columns, read through memfit's one snapshot reader (:mod:`memfit.core.snapshot`)."""
-    from memfit.core.snapshot import snapshot_from_data
+    columns, read through memfit's one snapshot reader (:mod:`memfit.allocator.snapshot`)."""
+    from memfit.allocator.snapshot import snapshot_from_data
     from memfit.estimate.truth import ACTIONS, Event, Trace
 
     notes: list[str] = []
@@ -767,8 +767,8 @@ def real_requests(entry: Any) -> list[tuple[int, str | None]]:
 def _catalog_name(gpu: str | None) -> str | None:
     if gpu is None:
         return None
-    from memfit.core.catalog import gpu as lookup
     from memfit.errors import ConfigError
+    from memfit.hardware.catalog import gpu as lookup
 
     try:
         return lookup(gpu).name

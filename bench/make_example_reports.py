@@ -23,7 +23,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from memfit.monitor.report import load_run, write_html, write_png
+from memfit.monitor.report import load_run
+from memfit.monitor.report_html import write_html
+from memfit.monitor.report_plot import write_png
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "out"

@@ -22,7 +22,9 @@ from pathlib import Path
 import torch
 
 from memfit.monitor.recorder import Recorder
-from memfit.monitor.report import load_run, write_html, write_png
+from memfit.monitor.report import load_run
+from memfit.monitor.report_html import write_html
+from memfit.monitor.report_plot import write_png
 from memfit.runtime.guard import TrainGuard
 from memfit.runtime.simulate import simulate_gpu
 

@@ -2,8 +2,8 @@
 
 For each snapshot (the reduced public corpus, see :func:`corpus_dir`, and any raw
 ``_dump_snapshot()`` files given on the command line), on each device with a trace: rebuild
-the allocator's state at the first event (``memfit.core.replay.start_state``), replay the
-trace's requests through ``memfit.core.allocator.AllocatorModel`` with the recorded settings
+the allocator's state at the first event (``memfit.allocator.replay.start_state``), replay the
+trace's requests through ``memfit.allocator.model.AllocatorModel`` with the recorded settings
 and the limit the trace implies, and compare the reserved bytes after every allocation and
 free, the reserved peak and the number of segments with the trace's own segment events.
 
@@ -25,8 +25,8 @@ sys.path.insert(0, str(HERE))
 
 from _common import utc_minute, write_results  # noqa: E402
 
-from memfit.core.replay import implied_limit, recorded_curve, replay, start_state  # noqa: E402
-from memfit.core.snapshot import load_snapshot  # noqa: E402
+from memfit.allocator.replay import implied_limit, recorded_curve, replay, start_state  # noqa: E402
+from memfit.allocator.snapshot import load_snapshot  # noqa: E402
 from memfit.errors import ConfigError  # noqa: E402
 
 #: Where the corpus's sources, commits and licences are listed (the files themselves are data

@@ -19,7 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from memfit.core.snapshot import load_snapshot, snapshot_to_data, write_json_gz
+from memfit.allocator.snapshot import load_snapshot, snapshot_to_data, write_json_gz
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,9 +27,9 @@ from memfit.units import format_bytes, parse_bytes
 # own top level; nothing here is imported until the name is asked for.
 _LAZY: dict[str, str] = {
     # core: catalog, workloads, planning
-    "gpu": "memfit.core.catalog",
-    "GpuSpec": "memfit.core.catalog",
-    "list_gpus": "memfit.core.catalog",
+    "gpu": "memfit.hardware.catalog",
+    "GpuSpec": "memfit.hardware.catalog",
+    "list_gpus": "memfit.hardware.catalog",
     "load_workload": "memfit.core.workload",
     "Workload": "memfit.core.workload",
     "check": "memfit.core.constraints",
@@ -128,12 +128,12 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from memfit import testing
-    from memfit.core.catalog import GpuSpec, gpu, list_gpus
     from memfit.core.constraints import Violation, check
     from memfit.core.plan import Plan
     from memfit.core.workload import Workload, load_workload
     from memfit.estimate.jax_xla import JaxEstimate, estimate_jax
     from memfit.estimate.torch_trace import EstimatePoint, TorchEstimate, estimate_torch
+    from memfit.hardware.catalog import GpuSpec, gpu, list_gpus
     from memfit.monitor.recorder import Leak, Recorder
     from memfit.planning import plan
     from memfit.runtime import cleanup

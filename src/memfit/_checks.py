@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from memfit.errors import ConfigError, require_callable, require_positive_int
+from memfit.errors import ConfigError
 
 __all__ = [
     "require",
@@ -25,7 +25,6 @@ __all__ = [
     "require_mapping",
     "require_positive_int",
     "require_str_list",
-    "require_workload",
 ]
 
 
@@ -175,24 +174,6 @@ def require_str_list(name: str, value: object) -> list[str]:
     return items
 
 
-def require_workload(name: str, value: object) -> None:
-    """Check that ``value`` names a workload: a ``Workload``, a path or a bundled name.
-
-    Raises:
-        ConfigError: Otherwise, with ``name`` as the key path.
-    """
-    from memfit.core._workload_schema import Workload
-
-    if not isinstance(value, Workload):
-        require(
-            name,
-            value,
-            "path",
-            hint="pass a Workload, the path of a workload file, or a bundled name "
-            "(memfit examples lists them)",
-        )
-
-
 def require_iterable(name: str, value: object) -> list[Any]:
     """Check that ``value`` is an iterable (not a string); return its items as a list.
 
@@ -205,3 +186,39 @@ def require_iterable(name: str, value: object) -> list[Any]:
             key_path=name,
         )
     return list(value)
+
+
+def require_positive_int(name: str, value: object, *, hint: str | None = None) -> int:
+    """Return ``value`` when it is an ``int`` of at least 1 (not a ``bool``).
+
+    Raises:
+        ConfigError: Otherwise, with ``name`` as the key path.
+
+    >>> require_positive_int("max_splits", 64)
+    64
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(
+            f"{name} must be a positive integer, not {value!r}", key_path=name, hint=hint
+        )
+    return value
+
+
+def require_callable(
+    name: str, value: object, *, hint: str | None = None, optional: bool = False
+) -> None:
+    """Check that ``value`` can be called (or is ``None`` when ``optional``).
+
+    Raises:
+        ConfigError: Otherwise, with ``name`` as the key path.
+
+    >>> require_callable("on_event", None, optional=True)
+    >>> require_callable("loss_fn", 3)
+    Traceback (most recent call last):
+    ...
+    memfit.errors.ConfigError: loss_fn: loss_fn must be callable, not int
+    """
+    if not callable(value) and not (optional and value is None):
+        raise ConfigError(
+            f"{name} must be callable, not {type(value).__name__}", key_path=name, hint=hint
+        )

@@ -19,19 +19,19 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from memfit._checks import require, require_mapping, require_workload
+from memfit._checks import require, require_mapping
+from memfit.allocator.xla_fraction import DEFAULT_MARGIN
 from memfit.backends.software import target_runtime
-from memfit.core.budget import DEFAULT_MARGIN
-from memfit.core.catalog import GpuSpec, anonymous_gpu, host_device
-from memfit.core.catalog import gpu as catalog_gpu
-from memfit.core.families import family_for
+from memfit.core.evaluate import family_for
 from memfit.core.measured import MeasuredTerms
 from memfit.core.plan import FeasibleSpace, Plan, plan_many
 from memfit.core.plan import feasible_space as core_feasible
 from memfit.core.plan import plan_for_gpu as core_plan
-from memfit.core.runtime import Runtime, parse_runtime
-from memfit.core.workload import Workload, load_workload
+from memfit.core.workload import Workload, load_workload, require_workload
 from memfit.errors import BackendUnavailable, ConfigError, InfeasiblePlan
+from memfit.hardware.catalog import GpuSpec, anonymous_gpu, host_device
+from memfit.hardware.catalog import gpu as catalog_gpu
+from memfit.hardware.runtime import Runtime, parse_runtime
 from memfit.units import format_bytes, parse_fraction
 
 __all__ = [
@@ -201,7 +201,7 @@ def with_measurements(
         )
     if workload.env is None:
         return workload, []
-    from memfit.integrations._brax_measure import resolve_measurements
+    from memfit.estimate.brax_measure import resolve_measurements
 
     return resolve_measurements(workload, measure, progress=progress)
 

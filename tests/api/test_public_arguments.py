@@ -35,7 +35,7 @@ def _loss(batch: Any) -> Any:
 
 
 def _snapshot() -> Any:
-    from memfit.core.snapshot_build import TraceBuilder
+    from memfit.allocator.snapshot_build import TraceBuilder
 
     builder = TraceBuilder()
     for _ in range(3):

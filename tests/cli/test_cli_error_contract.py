@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 from _cli_run import run, user_error
 
-from memfit.core.catalog import anonymous_gpu
+from memfit._userfiles import read_user_text
 from memfit.core.plan import plan_for_gpu as core_plan
 from memfit.core.workload import parse_workload
-from memfit.errors import ConfigError, EstimateError, InfeasiblePlan, read_user_text
+from memfit.errors import ConfigError, EstimateError, InfeasiblePlan
+from memfit.hardware.catalog import anonymous_gpu
 
 DQN = Path(__file__).resolve().parents[2] / "src" / "memfit" / "workloads" / "dqn_fire_raster.yaml"
 

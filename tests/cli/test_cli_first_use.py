@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from _cli_run import run, run_json
 
-from memfit.core.catalog import list_gpus
-from memfit.integrations import _brax_measure as bm
+from memfit.estimate import brax_measure as bm
+from memfit.hardware.catalog import list_gpus
 from memfit.runtime import allocator_env
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from memfit.allocator.settings_check import JAX_VARIABLES, TORCH_VARIABLES
 from memfit.backends.base import DeviceSnapshot, ProcessSnapshot, SystemSnapshot
 from memfit.cli import devices as devices_cli
 from memfit.cli.main import main
-from memfit.core.allocator_settings import JAX_VARIABLES, TORCH_VARIABLES
 
 MiB = 2**20
 

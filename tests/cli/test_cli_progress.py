@@ -12,7 +12,7 @@ from rich.console import Console
 
 from memfit.cli import _common, _progress
 from memfit.core.workload import load_workload
-from memfit.integrations import _brax_measure as bm
+from memfit.estimate import brax_measure as bm
 
 
 @pytest.fixture

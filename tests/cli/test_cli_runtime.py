@@ -9,7 +9,7 @@ import pytest
 from _cli_run import run, run_json, user_error
 from _user_module import user_module
 
-from memfit.core.runtime import EAGER_CONTEXT_BYTES, LAZY_CONTEXT_BYTES
+from memfit.hardware.runtime import EAGER_CONTEXT_BYTES, LAZY_CONTEXT_BYTES
 
 FACTORY = textwrap.dedent(
     """

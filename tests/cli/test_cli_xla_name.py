@@ -9,8 +9,9 @@ from types import SimpleNamespace
 import pytest
 from _cli_run import run, run_json
 
+from memfit.allocator.settings import recommend
+from memfit.allocator.settings_check import check_jax_env
 from memfit.cli import env as env_cli
-from memfit.core.allocator_settings import check_jax_env, recommend
 from memfit.runtime import allocator_env
 
 NEW, OLD = "XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION"

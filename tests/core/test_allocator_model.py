@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memfit.core.allocator import AllocatorModel
+from memfit.allocator.model import AllocatorModel
 from memfit.errors import ConfigError, OutOfMemory
 
 KiB = 1024

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from memfit.core.allocator_settings import (
-    check_jax_env,
+from memfit.allocator.settings import (
     read_jax_env,
     recommend,
     torch_allocator_options,
     workload_settings,
 )
-from memfit.core.budget import XLA_FRACTION_CAP, compose_budget, recommended_xla_fraction
-from memfit.core.catalog import gpu, list_gpus
+from memfit.allocator.settings_check import check_jax_env
+from memfit.allocator.xla_fraction import XLA_FRACTION_CAP, recommended_xla_fraction
+from memfit.core.budget import compose_budget
 from memfit.errors import ConfigError
+from memfit.hardware.catalog import gpu, list_gpus
 from memfit.units import GiB
 
 # What jaxlib's generate_pjrt_gpu_plugin_options does with XLA_PYTHON_CLIENT_PREALLOCATE:

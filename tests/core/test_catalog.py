@@ -6,12 +6,7 @@ import pytest
 
 import memfit
 from memfit import ConfigError
-from memfit.core.budget import (
-    cublas_workspace_bytes,
-    cuda_context_bytes,
-    parse_cublas_workspace_config,
-)
-from memfit.core.catalog import (
+from memfit.hardware.catalog import (
     ARCHITECTURES,
     GpuSpec,
     anonymous_gpu,
@@ -19,13 +14,18 @@ from memfit.core.catalog import (
     list_gpus,
     normalize_name,
 )
-from memfit.core.runtime import (
+from memfit.hardware.cuda import (
+    cublas_workspace_bytes,
+    cuda_context_bytes,
+    parse_cublas_workspace_config,
+)
+from memfit.hardware.runtime import (
     EAGER_CONTEXT_BYTES as CUDA_CONTEXT_EAGER_BYTES,
 )
-from memfit.core.runtime import (
+from memfit.hardware.runtime import (
     LAZY_CONTEXT_BYTES as CUDA_CONTEXT_BYTES,
 )
-from memfit.core.runtime import (
+from memfit.hardware.runtime import (
     LAZY_CONTEXT_UNKNOWN_BYTES as CUDA_CONTEXT_UNKNOWN_BYTES,
 )
 from memfit.units import GiB, MiB

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from memfit.core.catalog import gpu, list_gpus, reading_note
 from memfit.errors import ConfigError
+from memfit.hardware.catalog import gpu, list_gpus, reading_note
 from memfit.units import MiB
 
 

@@ -9,7 +9,7 @@ import sys
 _SCRIPT = r"""
 import importlib, json, pkgutil, sys
 import memfit, memfit.core
-import memfit.core.catalog, memfit.core.budget, memfit.core.allocator
+import memfit.hardware.catalog, memfit.core.budget, memfit.allocator.model
 errors = {}
 for info in pkgutil.walk_packages(memfit.core.__path__, "memfit.core."):
     try:

@@ -7,13 +7,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memfit.core.catalog import gpu
 from memfit.core.families import evaluate
 from memfit.core.families.common import network_param_counts
 from memfit.core.families.sac import replay_row_bytes
 from memfit.core.plan import plan_for_gpu
 from memfit.core.workload import load_workload, parse_workload
 from memfit.errors import ConfigError, InfeasiblePlan
+from memfit.hardware.catalog import gpu
 
 PIXELS = """\
 family: sac

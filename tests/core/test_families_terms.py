@@ -8,12 +8,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memfit.core.budget import compose_budget
-from memfit.core.catalog import anonymous_gpu
 from memfit.core.families import evaluate
 from memfit.core.families.common import allocator_slack, conv_shapes
 from memfit.core.families.vision import token_count
 from memfit.core.measured import MeasuredTerms
 from memfit.core.workload import ConvLayer, Workload, load_workload, parse_workload
+from memfit.hardware.catalog import anonymous_gpu
 from memfit.units import MiB
 
 BRAX = """\

@@ -6,7 +6,6 @@ from collections.abc import Iterator, Mapping
 
 import pytest
 
-from memfit.core.catalog import gpu
 from memfit.core.families import (
     Family,
     evaluate,
@@ -21,6 +20,7 @@ from memfit.core.families.offpolicy import replay_transition_bytes
 from memfit.core.plan import plan_for_gpu
 from memfit.core.workload import OffPolicySpec, Workload, parse_workload
 from memfit.errors import ConfigError
+from memfit.hardware.catalog import gpu
 
 SAC = """\
 family: sac_test

@@ -9,11 +9,11 @@ import math
 import pytest
 
 import memfit
-from memfit.core.catalog import gpu
 from memfit.core.constraints import check
 from memfit.core.plan import feasible_space, plan_for_gpu
 from memfit.core.workload import load_workload
 from memfit.errors import ConfigError, InfeasiblePlan
+from memfit.hardware.catalog import gpu
 from memfit.planning import feasible
 
 

@@ -1,8 +1,8 @@
 """The planner's frontier search gives exactly what plain enumeration gives (issue 23).
 
-The search (``_Space.search``) never enumerates the knob space: it bisects the memory frontier,
+The search (``Space.search``) never enumerates the knob space: it bisects the memory frontier,
 skips subtrees whose objective bound is below the answers kept so far, and subtrees where no
-rule can hold. The reference is ``_Space.enumerate_all``: every configuration, no pruning at
+rule can hold. The reference is ``Space.enumerate_all``: every configuration, no pruning at
 all. Every plan field (chosen knobs, alternatives, binding, notes, would_fit), every
 ``InfeasiblePlan`` and every ``ConfigError`` must be the same, on random small spaces whose
 memory is monotone or not and whose objectives grow, fall or mix.
@@ -18,11 +18,11 @@ from hypothesis import strategies as st
 
 from memfit.core import plan as core_plan
 from memfit.core._bounds import nondecreasing, upper_bound
-from memfit.core.catalog import GpuSpec, anonymous_gpu, gpu
 from memfit.core.constraints import parse_expr
 from memfit.core.plan import plan_many
 from memfit.core.workload import Workload, load_workload, parse_workload
 from memfit.errors import ConfigError, InfeasiblePlan
+from memfit.hardware.catalog import GpuSpec, anonymous_gpu, gpu
 from memfit.units import GiB, MiB
 
 RULES = [
@@ -102,7 +102,7 @@ def outcome(
 ) -> tuple[Any, ...]:
     """What planning gives, as comparable data: the plan, the InfeasiblePlan or the error."""
     try:
-        space = core_plan._Space(
+        space = core_plan.Space(
             w, overrides, None, None, device_is_host=spec.is_host, margin=margin
         )
         space.exhaustive = exhaustive
@@ -233,7 +233,7 @@ def test_million_configuration_space_is_searched_not_enumerated() -> None:
     assert len(w.knobs["num_envs"].values()) * 40 * 8 * 7 == 1_144_640
     for name in ("GTX 1650", "RTX 4070", "H100"):
         spec = gpu(name)
-        space = core_plan._Space(w, None, None, None)
+        space = core_plan.Space(w, None, None, None)
         budget = core_plan._budget(w, spec, 0.05, 0)
         p = core_plan._plan_on(space, spec, budget, 3)
         assert p.fits
@@ -249,7 +249,7 @@ def test_non_monotone_memory_is_not_pruned_on() -> None:
         "knobs:\n  k0: {min: 1, max: 64, priority: 1}\n  k1: {min: 1, max: 90}\n"
         "objective: k0\n"
     )
-    space = core_plan._Space(falling, None, None, None)
+    space = core_plan.Space(falling, None, None, None)
     assert not space.monotone
     spec = anonymous_gpu(2 * GiB)
     assert outcome(falling, spec, exhaustive=False) == outcome(falling, spec, exhaustive=True)
@@ -258,7 +258,7 @@ def test_non_monotone_memory_is_not_pruned_on() -> None:
         "knobs:\n  k0: {min: 1, max: 64, priority: 1}\n  k1: {min: 1, max: 90}\n"
         "objective: k0\n"
     )
-    assert core_plan._Space(rising, None, None, None).monotone
+    assert core_plan.Space(rising, None, None, None).monotone
 
 
 # ----------------------------------------------------------------------------------------------

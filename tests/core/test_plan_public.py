@@ -9,10 +9,10 @@ import pytest
 import memfit
 from memfit.backends.base import DeviceSnapshot, SystemSnapshot
 from memfit.core.budget import compose_budget
-from memfit.core.catalog import gpu
 from memfit.core.measured import MeasuredTerms
 from memfit.core.workload import Workload, parse_workload
 from memfit.errors import BackendUnavailable, InfeasiblePlan
+from memfit.hardware.catalog import gpu
 from memfit.planning import TIER_GPUS, plan, plan_tiers
 from memfit.units import GiB
 

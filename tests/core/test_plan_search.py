@@ -12,12 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memfit.core.budget import compose_budget
-from memfit.core.catalog import GpuSpec, anonymous_gpu, gpu
 from memfit.core.constraints import check, compile_rules, environment, parse_expr
 from memfit.core.families import evaluate
 from memfit.core.plan import Plan, plan_for_gpu, plan_many
 from memfit.core.workload import JaxSettings, Workload, load_workload, parse_workload
 from memfit.errors import ConfigError, InfeasiblePlan
+from memfit.hardware.catalog import GpuSpec, anonymous_gpu, gpu
 from memfit.units import GiB, MiB
 
 # anonymous GPUs have an unknown architecture: 500 MiB context, 32 MiB cuBLAS workspace

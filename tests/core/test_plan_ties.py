@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from memfit.core.catalog import anonymous_gpu, gpu
 from memfit.core.plan import plan_for_gpu
 from memfit.core.workload import load_workload, parse_workload
+from memfit.hardware.catalog import anonymous_gpu, gpu
 from memfit.units import GiB, MiB
 
 # n drives the objective; m does not (a learning hyperparameter such as num_minibatches)

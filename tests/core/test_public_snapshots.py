@@ -8,8 +8,8 @@ steering repository's ``shared/gpu_truth/public/`` (CI lays ``shared/`` beside t
 where ``MEMFIT_PUBLIC_SNAPSHOTS`` points; without them these tests skip and say so.
 Most were recorded mid-run, so the allocator's state at
 the first event is rebuilt from the final segments and the trace walked backwards
-(:func:`memfit.core.replay.start_state`), then the trace's requests are replayed through
-:class:`memfit.core.allocator.AllocatorModel`. The trace's own segment events are the truth:
+(:func:`memfit.allocator.replay.start_state`), then the trace's requests are replayed through
+:class:`memfit.allocator.model.AllocatorModel`. The trace's own segment events are the truth:
 the reserved bytes after every allocation and every free, the reserved peak and the number of
 segments obtained must match to the byte.
 """
@@ -19,8 +19,8 @@ from __future__ import annotations
 import pytest
 from _bench_scripts import load_bench
 
-from memfit.core.replay import implied_limit, recorded_curve, replay, start_state
-from memfit.core.snapshot import Snapshot, load_snapshot, snapshot_from_data, snapshot_to_data
+from memfit.allocator.replay import implied_limit, recorded_curve, replay, start_state
+from memfit.allocator.snapshot import Snapshot, load_snapshot, snapshot_from_data, snapshot_to_data
 
 _bench = load_bench("public_replay", "public_replay.py")
 PUBLIC = _bench.corpus_dir()

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from memfit.core.allocator import AllocatorModel
-from memfit.core.replay import (
+from memfit.allocator.model import AllocatorModel
+from memfit.allocator.replay import (
     empty_cache_points,
     implied_limit,
     recorded_curve,
     replay,
     start_state,
 )
-from memfit.core.snapshot import snapshot_from_data
-from memfit.core.snapshot_build import TraceBuilder
+from memfit.allocator.snapshot import snapshot_from_data
+from memfit.allocator.snapshot_build import TraceBuilder
 from memfit.errors import ConfigError, OutOfMemory
 
 MiB = 2**20

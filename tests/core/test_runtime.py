@@ -8,8 +8,8 @@ import memfit
 from memfit import ConfigError
 from memfit.backends.software import installed_versions, target_runtime
 from memfit.core.budget import compose_budget
-from memfit.core.catalog import gpu
-from memfit.core.runtime import (
+from memfit.hardware.catalog import gpu
+from memfit.hardware.runtime import (
     CONTEXT_SOURCES,
     EAGER_CONTEXT_BYTES,
     LAZY_CONTEXT_BYTES,
@@ -106,7 +106,7 @@ def test_eager_context_is_the_published_v100_figure_and_lazy_the_arch_table() ->
     # Where the sources disagree, the larger (conservative) figure is taken.
     assert "takes the larger" in CONTEXT_SOURCES["eager"]
     assert cuda_context(gpu("H100"), eager.runtime).bytes == EAGER_CONTEXT_BYTES
-    assert cuda_context(memfit.core.catalog.host_device(2**34), eager.runtime).bytes == 0
+    assert cuda_context(memfit.hardware.catalog.host_device(2**34), eager.runtime).bytes == 0
 
 
 def test_the_budget_and_the_plan_carry_the_runtime_they_assumed() -> None:

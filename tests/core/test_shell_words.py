@@ -1,4 +1,4 @@
-"""``allocator_settings.shell_words``: shlex's splitting (issue 21), in linear time."""
+"""``allocator.shell.shell_words``: shlex's splitting (issue 21), in linear time."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import shlex
 
 import pytest
 
-from memfit.core.allocator_settings import check_shell, parse_shell_assignments, shell_words
+from memfit.allocator.settings_check import check_shell
+from memfit.allocator.shell import parse_shell_assignments, shell_words
 
 
 def _shlex(line: str) -> list[str]:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from memfit.core.catalog import gpu
 from memfit.core.families import evaluate
 from memfit.core.plan import plan_for_gpu
 from memfit.core.simulator import PRESETS, SimulatorSpec, simulator_terms
 from memfit.core.workload import load_workload, parse_workload
 from memfit.errors import ConfigError, InfeasiblePlan
+from memfit.hardware.catalog import gpu
 from memfit.units import GiB, MiB
 
 

@@ -1,4 +1,4 @@
-"""The one CUDA-snapshot reader (``memfit.core.snapshot``): plain data in, nothing run."""
+"""The one CUDA-snapshot reader (``memfit.allocator.snapshot``): plain data in, nothing run."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
-from memfit.core.snapshot import (
+from memfit.allocator.snapshot import (
     MAX_DEPTH,
     load_snapshot,
     parse_snapshot,
     snapshot_from_data,
     snapshot_to_data,
 )
-from memfit.core.snapshot_build import TraceBuilder
+from memfit.allocator.snapshot_build import TraceBuilder
 from memfit.errors import ConfigError
 
 MiB = 2**20

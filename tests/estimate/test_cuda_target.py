@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import memfit
-from memfit.core.allocator import round_size
+from memfit.allocator.model import round_size
 from memfit.estimate._cuda_defaults import cuda_optimizer_defaults
 
 WIDTH = 512

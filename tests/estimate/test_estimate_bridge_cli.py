@@ -137,7 +137,7 @@ def test_cli_estimate_errors(factory_module: str, capsys: pytest.CaptureFixture[
 
 
 def test_allocator_settings_are_read_from_the_conf_string() -> None:
-    from memfit.core.allocator_settings import torch_allocator_options as allocator_settings
+    from memfit.allocator.settings import torch_allocator_options as allocator_settings
 
     assert allocator_settings("expandable_segments:True", "X") == (True, None)
     assert allocator_settings("max_split_size_mb:256", "X") == (False, 256 * 1024 * 1024)

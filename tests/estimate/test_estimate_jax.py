@@ -8,8 +8,6 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from memfit.core.budget import cuda_context_bytes
-from memfit.core.catalog import gpu as lookup_gpu
 from memfit.errors import ConfigError, EstimateError
 from memfit.estimate.jax_xla import (
     env_state_bytes,
@@ -18,6 +16,8 @@ from memfit.estimate.jax_xla import (
     preallocation_from_env,
     tree_nbytes,
 )
+from memfit.hardware.catalog import gpu as lookup_gpu
+from memfit.hardware.cuda import cuda_context_bytes
 
 
 def _layer(x: Any, w: Any) -> Any:
@@ -86,7 +86,7 @@ def test_preallocation_settings_are_validated() -> None:
     assert preallocation_from_env({"XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}).platform_allocator
     with pytest.raises(ConfigError, match="XLA_PYTHON_CLIENT_MEM_FRACTION"):
         preallocation_from_env({"XLA_PYTHON_CLIENT_MEM_FRACTION": "1.5"})
-    # read as jaxlib reads it (the one reading, memfit.core.allocator_settings.read_jax_env):
+    # read as jaxlib reads it (the one reading, memfit.allocator.settings.read_jax_env):
     # only false / False / 0 turn preallocation off
     for text, expected in (("maybe", True), ("no", True), ("FALSE", True), ("0", False)):
         got = preallocation_from_env({"XLA_PYTHON_CLIENT_PREALLOCATE": text}).preallocate

@@ -18,7 +18,7 @@ import pytest
 import torch
 from _bench_scripts import load_bench
 
-from memfit.core.allocator import round_size
+from memfit.allocator.model import round_size
 from memfit.errors import ConfigError, EstimateError
 from memfit.estimate import TorchStep
 from memfit.estimate.torch_trace import CATEGORIES, estimate_torch, fit_affine

@@ -187,7 +187,7 @@ def test_gpu_truth_capture_names_the_op_of_each_allocation_and_compresses_the_tr
 def _hand_trace() -> Trace:
     """A CUDA trace written by hand, with the real allocator's segment events.
 
-    Worked out from the rules in memfit.core.allocator (sizes in MiB; s1/s2 streams):
+    Worked out from the rules in memfit.allocator.model (sizes in MiB; s1/s2 streams):
 
     ====  =========================================  ==========================  ========
     step  request                                    what the allocator does     reserved

@@ -17,11 +17,11 @@ import pytest
 import torch
 from _bench_scripts import load_bench
 
-from memfit.core.budget import cublas_workspace_bytes
 from memfit.errors import EstimateError
 from memfit.estimate import TorchStep, _tracer, stand_in_scalars, stand_in_scalars_active
 from memfit.estimate import _kernels as kernels_mod
 from memfit.estimate.torch_trace import estimate_torch
+from memfit.hardware.cuda import cublas_workspace_bytes
 from memfit.testing import real_cpu_peak
 
 

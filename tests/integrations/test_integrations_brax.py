@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 
 import memfit
-from memfit.core.budget import recommended_xla_fraction
+from memfit._lazy import require
+from memfit.allocator.xla_fraction import recommended_xla_fraction
 from memfit.core.constraints import PRESETS
 from memfit.core.measured import BraxMeasurements
 from memfit.core.workload import parse_workload
 from memfit.errors import BackendUnavailable, ConfigError
 from memfit.integrations import brax as mbrax
-from memfit.integrations._lazy import require
 
 ONE = {"local_device_count": 1, "process_count": 1}
 
@@ -233,7 +233,7 @@ def fast_measured(measure_cache: Path) -> BraxMeasurements:
 def test_measurements_predict_a_fourth_compiled_step(fast_measured: BraxMeasurements) -> None:
     from brax import envs
 
-    from memfit.integrations import _brax_measure as bm
+    from memfit.estimate import brax_measure as bm
 
     m = fast_measured
     assert m.env == "brax:fast" and m.provenance.platform == "cpu"
@@ -259,7 +259,7 @@ def test_measurements_predict_a_fourth_compiled_step(fast_measured: BraxMeasurem
 def test_measurements_are_cached(
     fast_measured: BraxMeasurements, measure_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from memfit.integrations import _brax_measure as bm
+    from memfit.estimate import brax_measure as bm
 
     files = list((measure_cache / "measurements").glob("brax_ppo-*.json"))
     assert len(files) == 1
@@ -304,7 +304,7 @@ constraints: {presets: [brax_ppo]}
 def test_resolve_measurements_modes(
     fast_measured: BraxMeasurements, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from memfit.integrations import _brax_measure as bm
+    from memfit.estimate import brax_measure as bm
 
     bare = parse_workload(FAST_WORKLOAD)
     # auto: this installation's cache

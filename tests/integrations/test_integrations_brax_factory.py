@@ -64,7 +64,7 @@ def test_factory_env_is_measured_like_the_registered_one(
     import jax
     from brax import envs
 
-    from memfit.integrations import _brax_measure as bm
+    from memfit.estimate import brax_measure as bm
     from memfit.integrations import brax as mbrax
 
     handed: list[tuple[str, str]] = []
@@ -96,7 +96,7 @@ def test_factory_env_is_measured_like_the_registered_one(
 
 
 def test_factory_mistakes_are_config_errors(user_dir: Path) -> None:
-    from memfit.integrations import _brax_measure as bm
+    from memfit.estimate import brax_measure as bm
 
     with pytest.raises(ConfigError, match=r"not a brax\.envs\.Env"):
         bm._env_object("my_envs_memfit:not_an_env", None)
@@ -116,6 +116,6 @@ def test_env_names_a_brax_env_or_a_factory(env: str) -> None:
 
 
 def test_cache_dir_is_the_users(user_dir: Path) -> None:
-    from memfit.integrations import _brax_measure as bm
+    from memfit.estimate import brax_measure as bm
 
     assert bm.cache_dir() == Path(os.environ["MEMFIT_CACHE_DIR"]) / "measurements"

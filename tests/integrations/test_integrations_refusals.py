@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from memfit import _lazy
 from memfit.errors import BackendUnavailable, ConfigError
-from memfit.integrations import _lazy
 from memfit.integrations.brax import check_ppo
 
 

@@ -12,12 +12,13 @@ import pytest
 from _bench_scripts import load_bench
 
 import memfit
+from memfit.allocator.replay import recorded_curve, start_state
+from memfit.allocator.snapshot import load_snapshot
+from memfit.allocator.snapshot_build import TraceBuilder
 from memfit.cli.main import main
-from memfit.core.replay import recorded_curve, start_state
-from memfit.core.snapshot import load_snapshot
-from memfit.core.snapshot_build import TraceBuilder
 from memfit.errors import ConfigError, OutOfMemory
-from memfit.monitor.explain import _thin, png_bytes, render_html, render_text
+from memfit.monitor.explain import _thin
+from memfit.monitor.explain_render import png_bytes, render_html, render_text
 
 MiB = 2**20
 # The public corpus is data from public repositories, kept outside the repository
@@ -321,8 +322,8 @@ def test_cli_device_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 
 def test_a_users_frame_in_a_checkout_named_memfit_is_the_users() -> None:
     """A clone of memfit (CI's folder) is not memfit's own package: its tests are user code."""
-    from memfit.core.snapshot import Frame
-    from memfit.monitor.explain import _user_frame
+    from memfit.allocator.snapshot import Frame
+    from memfit.monitor._trace_walk import user_frame as _user_frame
 
     inner = Frame("/x/site-packages/torch/nn/modules/linear.py", 125, "forward")
     guard = Frame("/x/site-packages/memfit/runtime/_train_guard.py", 300, "step")

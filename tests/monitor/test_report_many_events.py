@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from memfit.monitor import report
+from memfit.monitor import report, report_plot
 
 pytest.importorskip("matplotlib", reason="the picture needs matplotlib")
 
@@ -51,11 +51,11 @@ def _log(steps: int, events: int) -> bytes:
 
 def test_many_events_are_binned_in_the_picture() -> None:
     run = report.parse_run(_log(3000, 9000), source="<test>")
-    fig = report.plot(run)
+    fig = report_plot.plot(run)
     ax, strip = fig.axes[0], fig.axes[1]
     markers = sum(len(c.get_offsets()) for c in strip.collections)
-    assert 0 < markers <= 3 * report.MAX_EVENT_MARKS
-    assert len(strip.texts) <= 3 * report.MAX_EVENT_LABELS
+    assert 0 < markers <= 3 * report_plot.MAX_EVENT_MARKS
+    assert len(strip.texts) <= 3 * report_plot.MAX_EVENT_LABELS
     assert len(ax.lines) < 20  # no line per event: the OOM marks are one collection
     # every event is still counted in the summary
     assert report.summarize(run)["events"] == {"oom": 3000, "retry": 3000, "split": 3000}
@@ -63,6 +63,6 @@ def test_many_events_are_binned_in_the_picture() -> None:
 
 def test_few_events_keep_one_marker_per_step() -> None:
     run = report.parse_run(_log(50, 30), source="<test>")
-    fig = report.plot(run)
+    fig = report_plot.plot(run)
     strip = fig.axes[1]
     assert sum(len(c.get_offsets()) for c in strip.collections) == 30

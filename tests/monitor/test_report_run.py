@@ -13,20 +13,9 @@ from _monitor_runs import record_run
 from memfit.backends.simulated import SimulatedDevice
 from memfit.errors import ConfigError
 from memfit.monitor.recorder import Recorder
-from memfit.monitor.report import (
-    Run,
-    event_rows,
-    event_steps,
-    load_run,
-    parse_run,
-    plot,
-    render_html,
-    step_text,
-    summarize,
-    summary_rows,
-    write_html,
-    write_png,
-)
+from memfit.monitor.report import Run, event_steps, load_run, parse_run, summarize, summary_rows
+from memfit.monitor.report_html import event_rows, render_html, step_text, write_html
+from memfit.monitor.report_plot import plot, write_png
 from memfit.monitor.watch import Watcher, append_log
 from memfit.runtime.events import MemoryEvent
 
@@ -377,7 +366,7 @@ def test_a_run_without_memory_figures_draws_its_step_times(tmp_path: Path) -> No
 
 def test_step_ticks_are_whole_numbers(tmp_path: Path) -> None:
     """Issue 22: a short run's step axis has no tick at 2.5."""
-    from memfit.monitor.report import plot
+    from memfit.monitor.report_plot import plot
 
     run = load_run(record_run(tmp_path / "run.jsonl", 5))
     fig = plot(run)

@@ -8,19 +8,16 @@ from types import ModuleType, SimpleNamespace
 import pytest
 
 from memfit import ConfigError
-from memfit.core.allocator_settings import (
+from memfit.allocator.settings import PROFILES, SHELLS, recommend, render_shell
+from memfit.allocator.settings_check import (
     JAX_VARIABLES,
-    PROFILES,
-    SHELLS,
     TORCH_VARIABLES,
     check_jax_env,
     check_shell,
     check_torch_conf,
-    parse_shell_assignments,
     parse_torch_conf,
-    recommend,
-    render_shell,
 )
+from memfit.allocator.shell import parse_shell_assignments
 from memfit.runtime.allocator_env import (
     check_environment,
     configure,
@@ -398,8 +395,8 @@ def test_configure_applies_to_os_environ(monkeypatch: pytest.MonkeyPatch) -> Non
     import os
 
     configure(jax_allocator="platform")
-    assert os.environ["XLA_PYTHON_CLIENT_ALLOCATOR"] == "platform"
-    monkeypatch.delenv("XLA_PYTHON_CLIENT_ALLOCATOR")
+    # popped by hand: monkeypatch.delenv here would restore "platform" at teardown
+    assert os.environ.pop("XLA_PYTHON_CLIENT_ALLOCATOR") == "platform"
 
 
 def test_installed_torch_version_matches_the_package() -> None:

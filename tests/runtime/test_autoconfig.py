@@ -8,10 +8,10 @@ import pytest
 
 import memfit
 from memfit.backends.simulated import SimulatedDevice
-from memfit.core.catalog import gpu
 from memfit.core.plan import plan_for_gpu
 from memfit.core.workload import load_workload
 from memfit.errors import BackendUnavailable, InfeasiblePlan
+from memfit.hardware.catalog import gpu
 from memfit.runtime.autoconfig import autoconfig, read_device
 from memfit.units import GiB
 

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import memfit
-from memfit.core.allocator import round_size
+from memfit.allocator.model import round_size
 from memfit.errors import ConfigError, OutOfMemory
 from memfit.runtime.guard import RolloutGuard, TrainGuard
 from memfit.runtime.simulate import simulate_gpu

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import memfit
-from memfit.core.allocator import round_size
+from memfit.allocator.model import round_size
 from memfit.errors import BackendUnavailable, ConfigError
 from memfit.runtime.simulate import active, simulate_gpu
 

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from memfit._plain import plain_fields
-from memfit.errors import BackendUnavailable, ConfigError, file_error, read_user_text
+from memfit._userfiles import file_error, read_user_text
+from memfit.errors import BackendUnavailable, ConfigError
 
 __all__ = [
     "SNAPSHOT_FORMAT",

@@ -82,7 +82,7 @@ class SimulatedDevice:
         Raises:
             ConfigError: When the name is unknown or the size is not a size.
         """
-        from memfit.core.catalog import gpu
+        from memfit.hardware.catalog import gpu
 
         spec = gpu(name_or_size)
         return cls(spec.total_bytes, name=spec.name, used_by_others=used_by_others)

@@ -1,6 +1,6 @@
 """The software installed here, as the default target runtime of a plan or an estimate.
 
-``memfit.core.runtime`` is pure: it is told the target's torch, CUDA and driver versions.
+``memfit.hardware.runtime`` is pure: it is told the target's torch, CUDA and driver versions.
 When the caller names none, the target is assumed to run what this machine has installed:
 the installed torch's version (from its package metadata, so torch is not imported for it),
 the CUDA it was built with (``torch.version.cuda`` where torch is already imported, else the
@@ -16,7 +16,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from memfit.core.runtime import Runtime, parse_runtime
+from memfit.hardware.runtime import Runtime, parse_runtime
 
 __all__ = ["installed_versions", "target_runtime"]
 

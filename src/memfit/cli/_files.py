@@ -28,9 +28,8 @@ from pathlib import Path
 
 import typer
 
-from memfit.errors import (
+from memfit._userfiles import (
     MAX_USER_FILE_BYTES,
-    ConfigError,
     decode_user_text,
     file_error,
     file_kind,
@@ -38,6 +37,7 @@ from memfit.errors import (
     read_limited,
     read_user_bytes,
 )
+from memfit.errors import ConfigError
 
 __all__ = [
     "FORCE_OPTION",

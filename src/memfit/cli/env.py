@@ -19,17 +19,10 @@ import typer
 from rich.table import Table
 
 from memfit._plain import plural
+from memfit.allocator.settings import PROFILES, SHELLS, recommend, render_shell
+from memfit.allocator.settings_check import JAX_VARIABLES, TORCH_VARIABLES, check_shell
 from memfit.cli._common import JSON_OPTION, err_console, out_console, print_json, safe
 from memfit.cli._files import read_input_text
-from memfit.core.allocator_settings import (
-    JAX_VARIABLES,
-    PROFILES,
-    SHELLS,
-    TORCH_VARIABLES,
-    check_shell,
-    recommend,
-    render_shell,
-)
 from memfit.errors import ConfigError
 from memfit.runtime.allocator_env import (
     check_environment,
@@ -75,7 +68,7 @@ def env(
         raise ConfigError(
             f"unknown shell {shell!r}", key_path="--shell", hint="use " + ", ".join(SHELLS)
         )
-    from memfit.core.catalog import gpu as catalog_gpu
+    from memfit.hardware.catalog import gpu as catalog_gpu
 
     spec = catalog_gpu(gpu) if gpu is not None else None
     fraction_name, fraction_why = jax_fraction_name()

@@ -164,7 +164,7 @@ def estimate_command(
         )
     data: dict[str, Any]
     if isinstance(step, TorchStep):
-        from memfit.core.allocator_settings import torch_allocator_options
+        from memfit.allocator.settings import torch_allocator_options
         from memfit.estimate.torch_trace import estimate_torch
 
         variable = "--alloc-conf"

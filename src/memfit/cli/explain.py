@@ -60,7 +60,7 @@ def explain(
 ) -> None:
     """Explain a CUDA memory snapshot: peaks, where the memory went, what would help."""
     from memfit.monitor.explain import explain as run_explain
-    from memfit.monitor.explain import png_bytes, render_html, render_text
+    from memfit.monitor.explain_render import png_bytes, render_html, render_text
 
     suffix = output.suffix.lower() if output is not None else ""
     if output is not None and suffix not in (".png", ".html", ".htm"):

@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from memfit.cli._common import JSON_OPTION, err_console, out_console, print_json, safe
-from memfit.core.catalog import GpuSpec, gpu, list_gpus, reading_note
+from memfit.hardware.catalog import GpuSpec, gpu, list_gpus, reading_note
 from memfit.units import format_bytes, format_mib
 
 __all__ = ["gpus", "register"]

@@ -19,6 +19,7 @@ import typer
 import yaml
 from rich.table import Table
 
+from memfit.allocator.xla_fraction import DEFAULT_MARGIN
 from memfit.cli._common import (
     JSON_OPTION,
     RUNTIME_OPTION,
@@ -36,12 +37,11 @@ from memfit.cli._files import (
 )
 from memfit.cli._progress import status
 from memfit.core._workload_load import MAX_WORKLOAD_BYTES
-from memfit.core.budget import DEFAULT_MARGIN
-from memfit.core.catalog import GpuSpec
 from memfit.core.constraints import Violation, check, parse_set
 from memfit.core.plan import Plan
 from memfit.core.workload import Workload, bundled_names, load_workload, parse_workload
 from memfit.errors import ConfigError, InfeasiblePlan, did_you_mean
+from memfit.hardware.catalog import GpuSpec
 from memfit.units import format_bytes, parse_bytes, parse_fraction
 
 __all__ = ["fitted_workload", "load_workload_arg", "parse_overrides", "register"]
@@ -237,7 +237,7 @@ def _print_plan(workload: Workload, result: Plan) -> None:
             )
     for note in result.notes:
         console.print(f"Note: {safe(note)}", soft_wrap=True)
-    from memfit.core.allocator_settings import render_shell
+    from memfit.allocator.settings import render_shell
 
     if result.environment:
         console.print("Allocator settings to run it with:")
@@ -253,7 +253,7 @@ def fitted_workload(workload: Workload, result: Plan, overrides: dict[str, int])
     (``host_memory_bytes``), the replay buffer's chosen placement, and, as comments, the GPU,
     the predicted peak and the allocator settings.
     """
-    from memfit.core.families import family_for
+    from memfit.core.evaluate import family_for
 
     data = workload.model_dump(mode="json", exclude_none=True, exclude={"source"})
     data.pop("variants", None)
@@ -330,7 +330,7 @@ def _tiers(
     measure: str = "auto",
     runtime: str | None = None,
 ) -> None:
-    from memfit.core.families import family_for
+    from memfit.core.evaluate import family_for
     from memfit.planning import TIER_GPUS, plan_tiers, resolve_gpu
 
     with (
@@ -499,7 +499,7 @@ def _plan_command(
     from memfit.planning import plan
 
     assert gpu is not None  # checked above
-    from memfit.core.catalog import reading_note
+    from memfit.hardware.catalog import reading_note
 
     reading = reading_note(gpu)
     if reading is not None and not as_json:

@@ -19,16 +19,9 @@ from memfit.cli._common import JSON_OPTION, err_console, out_console, print_json
 from memfit.cli._files import FORCE_OPTION, STDIN, Output, read_input
 from memfit.cli._progress import status
 from memfit.errors import ConfigError
-from memfit.monitor.report import (
-    event_rows,
-    load_run,
-    parse_run,
-    png_bytes,
-    render_html,
-    step_text,
-    summarize,
-    summary_rows,
-)
+from memfit.monitor.report import load_run, parse_run, summarize, summary_rows
+from memfit.monitor.report_html import event_rows, render_html, step_text
+from memfit.monitor.report_plot import png_bytes
 
 __all__ = ["register", "report"]
 

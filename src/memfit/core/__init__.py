@@ -1,4 +1,5 @@
-"""Pure planning: catalog, workloads, constraints, allocator model, budgets, memory families.
+"""The planner (pure: no torch, jax or pynvml import): workloads, their families' memory terms,
+the rules over knobs, the budget a device leaves, the search and the plan.
 
-Nothing in ``memfit.core`` imports torch, jax or pynvml, ever (a test checks it).
+The allocator model it uses is :mod:`memfit.allocator`; what a device is, :mod:`memfit.hardware`.
 """

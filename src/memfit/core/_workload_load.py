@@ -10,11 +10,12 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from memfit._checks import require, require_workload
+from memfit._checks import require
 from memfit._plain import deep_merge
+from memfit._userfiles import file_error, read_user_text
 from memfit.core._workload_errors import translate_validation_error
 from memfit.core._workload_schema import Workload
-from memfit.errors import ConfigError, did_you_mean, file_error, read_user_text
+from memfit.errors import ConfigError, did_you_mean
 
 #: Folder of the bundled workload files, shipped inside the package.
 BUNDLED_DIR = Path(__file__).resolve().parent.parent / "workloads"
@@ -287,3 +288,19 @@ def parse_workload(
         return Workload.model_validate(data)
     except ValidationError as exc:
         raise translate_validation_error(exc, text, source, variant) from None
+
+
+def require_workload(name: str, value: object) -> None:
+    """Check that ``value`` names a workload: a ``Workload``, a path or a bundled name.
+
+    Raises:
+        ConfigError: Otherwise, with ``name`` as the key path.
+    """
+    if not isinstance(value, Workload):
+        require(
+            name,
+            value,
+            "path",
+            hint="pass a Workload, the path of a workload file, or a bundled name "
+            "(memfit examples lists them)",
+        )

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from memfit.core.families.registry import family_names, get_family
 from memfit.core.measured import BraxMeasurements
 from memfit.core.simulator import SimulatorSpec
 from memfit.errors import ConfigError
@@ -272,8 +273,9 @@ class DeviceSpec(_Strict):
 class JaxSettings(_Strict):
     """JAX's allocator: preallocation (``XLA_PYTHON_CLIENT_PREALLOCATE``) and its fraction
     (``XLA_PYTHON_CLIENT_MEM_FRACTION``). Without ``mem_fraction`` the plan uses the fraction
-    memfit recommends for the card (:func:`memfit.core.budget.recommended_xla_fraction`: 0.90
-    on cards of 8 GB or more) and says to set it; give one to plan with yours (JAX's own
+    memfit recommends for the card
+    (:func:`memfit.allocator.xla_fraction.recommended_xla_fraction`: 0.90 on cards of 8 GB or
+    more) and says to set it; give one to plan with yours (JAX's own
     default is 0.75)."""
 
     preallocate: bool = True
@@ -381,10 +383,7 @@ class EffectiveBatch(_Strict):
 
 
 def _family(name: str) -> Any:
-    """The registered family ``name`` (:mod:`memfit.core.families.registry`), imported here
-    rather than at the top: the family modules import this schema."""
-    from memfit.core.families import get_family
-
+    """The registered family ``name`` (:mod:`memfit.core.families.registry`)."""
     return get_family(name)
 
 
@@ -428,8 +427,6 @@ class Workload(_Strict):
     @field_validator("family")
     @classmethod
     def _known_family(cls, value: str) -> str:
-        from memfit.core.families import family_names
-
         known = family_names()
         if value not in known:
             raise PydanticCustomError(

@@ -31,11 +31,11 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from memfit._checks import require_mapping, require_workload
+from memfit._checks import require_mapping, require_positive_int
 from memfit._plain import plain_fields
 from memfit.core.workload import Rule as RuleSpec
-from memfit.core.workload import Workload, load_workload
-from memfit.errors import ConfigError, did_you_mean, require_positive_int
+from memfit.core.workload import Workload, load_workload, require_workload
+from memfit.errors import ConfigError, did_you_mean
 
 __all__ = [
     "PRESETS",

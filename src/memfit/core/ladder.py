@@ -49,7 +49,8 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple, TypeAlias
 
-from memfit.errors import ConfigError, require_positive_int
+from memfit._checks import require_positive_int
+from memfit.errors import ConfigError
 
 __all__ = [
     "Action",

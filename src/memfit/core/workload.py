@@ -24,7 +24,13 @@ over the base document before validation.
 
 from __future__ import annotations
 
-from memfit.core._workload_load import BUNDLED_DIR, bundled_names, load_workload, parse_workload
+from memfit.core._workload_load import (
+    BUNDLED_DIR,
+    bundled_names,
+    load_workload,
+    parse_workload,
+    require_workload,
+)
 from memfit.core._workload_schema import (
     CameraSpec,
     ConvLayer,
@@ -69,4 +75,5 @@ __all__ = [
     "dtype_bytes",
     "load_workload",
     "parse_workload",
+    "require_workload",
 ]

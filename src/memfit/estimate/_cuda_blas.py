@@ -3,7 +3,7 @@
 * **cuBLAS**: PyTorch gives each cuBLAS handle a workspace per (handle, stream) from the
   caching allocator the first time a matmul runs on it, and keeps it
   (``CUBLAS_WORKSPACE_CONFIG``, default ``:4096:2:16:8`` = 8.125 MiB before Hopper and 32
-  MiB on sm90; :func:`memfit.core.budget.cublas_workspace_bytes`). Handles come from
+  MiB on sm90; :func:`memfit.hardware.cuda.cublas_workspace_bytes`). Handles come from
   per-thread pools, so the autograd engine's device thread, which runs the backward pass on
   CUDA, has its own: two workspaces in a training step.
 * **cuBLASLt** (``addmm`` with a 1-D bias, as ``nn.Linear`` calls it, and

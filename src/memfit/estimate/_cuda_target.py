@@ -1,7 +1,7 @@
 """What a CUDA target is, for the kernels its ops run: the GPU and the software around it.
 
 :class:`CudaTarget` gathers what the trace needs to follow a CUDA target's kernels: the GPU's
-compute capability (:mod:`memfit.core.catalog`), the target's torch version (given in the
+compute capability (:mod:`memfit.hardware.catalog`), the target's torch version (given in the
 runtime, else the installed torch's), the cuDNN it bundles, and the cuBLAS workspace of its
 architecture. It makes the per-trace objects that add the kernels' memory
 (:class:`memfit.estimate._cuda_blas.BlasWorkspaces`,
@@ -48,7 +48,7 @@ class CudaTarget:
     """The CUDA target of a trace.
 
     Attributes:
-        spec: The GPU (a :class:`memfit.core.catalog.GpuSpec`), or ``None`` when unknown.
+        spec: The GPU (a :class:`memfit.hardware.catalog.GpuSpec`), or ``None`` when unknown.
         torch_version: The target's torch ``(major, minor)``, or ``None``.
         cuda_version: The target's CUDA runtime ``(major, minor)``, or ``None``.
         cublas_bytes: One cuBLAS workspace on this GPU.

@@ -4,7 +4,7 @@ Two traces of the same step at batch sizes ``v1 < v2`` usually allocate and free
 storages in the same order; only the sizes differ, and each size is affine in the batch
 (``a + b * v``: a weight's size is fixed, an activation's grows with the batch). Knowing
 ``a`` and ``b`` for every event gives the sequence at any batch size without tracing again,
-and :class:`memfit.core.allocator.AllocatorModel` replays it in milliseconds: whether it fits
+and :class:`memfit.allocator.model.AllocatorModel` replays it in milliseconds: whether it fits
 under a memory limit (the cap ``memfit.fit`` puts on the CUDA allocator), and with how much
 room between the live blocks and the limit. Reserved memory is a step function of the batch
 (20 MiB segments, cached blocks given back at the limit), so a line through reserved peaks
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from memfit.core.allocator import AllocatorModel
+from memfit.allocator.model import AllocatorModel
 from memfit.errors import OutOfMemory
 
 __all__ = ["Fit", "SequenceModel"]

@@ -1,7 +1,7 @@
 """The traced allocation sequence replayed through the allocator model: one estimate point.
 
 :func:`summarise` replays a :class:`memfit.estimate._tracer.Trace` through
-:class:`memfit.core.allocator.AllocatorModel` to get what ``torch.cuda.max_memory_allocated``
+:class:`memfit.allocator.model.AllocatorModel` to get what ``torch.cuda.max_memory_allocated``
 and ``max_memory_reserved`` would read, and puts each storage in one category
 (:data:`CATEGORIES`) at the allocated peak. When the last traced step repeats the one before
 it, the replay runs that step on (:data:`STEADY_REPEATS`) to the steady state a long run
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memfit._plain import plain_fields
-from memfit.core.allocator import AllocatorModel, round_size
+from memfit.allocator.model import AllocatorModel, round_size
 from memfit.estimate._tracer import Storage, Trace
 
 __all__ = [

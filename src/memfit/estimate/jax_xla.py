@@ -56,7 +56,7 @@ class JaxPreallocation:
 def preallocation_from_env(environ: Mapping[str, str] | None = None) -> JaxPreallocation:
     """Read JAX's allocator settings from ``environ`` (default: ``os.environ``).
 
-    The reading is :func:`memfit.core.allocator_settings.read_jax_env`, the same one
+    The reading is :func:`memfit.allocator.settings.read_jax_env`, the same one
     ``memfit env`` and ``memfit.configure`` use: as ``jaxlib`` reads them, only ``false``,
     ``False`` and ``0`` turn preallocation off.
 
@@ -69,7 +69,7 @@ def preallocation_from_env(environ: Mapping[str, str] | None = None) -> JaxPreal
     >>> preallocation_from_env({"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}).preallocate
     False
     """
-    from memfit.core.allocator_settings import read_jax_env
+    from memfit.allocator.settings import read_jax_env
 
     policy = read_jax_env(os.environ if environ is None else environ)
     return JaxPreallocation(policy.preallocate, policy.fraction, policy.platform_allocator)
@@ -154,8 +154,8 @@ def _device_used(
             "(CUDA context and JAX preallocation)"
         )
         return None, notes
-    from memfit.core.budget import cuda_context_bytes
-    from memfit.core.catalog import gpu as lookup_gpu
+    from memfit.hardware.catalog import gpu as lookup_gpu
+    from memfit.hardware.cuda import cuda_context_bytes
 
     spec = lookup_gpu(gpu) if gpu is not None else None
     context = cuda_context_bytes(spec)

@@ -9,7 +9,7 @@ memory of its metadata. The modules around this one each do one job:
 * :mod:`memfit.estimate._tracer` records every storage the step allocates and frees, and
   what kernels take inside an op, in order;
 * :mod:`memfit.estimate._summary` replays that sequence through
-  :class:`memfit.core.allocator.AllocatorModel` to get what ``torch.cuda.max_memory_allocated``
+  :class:`memfit.allocator.model.AllocatorModel` to get what ``torch.cuda.max_memory_allocated``
   and ``max_memory_reserved`` would read, with a breakdown by category at the peak;
 * :mod:`memfit.estimate._fake_compat` makes ordinary model code that fake tensors refuse as
   such trace (``module.to(device)``, initialisers that read values, logging inside a
@@ -33,9 +33,9 @@ from typing import Any
 import torch
 
 from memfit._checks import require
-from memfit.core.allocator import AllocatorModel
+from memfit.allocator.model import AllocatorModel
 from memfit.core.measured import MeasuredTerms
-from memfit.core.runtime import ContextEstimate, Runtime
+from memfit.hardware.runtime import ContextEstimate, Runtime
 from memfit.errors import ConfigError, EstimateError
 from memfit.estimate._cuda_kernels import KernelUse
 from memfit.estimate._cuda_target import CudaTarget, parse_version
@@ -86,7 +86,7 @@ class TorchEstimate:
         tensor_fit: Affine fit of ``tensor_peak`` (what :func:`memfit.simulate_gpu`
             counts), or ``None`` with fewer than two distinct batch sizes.
         context: The CUDA context ``device_used_peak`` adds: its bytes, the runtime it
-            assumed and its source (:class:`memfit.core.runtime.ContextEstimate`).
+            assumed and its source (:class:`memfit.hardware.runtime.ContextEstimate`).
         kernels: For a CUDA target traced on the CPU, each op for which the trace followed
             a CUDA kernel that differs from the CPU's, with the kernel (or attention
             backend) chosen and its bytes (:class:`KernelUse`: what it keeps for backward,
@@ -296,7 +296,7 @@ def estimate_torch(
         make_batch: ``make_batch(batch_size) -> batch``.
         batch_sizes: Batch sizes to trace (each traced from a fresh build).
         gpu: GPU name or size for the device-level figures (CUDA context, cuBLAS workspace
-            by architecture), looked up in :mod:`memfit.core.catalog`; ``None`` for defaults.
+            by architecture), looked up in :mod:`memfit.hardware.catalog`; ``None`` for defaults.
         device: ``"cuda"`` or ``"cpu"``; by default ``"cuda"`` where torch has CUDA, else
             ``"cpu"`` (with the deviations listed in the result).
         expandable_segments: Replay the allocator with ``expandable_segments:True``.
@@ -360,7 +360,7 @@ def estimate_torch(
             hint="trace on 'cpu' (the default here), or install a CUDA build of torch",
         )
     from memfit.backends.software import target_runtime
-    from memfit.core.runtime import cuda_context
+    from memfit.hardware.runtime import cuda_context
 
     target = target_runtime(runtime)
     cuda = _cuda_target(gpu, target)
@@ -491,11 +491,11 @@ def _cuda_target(gpu: str | None, runtime: Runtime | None) -> CudaTarget:
     Raises:
         ConfigError: When the GPU name is unknown.
     """
-    from memfit.core.budget import cublas_workspace_bytes
+    from memfit.hardware.cuda import cublas_workspace_bytes
 
     spec = None
     if gpu is not None:
-        from memfit.core.catalog import gpu as lookup_gpu
+        from memfit.hardware.catalog import gpu as lookup_gpu
 
         spec = lookup_gpu(gpu)
     text = runtime.torch if runtime is not None else torch.__version__

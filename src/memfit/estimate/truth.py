@@ -24,7 +24,7 @@ An entry (:class:`TruthEntry`) holds:
   ``memory_analysis()`` on that device.
 
 The replays: :func:`replay` runs a CUDA trace's allocations and completed frees through
-:class:`memfit.core.allocator.AllocatorModel` (streams, settings, the device's limit) and
+:class:`memfit.allocator.model.AllocatorModel` (streams, settings, the device's limit) and
 :func:`real_reserved_peak` reads the real reserved peak from the trace's segment events;
 :func:`diff_requests` aligns a traced run's request sequence with the real one and names
 every difference (cuBLAS / cuBLASLt workspace, cuDNN workspace, SDPA scratch, ...).
@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memfit.core.allocator import AllocatorModel
-from memfit.core.snapshot import ACTIONS as SNAPSHOT_ACTIONS
+from memfit.allocator.model import AllocatorModel
+from memfit.allocator.snapshot import ACTIONS as SNAPSHOT_ACTIONS
 from memfit.errors import ConfigError, OutOfMemory
 
 __all__ = [
@@ -312,7 +312,7 @@ def load_entry(path: str | Path) -> TruthEntry:
     return TruthEntry.from_json(data, source=source.name)
 
 
-#: Folder of the corpus that holds public CUDA snapshots (``memfit.core.snapshot`` data, not
+#: Folder of the corpus that holds public CUDA snapshots (``memfit.allocator.snapshot`` data, not
 #: entries of this format; ``tests/core/test_public_snapshots.py`` replays them).
 PUBLIC_FOLDER = "public"
 
@@ -399,7 +399,7 @@ def replay(
     model = AllocatorModel(expandable_segments, max_split_size, limit_bytes)
     live: dict[tuple[int, int], int] = {}  # (addr, stream) -> handle
     requests = segments = 0
-    from memfit.core.allocator import round_size
+    from memfit.allocator.model import round_size
 
     allocated = real_allocated = 0
     for event in trace.events():

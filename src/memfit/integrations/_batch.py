@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from memfit.errors import ConfigError, InfeasiblePlan, require_positive_int
+from memfit._checks import require_positive_int
+from memfit.errors import ConfigError, InfeasiblePlan
 from memfit.units import format_bytes, parse_bytes
 
 __all__ = ["batch_size_from_estimate", "keep_effective_batch"]

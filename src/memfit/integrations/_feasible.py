@@ -8,10 +8,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from memfit.core.budget import DEFAULT_MARGIN
-from memfit.core.catalog import GpuSpec
+from memfit.allocator.xla_fraction import DEFAULT_MARGIN
 from memfit.core.plan import FeasibleSpace
 from memfit.core.workload import Workload, load_workload
+from memfit.hardware.catalog import GpuSpec
 from memfit.planning import feasible
 
 __all__ = ["space"]

@@ -37,16 +37,16 @@ from typing import Any
 
 import yaml
 
-from memfit.core.budget import recommended_xla_fraction
-from memfit.core.catalog import anonymous_gpu
-from memfit.core.catalog import gpu as catalog_gpu
+from memfit._lazy import require
+from memfit.allocator.xla_fraction import recommended_xla_fraction
 from memfit.core.constraints import PRESETS, Violation, parse_expr
 from memfit.core.measured import BraxMeasurements
 from memfit.core.plan import Plan
 from memfit.core.workload import Workload, parse_workload
 from memfit.errors import ConfigError
-from memfit.integrations._brax_measure import measure_ppo, resolve_measurements
-from memfit.integrations._lazy import require
+from memfit.estimate.brax_measure import measure_ppo, resolve_measurements
+from memfit.hardware.catalog import anonymous_gpu
+from memfit.hardware.catalog import gpu as catalog_gpu
 
 __all__ = [
     "BRAX_PPO_DEFAULTS",
@@ -430,8 +430,9 @@ def ppo_workload(
         value_hidden_layer_sizes: Brax's ``value_hidden_layer_sizes``.
         device_count: Devices Brax ``pmap`` s over.
         jax_preallocate: Plan against the XLA pool memfit recommends for the card
-            (``True``, the default: :func:`memfit.core.budget.recommended_xla_fraction`) or
-            allocation on demand (``False``).
+            (``True``, the default:
+            :func:`memfit.allocator.xla_fraction.recommended_xla_fraction`) or allocation on
+            demand (``False``).
         measurements: The env and Brax's training step measured (:func:`measure_ppo`): the
             plan's terms are then these measurements instead of the analytic model.
         settings: Fixed Brax arguments the measurement depends on
@@ -649,8 +650,8 @@ def jax_allocator_settings(plan: Plan, total_bytes: int) -> dict[str, str]:
 
     A plan made against a preallocated pool (the default) carries its settings
     (``plan.environment``): preallocate that pool, whose fraction is
-    :func:`memfit.core.budget.recommended_xla_fraction` for the card unless the workload set
-    one. A plan made without preallocation gets the same recommendation for a card of
+    :func:`memfit.allocator.xla_fraction.recommended_xla_fraction` for the card unless the
+    workload set one. A plan made without preallocation gets the same recommendation for a card of
     ``total_bytes``, once its buffers are checked to fit that pool.
 
     Args:

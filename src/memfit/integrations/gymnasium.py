@@ -34,8 +34,8 @@ import functools
 import warnings
 from typing import Any
 
+from memfit._lazy import require
 from memfit.errors import ConfigError
-from memfit.integrations._lazy import require
 from memfit.runtime.events import EventSink
 
 __all__ = ["MemoryWrapper", "guard_mode", "wrapper_class"]

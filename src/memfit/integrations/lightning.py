@@ -38,9 +38,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from memfit._lazy import require
 from memfit.errors import ConfigError
 from memfit.integrations._batch import batch_size_from_estimate, keep_effective_batch
-from memfit.integrations._lazy import require
 
 __all__ = [
     "LightningGuard",
@@ -281,7 +281,7 @@ def guard(
     if existing is not None:
         return existing  # type: ignore[no-any-return]
     require("lightning.pytorch")
-    from memfit.errors import require_positive_int
+    from memfit._checks import require_positive_int
     from memfit.runtime.guard import TrainGuard
 
     require_positive_int(

@@ -43,12 +43,12 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from memfit.core.budget import DEFAULT_MARGIN
-from memfit.core.catalog import GpuSpec
+from memfit._lazy import require
+from memfit.allocator.xla_fraction import DEFAULT_MARGIN
 from memfit.core.workload import Workload
 from memfit.errors import ConfigError, OutOfMemory
+from memfit.hardware.catalog import GpuSpec
 from memfit.integrations._feasible import space
-from memfit.integrations._lazy import require
 from memfit.runtime.oom import forget_exception, is_oom
 
 __all__ = [

@@ -37,9 +37,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from memfit._lazy import require
 from memfit.backends.base import SystemSnapshot
 from memfit.errors import ConfigError
-from memfit.integrations._lazy import require
 from memfit.runtime.events import MemoryEvent
 
 __all__ = ["PrometheusSink", "parse_address"]

@@ -30,13 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memfit.core.budget import DEFAULT_MARGIN
-from memfit.core.catalog import GpuSpec
+from memfit._lazy import require
+from memfit.allocator.xla_fraction import DEFAULT_MARGIN
 from memfit.core.plan import FeasibleSpace
 from memfit.core.workload import JaxSettings, Workload, load_workload
 from memfit.errors import ConfigError, InfeasiblePlan
+from memfit.hardware.catalog import GpuSpec
 from memfit.integrations._feasible import space as cached_space
-from memfit.integrations._lazy import require
 from memfit.planning import resolve_gpu
 from memfit.runtime.autoconfig import AutoConfig, autoconfig, read_device
 from memfit.runtime.events import MemoryEvent

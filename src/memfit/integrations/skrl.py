@@ -38,8 +38,8 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from memfit._lazy import require
 from memfit.errors import ConfigError
-from memfit.integrations._lazy import require
 from memfit.runtime._memory import free_memory, memory_figures, out_of_memory
 from memfit.runtime._rewind import RngState, rng_state
 from memfit.runtime.events import EventSink, MemoryEvent, emit

@@ -32,10 +32,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from memfit._lazy import require
 from memfit._plain import plural
 from memfit.errors import ConfigError, OutOfMemory
 from memfit.integrations._batch import batch_size_from_estimate, keep_effective_batch
-from memfit.integrations._lazy import require
 from memfit.runtime.events import EventSink, MemoryEvent, emit
 
 __all__ = [

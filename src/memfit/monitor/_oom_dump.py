@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from memfit._userfiles import file_error
 from memfit.backends.live import torch_cuda_available
-from memfit.errors import file_error
 
 __all__ = ["simulated_snapshot", "write_oom_dump"]
 
@@ -54,7 +54,7 @@ def write_oom_dump(
     https://pytorch.org/memory_viz), under ``memfit.simulate_gpu`` the simulated GPU's
     allocations in the same format (:meth:`memfit.runtime.simulate.SimulatedGpu.snapshot`).
     ``exc`` is the out-of-memory error, when there is one (a simulated GPU's names it).
-    Either is what ``memfit explain`` reads (:mod:`memfit.core.snapshot`); the simulated one
+    Either is what ``memfit explain`` reads (:mod:`memfit.allocator.snapshot`); the simulated one
     is checked with that reader before it is written.
 
     Returns:
@@ -63,7 +63,7 @@ def write_oom_dump(
     Raises:
         ConfigError: When ``directory`` cannot be written.
     """
-    from memfit.core.snapshot import snapshot_from_data
+    from memfit.allocator.snapshot import snapshot_from_data
 
     written: list[Path] = []
     try:

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from memfit._userfiles import file_error
 from memfit.backends.live import Reading
-from memfit.errors import file_error
 
 __all__ = ["CSV_FIELDS", "SAMPLE_FIELDS", "RecordWriter", "sample_fields"]
 

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from memfit._userfiles import file_error, file_kind, not_a_file_error
 from memfit.backends.base import DeviceProbe, DeviceSnapshot, SystemSnapshot
-from memfit.errors import ConfigError, file_error, file_kind, not_a_file_error
+from memfit.errors import ConfigError
 from memfit.monitor._ranks import rank_imbalance
 
 __all__ = [

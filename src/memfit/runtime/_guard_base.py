@@ -5,9 +5,9 @@ from __future__ import annotations
 import abc
 from typing import Any
 
+from memfit._checks import require_positive_int
 from memfit._plain import plural
 from memfit.core import ladder
-from memfit.errors import require_positive_int
 from memfit.runtime.events import EventSink, MemoryEvent, emit
 
 __all__ = ["GuardBase"]

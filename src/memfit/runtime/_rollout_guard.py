@@ -9,9 +9,9 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
 
-from memfit._checks import require_iterable
+from memfit._checks import require_callable, require_iterable
 from memfit.core import ladder
-from memfit.errors import ConfigError, require_callable
+from memfit.errors import ConfigError
 from memfit.runtime._batching import concat, map_arrays, walk
 from memfit.runtime._guard_base import GuardBase
 from memfit.runtime._memory import free_memory, memory_figures, out_of_memory

@@ -11,16 +11,10 @@ from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
-from memfit._checks import require, require_iterable
+from memfit._checks import require, require_callable, require_iterable, require_positive_int
 from memfit._plain import plural
 from memfit.core import ladder
-from memfit.errors import (
-    ConfigError,
-    MemfitError,
-    OutOfMemory,
-    require_callable,
-    require_positive_int,
-)
+from memfit.errors import ConfigError, MemfitError, OutOfMemory
 from memfit.runtime import _distributed as distributed
 from memfit.runtime._batching import batch_size, chunk_bounds, split_batch
 from memfit.runtime._guard_base import GuardBase

@@ -9,7 +9,7 @@ and :func:`check_environment` read what only the running process knows (the inst
 ``os.environ``).
 
 What the settings mean (reading, validation, recommendations, shell snippets) lives in one pure
-place, :mod:`memfit.core.allocator_settings`; import those names from there.
+place, :mod:`memfit.allocator.settings`; import those names from there.
 
 >>> [p.code for p in check_environment({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:true"})]
 ['bad-value']
@@ -28,13 +28,13 @@ from pathlib import Path
 from typing import Literal
 
 from memfit._checks import require, require_mapping
-from memfit.core.allocator_settings import (
+from memfit.allocator.settings_check import (
     Problem,
     check_jax_env,
     check_torch_conf,
     parse_torch_conf,
 )
-from memfit.core.allocator_settings import check_environment as _check_environment
+from memfit.allocator.settings_check import check_environment as _check_environment
 from memfit.errors import ConfigError
 
 __all__ = [
@@ -51,7 +51,7 @@ __all__ = [
 
 
 def check_environment(env: Mapping[str, str] | None = None) -> list[Problem]:
-    """:func:`memfit.core.allocator_settings.check_environment` of ``env`` (default: this
+    """:func:`memfit.allocator.settings.check_environment` of ``env`` (default: this
     process's ``os.environ``).
 
     >>> [p.code for p in check_environment({"XLA_PYTHON_CLIENT_MEM_FRACTION": "2"})]

@@ -27,14 +27,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from memfit._checks import require, require_mapping, require_str_list, require_workload
-from memfit.core.budget import DEFAULT_MARGIN
-from memfit.core.catalog import GpuSpec, anonymous_gpu
-from memfit.core.catalog import gpu as catalog_gpu
+from memfit._checks import require, require_mapping, require_str_list
+from memfit.allocator.xla_fraction import DEFAULT_MARGIN
 from memfit.core.plan import Plan
 from memfit.core.plan import plan_for_gpu as core_plan
-from memfit.core.workload import JaxSettings, Workload, load_workload
+from memfit.core.workload import JaxSettings, Workload, load_workload, require_workload
 from memfit.errors import BackendUnavailable, ConfigError, InfeasiblePlan
+from memfit.hardware.catalog import GpuSpec, anonymous_gpu
+from memfit.hardware.catalog import gpu as catalog_gpu
 from memfit.units import format_bytes, parse_fraction
 
 __all__ = ["AutoConfig", "DeviceReading", "autoconfig", "read_device"]

@@ -44,7 +44,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from memfit._checks import require
+from memfit._checks import require, require_callable, require_positive_int
 from memfit._plain import plain_fields
 from memfit.backends.live import (
     JaxReader,
@@ -65,13 +65,7 @@ from memfit.core.search import (
     target_bytes,
     valid_values,
 )
-from memfit.errors import (
-    BackendUnavailable,
-    ConfigError,
-    InfeasiblePlan,
-    require_callable,
-    require_positive_int,
-)
+from memfit.errors import BackendUnavailable, ConfigError, InfeasiblePlan
 from memfit.runtime.oom import forget_exception, is_oom
 from memfit.units import format_bytes, parse_bytes
 

@@ -25,10 +25,11 @@ import gc
 from collections.abc import Callable
 from typing import Any
 
+from memfit._checks import require_callable
 from memfit._plain import plural
 from memfit.core import ladder
 from memfit.core.ladder import next_divisor
-from memfit.errors import ConfigError, OutOfMemory, require_callable
+from memfit.errors import ConfigError, OutOfMemory
 from memfit.runtime._guard_base import GuardBase
 from memfit.runtime.events import EventSink
 from memfit.runtime.oom import first_line, forget_exception, is_oom

@@ -3,7 +3,7 @@
 On the CPU (``device="cpu"``, the default) a ``TorchDispatchMode`` watches every operation
 run inside the context. Each output whose storage is new (not one of the operation's
 inputs' storages, not already counted) is an allocation: its size, rounded as the CUDA
-caching allocator rounds blocks (:func:`memfit.core.allocator.round_size`), is taken from a
+caching allocator rounds blocks (:func:`memfit.allocator.model.round_size`), is taken from a
 :class:`~memfit.backends.simulated.SimulatedDevice` of ``budget`` bytes. When the device has
 not enough free bytes the operation's outputs are dropped and ``torch.OutOfMemoryError`` is
 raised, as the caching allocator would. A storage's bytes are given back when the storage
@@ -37,9 +37,9 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from memfit._checks import require
+from memfit.allocator.model import round_size
 from memfit.backends.live import register_simulated
 from memfit.backends.simulated import SimulatedDevice
-from memfit.core.allocator import round_size
 from memfit.errors import ConfigError, OutOfMemory
 from memfit.units import format_bytes, parse_bytes
 
@@ -240,7 +240,7 @@ class SimulatedGpu:
             The snapshot's data, or ``None`` when the context keeps no history
             (``simulate_gpu(..., history=0)``).
         """
-        from memfit.core.snapshot_build import TraceBuilder
+        from memfit.allocator.snapshot_build import TraceBuilder
 
         if not self._keep_history:
             return None

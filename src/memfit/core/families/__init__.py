@@ -1,36 +1,20 @@
 """Analytic memory models, one module per workload family.
 
-:func:`evaluate` turns a workload and its knob values into named device terms (bytes, per
-device, at the allocated level) plus the host RAM the job needs, and, given a
-:class:`memfit.core.measured.MeasuredTerms`, replaces the analytic parameter and activation
-terms with the measured ones. Every function here is pure.
+A family is one module of this package that defines ``FAMILY = register(Family(...))``
+(:mod:`memfit.core.families.registry`, which finds the built-in ones); its terms are added up
+by :func:`memfit.core.evaluate.evaluate`. The names below are served from those two modules
+on first use, so that importing the registry (as the workload schema does) does not import
+every family.
 
->>> from memfit.core.workload import load_workload
->>> w = load_workload("dqn_fire_raster")
->>> ev = evaluate(w, {**w.default_values()})
->>> "replay_buffer" in ev.terms and ev.allocated_bytes == sum(ev.terms.values())
+>>> from memfit.core.families import family_names
+>>> "ppo" in family_names()
 True
 """
 
 from __future__ import annotations
 
 import importlib
-import pkgutil
-from collections.abc import Mapping
-from dataclasses import dataclass
-
-from memfit.core.families.common import MODEL_TERMS, Term, allocator_slack, camera_hw
-from memfit.core.families.registry import (
-    Fallback,
-    Family,
-    get_family,
-    register,
-    registered,
-)
-from memfit.core.measured import MeasuredTerms
-from memfit.core.simulator import simulator_terms
-from memfit.core.workload import Workload
-from memfit.errors import ConfigError
+from typing import Any
 
 __all__ = [
     "Evaluation",
@@ -45,156 +29,22 @@ __all__ = [
     "register",
 ]
 
-_NOT_FAMILIES = frozenset({"common", "registry"})
+_HOMES = {
+    "Evaluation": "memfit.core.evaluate",
+    "evaluate": "memfit.core.evaluate",
+    "family_for": "memfit.core.evaluate",
+    "family_terms": "memfit.core.evaluate",
+    "Fallback": "memfit.core.families.registry",
+    "Family": "memfit.core.families.registry",
+    "Term": "memfit.core.families.registry",
+    "family_names": "memfit.core.families.registry",
+    "get_family": "memfit.core.families.registry",
+    "register": "memfit.core.families.registry",
+}
 
 
-def _discover() -> None:
-    """Import every module of this package: each family module registers its ``FAMILY``."""
-    for info in pkgutil.iter_modules(__path__):
-        if info.name not in _NOT_FAMILIES and not info.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{info.name}")
-
-
-_discover()
-
-
-def family_names() -> list[str]:
-    """Names of the registered families, sorted."""
-    return sorted(registered())
-
-
-def family_for(workload: Workload) -> Family:
-    """The registered family of ``workload``.
-
-    Raises:
-        ConfigError: When the workload names an unregistered family.
-    """
-    return get_family(workload.family)
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """The memory of one configuration, per device.
-
-    Attributes:
-        terms: Term name -> bytes on the device (no context, no slack).
-        slack_bytes: Reserved-vs-allocated slack of the framework's allocator over the terms'
-            buffers (``allocator_slack``).
-        host_bytes: Host RAM the job's GPU-side choices need (a replay buffer on the host).
-        outside_bytes: The part of ``terms`` that is not allocated through the framework's
-            allocator (a simulator and its renderer in the same process): it takes device
-            memory, but not from the caching allocator or XLA's pool.
-    """
-
-    terms: dict[str, int]
-    slack_bytes: int
-    host_bytes: int
-    outside_bytes: int = 0
-
-    @property
-    def allocated_bytes(self) -> int:
-        """Sum of the terms."""
-        return sum(self.terms.values())
-
-    @property
-    def reserved_bytes(self) -> int:
-        """Terms plus allocator slack: the job's device memory besides its context."""
-        return self.allocated_bytes + self.slack_bytes
-
-    @property
-    def framework_reserved_bytes(self) -> int:
-        """What the framework's allocator holds (the terms outside it left out)."""
-        return self.reserved_bytes - self.outside_bytes
-
-
-def family_terms(
-    workload: Workload, values: Mapping[str, int], *, on_device: bool = True
-) -> tuple[list[Term], int]:
-    """The analytic terms of the workload's family and the host bytes it needs.
-
-    Raises:
-        ConfigError: When the workload lacks a fact its family needs, or names an
-            unregistered family.
-    """
-    terms, host = family_for(workload).terms(workload, values, on_device=on_device)
-    return list(terms), int(host)
-
-
-def _simulator(workload: Workload, values: Mapping[str, int]) -> list[Term]:
-    """The simulator's terms (:mod:`memfit.core.simulator`), outside the allocator."""
-    assert workload.simulator is not None
-    cams = workload.observations.cameras
-    pixels = None
-    if cams is not None:
-        h, w = camera_hw(workload, values)
-        pixels = cams.count * h * w
-    envs = values.get("num_envs", 1)
-    return [
-        Term(name, (nbytes,), outside_allocator=True)
-        for name, nbytes in simulator_terms(workload.simulator, envs, pixels)
-    ]
-
-
-def _apply_measured(
-    terms: list[Term], measured: MeasuredTerms, values: Mapping[str, int]
-) -> list[Term]:
-    if measured.knob not in values:
-        raise ConfigError(
-            f"the estimate follows knob {measured.knob!r}, which the workload does not have",
-            key_path="estimator",
-            hint="name the batch knob in the workload as the estimator's factory does",
-        )
-    kept = [t for t in terms if t.name not in MODEL_TERMS]
-    taken = {t.name for t in kept}
-    for name, nbytes in measured.fixed_bytes.items():
-        label = name if name not in taken else f"measured_{name}"
-        kept.append(Term(label, (nbytes,)))
-    per_item = round(measured.per_item_bytes * values[measured.knob])
-    kept.append(Term("activations", (per_item,)))
-    return kept
-
-
-def evaluate(
-    workload: Workload,
-    values: Mapping[str, int],
-    *,
-    measured: MeasuredTerms | None = None,
-    on_device: bool = True,
-) -> Evaluation:
-    """Memory terms of ``workload`` at ``values`` (per device).
-
-    Args:
-        workload: The workload.
-        values: Every knob and setting value (``Workload.default_values`` plus overrides).
-        measured: Measured parameter/activation terms from an estimator, replacing the
-            analytic ones.
-        on_device: Where the family's placeable state lives (an off-policy replay buffer):
-            on the device, or in host RAM.
-
-    Returns:
-        The terms, the allocator slack and the host bytes.
-
-    Raises:
-        ConfigError: When the workload lacks a fact its family needs, or ``measured`` follows
-            a knob the workload does not have.
-    """
-    terms, host = family_terms(workload, values, on_device=on_device)
-    if measured is not None:
-        terms = _apply_measured(terms, measured, values)
-    if workload.simulator is not None:
-        terms.extend(_simulator(workload, values))
-    named: dict[str, int] = {}
-    buffers: list[int] = []
-    outside = 0
-    for term in terms:
-        named[term.name] = named.get(term.name, 0) + term.nbytes
-        if term.outside_allocator:
-            outside += term.nbytes
-        else:
-            buffers.extend(term.tensors)
-    return Evaluation(
-        terms=named,
-        slack_bytes=allocator_slack(workload.framework, buffers),
-        host_bytes=host,
-        outside_bytes=outside,
-    )
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)

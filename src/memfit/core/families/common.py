@@ -15,7 +15,7 @@ Sources:
   ``floor((size + 2 * padding - kernel) / stride) + 1`` (``torch.nn.Conv2d`` docs).
 * Allocator slack: PyTorch's caching allocator rounds each block to 512 bytes and takes 2 MiB
   segments for requests up to 1 MiB, 20 MiB segments up to 10 MiB and 2 MiB-rounded segments
-  above (``c10/cuda/CUDACachingAllocator.cpp``, :mod:`memfit.core.allocator`). XLA's BFC
+  above (``c10/cuda/CUDACachingAllocator.cpp``, :mod:`memfit.allocator.model`). XLA's BFC
   allocator rounds each allocation to 256 bytes (``kMinAllocationSize`` in
   ``xla/tsl/framework/bfc_allocator.h``).
 """
@@ -23,9 +23,8 @@ Sources:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
-from memfit.core.allocator import (
+from memfit.allocator.model import (
     K_LARGE_BUFFER,
     K_MIN_LARGE_ALLOC,
     K_SMALL_BUFFER,
@@ -33,7 +32,8 @@ from memfit.core.allocator import (
     round_size,
     segment_size,
 )
-from memfit.core.workload import ConvLayer, NetworkSpec, Workload, dtype_bytes
+from memfit.core._workload_schema import ConvLayer, NetworkSpec, Workload, dtype_bytes
+from memfit.core.families.registry import Term
 from memfit.errors import ConfigError
 
 __all__ = [
@@ -68,28 +68,6 @@ MODEL_TERMS = frozenset(
 )
 
 _BFC_ROUND = 256
-
-
-@dataclass(frozen=True)
-class Term:
-    """A named memory term and the buffers that make it up (bytes each).
-
-    Attributes:
-        name: The term's name in the breakdown (``"rollout_buffer"``).
-        tensors: Sizes of the separate buffers, for the allocator model.
-        outside_allocator: ``True`` for device memory the framework's allocator does not
-            hand out (a simulator or renderer in the job's process): no allocator slack, and
-            not inside JAX's preallocated pool.
-    """
-
-    name: str
-    tensors: tuple[int, ...]
-    outside_allocator: bool = False
-
-    @property
-    def nbytes(self) -> int:
-        """Total bytes of the term."""
-        return sum(self.tensors)
 
 
 def param_bytes(workload: Workload) -> int:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 
+from memfit.core._workload_schema import Workload
 from memfit.core.constraints import Expr, parse_expr, require_known
 from memfit.core.families.common import Term
 from memfit.core.families.registry import Family, device_terms, register
-from memfit.core.workload import Workload
 from memfit.errors import ConfigError
 from memfit.units import parse_bytes
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from memfit.core._workload_schema import OffPolicySpec, Workload, dtype_bytes
 from memfit.core.families.common import (
     Term,
     activation_bytes,
@@ -25,7 +26,6 @@ from memfit.core.families.common import (
     parameter_terms,
 )
 from memfit.core.families.registry import Fallback, Family, register
-from memfit.core.workload import OffPolicySpec, Workload, dtype_bytes
 
 __all__ = ["FAMILY", "replay_transition_bytes", "terms"]
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from memfit.core._workload_schema import PpoSpec, Workload
 from memfit.core.families.common import (
     Term,
     activation_bytes,
@@ -40,7 +41,6 @@ from memfit.core.families.common import (
     parameter_terms,
 )
 from memfit.core.families.registry import Family, device_terms, register
-from memfit.core.workload import PpoSpec, Workload
 
 __all__ = ["FAMILY", "rollout_item_values", "terms", "training_item_values"]
 

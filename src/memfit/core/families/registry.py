@@ -17,28 +17,54 @@ say) is one new module; :func:`register` also takes a family defined outside mem
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from memfit.errors import ConfigError, did_you_mean
 
-if TYPE_CHECKING:  # pragma: no cover - types only; the families import the schema at run time
-    from memfit.core.families.common import Term
-    from memfit.core.workload import Workload
+#: A workload, as the families receive it (:class:`memfit.core.workload.Workload`). The
+#: registry does not import the schema: the schema asks the registry for its families.
+Workload = Any
 
 __all__ = [
     "Fallback",
     "Family",
     "FamilyTerms",
+    "Term",
     "device_terms",
+    "family_names",
     "get_family",
     "register",
     "registered",
 ]
 
 #: ``terms(workload, values, on_device=...)`` -> the device terms and the host bytes.
-FamilyTerms = Callable[..., "tuple[list[Term], int]"]
+FamilyTerms = Callable[..., tuple[list["Term"], int]]
+
+
+@dataclass(frozen=True)
+class Term:
+    """A named memory term and the buffers that make it up (bytes each).
+
+    Attributes:
+        name: The term's name in the breakdown (``"rollout_buffer"``).
+        tensors: Sizes of the separate buffers, for the allocator model.
+        outside_allocator: ``True`` for device memory the framework's allocator does not
+            hand out (a simulator or renderer in the job's process): no allocator slack, and
+            not inside JAX's preallocated pool.
+    """
+
+    name: str
+    tensors: tuple[int, ...]
+    outside_allocator: bool = False
+
+    @property
+    def nbytes(self) -> int:
+        """Total bytes of the term."""
+        return sum(self.tensors)
 
 
 @dataclass(frozen=True)
@@ -151,9 +177,35 @@ def register(family: Family, *, replace: bool = False) -> Family:
     return family
 
 
+#: Modules of this package that hold no family.
+_NOT_FAMILIES = frozenset({"common", "registry"})
+_discovered = False
+
+
+def _discover() -> None:
+    """Import every built-in family module once (each registers its ``FAMILY``).
+
+    The modules are found by name in this package, as plugins are: the registry imports no
+    family (they import it), so the schema can ask the registry without a circle."""
+    global _discovered
+    if _discovered:
+        return
+    _discovered = True
+    package = __name__.rpartition(".")[0]
+    for info in pkgutil.iter_modules(importlib.import_module(package).__path__):
+        if info.name not in _NOT_FAMILIES and not info.name.startswith("_"):
+            importlib.import_module(f"{package}.{info.name}")
+
+
 def registered() -> dict[str, Family]:
     """Every registered family by name (a copy)."""
+    _discover()
     return dict(_REGISTRY)
+
+
+def family_names() -> list[str]:
+    """Names of the registered families, sorted."""
+    return sorted(registered())
 
 
 def get_family(name: str) -> Family:
@@ -163,6 +215,9 @@ def get_family(name: str) -> Family:
         ConfigError: When no family has that name (with the nearest name).
     """
     found = _REGISTRY.get(name)
+    if found is None:
+        _discover()
+        found = _REGISTRY.get(name)
     if found is None:
         known = sorted(_REGISTRY)
         raise ConfigError(

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from memfit.core._workload_schema import NetworkSpec, SacSpec, Workload, dtype_bytes
 from memfit.core.families.common import (
     Term,
     activation_bytes,
@@ -45,7 +46,6 @@ from memfit.core.families.common import (
     parameter_terms,
 )
 from memfit.core.families.registry import Fallback, Family, register
-from memfit.core.workload import NetworkSpec, SacSpec, Workload, dtype_bytes
 from memfit.errors import ConfigError
 
 __all__ = ["FAMILY", "replay_row_bytes", "spec", "terms"]

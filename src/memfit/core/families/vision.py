@@ -26,6 +26,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping
 
+from memfit.core._workload_schema import CameraSpec, VisionSpec, Workload, dtype_bytes
 from memfit.core.families.common import (
     Term,
     activation_bytes,
@@ -34,7 +35,6 @@ from memfit.core.families.common import (
     parameter_terms,
 )
 from memfit.core.families.registry import Family, device_terms, register
-from memfit.core.workload import CameraSpec, VisionSpec, Workload, dtype_bytes
 from memfit.errors import ConfigError
 
 __all__ = ["FAMILY", "terms", "token_count"]

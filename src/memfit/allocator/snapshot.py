@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memfit.errors import ConfigError, file_error, read_user_bytes
+from memfit._userfiles import file_error, read_user_bytes
+from memfit.errors import ConfigError
 
 __all__ = [
     "ACTIONS",

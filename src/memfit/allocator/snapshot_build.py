@@ -1,11 +1,11 @@
 """Build a CUDA memory snapshot from a sequence of requests, through the allocator model.
 
 :class:`TraceBuilder` runs ``malloc`` / ``free`` / ``empty_cache`` through
-:class:`memfit.core.allocator.AllocatorModel` and records what PyTorch's
+:class:`memfit.allocator.model.AllocatorModel` and records what PyTorch's
 ``_record_memory_history`` would: ``alloc``, ``free_requested`` / ``free_completed``,
 ``segment_alloc`` / ``segment_free`` and ``oom`` events, and at the end the segments with their
 blocks; :meth:`TraceBuilder.snapshot` returns it as ``torch.cuda.memory._snapshot()``'s data,
-which :mod:`memfit.core.snapshot` reads. memfit uses it for snapshots with known answers
+which :mod:`memfit.allocator.snapshot` reads. memfit uses it for snapshots with known answers
 (tests, ``bench/explain_speed.py``) and for the OOM dump of ``memfit.simulate_gpu``, which has no
 CUDA allocator to ask.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from memfit.core.allocator import AllocatorModel
+from memfit.allocator.model import AllocatorModel
 from memfit.errors import OutOfMemory
 
 __all__ = ["TraceBuilder"]

@@ -39,8 +39,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from memfit.core.catalog import GpuSpec
 from memfit.errors import ConfigError
+from memfit.hardware.catalog import GpuSpec
 from memfit.units import MiB, format_bytes
 
 __all__ = [
@@ -401,7 +401,7 @@ def cuda_context(spec: GpuSpec | None, runtime: Runtime | None = None) -> Contex
     Returns:
         The estimate with its sources.
 
-    >>> from memfit.core.catalog import gpu
+    >>> from memfit.hardware.catalog import gpu
     >>> lazy = cuda_context(gpu("V100"), parse_runtime("torch=2.4.1"))
     >>> eager = cuda_context(gpu("V100"), parse_runtime("torch=1.10.0,cuda=11.2"))
     >>> lazy.bytes == 300 * MiB, eager.bytes == 1341 * MiB

@@ -1,4 +1,4 @@
-"""Replay a recorded allocator trace through :class:`memfit.core.allocator.AllocatorModel`.
+"""Replay a recorded allocator trace through :class:`memfit.allocator.model.AllocatorModel`.
 
 Most snapshots are recorded mid-run: ``_record_memory_history`` starts after the model and
 the optimizer exist. :func:`start_state` rebuilds the allocator at the first event of the
@@ -25,8 +25,8 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from memfit.core.allocator import K_SMALL_BUFFER, AllocatorModel, round_size
-from memfit.core.snapshot import DeviceSnapshot, TraceEvent
+from memfit.allocator.model import K_SMALL_BUFFER, AllocatorModel, round_size
+from memfit.allocator.snapshot import DeviceSnapshot, TraceEvent
 from memfit.errors import ConfigError, OutOfMemory
 
 __all__ = [
@@ -300,7 +300,7 @@ def implied_limit(dev: DeviceSnapshot, start: StartState | None = None) -> Limit
 
 
 def _segment_for(nbytes: int) -> int:
-    from memfit.core.allocator import segment_size
+    from memfit.allocator.model import segment_size
 
     return segment_size(round_size(nbytes))
 

@@ -45,10 +45,10 @@ from importlib import metadata, util
 from pathlib import Path
 from typing import Any
 
+from memfit._lazy import require
 from memfit.core.measured import AffineLine, BraxMeasurements, Provenance, StepFit
 from memfit.core.workload import Workload
 from memfit.errors import BackendUnavailable, ConfigError, EstimateError
-from memfit.integrations._lazy import require
 
 __all__ = [
     "ENV_STEP_SIZES",

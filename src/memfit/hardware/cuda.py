@@ -1,0 +1,151 @@
+"""CUDA's own device memory, before and beside the job's tensors: the context and cuBLAS's
+workspaces, with their sources.
+
+The memory a CUDA context takes before the job allocates anything (:func:`cuda_context_bytes`,
+from the one context model :func:`memfit.hardware.runtime.cuda_context`) and the cuBLAS
+workspace PyTorch allocates per handle and stream (:func:`cublas_workspace_bytes`). Both are
+estimates with their sources given below; a figure measured on the user's machine
+(``memfit devices`` right after the framework initialised CUDA) is better, and the planner
+prefers it where it has one.
+
+>>> from memfit.hardware.catalog import gpu
+>>> cublas_workspace_bytes(gpu("H100")) == 32 * 2**20
+True
+>>> cublas_workspace_bytes(gpu("4090")) == 8 * 2**20 + 128 * 2**10
+True
+>>> cuda_context_bytes(gpu("T4")) < cuda_context_bytes(gpu("H100"))
+True
+"""
+
+from __future__ import annotations
+
+import re
+
+from memfit.errors import ConfigError
+from memfit.hardware.catalog import GpuSpec
+from memfit.hardware.runtime import Runtime, cuda_context, runtime_from_versions
+from memfit.units import KiB
+
+__all__ = [
+    "CUBLAS_DEFAULT_CONFIG",
+    "CUBLAS_HOPPER_CONFIG",
+    "CUBLAS_SOURCE",
+    "cublas_workspace_bytes",
+    "cuda_context_bytes",
+    "parse_cublas_workspace_config",
+]
+
+#: Where the cuBLAS figures come from.
+CUBLAS_SOURCE = (
+    "PyTorch's default CUBLAS_WORKSPACE_CONFIG ':4096:2:16:8' = 2 x 4 MiB + 8 x 16 KiB = "
+    "8.125 MiB per cuBLAS handle and stream; ':4096:8' = 32 MiB on sm90 and newer (shared "
+    "REFERENCE.md; cuBLAS docs on cublasSetWorkspace recommend 32 MiB for Hopper). The "
+    "workspace comes from the caching allocator, so it counts as allocated."
+)
+
+#: PyTorch's default workspace configuration before Hopper.
+CUBLAS_DEFAULT_CONFIG = ":4096:2:16:8"
+#: PyTorch's default workspace configuration on sm90 and newer.
+CUBLAS_HOPPER_CONFIG = ":4096:8"
+
+_CUBLAS_CONFIG_RE = re.compile(r"^(?::\d+:\d+)+$")
+
+
+def parse_cublas_workspace_config(config: str) -> int:
+    """Bytes a ``CUBLAS_WORKSPACE_CONFIG`` value reserves per handle and stream.
+
+    The value is a sequence of ``:SIZE_KIB:COUNT`` pairs; the workspace is the sum of
+    ``SIZE_KIB * COUNT`` KiB.
+
+    Raises:
+        ConfigError: When the text is not of that form.
+
+    >>> parse_cublas_workspace_config(":4096:2:16:8") == 8 * 2**20 + 128 * 2**10
+    True
+    >>> parse_cublas_workspace_config(":4096:8") == 32 * 2**20
+    True
+    """
+    text = config.strip()
+    if not _CUBLAS_CONFIG_RE.match(text):
+        raise ConfigError(
+            f"not a cuBLAS workspace configuration: {config!r}",
+            key_path="CUBLAS_WORKSPACE_CONFIG",
+            hint="write pairs of :SIZE_KIB:COUNT, such as :4096:8 or :4096:2:16:8",
+        )
+    numbers = [int(n) for n in text.strip(":").split(":")]
+    return sum(size * count for size, count in zip(numbers[::2], numbers[1::2], strict=True)) * KiB
+
+
+def _is_sm90_or_newer(spec: GpuSpec | None) -> bool | None:
+    if spec is None:
+        return None
+    if spec.compute_capability is not None:
+        return spec.compute_capability >= (9, 0)
+    if spec.arch in ("hopper", "blackwell"):
+        return True
+    if spec.arch in ("pascal", "volta", "turing", "ampere", "ada"):
+        return False
+    return None
+
+
+def cuda_context_bytes(
+    spec: GpuSpec | None, *, lazy_loading: bool = True, runtime: Runtime | None = None
+) -> int:
+    """Estimated device memory a CUDA context takes before the job allocates anything.
+
+    The figure comes from the one context model, :func:`memfit.hardware.runtime.cuda_context`,
+    which names its sources.
+
+    Args:
+        spec: The GPU, or ``None`` when unknown.
+        lazy_loading: ``False`` for eager module loading; ignored when ``runtime`` is given.
+        runtime: The target's runtime (its versions decide the loading mode).
+
+    Returns:
+        Bytes, per process and device.
+
+    >>> from memfit.hardware.runtime import EAGER_CONTEXT_BYTES, LAZY_CONTEXT_UNKNOWN_BYTES
+    >>> cuda_context_bytes(None) == LAZY_CONTEXT_UNKNOWN_BYTES
+    True
+    >>> cuda_context_bytes(None, lazy_loading=False) == EAGER_CONTEXT_BYTES
+    True
+    """
+    if runtime is None:
+        runtime = runtime_from_versions(module_loading="lazy" if lazy_loading else "eager")
+    return cuda_context(spec, runtime).bytes
+
+
+def cublas_workspace_bytes(
+    spec: GpuSpec | None, *, config: str | None = None, handles: int = 1
+) -> int:
+    """cuBLAS workspace PyTorch allocates per handle and stream (counted as allocated).
+
+    Args:
+        spec: The GPU, or ``None`` when unknown.
+        config: The ``CUBLAS_WORKSPACE_CONFIG`` in force, if the user set one; it overrides
+            the architecture's default.
+        handles: Number of (handle, stream) pairs that run matmuls (one per stream used).
+
+    Returns:
+        Bytes: 8.125 MiB per handle before sm90, 32 MiB on sm90 and newer, and 32 MiB when
+        the architecture is unknown (the larger figure, so a plan errs on the safe side).
+
+    Raises:
+        ConfigError: When ``config`` is malformed or ``handles`` is negative.
+
+    >>> cublas_workspace_bytes(None) == 32 * 2**20
+    True
+    >>> cublas_workspace_bytes(None, config=":4096:2", handles=2) == 16 * 2**20
+    True
+    """
+    if handles < 0:
+        raise ConfigError(f"handles must be >= 0, not {handles}", key_path="handles")
+    if spec is not None and spec.arch == "cpu":
+        return 0  # no cuBLAS on the host
+    if config is not None:
+        per_handle = parse_cublas_workspace_config(config)
+    else:
+        newer = _is_sm90_or_newer(spec)
+        chosen = CUBLAS_DEFAULT_CONFIG if newer is False else CUBLAS_HOPPER_CONFIG
+        per_handle = parse_cublas_workspace_config(chosen)
+    return per_handle * handles
