@@ -19,8 +19,9 @@ from memfit.estimate._cuda_blas import cublaslt_policy
 from memfit.estimate._cuda_conv import conv_workspace
 from memfit.estimate._cuda_probe import read_rule
 from memfit.estimate._cuda_sdpa import backward_scratch, choose, run
-from memfit.estimate._cuda_target import cudnn_major_for, parse_version
+from memfit.estimate._cuda_target import parse_version
 from memfit.estimate.torch_trace import trace_requests
+from memfit.hardware.cuda import cudnn_major
 
 A100 = "A100-SXM4-80GB"
 T4 = "T4"
@@ -364,9 +365,9 @@ def test_cublaslt_workspace_follows_the_targets_torch() -> None:
 def test_versions_and_cudnn() -> None:
     assert parse_version("2.1.0.dev20230623+cu118") == (2, 1)
     assert parse_version(None) is None
-    assert cudnn_major_for((1, 7), (10, 2)) == 7
-    assert cudnn_major_for((1, 12), (11, 3)) == 8
-    assert cudnn_major_for((2, 6), (12, 4)) == 9
+    assert cudnn_major((1, 7), (10, 2)) == 7
+    assert cudnn_major((1, 12), (11, 3)) == 8
+    assert cudnn_major((2, 6), (12, 4)) == 9
 
 
 # --- autocast named after the tensors' device --------------------------------------------------

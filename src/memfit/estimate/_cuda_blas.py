@@ -7,13 +7,10 @@
   per-thread pools, so the autograd engine's device thread, which runs the backward pass on
   CUDA, has its own: two workspaces in a training step.
 * **cuBLASLt** (``addmm`` with a 1-D bias, as ``nn.Linear`` calls it, and
-  ``_addmm_activation``; CUDA 11.4 and later): its workspace changed with torch's versions.
-  From torch 1.12 (pytorch#73439) each call allocated ``CUBLASLT_WORKSPACE_SIZE`` (1 MiB; the
-  4 MiB of pytorch#120925 did not stay) through the caching allocator and freed it after the
-  kernel: a transient. From torch 2.9 (pytorch#156495, June 2025) the workspace is
-  allocated once per (handle, stream) and kept, like cuBLAS's; from torch 2.11
-  (pytorch#168175) cuBLASLt shares the cuBLAS workspace of its stream by default
-  (``TORCH_CUBLASLT_UNIFIED_WORKSPACE``), so it takes nothing more.
+  ``_addmm_activation``; CUDA 11.4 and later): its workspace changed with torch's versions
+  (:func:`memfit.hardware.cuda.cublaslt_workspace`, with the sources): a 1 MiB transient per
+  call from torch 1.12, one kept per (handle, stream) in torch 2.9 and 2.10, shared with
+  cuBLAS's from torch 2.11.
 
 On a CPU trace for a CUDA target everything runs on the calling thread, but the target runs
 the backward pass on the autograd device thread: there the pass (backward or not) tells the
@@ -47,26 +44,21 @@ CUBLAS_OPS = frozenset(
     }
 )
 
-_LT_BYTES = 1024 * 1024
 _LT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
-def cublaslt_policy(torch_version: tuple[int, int] | None) -> tuple[str, int]:
-    """How the target's torch gives cuBLASLt its workspace: ``("none", 0)`` (no cuBLASLt
-    in ``addmm``), ``("transient", bytes)`` (per call), ``("persistent", bytes)`` (per
-    handle and stream) or ``("unified", 0)`` (the cuBLAS workspace); the installed
-    torch's rule when the version is unknown."""
+def cublaslt_policy(
+    torch_version: tuple[int, int] | None, cuda_version: tuple[int, int] | None = None
+) -> tuple[str, int]:
+    """:func:`memfit.hardware.cuda.cublaslt_workspace` for the target's torch, the
+    installed torch's rule when its version is unknown."""
+    from memfit.hardware.cuda import cublaslt_workspace
+
     version = torch_version
     if version is None:
         parts = torch.__version__.split("+")[0].split(".")
         version = (int(parts[0]), int(parts[1]))
-    if version < (1, 12):
-        return "none", 0
-    if version < (2, 9):
-        return "transient", _LT_BYTES
-    if version < (2, 11):
-        return "persistent", _LT_BYTES
-    return "unified", 0
+    return cublaslt_workspace(version, cuda_version)
 
 
 def _is_lt_call(name: str, args: tuple[Any, ...]) -> bool:

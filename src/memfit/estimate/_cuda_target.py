@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CudaTarget", "cudnn_major_for", "parse_version"]
+__all__ = ["CudaTarget", "parse_version"]
 
 _VERSION_RE = re.compile(r"^\s*(\d+)\.(\d+)")
 
@@ -25,22 +25,6 @@ def parse_version(text: str | None) -> tuple[int, int] | None:
         return None
     match = _VERSION_RE.match(text)
     return None if match is None else (int(match.group(1)), int(match.group(2)))
-
-
-def cudnn_major_for(torch_version: tuple[int, int] | None, cuda: tuple[int, int] | None) -> int:
-    """The cuDNN major version PyTorch's wheels bundle for a torch and CUDA version.
-
-    CUDA 10.x builds link cuDNN 7 (7.6.5 up to torch 1.12's cu102 wheels); CUDA 11 builds
-    cuDNN 8; torch 2.4 and later cuDNN 9 (the ``nvidia-cudnn-cu12`` 9.x pins of its
-    wheels). Without a CUDA version, torch before 1.8 is taken to be a CUDA 10 build.
-    """
-    if cuda is not None and cuda[0] <= 10:
-        return 7
-    if torch_version is None:
-        return 9
-    if cuda is None and torch_version < (1, 8):
-        return 7
-    return 9 if torch_version >= (2, 4) else 8
 
 
 @dataclass(frozen=True)
@@ -72,15 +56,15 @@ class CudaTarget:
     @property
     def cudnn_major(self) -> int:
         """The cuDNN major version the target's torch bundles."""
-        return cudnn_major_for(self.torch_version, self.cuda_version)
+        from memfit.hardware.cuda import cudnn_major
+
+        return cudnn_major(self.torch_version, self.cuda_version)
 
     def blas_workspaces(self, device_type: str) -> Any:
         """The cuBLAS / cuBLASLt workspace model for one trace."""
         from memfit.estimate._cuda_blas import BlasWorkspaces, cublaslt_policy
 
-        mode, nbytes = cublaslt_policy(self.torch_version)
-        if self.cuda_version is not None and self.cuda_version < (11, 4) and mode != "none":
-            mode, nbytes = "none", 0  # addmm takes cuBLASLt from CUDA 11.4 on
+        mode, nbytes = cublaslt_policy(self.torch_version, self.cuda_version)
         return BlasWorkspaces(self.cublas_bytes, mode, nbytes, device_type)
 
     def kernels(self) -> Any:

@@ -35,7 +35,6 @@ import torch
 from memfit._checks import require
 from memfit.allocator.model import AllocatorModel
 from memfit.core.measured import MeasuredTerms
-from memfit.hardware.runtime import ContextEstimate, Runtime
 from memfit.errors import ConfigError, EstimateError
 from memfit.estimate._cuda_kernels import KernelUse
 from memfit.estimate._cuda_target import CudaTarget, parse_version
@@ -51,6 +50,7 @@ from memfit.estimate._summary import (
 )
 from memfit.estimate._tracer import run_trace
 from memfit.estimate.affine import AffineFit, check_batch_sizes, fit_affine
+from memfit.hardware.runtime import ContextEstimate, Runtime
 from memfit.units import format_bytes
 
 __all__ = [
