@@ -166,8 +166,10 @@ def rasbt_gpt2_speed(settings: dict[str, Any]) -> Rebuilt:
         "qkv_bias": False,
     }
     dtype = torch.bfloat16 if step_no >= 5 else torch.float32
+    steps_done = [0]
 
     def build() -> tuple[Any, Any]:
+        steps_done[0] = 0  # each batch size's trace starts a run
         model = _gpt2_from_scratch(cfg, step_no).to(dtype)
         optimizer = torch.optim.AdamW(
             model.parameters(), lr=5e-4, weight_decay=0.1, fused=True if step_no >= 3 else None
@@ -189,12 +191,14 @@ def rasbt_gpt2_speed(settings: dict[str, Any]) -> Rebuilt:
         loss = loss_of(model, data)
         loss.backward()
         optimizer.step()
-        # evaluate_model at every 15th step: one train and one validation batch, no_grad
-        model.eval()
-        with torch.no_grad():
-            loss_of(model, data)
-            loss_of(model, data)
-        model.train()
+        if steps_done[0] % 15 == 0:
+            # evaluate_model at step 0 and every 15th: one train and one validation batch
+            model.eval()
+            with torch.no_grad():
+                loss_of(model, data)
+                loss_of(model, data)
+            model.train()
+        steps_done[0] += 1
 
     return Rebuilt(build, step, make_batch, batch)
 

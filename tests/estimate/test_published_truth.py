@@ -21,16 +21,7 @@ published = load_bench("published_truth", "published_truth.py")
 RUNS = published.load_runs()
 
 #: Reserved-peak runs memfit still misses by more than 8%, and why.
-KNOWN_MISSES: dict[str, str] = {
-    "rasbt_vit_l16/05 bf16-true micro-batch 4 x 4": (
-        "Adam in bf16 with micro-batches of 4: the real reserved peak holds about 0.86 of a "
-        "parameter-sized buffer (500 MiB) more than the trace; Adam's foreach temporaries and "
-        "the steady state of many steps are modelled and do not account for it (SGD in the "
-        "same loop is within 1%); the leading candidate is the workspace cuDNN takes for the "
-        "patch embedding's weight gradient at the end of backward, which a CPU trace cannot "
-        "size"
-    ),
-}
+KNOWN_MISSES: dict[str, str] = {}
 
 
 #: The series whose figures depend on the kernel CUDA runs rather than the CPU's (issue 29).

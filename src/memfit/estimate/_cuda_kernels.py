@@ -136,6 +136,9 @@ class CudaKernels:
         torch_version: The target's torch ``(major, minor)``, or ``None``.
         cudnn_major: The target's cuDNN major version.
         version_text: The target's torch version as given (``"2.1.0.dev20230623"``).
+        emulate: Run CUDA's composite decompositions and attention backend on a CPU trace;
+            ``False`` on a trace on fake CUDA tensors, where torch chooses them itself and
+            only what kernels take inside (and older torch's formulas) is added.
     """
 
     def __init__(
@@ -144,6 +147,8 @@ class CudaKernels:
         torch_version: tuple[int, int] | None,
         cudnn_major: int,
         version_text: str | None = None,
+        *,
+        emulate: bool = True,
     ) -> None:
         self.capability = capability
         self.torch_version = torch_version
@@ -156,13 +161,16 @@ class CudaKernels:
         self.benchmark_seen = False
         self._thread: int | None = None
         self._lib: Any = None
-        self._names = frozenset(composite_op_names())
+        self.emulate = emulate
+        self._names = frozenset(composite_op_names()) if emulate else frozenset()
         self.older = OlderFormulas(torch_version, version_text)
 
     # --- entering and leaving -------------------------------------------------------------
 
     def __enter__(self) -> CudaKernels:
         self._thread = threading.get_ident()
+        if not self.emulate:
+            return self
         library: Any = torch.library.Library  # untyped in torch's stubs
         lib = library("aten", "IMPL")
         try:

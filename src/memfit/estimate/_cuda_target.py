@@ -67,8 +67,15 @@ class CudaTarget:
         mode, nbytes = cublaslt_policy(self.torch_version, self.cuda_version)
         return BlasWorkspaces(self.cublas_bytes, mode, nbytes, device_type)
 
-    def kernels(self) -> Any:
-        """The kernel model for one CPU trace for this target."""
+    def kernels(self, *, emulate: bool = True) -> Any:
+        """The kernel model for one trace for this target (``emulate``: a CPU trace, which
+        runs CUDA's choices itself; else a trace on fake CUDA tensors)."""
         from memfit.estimate._cuda_kernels import CudaKernels
 
-        return CudaKernels(self.capability, self.torch_version, self.cudnn_major, self.torch_text)
+        return CudaKernels(
+            self.capability,
+            self.torch_version,
+            self.cudnn_major,
+            self.torch_text,
+            emulate=emulate,
+        )

@@ -367,9 +367,11 @@ def run_trace(
     if emulate:
         trace.device_defaults = CudaDeviceDefaults()
         defaults = trace.device_defaults
-        if cuda is not None:
-            trace.cuda_kernels = cuda.kernels()
-            kernels = trace.cuda_kernels
+    if cuda is not None and cuda_target:
+        # On fake CUDA tensors torch makes CUDA's choices itself; what kernels take inside
+        # is added either way.
+        trace.cuda_kernels = cuda.kernels(emulate=emulate)
+        kernels = trace.cuda_kernels
     hook_handles: list[Any] = []
     try:
         with (
