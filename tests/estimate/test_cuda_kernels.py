@@ -397,3 +397,26 @@ def test_autocast_and_a_scaler_named_after_the_tensors_device_are_cudas() -> Non
     assert derived.points[0].allocated_peak == named.points[0].allocated_peak
     notes = " | ".join(derived.deviations)
     assert "autocast region(s) and" in notes and "made for 'cuda'" in notes
+
+
+def test_checkpointed_attention_is_recomputed_not_kept() -> None:
+    """Under torch.utils.checkpoint the region's saved tensors are dropped and recomputed in
+    backward: the kernel runs twice per step, what it keeps is kept by the recomputation
+    only, and the peak is below the same step's without checkpointing."""
+    from torch.utils.checkpoint import checkpoint
+
+    def step(model: Any, opt: Any, x: torch.Tensor) -> None:
+        with torch.autocast("cuda", dtype=torch.float16):
+            y = checkpoint(model, x, use_reentrant=False)
+            loss = y.float().pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    est = memfit.estimate_torch(_build, step, _batch, [4], gpu=A100, kernel_scratch=False)
+    uses = est.kernels["aten.scaled_dot_product_attention"]
+    assert {u.kernel for u in uses} == {"flash_attention"}
+    assert uses[0].calls == 6  # 3 steps, each a forward and its recomputation
+    assert uses[0].saved_bytes == 4 * 4 * S * 4 + 16 + 8  # kept by the recomputation
+    plain = memfit.estimate_torch(_build, _step, _batch, [4], gpu=A100, kernel_scratch=False)
+    assert est.points[0].tensor_peak < plain.points[0].tensor_peak

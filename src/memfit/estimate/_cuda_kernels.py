@@ -33,7 +33,6 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-from torch.utils._pytree import tree_flatten
 
 from memfit._plain import plain_fields
 from memfit.estimate._cuda_conv import conv_workspace
@@ -102,14 +101,6 @@ class KernelUse:
         return plain_fields(self)
 
 
-def _storage_bytes(value: Any) -> int:
-    seen: dict[int, int] = {}
-    for t in tree_flatten(value)[0]:
-        if isinstance(t, torch.Tensor):
-            seen[id(t.untyped_storage())] = int(t.untyped_storage().nbytes())
-    return sum(seen.values())
-
-
 def _short(name: str) -> str:
     return name.removeprefix("aten.").removesuffix(".default")
 
@@ -162,6 +153,7 @@ class CudaKernels:
         self._thread: int | None = None
         self._lib: Any = None
         self.emulate = emulate
+        self.trace: Any = None  # the trace this object serves (memfit.estimate._tracer.Trace)
         self._names = frozenset(composite_op_names()) if emulate else frozenset()
         self.older = OlderFormulas(torch_version, version_text)
 
@@ -221,10 +213,12 @@ class CudaKernels:
             self.differs.setdefault(name, (rule.cuda_ops, rule.cpu_ops))
         elif rule.kind == "unread":
             self.unread.add(name)
-        result, out = apply_rule(op, rule, args, kwargs)
-        if rule.kind == "direct":
-            saved = _storage_bytes(out) - _storage_bytes(result)
-            self._use(name, _short(str(rule.target)), saved, 0, _summary(rule.cpu_ops))
+        if rule.kind != "direct":
+            return apply_rule(op, rule, args, kwargs)[0]
+        start = self._records()
+        result = apply_rule(op, rule, args, kwargs)[0]
+        saved = self._kept_since(start, result)
+        self._use(name, _short(str(rule.target)), saved, 0, _summary(rule.cpu_ops))
         return result
 
     def _attention(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -255,12 +249,27 @@ class CudaKernels:
                 "No available kernel for scaled_dot_product_attention on the target GPU: "
                 + "; ".join(choice.reasons)
             )
-        counter = _SavedBytes()
-        with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
-            out = run(choice.backend, q, k, v, mask, dropout, causal, scale, gqa)
+        start = self._records()
+        out = run(choice.backend, q, k, v, mask, dropout, causal, scale, gqa)
         note = "; ".join(choice.reasons)
-        self._use(_SDPA, choice.backend, counter.extra(q, k, v, out), 0, None, note=note)
+        self._use(_SDPA, choice.backend, self._kept_since(start, out), 0, None, note=note)
         return out
+
+    def _records(self) -> int:
+        return len(self.trace.records) if self.trace is not None else 0
+
+    def _kept_since(self, start: int, result: Any) -> int:
+        """Bytes the call allocated that are still alive after it, besides its result's
+        storage: what its backward keeps (a mask, a log-sum-exp, a padded copy). Nothing
+        when autograd does not keep them (no gradient, or a checkpointed region)."""
+        if self.trace is None:
+            return 0
+        mine = self.trace.live.get(id(result.untyped_storage()))
+        return sum(
+            r.nbytes
+            for r in self.trace.records[start:]
+            if r.free_index is None and r is not mine and r.target == "all"
+        )
 
     # --- what kernels take inside -----------------------------------------------------------
 
@@ -376,24 +385,3 @@ class CudaKernels:
                 + " differently could not be read (the probe failed): traced the CPU's way"
             )
         return out
-
-
-class _SavedBytes:
-    """Counts the bytes of the tensors autograd saves while a kernel runs."""
-
-    def __init__(self) -> None:
-        self.storages: dict[int, int] = {}
-
-    def pack(self, tensor: Any) -> Any:
-        storage = tensor.untyped_storage()
-        self.storages[id(storage)] = int(storage.nbytes())
-        return tensor
-
-    @staticmethod
-    def unpack(tensor: Any) -> Any:
-        return tensor
-
-    def extra(self, *given: Any) -> int:
-        """Saved bytes that are not the inputs' or the result's storages."""
-        known = {id(t.untyped_storage()) for t in given if isinstance(t, torch.Tensor)}
-        return sum(n for key, n in self.storages.items() if key not in known)

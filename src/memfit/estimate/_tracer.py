@@ -371,6 +371,7 @@ def run_trace(
         # On fake CUDA tensors torch makes CUDA's choices itself; what kernels take inside
         # is added either way.
         trace.cuda_kernels = cuda.kernels(emulate=emulate)
+        trace.cuda_kernels.trace = trace
         kernels = trace.cuda_kernels
     hook_handles: list[Any] = []
     try:
