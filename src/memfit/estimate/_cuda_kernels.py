@@ -149,6 +149,7 @@ class CudaKernels:
         self.unread: set[str] = set()
         self.library_paths: set[str] = set()
         self.assumed: set[str] = set()
+        self.refused: set[str] = set()
         self.benchmark_seen = False
         self._thread: int | None = None
         self._lib: Any = None
@@ -249,10 +250,19 @@ class CudaKernels:
                 "No available kernel for scaled_dot_product_attention on the target GPU: "
                 + "; ".join(choice.reasons)
             )
+        backend, note = choice.backend, "; ".join(choice.reasons)
         start = self._records()
-        out = run(choice.backend, q, k, v, mask, dropout, causal, scale, gqa)
-        note = "; ".join(choice.reasons)
-        self._use(_SDPA, choice.backend, self._kept_since(start, out), 0, None, note=note)
+        try:
+            out = run(backend, q, k, v, mask, dropout, causal, scale, gqa)
+        except RuntimeError as exc:  # the fused kernel's fake implementation refuses the call
+            if backend == "math":
+                raise
+            self.refused.add(f"{backend} ({str(exc).splitlines()[0][:100]})")
+            note = f"{backend} chosen, its fake kernel refused the shapes: traced with math"
+            backend = "math"
+            start = self._records()
+            out = run(backend, q, k, v, mask, dropout, causal, scale, gqa)
+        self._use(_SDPA, backend, self._kept_since(start, out), 0, None, note=note)
         return out
 
     def _records(self) -> int:
@@ -350,6 +360,12 @@ class CudaKernels:
                 "CUDA's kernels traced in place of the CPU's (est.kernels): " + "; ".join(parts)
             )
         out.extend(sorted(self.assumed))
+        if self.refused:
+            out.append(
+                "scaled_dot_product_attention: the fake kernel of the backend CUDA would run "
+                "refused these calls, which were traced with the math path (more memory than "
+                "the fused kernel keeps): " + "; ".join(sorted(self.refused))
+            )
         out.extend(self.older.notes())
         if any(use.bound for kernels in uses.values() for use in kernels):
             out.append(
