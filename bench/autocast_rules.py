@@ -72,7 +72,9 @@ def _step_fns(args: argparse.Namespace, device_type: str) -> tuple[Any, Any, Any
 
 def _case(args: argparse.Namespace, name: str) -> dict[str, Any]:
     from memfit.allocator.model import AllocatorModel
-    from memfit.estimate.torch_trace import _run_trace, _summarise
+    from memfit.estimate._cuda_target import CudaTarget
+    from memfit.estimate._summary import summarise
+    from memfit.estimate._tracer import run_trace
     from memfit.hardware.cuda import cublas_workspace_bytes
 
     device_type = "cpu" if name == "cpu_rules" else "cuda"
@@ -82,18 +84,18 @@ def _case(args: argparse.Namespace, name: str) -> dict[str, Any]:
         start = time.process_time()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "CUDA is not available ... Disabling"
-            trace = _run_trace(
+            trace = run_trace(
                 build,
                 step,
                 make_batch,
                 args.batch,
                 "cpu",
-                cublas_workspace_bytes(None),
                 2,
+                cuda=CudaTarget(None, None, None, cublas_workspace_bytes(None)),
                 cuda_target=name != "autocast_off",
             )
         cpu_seconds.append(time.process_time() - start)
-    point = _summarise(trace, args.batch, AllocatorModel, None)
+    point = summarise(trace, args.batch, AllocatorModel, None)
     cache = trace.autocast.cache_peak if trace.autocast is not None else 0
     return {
         "case": name,

@@ -3,7 +3,7 @@
 #
 #   bash bench/gpu_session.sh OUTDIR [SECONDS]
 #
-# Four lanes run side by side (each check measures its own process's allocator, so they do not
+# Five lanes run side by side (each check measures its own process's allocator, so they do not
 # disturb each other's figures; the timing benchmark runs alone at the end):
 #   A: pytest tests/gpu tests/runtime/test_fit_cuda.py
 #   B: python bench/accuracy.py --jobs 6
@@ -12,6 +12,9 @@
 #   D: python bench/gpu_truth.py --jobs 4 (the GPU truth corpus: tests/data/gpu_truth/<gpu>/;
 #      entries already stored are skipped, so a second session goes on where one stopped),
 #      then python bench/gpu_truth.py --report (the replay table)
+#   E: python bench/cuda_kernel_allocs.py (issue 29: what each CUDA kernel allocates, op by
+#      op: dropout, every attention backend, cuDNN convolutions at RL sizes in fp16/fp32,
+#      cuBLASLt; against what the trace assumes for this GPU)
 # then python bench/guard_overhead.py (its DDP part runs two gloo processes on the CPU), then
 # (issue 30) python bench/xla_deviceless.py: the same JAX steps compiled on the device and
 # deviceless for the same card, memory_stats() after compile and after steps.
@@ -45,12 +48,16 @@ lane_d() {
 }
 lane_c >"$out/fit_recorder.log" 2>&1 &
 c=$!
+lane_e() { timeout $(( budget / 3 )) python3 bench/cuda_kernel_allocs.py; }
+lane_e >"$out/cuda_kernel_allocs.log" 2>&1 &
+e=$!
 lane_d >"$out/gpu_truth.log" 2>&1 &
 d=$!
 wait $a; echo "pytest rc=$?" >>"$out/summary.log"
 wait $b; echo "accuracy rc=$?" >>"$out/summary.log"
 wait $c; echo "fit/recorder rc=$?" >>"$out/summary.log"
 wait $d; echo "gpu_truth rc=$?" >>"$out/summary.log"
+wait $e; echo "cuda_kernel_allocs rc=$?" >>"$out/summary.log"
 t=$(left)
 if [ "$t" -gt 60 ]; then
   timeout $(( t - 15 )) python3 bench/guard_overhead.py >"$out/guard_overhead.log" 2>&1

@@ -20,7 +20,8 @@ import torch
 
 from memfit.errors import EstimateError
 from memfit.estimate._autocast import cuda_autocast_op_names
-from memfit.estimate.torch_trace import _run_trace, estimate_torch, trace_requests
+from memfit.estimate._tracer import run_trace
+from memfit.estimate.torch_trace import estimate_torch, trace_requests
 
 GPU = "RTX 4070"  # a CUDA target: the estimate's figures are for this GPU
 DTYPES = [torch.float16, torch.bfloat16]
@@ -62,9 +63,11 @@ def _cnn_peak(device_type: str, dtype: torch.dtype, *, cuda_target: bool = True)
 
     if cuda_target:
         est = estimate_torch(build, step, make_batch, [B], gpu=GPU, steps=1, kernel_scratch=False)
-    else:  # figures for this CPU: autocast("cuda") switches itself off, as torch does here
+    elif device_type == "cuda":  # figures for this CPU: autocast("cuda") switches itself off
         with pytest.warns(UserWarning, match="CUDA is not available"):
             est = estimate_torch(build, step, make_batch, [B], steps=1, kernel_scratch=False)
+    else:  # figures for this CPU: autocast("cpu") runs with the CPU's own rules
+        est = estimate_torch(build, step, make_batch, [B], steps=1, kernel_scratch=False)
     return est.points[0].exact_peak
 
 
@@ -94,10 +97,14 @@ def test_cnn_inference_peak_follows_cuda_rules(dtype: torch.dtype) -> None:
     # Before it, at the second use of conv2: three low-precision activations.
     assert cuda > base + t["cache"] + 3 * e * act
     assert _cnn_peak("cuda", dtype) == cuda
-    # The CPU's rules keep the upsample in the low dtype: another figure.
+    # The CPU's rules keep the upsample in the low dtype: another figure, which a trace for
+    # this CPU gives.
     cpu_rules = base + t["cache"] + e * act + e * 4 * act
     assert cpu_rules != cuda
-    assert _cnn_peak("cpu", dtype) == cpu_rules
+    assert _cnn_peak("cpu", dtype, cuda_target=False) == cpu_rules
+    # For a CUDA target the traced tensors stand for CUDA tensors: a region named after
+    # their device ("cpu") is CUDA's, as the same code's region is on the GPU.
+    assert _cnn_peak("cpu", dtype) == cuda
     # For a CPU target CUDA autocast is off, as on this machine: float32 throughout.
     assert _cnn_peak("cuda", dtype, cuda_target=False) == base + 4 * act + 4 * 4 * act
 
@@ -147,7 +154,9 @@ class _Block(torch.nn.Module):
         return out
 
 
-def _block_requests(device_type: str, dtype: torch.dtype) -> dict[str, list[int]]:
+def _block_requests(
+    device_type: str, dtype: torch.dtype, gpu: str | None = GPU
+) -> dict[str, list[int]]:
     def build() -> tuple[Any, Any]:
         return _Block(), None
 
@@ -161,7 +170,7 @@ def _block_requests(device_type: str, dtype: torch.dtype) -> dict[str, list[int]
         step,
         lambda n: (torch.randn(n, S, D), torch.randn(n, S, D)),
         B,
-        gpu=GPU,
+        gpu=gpu,
         steps=1,
         kernel_scratch=False,
     )
@@ -198,11 +207,14 @@ def test_transformer_block_casts_follow_cuda_rules(dtype: torch.dtype) -> None:
     # The linears (addmm) give low-precision outputs.
     assert got["aten.addmm.default"] == sorted(e * B * S * n for n in (3 * D, D, 4 * D, D))
 
-    # The CPU's rules leave softmax alone: low-precision probabilities, no cast for att @ v.
-    cpu = _block_requests("cpu", dtype)
+    # The CPU's rules (a trace for this CPU) leave softmax alone: low-precision
+    # probabilities, no cast for att @ v.
+    cpu = _block_requests("cpu", dtype, gpu=None)
     assert cpu["aten._softmax.default"] == [e * scores]
     assert cpu["aten._to_copy.default"] == sorted(_linear_casts(e))
     assert cpu["aten._to_copy.default"] != got["aten._to_copy.default"]
+    # For a CUDA target a region named after the traced tensors' device is CUDA's.
+    assert _block_requests("cpu", dtype) == got
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
@@ -230,7 +242,7 @@ def test_training_step_with_grad_scaler(dtype: torch.dtype) -> None:
     assert "GradScaler('cuda') traced as on the GPU" in notes
     assert "could not be read" not in notes
     # The casts are recorded by autograd: every gradient is float32, of its parameter's size.
-    trace = _run_trace(build, step, make_batch, 2, "cpu", 0, 2, cuda_target=True)
+    trace = run_trace(build, step, make_batch, 2, "cpu", 2, cuda_target=True)
     params = sorted(4 * p.numel() for p in _Block().parameters())
     grads = sorted(r.nbytes for r in trace.records if r.category == "gradients")
     assert grads == sorted(params * 2)  # two steps, zero_grad(set_to_none) between them
@@ -256,7 +268,7 @@ def test_casts_hold_no_tensor_past_its_op() -> None:
         def make_batch(n: int) -> Any:
             return torch.randn(n, S, D), torch.randn(n, S, D)
 
-        trace = _run_trace(build, step, make_batch, B, "cpu", 0, 2, cuda_target=True)
+        trace = run_trace(build, step, make_batch, B, "cpu", 2, cuda_target=True)
         index = {id(r): i for i, r in enumerate(trace.records)}
         return [(index[id(r)], alloc, r.nbytes) for r, alloc in trace.events]
 

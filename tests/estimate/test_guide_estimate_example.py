@@ -28,3 +28,12 @@ def test_the_guides_estimate_torch_example_runs(capsys: pytest.CaptureFixture[st
     assert points[0].allocated_peak < points[1].allocated_peak < points[2].allocated_peak
     out = capsys.readouterr().out
     assert "loss 0.000" in out  # the logging read stood in under the trace
+    # The kernels section's example prints what its comments say, for the same estimate.
+    kernels = text[text.index("### CUDA's kernels on a CPU trace") :]
+    block = re.search(r"```python\n(.*?)```", kernels, re.S)
+    assert block is not None, "the guide's kernels section lost its python example"
+    code = block.group(1)
+    exec(compile(code, str(GUIDE), "exec"), namespace)
+    printed = capsys.readouterr().out.strip().splitlines()
+    claimed = [line.removeprefix("# ") for line in code.splitlines() if line.startswith("# ")]
+    assert printed == claimed

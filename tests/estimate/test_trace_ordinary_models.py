@@ -18,7 +18,7 @@ import torch
 from _bench_scripts import load_bench
 
 from memfit.errors import EstimateError
-from memfit.estimate import TorchStep, stand_in_scalars, stand_in_scalars_active, torch_trace
+from memfit.estimate import TorchStep, _tracer, stand_in_scalars, stand_in_scalars_active
 from memfit.estimate import _kernels as kernels_mod
 from memfit.estimate.torch_trace import estimate_torch
 from memfit.hardware.cuda import cublas_workspace_bytes
@@ -207,7 +207,7 @@ def test_stand_in_scalars_lets_logging_through_and_changes_nothing_outside_a_tra
 
 
 def test_a_loop_waiting_on_a_stood_in_value_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(torch_trace, "MAX_STAND_INS", 50)
+    monkeypatch.setattr(_tracer, "MAX_STAND_INS", 50)
 
     def step(model: Any, opt: Any, batch: Any) -> None:
         out = model(batch)

@@ -28,11 +28,14 @@ from memfit.hardware.runtime import Runtime, cuda_context, runtime_from_versions
 from memfit.units import KiB
 
 __all__ = [
+    "CUBLASLT_WORKSPACE_BYTES",
     "CUBLAS_DEFAULT_CONFIG",
     "CUBLAS_HOPPER_CONFIG",
     "CUBLAS_SOURCE",
     "cublas_workspace_bytes",
+    "cublaslt_workspace",
     "cuda_context_bytes",
+    "cudnn_major",
     "parse_cublas_workspace_config",
 ]
 
@@ -153,3 +156,54 @@ def cublas_workspace_bytes(
         chosen = CUBLAS_DEFAULT_CONFIG if newer is False else CUBLAS_HOPPER_CONFIG
         per_handle = parse_cublas_workspace_config(chosen)
     return per_handle * handles
+
+
+#: cuBLASLt's default workspace in PyTorch (``CUBLASLT_WORKSPACE_SIZE``, 1024 KiB; pytorch#73439).
+CUBLASLT_WORKSPACE_BYTES = 1024 * KiB
+
+
+def cublaslt_workspace(
+    torch_version: tuple[int, int], cuda_version: tuple[int, int] | None = None
+) -> tuple[str, int]:
+    """How a torch version gives cuBLASLt (``addmm`` with a bias) its workspace.
+
+    Returns:
+        ``("none", 0)``: ``addmm`` does not call cuBLASLt (before torch 1.12, or CUDA before
+        11.4); ``("transient", bytes)``: each call allocates the workspace from the caching
+        allocator and frees it after the kernel (torch 1.12 to 2.8; pytorch#73439; the
+        4 MiB of #120925 did not stay); ``("persistent", bytes)``: one per (handle, stream),
+        kept (torch 2.9 and 2.10; pytorch#156495); ``("unified", 0)``: cuBLASLt shares the
+        cuBLAS workspace of its stream (torch 2.11 on; pytorch#168175).
+
+    >>> cublaslt_workspace((2, 6))
+    ('transient', 1048576)
+    >>> cublaslt_workspace((2, 6), (11, 2))
+    ('none', 0)
+    """
+    if torch_version < (1, 12) or (cuda_version is not None and cuda_version < (11, 4)):
+        return "none", 0
+    if torch_version < (2, 9):
+        return "transient", CUBLASLT_WORKSPACE_BYTES
+    if torch_version < (2, 11):
+        return "persistent", CUBLASLT_WORKSPACE_BYTES
+    return "unified", 0
+
+
+def cudnn_major(torch_version: tuple[int, int] | None, cuda_version: tuple[int, int] | None) -> int:
+    """The cuDNN major version PyTorch's wheels bundle for a torch and CUDA version.
+
+    CUDA 10.x builds link cuDNN 7 (7.6.5 up to torch 1.12's cu102 wheels); CUDA 11 builds
+    cuDNN 8; torch 2.4 and later cuDNN 9 (the ``nvidia-cudnn-cu12`` 9.x pins of its wheels).
+    Without a CUDA version, torch before 1.8 is taken to be a CUDA 10 build; without either,
+    the newest (9).
+
+    >>> cudnn_major((1, 7), (10, 2)), cudnn_major((1, 12), (11, 3)), cudnn_major((2, 6), None)
+    (7, 8, 9)
+    """
+    if cuda_version is not None and cuda_version[0] <= 10:
+        return 7
+    if torch_version is None:
+        return 9
+    if cuda_version is None and torch_version < (1, 8):
+        return 7
+    return 9 if torch_version >= (2, 4) else 8
