@@ -328,27 +328,7 @@ def plan(
         host_memory_bytes=host,
         runtime=target,
     )
-    return replace(
-        result, notes=[*notes, *check_notes, *result.notes, *_fraction_name_note(result)]
-    )
-
-
-def _fraction_name_note(result: Plan) -> list[str]:
-    """Where the installed jaxlib documents the newer name of XLA's pool fraction, say so:
-    the plan's settings keep the older name, which every JAX reads."""
-    old = "XLA_PYTHON_CLIENT_MEM_FRACTION"
-    if old not in result.environment:
-        return []
-    from memfit.runtime.allocator_env import jax_fraction_name
-
-    name, why = jax_fraction_name()
-    if name == old:
-        return []
-    return [
-        f"{old} is the name every JAX reads; {why}: export {name}="
-        f"{result.environment[old]} instead if you prefer it (memfit env prints that name), "
-        "never both"
-    ]
+    return replace(result, notes=[*notes, *check_notes, *result.notes])
 
 
 def _target_runtime(workload: Workload, runtime: Mapping[str, str] | str | None) -> Runtime:

@@ -54,8 +54,8 @@ def env(
     gpu: str | None = typer.Option(
         None,
         "--gpu",
-        help="The card (name or size) to size XLA's pool for; by default any card of 8 GB "
-        "or more (the same rule memfit plan uses).",
+        help="The card (name or size) to size XLA's pool for (the same rule memfit plan "
+        "uses); by default a fraction that leaves room on every card memfit knows.",
     ),
     as_json: bool = JSON_OPTION,
 ) -> None:

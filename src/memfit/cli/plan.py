@@ -19,7 +19,7 @@ import typer
 import yaml
 from rich.table import Table
 
-from memfit.allocator.xla_fraction import DEFAULT_MARGIN
+from memfit.allocator.xla_fraction import DEFAULT_MARGIN, FRACTION_VARIABLES
 from memfit.cli._common import (
     JSON_OPTION,
     RUNTIME_OPTION,
@@ -143,11 +143,14 @@ def _print_plan(workload: Workload, result: Plan) -> None:
         else ""
     )
     if result.pool_bytes is not None:
-        fraction = result.environment.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "?")
+        setting = next(
+            (f"{k}={v}" for k, v in result.environment.items() if k in FRACTION_VARIABLES),
+            "the workload's jax.mem_fraction",
+        )
         console.print(
             f"  the job needs {format_bytes(result.used_bytes)} with its CUDA context; XLA "
             f"preallocates {format_bytes(result.pool_bytes)} "
-            f"(XLA_PYTHON_CLIENT_MEM_FRACTION={fraction}) and the job's buffers fit inside it"
+            f"({setting}) and the job's buffers fit inside it"
             if result.fits
             else f"  the job needs {format_bytes(result.used_bytes)} with its CUDA context; "
             f"its buffers do not fit XLA's pool of {format_bytes(result.pool_bytes)}",

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from memfit.allocator.xla_fraction import xla_fraction_variable
+from memfit.core._workload_load import command_ref
 from memfit.core.budget import Budget
 from memfit.core.evaluate import Evaluation, evaluate
 from memfit.core.space import Limit, Rank, Space, SpaceEval
@@ -100,7 +102,8 @@ def no_valid_setting(space: Space) -> ConfigError:
     return ConfigError(
         why,
         key_path="--set",
-        hint=f"run memfit check WORKLOAD {pins} for the nearest valid settings",
+        hint=f"run memfit check {command_ref(space.workload)} {pins} for the nearest valid "
+        "settings",
     )
 
 
@@ -126,7 +129,7 @@ def infeasible_error(space: Space, budget: Budget, gpu: GpuSpec) -> InfeasiblePl
             smallest_bytes=budget.context_bytes + budget.pool_bytes,
             budget_bytes=budget.budget_bytes,
             binding_term="jax_preallocation",
-            hint=f"set XLA_PYTHON_CLIENT_MEM_FRACTION={fraction:.2f} (jax.mem_fraction in the "
+            hint=f"set {xla_fraction_variable()[0]}={fraction:.2f} (jax.mem_fraction in the "
             "workload) or XLA_PYTHON_CLIENT_PREALLOCATE=false",
         )
     smallest = space.smallest_valid()
