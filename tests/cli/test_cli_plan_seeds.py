@@ -57,7 +57,8 @@ def test_one_xla_fraction_in_plan_and_env(capsys: pytest.CaptureFixture[str], ca
 def test_env_without_a_card_leaves_room_on_every_card(capsys: pytest.CaptureFixture[str]) -> None:
     """A plain ``memfit env`` names no card: its fraction is the smallest the rule gives over
     the catalog, and its reason says what a named card gets (not "0.90 on any card")."""
-    [setting] = [s for s in run_json(capsys, "env", "--json")["settings"] if s["framework"] == "jax"]
+    settings = run_json(capsys, "env", "--json")["settings"]
+    [setting] = [s for s in settings if s["framework"] == "jax"]
     low = min(recommended_xla_fraction(spec).fraction for spec in list_gpus())
     assert setting["value"] == f"{low:.2f}"
     assert fraction_summary().text() in setting["reason"] and "--gpu NAME" in setting["reason"]
