@@ -4,6 +4,7 @@ and property tests over random workloads and budgets (validity, maximality, mono
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -432,3 +433,25 @@ constraints: {{presets: [brax_ppo]}}
     assert knobs["batch_size"] * knobs["num_minibatches"] % knobs["num_envs"] == 0
     assert p.fits and p.predicted_bytes <= p.budget_bytes
     assert p.breakdown["jax_pool_unused"] >= 0
+
+
+def test_pins_no_setting_completes_name_the_workload_in_the_hint(tmp_path: Path) -> None:
+    """Issue 32: the hint printed the literal word WORKLOAD; it names the workload as a
+    command takes it (a file by its path, a bundled one by its name)."""
+    text = (
+        "family: custom\nterms: {a: 'n * 1024'}\n"
+        "knobs:\n  n: {min: 1, max: 4}\n  m: {min: 1, max: 4}\n"
+        "constraints:\n  rules:\n    - {expr: 'n + m > 7'}\n"
+    )
+    path = tmp_path / "my job.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match="no value of the other knobs") as info:
+        plan_for_gpu(load_workload(path), anonymous_gpu(8 * GiB), overrides={"n": 2})
+    hint = info.value.hint or ""
+    assert "WORKLOAD" not in hint
+    assert f"memfit check '{path}' --set n=2" in hint
+    bundled = load_workload("brax_humanoid_ppo@quick")
+    with pytest.raises(ConfigError) as info:
+        plan_for_gpu(bundled, gpu("RTX 4070"), overrides={"num_envs": 1024, "batch_size": 64,
+                                                          "num_minibatches": 4})  # fmt: skip
+    assert "memfit check brax_humanoid_ppo@quick --set num_envs=1024" in (info.value.hint or "")

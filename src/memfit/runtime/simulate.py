@@ -108,6 +108,11 @@ class SimulatedGpu:
         return self.budget_bytes - self.allocated_bytes
 
     @property
+    def snapshot_history(self) -> int:
+        """Allocator events kept for :meth:`snapshot` (0: none, no snapshot)."""
+        return self._history.maxlen or 0 if self._keep_history else 0
+
+    @property
     def live_storages(self) -> int:
         """Number of storages counted now (CPU simulation only; 0 on CUDA)."""
         return len(self._live)
