@@ -455,3 +455,29 @@ def test_pins_no_setting_completes_name_the_workload_in_the_hint(tmp_path: Path)
         plan_for_gpu(bundled, gpu("RTX 4070"), overrides={"num_envs": 1024, "batch_size": 64,
                                                           "num_minibatches": 4})  # fmt: skip
     assert "memfit check brax_humanoid_ppo@quick --set num_envs=1024" in (info.value.hint or "")
+
+
+def test_memory_limits_when_the_next_valid_configuration_does_not_fit() -> None:
+    """Issue 32: one knob one step up broke a Brax rule, so the plan said "rule: brax_ppo"
+    although the next larger valid configuration needs more than XLA's pool: memory limits."""
+    p = plan_for_gpu(load_workload("brax_humanoid_ppo"), gpu("RTX 3080"))
+    assert not p.binding.startswith("rule:") and p.binding in p.breakdown
+    [note] = [n for n in p.notes if n.startswith("limited by memory: the next larger valid")]
+    assert "inside XLA's pool of" in note and p.binding in note
+    # a custom space: n steps of 2 only by the rule; n=6 would keep it but does not fit
+    w = custom(
+        "{per_n: 'n * 16777216'}",
+        "  n: {min: 1, max: 8}\n",
+        "constraints:\n  rules:\n    - {expr: 'n % 2 == 0', name: even}\n",
+    )
+    room = anonymous_gpu(OVERHEAD + 5 * 16 * MiB)  # n=4 fits, n=6 does not
+    tight = plan_for_gpu(w, room, margin=0)
+    assert tight.knobs == {"n": 4} and tight.binding == "per_n"
+    assert any("(n=6) needs" in n for n in tight.notes)
+    # where no larger value keeps the rule, the rule is the limit
+    ruled = custom(
+        "{per_n: 'n * 16777216'}",
+        "  n: {min: 1, max: 8}\n",
+        "constraints:\n  rules:\n    - {expr: 'n <= 4', name: cap}\n",
+    )
+    assert plan_for_gpu(ruled, anonymous_gpu(8 * GiB)).binding == "rule: cap"

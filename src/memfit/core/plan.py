@@ -276,7 +276,7 @@ def _plan_on(
     chosen = space.resolve(best, limit)
     assert chosen is not None  # the search only keeps configurations that fit
     breakdown = breakdown_of(budget, chosen.evaluation)
-    binding = binding_of(space, best, chosen, limit)
+    binding, limit_note = binding_of(space, best, chosen, limit, budget)
     plan_ = Plan(
         gpu=gpu.name,
         budget_bytes=budget.budget_bytes,
@@ -291,6 +291,8 @@ def _plan_on(
     plan_ = _finish(space, gpu, budget, plan_)
     if binding == "knob ranges":
         plan_.notes.append(range_note(space, best, limit))
+    elif limit_note is not None:
+        plan_.notes.append(limit_note)
     return plan_
 
 
