@@ -10,6 +10,7 @@ import yaml
 from _cli_run import run, run_json
 from _plan_fields import PLAN_FIELDS
 
+from memfit.core.workload import load_workload
 from memfit.planning import TIER_GPUS
 
 
@@ -181,3 +182,15 @@ def test_tier_table_exits_1_when_nothing_fits(
     if as_json:
         rows = json.loads(out)["plans"]
         assert rows and not any(r["fits"] for r in rows)
+
+
+def test_camera_workload_num_envs_takes_any_count(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 32: act_dual_camera took only powers of two for num_envs, so 3 envs that fit
+    an 8 GB card were refused; Isaac Lab takes any count, and so does the workload."""
+    w = load_workload("act_dual_camera")
+    assert w.knobs["num_envs"].values() == tuple(range(1, 1025))
+    pinned = run_json(capsys, "plan", "act_dual_camera", "--gpu", "RTX 4060 Ti",
+                      "--set", "num_envs=3", "--json")  # fmt: skip
+    assert pinned["fits"] and pinned["knobs"]["num_envs"] == 3
+    best = run_json(capsys, "plan", "act_dual_camera", "--gpu", "RTX 4060 Ti", "--json")
+    assert best["knobs"]["num_envs"] >= 3  # not held to 2 by the next power of two

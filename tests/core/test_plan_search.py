@@ -59,11 +59,11 @@ def test_reference_cases_from_the_issue() -> None:
     # the 8 GB GPU case: dual-camera ACT rollouts rendered by Isaac Sim in the same process:
     # the renderer, not the policy, limits them
     act = plan_for_gpu(load_workload("act_dual_camera"), gpu("RTX 4060 Ti"))
-    assert act.knobs == {"num_envs": 2}
+    assert act.knobs == {"num_envs": 3}  # any count, as Isaac Lab takes (issue 32)
     assert act.binding == "renderer_cameras"
     assert act.breakdown["simulator_base"] == round(3.5 * GiB)
     no_sim = plan_for_gpu(load_workload("act_dual_camera@no_sim"), gpu("RTX 4060 Ti"))
-    assert no_sim.knobs == {"num_envs": 128}
+    assert no_sim.knobs == {"num_envs": 203}
     assert no_sim.binding == "backbone_activations"
     # the README command: Brax humanoid (mjx) PPO from its measurements on an RTX 4070
     brax = plan_for_gpu(load_workload("brax_humanoid_ppo"), gpu("RTX 4070"))
