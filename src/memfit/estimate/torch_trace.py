@@ -35,7 +35,6 @@ a CUDA GPU, a CPU trace follows CUDA's rules for ``torch.autocast("cuda")`` regi
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
 import re
 import threading
@@ -65,6 +64,9 @@ from memfit.estimate._fake_compat import (
     scalar_stand_in,
 )
 from memfit.estimate._sequence import Fit, SequenceModel
+from memfit.estimate._steady import STEADY_REPEATS, steady_program
+from memfit.estimate._steady import Program as _Program
+from memfit.estimate._steady import run_steady as _run_steady
 from memfit.estimate.affine import AffineFit, check_batch_sizes, fit_affine
 from memfit.hardware.runtime import ContextEstimate, Runtime
 from memfit.units import format_bytes
@@ -752,88 +754,10 @@ def _tag_grad(trace: _Trace, param: torch.Tensor) -> None:
     trace.retag(param.grad, "gradients")
 
 
-#: How many more times the last traced step is replayed, at most, to reach the allocator's
-#: steady state (it stops earlier once the reserved peak holds for two repetitions).
-STEADY_REPEATS = 16
-
-
-@dataclass(frozen=True)
-class _Program:
-    """The last traced step as a replayable program, when it repeats the step before it.
-
-    ``ops`` holds ``(nbytes, -1, -1)`` for an allocation and ``(0, where, position)`` for a
-    free of the ``position``-th allocation of this step (``where`` 0) or of the step before
-    (``where`` 1).
-    """
-
-    ops: list[tuple[int, int, int]]
-    last_allocs: list[_Storage]
-
-    @property
-    def kept_bytes(self) -> int:
-        """Bytes one step leaves alive for good (allocated and never freed by the next)."""
-        freed_next = {pos for _, where, pos in self.ops if where == 1}
-        freed_here = {pos for _, where, pos in self.ops if where == 0}
-        sizes = [n for n, where, _ in self.ops if where < 0]
-        return sum(n for i, n in enumerate(sizes) if i not in freed_here | freed_next)
-
-
-def _step_ops(
-    events: list[tuple[_Storage, bool]], mine: dict[int, int], before: dict[int, int]
-) -> list[tuple[int, int, int]] | None:
-    ops: list[tuple[int, int, int]] = []
-    for record, is_alloc in events:
-        if record.target not in ("all", "cuda"):
-            continue
-        if is_alloc:
-            ops.append((record.nbytes, -1, -1))
-        elif id(record) in mine:
-            ops.append((0, 0, mine[id(record)]))
-        elif id(record) in before:
-            ops.append((0, 1, before[id(record)]))
-        else:
-            return None  # frees something older than the step before: not periodic
-    return ops
-
-
 def _steady_program(trace: _Trace) -> _Program | None:
-    """The last step as a program, if it allocates and frees exactly as the step before did
-    (so step after step would too); ``None`` with fewer than three steps or no such period."""
-    starts = trace.step_starts
-    if len(starts) < 3 or trace.done_index is None:
-        return None
-    bounds = [*starts, trace.done_index]
-    steps = [trace.events[a:b] for a, b in itertools.pairwise(bounds)]
-
-    def positions(events: list[tuple[_Storage, bool]]) -> dict[int, int]:
-        allocs = [r for r, a in events if a and r.target in ("all", "cuda")]
-        return {id(r): i for i, r in enumerate(allocs)}
-
-    pos = [positions(e) for e in steps]
-    previous = _step_ops(steps[-2], pos[-2], pos[-3])
-    last = _step_ops(steps[-1], pos[-1], pos[-2])
-    if previous is None or last is None or previous != last:
-        return None
-    allocs = [r for r, a in steps[-1] if a and r.target in ("all", "cuda")]
-    return _Program(last, allocs)
-
-
-def _run_steady(model: AllocatorModel, program: _Program, previous: list[int]) -> None:
-    """Replay ``program`` until the reserved peak holds for two repetitions (at most
-    :data:`STEADY_REPEATS`): the fragmentation a long run reaches, which two steps miss."""
-    held = 0
-    for _ in range(STEADY_REPEATS):
-        before = model.peak_reserved_bytes
-        current: list[int] = []
-        for nbytes, where, position in program.ops:
-            if where < 0:
-                current.append(model.malloc(nbytes))
-            else:
-                model.free((current if where == 0 else previous)[position])
-        previous = current
-        held = held + 1 if model.peak_reserved_bytes == before else 0
-        if held >= 2:
-            return
+    """The last step as a program, if it repeats the step before it
+    (:func:`memfit.estimate._steady.steady_program`, issue 32: three steps suffice)."""
+    return steady_program(trace.events, trace.step_starts, trace.done_index)
 
 
 def _summarise(
