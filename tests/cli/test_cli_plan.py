@@ -194,3 +194,15 @@ def test_camera_workload_num_envs_takes_any_count(capsys: pytest.CaptureFixture[
     assert pinned["fits"] and pinned["knobs"]["num_envs"] == 3
     best = run_json(capsys, "plan", "act_dual_camera", "--gpu", "RTX 4060 Ti", "--json")
     assert best["knobs"]["num_envs"] >= 3  # not held to 2 by the next power of two
+
+
+def test_a_jax_plans_context_line_leaves_torch_out(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 32: JAX plans said "torch unknown" in the context line; JAX brings its own CUDA
+    libraries, so the line names CUDA and the driver, and the --runtime keys a JAX job uses."""
+    code, out, _ = run(capsys, "plan", "brax_humanoid_ppo", "--gpu", "RTX 4070")
+    [line] = [x for x in out.splitlines() if x.strip().startswith("cuda_context:")]
+    assert code == 0 and "torch" not in line and "CUDA unknown, driver unknown" in line
+    assert "--runtime cuda=...,module_loading=lazy|eager" in line
+    code, out, _ = run(capsys, "plan", "dqn_fire_raster", "--gpu", "RTX 4070")
+    [line] = [x for x in out.splitlines() if x.strip().startswith("cuda_context:")]
+    assert "--runtime torch=...,cuda=..." in line

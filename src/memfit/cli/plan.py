@@ -118,18 +118,21 @@ def _limited_text(binding: str | None) -> str:
     return binding or "-"
 
 
-def _context_text(context: dict[str, Any]) -> str:
-    """What the context term assumed: loading mode and why, versions, architecture."""
+def _context_text(context: dict[str, Any], framework: str = "torch") -> str:
+    """What the context term assumed: loading mode and why, versions, architecture (a JAX
+    job's line leaves torch out: JAX brings its own CUDA libraries)."""
     rt = context["runtime"]
-    versions = ", ".join(
-        f"{name} {rt[key] or 'unknown'}"
-        for name, key in (("torch", "torch"), ("CUDA", "cuda"), ("driver", "driver"))
-    )
+    names = (("CUDA", "cuda"), ("driver", "driver"))
+    if framework != "jax":
+        names = (("torch", "torch"), *names)
+    versions = ", ".join(f"{name} {rt[key] or 'unknown'}" for name, key in names)
     arch = context["arch"] or "unknown architecture"
+    target = "cuda=...,module_loading=lazy|eager"
+    if framework != "jax":
+        target = "torch=...," + target
     return (
         f"{format_bytes(context['bytes'])} with {rt['module_loading']} module loading "
-        f"({rt['loading_reason']}); {versions}; {arch}. Another target: --runtime "
-        "torch=...,cuda=...,module_loading=lazy|eager"
+        f"({rt['loading_reason']}); {versions}; {arch}. Another target: --runtime {target}"
     )
 
 
@@ -198,7 +201,8 @@ def _print_plan(workload: Workload, result: Plan) -> None:
     )
     console.print(table)
     if result.context is not None and result.breakdown.get("cuda_context"):
-        console.print(f"  cuda_context: {safe(_context_text(result.context))}", soft_wrap=True)
+        context = _context_text(result.context, workload.framework)
+        console.print(f"  cuda_context: {safe(context)}", soft_wrap=True)
     knobs = Table(title="Chosen knobs", title_justify="left")
     knobs.add_column("knob")
     knobs.add_column("value", justify="right")
