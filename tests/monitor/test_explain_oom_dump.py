@@ -97,7 +97,8 @@ def test_the_card_of_a_simulated_snapshot_is_the_simulated_budget(tmp_path: Path
     assert e.peak_reserved_bytes > 120 * MiB  # the model's segments
     assert e.capacity_bytes == 120 * MiB
     assert e.oom is not None and e.oom.capacity_bytes == 120 * MiB
-    assert any("simulate_gpu: a card of 120.00 MiB" in n for n in e.notes)
+    [note] = [n for n in e.notes if "simulate_gpu: a card of 120.00 MiB" in n]
+    assert "a real card of that size fails sooner" in note
     assert all(w.fits is False for w in e.what_if)  # against the card, 117 MiB live + 9 MiB
 
 

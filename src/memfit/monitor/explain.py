@@ -436,10 +436,15 @@ def explain(
     if simulated is not None:
         if capacity is None:
             capacity = simulated
+        over = (
+            f"; where they exceed the card ({format_bytes(peak_r.bytes)} here), a real card "
+            "of that size fails sooner: the simulated one counts allocated bytes only"
+            if peak_r.bytes > simulated
+            else ""
+        )
         notes.append(
-            f"recorded under memfit.simulate_gpu: a card of {format_bytes(simulated)}, whose "
-            "budget counts allocated bytes; segments and reserved bytes are memfit's allocator "
-            "model's (a real card of that size fails sooner where they exceed it)"
+            f"recorded under memfit.simulate_gpu: a card of {format_bytes(simulated)}; "
+            f"segments and reserved bytes are memfit's allocator model's{over}"
         )
     if ooms:
         first = trace[ooms[0]]
