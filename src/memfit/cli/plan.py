@@ -122,7 +122,7 @@ def _context_text(context: dict[str, Any], framework: str = "torch") -> str:
     """What the context term assumed: loading mode and why, versions, architecture (a JAX
     job's line leaves torch out: JAX brings its own CUDA libraries)."""
     rt = context["runtime"]
-    names = (("CUDA", "cuda"), ("driver", "driver"))
+    names: tuple[tuple[str, str], ...] = (("CUDA", "cuda"), ("driver", "driver"))
     if framework != "jax":
         names = (("torch", "torch"), *names)
     versions = ", ".join(f"{name} {rt[key] or 'unknown'}" for name, key in names)
