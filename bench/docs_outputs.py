@@ -509,13 +509,27 @@ def run_example(command: str, cwd: Path, env: dict[str, str] | None = None) -> s
     )
     if done.returncode != 0:
         raise RuntimeError(f"{command} failed:\n{done.stdout[-3000:]}")
-    return f"$ {command}\n" + done.stdout.replace(str(tmp), "/tmp")
+    text = done.stdout.replace(str(tmp), "/tmp")
+    return f"$ {command}\n" + "".join(line.rstrip() + "\n" for line in text.splitlines())
 
 
-def render_example(name: str) -> str:
+def render_example(name: str, cwd: Path | None = None) -> str:
+    """The text of example block ``name`` as its commands print it now (run in ``cwd``,
+    by default a temporary folder)."""
     block = BLOCKS[name]
+    if cwd is not None:
+        return "".join(run_example(run.shown, cwd, block.env) for run in block.runs)
     with tempfile.TemporaryDirectory(prefix="memfit-docs-") as tmp:
         return "".join(run_example(run.shown, Path(tmp), block.env) for run in block.runs)
+
+
+def shown_block(name: str) -> str:
+    """The text the docs show now in block ``name``."""
+    for text in _documents().values():
+        for match in _OUTPUT.finditer(text):
+            if match.group(1) == name:
+                return match.group(3)
+    raise KeyError(f"no block {name!r} in README.md or docs/")
 
 
 #: Timings and what follows from them: left out where an example's output is compared.
