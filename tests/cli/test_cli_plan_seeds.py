@@ -54,9 +54,13 @@ def test_one_xla_fraction_in_plan_and_env(capsys: pytest.CaptureFixture[str], ca
     assert env[name]["reason"] == advice.reason
 
 
-def test_env_without_a_card_leaves_room_on_every_card(capsys: pytest.CaptureFixture[str]) -> None:
-    """A plain ``memfit env`` names no card: its fraction is the smallest the rule gives over
-    the catalog, and its reason says what a named card gets (not "0.90 on any card")."""
+def test_env_without_a_card_leaves_room_on_every_card(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain ``memfit env`` where no card is named or found: its fraction is the smallest
+    the rule gives over the catalog, and its reason says what a named card gets (not "0.90 on
+    any card")."""
+    monkeypatch.setattr("memfit.backends.local_probe", lambda **_: (None, ["no driver"]))
     settings = run_json(capsys, "env", "--json")["settings"]
     [setting] = [s for s in settings if s["framework"] == "jax"]
     low = min(recommended_xla_fraction(spec).fraction for spec in list_gpus())
@@ -115,3 +119,17 @@ def test_measure_modes_through_the_cli(capsys: pytest.CaptureFixture[str]) -> No
     assert "measurements recorded in the workload" in data["notes"][0]
     code, _, err = run(capsys, "plan", "brax_humanoid_ppo", "--gpu", "T4", "--measure", "x")
     assert code == 1 and "unknown measurement mode" in err
+
+
+def test_env_sizes_the_pool_for_the_card_it_finds(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a machine with a GPU, a plain ``memfit env`` gives that card's fraction (NVML)."""
+    from memfit.backends import SimulatedDevice
+
+    card = SimulatedDevice(gpu("RTX 3060 Ti").total_bytes, name="NVIDIA GeForce RTX 3060 Ti")
+    monkeypatch.setattr("memfit.backends.local_probe", lambda **_: (card, []))
+    data = run_json(capsys, "env", "--json")
+    [setting] = [s for s in data["settings"] if s["framework"] == "jax"]
+    assert setting["value"] == recommended_xla_fraction(gpu("RTX 3060 Ti")).value == "0.85"
+    assert any("this machine's NVIDIA GeForce RTX 3060 Ti" in n for n in data["notes"])
