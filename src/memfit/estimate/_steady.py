@@ -133,7 +133,15 @@ def steady_program(
     if previous != last:
         return None
     allocs = [r for r, a in steps[-1] if a and r.target in _ON_GPU]
+    # the next step would free these of the last step's: they must still be live at its end
+    for _, where, position in last:
+        if where == 1 and not _live_at_end(allocs[position], done_index):
+            return None
     return Program(last, allocs)
+
+
+def _live_at_end(record: TracedStorage, done_index: int) -> bool:
+    return record.free_index is None or record.free_index >= done_index
 
 
 def run_steady(model: AllocatorModel, program: Program, previous: list[int]) -> None:

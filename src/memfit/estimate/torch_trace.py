@@ -780,7 +780,9 @@ def _summarise(
     for index, (record, is_alloc) in enumerate(trace.events):
         if program is not None and index == trace.done_index:
             # The teardown only frees; in its place the last step runs on to steady state.
-            _run_steady(model, program, [handles[id(r)] for r in program.last_allocs])
+            # the last step's allocations still live (the ones the next step frees)
+            live = [handles.get(id(r), -1) for r in program.last_allocs]
+            _run_steady(model, program, live)
             break
         on_gpu = record.target in ("all", "cuda")
         on_device = record.target in ("all", trace.device_type)
