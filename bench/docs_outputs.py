@@ -270,6 +270,8 @@ class Block:
     runs: tuple[Run, ...]
     examples: bool = False
     env: dict[str, str] = field(default_factory=dict)
+    #: Lines left out of an example's output (other libraries' own logging), as regexes.
+    drop: tuple[str, ...] = ()
 
 
 def _plan(shown: str, **kw: Any) -> Block:
@@ -373,8 +375,12 @@ BLOCKS: dict[str, Block] = {
     "guide-example-brax": Block(
         (Run("python examples/brax_ppo/run.py --tiers 8,12,16,24 --out fitted.yaml"),),
         examples=True,
+        # what brax and JAX log on their own (warp is an optional brax backend)
+        drop=(r"^Failed to import (mujoco_)?warp", r"^Using JAX default device"),
     ),
-    "guide-example-dqn": Block((Run("python examples/dqn_fire/run.py"),), examples=True),
+    "guide-example-dqn": Block(
+        (Run("python examples/dqn_fire/run.py --host-memory 16GiB"),), examples=True
+    ),
     "guide-example-act": Block((Run("python examples/act_dual_camera/run.py"),), examples=True),
 }
 
@@ -517,10 +523,14 @@ def render_example(name: str, cwd: Path | None = None) -> str:
     """The text of example block ``name`` as its commands print it now (run in ``cwd``,
     by default a temporary folder)."""
     block = BLOCKS[name]
-    if cwd is not None:
-        return "".join(run_example(run.shown, cwd, block.env) for run in block.runs)
-    with tempfile.TemporaryDirectory(prefix="memfit-docs-") as tmp:
-        return "".join(run_example(run.shown, Path(tmp), block.env) for run in block.runs)
+    with contextlib.ExitStack() as stack:
+        where = cwd or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="memfit-")))
+        text = "".join(run_example(run.shown, where, block.env) for run in block.runs)
+    return "".join(
+        line + "\n"
+        for line in text.splitlines()
+        if not any(re.search(pattern, line) for pattern in block.drop)
+    )
 
 
 def shown_block(name: str) -> str:
@@ -534,7 +544,7 @@ def shown_block(name: str) -> str:
 
 #: Timings and what follows from them: left out where an example's output is compared.
 _TIMING = re.compile(
-    r"\d+\.\d+(?!\d*\s*(?:[KMGT]i?B|GB|B\b))|\bfaster\b|\bslower\b|\(\d+\.\d s(; from the cache)?\)"
+    r"\d+\.\d+(?!\d*\s*(?:[KMGT]i?B|GB|B\b))|\bfaster\b|\bslower\b|\(\d+\.\d s(; [a-z ]+)?\)"
 )
 
 
