@@ -549,9 +549,10 @@ _TIMING = re.compile(
 
 
 def normalise(text: str) -> str:
-    """An example's output without what changes from run to run (timings, and whether a
-    measurement came from the cache)."""
-    return _TIMING.sub("#", text)
+    """An example's output without what changes from run to run (timings, whether a
+    measurement came from the cache, and the width of a table's columns of timings)."""
+    # a column of timings is as wide as its widest one: spaces between cells do not count
+    return re.sub(r"[ \t]+", " ", _TIMING.sub("#", text))
 
 
 def _documents() -> dict[Path, str]:

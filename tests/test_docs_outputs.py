@@ -63,3 +63,4 @@ def test_the_small_shell_runs_what_the_docs_show(tmp_path: Path) -> None:
     assert docs.normalise("took 12.3 s, 4.50 MiB, rollout +0.53 s faster") == (  # type: ignore[attr-defined]
         "took # s, 4.50 MiB, rollout +# s #"
     )
+    assert docs.normalise("every10   10.52  3") == docs.normalise("every10    3.44  3")  # type: ignore[attr-defined]
