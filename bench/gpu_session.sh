@@ -12,7 +12,9 @@
 #   D: python bench/gpu_truth.py --jobs 4 (the GPU truth corpus: tests/data/gpu_truth/<gpu>/;
 #      entries already stored are skipped, so a second session goes on where one stopped),
 #      then python bench/gpu_truth.py --report (the replay table)
-# then python bench/guard_overhead.py (its DDP part runs two gloo processes on the CPU).
+# then python bench/guard_overhead.py (its DDP part runs two gloo processes on the CPU), then
+# (issue 30) python bench/xla_deviceless.py: the same JAX steps compiled on the device and
+# deviceless for the same card, memory_stats() after compile and after steps.
 # Logs go to OUTDIR/*.log, the benchmarks' own files (bench/out) to OUTDIR/bench_out.tar.gz and
 # the corpus to OUTDIR/gpu_truth.tar.gz (commit tests/data/gpu_truth/ from the repository).
 set -uo pipefail
@@ -53,6 +55,12 @@ t=$(left)
 if [ "$t" -gt 60 ]; then
   timeout $(( t - 15 )) python3 bench/guard_overhead.py >"$out/guard_overhead.log" 2>&1
   echo "guard_overhead rc=$?" >>"$out/summary.log"
+fi
+# --- issue 30: XLA's GPU compiler on the device and deviceless, memory_stats() -------------
+t=$(left)
+if [ "$t" -gt 90 ]; then
+  timeout $(( t > 300 ? 240 : t - 30 )) python3 bench/xla_deviceless.py >"$out/xla_deviceless.log" 2>&1
+  echo "xla_deviceless rc=$?" >>"$out/summary.log"
 fi
 # --- issue 13: the seed systems at their planned settings, plan vs measured peak ------------
 # (Brax humanoid mjx, DQN fire rasters, ACT dual camera; writes bench/out/seed_truth.{json,md})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 import sys
@@ -98,9 +99,56 @@ def test_the_isaac_lab_docstring_runs_as_written(
                                  "env_cfg": object(),
                                  "SceneEntityCfg": lambda name: _Cfg(name=name)}  # fmt: skip
     blocks = _docstring_blocks(isaaclab.__doc__ or "")
-    assert len(blocks) == 2
-    for block in blocks:
+    assert len(blocks) == 3
+    for block in blocks[:2]:
         exec(compile(block, "isaaclab docstring", "exec"), namespace)
     assert namespace["cfg"].knobs == {"num_envs": 2}
     assert "headroom" in capsys.readouterr().out
     assert callable(namespace["rgb"].func) and namespace["cleanup"].mode == "interval"
+
+
+def test_the_isaac_lab_measuring_lines_run_as_written(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The lines a user adds to measure Isaac Sim (the module docstring's third block), with
+    a stand-in env whose memory is known on a simulated card: the measurement finds it."""
+    torch = pytest.importorskip("torch", reason="torch is an optional extra")
+    from memfit.backends.simulated import SimulatedDevice
+    from memfit.runtime import sim_measure
+
+    card = SimulatedDevice("24GiB", name="NVIDIA GeForce RTX 4090", used_by_others="3GiB")
+    per_env, per_pixel = 100_000, 250
+
+    class Env:  # a task's env: its memory grows with num_envs and the tiled camera's pixels
+        def __init__(self, cfg: Any) -> None:
+            n, cam = cfg.num_envs, cfg.tiled_camera
+            tiles = math.ceil(math.sqrt(n)) ** 2  # a square of tiles, as the plan counts it
+            self.nbytes = per_env * n + per_pixel * tiles * cam.height * cam.width
+            card.allocate(self.nbytes)
+            self.num_envs, self.device = n, "cpu"
+            self.unwrapped = self
+            self.action_space = types.SimpleNamespace(shape=(n, 1))
+
+        def step(self, actions: Any) -> None:
+            assert actions.shape == (self.num_envs, 1)
+
+        def close(self) -> None:
+            card.release(self.nbytes)
+
+    monkeypatch.setenv("MEMFIT_CACHE_DIR", str(tmp_path))
+    real = sim_measure._probe_reader
+    monkeypatch.setattr(sim_measure, "_probe_reader", lambda device, probe: real(device, card))
+    namespace: dict[str, Any] = {
+        "mf": isaaclab,
+        "torch": torch,
+        "TASK": "Isaac-Cartpole-RGB-Camera-Direct-v0",
+        "parse_env_cfg": lambda task, num_envs: _Cfg(
+            num_envs=num_envs, tiled_camera=_Cfg(height=0, width=0)
+        ),
+        "gym": types.SimpleNamespace(make=lambda task, cfg: Env(cfg)),
+    }
+    block = _docstring_blocks(isaaclab.__doc__ or "")[2]
+    exec(compile(block, "isaaclab docstring", "exec"), namespace)
+    m = namespace["m"]
+    assert m.per_env_bytes == per_env and m.pixel_bytes == pytest.approx(per_pixel, abs=0.01)
+    assert list(tmp_path.glob("measurements/simulator-isaac-sim-nvidia-geforce-rtx-4090-*.json"))

@@ -45,6 +45,7 @@ _LAZY: dict[str, str] = {
     "RolloutGuard": "memfit.runtime.guard",
     "clip_grad_norm": "memfit.runtime.guard",
     "simulate_gpu": "memfit.runtime.simulate",
+    "measure_simulator": "memfit.runtime.sim_measure",
     # estimate
     "estimate_torch": "memfit.estimate.torch_trace",
     "TorchEstimate": "memfit.estimate.torch_trace",
@@ -104,6 +105,7 @@ __all__ = [
     "is_oom",
     "list_gpus",
     "load_workload",
+    "measure_simulator",
     "parse_bytes",
     "plan",
     "simulate_gpu",
@@ -142,4 +144,5 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from memfit.runtime.fit import FitResult, fit
     from memfit.runtime.guard import RolloutGuard, TrainGuard, clip_grad_norm
     from memfit.runtime.oom import is_oom
+    from memfit.runtime.sim_measure import measure_simulator
     from memfit.runtime.simulate import simulate_gpu

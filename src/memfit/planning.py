@@ -180,6 +180,7 @@ def with_measurements(
     workload: Workload,
     measure: str = "auto",
     progress: Callable[[str], None] | None = None,
+    gpu: str | None = None,
 ) -> tuple[Workload, list[str]]:
     """The workload with the measurements its environment needs (``env: brax:...``), and
     notes saying where they come from
@@ -203,7 +204,7 @@ def with_measurements(
         return workload, []
     from memfit.estimate.brax_measure import resolve_measurements
 
-    return resolve_measurements(workload, measure, progress=progress)
+    return resolve_measurements(workload, measure, progress=progress, gpu=gpu)
 
 
 def _measured(workload: Workload, gpu_name: str) -> MeasuredTerms | None:
@@ -296,7 +297,9 @@ def plan(
         measure: For a workload that names its environment (``env: brax:humanoid``): use
             the best measurement at hand (``"auto"``), measure now (``"fresh"``), or only the
             measurements recorded in the workload (``"recorded"``); see
-            :func:`with_measurements`.
+            :func:`with_measurements`. For a workload with a ``simulator:``, ``"auto"`` and
+            ``"fresh"`` also use the measurement :func:`memfit.measure_simulator` stored for
+            this card (a simulator is measured inside its own process, never here).
         runtime: The target's software, which sizes the CUDA context:
             ``{"torch": "1.10.0", "cuda": "11.2", "driver": "460.91.03",
             "module_loading": "eager"}`` (every key optional) or the same as
@@ -327,7 +330,9 @@ def plan(
     require("progress", progress, "callable", optional=True)
     loaded = load_workload(workload) if not isinstance(workload, Workload) else workload
     target = _target_runtime(loaded, runtime)
-    loaded, notes = with_measurements(loaded, measure, progress)
+    loaded, notes = with_measurements(
+        loaded, measure, progress, gpu=gpu.name if isinstance(gpu, GpuSpec) else str(gpu)
+    )
     fraction = parse_fraction(margin)
     others = 0
     if isinstance(gpu, str) and gpu.strip().lower() == "local":
@@ -340,6 +345,11 @@ def plan(
         notes.extend(host_notes)
     else:
         spec = resolve_gpu(gpu)
+    if loaded.simulator is not None and not spec.is_host:
+        from memfit.runtime.sim_measure import with_simulator_measurement
+
+        loaded, sim_notes = with_simulator_measurement(loaded, spec.name, measure)
+        notes.extend(sim_notes)
     host, check_notes = _host_check(loaded, host_memory_bytes, spec)
     machine_total = host_memory_bytes is None and (
         spec.is_host or (host is not None and loaded.host_memory_bytes is None)

@@ -43,6 +43,12 @@ def _snapshot() -> Any:
     return builder.snapshot()
 
 
+def _device() -> Any:
+    from memfit.backends import SimulatedDevice
+
+    return SimulatedDevice("8GiB", name="NVIDIA GeForce RTX 4060 Ti")
+
+
 # name -> (callable, the required arguments, valid)
 CASES: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {
     "autoconfig": (memfit.autoconfig, {"workload": "act_dual_camera"}),
@@ -68,6 +74,10 @@ CASES: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {
     "parse_bytes": (memfit.parse_bytes, {"text": "1GiB"}),
     "plan": (memfit.plan, {"workload": "act_dual_camera", "gpu": "A100-80GB"}),
     "simulate_gpu": (memfit.simulate_gpu, {"budget": "1GiB"}),
+    "measure_simulator": (
+        memfit.measure_simulator,
+        {"make_env": lambda point: None, "probe": _device(), "store": False},
+    ),
     "TrainGuard": (memfit.TrainGuard, {"optimizer": _optimizer(), "loss_fn": _loss}),
     "RolloutGuard": (memfit.RolloutGuard, {"fn": lambda x: x}),
     "Recorder": (memfit.Recorder, {"log": False}),

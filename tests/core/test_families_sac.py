@@ -11,6 +11,7 @@ from memfit.core.families import evaluate
 from memfit.core.families.common import network_param_counts
 from memfit.core.families.sac import replay_row_bytes
 from memfit.core.plan import plan_for_gpu
+from memfit.core.simulator_figures import SCENE_RULE, card_figures
 from memfit.core.workload import load_workload, parse_workload
 from memfit.errors import ConfigError, InfeasiblePlan
 from memfit.hardware.catalog import gpu
@@ -213,5 +214,7 @@ def test_bundled_workloads_plan() -> None:
     )
     assert sb3.knobs["buffer_size"] == 120_000
     skrl = plan_for_gpu(load_workload("skrl_isaaclab_ppo"), gpu("RTX 4060 Ti"))
-    assert skrl.knobs == {"num_envs": 32768, "rollouts": 32} and skrl.binding == "activations"
-    assert skrl.breakdown["simulator_base"] == int(3.5 * 2**30)
+    assert skrl.knobs == {"num_envs": 8192, "rollouts": 64} and skrl.binding == "simulator_envs"
+    # the Ant's 8 joints by the scene rule; no reading of this card: the largest base
+    assert skrl.breakdown["simulator_envs"] == 8192 * SCENE_RULE.per_env(8)
+    assert skrl.breakdown["simulator_base"] == card_figures(None).base_bytes

@@ -13,6 +13,7 @@ from memfit.core.families.common import allocator_slack, conv_shapes
 from memfit.core.families.vision import token_count
 from memfit.core.measured import MeasuredTerms
 from memfit.core.workload import ConvLayer, Workload, load_workload, parse_workload
+from memfit.errors import ConfigError
 from memfit.hardware.catalog import anonymous_gpu
 from memfit.units import MiB
 
@@ -135,7 +136,61 @@ networks:
     t = terms_of(rl_games)
     # obses, actions + mus + sigmas, six float32 scalars per step
     assert t["rollout_buffer"] == 32 * 40 + 3 * 32 * 8 + 6 * 32 * 4
+    # play_steps' flattened copy: obses, actions, mus, sigmas, and neglogpacs, values,
+    # dones, returns, advantages
+    assert t["rollout_flattened_copy"] == 32 * 40 + 3 * 32 * 8 + 5 * 32 * 4
     assert t["activations"] == 16 * 82 * 4
+    rsl = parse_workload(
+        common + "ppo: {layout: rsl_rl}\n"
+        "settings: {num_envs: 4, num_steps_per_env: 8, num_mini_batches: 4}\n"
+    )
+    t = terms_of(rsl)
+    # RolloutStorage: observations, actions + mu + sigma, five float32 scalars, uint8 dones
+    assert t["rollout_buffer"] == 32 * 40 + 3 * 32 * 8 + 5 * 32 * 4 + 32
+    # one minibatch of 32 / 4 = 8 transitions indexed out
+    assert t["minibatch_data"] == 8 * 40 + 3 * 8 * 8 + 4 * 8 * 4
+    assert t["next_observation"] == 4 * 40
+    assert t["activations"] == 8 * 82 * 4
+    with pytest.raises(ConfigError, match="num_steps_per_env"):
+        parse_workload(common + "ppo: {layout: rsl_rl}\nsettings: {num_envs: 4}\n")
+
+
+EXTRACTOR = """\
+family: ppo
+ppo: {layout: rsl_rl}
+observations: {vector: 16, cameras: {count: 2, height: 16, width: 16}}
+action_dim: 2
+networks:
+  policy: {layers: [8, 2]}
+feature_extractor:
+  params: 1000
+  backbone:
+    - {out_channels: 4, kernel: 3, stride: 2, padding: 1}
+    - {out_channels: 8, kernel: 3, stride: 2, padding: 1}
+settings: {num_envs: 3, num_steps_per_env: 2, num_mini_batches: 1}
+"""
+
+
+def test_a_frozen_feature_extractor_beside_the_learner() -> None:
+    w = parse_workload(EXTRACTOR)
+    t = terms_of(w)
+    images = 3 * 2  # 3 envs, 2 cameras each
+    assert t["extractor_parameters"] == 1000 * 4  # frozen: no gradients, no optimizer state
+    assert "gradients" in t and t["gradients"] < t["extractor_parameters"]
+    assert t["extractor_input"] == images * 3 * 16 * 16 * 4
+    # maps 4x8x8 = 256 then 8x4x4 = 128 values; with batch norm a conv's output and its
+    # normalised copy live together, the second layer's input too
+    assert t["extractor_activations"] == images * max(2 * 256, 256 + 2 * 128) * 4
+    own = parse_workload(
+        EXTRACTOR.replace("params: 1000", "params: 1000\n  height: 32\n  width: 32\n  count: 1")
+    )
+    assert terms_of(own)["extractor_input"] == 3 * 3 * 32 * 32 * 4
+    with pytest.raises(ConfigError, match=r"feature_extractor reads observations\.cameras"):
+        parse_workload(EXTRACTOR.replace(", cameras: {count: 2, height: 16, width: 16}", ""))
+    with pytest.raises(ConfigError, match=r"feature_extractor\.height names 'res'"):
+        parse_workload(EXTRACTOR.replace("params: 1000", "params: 1000\n  height: res\n  width: 8"))
+    with pytest.raises(ConfigError, match="both height and width"):
+        parse_workload(EXTRACTOR.replace("params: 1000", "params: 1000\n  height: 8"))
 
 
 OFFPOLICY = """\

@@ -70,13 +70,20 @@ def test_device_level_prediction_follows_the_preallocation_policy() -> None:
     spec = lookup_gpu("H100")
     x = jax.ShapeDtypeStruct((128, 256), jnp.float32)
     w = jax.ShapeDtypeStruct((256, 64), jnp.float32)
-    default = estimate_jax(_layer, x, w, gpu="H100", environ={})
+    default = estimate_jax(_layer, x, w, gpu="H100", environ={}, compiler="cpu")
     own = default.executable_peak_bytes + default.generated_code_bytes
     assert default.device_used_bytes == int(spec.total_bytes * 0.75) + cuda_context_bytes(spec)
-    half = estimate_jax(_layer, x, w, gpu="H100", environ={"XLA_PYTHON_CLIENT_MEM_FRACTION": ".5"})
+    half = estimate_jax(
+        _layer, x, w, gpu="H100", environ={"XLA_PYTHON_CLIENT_MEM_FRACTION": ".5"}, compiler="cpu"
+    )
     assert half.device_used_bytes == int(spec.total_bytes * 0.5) + cuda_context_bytes(spec)
     lazy = estimate_jax(
-        _layer, x, w, gpu="H100", environ={"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+        _layer,
+        x,
+        w,
+        gpu="H100",
+        environ={"XLA_PYTHON_CLIENT_PREALLOCATE": "false"},
+        compiler="cpu",
     )
     assert lazy.device_used_bytes == own + cuda_context_bytes(spec)
 

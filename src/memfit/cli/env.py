@@ -60,8 +60,23 @@ def env(
         "every card memfit knows.",
     ),
     as_json: bool = JSON_OPTION,
+    xla_target_config: bool = typer.Option(
+        False,
+        "--xla-target-config",
+        help="Print this machine's GPU as XLA's compiler sees it (its GpuTargetConfigProto), "
+        "to compare with `memfit gpus NAME --target-config`; needs JAX with a GPU.",
+    ),
 ) -> None:
     """Recommend PyTorch/JAX allocator settings and validate the ones already set."""
+    if xla_target_config:
+        from memfit.estimate.xla_gpu import local_target_config
+
+        text = local_target_config()
+        if as_json:
+            print_json({"target_config": text})
+        else:
+            typer.echo(text, nl=not text.endswith("\n"))
+        return
     if profile not in PROFILES:
         raise ConfigError(
             f"unknown use {profile!r}", key_path="--for", hint="use " + ", ".join(PROFILES)

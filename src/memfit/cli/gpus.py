@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from memfit.cli._common import JSON_OPTION, err_console, out_console, print_json, safe
+from memfit.errors import ConfigError
 from memfit.hardware.catalog import GpuSpec, gpu, list_gpus, reading_note
 from memfit.units import format_bytes, format_mib
 
@@ -29,10 +30,37 @@ def gpus(
         "('12GiB'); all when left out.",
     ),
     as_json: bool = JSON_OPTION,
+    target_config: bool = typer.Option(
+        False,
+        "--target-config",
+        help="Print the card's XLA GpuTargetConfigProto (text), what XLA's GPU compiler "
+        "compiles for without the card; with --json, its figures and sources too.",
+    ),
 ) -> None:
     """List the known GPUs and the memory their driver reports, or show one."""
+    if target_config and name is None:
+        raise ConfigError(
+            "--target-config needs a GPU name",
+            key_path="--target-config",
+            hint="memfit gpus 'RTX 4070' --target-config",
+        )
     if name is not None:
         spec = gpu(name)
+        if target_config:
+            from memfit.hardware.xla_target import target_config as make_config
+
+            config = make_config(spec)
+            if as_json:
+                print_json(config.to_dict())
+                return
+            typer.echo(config.text(), nl=False)
+            err_console.print(f"note: per-card figures from {safe(config.source)}")
+            if config.device_memory_source == "estimated":
+                err_console.print(
+                    "note: device_memory_size is estimated from nvidia-smi's total (no "
+                    "published CUDA figure for this card)"
+                )
+            return
         if as_json:
             print_json(spec.to_dict())
             return

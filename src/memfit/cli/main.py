@@ -82,6 +82,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "show": ("show", "Print a bundled workload's YAML (with its variants) to copy and edit."),
     "explain": ("explain", "Explain a CUDA memory snapshot: peaks, where the memory went, what "
                 "would help."),
+    "simulator": ("simulator", "Show the simulator figures a plan uses on a card; fit and store "
+                  "your own from readings."),
 }  # fmt: skip
 
 #: Modules under ``memfit.cli`` that register commands (from :data:`COMMANDS`).

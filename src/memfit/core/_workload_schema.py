@@ -237,15 +237,22 @@ class RasterSpec(_Strict):
 class CameraSpec(_Strict):
     """Cameras: ``count`` frames of height x width x channels each, ``frame_stack`` deep.
 
-    ``height`` and ``width`` may name a knob or setting instead of a number.
+    ``height``, ``width`` and ``count`` may name a knob or setting instead of a number.
     """
 
-    count: int = Field(default=1, ge=1)
+    count: int | str = 1
     height: int | str
     width: int | str
     channels: int = Field(default=3, ge=1)
     dtype: Dtype = "uint8"
     frame_stack: int = Field(default=1, ge=1)
+
+    @field_validator("count")
+    @classmethod
+    def _count(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError("count must be at least 1 (or name a knob or setting)")
+        return value
 
 
 class Observations(_Strict):
@@ -285,12 +292,14 @@ class JaxSettings(_Strict):
 class PpoSpec(_Strict):
     """On-policy layout: ``brax`` (``num_envs``, ``batch_size``, ``num_minibatches``,
     ``unroll_length``), ``cleanrl`` (``num_envs``, ``num_steps``, ``num_minibatches``),
-    ``rl_games`` (``num_actors``, ``horizon_length``, ``minibatch_size``) or ``skrl``
-    (``num_envs``, ``rollouts``, ``mini_batches``: skrl's PPO and its ``RandomMemory``).
+    ``rl_games`` (``num_actors``, ``horizon_length``, ``minibatch_size``), ``skrl``
+    (``num_envs``, ``rollouts``, ``mini_batches``: skrl's PPO and its ``RandomMemory``) or
+    ``rsl_rl`` (``num_envs``, ``num_steps_per_env``, ``num_mini_batches``: RSL-RL's PPO and
+    its ``RolloutStorage``, as Isaac Lab's ``rsl_rl`` scripts run it).
     ``store_value``: a Brax-layout variant that also keeps the value estimate in every
     transition."""
 
-    layout: Literal["brax", "cleanrl", "rl_games", "skrl"] = "brax"
+    layout: Literal["brax", "cleanrl", "rl_games", "skrl", "rsl_rl"] = "brax"
     store_value: bool = False
 
 
@@ -374,6 +383,33 @@ class VisionSpec(_Strict):
     autocast: bool = False
 
 
+class FeatureExtractorSpec(_Strict):
+    """A frozen image encoder run on every environment's camera frames each step, its
+    features part of the learner's observation (Isaac Lab's ``image_features`` observation
+    term with a ResNet-18): a part of the job next to its learner, not a family of its own.
+
+    It holds its parameters (frozen: no gradients, no optimizer state), the frames as a
+    float copy, and under inference mode one layer's input and output at a time (with
+    ``batch_norm``, a convolution's output and its normalised copy). ``height``, ``width``
+    and ``count`` (images per environment) default to ``observations.cameras``."""
+
+    name: str | None = None
+    params: int = Field(ge=1)
+    backbone: list[ConvLayer] = Field(min_length=1)
+    batch_norm: bool = True
+    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    channels: int = Field(default=3, ge=1)
+    height: int | str | None = None
+    width: int | str | None = None
+    count: int | str | None = None
+
+    @model_validator(mode="after")
+    def _input(self) -> FeatureExtractorSpec:
+        if (self.height is None) != (self.width is None):
+            raise ValueError("give both height and width, or neither (the cameras' size)")
+        return self
+
+
 class EffectiveBatch(_Strict):
     """Trade micro-batch for gradient accumulation: ``micro * accumulation == value``."""
 
@@ -420,6 +456,7 @@ class Workload(_Strict):
     replay: OffPolicySpec | None = None
     sac: SacSpec | None = None
     vision: VisionSpec | None = None
+    feature_extractor: FeatureExtractorSpec | None = None
     terms: dict[str, int | str] | None = None
     settings: dict[str, int] = Field(default_factory=dict)
     knobs: dict[str, KnobSpec] = Field(default_factory=dict)
@@ -495,9 +532,25 @@ class Workload(_Strict):
             for role, name in (("micro", eb.micro), ("accumulation", eb.accumulation)):
                 if name not in self.knobs:
                     raise ValueError(f"effective_batch.{role} {name!r} is not a knob")
+        refs = self.simulator.names() if self.simulator is not None else []
+        fx = self.feature_extractor
+        if fx is not None:
+            refs += [
+                (f"feature_extractor.{a}", getattr(fx, a))
+                for a in ("height", "width", "count")
+                if isinstance(getattr(fx, a), str)
+            ]
+            if fx.height is None and self.observations.cameras is None:
+                raise ValueError(
+                    "feature_extractor reads observations.cameras: add them, or give its "
+                    "height and width"
+                )
+        for key_path, ref in refs:
+            if ref not in names:
+                raise ValueError(f"{key_path} names {ref!r}, which is neither a knob nor a setting")
         cams = self.observations.cameras
         if cams is not None:
-            for axis in ("height", "width"):
+            for axis in ("height", "width", "count"):
                 ref = getattr(cams, axis)
                 if isinstance(ref, str) and ref not in names:
                     raise ValueError(

@@ -1,4 +1,5 @@
-"""A workload's memory at given knob values: its family's terms, measured terms and the simulator.
+"""A workload's memory at given knob values: its family's terms, measured terms, a frozen
+feature extractor beside the learner and the simulator.
 
 :func:`evaluate` turns a workload and its knob values into named device terms (bytes, per
 device, at the allocated level) plus the host RAM the job needs, and, given a
@@ -18,7 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from memfit.core._workload_schema import Workload
-from memfit.core.families.common import MODEL_TERMS, allocator_slack, camera_hw
+from memfit.core.families._extractor import extractor_terms
+from memfit.core.families.common import MODEL_TERMS, allocator_slack
 from memfit.core.families.registry import Family, Term, get_family
 from memfit.core.measured import MeasuredTerms
 from memfit.core.simulator import simulator_terms
@@ -87,16 +89,8 @@ def family_terms(
 def _simulator(workload: Workload, values: Mapping[str, int]) -> list[Term]:
     """The simulator's terms (:mod:`memfit.core.simulator`), outside the allocator."""
     assert workload.simulator is not None
-    cams = workload.observations.cameras
-    pixels = None
-    if cams is not None:
-        h, w = camera_hw(workload, values)
-        pixels = cams.count * h * w
-    envs = values.get("num_envs", 1)
-    return [
-        Term(name, (nbytes,), outside_allocator=True)
-        for name, nbytes in simulator_terms(workload.simulator, envs, pixels)
-    ]
+    terms = simulator_terms(workload.simulator, values, workload.observations.cameras)
+    return [Term(name, (nbytes,), outside_allocator=True) for name, nbytes in terms]
 
 
 def _apply_measured(
@@ -145,6 +139,8 @@ def evaluate(
     terms, host = family_terms(workload, values, on_device=on_device)
     if measured is not None:
         terms = _apply_measured(terms, measured, values)
+    if workload.feature_extractor is not None:
+        terms.extend(extractor_terms(workload, values))
     if workload.simulator is not None:
         terms.extend(_simulator(workload, values))
     named: dict[str, int] = {}

@@ -109,7 +109,8 @@ class Provenance(_Record):
 
     Attributes:
         versions: Package versions it was taken with (``brax``, ``jax``, ``jaxlib``).
-        platform: The XLA backend that compiled it (``cpu``, ``gpu``).
+        platform: What XLA compiled for: its backend (``cpu``, ``gpu``) or, compiled by XLA's
+            GPU compiler for a named card, ``"cuda sm_89 (NVIDIA GeForce RTX 4070)"``.
         date: When (ISO date).
         command: The command that took it (so anyone can take it again).
         machine: Where, in words.

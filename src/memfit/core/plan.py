@@ -35,6 +35,7 @@ from memfit.core.plan_explain import (
     next_best,
     range_note,
 )
+from memfit.core.simulator import simulator_notes
 from memfit.core.space import Limit, Space, ranked_order
 from memfit.core.workload import Workload
 from memfit.errors import ConfigError, InfeasiblePlan
@@ -317,13 +318,10 @@ def _finish(space: Space, gpu: GpuSpec, budget: Budget, plan_: Plan) -> Plan:
             )
         notes.append(f"{fraction_name}: {fraction_why}")
     if workload.simulator is not None:
-        base, per_env, per_pixel, source = workload.simulator.resolved()
-        name = workload.simulator.name or workload.simulator.preset
+        notes.extend(simulator_notes(workload.simulator))
         notes.append(
-            f"simulator {name}: {format_bytes(base)} at start, {format_bytes(per_env)} per env, "
-            f"{per_pixel:,} B per camera pixel ({source}); outside the framework's allocator. "
-            "With it in this process, call memfit.autoconfig after it starts to plan against "
-            "what it really holds"
+            "with the simulator in this process, call memfit.autoconfig after it starts to "
+            "plan against what it really holds"
         )
     if gpu.arch == "cpu":
         notes.append(
@@ -408,6 +406,15 @@ def _preallocates(workload: Workload) -> bool:
     return workload.jax.preallocate
 
 
+def _on_card(workload: Workload, gpu: GpuSpec) -> Workload:
+    """The workload with its simulator's figures chosen for ``gpu`` (they depend on the card:
+    :mod:`memfit.core.simulator_figures`); a card the section already names stays."""
+    sim = workload.simulator
+    if sim is None or sim.gpu is not None or gpu.is_host:
+        return workload
+    return workload.model_copy(update={"simulator": sim.model_copy(update={"gpu": gpu.name})})
+
+
 def plan_for_gpu(
     workload: Workload,
     gpu: GpuSpec,
@@ -455,6 +462,7 @@ def plan_for_gpu(
     >>> p.fits and sum(p.breakdown.values()) == p.predicted_bytes <= p.budget_bytes
     True
     """
+    workload = _on_card(workload, gpu)
     space = Space(
         workload,
         overrides,
@@ -491,6 +499,10 @@ def plan_many(
     out: list[Plan | InfeasiblePlan] = []
     for spec in gpus:
         budget = _budget(workload, spec, margin, 0, None, runtime)
+        if _on_card(workload, spec) is not workload:  # the simulator's figures follow the card
+            space = Space(
+                _on_card(workload, spec), overrides, measured, host_memory_bytes, margin=margin
+            )
         try:
             out.append(_with_context(_plan_on(space, spec, budget, alternatives), budget))
         except InfeasiblePlan as exc:
@@ -590,6 +602,7 @@ def feasible_space(
     >>> best.knobs in space.configs and max(space.predicted_bytes) <= space.budget_bytes
     True
     """
+    workload = _on_card(workload, gpu)
     space = Space(
         workload, overrides, measured, host_memory_bytes, device_is_host=gpu.is_host, margin=margin
     )

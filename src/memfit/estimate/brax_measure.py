@@ -55,6 +55,8 @@ __all__ = [
     "MEASURE_POINTS",
     "cache_dir",
     "compile_step",
+    "compile_steps",
+    "gpu_target_for",
     "installed_versions",
     "is_env_factory",
     "measure_ppo",
@@ -429,6 +431,7 @@ def measure_ppo(
     directory: Path | None = None,
     command: str | None = None,
     progress: Callable[[str], None] | None = None,
+    gpu: str | None = None,
 ) -> BraxMeasurements:
     """Measure a Brax PPO job from its real environment and Brax's own training step.
 
@@ -450,6 +453,10 @@ def measure_ppo(
         command: The command to record in the provenance.
         progress: Called with a short sentence as each stage starts (compiling the env
             step, each training-step setting), for a status line; ``None``: silent.
+        gpu: A catalog card to compile for with XLA's GPU compiler (the ``gpu-target``
+            extra; :mod:`memfit.estimate.xla_gpu`), without the card; ``None``, a card
+            without a target config, or no extra: this process's backend, as before. The
+            provenance's ``platform`` says which (``"cuda sm_89 (NVIDIA GeForce RTX 4070)"``).
 
     Returns:
         The measurements (:class:`memfit.core.measured.BraxMeasurements`).
@@ -470,14 +477,17 @@ def measure_ppo(
         normalize_observations=normalize_observations,
         episode_length=episode_length,
     )
-    platform = str(jax.default_backend())
+    target = gpu_target_for(gpu)
+    platform = target.compiled_for if target is not None else str(jax.default_backend())
     path = _cache_path(_key(env_id, backend, config, versions, platform), directory)
     if cache and not refresh:
         found = _read_cache(path)
         if found is not None:
             return found
     start = time.perf_counter()
-    record = _measure(made, env_id, backend, config, versions, platform, command, progress)
+    record = _measure(
+        made, env_id, backend, config, versions, platform, command, progress, target=target
+    )
     record = record.model_copy(
         update={
             "provenance": record.provenance.model_copy(
@@ -499,6 +509,8 @@ def _measure(
     platform: str,
     command: str | None,
     progress: Callable[[str], None] | None = None,
+    *,
+    target: Any = None,
 ) -> BraxMeasurements:
     say = progress or (lambda _text: None)
     jax: Any = require("jax")
@@ -514,11 +526,13 @@ def _measure(
         transition = _transition_bytes(state0, action_size, n0)
         step_points: list[list[int]] = []
         say(f"measuring {env_id}: compiling the env step at {len(ENV_STEP_SIZES)} sizes")
+        env_jobs = []
         for n in ENV_STEP_SIZES:
             states = state0 if n == n0 else jax.eval_shape(wrapped.reset, _keys(n))
             actions = jax.ShapeDtypeStruct((n, action_size), jnp.float32)
-            compiled = jax.jit(wrapped.step).lower(states, actions).compile()
-            step_points.append([n, _memory(compiled)[3]])
+            env_jobs.append((jax.jit(wrapped.step), (states, actions)))
+        memories = _compile_all(env_jobs, target)
+        step_points = [[n, m[3]] for n, m in zip(ENV_STEP_SIZES, memories, strict=True)]
     except (TypeError, ValueError, jax.errors.JAXTypeError) as exc:
         raise EstimateError(
             f"could not trace {env_id}'s reset or step abstractly: {exc}",
@@ -530,12 +544,12 @@ def _measure(
     factory = network_factory(config)
     points: list[dict[str, int]] = []
     training_state_bytes = 0
-    for index, (n, batch, minis, unroll) in enumerate(MEASURE_POINTS, 1):
-        say(
-            f"measuring {env_id}: compiling Brax's training step, setting {index} of "
-            f"{len(MEASURE_POINTS)} (num_envs={n}, batch_size={batch})"
-        )
-        compiled = compile_step(env, factory, config, n, batch, minis, unroll, env_id=env_id)
+    say(
+        f"measuring {env_id}: compiling Brax's training step at {len(MEASURE_POINTS)} settings"
+        + (f" for {target.compiled_for}" if target is not None else "")
+    )
+    steps = compile_steps(env, factory, config, MEASURE_POINTS, env_id=env_id, target=target)
+    for (n, batch, minis, unroll), compiled in zip(MEASURE_POINTS, steps, strict=True):
         training_state_bytes = compiled["training_state_bytes"]
         points.append(
             {
@@ -590,27 +604,45 @@ def network_factory(config: Mapping[str, Any]) -> Any:
     )
 
 
-def compile_step(
-    env: Any,
-    factory: Any,
-    config: Mapping[str, Any],
-    num_envs: int,
-    batch_size: int,
-    num_minibatches: int,
-    unroll_length: int,
-    *,
-    env_id: str = "env",
-) -> dict[str, int]:
-    """Brax's own training step at one setting, captured and compiled (nothing runs).
+def gpu_target_for(gpu: str | None) -> Any:
+    """The XLA target config to measure for, or ``None`` (this process's backend): ``gpu``
+    must name a catalog card with a target config, and the ``gpu-target`` extra be here."""
+    if gpu is None:
+        return None
+    from memfit.estimate.xla_gpu import gpu_target_missing
+    from memfit.hardware.catalog import gpu as lookup_gpu
+    from memfit.hardware.xla_target import target_config
 
-    Returns:
-        ``{"peak_bytes", "training_state_bytes", "env_state_bytes", "argument_bytes",
-        "output_bytes", "alias_bytes", "temp_bytes"}``: XLA's memory analysis of one
-        training step (``peak = argument + output - alias + temp``).
+    try:
+        config = target_config(lookup_gpu(gpu))
+    except ConfigError:
+        return None
+    return None if gpu_target_missing() else config
 
-    Raises:
-        EstimateError: When the step cannot be captured or compiled.
-    """
+
+def _compile_all(
+    jobs: Sequence[tuple[Any, tuple[Any, ...]]], target: Any
+) -> list[tuple[int, int, int, int]]:
+    """``(argument, output, alias, temp)`` of each ``(jitted, args)``: compiled here, or by
+    XLA's GPU compiler for ``target`` (all in one child process)."""
+    if target is None:
+        return [_memory(fn.lower(*args).compile()) for fn, args in jobs]
+    from memfit.estimate.xla_gpu import compile_exported, export_step
+
+    exported = [export_step(fn, *args) for fn, args in jobs]
+    # JAX's default allocator limit on the card: 75% of the memory CUDA reports
+    results = compile_exported(
+        exported, target, memory_base_bytes=int(target.device_memory_size * 0.75)
+    )
+    return [(r.argument_bytes, r.output_bytes, r.alias_bytes, r.temp_bytes) for r in results]
+
+
+def _prepare_step(
+    env: Any, factory: Any, config: Mapping[str, Any], num_envs: int, batch_size: int,
+    num_minibatches: int, unroll_length: int, *, single_device_jit: bool,
+) -> tuple[Any, tuple[Any, ...], dict[str, int]]:  # fmt: skip
+    """Brax's training step captured at one setting: the function to compile, its abstract
+    arguments and the sizes of the training and env states."""
     jax: Any = require("jax")
     jnp: Any = require("jax.numpy")
     captured = _capture_step(
@@ -633,25 +665,97 @@ def compile_step(
         lambda x: jax.ShapeDtypeStruct((1, *jnp.shape(x)), jnp.asarray(x).dtype), state
     )
     keys = jax.ShapeDtypeStruct((1, 2), jnp.uint32)
-    try:
-        lowered = jax.pmap(captured["epoch"], **captured["pmap_kwargs"]).lower(
-            replicated, captured["reset"], keys
+    kwargs = dict(captured["pmap_kwargs"])
+    if single_device_jit:
+        # one device: pmap's mapped axis of size 1 as a vmapped axis (collectives over it are
+        # the identity), so the step can be exported and compiled for a GPU target
+        donate = kwargs.pop("donate_argnums", ())
+        fn = jax.jit(
+            jax.vmap(captured["epoch"], axis_name=kwargs.get("axis_name"),
+                     in_axes=kwargs.get("in_axes", 0)),
+            donate_argnums=donate,
+        )  # fmt: skip
+    else:
+        fn = jax.pmap(captured["epoch"], **kwargs)
+    sizes = {
+        "training_state_bytes": _nbytes(state),
+        "env_state_bytes": _nbytes(captured["reset"]),
+    }
+    return fn, (replicated, captured["reset"], keys), sizes
+
+
+def compile_steps(
+    env: Any,
+    factory: Any,
+    config: Mapping[str, Any],
+    settings: Sequence[tuple[int, int, int, int]],
+    *,
+    env_id: str = "env",
+    target: Any = None,
+) -> list[dict[str, int]]:
+    """Brax's own training step at each ``(num_envs, batch_size, num_minibatches,
+    unroll_length)``, captured and compiled (nothing runs): here, or by XLA's GPU compiler
+    for ``target`` (a :class:`memfit.hardware.xla_target.TargetConfig`).
+
+    Returns:
+        Per setting ``{"peak_bytes", "training_state_bytes", "env_state_bytes",
+        "argument_bytes", "output_bytes", "alias_bytes", "temp_bytes"}``.
+
+    Raises:
+        EstimateError: When the step cannot be captured or compiled.
+    """
+    jax: Any = require("jax")
+    jobs, sizes = [], []
+    for n, batch, minis, unroll in settings:
+        fn, args, found = _prepare_step(
+            env, factory, config, n, batch, minis, unroll, single_device_jit=target is not None
         )
-        argument, output, alias, temp = _memory(lowered.compile())
+        jobs.append((fn, args))
+        sizes.append(found)
+    try:
+        memories = _compile_all(jobs, target)
     except (TypeError, ValueError, jax.errors.JAXTypeError) as exc:
         raise EstimateError(
             f"could not compile Brax's training step for {env_id}: {exc}",
             hint="plan with the measurements recorded in the workload (--measure recorded)",
         ) from exc
-    return {
-        "peak_bytes": argument + output - alias + temp,
-        "training_state_bytes": _nbytes(state),
-        "env_state_bytes": _nbytes(captured["reset"]),
-        "argument_bytes": argument,
-        "output_bytes": output,
-        "alias_bytes": alias,
-        "temp_bytes": temp,
-    }
+    return [
+        {
+            "peak_bytes": argument + output - alias + temp,
+            **found,
+            "argument_bytes": argument,
+            "output_bytes": output,
+            "alias_bytes": alias,
+            "temp_bytes": temp,
+        }
+        for (argument, output, alias, temp), found in zip(memories, sizes, strict=True)
+    ]
+
+
+def compile_step(
+    env: Any,
+    factory: Any,
+    config: Mapping[str, Any],
+    num_envs: int,
+    batch_size: int,
+    num_minibatches: int,
+    unroll_length: int,
+    *,
+    env_id: str = "env",
+    target: Any = None,
+) -> dict[str, int]:
+    """Brax's own training step at one setting (:func:`compile_steps` for one).
+
+    Returns:
+        ``{"peak_bytes", "training_state_bytes", "env_state_bytes", "argument_bytes",
+        "output_bytes", "alias_bytes", "temp_bytes"}``: XLA's memory analysis of one
+        training step (``peak = argument + output - alias + temp``).
+
+    Raises:
+        EstimateError: When the step cannot be captured or compiled.
+    """
+    setting = (num_envs, batch_size, num_minibatches, unroll_length)
+    return compile_steps(env, factory, config, [setting], env_id=env_id, target=target)[0]
 
 
 def _workload_config(workload: Workload) -> dict[str, Any]:
@@ -680,8 +784,12 @@ def resolve_measurements(
     *,
     directory: Path | None = None,
     progress: Callable[[str], None] | None = None,
+    gpu: str | None = None,
 ) -> tuple[Workload, list[str]]:
     """The workload with the measurements a plan should use, and notes saying which.
+
+    ``gpu`` (a catalog card) makes a measurement taken now compile with XLA's GPU compiler
+    for that card where the ``gpu-target`` extra is installed (:func:`measure_ppo`).
 
     ``progress`` (a status line's updater) hears what a measurement is doing while it runs.
 
@@ -725,7 +833,8 @@ def resolve_measurements(
         why = f"{_missing_text(missing)} not installed here: " if missing else ""
         return workload, [f"{why}measurements recorded in the workload with {_describe(recorded)}"]
     if mode == "auto" and versions is not None:
-        platform = _guess_platform()
+        target = gpu_target_for(gpu)
+        platform = target.compiled_for if target is not None else _guess_platform()
         if (
             recorded is not None
             and recorded.provenance.versions == versions
@@ -766,6 +875,7 @@ def resolve_measurements(
         directory=directory,
         command=f"memfit plan {workload.name} --measure fresh",
         progress=progress,
+        gpu=gpu,
     )
     took = time.perf_counter() - start
     return (

@@ -21,12 +21,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from memfit._checks import require, require_mapping
+from memfit._checks import require, require_choice, require_mapping
 from memfit._plain import plain_fields
-from memfit.errors import ConfigError, EstimateError, MemfitError
+from memfit.errors import BackendUnavailable, ConfigError, EstimateError, MemfitError
 from memfit.estimate.affine import AffineFit, check_batch_sizes, fit_affine
 
 __all__ = [
+    "COMPILERS",
     "JaxEstimate",
     "JaxPreallocation",
     "JaxSweep",
@@ -94,6 +95,19 @@ class JaxEstimate:
         backend: The backend that compiled it (``"cpu"``, ``"gpu"``, ``"tpu"``).
         batch_size: The batch size, when this is one point of a sweep.
         notes: How ``device_used_bytes`` was reached, and known deviations.
+        compiled_for: What XLA compiled for: ``"cuda sm_89 (NVIDIA GeForce RTX 4070)"``
+            (XLA's GPU compiler for that card, on this machine or deviceless) or ``"cpu"``.
+        peak_bytes_in_use: What ``memory_stats()["peak_bytes_in_use"]`` would show on the
+            card (the step's buffers or the first call's autotuning, whichever is larger, and
+            the allocator's rounding), or ``None`` when the step was not compiled for a GPU.
+        fits: ``False`` when XLA's GPU compiler could not get the step under its memory
+            limit (its rematerialization verdict), ``True`` when it could, ``None`` when not
+            compiled for a GPU.
+        xla_memory_limit_bytes: The limit XLA's scheduler worked under, where XLA said it.
+        xla_reduced_to_bytes: What XLA's rematerialization got the step down to, when it
+            could not reach the limit.
+        breakdown: The terms of ``peak_bytes_in_use`` and ``device_used_bytes``:
+            ``(name, bytes, source)``.
     """
 
     argument_bytes: int
@@ -107,10 +121,21 @@ class JaxEstimate:
     backend: str
     batch_size: int | None = None
     notes: tuple[str, ...] = ()
+    compiled_for: str = "cpu"
+    peak_bytes_in_use: int | None = None
+    fits: bool | None = None
+    xla_memory_limit_bytes: int | None = None
+    xla_reduced_to_bytes: int | None = None
+    breakdown: tuple[tuple[str, int, str], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The estimate as plain data."""
-        return {"framework": "jax", **plain_fields(self, notes=list(self.notes))}
+        return {
+            "framework": "jax",
+            **plain_fields(
+                self, notes=list(self.notes), breakdown=[list(t) for t in self.breakdown]
+            ),
+        }
 
 
 @dataclass(frozen=True)
@@ -182,54 +207,94 @@ def _device_used(
     return max(pool, executable_peak) + context, notes
 
 
-def estimate_jax(
-    fn: Callable[..., Any],
-    *args: Any,
-    gpu: str | None = None,
-    environ: Mapping[str, str] | None = None,
-    batch_size: int | None = None,
-    **kwargs: Any,
-) -> JaxEstimate:
-    """Compile ``fn`` for ``args`` and read XLA's memory analysis, without running it.
+#: The ways :func:`estimate_jax` may compile (``compiler=``).
+COMPILERS: tuple[str, ...] = ("auto", "gpu", "cpu")
 
-    Args:
-        fn: The step (jitted or not).
-        *args: Its arguments: arrays, pytrees, or ``jax.ShapeDtypeStruct``.
-        gpu: GPU name or size for the device-level prediction (context, preallocation).
-        environ: Environment to read JAX's allocator settings from (default ``os.environ``).
-        batch_size: Recorded in the result, for sweeps.
-        **kwargs: Keyword arguments of ``fn`` (``gpu``, ``environ`` and ``batch_size`` are
-            taken by this function).
 
-    Returns:
-        A :class:`JaxEstimate`.
+def _compiled_for_here(jax: Any, backend: str) -> str:
+    """What this process's own backend compiles for: ``"cuda sm_89 (NVIDIA ...)"`` on a GPU."""
+    if backend not in ("gpu", "cuda"):
+        return backend
+    device = jax.devices()[0]
+    cc = str(getattr(device, "compute_capability", "") or "").replace(".", "")
+    return f"cuda sm_{cc} ({device.device_kind})" if cc else f"cuda ({device.device_kind})"
 
-    Raises:
-        EstimateError: When ``fn`` cannot be traced or compiled for these arguments, or the
-            backend has no memory analysis.
-        ConfigError: When the GPU name or an allocator setting is invalid.
-    """
-    require("fn", fn, "callable")
-    require("gpu", gpu, "str", optional=True)
-    require_mapping("environ", environ, values="str", optional=True)
-    require("batch_size", batch_size, "int", optional=True)
+
+def _gpu_target(gpu: str | None, compiler: str) -> tuple[Any, Any, list[str]]:
+    """The catalog card, its XLA target config (or ``None``: compile on this process's
+    backend) and notes saying why not."""
+    require_choice("compiler", compiler, COMPILERS)
+    if gpu is None:
+        if compiler == "gpu":
+            raise ConfigError(
+                "compiler='gpu' needs a card to compile for",
+                key_path="gpu",
+                hint="name it: gpu='RTX 4070' (see `memfit gpus`)",
+            )
+        return None, None, []
+    from memfit.hardware.catalog import gpu as lookup_gpu
+
+    spec = lookup_gpu(gpu)
+    if compiler == "cpu":
+        return spec, None, []
+    from memfit.estimate.xla_gpu import EXTRA_INSTALL, gpu_target_missing
+    from memfit.hardware.xla_target import target_config
+
+    try:
+        target = target_config(spec)
+    except ConfigError:
+        if compiler == "gpu":
+            raise
+        return (
+            spec,
+            None,
+            [
+                f"compiled with this process's XLA backend: {spec.name} has no XLA target config "
+                "(a GPU given by its size has no compute capability or SM count)"
+            ],
+        )
+    missing = gpu_target_missing()
+    if missing:
+        if compiler == "gpu":
+            raise BackendUnavailable(
+                "XLA's GPU compiler is not available here: " + "; ".join(missing),
+                hint=EXTRA_INSTALL,
+            )
+        return (
+            spec,
+            None,
+            [
+                f"compiled with this process's XLA backend, not XLA's GPU compiler for "
+                f"{spec.name} ({'; '.join(missing)}): GPU fusions, layouts and rematerialization "
+                f"toward the card's memory are not seen; {EXTRA_INSTALL} compiles for the card"
+            ],
+        )
+    return spec, target, []
+
+
+def _trace_error(jax: Any, exc: Exception) -> EstimateError:
+    if isinstance(exc, jax.errors.JAXTypeError):
+        return EstimateError(
+            f"JAX could not trace the step: {exc}",
+            hint="the step reads a traced value in Python; make it static or use lax.cond",
+        )
+    return EstimateError(
+        f"JAX could not trace or compile the step: {exc}",
+        hint="check the argument shapes and dtypes; values that decide control flow must "
+        "be static (jax.jit static_argnums) since memfit passes shapes only",
+    )
+
+
+def _compile_here(fn: Callable[..., Any], args: Any, kwargs: Any) -> tuple[Any, str, str]:
+    """Compile on this process's backend: ``(memory stats, backend, compiled_for)``."""
     import jax
 
     try:
         # An already-jitted function keeps its own options (donate_argnums, static args).
         jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
         compiled = jitted.lower(*args, **kwargs).compile()
-    except (TypeError, ValueError) as exc:
-        raise EstimateError(
-            f"JAX could not trace or compile the step: {exc}",
-            hint="check the argument shapes and dtypes; values that decide control flow must "
-            "be static (jax.jit static_argnums) since memfit passes shapes only",
-        ) from exc
-    except jax.errors.JAXTypeError as exc:
-        raise EstimateError(
-            f"JAX could not trace the step: {exc}",
-            hint="the step reads a traced value in Python; make it static or use lax.cond",
-        ) from exc
+    except (TypeError, ValueError, jax.errors.JAXTypeError) as exc:
+        raise _trace_error(jax, exc) from exc
     backend = jax.default_backend()
     try:
         stats = compiled.memory_analysis()
@@ -243,6 +308,13 @@ def estimate_jax(
             f"the {backend} backend returned no compiled memory analysis",
             hint="run on a backend that has one (CPU and GPU do), or upgrade jaxlib",
         )
+    return stats, backend, _compiled_for_here(jax, backend)
+
+
+def _from_stats(
+    stats: Any, backend: str, compiled_for: str, gpu: str | None,
+    environ: Mapping[str, str] | None, batch_size: int | None, notes: list[str],
+) -> JaxEstimate:  # fmt: skip
     argument = _stat(stats, "argument_size_in_bytes") or 0
     output = _stat(stats, "output_size_in_bytes") or 0
     alias = _stat(stats, "alias_size_in_bytes") or 0
@@ -253,8 +325,7 @@ def estimate_jax(
         peak = None  # backends without the figure report zero
     summed = argument + output - alias + temp
     executable_peak = max(summed, peak or 0)
-    device_used, notes = _device_used(executable_peak + code, backend, gpu, environ)
-    notes.insert(0, "XLA's memory analysis is a lower bound (its documentation says so)")
+    device_used, more = _device_used(executable_peak + code, backend, gpu, environ)
     return JaxEstimate(
         argument_bytes=argument,
         output_bytes=output,
@@ -266,8 +337,190 @@ def estimate_jax(
         device_used_bytes=device_used,
         backend=backend,
         batch_size=batch_size,
-        notes=tuple(notes),
+        notes=(
+            "XLA's memory analysis is a lower bound (its documentation says so)",
+            *notes,
+            *more,
+        ),
+        compiled_for=compiled_for,
     )
+
+
+def _leaf_sizes(tree: Any) -> list[int]:
+    import jax
+    import numpy as np
+
+    sizes = []
+    for leaf in jax.tree_util.tree_leaves(tree):
+        shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
+        if shape is not None and dtype is not None:
+            sizes.append(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
+    return sizes
+
+
+def _from_gpu_compile(
+    result: Any, spec: Any, target: Any, leaves: list[int],
+    environ: Mapping[str, str] | None, batch_size: int | None,
+) -> JaxEstimate:  # fmt: skip
+    """The estimate of a step compiled by XLA's GPU compiler for ``target``, with the JAX
+    runtime's terms (:mod:`memfit.estimate.jax_runtime`)."""
+    from memfit.estimate import jax_runtime as rt
+    from memfit.hardware.cuda import cuda_context_bytes
+    from memfit.units import format_bytes
+
+    env = os.environ if environ is None else environ
+    policy = preallocation_from_env(environ)
+    argument, output, alias = result.argument_bytes, result.output_bytes, result.alias_bytes
+    temp = result.temp_bytes
+    buffers = argument + output - alias + temp
+    autotune = rt.autotune_bytes(result.gemm_buffers, target.compute_capability, env)
+    rounding = sum(rt.round_up(n) - n for n in leaves) + rt.round_up(temp) - temp
+    in_use = max(buffers, argument + autotune) + rounding
+    context = cuda_context_bytes(spec)
+    bfc = "tsl/framework/bfc_allocator.cc"
+    terms = [
+        ("XLA buffers (arguments + outputs - donated + temporaries)", buffers,
+         f"XLA:GPU's memory analysis, compiled for {target.compiled_for}"),
+        ("first-call autotuning above the arguments (largest GEMM's buffers, 8 MiB guard "
+         "zones each side, cuBLAS workspace)", max(0, argument + autotune - buffers),
+         "xla/service/gpu/autotuning/redzone_buffers.cc; xla_gpu_redzone_padding_bytes"),
+        ("BFC rounding to 256 B", rounding, bfc + " (kMinAllocationSize)"),
+    ]  # fmt: skip
+    notes = [
+        "XLA's memory analysis is a lower bound (its documentation says so)",
+        f"compiled by XLA's GPU compiler for {target.compiled_for} on this machine, "
+        "without the card (compile-only devices)",
+    ]
+    limit = int(target.device_memory_size * policy.fraction)
+    if policy.platform_allocator:
+        device_used = context + in_use
+        terms.append(("the platform allocator: exact allocations, freed", in_use, bfc))
+        notes.append("XLA_PYTHON_CLIENT_ALLOCATOR=platform: allocations are exact and freed")
+    elif policy.preallocate:
+        pool = max(limit, in_use)
+        device_used = context + pool
+        terms.append((f"JAX's pool: {policy.fraction:.0%} of the memory CUDA reports", pool,
+                      "xla/pjrt/gpu/gpu_helpers.cc (CreateBFCAllocator)"))  # fmt: skip
+        notes.append(
+            f"JAX preallocates {policy.fraction:.0%} of the GPU at start "
+            "(XLA_PYTHON_CLIENT_PREALLOCATE=false allocates on demand)"
+        )
+    else:
+        grown = rt.bfc_growth_bytes([*leaves, max(autotune, output - alias + temp)], limit)
+        device_used = context + grown
+        terms.append(("BFC regions grown on demand (2 MiB, each next twice the last)", grown,
+                      bfc + " (Extend)"))  # fmt: skip
+        notes.append("allocation on demand: the BFC allocator grows in doubling regions")
+    terms.append(("CUDA context", context, "memfit.hardware.runtime.cuda_context"))
+    fits: bool | None = True
+    limit_bytes = reduced = None
+    if result.remat is not None:
+        fits = False
+        limit_bytes, reduced = result.remat.limit_bytes, result.remat.reduced_to_bytes
+        notes.append(result.remat.sentence())
+    if not policy.platform_allocator and in_use > limit:
+        fits = False
+        notes.append(
+            f"does not fit: the step needs {format_bytes(in_use)} in JAX's allocator, which "
+            f"may use {format_bytes(limit)} of {spec.name}"
+        )
+    if target.device_memory_source == "estimated":
+        notes.append(
+            f"{spec.name}'s memory as CUDA reports it is estimated from nvidia-smi's total "
+            "(no published figure)"
+        )
+    if target.note:
+        notes.append(target.note)
+    notes.extend(result.warnings)
+    notes.append(
+        "not counted: cuDNN convolution autotuning beyond its buffers, and, on several GPUs, "
+        "device 0's extra and the collectives' buffers"
+    )
+    return JaxEstimate(
+        argument_bytes=argument,
+        output_bytes=output,
+        alias_bytes=alias,
+        temp_bytes=temp,
+        generated_code_bytes=result.generated_code_bytes,
+        peak_bytes=None,
+        executable_peak_bytes=buffers,
+        device_used_bytes=device_used,
+        backend="cuda",
+        batch_size=batch_size,
+        notes=tuple(notes),
+        compiled_for=result.compiled_for,
+        peak_bytes_in_use=in_use,
+        fits=fits,
+        xla_memory_limit_bytes=limit_bytes,
+        xla_reduced_to_bytes=reduced,
+        breakdown=tuple((name, int(n), src) for name, n, src in terms),
+    )
+
+
+def _memory_base(target: Any, environ: Mapping[str, str] | None) -> int | None:
+    """The memory JAX hands XLA's compiler on the card: its allocator's ``bytes_limit``
+    (jaxlib's ``py_client.cc`` passes it as ``device_memory_size``); ``None`` for the
+    platform allocator, which has none (XLA then takes 80% of the card's memory)."""
+    policy = preallocation_from_env(environ)
+    if policy.platform_allocator:
+        return None
+    return int(target.device_memory_size * policy.fraction)
+
+
+def estimate_jax(
+    fn: Callable[..., Any],
+    *args: Any,
+    gpu: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    batch_size: int | None = None,
+    compiler: str = "auto",
+    **kwargs: Any,
+) -> JaxEstimate:
+    """Compile ``fn`` for ``args`` and read XLA's memory analysis, without running it.
+
+    With ``gpu`` naming a catalog card and the ``gpu-target`` extra installed
+    (``pip install "memfit[gpu-target]"``), the step is compiled by XLA's GPU compiler for
+    that card (in a child process, without the card) and the estimate adds what JAX's
+    runtime holds on it (:attr:`JaxEstimate.peak_bytes_in_use`, the breakdown). Otherwise
+    it is compiled on this process's backend, as the notes say.
+
+    Args:
+        fn: The step (jitted or not).
+        *args: Its arguments: arrays, pytrees, or ``jax.ShapeDtypeStruct``.
+        gpu: GPU name or size for the device-level prediction (context, preallocation).
+        environ: Environment to read JAX's allocator settings from (default ``os.environ``).
+        batch_size: Recorded in the result, for sweeps.
+        compiler: ``"auto"`` (XLA's GPU compiler for ``gpu`` where it can), ``"gpu"``
+            (only that, or an error) or ``"cpu"`` (this process's backend).
+        **kwargs: Keyword arguments of ``fn`` (``gpu``, ``environ``, ``batch_size`` and
+            ``compiler`` are taken by this function).
+
+    Returns:
+        A :class:`JaxEstimate`.
+
+    Raises:
+        EstimateError: When ``fn`` cannot be traced or compiled for these arguments, or the
+            backend has no memory analysis.
+        ConfigError: When the GPU name, the compiler or an allocator setting is invalid.
+        BackendUnavailable: For ``compiler="gpu"`` without the ``gpu-target`` extra.
+    """
+    require("fn", fn, "callable")
+    require("gpu", gpu, "str", optional=True)
+    require_mapping("environ", environ, values="str", optional=True)
+    require("batch_size", batch_size, "int", optional=True)
+    require("compiler", compiler, "str")
+    spec, target, notes = _gpu_target(gpu, compiler)
+    if target is None:
+        stats, backend, compiled_for = _compile_here(fn, args, kwargs)
+        return _from_stats(stats, backend, compiled_for, gpu, environ, batch_size, notes)
+    from memfit.estimate.xla_gpu import compile_exported, export_step
+
+    step = export_step(fn, *args, **kwargs)
+    (result,) = compile_exported(
+        [step], target, memory_base_bytes=_memory_base(target, environ), environ=environ
+    )
+    leaves = _leaf_sizes((args, kwargs))
+    return _from_gpu_compile(result, spec, target, leaves, environ, batch_size)
 
 
 def _call_make_args(
@@ -302,22 +555,47 @@ def estimate_jax_sweep(
     environ: Mapping[str, str] | None = None,
     batch_knob: str = "batch_size",
     progress: Callable[[str], None] | None = None,
+    compiler: str = "auto",
 ) -> JaxSweep:
     """:func:`estimate_jax` at each batch size (``fn(*make_args(b))``) and the affine fit;
     ``progress`` (a status line's updater) hears each batch size as its compile starts.
+    Compiled for a GPU, every batch size goes to one child process.
 
     Raises:
         ConfigError: When ``batch_sizes`` is empty or holds a non-positive value.
         EstimateError: As :func:`estimate_jax`.
     """
     sizes = check_batch_sizes(batch_sizes)
+    require("compiler", compiler, "str")
+    spec, target, _notes = _gpu_target(gpu, compiler)
     points = []
-    for index, b in enumerate(sizes, 1):
+    if target is None:
+        for index, b in enumerate(sizes, 1):
+            if progress is not None:
+                progress(f"compiling {batch_knob}={b} ({index} of {len(sizes)})")
+            points.append(
+                estimate_jax(
+                    fn, *_call_make_args(make_args, b), gpu=gpu, environ=environ,
+                    batch_size=b, compiler=compiler,
+                )
+            )  # fmt: skip
+    else:
+        from memfit.estimate.xla_gpu import compile_exported, export_step
+
+        exported, leaves = [], []
+        for b in sizes:
+            args = _call_make_args(make_args, b)
+            exported.append(export_step(fn, *args))
+            leaves.append(_leaf_sizes(args))
         if progress is not None:
-            progress(f"compiling {batch_knob}={b} ({index} of {len(sizes)})")
-        points.append(
-            estimate_jax(fn, *_call_make_args(make_args, b), gpu=gpu, environ=environ, batch_size=b)
+            progress(f"compiling {len(sizes)} sizes for {target.compiled_for}")
+        results = compile_exported(
+            exported, target, memory_base_bytes=_memory_base(target, environ), environ=environ
         )
+        points = [
+            _from_gpu_compile(r, spec, target, n, environ, b)
+            for r, n, b in zip(results, leaves, sizes, strict=True)
+        ]
     fit = fit_affine(sizes, [p.executable_peak_bytes for p in points])
     return JaxSweep(points=points, fit=fit, batch_knob=batch_knob)
 

@@ -1,2 +1,2 @@
 """What a device is, with sources: the GPU catalog, the CUDA context by runtime, CUDA's library
-workspaces. Pure data and arithmetic: no torch, jax or pynvml import."""
+workspaces, XLA's GPU target configs. Pure data and arithmetic: no torch, jax or pynvml import."""

@@ -29,6 +29,22 @@ rest::
         print(f"{cfg.knobs['num_envs']} envs do not fit what is free: lower num_envs")
     print(f"headroom {cfg.plan.headroom_bytes / 2**30:.2f} GiB with {cfg.knobs['num_envs']} envs")
 
+:func:`measure` measures Isaac Sim on this card, inside the script, after the app started:
+it creates the env at two or three settings, steps it, reads the device, closes it, fits
+the simulator's figures and stores them, so the next ``memfit plan`` on this card plans with
+them (:func:`memfit.measure_simulator`)::
+
+    def make_env(point):
+        cfg = parse_env_cfg("Isaac-Cartpole-RGB-Camera-Direct-v0", num_envs=point["num_envs"])
+        cam = point["cameras"][0]
+        cfg.tiled_camera.height, cfg.tiled_camera.width = cam["height"], cam["width"]
+        return gym.make("Isaac-Cartpole-RGB-Camera-Direct-v0", cfg=cfg)
+
+    cams = lambda size: [{"height": size, "width": size}]
+    m = mf.measure(make_env, [{"num_envs": 16, "cameras": cams(80)},
+                              {"num_envs": 64, "cameras": cams(80)},
+                              {"num_envs": 64, "cameras": cams(160)}])
+
 Isaac Lab needs Isaac Sim and does not install on a CPU-only machine; memfit tests these
 against its documented call signatures with a stand-in environment object.
 """
@@ -42,7 +58,7 @@ from typing import Any
 from memfit.errors import ConfigError
 from memfit.runtime.events import EventSink, MemoryEvent, emit
 
-__all__ = ["autoconfig", "cleanup_event", "guarded_term"]
+__all__ = ["autoconfig", "cleanup_event", "guarded_term", "isaac_versions", "measure"]
 
 _DEFAULT_ATTR = "_memfit_cleanup_policy"
 
@@ -213,3 +229,58 @@ def autoconfig(env: Any, workload: Any, **kwargs: Any) -> Any:
         overrides.setdefault("num_envs", num_envs)
     device = kwargs.pop("device", _device_index(getattr(env, "device", "cuda:0")))
     return plan_now(loaded, device=device, overrides=overrides, **kwargs)
+
+
+def isaac_versions() -> str | None:
+    """``"isaaclab 2.3.0, isaacsim 5.1.0"`` from the installed packages (``None`` when
+    neither is installed as a package)."""
+    from importlib import metadata
+
+    parts = []
+    for package in ("isaaclab", "isaacsim"):
+        try:
+            parts.append(f"{package} {metadata.version(package)}")
+        except metadata.PackageNotFoundError:
+            continue
+    return ", ".join(parts) or None
+
+
+def _zero_step(env: Any) -> None:
+    """One step with zero actions on the env's device."""
+    import torch
+
+    base = getattr(env, "unwrapped", env)
+    device = getattr(base, "device", "cuda:0")
+    env.step(torch.zeros(env.action_space.shape, device=device))
+
+
+def measure(
+    make_env: Callable[[dict[str, Any]], Any],
+    points: Any = ({"num_envs": 16}, {"num_envs": 64}),
+    **kwargs: Any,
+) -> Any:
+    """:func:`memfit.measure_simulator` for Isaac Lab: each env stepped ten times with zero
+    actions before the reading, closed after it, the versions of the installed ``isaaclab``
+    and ``isaacsim`` recorded.
+
+    Args:
+        make_env: Creates the env for one point (``{"num_envs": 64, "cameras": [...]}``):
+            ``gym.make(task, cfg=cfg)`` with the point's settings put into ``cfg``.
+        points: The settings (see :func:`memfit.measure_simulator`).
+        **kwargs: More arguments for :func:`memfit.measure_simulator` (``step``, ``steps``,
+            ``version``, ``probe``, ``store``).
+
+    Returns:
+        The :class:`memfit.core.simulator.MeasuredSimulator`, stored for the next plan.
+
+    Raises:
+        ConfigError: On a bad argument.
+        BackendUnavailable: When the device cannot be read.
+    """
+    from memfit.runtime.sim_measure import measure_simulator
+
+    kwargs.setdefault("step", _zero_step)
+    kwargs.setdefault("simulator", "isaac_sim")
+    if "version" not in kwargs:
+        kwargs["version"] = isaac_versions()
+    return measure_simulator(make_env, points, **kwargs)

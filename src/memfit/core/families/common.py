@@ -41,6 +41,7 @@ __all__ = [
     "Term",
     "activation_bytes",
     "allocator_slack",
+    "camera_count",
     "camera_hw",
     "conv_shapes",
     "conv_weight_counts",
@@ -112,6 +113,14 @@ def camera_hw(workload: Workload, values: Mapping[str, int]) -> tuple[int, int]:
     return h, w
 
 
+def camera_count(workload: Workload, values: Mapping[str, int]) -> int:
+    """Cameras per environment, resolving a knob or setting name (0 without cameras)."""
+    cams = workload.observations.cameras
+    if cams is None:
+        return 0
+    return values[cams.count] if isinstance(cams.count, str) else cams.count
+
+
 def observation_bytes(workload: Workload, values: Mapping[str, int]) -> int:
     """Bytes of one observation: vector, raster and stacked camera frames, each in its dtype."""
     obs = workload.observations
@@ -122,7 +131,8 @@ def observation_bytes(workload: Workload, values: Mapping[str, int]) -> int:
     if obs.cameras is not None:
         c = obs.cameras
         h, w = camera_hw(workload, values)
-        total += c.count * h * w * c.channels * c.frame_stack * dtype_bytes(c.dtype)
+        count = camera_count(workload, values)
+        total += count * h * w * c.channels * c.frame_stack * dtype_bytes(c.dtype)
     return total
 
 

@@ -1,4 +1,4 @@
-"""On-policy (PPO) memory model: Brax, CleanRL, rl_games and skrl layouts.
+"""On-policy (PPO) memory model: Brax, CleanRL, rl_games, skrl and RSL-RL layouts.
 
 Brax (``brax/training/agents/ppo/train.py``, shared REFERENCE.md): each training step
 collects ``batch_size * num_minibatches`` trajectories of ``unroll_length`` steps in
@@ -25,7 +25,19 @@ advantages; ``compute_gae`` adds advantages and returns temporaries; a minibatch
 
 rl_games (``a2c_common.py`` experience buffer): obses, rewards, values, neglogpacs, dones,
 actions, mus, sigmas (plus returns and advantages) for ``horizon_length x num_actors x
-num_agents`` steps; a minibatch is ``minibatch_size`` transitions.
+num_agents`` steps; ``play_steps`` then hands the update a flattened copy
+(``get_transformed_list(swap_and_flatten01, ...)``: obses, actions, neglogpacs, values, mus,
+sigmas, dones, and the returns and advantages: isaac-sim/IsaacLab PR #7147 counts this
+"rollout plus flatten allocation" for its camera task); a minibatch is ``minibatch_size``
+transitions. The experience buffer keeps observations as float32 whatever the env returns
+(its dtype comes from the observation space).
+
+RSL-RL (``rsl_rl/storage/rollout_storage.py``, Isaac Lab's ``rsl_rl`` runner): a
+``RolloutStorage`` of ``num_steps_per_env x num_envs`` transitions holding observations,
+actions, rewards, dones, values, actions_log_prob, mu, sigma, returns and advantages;
+``mini_batch_generator`` flattens them as views and indexes one minibatch of
+``num_steps_per_env * num_envs / num_mini_batches`` transitions at a time (a copy of its
+observations, actions, values, advantages, returns, log-probabilities, mu and sigma).
 """
 
 from __future__ import annotations
@@ -142,10 +154,40 @@ def _rl_games(workload: Workload, values: Mapping[str, int]) -> list[Term]:
     ab = activation_bytes(workload)
     train_act = values["minibatch_size"] * training_item_values(workload, values) * ab
     rollout_act = actors * rollout_item_values(workload, values) * ab
+    # the flattened copy play_steps hands the update: obses, actions, mus, sigmas,
+    # neglogpacs, values, dones, returns, advantages
+    flat = (steps * obs, *(steps * act for _ in range(3)), *(steps * _F32 for _ in range(5)))
     return [
         *parameter_terms(workload, values),
         Term("env_state", (values["num_actors"] * workload.env_state_bytes,)),
         Term("rollout_buffer", rollout),
+        Term("rollout_flattened_copy", flat),
+        Term("activations", (max(train_act, rollout_act),)),
+    ]
+
+
+def _rsl_rl(workload: Workload, values: Mapping[str, int]) -> list[Term]:
+    envs = values["num_envs"]
+    steps = values["num_steps_per_env"] * envs
+    obs = observation_bytes(workload, values)
+    act = workload.action_dim * _F32
+    # observations, actions, mu, sigma, rewards, values, actions_log_prob, returns,
+    # advantages (float32), dones (uint8)
+    storage = (steps * obs, *(steps * act for _ in range(3)), *(steps * _F32 for _ in range(5)))
+    storage += (steps,)
+    minibatch = -(-steps // values["num_mini_batches"])
+    # one minibatch indexed out: observations, actions, mu, sigma, values, advantages,
+    # returns, old log-probabilities
+    batch = (minibatch * obs, *(minibatch * act for _ in range(3)), *(minibatch * _F32,) * 4)
+    ab = activation_bytes(workload)
+    train_act = minibatch * training_item_values(workload, values) * ab
+    rollout_act = envs * rollout_item_values(workload, values) * ab
+    return [
+        *parameter_terms(workload, values),
+        Term("env_state", (envs * workload.env_state_bytes,)),
+        Term("next_observation", (envs * obs,)),
+        Term("rollout_buffer", storage),
+        Term("minibatch_data", batch),
         Term("activations", (max(train_act, rollout_act),)),
     ]
 
@@ -196,6 +238,8 @@ def terms(workload: Workload, values: Mapping[str, int]) -> list[Term]:
         return _cleanrl(workload, values)
     if layout == "skrl":
         return _skrl(workload, values)
+    if layout == "rsl_rl":
+        return _rsl_rl(workload, values)
     return _rl_games(workload, values)
 
 
@@ -205,6 +249,7 @@ LAYOUT_NAMES: dict[str, tuple[str, ...]] = {
     "cleanrl": ("num_envs", "num_steps", "num_minibatches"),
     "rl_games": ("num_actors", "horizon_length", "minibatch_size"),
     "skrl": ("num_envs", "rollouts", "mini_batches"),
+    "rsl_rl": ("num_envs", "num_steps_per_env", "num_mini_batches"),
 }
 
 
@@ -215,7 +260,7 @@ def _layout(workload: Workload) -> str:
 FAMILY = register(
     Family(
         name="ppo",
-        summary="on-policy PPO (Brax, CleanRL, rl_games or skrl layout)",
+        summary="on-policy PPO (Brax, CleanRL, rl_games, skrl or RSL-RL layout)",
         terms=device_terms(terms),
         section="ppo",
         schema=PpoSpec,

@@ -39,6 +39,7 @@ from memfit.core._workload_schema import NetworkSpec, SacSpec, Workload, dtype_b
 from memfit.core.families.common import (
     Term,
     activation_bytes,
+    camera_count,
     camera_hw,
     network_widths,
     observation_bytes,
@@ -63,7 +64,8 @@ def _camera_values(workload: Workload, values: Mapping[str, int], *, stacked: bo
     if cams is None:
         return 0
     h, w = camera_hw(workload, values)
-    return cams.count * h * w * cams.channels * (cams.frame_stack if stacked else 1)
+    count = camera_count(workload, values)
+    return count * h * w * cams.channels * (cams.frame_stack if stacked else 1)
 
 
 def _obs_values(workload: Workload, values: Mapping[str, int]) -> int:

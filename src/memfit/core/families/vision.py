@@ -30,6 +30,7 @@ from memfit.core._workload_schema import CameraSpec, VisionSpec, Workload, dtype
 from memfit.core.families.common import (
     Term,
     activation_bytes,
+    camera_count,
     camera_hw,
     conv_shapes,
     parameter_terms,
@@ -65,7 +66,7 @@ def token_count(workload: Workload, values: Mapping[str, int]) -> int:
     h, w = camera_hw(workload, values)
     _, fh, fw = conv_shapes(cams.channels * cams.frame_stack, h, w, vision.backbone)[-1]
     extra = vision.transformer.extra_tokens if vision.transformer else 0
-    return cams.count * fh * fw + extra + vision.chunk_size
+    return camera_count(workload, values) * fh * fw + extra + vision.chunk_size
 
 
 def terms(workload: Workload, values: Mapping[str, int]) -> list[Term]:
@@ -88,7 +89,7 @@ def terms(workload: Workload, values: Mapping[str, int]) -> list[Term]:
     h, w = camera_hw(workload, values)
     ab = activation_bytes(workload)
     channels = cams.channels * cams.frame_stack
-    images = envs * cams.count
+    images = envs * camera_count(workload, values)
     frames = images * h * w * cams.channels * dtype_bytes(cams.dtype) * cams.frame_stack
     shapes = conv_shapes(channels, h, w, vision.backbone)
     sizes = [channels * h * w] + [c * y * x for c, y, x in shapes]

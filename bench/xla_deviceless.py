@@ -1,0 +1,168 @@
+"""Issue 30: the same JAX steps compiled on the GPU and deviceless (XLA's GPU compiler for the
+same card, from its target config), and ``memory_stats()`` after compile and after steps.
+
+On a machine with a GPU (JAX with CUDA, and the ``gpu-target`` extra)::
+
+    XLA_PYTHON_CLIENT_PREALLOCATE=false python bench/xla_deviceless.py [--out bench/out]
+
+For each step (an MLP + SGD step at three batch sizes, a matmul-heavy step, a step with a
+random permutation, a small convolution), it records the device compile's memory analysis,
+the deviceless compile's for the catalog card of the same name (and the real device's own
+target config, ``xla_client.get_topology_for_devices``), the JAX estimate's
+``peak_bytes_in_use``, and ``memory_stats()`` in a fresh process after compiling and after
+five steps. The gaps it measures: autotuning, CUB sort scratch, cuDNN, the runtime floor.
+Writes ``xla_deviceless.json`` and ``xla_deviceless.md`` under ``--out``. Without a GPU it
+says so and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+_STEPS = ("mlp:4096", "mlp:65536", "mlp:262144", "matmul:8192", "permute:1048576", "conv:64")
+
+_PROBE = r"""
+import json, sys
+import jax, jax.numpy as jnp
+kind, size = sys.argv[1].split(":"); size = int(size)
+sys.path.insert(0, "bench")
+from xla_deviceless import make_step
+fn, args = make_step(kind, size, concrete=True)
+dev = jax.devices()[0]
+base = dev.memory_stats() or {}
+compiled = fn.lower(*args).compile()
+after_compile = dev.memory_stats() or {}
+out = None
+for _ in range(5):
+    out = fn(*args)
+    args = (out, *args[1:]) if kind == "mlp" else args
+jax.block_until_ready(out)
+after_steps = dev.memory_stats() or {}
+m = compiled.memory_analysis()
+print(json.dumps({
+    "device_kind": dev.device_kind,
+    "analysis": {k: int(getattr(m, k)) for k in ("argument_size_in_bytes", "output_size_in_bytes",
+                  "alias_size_in_bytes", "temp_size_in_bytes")},
+    "before": base.get("peak_bytes_in_use"),
+    "after_compile_peak": after_compile.get("peak_bytes_in_use"),
+    "after_steps_peak": after_steps.get("peak_bytes_in_use"),
+    "bytes_limit": after_steps.get("bytes_limit"),
+}))
+"""
+
+
+def make_step(kind: str, size: int, *, concrete: bool = False) -> tuple[Any, tuple[Any, ...]]:
+    """One benchmark step and its arguments (arrays when ``concrete``, else shapes)."""
+    import jax
+    import jax.numpy as jnp
+
+    def arg(shape: tuple[int, ...], dtype: Any = jnp.float32) -> Any:
+        if concrete:
+            return jnp.ones(shape, dtype)
+        return jax.ShapeDtypeStruct(shape, dtype)
+
+    if kind == "mlp":
+
+        def loss(params: Any, x: Any) -> Any:
+            h = x
+            for w in params:
+                h = jnp.tanh(h @ w)
+            return jnp.mean(h**2)
+
+        def mlp(params: Any, x: Any) -> Any:
+            grads = jax.grad(loss)(params, x)
+            return [p - 1e-3 * g for p, g in zip(params, grads, strict=True)]
+
+        return jax.jit(mlp, donate_argnums=(0,)), (
+            [arg((512, 512)) for _ in range(3)],
+            arg((size, 512)),
+        )
+    if kind == "matmul":
+        return jax.jit(lambda a, b: (a @ b).sum()), (arg((size, size)), arg((size, size)))
+    if kind == "permute":
+        return jax.jit(lambda x, k: x[jax.random.permutation(k, x.shape[0])]), (
+            arg((size, 16)),
+            jax.random.PRNGKey(0) if concrete else jax.ShapeDtypeStruct((2,), jnp.uint32),
+        )
+    if kind == "conv":
+
+        def conv(x: Any, w: Any) -> Any:
+            return jax.lax.conv_general_dilated(x, w, (1, 1), "SAME").sum()
+
+        return jax.jit(jax.grad(conv, argnums=1)), (arg((size, 3, 84, 84)), arg((32, 3, 8, 8)))
+    raise ValueError(kind)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default="bench/out")
+    parsed = parser.parse_args()
+    import jax
+
+    if jax.default_backend() != "gpu":
+        print("no GPU for JAX here: this benchmark compares a device compile with a deviceless one")
+        return 2
+    from jaxlib import xla_client
+
+    from memfit.estimate.jax_xla import estimate_jax
+    from memfit.estimate.xla_gpu import compile_exported, export_step, local_target_config
+    from memfit.hardware.catalog import gpu
+    from memfit.hardware.xla_target import target_config
+
+    device = jax.devices()[0]
+    spec = gpu(device.device_kind)
+    ours = target_config(spec)
+    real = local_target_config()
+    rows = []
+    for name in _STEPS:
+        kind, size = name.split(":")
+        fn, shapes = make_step(kind, int(size))
+        probe = subprocess.run(
+            [sys.executable, "-c", _PROBE, name], capture_output=True, text=True, timeout=600
+        )
+        measured = json.loads(probe.stdout.splitlines()[-1]) if probe.returncode == 0 else None
+        deviceless = compile_exported([export_step(fn, *shapes)], ours)[0]
+        est = estimate_jax(fn, *shapes, gpu=spec.name)
+        rows.append(
+            {
+                "step": name,
+                "measured": measured,
+                "probe_error": None if measured else probe.stderr[-800:],
+                "deviceless_temp_bytes": deviceless.temp_bytes,
+                "estimate_peak_bytes_in_use": est.peak_bytes_in_use,
+                "estimate_breakdown": [list(t) for t in est.breakdown],
+            }
+        )
+        print(json.dumps(rows[-1])[:400], flush=True)
+    out = Path(parsed.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = {
+        "device": device.device_kind,
+        "memfit_target_config": ours.text(),
+        "real_target_config": real,
+        "xla_client": xla_client.__name__,
+        "rows": rows,
+    }
+    (out / "xla_deviceless.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
+    lines = [
+        "| step | device temp | deviceless temp | peak in use (measured) | memfit |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        m = row["measured"] or {}
+        temp = (m.get("analysis") or {}).get("temp_size_in_bytes")
+        lines.append(
+            f"| {row['step']} | {temp} | {row['deviceless_temp_bytes']} | "
+            f"{m.get('after_steps_peak')} | {row['estimate_peak_bytes_in_use']} |"
+        )
+    (out / "xla_deviceless.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""Child process of :mod:`memfit.estimate.xla_gpu`: compile exported steps for a GPU target.
+
+Run as a script (``python _xla_gpu_child.py REQUEST.json``), never imported by memfit: it
+sets ``JAX_PLATFORMS=cpu`` for its own process only (the CUDA plugin then skips its driver
+check and registers the compile-only topology), compiles every job of the request with XLA's
+GPU compiler for the target config, and prints one JSON line per job on stdout. Before each
+job it writes a marker line to file descriptor 2, so the parent can tell which job XLA's own
+log lines (rematerialization, sort fallback) belong to. A crash of XLA (a signal) ends only
+this process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from typing import Any
+
+MARKER = "memfit-xla-gpu-job "
+_SHAPE = re.compile(
+    r"\b(pred|s4|u4|s8|u8|s16|u16|f16|bf16|s32|u32|f32|s64|u64|f64|c64|c128|f8e4m3fn|f8e5m2|f8e4m3fnuz|f8e5m2fnuz|token)\[([0-9,]*)\]"
+)
+_BYTES = {
+    "pred": 1,
+    "s4": 1,
+    "u4": 1,
+    "s8": 1,
+    "u8": 1,
+    "s16": 2,
+    "u16": 2,
+    "f16": 2,
+    "bf16": 2,
+    "s32": 4,
+    "u32": 4,
+    "f32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f64": 8,
+    "c64": 8,
+    "c128": 16,
+    "f8e4m3fn": 1,
+    "f8e5m2": 1,
+    "f8e4m3fnuz": 1,
+    "f8e5m2fnuz": 1,
+    "token": 0,
+}
+_GEMM = ('"__cublas$gemm"', '"__cublas$lt$matmul"', "_gemm_fusion", '"__cudnn$')
+_DEF = re.compile(r"^\s*(?:ROOT )?%(\S+) = (.+?) ([a-z][a-z0-9-]*)\((.*?)\)(?:, |$)")
+
+
+def _shape_bytes(dtype: str, dims: str) -> int:
+    n = 1
+    for d in dims.split(","):
+        if d:
+            n *= int(d)
+    return n * _BYTES[dtype]
+
+
+def _gemm_buffers(hlo: str) -> list[list[int]]:
+    """For each GEMM or cuDNN call of the optimized HLO's entry and loop bodies, the bytes of
+    its result buffers and operands (the buffers the autotuner allocates for it on a device)."""
+    sizes: dict[str, list[int]] = {}
+    found = []
+    for line in hlo.splitlines():
+        match = _DEF.match(line)
+        if match is None:
+            continue
+        name, result, op, operands = match.groups()
+        result_sizes = [_shape_bytes(t, d) for t, d in _SHAPE.findall(result)]
+        sizes[name] = result_sizes
+        is_gemm = (op == "custom-call" and any(t in line for t in _GEMM[:2] + _GEMM[3:])) or (
+            op == "fusion" and "kind=kCustom" in line and _GEMM[2] in line
+        )
+        if not is_gemm:
+            continue
+        buffers = list(result_sizes)
+        for operand in re.findall(r"%([^\s,()]+)", operands):
+            buffers.append(sum(sizes.get(operand, [0])))
+        found.append(buffers)
+    return found
+
+
+def _compile(job: dict[str, Any], config: str, topology: Any, jax: Any) -> dict[str, Any]:
+    from jax import export
+    from jax.experimental import topologies
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as _PartitionSpec
+
+    partition_spec: Any = _PartitionSpec  # untyped in jax's stubs
+    with open(job["exported"], "rb") as f:
+        exp: Any = export.deserialize(bytearray(f.read()))
+    mesh = topologies.make_mesh(topology, (1,), ("x",))
+    sharding = NamedSharding(mesh, partition_spec())
+    avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding) for a in exp.in_avals]
+
+    def flat(*leaves: Any) -> Any:
+        args, kwargs = jax.tree_util.tree_unflatten(exp.in_tree, leaves)
+        return exp.call(*args, **kwargs)
+
+    start = time.perf_counter()
+    compiled = jax.jit(flat, donate_argnums=tuple(job["donate"])).lower(*avals).compile()
+    stats = compiled.memory_analysis()
+    try:
+        hlo = compiled.as_text() or ""
+    except Exception:  # the analysis stands without the HLO text
+        hlo = ""
+
+    def get(name: str) -> int:
+        return int(getattr(stats, name, 0) or 0)
+
+    return {
+        "ok": True,
+        "argument": get("argument_size_in_bytes"),
+        "output": get("output_size_in_bytes"),
+        "alias": get("alias_size_in_bytes"),
+        "temp": get("temp_size_in_bytes"),
+        "code": get("generated_code_size_in_bytes"),
+        "gemms": _gemm_buffers(hlo),
+        "seconds": round(time.perf_counter() - start, 3),
+    }
+
+
+def main(path: str) -> int:
+    """Compile the request at ``path``; one JSON line per job on stdout."""
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    with open(path, encoding="utf-8") as f:
+        request = json.load(f)
+    import jax
+    from jax.experimental import topologies
+
+    try:
+        topology = topologies.get_topology_desc(
+            platform="cuda", target_config=request["config"], topology="1x1x1"
+        )
+    except Exception as exc:
+        print(
+            json.dumps({"ok": False, "stage": "topology", "error": f"{type(exc).__name__}: {exc}"})
+        )
+        return 0
+    for index, job in enumerate(request["jobs"]):
+        os.write(2, f"\n{MARKER}{index}\n".encode())
+        try:
+            result = _compile(job, request["config"], topology, jax)
+        except Exception as exc:
+            result = {"ok": False, "stage": "compile", "error": f"{type(exc).__name__}: {exc}"}
+        sys.stdout.write(json.dumps(result) + "\n")
+        sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,261 @@
+"""Issue 30: XLA's GPU compiler for a named card, on this CPU-only machine, and the JAX runtime
+around the compiled step."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from memfit.errors import BackendUnavailable, ConfigError, EstimateError
+from memfit.estimate import jax_runtime as rt
+from memfit.estimate import xla_gpu
+from memfit.hardware.catalog import gpu as lookup_gpu
+from memfit.hardware.catalog import list_gpus
+from memfit.hardware.xla_target import (
+    TargetConfig,
+    arch_limits,
+    card_figures,
+    cuda_total_bytes,
+    target_config,
+    xla_memory_limit,
+)
+from memfit.units import MiB
+
+jax = pytest.importorskip("jax")
+jnp = pytest.importorskip("jax.numpy")
+
+READY = not xla_gpu.gpu_target_missing()
+needs_extra = pytest.mark.skipif(not READY, reason="the gpu-target extra is not installed")
+
+
+def _mlp_step() -> Any:
+    def loss(params: Any, x: Any) -> Any:
+        h = x
+        for w in params:
+            h = jnp.tanh(h @ w)
+        return jnp.mean(h**2)
+
+    def step(params: Any, x: Any) -> Any:
+        grads = jax.grad(loss)(params, x)
+        return [p - 1e-3 * g for p, g in zip(params, grads, strict=True)]
+
+    return jax.jit(step, donate_argnums=(0,))
+
+
+def _args(batch: int) -> tuple[Any, Any]:
+    params = [jax.ShapeDtypeStruct((512, 512), jnp.float32) for _ in range(3)]
+    return params, jax.ShapeDtypeStruct((batch, 512), jnp.float32)
+
+
+# -- target configs, for every CUDA card of the catalog ----------------------------------------
+
+
+def test_every_cuda_card_has_a_target_config_from_its_own_figures() -> None:
+    cards = [s for s in list_gpus() if s.compute_capability is not None]
+    assert len(cards) > 100
+    for spec in cards:
+        config = target_config(spec)
+        figures = card_figures(spec.name)
+        assert figures is not None and figures["source_text"], spec.name
+        assert config.core_count == figures["sm_count"] > 0
+        assert 0.5 < config.clock_rate_ghz < 3.0, spec.name
+        # CUDA's total is at most nvidia-smi's, and not far below it
+        assert 0.9 * spec.total_bytes < config.device_memory_size <= spec.total_bytes * 1.06
+        text = config.text()
+        assert f"core_count: {config.core_count}\n" in text
+        assert f"major: {spec.compute_capability[0]}\n" in text
+        assert config.compiled_for.startswith(f"cuda sm_{spec.compute_capability[0]}")
+
+
+def test_compiled_for_names_the_card_and_its_target() -> None:
+    assert target_config(lookup_gpu("4070")).compiled_for == "cuda sm_89 (NVIDIA GeForce RTX 4070)"
+    assert target_config(lookup_gpu("H100 80GB")).compiled_for == (
+        "cuda sm_90a (NVIDIA H100 80GB HBM3)"
+    )
+    # XLA's own spec file's figure, from a real H100
+    assert cuda_total_bytes(lookup_gpu("H100 80GB")) == (84942979072, "published")
+    assert "feature_extension" not in target_config(lookup_gpu("T4")).text(feature_extension=False)
+
+
+def test_a_gpu_known_only_by_its_size_has_no_target_config() -> None:
+    with pytest.raises(ConfigError, match="no XLA target config"):
+        target_config(lookup_gpu("12GiB"))
+    with pytest.raises(ConfigError, match=r"compute capability 5\.2"):
+        arch_limits((5, 2))
+
+
+def test_xla_memory_limit_is_xlas_rule() -> None:
+    # GetSchedulerMemoryLimit: (base - inputs and outputs) * 95 / 100
+    assert xla_memory_limit(8 * 2**30, 2**30) == (7 * 2**30) * 95 // 100
+
+
+# -- the runtime's terms ----------------------------------------------------------------------
+
+
+def test_autotuning_holds_guard_zones_and_the_workspace() -> None:
+    triton = [[8 * MiB, 8 * MiB, MiB]]  # result, two operands: cuBLAS's workspace is added
+    assert rt.autotune_bytes(triton, (8, 9), {}) == 17 * MiB + 4 * MiB + 4 * 16 * MiB
+    assert rt.autotune_bytes(triton, (9, 0), {}) == 17 * MiB + 32 * MiB + 4 * 16 * MiB
+    assert rt.autotune_bytes(triton, (8, 9), {"XLA_FLAGS": "--xla_gpu_autotune_level=0"}) == 0
+    padded = {"XLA_FLAGS": "--xla_gpu_redzone_padding_bytes=0"}
+    assert rt.autotune_bytes(triton, (8, 9), padded) == 21 * MiB
+    assert rt.autotune_bytes([], (8, 9), {}) == 0
+
+
+def test_bfc_growth_doubles_its_regions() -> None:
+    assert rt.bfc_growth_bytes([]) == 0
+    assert rt.bfc_growth_bytes([100]) == 2 * MiB
+    # 2 MiB, then 4 MiB; a 9 MiB request doubles the next region to 16 MiB
+    assert rt.bfc_growth_bytes([MiB, 2 * MiB, 9 * MiB]) == (2 + 4 + 16) * MiB
+    assert rt.bfc_growth_bytes([9 * MiB], limit=10 * MiB) == 10 * MiB
+
+
+def test_the_rematerialization_verdict_is_read_from_xlas_log() -> None:
+    log = (
+        "W1126 hlo_rematerialization.cc:3231] Can't reduce memory use below 2.28GiB "
+        "(2448288638 bytes) by rematerialization; only reduced to 12.00GiB (12890144804 "
+        "bytes), down from 16.00GiB (17185112100 bytes) originally\n"
+    )
+    verdict = xla_gpu.parse_remat(log)
+    assert verdict is not None
+    assert (verdict.limit_bytes, verdict.reduced_to_bytes) == (2448288638, 12890144804)
+    assert verdict.original_bytes == 17185112100
+    assert verdict.sentence().startswith("does not fit")
+    assert xla_gpu.parse_remat("I0000 nothing to see\n") is None
+
+
+def test_donated_arguments_are_read_from_the_exported_main() -> None:
+    text = (
+        "func.func public @main(%arg0: tensor<4xf32> {tf.aliasing_output = 0 : i32} loc(x), "
+        "%arg1: tensor<4xf32> loc(y), %arg2: tensor<2xf32> {jax.buffer_donor = true}) -> "
+        "(tensor<4xf32>) {"
+    )
+    assert xla_gpu._donated(text, [0, 2, 5]) == (0, 5)
+
+
+# -- without the extra ------------------------------------------------------------------------
+
+
+def test_without_the_extra_the_cpu_compile_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        xla_gpu, "gpu_target_missing", lambda: ["jax-cuda12-plugin is not installed"]
+    )
+    step = _mlp_step()
+    est = jax_xla().estimate_jax(step, *_args(256), gpu="RTX 4070", environ={})
+    assert est.compiled_for == "cpu" and est.peak_bytes_in_use is None
+    assert any('pip install "memfit[gpu-target]"' in n for n in est.notes)
+    with pytest.raises(BackendUnavailable, match="jax-cuda12-plugin") as info:
+        jax_xla().estimate_jax(step, *_args(256), gpu="RTX 4070", compiler="gpu")
+    assert "memfit[gpu-target]" in (info.value.hint or "")
+
+
+def test_compiler_choices_are_checked() -> None:
+    with pytest.raises(ConfigError, match="compiler"):
+        jax_xla().estimate_jax(_mlp_step(), *_args(8), compiler="tpu")
+    with pytest.raises(ConfigError, match="needs a card"):
+        jax_xla().estimate_jax(_mlp_step(), *_args(8), compiler="gpu")
+
+
+def jax_xla() -> Any:
+    from memfit.estimate import jax_xla as module
+
+    return module
+
+
+# -- compiled by XLA's GPU compiler, deviceless (CI: two cards) -------------------------------
+
+
+@needs_extra
+def test_a_step_compiles_for_an_ada_card_without_it() -> None:
+    before = os.environ.get("JAX_PLATFORMS")
+    est = jax_xla().estimate_jax(_mlp_step(), *_args(4096), gpu="RTX 4070", environ={})
+    assert est.compiled_for == "cuda sm_89 (NVIDIA GeForce RTX 4070)"
+    assert est.backend == "cuda" and est.fits is True
+    assert est.alias_bytes == 3 * 512 * 512 * 4  # the donated parameters
+    # the first call's autotuning is above the step's own buffers for a small step
+    assert est.peak_bytes_in_use is not None
+    assert est.peak_bytes_in_use > est.executable_peak_bytes
+    names = [term[0] for term in est.breakdown]
+    assert any("autotuning" in n for n in names) and "CUDA context" in names
+    assert est.to_dict()["compiled_for"] == est.compiled_for
+    # the caller's JAX platform is left alone (the child sets its own)
+    assert os.environ.get("JAX_PLATFORMS") == before
+
+
+@needs_extra
+def test_a_turing_card_that_cannot_hold_the_step_says_does_not_fit() -> None:
+    sweep = jax_xla().estimate_jax_sweep(
+        _mlp_step(), lambda b: _args(b), [4096, 1_048_576], gpu="GTX 1650", environ={}
+    )
+    small, large = sweep.points
+    assert small.compiled_for == large.compiled_for == "cuda sm_75 (NVIDIA GeForce GTX 1650)"
+    assert small.fits is True and small.xla_memory_limit_bytes is None
+    assert large.fits is False
+    assert large.xla_memory_limit_bytes is not None and large.xla_reduced_to_bytes is not None
+    assert large.xla_reduced_to_bytes > large.xla_memory_limit_bytes
+    assert any(n.startswith("does not fit") for n in large.notes)
+
+
+@needs_extra
+def test_a_config_xla_cannot_use_is_an_error_not_a_crash() -> None:
+    class NoWarp(TargetConfig):
+        """A config without ``threads_per_warp``: XLA divides by it (SIGFPE)."""
+
+        def text(self, **kwargs: Any) -> str:
+            return super().text(**kwargs).replace("  threads_per_warp: 32\n", "")
+
+    broken = NoWarp(**target_config(lookup_gpu("RTX 4070")).__dict__)
+    step = xla_gpu.export_step(_mlp_step(), *_args(64))
+    with pytest.raises(EstimateError, match=r"failed \(signal"):
+        xla_gpu.compile_exported([step], broken)
+
+
+@needs_extra
+def test_the_plugin_leaves_jax_working_on_a_machine_without_a_gpu() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    code = (
+        "import jax, jax.numpy as jnp; print(jax.devices()[0].platform, float(jnp.ones(3).sum()))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["cpu", "3.0"]
+
+
+# -- whole-loop trainers (PureJaxRL style) ----------------------------------------------------
+
+
+def _make_train(num_updates: int, num_envs: int = 64, num_steps: int = 16) -> Any:
+    """A PureJaxRL-shaped trainer: the whole run one jitted function, a scan over updates, each
+    update collecting a rollout, shuffling a copy of it, and stacking its metrics."""
+
+    def update(carry: Any, _: Any) -> Any:
+        params, key = carry
+        key, k_obs, k_perm = jax.random.split(key, 3)
+        obs = jax.random.normal(k_obs, (num_steps * num_envs, 32))
+        batch = obs[jax.random.permutation(k_perm, obs.shape[0])]  # the shuffled copy
+        grad = jax.grad(lambda p: jnp.mean(jnp.tanh(batch @ p) ** 2))(params)
+        metric = jnp.mean(jnp.tanh(obs @ params), axis=1)[:num_envs]  # one per env, per update
+        return (params - 1e-3 * grad, key), metric
+
+    def train(params: Any, key: Any) -> Any:
+        (params, _), metrics = jax.lax.scan(update, (params, key), None, length=num_updates)
+        return params, metrics
+
+    return jax.jit(train)
+
+
+def test_a_whole_loop_trainer_counts_its_stacked_metrics() -> None:
+    params = jax.ShapeDtypeStruct((32, 32), jnp.float32)
+    key = jax.ShapeDtypeStruct((2,), jnp.uint32)
+    short = jax_xla().estimate_jax(_make_train(10), params, key, compiler="cpu")
+    long = jax_xla().estimate_jax(_make_train(20), params, key, compiler="cpu")
+    # ten more updates stack ten more (num_envs,) float32 metrics in the run's output
+    assert long.output_bytes - short.output_bytes == 10 * 64 * 4
+    # the rollout and its shuffled copy are both in the temporaries
+    assert short.temp_bytes >= 2 * 16 * 64 * 32 * 4
