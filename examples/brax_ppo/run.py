@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{k['unroll_length']:>6} "
             f"{format_bytes(p.used_bytes - p.breakdown['cuda_context']):>10} "
             f"{format_bytes(p.pool_bytes or 0):>10}  "
-            f"{config['env']['XLA_PYTHON_CLIENT_MEM_FRACTION']}"
+            f"{next(v for k, v in config['env'].items() if k.endswith('MEM_FRACTION'))}"
         )
     if args.out:
         write(args.out, configs)

@@ -194,7 +194,11 @@ def main(argv: list[str] | None = None) -> int:
     sim: Any = (
         memfit.simulate_gpu(args.budget) if device.type == "cpu" else contextlib.nullcontext()
     )
-    with sim as gpu, memfit.Recorder(args.log, log_every=100) as rec:
+    with (
+        sim as gpu,
+        memfit.Recorder(args.log, log_every=100) as rec,
+        tempfile.TemporaryDirectory(prefix="dqn_fire_ckpt_") as ckpt_name,
+    ):
         env = FireEnv(args.num_envs, args.size, device=device, seed=args.seed)
         q = NETWORKS[network](len(CHANNELS), args.size, len(ACTIONS)).to(device)
         target = copy.deepcopy(q)
@@ -230,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         gen = torch.Generator().manual_seed(args.seed)
         obs = env.reset()
         losses: list[float] = []
-        ckpt_dir = Path(tempfile.mkdtemp(prefix="dqn_fire_ckpt_"))
+        ckpt_dir = Path(ckpt_name)  # the checkpoints go with it when the run ends
 
         def chaos(update: int) -> Any:
             """Random out-of-memory errors in updates 10 .. 10 + --chaos-updates."""

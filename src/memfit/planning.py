@@ -226,8 +226,11 @@ def _host_check(
     workload: Workload, host_memory_bytes: int | None, gpu: GpuSpec
 ) -> tuple[int | None, list[str]]:
     """Host RAM to check a host-placed buffer against: the caller's, the workload's, else
-    this machine's available RAM (said in a note where the plan places state there; where
-    it does not, the figure still bounds the "would fit" hints that move state to the host)."""
+    this machine's total RAM (said in a note where the plan places state there; where it
+    does not, the figure still bounds the "would fit" hints that move state to the host).
+
+    The total, not what is free at this instant: the same command on the same machine gives
+    the same plan (:func:`host_ram_warning` says when less is free now)."""
     if host_memory_bytes is not None or workload.host_memory_bytes is not None:
         return host_memory_bytes, []
     family = family_for(workload)
@@ -239,13 +242,29 @@ def _host_check(
         if on_gpu:
             return None, []
         return None, ["host RAM not checked: pass --host-memory (this OS does not say its RAM)"]
-    total, available = here
+    total, _available = here
     if on_gpu:
-        return available, []
-    return available, [
-        f"host RAM: this machine's {format_bytes(available)} available now (of "
-        f"{format_bytes(total)}); pass --host-memory to plan for another machine"
+        return total, []
+    return total, [
+        f"host RAM: this machine's {format_bytes(total)} in all; pass --host-memory SIZE to "
+        "plan for another machine, or --host-memory available for what is free now"
     ]
+
+
+def host_ram_warning(need_bytes: int) -> str | None:
+    """A warning when a plan made against this machine's total RAM takes more host RAM than
+    is free now (other processes hold the rest); ``None`` otherwise."""
+    here = host_memory()
+    if here is None or not need_bytes:
+        return None
+    total, available = here
+    if need_bytes <= available:
+        return None
+    return (
+        f"warning: the plan takes {format_bytes(need_bytes)} of host RAM, more than the "
+        f"{format_bytes(available)} free now (of {format_bytes(total)}): other processes "
+        "hold the rest; close some before the run, or plan with --host-memory available"
+    )
 
 
 def plan(
@@ -272,7 +291,9 @@ def plan(
         overrides: Knob values to pin, or settings to change.
         margin: Safety margin, a fraction of the total (``0.1`` or ``"10%"``).
         host_memory_bytes: Host RAM for a replay buffer on the host (default: the workload's,
-            else this machine's available RAM); with ``gpu="cpu"``, the RAM to plan for.
+            else this machine's total RAM, so that a plan does not follow what is free at
+            this instant; a note warns when less is free now); with ``gpu="cpu"``, the RAM
+            to plan for. :func:`host_memory` gives this machine's total and free RAM.
         device_index: Which local GPU, for ``gpu="local"``.
         measure: For a workload that names its environment (``env: brax:humanoid``): use
             the best measurement at hand (``"auto"``), measure now (``"fresh"``), or only the
@@ -320,7 +341,9 @@ def plan(
         local = local_gpu(device_index)
         spec, others = local.spec, local.other_processes_bytes
     elif isinstance(gpu, str) and gpu.strip().lower() in HOST_NAMES:
-        spec, others, host_notes = _host_spec(host_memory_bytes)
+        given = host_memory_bytes if host_memory_bytes is not None else loaded.host_memory_bytes
+        where = "--host-memory" if host_memory_bytes is not None else "host_memory_bytes"
+        spec, others, host_notes = _host_spec(given, where)
         notes.extend(host_notes)
     else:
         spec = resolve_gpu(gpu)
@@ -330,6 +353,9 @@ def plan(
         loaded, sim_notes = with_simulator_measurement(loaded, spec.name, measure)
         notes.extend(sim_notes)
     host, check_notes = _host_check(loaded, host_memory_bytes, spec)
+    machine_total = host_memory_bytes is None and (
+        spec.is_host or (host is not None and loaded.host_memory_bytes is None)
+    )
     result = core_plan(
         loaded,
         spec,
@@ -340,8 +366,13 @@ def plan(
         host_memory_bytes=host,
         runtime=target,
     )
+    if spec.is_host:  # the host's RAM is the device: a fitted file records it
+        result = replace(result, host_memory_bytes=spec.total_bytes)
+        machine_total = machine_total and loaded.host_memory_bytes is None
+    need = result.predicted_bytes if spec.is_host else result.host_bytes
+    warning = host_ram_warning(need) if machine_total and result.fits else None
     return replace(
-        result, notes=[*notes, *check_notes, *result.notes, *_fraction_name_note(result)]
+        result, notes=[*notes, *check_notes, *result.notes, *([warning] if warning else [])]
     )
 
 
@@ -382,24 +413,6 @@ def check_plan_arguments(
     return host
 
 
-def _fraction_name_note(result: Plan) -> list[str]:
-    """Where the installed jaxlib documents the newer name of XLA's pool fraction, say so:
-    the plan's settings keep the older name, which every JAX reads."""
-    old = "XLA_PYTHON_CLIENT_MEM_FRACTION"
-    if old not in result.environment:
-        return []
-    from memfit.runtime.allocator_env import jax_fraction_name
-
-    name, why = jax_fraction_name()
-    if name == old:
-        return []
-    return [
-        f"{old} is the name every JAX reads; {why}: export {name}="
-        f"{result.environment[old]} instead if you prefer it (memfit env prints that name), "
-        "never both"
-    ]
-
-
 def _target_runtime(workload: Workload, runtime: Mapping[str, str] | str | None) -> Runtime:
     """The target's runtime: as given; by default this machine's torch for a PyTorch job, and
     nothing assumed of versions for a JAX job (JAX brings its own CUDA libraries, whatever
@@ -409,14 +422,16 @@ def _target_runtime(workload: Workload, runtime: Mapping[str, str] | str | None)
     return target_runtime(runtime)
 
 
-def _host_spec(host_memory_bytes: int | None) -> tuple[GpuSpec, int, list[str]]:
-    """The host as the device (``--gpu cpu``): the given RAM, else this machine's, with what
-    other processes use now taken off."""
+def _host_spec(
+    host_memory_bytes: int | None, where: str = "--host-memory"
+) -> tuple[GpuSpec, int, list[str]]:
+    """The host as the device (``--gpu cpu``): the given RAM, else this machine's total (the
+    same plan on every run; :func:`host_ram_warning` says when less is free now)."""
     if host_memory_bytes is not None:
         return (
-            host_device(host_memory_bytes, source="--host-memory"),
+            host_device(host_memory_bytes, source=where),
             0,
-            [f"the host: {format_bytes(host_memory_bytes)} of RAM (--host-memory)"],
+            [f"the host: {format_bytes(host_memory_bytes)} of RAM ({where})"],
         )
     here = host_memory()
     if here is None:
@@ -424,13 +439,13 @@ def _host_spec(host_memory_bytes: int | None) -> tuple[GpuSpec, int, list[str]]:
             "this operating system does not say how much RAM it has",
             hint="give it: --gpu cpu --host-memory 16GiB",
         )
-    total, available = here
+    total, _available = here
     return (
         host_device(total, source="this machine's RAM (/proc/meminfo)"),
-        total - available,
+        0,
         [
-            f"the host: {format_bytes(total)} of RAM, {format_bytes(available)} available now "
-            "(what other processes use is taken off)"
+            f"the host: this machine's {format_bytes(total)} of RAM in all; --host-memory "
+            "available plans for what is free now"
         ],
     )
 

@@ -36,6 +36,23 @@ def test_the_readme_setup_and_ci_install_the_same_extras() -> None:
     assert 'pip install -U "jax[cuda12]"' in (ROOT / "README.md").read_text(encoding="utf-8")
 
 
+def test_ci_runs_every_test_command_the_readme_names() -> None:
+    """Issue 32: the README named ``pytest -m examples`` and CI never ran it (it failed). CI
+    runs each ``pytest`` line of the README's Test section, and together they run every test:
+    the quick suite leaves out exactly the marks the second command selects."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Test\n", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```bash\n(.*?)```", section, flags=re.S)
+    assert block is not None, "the README's Test section lost its commands"
+    commands = [line.split("  #")[0].strip() for line in block.group(1).splitlines()]
+    commands = [c for c in commands if c.startswith("pytest")]
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert len(commands) >= 2 and all(c in ci for c in commands), (commands, ci)
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    assert "-m 'not examples and not slow'" in pyproject
+    assert 'pytest -q -m "slow or examples"' in commands
+
+
 @pytest.mark.parametrize(
     ("missing", "said"),
     [

@@ -105,6 +105,7 @@ def test_fit_workload_file_keeps_the_knob_domain(
     assert data["domain"] == "8..4096 step 8"
 
 
+@pytest.mark.slow  # tens of seconds of CPU: the slow suite runs it (issue 32)
 def test_fit_human_output_and_no_prior(
     factory_module: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

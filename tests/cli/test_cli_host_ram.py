@@ -67,3 +67,32 @@ def test_would_fit_hints_respect_the_host_ram(
     assert host["fits"] is False and host["binding"] == "host_memory"
     code, out, _ = run(capsys, *args)
     assert "replay buffer in host RAM: does not fit either (over the host RAM's" in out
+
+
+def test_the_same_command_gives_the_same_plan_whatever_is_free_now(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 32: four runs within minutes gave 470k to 610k transitions, following the RAM
+    free at that instant. The machine's total decides; what is free now is a warning, and
+    the budget only when asked for (--host-memory available)."""
+    args = ("plan", "dqn_fire_raster", "--gpu", "3.68GiB", "--json")
+    plans = []
+    for free in (12, 14, 16, 20):
+        monkeypatch.setattr(planning, "host_memory", lambda f=free: (24 * GiB, f * GiB))
+        plans.append(run_json(capsys, *args))
+    assert len({json.dumps(p["knobs"]) for p in plans}) == 1
+    assert {p["host_memory_bytes"] for p in plans} == {24 * GiB}
+    for free, p in zip((12, 14, 16, 20), plans, strict=True):
+        warned = [n for n in p["notes"] if n.startswith("warning: the plan takes")]
+        assert bool(warned) == (p["host_bytes"] > free * GiB)
+        if warned:
+            assert f"more than the {free}.00 GiB free now" in warned[0]
+            assert "--host-memory available" in warned[0]
+    now = run_json(capsys, *args[:-1], "--host-memory", "available", "--json")
+    assert now["host_memory_bytes"] == 20 * GiB
+    assert now["knobs"]["buffer_size"] < plans[0]["knobs"]["buffer_size"]
+    cpu = [run_json(capsys, "plan", "dqn_fire_raster", "--gpu", "cpu", "--json")]
+    monkeypatch.setattr(planning, "host_memory", lambda: (24 * GiB, 6 * GiB))
+    cpu.append(run_json(capsys, "plan", "dqn_fire_raster", "--gpu", "cpu", "--json"))
+    assert cpu[0]["knobs"] == cpu[1]["knobs"] and cpu[0]["budget_bytes"] == cpu[1]["budget_bytes"]
+    assert any(n.startswith("warning: the plan takes") for n in cpu[1]["notes"])

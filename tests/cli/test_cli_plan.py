@@ -10,6 +10,7 @@ import yaml
 from _cli_run import run, run_json
 from _plan_fields import PLAN_FIELDS
 
+from memfit.core.workload import load_workload
 from memfit.planning import TIER_GPUS
 
 
@@ -181,3 +182,27 @@ def test_tier_table_exits_1_when_nothing_fits(
     if as_json:
         rows = json.loads(out)["plans"]
         assert rows and not any(r["fits"] for r in rows)
+
+
+def test_camera_workload_num_envs_takes_any_count(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 32: act_dual_camera took only powers of two for num_envs, so 3 envs that fit
+    an 8 GB card were refused; Isaac Lab takes any count, and so does the workload."""
+    w = load_workload("act_dual_camera")
+    assert w.knobs["num_envs"].values() == tuple(range(1, 1025))
+    pinned = run_json(capsys, "plan", "act_dual_camera", "--gpu", "RTX 4060 Ti",
+                      "--set", "num_envs=3", "--json")  # fmt: skip
+    assert pinned["fits"] and pinned["knobs"]["num_envs"] == 3
+    best = run_json(capsys, "plan", "act_dual_camera", "--gpu", "RTX 4060 Ti", "--json")
+    assert best["knobs"]["num_envs"] >= 3  # not held to 2 by the next power of two
+
+
+def test_a_jax_plans_context_line_leaves_torch_out(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 32: JAX plans said "torch unknown" in the context line; JAX brings its own CUDA
+    libraries, so the line names CUDA and the driver, and the --runtime keys a JAX job uses."""
+    code, out, _ = run(capsys, "plan", "brax_humanoid_ppo", "--gpu", "RTX 4070")
+    [line] = [x for x in out.splitlines() if x.strip().startswith("cuda_context:")]
+    assert code == 0 and "torch unknown" not in line and "CUDA unknown, driver unknown" in line
+    assert "--runtime cuda=...,module_loading=lazy|eager" in line
+    code, out, _ = run(capsys, "plan", "dqn_fire_raster", "--gpu", "RTX 4070")
+    [line] = [x for x in out.splitlines() if x.strip().startswith("cuda_context:")]
+    assert "--runtime torch=...,cuda=..." in line

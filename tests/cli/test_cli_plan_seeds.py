@@ -8,6 +8,12 @@ import json
 import pytest
 from _cli_run import run, run_json
 
+from memfit.allocator.xla_fraction import (
+    fraction_summary,
+    recommended_xla_fraction,
+    xla_fraction_variable,
+)
+from memfit.hardware.catalog import gpu, list_gpus
 from memfit.units import GiB
 
 
@@ -18,7 +24,7 @@ def test_brax_plan_shows_the_pool_and_its_headroom(capsys: pytest.CaptureFixture
     assert "XLA preallocates" in flat and "headroom inside the pool:" in flat
     assert "env_step_temporaries" in out and "sgd_temporaries" in out
     assert "measurements recorded in the workload with brax 0.14.2" in flat
-    assert "export XLA_PYTHON_CLIENT_MEM_FRACTION=0.90" in out
+    assert f"export {xla_fraction_variable()[0]}=0.90" in out
     code, out, _ = run(capsys, "plan", "brax_humanoid_ppo", "--gpu", "RTX 4070", "--json")
     data = json.loads(out)
     assert data["headroom_bytes"] == data["breakdown"]["jax_pool_unused"]
@@ -31,18 +37,35 @@ def test_brax_plan_shows_the_pool_and_its_headroom(capsys: pytest.CaptureFixture
         seen.add(key)
 
 
-def test_one_xla_fraction_in_plan_and_env(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "plan", "brax_humanoid_ppo", "--gpu", "RTX 4070", "--json")
-    planned = json.loads(out)["environment"]["XLA_PYTHON_CLIENT_MEM_FRACTION"]
-    code, out, _ = run(capsys, "env", "--gpu", "RTX 4070", "--json")
+@pytest.mark.parametrize("card", ["RTX 4070", "RTX 3060 Ti", "RTX 4060", "GTX 1650"])
+def test_one_xla_fraction_in_plan_and_env(capsys: pytest.CaptureFixture[str], card: str) -> None:
+    """Issue 32: plan said 0.85 on 8 GB cards where env (and the docs) said 0.90. One
+    function decides; plan, env --gpu and the note show its answer, under one name."""
+    name = xla_fraction_variable()[0]
+    advice = recommended_xla_fraction(gpu(card))
+    code, out, _ = run(capsys, "plan", "brax_humanoid_ppo@quick", "--gpu", card, "--json")
+    planned = json.loads(out)
+    assert planned["environment"][name] == advice.value
+    assert f"{name}={advice.value}: {advice.reason}" in planned["notes"]
+    code, out, _ = run(capsys, "env", "--gpu", card, "--json")
     assert code == 0
-    # one value; env names it as the installed jaxlib reads it (issue 22)
-    fractions = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")
-    env = {s["variable"]: s for s in json.loads(out)["settings"] if s["variable"] in fractions}
-    assert [s["value"] for s in env.values()] == [planned] == ["0.90"]
-    code, out, _ = run(capsys, "env", "--json")
-    values = [s["value"] for s in json.loads(out)["settings"] if s["variable"] in fractions]
-    assert values == ["0.90"]
+    env = {s["variable"]: s for s in json.loads(out)["settings"] if s["framework"] == "jax"}
+    assert list(env) == [name] and env[name]["value"] == advice.value
+    assert env[name]["reason"] == advice.reason
+
+
+def test_env_without_a_card_leaves_room_on_every_card(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain ``memfit env`` where no card is named or found: its fraction is the smallest
+    the rule gives over the catalog, and its reason says what a named card gets (not "0.90 on
+    any card")."""
+    monkeypatch.setattr("memfit.backends.local_probe", lambda **_: (None, ["no driver"]))
+    settings = run_json(capsys, "env", "--json")["settings"]
+    [setting] = [s for s in settings if s["framework"] == "jax"]
+    low = min(recommended_xla_fraction(spec).fraction for spec in list_gpus())
+    assert setting["value"] == f"{low:.2f}"
+    assert fraction_summary().text() in setting["reason"] and "--gpu NAME" in setting["reason"]
 
 
 def test_decimal_and_binary_sizes_are_explained(capsys: pytest.CaptureFixture[str]) -> None:
@@ -96,3 +119,17 @@ def test_measure_modes_through_the_cli(capsys: pytest.CaptureFixture[str]) -> No
     assert "measurements recorded in the workload" in data["notes"][0]
     code, _, err = run(capsys, "plan", "brax_humanoid_ppo", "--gpu", "T4", "--measure", "x")
     assert code == 1 and "unknown measurement mode" in err
+
+
+def test_env_sizes_the_pool_for_the_card_it_finds(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a machine with a GPU, a plain ``memfit env`` gives that card's fraction (NVML)."""
+    from memfit.backends import SimulatedDevice
+
+    card = SimulatedDevice(gpu("RTX 3060 Ti").total_bytes, name="NVIDIA GeForce RTX 3060 Ti")
+    monkeypatch.setattr("memfit.backends.local_probe", lambda **_: (card, []))
+    data = run_json(capsys, "env", "--json")
+    [setting] = [s for s in data["settings"] if s["framework"] == "jax"]
+    assert setting["value"] == recommended_xla_fraction(gpu("RTX 3060 Ti")).value == "0.85"
+    assert any("this machine's NVIDIA GeForce RTX 3060 Ti" in n for n in data["notes"])

@@ -82,3 +82,33 @@ def test_plan_write_keeps_set_settings(capsys: pytest.CaptureFixture[str], tmp_p
     assert code == 0, err
     assert json.loads(out)["knobs"]["unroll_length"] == 20
     assert yaml.safe_load(target.read_text())["knobs"]["unroll_length"]["choices"] == [20]
+
+
+@pytest.mark.parametrize(
+    ("name", "args"),
+    [
+        ("dqn_fire_raster", ["--gpu", "3.68GiB", "--margin", "10%"]),
+        ("brax_humanoid_ppo@quick", ["--gpu", "RTX 4060"]),
+        ("dqn_fire_raster", ["--gpu", "cpu", "--host-memory", "16GiB"]),
+    ],
+)
+def test_a_written_plan_reloads_as_written_without_gpu(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, name: str, args: list[str]
+) -> None:
+    """Issue 32: ``memfit plan fitted.yaml``, as the README writes it, asked for --gpu
+    although the file records its GPU. It plans for what the file records."""
+    target = tmp_path / "fitted.yaml"
+    first = run_json(capsys, "plan", name, *args, "--write", str(target), "--json")
+    written = yaml.safe_load(target.read_text())
+    assert written["planned_for"]["gpu"] == args[1]
+    code, out, err = run(capsys, "plan", str(target), "--json")
+    assert code == 0, err
+    again = json.loads(out)
+    for key in ("gpu", "knobs", "predicted_bytes", "budget_bytes", "environment"):
+        assert again[key] == first[key], key
+    code, out, err = run(capsys, "plan", str(target))
+    assert code == 0 and f"note: planning for {args[1]}, as {target} records" in err
+    other = run_json(capsys, "plan", str(target), "--gpu", "RTX 4090", "--json")
+    assert other["gpu"] == "NVIDIA GeForce RTX 4090"  # --gpu still decides when given
+    code, _, err = run(capsys, "plan", name)  # a file that records nothing: the usage error
+    assert code == 2 and "give exactly one of --gpu" in err

@@ -11,7 +11,6 @@ from _cli_run import run, run_json
 
 from memfit.allocator.settings import recommend
 from memfit.allocator.settings_check import check_jax_env
-from memfit.cli import env as env_cli
 from memfit.runtime import allocator_env
 
 NEW, OLD = "XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION"
@@ -49,16 +48,16 @@ def test_the_name_follows_the_installed_jaxlib(
 
 
 def test_env_recommends_that_name_and_says_why(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.delenv(NEW, raising=False)
     monkeypatch.delenv(OLD, raising=False)
-    for name in (NEW, OLD):
-        monkeypatch.setattr(env_cli, "jax_fraction_name", lambda n=name: (n, "because"))
-        data = run_json(capsys, "env", "--json")
+    for name, source in ((NEW, f"os.getenv('{NEW}')\n"), (OLD, f"os.getenv('{OLD}')\n")):
+        _fake_jaxlib(monkeypatch, tmp_path / name, source)
+        data = run_json(capsys, "env", "--json", "--gpu", "RTX 4070")
         assert [s["variable"] for s in data["settings"] if s["framework"] == "jax"] == [name]
         assert f"export {name}=0.90" in data["script"]
-        assert f"{name}: because" in data["notes"]
+        assert any(n.startswith(f"{name}: the installed jaxlib reads") for n in data["notes"])
 
 
 def test_both_names_are_accepted_but_not_together(
@@ -78,14 +77,22 @@ def test_both_names_are_accepted_but_not_together(
     assert code == 1  # both set: a newer JAX refuses to start its GPU backend
 
 
-def test_plan_says_which_name_the_installed_jax_reads(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("name", [NEW, OLD])
+def test_plan_and_env_set_the_one_name_the_installed_jax_reads(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, name: str
 ) -> None:
-    monkeypatch.setattr(allocator_env, "jax_fraction_name", lambda: (NEW, "it reads the new"))
-    data = run_json(capsys, "plan", "brax_humanoid_ppo", "--gpu", "RTX 4070", "--json")
-    assert data["environment"][OLD] == "0.90"  # the name every JAX reads
-    [note] = [n for n in data["notes"] if "never both" in n]
-    assert f"export {NEW}=0.90" in note
-    monkeypatch.setattr(allocator_env, "jax_fraction_name", lambda: (OLD, "old jaxlib"))
-    data = run_json(capsys, "plan", "brax_humanoid_ppo", "--gpu", "RTX 4070", "--json")
-    assert not [n for n in data["notes"] if "never both" in n]
+    """Issue 32: plan printed the old name and env the new one; with both exported a newer
+    jaxlib refuses to start. Both now set the one name the installed jaxlib reads."""
+    _fake_jaxlib(monkeypatch, tmp_path / "jaxlib", f"os.getenv('{name}')\n")
+    other = OLD if name == NEW else NEW
+    plan = run_json(capsys, "plan", "brax_humanoid_ppo", "--gpu", "RTX 4070", "--json")
+    assert plan["environment"][name] == "0.90" and other not in plan["environment"]
+    assert f"{name}=0.90: one JAX job owns the GPU" in "\n".join(plan["notes"])
+    assert other not in "\n".join(n for n in plan["notes"] if n.startswith(name + "="))
+    env = run_json(capsys, "env", "--json", "--gpu", "RTX 4070")
+    assert {s["variable"]: s["value"] for s in env["settings"] if s["framework"] == "jax"} == {
+        name: "0.90"
+    }
+    code, out, _ = run(capsys, "plan", "brax_humanoid_ppo", "--gpu", "RTX 4070")
+    assert code == 0 and f"export {name}=0.90" in out and f"export {other}" not in out
+    assert f"({name}=0.90)" in out  # the pool line names the same variable

@@ -11,7 +11,12 @@ from memfit.allocator.settings import (
     workload_settings,
 )
 from memfit.allocator.settings_check import check_jax_env
-from memfit.allocator.xla_fraction import XLA_FRACTION_CAP, recommended_xla_fraction
+from memfit.allocator.xla_fraction import (
+    XLA_FRACTION_CAP,
+    fraction_summary,
+    recommended_xla_fraction,
+    xla_fraction_variable,
+)
 from memfit.core.budget import compose_budget
 from memfit.errors import ConfigError
 from memfit.hardware.catalog import gpu, list_gpus
@@ -74,17 +79,43 @@ def test_one_xla_fraction_recommendation_everywhere() -> None:
     advice = recommended_xla_fraction(spec)
     env_rec = recommend("training", platform="linux", torch_version=(2, 13), gpu=spec)
     jax_settings = [s for s in env_rec.settings if s.framework == "jax"]
+    name = xla_fraction_variable()[0]
     assert [(s.variable, s.value, s.reason) for s in jax_settings] == [
-        ("XLA_PYTHON_CLIENT_MEM_FRACTION", advice.value, advice.reason)
+        (name, advice.value, advice.reason)
     ]
     # the plan's pool uses the same fraction when the workload leaves it to memfit
     budget = compose_budget(spec, framework="jax")
     assert budget.pool_fraction == advice.fraction
     assert budget.pool_bytes == int(spec.total_bytes * advice.fraction)
-    assert workload_settings("jax", gpu=spec)["XLA_PYTHON_CLIENT_MEM_FRACTION"] == advice.value
-    # without a GPU (memfit env with no card named) it is the value of every card >= 8 GB
-    assert recommended_xla_fraction(None).fraction == XLA_FRACTION_CAP
+    assert workload_settings("jax", gpu=spec)[name] == advice.value
+    # without a GPU (memfit env with no card named): the fraction that leaves room on every
+    # card of the catalog, and the reason says the rule over the catalog
+    unknown = recommended_xla_fraction(None)
+    assert unknown.fraction == min(recommended_xla_fraction(g).fraction for g in list_gpus())
+    summary = fraction_summary()
+    assert summary.text() in unknown.reason
     assert "CUDA context" in advice.reason and "pool" in advice.reason
+
+
+def test_the_summary_of_the_rule_is_the_rule() -> None:
+    """The docs and a plain ``memfit env`` say the rule over the catalog in words
+    (fraction_summary): check every word of it against recommended_xla_fraction."""
+    s = fraction_summary()
+    cards = [g for g in list_gpus() if g.arch != "cpu"]
+    for g in cards:
+        got = recommended_xla_fraction(g).fraction
+        if g.total_bytes >= s.top_from_bytes:
+            assert got == s.top == XLA_FRACTION_CAP, g.name
+        assert s.low <= got <= s.top
+    assert any(  # the threshold is tight: a card just below it gets less
+        recommended_xla_fraction(g).fraction < s.top
+        for g in cards
+        if g.total_bytes < s.top_from_bytes
+    )
+    for name, nbytes, fraction in s.below:
+        assert recommended_xla_fraction(gpu(name)).fraction == fraction
+        assert gpu(name).total_bytes == nbytes < s.top_from_bytes
+    assert "0.85 on the RTX" in s.text()  # an 8 GB GeForce card: context + margin > 10%
 
 
 def test_recommended_fraction_leaves_context_margin_and_others_outside_the_pool() -> None:
@@ -98,6 +129,7 @@ def test_recommended_fraction_leaves_context_margin_and_others_outside_the_pool(
                 assert budget.breaking_term is None, spec.name
                 assert budget.context_bytes + (budget.pool_bytes or 0) <= budget.budget_bytes
     assert recommended_xla_fraction(gpu("GTX 1650")).value == "0.85"
+    assert recommended_xla_fraction(gpu("RTX 3060 Ti")).value == "0.85"  # 8 GiB, 430 MiB
     assert recommended_xla_fraction(gpu("H100")).value == "0.90"
     assert recommended_xla_fraction(gpu("8GiB"), margin=0.2).value == "0.70"
     explicit = compose_budget(gpu("4090"), framework="jax", jax_mem_fraction=0.5)

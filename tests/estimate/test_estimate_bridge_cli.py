@@ -118,6 +118,37 @@ def test_cli_estimate_json(factory_module: str, capsys: pytest.CaptureFixture[st
     assert data["fit"]["slope"] > 0
 
 
+def test_cli_says_when_the_batch_range_cannot_give_a_slope(
+    factory_module: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 32: at batch 8 and 16 the peak sits in Adam's step, where the batch's tensors
+    are freed: the line through those peaks says 256 B per item. The command says so, and
+    traces two sizes past the crossing, where the slope is the batch's."""
+    import memfit
+
+    code = main(["estimate", f"{factory_module}:make", "--batch", "8,16", "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0
+    slope = data["slope"]
+    assert slope is not None and slope["fitted_per_item_bytes"] == data["fit"]["slope"]
+    assert slope["per_item_bytes"] > 4 * data["fit"]["slope"]
+    at = slope["trace_at"]
+    assert at[0] >= 2 * slope["from_value"] and at[1] == 2 * at[0]
+    step = make_step(f"{factory_module}:make")
+    direct = memfit.estimate_torch(step.build, step.step, step.make_batch, at,
+                                   kernel_scratch=False)  # fmt: skip
+    assert direct.fit is not None and slope["fit"]["slope"] == direct.fit.slope
+    assert abs(direct.fit.slope - slope["per_item_bytes"]) <= 0.05 * slope["per_item_bytes"]
+    code = main(["estimate", f"{factory_module}:make", "--batch", "8,16"])
+    out = capsys.readouterr().out
+    assert "the peak comes where the batch's tensors are already freed" in out
+    assert f"traced again at {at[0]} and {at[1]}: fit:" in out
+    # sizes past the crossing give the slope themselves: nothing to say
+    code = main(["estimate", f"{factory_module}:make", "--batch", ",".join(map(str, at)),
+                 "--json"])  # fmt: skip
+    assert code == 0 and json.loads(capsys.readouterr().out)["slope"] is None
+
+
 def test_cli_estimate_human_tables(factory_module: str, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["estimate", f"{factory_module}:make_jax", "--batch", "8,16"])
     captured = capsys.readouterr()
@@ -157,3 +188,21 @@ def test_cli_replays_the_allocator_settings_of_the_environment(
     assert main(["estimate", f"{factory_module}:make", "--batch", "8", "--json"]) == 0
     point = json.loads(capsys.readouterr().out)["points"][0]
     assert point["reserved_peak"] % (2 * 1024 * 1024) == 0  # whole pages
+
+
+def test_a_traced_workload_needs_no_terms(factory_module: str) -> None:
+    """Issue 32: ``estimator: torch`` on a custom workload asked for a non-empty ``terms:``
+    the docs never mentioned; the traced step's terms are the workload's."""
+    import memfit
+
+    data = {
+        "name": "traced",
+        "family": "custom",
+        "knobs": {"batch_size": {"min": 64, "max": 1024, "powers_of_two": True}},
+        "estimator": "torch",
+        "factory": f"{factory_module}:make",
+    }
+    p = memfit.plan(Workload.model_validate(data), gpu="RTX 4060")
+    assert p.fits and {"parameters", "optimizer_state"} <= set(p.breakdown)
+    with pytest.raises(ValueError, match=r"needs a terms: section .* or estimator: torch/jax"):
+        Workload.model_validate({**data, "estimator": "analytic", "factory": None})

@@ -16,7 +16,7 @@ import pytest
 
 import memfit
 from memfit._lazy import require
-from memfit.allocator.xla_fraction import recommended_xla_fraction
+from memfit.allocator.xla_fraction import recommended_xla_fraction, xla_fraction_variable
 from memfit.core.constraints import PRESETS
 from memfit.core.measured import BraxMeasurements
 from memfit.core.workload import parse_workload
@@ -144,14 +144,8 @@ def test_jax_allocator_settings_are_the_one_recommendation() -> None:
     p = memfit.plan(w, gpu=spec)
     env = mbrax.jax_allocator_settings(p, spec.total_bytes)
     advice = recommended_xla_fraction(spec)
-    assert (
-        env
-        == p.environment
-        == {
-            "XLA_PYTHON_CLIENT_PREALLOCATE": "true",
-            "XLA_PYTHON_CLIENT_MEM_FRACTION": advice.value,
-        }
-    )
+    name = xla_fraction_variable()[0]  # the one name, the installed jaxlib's (issue 32)
+    assert env == p.environment == {"XLA_PYTHON_CLIENT_PREALLOCATE": "true", name: advice.value}
     pool = p.predicted_bytes - p.breakdown["cuda_context"]
     assert pool == int(advice.fraction * spec.total_bytes)
     # planned without preallocation, the same recommendation once the buffers fit its pool
@@ -188,6 +182,7 @@ def test_integration_modules_import_no_framework() -> None:
     assert out.stdout.strip() == ""
 
 
+@pytest.mark.slow  # measures brax's fast env: minutes of CPU
 def test_plan_ppo_on_a_real_brax_env(fast_measured: BraxMeasurements) -> None:
     from brax import envs
 
@@ -231,6 +226,7 @@ def fast_measured(measure_cache: Path) -> BraxMeasurements:
     return mbrax.measure_ppo("fast")
 
 
+@pytest.mark.slow  # measures brax's fast env: minutes of CPU
 def test_measurements_predict_a_fourth_compiled_step(fast_measured: BraxMeasurements) -> None:
     from brax import envs
 
@@ -257,6 +253,7 @@ def test_measurements_predict_a_fourth_compiled_step(fast_measured: BraxMeasurem
     assert abs(model - compiled["peak_bytes"]) <= 0.01 * compiled["peak_bytes"]
 
 
+@pytest.mark.slow  # measures brax's fast env: minutes of CPU
 def test_measurements_are_cached(
     fast_measured: BraxMeasurements, measure_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -302,6 +299,7 @@ constraints: {presets: [brax_ppo]}
 """
 
 
+@pytest.mark.slow  # measures brax's fast env: minutes of CPU
 def test_resolve_measurements_modes(
     fast_measured: BraxMeasurements, monkeypatch: pytest.MonkeyPatch
 ) -> None:

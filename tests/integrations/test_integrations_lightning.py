@@ -198,6 +198,7 @@ def _peak(batch: int) -> int:
         return gpu.peak_allocated_bytes
 
 
+@pytest.mark.slow  # tens of seconds of CPU: the slow suite runs it (issue 32)
 def test_batch_size_finder_trials_run_unguarded_and_see_their_ooms() -> None:
     from lightning.pytorch.callbacks import BatchSizeFinder
 

@@ -201,6 +201,7 @@ _WORKER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # tens of seconds of CPU: the slow suite runs it (issue 32)
 def test_two_worker_processes_share_one_sqlite_study(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'study.db'}"
     optuna.create_study(study_name="sweep", storage=url, direction="maximize")

@@ -63,6 +63,7 @@ def _oom_above(model: Any, limit: int) -> list[int]:
     return seen
 
 
+@pytest.mark.slow  # tens of seconds of CPU: the slow suite runs it (issue 32)
 def test_train_halves_micro_batch_and_keeps_effective_batch(tmp_path: Path) -> None:
     rec = memfit.Recorder(None, log=False)
     trainer = _trainer(tmp_path, micro=16, accumulation=1, callbacks=[mtf.MemfitCallback(rec)])
@@ -133,6 +134,7 @@ def _params(model: Any) -> list[Any]:
     return [p.detach().clone() for p in model.parameters()]
 
 
+@pytest.mark.slow  # tens of seconds of CPU: the slow suite runs it (issue 32)
 def test_a_restart_without_checkpoint_starts_over_from_the_start_exactly(tmp_path: Path) -> None:
     reference = _exact_trainer(tmp_path / "ref", micro=4, accumulation=2)
     reference.train()
@@ -151,6 +153,7 @@ def test_a_restart_without_checkpoint_starts_over_from_the_start_exactly(tmp_pat
         assert torch.allclose(p, q, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # tens of seconds of CPU: the slow suite runs it (issue 32)
 def test_a_restart_resumes_from_the_checkpoint_this_call_wrote(tmp_path: Path) -> None:
     reference = _exact_trainer(tmp_path / "ref", micro=8, accumulation=1)
     reference.train()

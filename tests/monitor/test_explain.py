@@ -184,6 +184,21 @@ def test_at_points_and_bad_at() -> None:
         memfit.explain(b.snapshot(), at="oom")
 
 
+def test_at_peak_is_where_the_most_memory_is_live() -> None:
+    """Issue 32: ``--at peak`` broke memory down at the reserved peak's first event (one
+    block live) while the allocated peak came later inside the same segment."""
+    b = TraceBuilder()
+    b.free(b.malloc(3 * MiB))  # the 20 MiB segment: the reserved peak from here on
+    blocks = [b.malloc(3 * MiB) for _ in range(5)]  # 15 MiB live, the same segment
+    for block in blocks:
+        b.free(block)
+    e = memfit.explain(b.snapshot(), at="peak")
+    assert e.peak_reserved_event < e.peak_allocated_event
+    assert e.at_event == e.peak_allocated_event
+    assert e.allocated_bytes == e.peak_allocated_bytes == 15 * MiB
+    assert sum(row.bytes for row in e.group("size").rows) == 15 * MiB
+
+
 def test_no_trace_and_empty_trace_say_how_to_record() -> None:
     data = _fragmented_oom()
     no_trace = {"segments": data["segments"]}

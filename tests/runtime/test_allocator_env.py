@@ -18,6 +18,7 @@ from memfit.allocator.settings_check import (
     parse_torch_conf,
 )
 from memfit.allocator.shell import parse_shell_assignments
+from memfit.allocator.xla_fraction import xla_fraction_variable
 from memfit.runtime.allocator_env import (
     check_environment,
     configure,
@@ -298,7 +299,7 @@ def test_configure_writes_and_merges() -> None:
     assert env["PYTORCH_ALLOC_CONF"] == conf
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == conf
     assert env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
-    assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.5"
+    assert env[xla_fraction_variable()[0]] == "0.5"  # the name the installed jaxlib reads
     assert written == {k: env[k] for k in written}
     assert check_environment(env) == []
 
@@ -307,6 +308,9 @@ def test_configure_uses_the_new_jax_fraction_name_when_set() -> None:
     env = {"XLA_CLIENT_MEM_FRACTION": ".3"}
     configure(jax_mem_fraction=0.4, environ=env)
     assert env == {"XLA_CLIENT_MEM_FRACTION": "0.4"}
+    env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": ".3"}  # the one already set wins: never both
+    configure(jax_mem_fraction=0.4, environ=env)
+    assert env == {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.4"}
 
 
 def test_configure_nothing_requested_changes_nothing() -> None:

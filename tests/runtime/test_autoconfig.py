@@ -80,3 +80,5 @@ def test_no_device_says_how_to_rehearse(monkeypatch: pytest.MonkeyPatch) -> None
     with pytest.raises(BackendUnavailable, match="no device to read") as info:
         read_device()
     assert info.value.hint is not None and "SimulatedDevice" in info.value.hint
+    # a script that lets the error propagate shows str(exc) alone: the way out is there too
+    assert "probe=memfit.backends.SimulatedDevice('8GiB')" in str(info.value)

@@ -123,6 +123,7 @@ def test_fit_without_a_prior_still_finds_the_max() -> None:
     assert len(result.probes) <= 6
 
 
+@pytest.mark.slow  # tens of seconds of CPU: the slow suite runs it (issue 32)
 def test_an_oom_probe_is_caught_and_its_memory_comes_back() -> None:
     # A prior that says half the real memory per item (about 21 KB): the first probe runs out.
     with simulate_gpu(4 * MiB) as gpu:

@@ -144,7 +144,14 @@ def _fault(kind: str, at: int) -> Any:
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["one_chunk", "per_parameter"])
-@pytest.mark.parametrize("foreach", [False, True], ids=["forloop", "foreach"])
+@pytest.mark.parametrize(
+    "foreach",
+    [
+        # the per-parameter loop has many more operations to fault at: the slow suite's
+        pytest.param(False, id="forloop", marks=pytest.mark.slow),
+        pytest.param(True, id="foreach"),
+    ],
+)
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
 def test_a_fault_at_every_operation_of_the_step_leaves_no_half_step(
     name: str, foreach: bool, chunked: bool

@@ -52,7 +52,11 @@ from memfit.allocator.settings_check import (
     check_value,
     parse_torch_conf,
 )
-from memfit.allocator.xla_fraction import recommended_xla_fraction
+from memfit.allocator.xla_fraction import (
+    FRACTION_VARIABLES,
+    recommended_xla_fraction,
+    xla_fraction_variable,
+)
 from memfit.errors import ConfigError
 from memfit.hardware.catalog import GpuSpec
 
@@ -142,10 +146,7 @@ class Recommendation:
 #: The two names of XLA's pool fraction: the one JAX now documents, and the older one (read
 #: by every JAX; by newer ones as a deprecated name). Both are accepted; setting both stops
 #: a newer JAX's GPU backend from starting.
-JAX_FRACTION_VARIABLES: tuple[str, str] = (
-    "XLA_CLIENT_MEM_FRACTION",
-    "XLA_PYTHON_CLIENT_MEM_FRACTION",
-)
+JAX_FRACTION_VARIABLES: tuple[str, str] = FRACTION_VARIABLES
 
 
 def recommend(
@@ -154,7 +155,7 @@ def recommend(
     platform: str | None = None,
     torch_version: tuple[int, int] | None = None,
     gpu: GpuSpec | None = None,
-    jax_fraction_variable: str = "XLA_PYTHON_CLIENT_MEM_FRACTION",
+    jax_fraction_variable: str | None = None,
 ) -> Recommendation:
     """Recommended allocator settings for a use.
 
@@ -168,13 +169,13 @@ def recommend(
             name(s) to set; ``None`` (unknown) sets both.
             :func:`memfit.runtime.allocator_env.recommend` reads the installed version.
         gpu: The GPU, for the XLA pool fraction of ``training``
-            (:func:`memfit.allocator.xla_fraction.recommended_xla_fraction`); ``None``: any
-            card of 8 GB or more.
+            (:func:`memfit.allocator.xla_fraction.recommended_xla_fraction`); ``None``: a
+            card not named (the fraction that leaves room on every card memfit knows).
         jax_fraction_variable: The name to set the XLA pool fraction under:
             ``XLA_CLIENT_MEM_FRACTION`` (the name JAX now documents) or
             ``XLA_PYTHON_CLIENT_MEM_FRACTION`` (the older one, which every JAX reads; newer
-            ones as a deprecated name). :func:`memfit.runtime.allocator_env.jax_fraction_name`
-            says which the installed jaxlib reads.
+            ones as a deprecated name); ``None``: the one the installed jaxlib reads
+            (:func:`memfit.allocator.xla_fraction.xla_fraction_variable`).
 
     Raises:
         ConfigError: When the profile is unknown.
@@ -189,6 +190,8 @@ def recommend(
             key_path="--for",
             hint="use one of " + ", ".join(PROFILES),
         )
+    if jax_fraction_variable is None:
+        jax_fraction_variable = xla_fraction_variable()[0]
     if jax_fraction_variable not in JAX_FRACTION_VARIABLES:
         raise ConfigError(
             f"not a JAX memory-fraction variable: {jax_fraction_variable!r}",
@@ -458,6 +461,7 @@ def workload_settings(
     gpu: GpuSpec | None = None,
     platform: str | None = None,
     torch_version: tuple[int, int] | None = None,
+    fraction_variable: str | None = None,
 ) -> dict[str, str]:
     """The allocator settings a planned job runs with (``memfit plan``'s last lines,
     ``--write``'s ``environment``, ``Plan.environment``).
@@ -467,10 +471,12 @@ def workload_settings(
     for ``gpu``. PyTorch: the torch part of :func:`recommend` for training (expandable
     segments; the plan's allocator slack assumes classic segments, so with expandable
     segments the job holds at most what the plan predicts). On the host (``gpu.arch ==
-    "cpu"``) there is no device allocator to configure.
+    "cpu"``) there is no device allocator to configure. The pool's fraction goes under
+    ``fraction_variable``, by default the name the installed jaxlib reads
+    (:func:`memfit.allocator.xla_fraction.xla_fraction_variable`: one name everywhere).
 
-    >>> workload_settings("jax", pool_fraction=0.9)
-    {'XLA_PYTHON_CLIENT_PREALLOCATE': 'true', 'XLA_PYTHON_CLIENT_MEM_FRACTION': '0.90'}
+    >>> workload_settings("jax", pool_fraction=0.9, fraction_variable="XLA_CLIENT_MEM_FRACTION")
+    {'XLA_PYTHON_CLIENT_PREALLOCATE': 'true', 'XLA_CLIENT_MEM_FRACTION': '0.90'}
     >>> workload_settings("jax", jax_preallocate=False)
     {'XLA_PYTHON_CLIENT_PREALLOCATE': 'false'}
     """
@@ -482,9 +488,7 @@ def workload_settings(
         fraction = (
             pool_fraction if pool_fraction is not None else (recommended_xla_fraction(gpu).fraction)
         )
-        return {
-            "XLA_PYTHON_CLIENT_PREALLOCATE": "true",
-            "XLA_PYTHON_CLIENT_MEM_FRACTION": f"{fraction:.2f}",
-        }
+        name = fraction_variable or xla_fraction_variable()[0]
+        return {"XLA_PYTHON_CLIENT_PREALLOCATE": "true", name: f"{fraction:.2f}"}
     rec = recommend("training", platform=platform, torch_version=torch_version)
     return {s.variable: s.value for s in rec.settings if s.framework == "torch"}

@@ -24,6 +24,7 @@ from memfit.allocator.settings_check import JAX_VARIABLES, TORCH_VARIABLES, chec
 from memfit.cli._common import JSON_OPTION, err_console, out_console, print_json, safe
 from memfit.cli._files import read_input_text
 from memfit.errors import ConfigError
+from memfit.hardware.catalog import GpuSpec
 from memfit.runtime.allocator_env import (
     check_environment,
     check_jax_install,
@@ -54,8 +55,9 @@ def env(
     gpu: str | None = typer.Option(
         None,
         "--gpu",
-        help="The card (name or size) to size XLA's pool for; by default any card of 8 GB "
-        "or more (the same rule memfit plan uses).",
+        help="The card (name or size) to size XLA's pool for (the same rule memfit plan "
+        "uses); by default this machine's GPU (NVML), else a fraction that leaves room on "
+        "every card memfit knows.",
     ),
     as_json: bool = JSON_OPTION,
     xla_target_config: bool = typer.Option(
@@ -85,7 +87,7 @@ def env(
         )
     from memfit.hardware.catalog import gpu as catalog_gpu
 
-    spec = catalog_gpu(gpu) if gpu is not None else None
+    spec = catalog_gpu(gpu) if gpu is not None else _this_card()
     fraction_name, fraction_why = jax_fraction_name()
     rec = recommend(
         profile,
@@ -93,7 +95,12 @@ def env(
         gpu=spec,
         jax_fraction_variable=fraction_name,
     )
-    rec = replace(rec, notes=(*rec.notes, f"{fraction_name}: {fraction_why}"))
+    card_note = (
+        [f"XLA's pool is sized for this machine's {spec.name} (NVML); --gpu NAME for another"]
+        if gpu is None and spec is not None
+        else []
+    )
+    rec = replace(rec, notes=(*rec.notes, *card_note, f"{fraction_name}: {fraction_why}"))
     script = render_shell(rec.settings, shell)
     if check is not None:
         text, source = read_input_text(
@@ -155,6 +162,35 @@ def env(
         )
         err_console.print(f"[bold]Hint:[/] {safe(first.hint or 'see the problems listed above')}")
         raise typer.Exit(1)
+
+
+def _this_card() -> GpuSpec | None:
+    """This machine's first GPU as NVML reports it, for the card XLA's pool is sized for;
+    ``None`` without NVML or a GPU (torch is not imported: it costs seconds)."""
+    from memfit.backends import local_probe
+    from memfit.errors import MemfitError
+    from memfit.hardware.catalog import anonymous_gpu
+    from memfit.hardware.catalog import gpu as catalog_gpu
+
+    try:
+        probe, _reasons = local_probe(try_torch=False)
+        if probe is None:
+            return None
+        devices = probe.snapshot().devices
+    except MemfitError:
+        return None
+    if not devices or not devices[0].total_bytes:
+        return None
+    first = devices[0]
+    total = first.total_bytes or 0
+    try:
+        known = catalog_gpu(first.name)
+    except ConfigError:
+        known = None
+    if known is not None and known.total_bytes == total:
+        return known
+    base = anonymous_gpu(total)
+    return replace(base, name=first.name, arch=known.arch if known is not None else base.arch)
 
 
 def register(app: typer.Typer) -> None:

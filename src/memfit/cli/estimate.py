@@ -122,6 +122,42 @@ def _fit_line(fit: dict[str, float] | None, knob: str) -> str:
     )
 
 
+def _gradients_note(point: dict[str, Any]) -> str | None:
+    """Why the gradients at the peak can be fewer than the parameters: the table shows what
+    is live at the peak, not what a step holds at its most."""
+    parts = point["breakdown"]
+    params, grads = parts.get("parameters", 0), parts.get("gradients", 0)
+    if not params or grads >= params:
+        return None
+    return (
+        f"gradients: {format_bytes(grads)} of the parameters' {format_bytes(params)} are live "
+        "at the peak: it comes before the backward pass has made the rest (or after "
+        "zero_grad freed them); the table is what is live at the peak, not each part at its "
+        "largest"
+    )
+
+
+def _slope_check(est: Any, trace: Any) -> dict[str, Any] | None:
+    """When the traced sizes cannot give the batch's slope (the peak comes where the batch's
+    tensors are freed), say so, and trace two sizes where they can
+    (:mod:`memfit.estimate._slope`)."""
+    from memfit.estimate._slope import check_slope
+
+    if est.fit is None:
+        return None
+    found = check_slope(est.sequence, [p.batch_size for p in est.points], est.fit.slope)
+    if found is None:
+        return None
+    out = {**found.to_dict(), "text": found.text(est.batch_knob), "fit": None}
+    at = found.trace_at()
+    if at is not None:
+        # fake tensors take no memory at any batch; the kernels' scratch is not measured
+        # there (each such op would run for real on this CPU at that size)
+        again = trace(at, False)
+        out["fit"] = None if again.fit is None else again.fit.to_dict()
+    return out
+
+
 def estimate_command(
     factory: str = typer.Argument(
         ..., help="module:function returning memfit.estimate.TorchStep or JaxStep."
@@ -178,18 +214,25 @@ def estimate_command(
             status(f"tracing {factory}", quiet=json_out) as say,
             user_code(factory),  # build / make_batch / step are the user's code too
         ):
-            data = estimate_torch(
-                step.build,
-                step.step,
-                step.make_batch,
-                sizes,
-                gpu=gpu,
-                expandable_segments=expandable,
-                max_split_size=max_split,
-                batch_knob=step.batch_knob,
-                runtime=runtime,
-                progress=say,
-            ).to_dict()
+
+            def trace(at: list[int], scratch: bool | None = None) -> Any:
+                return estimate_torch(
+                    step.build,
+                    step.step,
+                    step.make_batch,
+                    at,
+                    gpu=gpu,
+                    expandable_segments=expandable,
+                    max_split_size=max_split,
+                    batch_knob=step.batch_knob,
+                    runtime=runtime,
+                    progress=say,
+                    kernel_scratch=scratch,
+                )
+
+            est = trace(sizes)
+            data = est.to_dict()
+            data["slope"] = _slope_check(est, trace)
     elif isinstance(step, JaxStep):
         from memfit.estimate.jax_xla import estimate_jax_sweep
 
@@ -204,9 +247,25 @@ def estimate_command(
     for table in tables:
         out_console.print(table)
     out_console.print(safe(_fit_line(data["fit"], data["batch_knob"])))
+    slope = data.get("slope")
+    if slope is not None:
+        out_console.print(safe(slope["text"]), soft_wrap=True)
+        if slope.get("fit") is not None:
+            at = " and ".join(str(v) for v in slope["trace_at"])
+            out_console.print(
+                safe(f"traced again at {at}: {_fit_line(slope['fit'], data['batch_knob'])}"),
+                soft_wrap=True,
+            )
+        else:
+            out_console.print(
+                f"trace at {slope['from_value'] * 2:,} or more for the slope", soft_wrap=True
+            )
     if kind == "torch" and data.get("context") is not None:
         out_console.print(safe(_context_line(data["context"])))
     if kind == "torch":
+        note = _gradients_note(data["points"][-1])
+        if note is not None:
+            out_console.print(safe(note), soft_wrap=True)
         for point in data["points"][-1:]:
             if point["top_modules"]:
                 tops = ", ".join(

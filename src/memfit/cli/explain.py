@@ -56,7 +56,8 @@ def explain(
     at: str = typer.Option(
         "auto",
         "--at",
-        help="Where to look: oom, peak, end or an event index (default: the OOM, else the peak).",
+        help="Where to look: oom, peak (the most memory live), end or an event index (default: "
+        "the OOM, else the peak).",
     ),
     device: int | None = typer.Option(
         None,

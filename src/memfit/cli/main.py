@@ -90,6 +90,22 @@ COMMANDS: dict[str, tuple[str, str]] = {
 COMMAND_MODULES: tuple[str, ...] = tuple(dict.fromkeys(m for m, _ in COMMANDS.values()))
 
 
+def unwrap_help(text: str | None) -> str | None:
+    """A command's help with each paragraph on one line: Typer keeps a docstring's single
+    line breaks after the first paragraph, and Rich then wraps each source line on its own
+    (``memfit check --help`` broke "the workload's" from "search space"); paragraphs stay
+    apart, and a paragraph that starts with ``\\b`` (click's "keep my lines") is kept."""
+    if not text:
+        return text
+    import inspect
+
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(
+        p if p.startswith("\b") else " ".join(line.strip() for line in p.splitlines())
+        for p in paragraphs
+    )
+
+
 class _Pending(TyperCommand):
     """A command whose module is not imported yet: its name and help, for listings."""
 
@@ -116,6 +132,7 @@ class _LazyGroup(TyperGroup):
                 info, pretty_exceptions_short=True, rich_markup_mode=self.rich_markup_mode
             )
             _flags_take_no_value(command)
+            command.help = unwrap_help(command.help)
             self.commands[command.name or ""] = command
 
     def resolve_command(self, ctx: Any, args: list[str]) -> tuple[str | None, Any, list[str]]:

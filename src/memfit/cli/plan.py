@@ -19,7 +19,7 @@ import typer
 import yaml
 from rich.table import Table
 
-from memfit.allocator.xla_fraction import DEFAULT_MARGIN
+from memfit.allocator.xla_fraction import DEFAULT_MARGIN, FRACTION_VARIABLES
 from memfit.cli._common import (
     JSON_OPTION,
     RUNTIME_OPTION,
@@ -118,18 +118,21 @@ def _limited_text(binding: str | None) -> str:
     return binding or "-"
 
 
-def _context_text(context: dict[str, Any]) -> str:
-    """What the context term assumed: loading mode and why, versions, architecture."""
+def _context_text(context: dict[str, Any], framework: str = "torch") -> str:
+    """What the context term assumed: loading mode and why, versions, architecture (a JAX
+    job's line leaves torch out: JAX brings its own CUDA libraries)."""
     rt = context["runtime"]
-    versions = ", ".join(
-        f"{name} {rt[key] or 'unknown'}"
-        for name, key in (("torch", "torch"), ("CUDA", "cuda"), ("driver", "driver"))
-    )
+    names: tuple[tuple[str, str], ...] = (("CUDA", "cuda"), ("driver", "driver"))
+    if framework != "jax":
+        names = (("torch", "torch"), *names)
+    versions = ", ".join(f"{name} {rt[key] or 'unknown'}" for name, key in names)
     arch = context["arch"] or "unknown architecture"
+    target = "cuda=...,module_loading=lazy|eager"
+    if framework != "jax":
+        target = "torch=...," + target
     return (
         f"{format_bytes(context['bytes'])} with {rt['module_loading']} module loading "
-        f"({rt['loading_reason']}); {versions}; {arch}. Another target: --runtime "
-        "torch=...,cuda=...,module_loading=lazy|eager"
+        f"({rt['loading_reason']}); {versions}; {arch}. Another target: --runtime {target}"
     )
 
 
@@ -143,11 +146,14 @@ def _print_plan(workload: Workload, result: Plan) -> None:
         else ""
     )
     if result.pool_bytes is not None:
-        fraction = result.environment.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "?")
+        setting = next(
+            (f"{k}={v}" for k, v in result.environment.items() if k in FRACTION_VARIABLES),
+            "the workload's jax.mem_fraction",
+        )
         console.print(
             f"  the job needs {format_bytes(result.used_bytes)} with its CUDA context; XLA "
             f"preallocates {format_bytes(result.pool_bytes)} "
-            f"(XLA_PYTHON_CLIENT_MEM_FRACTION={fraction}) and the job's buffers fit inside it"
+            f"({setting}) and the job's buffers fit inside it"
             if result.fits
             else f"  the job needs {format_bytes(result.used_bytes)} with its CUDA context; "
             f"its buffers do not fit XLA's pool of {format_bytes(result.pool_bytes)}",
@@ -195,7 +201,8 @@ def _print_plan(workload: Workload, result: Plan) -> None:
     )
     console.print(table)
     if result.context is not None and result.breakdown.get("cuda_context"):
-        console.print(f"  cuda_context: {safe(_context_text(result.context))}", soft_wrap=True)
+        context = _context_text(result.context, workload.framework)
+        console.print(f"  cuda_context: {safe(context)}", soft_wrap=True)
     knobs = Table(title="Chosen knobs", title_justify="left")
     knobs.add_column("knob")
     knobs.add_column("value", justify="right")
@@ -245,13 +252,19 @@ def _print_plan(workload: Workload, result: Plan) -> None:
             console.print(f"  {safe(line)}", soft_wrap=True)
 
 
-def fitted_workload(workload: Workload, result: Plan, overrides: dict[str, int]) -> str:
+def fitted_workload(
+    workload: Workload,
+    result: Plan,
+    overrides: dict[str, int],
+    planned_for: dict[str, Any] | None = None,
+) -> str:
     """The workload as YAML with every knob pinned to the plan's value: a file that
     ``memfit plan FILE`` loads again (and plans to the same configuration).
 
-    What the plan relied on is kept with it: the host RAM it checked a host buffer against
-    (``host_memory_bytes``), the replay buffer's chosen placement, and, as comments, the GPU,
-    the predicted peak and the allocator settings.
+    What the plan relied on is kept with it: the GPU, margin and runtime it was planned for
+    (``planned_for``: ``memfit plan FILE`` needs no ``--gpu`` then), the host RAM it checked
+    a host buffer against (``host_memory_bytes``), the replay buffer's chosen placement, and,
+    as comments, the predicted peak and the allocator settings.
     """
     from memfit.core.evaluate import family_for
 
@@ -271,6 +284,8 @@ def fitted_workload(workload: Workload, result: Plan, overrides: dict[str, int])
         data["replay"]["placement"] = placed
     if result.host_memory_bytes is not None:
         data["host_memory_bytes"] = result.host_memory_bytes
+    if planned_for is not None:
+        data["planned_for"] = {k: v for k, v in planned_for.items() if v is not None}
     head = [
         f"# memfit plan {workload.name} --write: fitted for {result.gpu}",
         f"# predicted peak {format_bytes(result.predicted_bytes)} of a "
@@ -288,8 +303,14 @@ def fitted_workload(workload: Workload, result: Plan, overrides: dict[str, int])
     return "\n".join(head) + "\n" + yaml.safe_dump(data, sort_keys=False)
 
 
-def _write_fitted(out: Output, workload: Workload, result: Plan, overrides: dict[str, int]) -> None:
-    out.write(fitted_workload(workload, result, overrides))
+def _write_fitted(
+    out: Output,
+    workload: Workload,
+    result: Plan,
+    overrides: dict[str, int],
+    planned_for: dict[str, Any],
+) -> None:
+    out.write(fitted_workload(workload, result, overrides, planned_for))
 
 
 def _short_gpu(name: str) -> str:
@@ -432,12 +453,26 @@ def _fail_if_none_fit(workload: Workload, results: list[Any]) -> None:
 
 
 def _host_bytes(text: str | None) -> int | None:
+    """``--host-memory``: a size, or ``available`` (this machine's RAM free now)."""
     if text is None:
         return None
+    if text.strip().lower() == "available":
+        from memfit.planning import host_memory
+
+        here = host_memory()
+        if here is None:
+            raise ConfigError(
+                "this operating system does not say how much RAM is free",
+                key_path="--host-memory",
+                hint="give a size: --host-memory 16GiB",
+            )
+        return here[1]
     try:
         return parse_bytes(text)
     except ConfigError as exc:
-        raise ConfigError(exc.message, key_path="--host-memory", hint=exc.hint) from exc
+        raise ConfigError(
+            exc.message, key_path="--host-memory", hint=f"{exc.hint}; or write available"
+        ) from exc
 
 
 def _plan_command(
@@ -447,13 +482,17 @@ def _plan_command(
     ),
     all_gpus: bool = typer.Option(False, "--all-gpus", help="Plan for the tier table of GPUs."),
     set_: list[str] = SET_OPTION,
-    margin: str = typer.Option(
-        f"{DEFAULT_MARGIN:.0%}",
+    margin: str | None = typer.Option(
+        None,
         "--margin",
-        help="Safety margin, a share of the GPU's total memory (e.g. 10%).",
+        help=f"Safety margin, a share of the GPU's total memory (e.g. 10%); default "
+        f"{DEFAULT_MARGIN:.0%}.",
     ),
     host_memory: str | None = typer.Option(
-        None, "--host-memory", help="Host RAM for a replay buffer on the host (64GiB)."
+        None,
+        "--host-memory",
+        help="Host RAM for a replay buffer on the host (64GiB), or available: what is free "
+        "now. Default: this machine's total RAM (the same plan on every run).",
     ),
     write: str | None = typer.Option(
         None,
@@ -471,12 +510,32 @@ def _plan_command(
     runtime: str | None = RUNTIME_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Fit a workload to a GPU: the biggest knob values that fit and keep every rule."""
-    if (gpu is None) == (not all_gpus):
+    """Fit a workload to a GPU: the biggest knob values that fit and keep every rule.
+
+    A file written with --write records what it was planned for (planned_for): without
+    --gpu, it is planned for that again.
+    """
+    if gpu is not None and all_gpus:
         raise typer.BadParameter("give exactly one of --gpu NAME|SIZE|local and --all-gpus")
     if all_gpus and write is not None:
         raise typer.BadParameter("--write needs one --gpu, not --all-gpus")
     loaded = load_workload_arg(workload)
+    recorded = loaded.planned_for if gpu is None and not all_gpus else None
+    if gpu is None and not all_gpus:
+        if recorded is None:
+            raise typer.BadParameter(
+                "give exactly one of --gpu NAME|SIZE|local and --all-gpus (a file written "
+                "with --write plans for the GPU it records without either)"
+            )
+        gpu = recorded.gpu
+        if margin is None and recorded.margin is not None:
+            margin = f"{recorded.margin:.4g}"
+        runtime = runtime if runtime is not None else recorded.runtime
+        if not as_json:
+            err_console.print(
+                f"note: planning for {safe(gpu)}, as {safe(loaded.source or loaded.name)} records "
+                "(planned_for); --gpu plans for another"
+            )
     out = (
         Output.named(
             write,
@@ -491,7 +550,9 @@ def _plan_command(
     if out is not None:  # before the search: a plan is no reason to lose a file
         out.check()
     overrides = parse_overrides(loaded, set_)
-    fraction = parse_fraction(margin, key_path="--margin")
+    fraction = parse_fraction(
+        margin if margin is not None else f"{DEFAULT_MARGIN:.0%}", key_path="--margin"
+    )
     host = _host_bytes(host_memory)
     if all_gpus:
         _tiers(loaded, overrides, fraction, as_json, measure, runtime)
@@ -519,7 +580,13 @@ def _plan_command(
             progress=say,
         )
     if out is not None and result.fits:
-        _write_fitted(out, loaded, result, overrides)
+        target = result.gpu if gpu.strip().lower() == "local" else gpu
+        planned_for = {
+            "gpu": target,
+            "margin": None if margin is None else fraction,
+            "runtime": runtime,
+        }
+        _write_fitted(out, loaded, result, overrides, planned_for)
     if as_json:
         print_json(result.to_dict())
     else:

@@ -63,6 +63,22 @@ def _resolve(ref: str | Path) -> tuple[Path, str | None]:
     )
 
 
+def command_ref(workload: Workload) -> str:
+    """How a memfit command names ``workload``, for a hint to paste: a bundled workload by its
+    name (``brax_humanoid_ppo@production``), a file by its path (with its ``@variant``),
+    shell-quoted where it needs it; one read from stdin or built in code by its name."""
+    import shlex
+
+    if workload.source is None:
+        return workload.name
+    path = Path(workload.source)
+    with contextlib.suppress(OSError):
+        if path.parent.resolve() == BUNDLED_DIR.resolve() or not path.is_file():
+            return workload.name
+    variant = workload.name.partition("@")[2]
+    return shlex.quote(workload.source + (f"@{variant}" if variant else ""))
+
+
 #: The largest workload file memfit reads (the bundled ones take a few KiB).
 MAX_WORKLOAD_BYTES = 256 * 2**10
 

@@ -446,6 +446,15 @@ class EffectiveBatch(_Strict):
     value: int = Field(ge=1)
 
 
+class PlannedFor(_Strict):
+    """What a fitted file (``memfit plan --write``) was planned for: ``memfit plan FILE``
+    without ``--gpu`` plans for it again (``--gpu``, ``--margin``, ``--runtime`` override)."""
+
+    gpu: str = Field(min_length=1, max_length=200)
+    margin: float | None = Field(default=None, ge=0, lt=1)
+    runtime: str | None = Field(default=None, min_length=1, max_length=500)
+
+
 def _family(name: str) -> Any:
     """The registered family ``name`` (:mod:`memfit.core.families.registry`)."""
     return get_family(name)
@@ -486,6 +495,7 @@ class Workload(_Strict):
     estimator: Literal["analytic", "torch", "jax"] = "analytic"
     factory: str | None = None
     host_memory_bytes: int | None = Field(default=None, ge=0)
+    planned_for: PlannedFor | None = None
     source: str | None = None
 
     _size_fields = field_validator("env_state_bytes", "host_memory_bytes", mode="before")(_size)

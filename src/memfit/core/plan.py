@@ -20,7 +20,7 @@ from typing import Any
 
 from memfit._plain import deep_merge
 from memfit.allocator.settings import workload_settings
-from memfit.allocator.xla_fraction import DEFAULT_MARGIN
+from memfit.allocator.xla_fraction import DEFAULT_MARGIN, xla_fraction_variable
 from memfit.core.budget import Budget, compose_budget
 from memfit.core.constraints import (
     check,
@@ -283,7 +283,7 @@ def _plan_on(
     chosen = space.resolve(best, limit)
     assert chosen is not None  # the search only keeps configurations that fit
     breakdown = breakdown_of(budget, chosen.evaluation)
-    binding = binding_of(space, best, chosen, limit)
+    binding, limit_note = binding_of(space, best, chosen, limit, budget)
     plan_ = Plan(
         gpu=gpu.name,
         budget_bytes=budget.budget_bytes,
@@ -298,6 +298,8 @@ def _plan_on(
     plan_ = _finish(space, gpu, budget, plan_)
     if binding == "knob ranges":
         plan_.notes.append(range_note(space, best, limit))
+    elif limit_note is not None:
+        plan_.notes.append(limit_note)
     return plan_
 
 
@@ -310,15 +312,17 @@ def _finish(space: Space, gpu: GpuSpec, budget: Budget, plan_: Plan) -> Plan:
     if size is not None:
         notes.append(size)
     advice = budget.advice
+    fraction_name, fraction_why = xla_fraction_variable()
     if budget.pool_bytes is not None and advice is not None:
         if workload.jax.mem_fraction is None:
-            notes.append(f"XLA_PYTHON_CLIENT_MEM_FRACTION={advice.value}: {advice.reason}")
+            notes.append(f"{fraction_name}={advice.value}: {advice.reason}")
         elif f"{workload.jax.mem_fraction:.2f}" != advice.value:
             notes.append(
                 f"the workload sets jax.mem_fraction {workload.jax.mem_fraction:.2f}; memfit "
                 f"recommends {advice.value} here ({advice.reason}); leave jax.mem_fraction "
                 "out to plan with it"
             )
+        notes.append(f"{fraction_name}: {fraction_why}")
     if workload.simulator is not None:
         notes.extend(simulator_notes(workload.simulator))
         notes.append(
@@ -358,6 +362,7 @@ def _finish(space: Space, gpu: GpuSpec, budget: Budget, plan_: Plan) -> Plan:
         jax_preallocate=_preallocates(workload),
         pool_fraction=budget.pool_fraction,
         gpu=gpu,
+        fraction_variable=fraction_name,
     )
     measured = workload.measurements if workload.framework == "jax" else None
     return replace(

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from memfit.allocator.xla_fraction import xla_fraction_variable
+from memfit.core._workload_load import command_ref
 from memfit.core.budget import Budget
 from memfit.core.evaluate import Evaluation, evaluate
 from memfit.core.space import Limit, Rank, Space, SpaceEval
@@ -39,12 +41,20 @@ def _growth(before: Evaluation, after: Evaluation) -> str:
     return max(sorted(deltas), key=lambda n: deltas[n])
 
 
-def binding_of(space: Space, config: tuple[int, ...], chosen: SpaceEval, limit: Limit) -> str:
-    """Why the next bigger configuration (one knob one step up, priority order) is not it.
+def binding_of(
+    space: Space, config: tuple[int, ...], chosen: SpaceEval, limit: Limit, budget: Budget
+) -> tuple[str, str | None]:
+    """What stops a bigger configuration, and (when it is memory) a note that says what the
+    next larger valid configuration would need.
 
-    Only the knobs the objective reads can limit it: when they all sit at the top of their
-    ranges, the plan is limited by the knob ranges, whatever stops a knob the objective
-    does not read (a larger ``num_minibatches`` gains no throughput).
+    One knob one step up (priority order) first: where that configuration does not fit, the
+    term that grows most is the limit. Where it breaks a rule, the next larger *valid*
+    configuration decides (the valid one with a larger objective and the smallest
+    footprint, other knobs free): when it does not fit, memory is the limit, not the rule;
+    when there is none, the rule is. Only the knobs the objective reads can limit it: when
+    they all sit at the top of their ranges, the plan is limited by the knob ranges,
+    whatever stops a knob the objective does not read (a larger ``num_minibatches`` gains
+    no throughput).
     """
     in_objective = [n for n in space.priority_order if n in space.objective.names]
     for name in in_objective or space.priority_order:
@@ -57,17 +67,61 @@ def binding_of(space: Space, config: tuple[int, ...], chosen: SpaceEval, limit: 
         trial[index] = domain[position + 1]
         bigger = tuple(trial)
         if space.resolve(bigger, limit) is None:
-            if space.placement != "gpu":
-                host_ev = space.evaluation(bigger, False)
-                if limit.holds(host_ev) and not space.host_ok(host_ev):
-                    return "host_memory"
-            after = space.smallest_eval(bigger).evaluation
-            return _growth(chosen.evaluation, after)
+            return _over_memory(space, chosen, bigger, limit, budget)
         broken = space.broken_rule(space.values(bigger))
         if broken is not None:
-            return f"rule: {broken.name}"
+            grown = _next_valid(space, config, chosen, limit, budget)
+            return grown if grown is not None else (f"rule: {broken.name}", None)
         # it fits and keeps the rules but ranks lower (the objective falls): not a limit
-    return "knob ranges"
+    grown = _next_valid(space, config, chosen, limit, budget)
+    return grown if grown is not None else ("knob ranges", None)
+
+
+def _next_valid(
+    space: Space, config: tuple[int, ...], chosen: SpaceEval, limit: Limit, budget: Budget
+) -> tuple[str, str | None] | None:
+    """Memory as the limit, when a valid configuration with a larger objective exists (it
+    cannot fit, or the search would have chosen it); ``None`` when none exists."""
+    objective = float(space.objective.evaluate(space.values(config)))
+    found = space.smallest_valid_above(objective)
+    if found is None or space.resolve(found[0], limit) is not None:
+        return None
+    return _over_memory(space, chosen, found[0], limit, budget)
+
+
+def _over_memory(
+    space: Space, chosen: SpaceEval, bigger: tuple[int, ...], limit: Limit, budget: Budget
+) -> tuple[str, str]:
+    """The term that grows most from the plan to ``bigger`` (which does not fit), or
+    ``host_memory``, with what ``bigger`` needs against what there is."""
+    knobs = ", ".join(f"{k}={v}" for k, v in space.values(bigger).items() if k in space.domains)
+    head = f"limited by memory: the next larger valid configuration ({knobs})"
+    if space.placement != "gpu":
+        host_ev = space.evaluation(bigger, False)
+        if limit.holds(host_ev) and not space.host_ok(host_ev):
+            return "host_memory", (
+                f"{head} needs {format_bytes(host_ev.host_bytes)} of host RAM, over its "
+                f"{format_bytes(space.host_budget_bytes or 0)} budget"
+            )
+    after = space.smallest_eval(bigger).evaluation
+    term = _growth(chosen.evaluation, after)
+    if budget.pool_bytes is not None:
+        inside = budget.workspace_bytes + after.framework_reserved_bytes
+        if inside > budget.pool_bytes:
+            return term, (
+                f"{head} needs {format_bytes(inside)} inside XLA's pool of "
+                f"{format_bytes(budget.pool_bytes)}; {term} grows most"
+            )
+        outside = budget.context_bytes + budget.pool_bytes + after.outside_bytes
+        return term, (
+            f"{head} needs {format_bytes(outside)} on the card with XLA's pool, over the "
+            f"{format_bytes(budget.budget_bytes)} budget; {term} grows most"
+        )
+    needs = sum(breakdown_of(budget, after).values())
+    return term, (
+        f"{head} needs {format_bytes(needs)}, over the {format_bytes(budget.budget_bytes)} "
+        f"budget; {term} grows most"
+    )
 
 
 def no_valid_setting(space: Space) -> ConfigError:
@@ -100,7 +154,8 @@ def no_valid_setting(space: Space) -> ConfigError:
     return ConfigError(
         why,
         key_path="--set",
-        hint=f"run memfit check WORKLOAD {pins} for the nearest valid settings",
+        hint=f"run memfit check {command_ref(space.workload)} {pins} for the nearest valid "
+        "settings",
     )
 
 
@@ -126,7 +181,7 @@ def infeasible_error(space: Space, budget: Budget, gpu: GpuSpec) -> InfeasiblePl
             smallest_bytes=budget.context_bytes + budget.pool_bytes,
             budget_bytes=budget.budget_bytes,
             binding_term="jax_preallocation",
-            hint=f"set XLA_PYTHON_CLIENT_MEM_FRACTION={fraction:.2f} (jax.mem_fraction in the "
+            hint=f"set {xla_fraction_variable()[0]}={fraction:.2f} (jax.mem_fraction in the "
             "workload) or XLA_PYTHON_CLIENT_PREALLOCATE=false",
         )
     smallest = space.smallest_valid()

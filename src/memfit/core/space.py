@@ -540,6 +540,50 @@ class Space:
         walk(0, [])
         return [(rank, config) for (rank, _), config in sorted(heap, reverse=True)]
 
+    def smallest_valid_above(self, objective: float) -> tuple[tuple[int, ...], SpaceEval] | None:
+        """Among the valid configurations whose objective is larger than ``objective``, the
+        one with the smallest device footprint, whatever the memory (``None``: no valid
+        configuration of the knob ranges does better): what a plan would need to grow.
+
+        Branch and bound as :meth:`smallest_valid`, and a subtree whose objective bound is
+        not above ``objective`` is skipped."""
+        prune = self.monotone and not self.exhaustive
+        order = self.search_order
+        domains = [self.domains[n] for n in order]
+        mins = [d[0] for d in domains]
+        best: list[tuple[int, tuple[int, ...], SpaceEval]] = []
+
+        def walk(depth: int, prefix: list[int]) -> None:
+            bound = self.objective_bound(prefix)
+            if bound is not None and bound <= objective:
+                return  # nothing below does better than the plan
+            allowed = None if self.exhaustive else self.completions(depth, prefix)
+            if allowed is not None and not allowed:
+                return
+            if depth == len(order):
+                config = tuple(prefix)
+                if not self.valid(config):
+                    return
+                if self.objective.evaluate(self.values(config)) <= objective:
+                    return
+                ev = self.smallest_eval(config)
+                size = ev.evaluation.reserved_bytes
+                if not best or size < best[0][0]:
+                    best[:] = [(size, config, ev)]
+                return
+            for value in domains[depth]:
+                low = (*prefix, value, *mins[depth + 1 :])
+                if prune and best and self.lower_bound(low) >= best[0][0]:
+                    break
+                prefix.append(value)
+                walk(depth + 1, prefix)
+                prefix.pop()
+
+        walk(0, [])
+        if not best:
+            return None
+        return best[0][1], best[0][2]
+
     def smallest_valid(self) -> tuple[tuple[int, ...], SpaceEval] | None:
         """The valid configuration with the smallest device footprint (branch and bound
         where memory is monotone, else every configuration)."""

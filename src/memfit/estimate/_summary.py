@@ -10,14 +10,15 @@ reaches.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from memfit._plain import plain_fields
 from memfit.allocator.model import AllocatorModel, round_size
-from memfit.estimate._tracer import Storage, Trace
+from memfit.estimate._steady import STEADY_REPEATS, Program, run_steady
+from memfit.estimate._steady import steady_program as _steady_program
+from memfit.estimate._tracer import Trace
 
 __all__ = [
     "CATEGORIES",
@@ -96,88 +97,10 @@ class EstimatePoint:
         )
 
 
-#: How many more times the last traced step is replayed, at most, to reach the allocator's
-#: steady state (it stops earlier once the reserved peak holds for two repetitions).
-STEADY_REPEATS = 16
-
-
-@dataclass(frozen=True)
-class _Program:
-    """The last traced step as a replayable program, when it repeats the step before it.
-
-    ``ops`` holds ``(nbytes, -1, -1)`` for an allocation and ``(0, where, position)`` for a
-    free of the ``position``-th allocation of this step (``where`` 0) or of the step before
-    (``where`` 1).
-    """
-
-    ops: list[tuple[int, int, int]]
-    last_allocs: list[Storage]
-
-    @property
-    def kept_bytes(self) -> int:
-        """Bytes one step leaves alive for good (allocated and never freed by the next)."""
-        freed_next = {pos for _, where, pos in self.ops if where == 1}
-        freed_here = {pos for _, where, pos in self.ops if where == 0}
-        sizes = [n for n, where, _ in self.ops if where < 0]
-        return sum(n for i, n in enumerate(sizes) if i not in freed_here | freed_next)
-
-
-def _step_ops(
-    events: list[tuple[Storage, bool]], mine: dict[int, int], before: dict[int, int]
-) -> list[tuple[int, int, int]] | None:
-    ops: list[tuple[int, int, int]] = []
-    for record, is_alloc in events:
-        if record.target not in ("all", "cuda"):
-            continue
-        if is_alloc:
-            ops.append((record.nbytes, -1, -1))
-        elif id(record) in mine:
-            ops.append((0, 0, mine[id(record)]))
-        elif id(record) in before:
-            ops.append((0, 1, before[id(record)]))
-        else:
-            return None  # frees something older than the step before: not periodic
-    return ops
-
-
-def steady_program(trace: Trace) -> _Program | None:
-    """The last step as a program, if it allocates and frees exactly as the step before did
-    (so step after step would too); ``None`` with fewer than three steps or no such period."""
-    starts = trace.step_starts
-    if len(starts) < 3 or trace.done_index is None:
-        return None
-    bounds = [*starts, trace.done_index]
-    steps = [trace.events[a:b] for a, b in itertools.pairwise(bounds)]
-
-    def positions(events: list[tuple[Storage, bool]]) -> dict[int, int]:
-        allocs = [r for r, a in events if a and r.target in ("all", "cuda")]
-        return {id(r): i for i, r in enumerate(allocs)}
-
-    pos = [positions(e) for e in steps]
-    previous = _step_ops(steps[-2], pos[-2], pos[-3])
-    last = _step_ops(steps[-1], pos[-1], pos[-2])
-    if previous is None or last is None or previous != last:
-        return None
-    allocs = [r for r, a in steps[-1] if a and r.target in ("all", "cuda")]
-    return _Program(last, allocs)
-
-
-def _run_steady(model: AllocatorModel, program: _Program, previous: list[int]) -> None:
-    """Replay ``program`` until the reserved peak holds for two repetitions (at most
-    :data:`STEADY_REPEATS`): the fragmentation a long run reaches, which two steps miss."""
-    held = 0
-    for _ in range(STEADY_REPEATS):
-        before = model.peak_reserved_bytes
-        current: list[int] = []
-        for nbytes, where, position in program.ops:
-            if where < 0:
-                current.append(model.malloc(nbytes))
-            else:
-                model.free((current if where == 0 else previous)[position])
-        previous = current
-        held = held + 1 if model.peak_reserved_bytes == before else 0
-        if held >= 2:
-            return
+def steady_program(trace: Trace) -> Program | None:
+    """The last step as a program, if it repeats the step before it
+    (:func:`memfit.estimate._steady.steady_program`: three steps suffice)."""
+    return _steady_program(trace.events, trace.step_starts, trace.done_index)
 
 
 def summarise(
@@ -200,7 +123,9 @@ def summarise(
     for index, (record, is_alloc) in enumerate(trace.events):
         if program is not None and index == trace.done_index:
             # The teardown only frees; in its place the last step runs on to steady state.
-            _run_steady(model, program, [handles[id(r)] for r in program.last_allocs])
+            # the last step's allocations still live (the ones the next step frees)
+            live = [handles.get(id(r), -1) for r in program.last_allocs]
+            run_steady(model, program, live)
             break
         on_gpu = record.target in ("all", "cuda")
         on_device = record.target in ("all", trace.device_type)

@@ -40,7 +40,11 @@ import yaml
 from memfit._checks import require as require_arg
 from memfit._checks import require_mapping, require_object, require_positive_int
 from memfit._lazy import require
-from memfit.allocator.xla_fraction import recommended_xla_fraction
+from memfit.allocator.xla_fraction import (
+    FRACTION_VARIABLES,
+    recommended_xla_fraction,
+    xla_fraction_variable,
+)
 from memfit.core.constraints import PRESETS, Violation, parse_expr
 from memfit.core.measured import BraxMeasurements
 from memfit.core.plan import Plan
@@ -746,7 +750,9 @@ def jax_allocator_settings(plan: Plan, total_bytes: int) -> dict[str, str]:
         total_bytes: The GPU's total memory.
 
     Returns:
-        ``{"XLA_PYTHON_CLIENT_PREALLOCATE": "true", "XLA_PYTHON_CLIENT_MEM_FRACTION": ...}``.
+        ``{"XLA_PYTHON_CLIENT_PREALLOCATE": "true", NAME: ...}``, ``NAME`` the fraction's
+        variable the installed jaxlib reads
+        (:func:`memfit.allocator.xla_fraction.xla_fraction_variable`).
 
     Raises:
         ConfigError: When ``total_bytes`` is not positive, the plan does not fit, or its
@@ -764,7 +770,7 @@ def jax_allocator_settings(plan: Plan, total_bytes: int) -> dict[str, str]:
             key_path="plan",
             hint="plan a smaller configuration first",
         )
-    if "XLA_PYTHON_CLIENT_MEM_FRACTION" in plan.environment:
+    if any(name in plan.environment for name in FRACTION_VARIABLES):
         return dict(plan.environment)
     try:
         spec = catalog_gpu(plan.gpu)
@@ -781,7 +787,7 @@ def jax_allocator_settings(plan: Plan, total_bytes: int) -> dict[str, str]:
             key_path="plan",
             hint="plan with jax_preallocate=True, so the plan fits the pool",
         )
-    return {"XLA_PYTHON_CLIENT_PREALLOCATE": "true", "XLA_PYTHON_CLIENT_MEM_FRACTION": advice.value}
+    return {"XLA_PYTHON_CLIENT_PREALLOCATE": "true", xla_fraction_variable()[0]: advice.value}
 
 
 def ensure_jax_compat() -> bool:

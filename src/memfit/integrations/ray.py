@@ -33,7 +33,11 @@ from typing import Any
 from memfit._checks import require as require_arg
 from memfit._checks import require_mapping, require_object, require_str_list
 from memfit._lazy import require
-from memfit.allocator.xla_fraction import DEFAULT_MARGIN
+from memfit.allocator.xla_fraction import (
+    DEFAULT_MARGIN,
+    FRACTION_VARIABLES,
+    xla_fraction_variable,
+)
 from memfit.core.plan import FeasibleSpace
 from memfit.core.workload import JaxSettings, Workload, load_workload
 from memfit.errors import ConfigError, InfeasiblePlan
@@ -397,9 +401,12 @@ def trial_autoconfig(
             )
             margin_value = 0.0  # XLA's pool is the trial's hard limit; the job must fit it
             if not jax_gpu_started():
+                # the name already set, else the one the installed jaxlib reads: never both
+                already = [k for k in FRACTION_VARIABLES if os.environ.get(k)]
+                name = already[0] if already else xla_fraction_variable()[0]
                 os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "true"
-                os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{share:.2f}"
-                notes.append(f"XLA_PYTHON_CLIENT_MEM_FRACTION={share:.2f}: this trial's share")
+                os.environ[name] = f"{share:.2f}"
+                notes.append(f"{name}={share:.2f}: this trial's share")
         else:
             reading = read_device(probe=probe)
             room = min(reading.free_bytes, int(share * reading.total_bytes))

@@ -253,6 +253,15 @@ def _device(snapshot: Snapshot, device: int | None) -> DeviceSnapshot:
     return dev
 
 
+def _simulated_card(snapshot: Snapshot) -> int | None:
+    """The card's size of a snapshot ``memfit.simulate_gpu`` wrote (its budget), else ``None``."""
+    meta = snapshot.meta
+    budget = meta.get("budget_bytes")
+    if meta.get("origin") != "memfit.simulate_gpu" or isinstance(budget, bool):
+        return None
+    return budget if isinstance(budget, int) and budget > 0 else None
+
+
 def _peak(curve: Sequence[int], first: int) -> Peak:
     best, at = first, -1
     for i, value in enumerate(curve):
@@ -334,8 +343,9 @@ def explain(
     Args:
         snapshot: A path (pickle, JSON, gzip), the snapshot's data (``_snapshot()``'s dict),
             or a :class:`~memfit.allocator.snapshot.Snapshot`.
-        at: ``"auto"`` (the OOM if there is one, else the peak), ``"oom"``, ``"peak"``,
-            ``"end"``, or an event index: the point whose live blocks are grouped.
+        at: ``"auto"`` (the OOM if there is one, else the peak), ``"oom"``, ``"peak"`` (the
+            allocated peak: the most memory live), ``"end"``, or an event index: the point
+            whose live blocks are grouped.
         device: The device to explain (default: the one with an OOM, else the longest trace).
         capacity_bytes: What the process may hold on the device, for the what-if replays
             (default: at an OOM the allocator's reserved plus the driver's free memory, else
@@ -374,7 +384,9 @@ def explain(
     peak_r = _peak(recorded, start.reserved_bytes)
     peak_a = _peak(allocated, start.allocated_bytes)
     ooms = [i for i, e in enumerate(trace) if e.action == "oom"]
-    at_name, at_event, applied = _point(at, dev, peak_r, ooms)
+    # "peak" is where the most memory was live (the allocated peak): the breakdown of live
+    # memory is about that moment, not the first event of the reserved plateau
+    at_name, at_event, applied = _point(at, dev, peak_a, ooms)
     limit = implied_limit(dev, start)
     if not limit.consistent:
         notes.append(
@@ -431,12 +443,28 @@ def explain(
     frag = fragmentation(dev, state, walk, reserved_now, request, event.stream)
     oom: OomInfo | None = None
     capacity = capacity_bytes
+    simulated = _simulated_card(snap)
+    if simulated is not None:
+        if capacity is None:
+            capacity = simulated
+        over = (
+            f"; where they exceed the card ({format_bytes(peak_r.bytes)} here), a real card "
+            "of that size fails sooner: the simulated one counts allocated bytes only"
+            if peak_r.bytes > simulated
+            else ""
+        )
+        notes.append(
+            f"recorded under memfit.simulate_gpu: a card of {format_bytes(simulated)}; "
+            f"segments and reserved bytes are memfit's allocator model's{over}"
+        )
     if ooms:
         first = trace[ooms[0]]
         before = recorded[ooms[0] - 1] if ooms[0] else start.reserved_bytes
         oom_walk = TraceWalk(dev, start)
         oom_walk.advance(ooms[0])
         oom_capacity = before + first.device_free if first.device_free is not None else None
+        if simulated is not None:
+            oom_capacity = simulated  # the card's size, not reserved + free of the model
         if capacity is None:
             capacity = oom_capacity
         largest = max((b[1] for b in baseline.inspected[ooms[0]].free), default=0)

@@ -85,6 +85,28 @@ def _torch_cuda() -> Any | None:
     return torch_cuda_available()
 
 
+def _history_without_cuda() -> str:
+    """What ``memory_history`` does where torch has no CUDA: under a CPU ``simulate_gpu``
+    the simulated GPU's own history makes the OOM snapshot; elsewhere nothing records one."""
+    from memfit.runtime import simulate
+
+    gpu = simulate.active()
+    if gpu is not None and gpu.device_kind == "cpu":
+        if gpu.snapshot_history:
+            return (
+                "memory_history: the simulated GPU keeps its own allocation history "
+                f"(the last {gpu.snapshot_history:,} events); an OOM snapshot is made of it"
+            )
+        return (
+            "memory_history: this simulated GPU keeps no history (simulate_gpu(history=0)), "
+            "so an OOM writes no snapshot"
+        )
+    return (
+        "memory_history needs torch with CUDA, or memfit.simulate_gpu (which keeps its own "
+        "allocation history for the OOM snapshot); none here, so none is recorded now"
+    )
+
+
 def _default_probe() -> Any | None:
     """The local NVML probe (:func:`memfit.backends.local_probe`), or ``None`` without one.
 
@@ -800,7 +822,7 @@ class Recorder:
         torch_module = _torch_cuda()
         if torch_module is None:
             if self.log:
-                logger.info("memfit: memory_history needs torch with CUDA; left off")
+                logger.info("memfit: %s", _history_without_cuda())
             return
         torch_module.cuda.memory._record_memory_history(max_entries=self.memory_history)
         self._history_enabled = True

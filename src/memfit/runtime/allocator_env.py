@@ -35,6 +35,7 @@ from memfit.allocator.settings_check import (
     parse_torch_conf,
 )
 from memfit.allocator.settings_check import check_environment as _check_environment
+from memfit.allocator.xla_fraction import FRACTION_VARIABLES, xla_fraction_variable
 from memfit.errors import ConfigError
 
 __all__ = [
@@ -79,37 +80,10 @@ _JAX_CUDA_PLUGINS: tuple[str, ...] = ("jax-cuda12-plugin", "jax-cuda13-plugin", 
 
 
 def jax_fraction_name() -> tuple[str, str]:
-    """The name of XLA's pool fraction to recommend here, and why.
-
-    Reads the installed jaxlib's ``xla_client.py`` as text (nothing is imported): a jaxlib
-    that reads ``XLA_CLIENT_MEM_FRACTION`` gets that name (it takes the older
-    ``XLA_PYTHON_CLIENT_MEM_FRACTION`` too, as a deprecated name, and refuses both at once);
-    an older jaxlib, or none installed (a plan for another machine), gets the older name,
-    which every JAX reads.
-    """
-    from importlib import util
-
-    new, old = "XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION"
-    try:
-        spec = util.find_spec("jaxlib")
-    except (ImportError, ValueError):
-        spec = None
-    locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    for folder in locations:
-        try:
-            text = (Path(folder) / "xla_client.py").read_text(encoding="utf-8")
-        except OSError:
-            continue
-        if new in text:
-            return new, (
-                f"the installed jaxlib reads {new} (the name JAX documents now); it takes "
-                f"{old} too, as a deprecated name, but not both at once"
-            )
-        return old, f"the installed jaxlib reads {old} only (it predates {new})"
-    return old, (
-        f"jaxlib is not installed here: {old} is the name every JAX version reads (newer ones "
-        f"document {new} and take {old} as a deprecated name)"
-    )
+    """The name of XLA's pool fraction to recommend here, and why:
+    :func:`memfit.allocator.xla_fraction.xla_fraction_variable`, the one place memfit decides
+    it."""
+    return xla_fraction_variable()
 
 
 def jax_build() -> str | None:
@@ -338,11 +312,10 @@ def configure(
         if jax_preallocate is not None:
             jax_env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "true" if jax_preallocate else "false"
         if jax_mem_fraction is not None:
-            var = (
-                "XLA_CLIENT_MEM_FRACTION"
-                if target.get("XLA_CLIENT_MEM_FRACTION")
-                else "XLA_PYTHON_CLIENT_MEM_FRACTION"
-            )
+            # the name already set wins (setting the other too stops a newer JAX), else the
+            # one the installed jaxlib reads
+            already = [name for name in FRACTION_VARIABLES if target.get(name)]
+            var = already[0] if already else xla_fraction_variable()[0]
             jax_env[var] = repr(float(jax_mem_fraction))
         if jax_allocator is not None:
             jax_env["XLA_PYTHON_CLIENT_ALLOCATOR"] = jax_allocator

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from memfit._checks import require, require_mapping, require_str_list
-from memfit.allocator.xla_fraction import DEFAULT_MARGIN
+from memfit.allocator.xla_fraction import DEFAULT_MARGIN, FRACTION_VARIABLES
 from memfit.core.plan import Plan
 from memfit.core.plan import plan_for_gpu as core_plan
 from memfit.core.workload import JaxSettings, Workload, load_workload, require_workload
@@ -174,8 +174,13 @@ def read_device(device: int = 0, *, probe: Any | None = None) -> DeviceReading:
 
     nvml, reasons = local_probe(try_torch=False)
     if nvml is None:
+        # The way out goes in the message too: a script that lets the error propagate
+        # shows only the message (str(exc)), not the hint.
         raise BackendUnavailable(
-            "no device to read: " + ("; ".join(reasons) or "no GPU found"),
+            "no device to read: "
+            + ("; ".join(reasons) or "no GPU found")
+            + "; to rehearse without a GPU, pass "
+            "probe=memfit.backends.SimulatedDevice('8GiB') (the card's size)",
             hint="run on the GPU machine, or pass probe=SimulatedDevice('8GiB') to rehearse",
         )
     return _from_snapshot(nvml, device, "nvml")
@@ -314,7 +319,7 @@ def autoconfig(
         if jax_vars and _jax_gpu_started():
             notes.append("JAX has already started on the GPU: XLA settings were not applied")
         elif jax_vars:
-            fraction = jax_vars.get("XLA_PYTHON_CLIENT_MEM_FRACTION")
+            fraction = next((jax_vars[k] for k in FRACTION_VARIABLES if k in jax_vars), None)
             applied.update(
                 configure(
                     jax_preallocate=jax_vars.get("XLA_PYTHON_CLIENT_PREALLOCATE") != "false",

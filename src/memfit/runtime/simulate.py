@@ -108,6 +108,11 @@ class SimulatedGpu:
         return self.budget_bytes - self.allocated_bytes
 
     @property
+    def snapshot_history(self) -> int:
+        """Allocator events kept for :meth:`snapshot` (0: none, no snapshot)."""
+        return self._history.maxlen or 0 if self._keep_history else 0
+
+    @property
     def live_storages(self) -> int:
         """Number of storages counted now (CPU simulation only; 0 on CUDA)."""
         return len(self._live)
@@ -255,13 +260,30 @@ class SimulatedGpu:
                 before.pop(key, None)
             elif action == "free":
                 before[key] = nbytes
-        builder = TraceBuilder()
-        handles = {key: builder.malloc(nbytes) for key, nbytes in before.items()}
+        # The card's size caps the model as it caps CUDA's allocator: at the limit it gives
+        # its cached segments back before it fails, so reserved stays within the card as on
+        # a real one. The simulated run counts allocated bytes only: where the model cannot
+        # place a request the run did make (split segments), it is placed past the limit
+        # (explain's note on simulated snapshots says so).
+        builder = TraceBuilder(limit_bytes=self.budget_bytes)
+
+        def place(nbytes: int, frames: tuple[tuple[str, int, str], ...] | None = None) -> int:
+            try:
+                return builder.malloc(nbytes, frames=frames)
+            except OutOfMemory:
+                builder.events.pop()  # the run went on: not an out-of-memory error of it
+                builder.model.limit_bytes, cap = 1 << 62, builder.model.limit_bytes
+                try:
+                    return builder.malloc(nbytes, frames=frames)
+                finally:
+                    builder.model.limit_bytes = cap
+
+        handles = {key: place(nbytes) for key, nbytes in before.items()}
         builder.events.clear()  # those were live when the kept history starts
         for action, key, nbytes, stack in history:
             frames = stacks[stack] if stack >= 0 else None
             if action == "alloc":
-                handles[key] = builder.malloc(nbytes, frames=frames)
+                handles[key] = place(nbytes, frames)
             elif action == "free":
                 handle = handles.pop(key, None)
                 if handle is not None:

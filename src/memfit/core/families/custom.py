@@ -1,4 +1,4 @@
-"""Custom family: the workload gives its memory terms directly.
+"""Custom family: the workload gives its memory terms directly, or an estimator measures them.
 
 Each entry of ``terms:`` is a size (``512MiB``, ``1_000_000``) or an expression over knob and
 setting names that evaluates to bytes (``"num_envs * 4096"``), parsed by the safe expression
@@ -97,12 +97,24 @@ def terms(workload: Workload, values: Mapping[str, int]) -> list[Term]:
     return out
 
 
+def _needs_terms(workload: Workload) -> str | None:
+    """A custom workload gives its terms, or an estimator that measures them: with
+    ``estimator: torch`` or ``jax`` the traced step's parameters, gradients, optimizer state
+    and activations are the terms, and ``terms:`` only adds what the step does not hold."""
+    if workload.terms or workload.estimator != "analytic":
+        return None
+    return (
+        "family custom needs a terms: section (name: bytes or expression), or estimator: "
+        "torch/jax with a factory: that measures them"
+    )
+
+
 FAMILY = register(
     Family(
         name="custom",
         summary="terms given directly, as sizes or expressions over knobs",
         terms=device_terms(terms),
         section="terms",
-        requires=(("terms", "family custom needs a terms: section (name: bytes or expression)"),),
+        check=_needs_terms,
     )
 )
