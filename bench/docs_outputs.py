@@ -375,8 +375,18 @@ BLOCKS: dict[str, Block] = {
     "guide-example-brax": Block(
         (Run("python examples/brax_ppo/run.py --tiers 8,12,16,24 --out fitted.yaml"),),
         examples=True,
-        # what brax and JAX log on their own (warp is an optional brax backend)
-        drop=(r"^Failed to import (mujoco_)?warp", r"^Using JAX default device"),
+        # The docs are made on a machine without a GPU, where JAX falls back to its CPU
+        # backend; named here, so that the CUDA plugin of the gpu-target extra does not log a
+        # traceback about the missing driver first (JAX's own, not memfit's).
+        env={"JAX_PLATFORMS": "cpu"},
+        # what brax and JAX log on their own (warp is an optional brax backend; the CUDA
+        # plugin logs through absl that this machine has no driver)
+        drop=(
+            r"^Failed to import (mujoco_)?warp",
+            r"^Using JAX default device",
+            r"^WARNING: All log messages before absl::InitializeLog\(\) is called",
+            r"^[IWEF]\d{4} \d\d:\d\d:\d\d",
+        ),
     ),
     "guide-example-dqn": Block(
         (Run("python examples/dqn_fire/run.py --host-memory 16GiB"),), examples=True
