@@ -8,7 +8,10 @@ no CUDA device (this machine and CI), and run on a machine that has one.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +29,22 @@ for _area in ("cli", "core", "estimate", "runtime", "shared"):
 settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
 settings.register_profile("explore", derandomize=False, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# The tests' measurements go to a cache of this test process (and the examples it starts),
+# never to the user's (~/.cache/memfit): a measurement one test stores must not change what
+# another plans, whichever order (or worker) they run in.
+# pytest-xdist's workers set COLUMNS=80 and LINES=24; a test sees what a plain `pytest` run
+# (and a pipe) has: no terminal size in the environment.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
+
+_CACHE = tempfile.mkdtemp(prefix="memfit-tests-cache-")
+os.environ["MEMFIT_CACHE_DIR"] = _CACHE
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    shutil.rmtree(_CACHE, ignore_errors=True)
 
 
 def _cuda_available() -> bool:
@@ -63,3 +82,15 @@ def _fresh_cuda_allocator(request: pytest.FixtureRequest) -> None:
 
     gc.collect()
     torch.cuda.empty_cache()
+
+
+@pytest.fixture(autouse=True)
+def _environment_restored() -> Iterator[None]:
+    """After each test, the environment as it was before it: memfit.configure, env and the
+    allocator settings write variables (XLA's pool fraction, PYTORCH_CUDA_ALLOC_CONF) that
+    would change what a later test plans."""
+    saved = dict(os.environ)
+    yield
+    if dict(os.environ) != saved:
+        os.environ.clear()
+        os.environ.update(saved)

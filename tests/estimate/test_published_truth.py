@@ -17,6 +17,9 @@ from _bench_scripts import load_bench
 
 pytest.importorskip("transformers", reason="the published BERT runs are rebuilt with transformers")
 
+#: One test process traces every run once (the goals' tests read the same outcomes).
+pytestmark = pytest.mark.xdist_group("published_truth")
+
 published = load_bench("published_truth", "published_truth.py")
 RUNS = published.load_runs()
 

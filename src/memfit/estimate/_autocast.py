@@ -563,6 +563,9 @@ class CudaAutocast:
             _disable_current_modes(),
             torch._C.DisableTorchFunction(),
             torch._C._ExcludeDispatchKeyGuard(keys),
+            # a step under inference_mode: the probe's own tensors are ordinary ones (the
+            # rule does not depend on it, and is cached for steps with and without it)
+            torch.inference_mode(False),
             torch.no_grad(),
         ):
             if self._probe_mode is None:
