@@ -220,6 +220,29 @@ def test_attention_under_inference_mode_runs_cudas_backend() -> None:
     assert est.kernels["aten.scaled_dot_product_attention"][0].kernel == "flash_attention"
 
 
+def test_a_first_step_under_inference_mode_reads_cudas_autocast_rules(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With no rule read before in the process, a step under inference_mode still gets
+    CUDA's autocast casts (the probe once ran inside inference_mode, read nothing, and the
+    process kept that for every later step)."""
+    from memfit.estimate import _autocast, _cuda_probe
+
+    monkeypatch.setattr(_autocast, "_RULES", {})
+    monkeypatch.setattr(_cuda_probe, "_RULES", {})
+
+    def step(model: Any, _opt: Any, x: torch.Tensor) -> None:
+        model.eval()
+        with torch.inference_mode(), torch.autocast("cuda", dtype=torch.float16):
+            model(x)
+
+    est = memfit.estimate_torch(
+        lambda: (_Block(), None), step, _batch, [4], gpu=A100, kernel_scratch=False, steps=1
+    )
+    assert est.kernels["aten.scaled_dot_product_attention"][0].kernel == "flash_attention"
+    assert not any("could not be read" in d for d in est.deviations), est.deviations
+
+
 def test_a_figure_for_no_named_gpu_keeps_the_cpus_kernels() -> None:
     est = memfit.estimate_torch(_build, _step, _batch, [4], kernel_scratch=False)
     assert est.kernels == {}
