@@ -555,7 +555,7 @@ def shown_block(name: str) -> str:
 
 #: Timings and what follows from them: left out where an example's output is compared.
 _TIMING = re.compile(
-    r"\d+\.\d+(?!\d*\s*(?:[KMGT]i?B|GB|B\b))|\bfaster\b|\bslower\b|\(\d+\.\d s(; [a-z ]+)?\)"
+    r"[+-]?\d+\.\d+(?!\d*\s*(?:[KMGT]i?B|GB|B\b))|\bfaster\b|\bslower\b|\(\d+\.\d s(; [a-z ]+)?\)"
 )
 
 

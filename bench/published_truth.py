@@ -5,7 +5,7 @@ Each file under ``tests/data/published_truth/`` names a public source, the quant
 script rebuilds each run's workload as the source ran it (the model from its config, the
 optimizer and precision, the training loop's habits of that era) and traces it with
 :func:`memfit.estimate_torch` for the source's GPU and runtime. ``tests/estimate/
-test_published_truth.py`` runs the same comparison in CI.
+test_published_truth*.py`` run the same comparison in CI.
 
     python bench/published_truth.py            # every run; writes bench/out/published_truth.*
 

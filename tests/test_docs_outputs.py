@@ -61,6 +61,8 @@ def test_the_small_shell_runs_what_the_docs_show(tmp_path: Path) -> None:
     out = run('memfit plan dqn_fire_raster --gpu 4060 --json | grep -A1 "knobs"', tmp_path)
     assert out.splitlines()[0].strip() == '"knobs": {' and "buffer_size" in out
     assert docs.normalise("took 12.3 s, 4.50 MiB, rollout +0.53 s faster") == (  # type: ignore[attr-defined]
-        "took # s, 4.50 MiB, rollout +# s #"
+        "took # s, 4.50 MiB, rollout # s #"
     )
+    # which of two timings was larger changes from run to run: its sign too
+    assert docs.normalise("rollout -0.20 s slower") == docs.normalise("rollout +1.25 s faster")  # type: ignore[attr-defined]
     assert docs.normalise("every10   10.52  3") == docs.normalise("every10    3.44  3")  # type: ignore[attr-defined]
