@@ -53,8 +53,6 @@ FIXED_CATEGORIES: tuple[str, ...] = (
     "cublas_workspace",
 )
 
-# ATen ops that run through cuBLAS on a CUDA device and so make the thread's cuBLAS handle
-
 
 @dataclass(frozen=True)
 class EstimatePoint:
