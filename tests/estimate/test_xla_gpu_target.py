@@ -89,8 +89,7 @@ def test_the_laptop_3070s_memory_is_the_one_xla_printed_for_it() -> None:
     assert config.device_memory_source == "published"
     assert int(config.device_memory_size * 0.75) == 6_244_368_384
     figures = card_figures(config.name)
-    assert figures is not None
-    assert "purejaxrl" in _sources()[figures["cuda_total_source"]]
+    assert figures is not None and "purejaxrl" in _sources()[figures["cuda_total_source"]]
     assert "purejaxrl" in config.source  # the config says where its memory figure is from
 
 
@@ -155,8 +154,10 @@ def test_the_rematerialization_verdict_is_read_from_xlas_log() -> None:
         "bytes), down from 16.00GiB (17185112100 bytes) originally\n"
     )
     verdict = xla_gpu.parse_remat(log)
-    assert verdict is not None
-    assert (verdict.limit_bytes, verdict.reduced_to_bytes) == (2448288638, 12890144804)
+    assert verdict is not None and (verdict.limit_bytes, verdict.reduced_to_bytes) == (
+        2448288638,
+        12890144804,
+    )
     assert verdict.original_bytes == 17185112100
     assert verdict.sentence().startswith("does not fit")
     assert xla_gpu.parse_remat("I0000 nothing to see\n") is None

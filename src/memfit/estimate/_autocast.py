@@ -65,8 +65,9 @@ __all__ = ["CudaAutocast", "cuda_autocast_op_names"]
 # autocast_mode.cpp does for the keys it uses).
 _CANDIDATE_KEYS = ("AutocastPrivateUse1", "AutocastHPU", "AutocastIPU")
 
-# Metadata queries a recording lets through (they do not run the operator).
-_QUERIES = frozenset(
+#: Metadata queries a recording lets through (they do not run the operator); the composite
+#: probe (:mod:`memfit.estimate._cuda_probe`) lets ``detach`` through too.
+METADATA_QUERIES = frozenset(
     {
         "sym_size",
         "sym_stride",
@@ -162,7 +163,7 @@ class _Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if func.namespace == "prim" or func.overloadpacket.__name__ in _QUERIES:
+        if func.namespace == "prim" or func.overloadpacket.__name__ in METADATA_QUERIES:
             return func(*args, **kwargs)
         if (
             func is torch.ops.aten._to_copy.default

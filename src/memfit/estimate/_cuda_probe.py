@@ -36,6 +36,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from memfit.estimate._autocast import METADATA_QUERIES
+
 __all__ = [
     "Rule",
     "apply_rule",
@@ -54,18 +56,7 @@ _PROBING = threading.local()
 # Rules read in this process: (operator, grad mode, argument pattern) -> Rule.
 _RULES: dict[tuple[Any, ...], Rule] = {}
 _LOCK = threading.Lock()
-_QUERIES = frozenset(
-    {
-        "sym_size",
-        "sym_stride",
-        "sym_numel",
-        "sym_storage_offset",
-        "is_contiguous",
-        "is_strides_like_format",
-        "is_non_overlapping_and_dense",
-        "detach",
-    }
-)
+_QUERIES = METADATA_QUERIES | {"detach"}
 
 
 def composite_op_names() -> tuple[str, ...]:

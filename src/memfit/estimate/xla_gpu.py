@@ -297,6 +297,8 @@ def export_step(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> ExportedSt
             f"exporting the step for the GPU compile failed: {exc}", hint=EXTRA_INSTALL
         ) from exc
     except (TypeError, ValueError, NotImplementedError, jax.errors.JAXTypeError) as exc:
+        # jax.export raises NotImplementedError for a primitive with no CUDA lowering (a
+        # host callback, a CPU-only custom call): the user's step, not an unfinished memfit
         raise EstimateError(
             f"JAX could not export the step for CUDA: {exc}",
             hint="the step must be jit-able at these argument shapes; values that decide "
