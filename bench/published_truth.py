@@ -313,12 +313,15 @@ def torchvision_vit_l16_cifar(settings: dict[str, Any]) -> Workload:
     def make_batch(n: int) -> Any:
         if build_only:
             return None
-        return torch.randn(n, 3, 224, 224, dtype=dtype), torch.randint(0, 10, (n,))
+        # The loader's float32 images on the device; Fabric's "bf16-true" converts them in
+        # its module's forward (convert_input), the float32 batch held by the loop
+        return torch.randn(n, 3, 224, 224), torch.randint(0, 10, (n,))
 
     def step(model: Any, optimizer: Any, data: Any) -> None:
         if build_only:
             return
         features, targets = data
+        features = features.to(dtype)
         model.train()
         mixed = torch.float16 if precision == "16-mixed" else None
         if accum == 1:

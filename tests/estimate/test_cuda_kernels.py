@@ -120,6 +120,82 @@ def test_flash_backward_scratch_is_its_accumulators() -> None:
     )
 
 
+def test_torch_2_1s_flash_attention_packs_its_inputs_and_output() -> None:
+    """FlashAttention 1 (torch 2.0/2.1) reads and writes the packed ``[B * L, H, D]`` layout:
+    its output is ``[B, L, H, D]``-contiguous whatever the query's layout; FlashAttention 2
+    makes it like the query (nn.MultiheadAttention's ``[L, B, H, D]``)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    b, h, s, d = 2, 4, 50, 64
+    with FakeTensorMode():
+        # the layout nn.MultiheadAttention hands over: [L, B, H, D] in memory
+        q, k, v = (torch.empty(s, b, h, d, dtype=torch.float16).permute(1, 2, 0, 3) for _ in "qkv")
+        old = run("flash_attention", q, k, v, None, 0.0, False, None, False, legacy_flash=True)
+        new = run("flash_attention", q, k, v, None, 0.0, False, None, False)
+        assert old.transpose(1, 2).is_contiguous()
+        assert new.permute(2, 0, 1, 3).is_contiguous() and not new.transpose(1, 2).is_contiguous()
+    # 2.0/2.1's flash takes head sizes that are multiples of 8 only (2.2 pads them)
+    head_60 = _qkv(torch.float16, d=60)
+    old_choice = choose(*head_60, None, 0.0, False, False, capability=(8, 0), torch_version=(2, 1))
+    assert old_choice.reasons[0] == "flash_attention: head size is not a multiple of 8"
+    new_choice = choose(*head_60, None, 0.0, False, False, capability=(8, 0), torch_version=(2, 2))
+    assert new_choice.backend == "flash_attention"
+
+
+def test_torch_2_1s_flash_backward_scratch_is_its_packed_copies() -> None:
+    b, h, s, d = 2, 4, 100, 64
+    packed = [torch.empty(b, s, h, d, dtype=torch.float16).transpose(1, 2) for _ in range(4)]
+    name = "aten._scaled_dot_product_flash_attention_backward.default"
+    softmax_d = b * h * 112 * 4  # float32 [B, H, round16(Lq)]
+    assert backward_scratch(name, packed, legacy_flash=True) == softmax_d
+    strided = [torch.empty(s, b, h, d, dtype=torch.float16).permute(1, 2, 0, 3) for _ in range(4)]
+    one = b * h * s * d * 2
+    assert backward_scratch(name, strided, legacy_flash=True) == softmax_d + 4 * one
+    # keys over one block (256 for head sizes up to 64): a float32 dq accumulator
+    long_q = torch.empty(b, 300, h, d, dtype=torch.float16).transpose(1, 2)
+    long = [long_q, long_q, long_q, long_q]
+    assert backward_scratch(name, long, legacy_flash=True) == (
+        b * h * 304 * 4 + b * 300 * h * d * 4
+    )
+
+
+class _Mha(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = nn.MultiheadAttention(64, 4, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.attn(x, x, x, need_weights=False)[0]
+
+
+def test_multihead_attention_keeps_one_more_copy_under_torch_2_1() -> None:
+    """``nn.MultiheadAttention``'s ``permute(2, 0, 1, 3).contiguous()`` after attention copies
+    FlashAttention 1's packed output and not FlashAttention 2's: on torch 2.1 the output
+    projection's backward keeps one more ``[B, L, E]`` tensor (the published ViT-L/16 runs
+    on a 2.1 nightly: 24 such tensors, 3-5% of the reserved peak)."""
+
+    def build() -> tuple[Any, Any]:
+        model = _Mha().half()
+        return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(model: Any, opt: Any, x: torch.Tensor) -> None:
+        model(x).float().pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def batch(n: int) -> torch.Tensor:
+        return torch.randn(n, 100, 64, dtype=torch.float16)
+
+    kept = {}
+    for runtime in ("torch=2.1.0", "torch=2.4.0"):
+        est = memfit.estimate_torch(
+            build, step, batch, [8], gpu=A100, runtime=runtime, kernel_scratch=False
+        )
+        assert est.kernels["aten.scaled_dot_product_attention"][0].kernel == "flash_attention"
+        kept[runtime] = est.points[0].breakdown["activations"]
+    assert kept["torch=2.1.0"] - kept["torch=2.4.0"] == 8 * 100 * 64 * 2
+
+
 # --- the trace follows them --------------------------------------------------------------------
 
 

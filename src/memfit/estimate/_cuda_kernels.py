@@ -143,6 +143,8 @@ class CudaKernels:
     ) -> None:
         self.capability = capability
         self.torch_version = torch_version
+        # torch 2.0 and 2.1 run FlashAttention 1 (packed layout); 2.2 brought FlashAttention 2
+        self.legacy_flash = torch_version is not None and torch_version < (2, 2)
         self.cudnn_major = cudnn_major
         self._uses: dict[tuple[str, str], list[Any]] = {}
         self.differs: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
@@ -253,7 +255,9 @@ class CudaKernels:
         backend, note = choice.backend, "; ".join(choice.reasons)
         start = self._records()
         try:
-            out = run(backend, q, k, v, mask, dropout, causal, scale, gqa)
+            out = run(
+                backend, q, k, v, mask, dropout, causal, scale, gqa, legacy_flash=self.legacy_flash
+            )
         except RuntimeError as exc:  # the fused kernel's fake implementation refuses the call
             if backend == "math":
                 raise
@@ -302,7 +306,7 @@ class CudaKernels:
             op = "aten.convolution" if name == _CONV[0] else "aten.convolution_backward"
             self._use(op, found.kernel, 0, found.nbytes, None, bound=found.bound)
         elif name in _ATTENTION_BACKWARD:
-            scratch = backward_scratch(name, args)
+            scratch = backward_scratch(name, args, legacy_flash=self.legacy_flash)
             if scratch:
                 trace.add_transient(scratch, "kernel_workspace", "cuda")
             kernel = name.removeprefix("aten._scaled_dot_product_").removesuffix(".default")

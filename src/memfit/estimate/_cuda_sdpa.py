@@ -13,6 +13,10 @@ for a CUDA target :func:`choose` makes CUDA's, and :func:`run` calls the kernel 
 call on the traced tensors (the fake kernels of those ops give CUDA's shapes, and autograd
 saves what their derivative formulas save).
 
+The target's torch decides more than the gates: torch 2.0 and 2.1 ran FlashAttention 1
+through its packed, variable-length API (q, k, v copied to ``[B * L, H, D]``, the output made
+in that layout), 2.2 and later FlashAttention 2 on strided tensors (:func:`_legacy_flash`).
+
 What is read from the installed torch at each call: the backend flags (``enable_*_sdp``,
 ``sdpa_kernel`` contexts set them), a priority order the user set, the math kernel's
 reduced-precision flag, deterministic mode. What cannot be read from a torch without a GPU,
@@ -150,6 +154,8 @@ def _flash_reason(
     limit = 256 if version >= (2, 2) else 128  # FlashAttention-2 from torch 2.2
     if not (d == k.shape[-1] == v.shape[-1] and d <= limit):
         return f"head sizes differ or exceed {limit}"
+    if version < (2, 2) and d % 8:  # check_head_dim_size of torch 2.0/2.1: no padding yet
+        return "head size is not a multiple of 8"
     low = (8, 0) if version >= (2, 2) else (7, 5)
     if not (low <= capability <= (12, 1)):
         return f"the GPU (sm{capability[0]}{capability[1]}) is outside sm{low[0]}{low[1]}-sm121"
@@ -354,11 +360,16 @@ def run(
     causal: bool,
     scale: float | None,
     gqa: bool,
+    *,
+    legacy_flash: bool = False,
 ) -> Any:
     """The CUDA branch of ``scaled_dot_product_attention`` (attention.cpp) for ``backend``,
-    on the traced tensors."""
+    on the traced tensors. ``legacy_flash``: the target's torch runs FlashAttention 1 (torch
+    2.0 and 2.1), see :func:`_legacy_flash`."""
     aten = torch.ops.aten
     if backend == "flash_attention":
+        if legacy_flash:
+            return _legacy_flash(q, k, v, dropout, causal, scale)
         d = q.shape[-1]
         og_scale = scale if scale is not None else d**-0.5
         out = aten._scaled_dot_product_flash_attention.default(
@@ -393,6 +404,37 @@ def run(
     )[0]
 
 
+def _varlen_view_copies(t: Any) -> bool:
+    """Whether ``t`` (``[B, H, L, D]``) must be copied to be read as FlashAttention 1's packed
+    ``[B * L, H, D]`` (``t.transpose(1, 2).reshape(...)`` copies unless batch and sequence
+    merge in its strides)."""
+    b, _, length, _ = (int(s) for s in t.shape)
+    return b > 1 and length > 1 and int(t.stride(0)) != length * int(t.stride(2))
+
+
+def _legacy_flash(q: Any, k: Any, v: Any, dropout: float, causal: bool, scale: Any) -> Any:
+    """FlashAttention 1 as torch 2.0 and 2.1 call it (``_scaled_dot_product_flash_attention_
+    cuda`` in aten/src/ATen/native/transformers/cuda/attention.cu of v2.0.0 and v2.1.0): q, k
+    and v are reshaped to the packed ``[B * L, H, D]`` layout of its variable-length API (a
+    copy each when they are not laid out so, given back when the call ends), and the output
+    is made in that layout, ``[B, L, H, D]``-contiguous, then returned as the ``[B, H, L, D]``
+    view. From torch 2.2 FlashAttention 2 reads strided inputs and makes its output like the
+    query (``empty_like``), so a caller's ``permute(...).contiguous()`` after it, as
+    ``nn.MultiheadAttention`` does, copies on 2.0/2.1 and not later: one more ``[B, L, E]``
+    tensor kept per layer for the output projection's backward."""
+    with torch.no_grad():  # the packed copies: taken and given back inside the call
+        packed = [t.transpose(1, 2).reshape(-1, t.shape[1], t.shape[-1]) for t in (q, k, v)]
+    out = torch.ops.aten._scaled_dot_product_flash_attention.default(
+        q, k, v, dropout, causal, False, scale=scale if scale is not None else q.shape[-1] ** -0.5
+    )[0]
+    del packed
+    if out.transpose(1, 2).is_contiguous():
+        return out
+    # The packed output: autograd keeps the kernel's own output for backward (the same size
+    # as FlashAttention 1's), the caller gets the packed layout.
+    return out.transpose(1, 2).contiguous().transpose(1, 2)
+
+
 def _round(x: int, m: int) -> int:
     return (x + m - 1) // m * m
 
@@ -405,7 +447,27 @@ def _contiguous_copy(grad_out: Any) -> int:
     return int(grad_out.numel()) * int(grad_out.element_size())
 
 
-def backward_scratch(name: str, args: Sequence[Any]) -> int:
+def _legacy_flash_backward(args: Sequence[Any]) -> int:
+    """FlashAttention 1's backward as torch 2.0/2.1 run it (``mha_bwd`` in
+    ``cuda/flash_attn/fmha_api.cpp``): packed copies of q, k, v and the incoming gradient
+    where they are not laid out ``[B * L, H, D]`` (the output already is), ``softmax_d``,
+    float32 ``[B, H, round16(Lq)]``, and a float32 ``dq`` accumulator of ``[B * Lq, H, D]``
+    when the keys span more than one block (``blocksize_c``: 256 for head sizes up to 64,
+    128 above; the keys rounded to 128, 256 or a multiple of it)."""
+    grad_out, q, k, v = args[0], args[1], args[2], args[3]
+    b, h, lq, d = (int(s) for s in q.shape)
+    lk = int(k.shape[2])
+    copied = [t for t in (q, k, v, grad_out) if _varlen_view_copies(t)]
+    total = sum(int(t.numel()) * int(t.element_size()) for t in copied)
+    total += b * h * _round(lq, 16) * 4
+    block = 256 if d <= 64 else 128
+    keys = 128 if lk <= 128 else 256 if lk <= 256 else _round(lk, block)
+    if keys > block:
+        total += b * lq * h * d * 4
+    return total
+
+
+def backward_scratch(name: str, args: Sequence[Any], *, legacy_flash: bool = False) -> int:
     """Bytes a backward attention kernel takes inside (0 for ops without a model).
 
     * FlashAttention-2 (``mha_bwd`` in flash_api.cpp): ``softmax_d``, float32
@@ -424,6 +486,8 @@ def backward_scratch(name: str, args: Sequence[Any]) -> int:
     flash and memory-efficient kernels make it contiguous).
     """
     if name.startswith("aten._scaled_dot_product_flash_attention_backward"):
+        if legacy_flash:
+            return _legacy_flash_backward(args)
         grad_out, q, k = args[0], args[1], args[2]
         b, h, lq, d = (int(s) for s in q.shape)
         hk = int(k.shape[1])
