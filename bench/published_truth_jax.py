@@ -424,10 +424,12 @@ class Outcome:
         )
 
 
-def _phase_figures(phase: Phase, gpu: str, compiler: str) -> tuple[int, str, tuple[Any, ...]]:
+def _phase_figures(
+    phase: Phase, gpu: str, compiler: str, jaxlib: str | None = None
+) -> tuple[int, str, tuple[Any, ...]]:
     import memfit
 
-    est = memfit.estimate_jax(phase.fn, *phase.args, gpu=gpu, compiler=compiler)
+    est = memfit.estimate_jax(phase.fn, *phase.args, gpu=gpu, compiler=compiler, jaxlib=jaxlib)
     if compiler == "cpu":
         return est.executable_peak_bytes + phase.held_bytes, est.compiled_for, ()
     assert est.peak_bytes_in_use is not None, f"{phase.name}: no peak_bytes_in_use"
@@ -442,7 +444,9 @@ def predict(run: Run, *, before: bool = True, phases: Sequence[str] | None = Non
     best = (-1, "", "", ())
     before_best: int | None = -1 if before else None
     for phase in chosen:
-        figure, compiled_for, terms = _phase_figures(phase, run.gpu, "gpu")
+        # the first call's autotuning as the source's jaxlib ran it
+        jaxlib = run.runtime.get("jaxlib")
+        figure, compiled_for, terms = _phase_figures(phase, run.gpu, "gpu", jaxlib)
         if figure > best[0]:
             best = (figure, phase.name, compiled_for, terms)
         if before_best is not None:

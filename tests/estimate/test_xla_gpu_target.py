@@ -139,6 +139,67 @@ def test_autotuning_holds_guarded_buffers_one_gemm_at_a_time() -> None:
     )
 
 
+def test_autotuning_follows_the_targets_jaxlib() -> None:
+    """Before jaxlib 0.7.2 GemmAlgorithmPicker tuned a cuBLAS call for every GEMM: operands,
+    result, workspace (capped at the operands' bytes) and a reference copy, all guarded;
+    0.5.0-0.7.1 could hold two GEMMs' buffers at once; 0.7.2 guards the inputs only."""
+    gemm = rt.GemmBuffers
+    tiny = gemm("fusion", (64 * 4,), (64 * 512 * 4, 512 * 64 * 4, 256))
+    ampere, hopper = (8, 0), (9, 0)
+    old = rt.autotune_rules("0.4.33", ampere)
+    dot = 64 * 512 * 4 + 512 * 64 * 4
+    five = 5 * 16 * MiB + dot + 2 * (64 * 4) + min(4 * MiB, dot)
+    assert rt.autotune_bytes([tiny], {}, old) == five  # about 80 MiB: the 0.4.33 floor
+    # on Hopper the workspace is 32 MiB, but a legacy cuBLAS call's is capped by its operands
+    assert rt.autotune_bytes([tiny], {}, rt.autotune_rules("0.4.33", hopper)) == five
+    big = gemm("fusion", (64 * MiB,), (64 * MiB, 64 * MiB))
+    big_hopper = rt.autotune_bytes([big], {}, rt.autotune_rules("0.4.33", hopper))
+    assert big_hopper - rt.autotune_bytes([big], {}, old) == 28 * MiB  # 32 MiB, not 4
+    # 0.5.0-0.7.1: the next GEMM's four buffers before the last one's five are freed
+    mid = rt.autotune_rules("0.5.3", ampere)
+    four = 4 * 16 * MiB + dot + 64 * 4 + min(4 * MiB, dot)
+    assert rt.autotune_bytes([tiny, tiny], {}, mid) == five + four  # about 144 MiB
+    assert rt.autotune_bytes([tiny], {}, mid) == five  # one GEMM: nothing to overlap
+    # 0.7.2 and later: the inputs only (the measured jaxlib 0.7.2 floors), as without rules
+    new = rt.autotune_rules("0.7.2", ampere)
+    assert rt.autotune_bytes([tiny, tiny], {}, new) == rt.autotune_bytes([tiny, tiny], {})
+    assert not rt.autotune_rules("0.10.2", ampere).picker
+    assert not rt.autotune_rules("not a version", ampere).picker  # taken for the newest
+    # the flags still rule: level 0 tunes nothing, level 3 guards nothing
+    assert rt.autotune_bytes([tiny], {"XLA_FLAGS": "--xla_gpu_autotune_level=0"}, old) == 0
+    assert rt.autotune_bytes([tiny], {"XLA_FLAGS": "--xla_gpu_autotune_level=3"}, old) == (
+        dot + 64 * 4 + min(4 * MiB, dot)
+    )
+    assert "jaxlib 0.5.3" in mid.describe() and "next GEMM" in mid.describe()
+
+
+def test_a_jaxlib_that_is_not_a_version_is_refused() -> None:
+    for bad in ("banana", ""):
+        with pytest.raises(ConfigError) as err:
+            jax_xla().estimate_jax(_mlp_step(), *_args(8), jaxlib=bad)
+        assert err.value.key_path == "jaxlib"
+    with pytest.raises(ConfigError):
+        jax_xla().estimate_jax_sweep(_mlp_step(), _args, [8], jaxlib="x.y")
+
+
+@needs_extra
+def test_a_small_step_for_an_older_jaxlib_shows_that_jaxlibs_floor() -> None:
+    """A small MLP step: about 33 MiB with 0.7.2's autotuner, 80 MiB and more with 0.4.33's
+    (the floor published for 0.4.33 runs: about 80 MiB however small the program)."""
+    step, args = _mlp_step(), _args(64)
+    now = jax_xla().estimate_jax(step, *args, gpu="RTX 4090", environ={})
+    old = jax_xla().estimate_jax(step, *args, gpu="RTX 4090", environ={}, jaxlib="0.4.33")
+    mid = jax_xla().estimate_jax(step, *args, gpu="RTX 4090", environ={}, jaxlib="0.5.0")
+    assert now.peak_bytes_in_use is not None and old.peak_bytes_in_use is not None
+    assert mid.peak_bytes_in_use is not None
+    assert now.executable_peak_bytes == old.executable_peak_bytes  # the same compile
+    assert now.peak_bytes_in_use < 40 * MiB
+    assert 80 * MiB <= old.peak_bytes_in_use < 90 * MiB
+    assert 144 * MiB <= mid.peak_bytes_in_use < 160 * MiB
+    assert any("jaxlib 0.4.33's XLA" in n for n in old.notes)
+    assert any("jaxlib 0.4.33" in name for name, _, _ in old.breakdown)
+
+
 def test_bfc_growth_doubles_its_regions() -> None:
     assert rt.bfc_growth_bytes([]) == 0
     assert rt.bfc_growth_bytes([100]) == 2 * MiB

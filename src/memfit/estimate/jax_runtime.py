@@ -21,6 +21,14 @@ Two figures, each a sum of named terms with their sources:
   from 2 MiB: ``tsl/framework/bfc_allocator.cc``, ``Extend``), or with the platform allocator
   the peak itself.
 
+The autotuner changed with XLA, so the floor follows the target's jaxlib
+(:func:`autotune_rules`): up to jaxlib 0.7.1 ``GemmAlgorithmPicker`` tuned cuBLAS GEMMs (every
+pure matmul in 0.4.x, the cuBLAS fallback of every GEMM fusion later) with every buffer and a
+reference copy guarded, five guard-zoned buffers for a tiny GEMM, 80 MiB; from 0.5.0 to 0.7.1
+one autotuner served a whole module and built the next GEMM's buffers before it freed the
+last one's, and parallel nested compiles could overlap too, up to nine; 0.7.2 replaced it
+with an autotuner that guards the inputs only.
+
 Not modelled, said in notes: cuDNN's autotuning of convolutions beyond its buffers, several
 GPUs (device 0 holds more; collectives keep buffers in XLA's ``CollectiveBFCAllocator``),
 a BFC chunk handed out whole when splitting it would leave less than the request.
@@ -39,9 +47,11 @@ __all__ = [
     "BFC_FIRST_REGION",
     "BFC_MIN_ALLOCATION",
     "REDZONE_BYTES",
+    "AutotuneRules",
     "GemmBuffers",
     "RuntimeTerm",
     "autotune_bytes",
+    "autotune_rules",
     "bfc_growth_bytes",
     "gemm_autotune_bytes",
     "xla_flag",
@@ -53,6 +63,11 @@ REDZONE_BYTES = 8 * MiB
 BFC_MIN_ALLOCATION = 256
 #: The BFC allocator's first region when it grows (``curr_region_allocation_bytes_``).
 BFC_FIRST_REGION = 2 * MiB
+#: cuBLAS's workspace as XLA sizes it (``kHopperWorkspace``, ``kDefaultWorkspace`` in
+#: ``xla/service/gpu/matmul_utils.h``); a legacy cuBLAS call's is capped at its operands' bytes
+#: (``GemmWorkspaceRewriteVisitor`` in ``transforms/gemm_rewriter.cc``).
+HOPPER_WORKSPACE = 32 * MiB
+DEFAULT_WORKSPACE = 4 * MiB
 
 
 @dataclass(frozen=True)
@@ -144,7 +159,89 @@ def gemm_autotune_bytes(gemm: GemmBuffers, redzone: int, *, check: bool = True) 
     return held + (_guarded(reference, redzone) if check else 0)
 
 
-def autotune_bytes(gemms: Sequence[GemmBuffers], environ: Mapping[str, str]) -> int:
+@dataclass(frozen=True)
+class AutotuneRules:
+    """How the target's XLA tunes GEMMs at the first call, by its jaxlib version.
+
+    Attributes:
+        jaxlib: The version the rules are for (``"0.7.2"``).
+        picker: ``GemmAlgorithmPicker`` tunes a cuBLAS call for every GEMM (jaxlib < 0.7.2):
+            its operands, its result, its workspace and a reference copy of the result, all
+            guarded (``RedzoneBuffers::kAllInputsAllOutputs`` and ``AllocateBytes`` in
+            ``gemm_algorithm_picker.cc``). In 0.4.x a pure matmul stayed a cuBLAS call
+            (``xla_gpu_triton_gemm_any`` was off) and the main module's cuBLAS calls were tuned;
+            from 0.5.0 on Ampere and later the picker runs on each GEMM fusion's cuBLAS
+            fallback, compiled as a nested module (``nvptx_compiler.cc``).
+        overlap: The next GEMM's four buffers are allocated before the last GEMM's five are
+            freed (0.5.0-0.7.1: one ``GemmAutotuner`` for the module since openxla/xla#16520,
+            its buffers replaced by move-assignment; on Ampere and later parallel nested
+            compiles can overlap the same way).
+        hopper: The card is sm90 or newer (cuBLAS's workspace is 32 MiB, not 4).
+    """
+
+    jaxlib: str
+    picker: bool
+    overlap: bool
+    hopper: bool = False
+
+    def describe(self) -> str:
+        """The term's name in the breakdown."""
+        if not self.picker:
+            return (
+                "first-call autotuning above the arguments (one GEMM's inputs with 8 MiB guard "
+                "zones each side, its output and the reference output)"
+            )
+        text = (
+            f"first-call autotuning above the arguments (jaxlib {self.jaxlib}: a cuBLAS GEMM's "
+            "operands, result, workspace and reference copy, each with 8 MiB guard zones "
+            "each side"
+        )
+        if self.overlap:
+            text += "; the next GEMM's four allocated before the last GEMM's five are freed"
+        return text + ")"
+
+
+def _version(text: str) -> tuple[int, int, int] | None:
+    found = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", text.strip())
+    if found is None:
+        return None
+    return int(found.group(1)), int(found.group(2)), int(found.group(3) or 0)
+
+
+def autotune_rules(jaxlib: str, capability: tuple[int, int] | None) -> AutotuneRules:
+    """The autotuner of ``jaxlib``'s XLA for a card of ``capability`` (see the module
+    docstring; XLA commits pinned by jax-v0.4.33, v0.5.0, v0.7.2 in ``third_party/xla``).
+
+    An unreadable version is taken for the newest (0.7.2's rules).
+
+    >>> autotune_rules("0.4.33", (8, 0)).picker, autotune_rules("0.4.33", (8, 0)).overlap
+    (True, False)
+    >>> autotune_rules("0.5.1", (9, 0)).overlap, autotune_rules("0.7.2", (9, 0)).picker
+    (True, False)
+    """
+    version = _version(jaxlib) or (99, 0, 0)
+    hopper = capability is not None and capability >= (9, 0)
+    picker = version < (0, 7, 2)
+    overlap = (0, 5, 0) <= version < (0, 7, 2)
+    return AutotuneRules(jaxlib, picker, overlap, hopper)
+
+
+def _picker_buffers(gemm: GemmBuffers, redzone: int, hopper: bool) -> tuple[int, int]:
+    """What ``GemmAlgorithmPicker`` holds for one GEMM: its four guarded buffers (the dot's
+    two operands, the result, the workspace capped at the operands' bytes), and the guarded
+    reference copy of the result. Bytes of the four, bytes of the reference."""
+    dot = sorted(gemm.operands)[-2:]
+    result = gemm.results[0] if gemm.results else 0
+    workspace = min(HOPPER_WORKSPACE if hopper else DEFAULT_WORKSPACE, sum(dot))
+    four = sum(_guarded(n, redzone) for n in (*dot, result, workspace))
+    return four, _guarded(result, redzone)
+
+
+def autotune_bytes(
+    gemms: Sequence[GemmBuffers],
+    environ: Mapping[str, str],
+    rules: AutotuneRules | None = None,
+) -> int:
     """The most the first call's autotuning holds at once: the GEMM whose tuning holds most
     (:func:`gemm_autotune_bytes`; XLA tunes one GEMM at a time and frees its buffers).
 
@@ -157,6 +254,16 @@ def autotune_bytes(gemms: Sequence[GemmBuffers], environ: Mapping[str, str]) -> 
     >>> autotune_bytes([GemmBuffers("fusion", (MiB,), (MiB, MiB))],
     ...                {"XLA_FLAGS": "--xla_gpu_autotune_level=3"}) // MiB
     3
+
+    With ``rules`` for a jaxlib before 0.7.2 (:func:`autotune_rules`), every GEMM is tuned as
+    a cuBLAS call: five guarded buffers, 80 MiB for a tiny GEMM; with the overlap of 0.5.0 to
+    0.7.1 the largest GEMM's five and the next largest GEMM's four:
+
+    >>> tiny = GemmBuffers("fusion", (4096,), (4096, 4096))
+    >>> autotune_bytes([tiny, tiny], {}, autotune_rules("0.4.33", (8, 9))) // MiB
+    80
+    >>> autotune_bytes([tiny, tiny], {}, autotune_rules("0.5.3", (8, 9))) // MiB
+    144
     """
     level = xla_flag(environ, "xla_gpu_autotune_level")
     if level == "0" or not gemms:
@@ -166,7 +273,17 @@ def autotune_bytes(gemms: Sequence[GemmBuffers], environ: Mapping[str, str]) -> 
     check = not (level is not None and level.isdigit() and int(level) < 4)
     if not check:
         redzone = 0  # no correctness check: the buffers carry no guard zones
-    return max(gemm_autotune_bytes(gemm, redzone, check=check) for gemm in gemms)
+    if rules is None or not rules.picker:
+        return max(gemm_autotune_bytes(gemm, redzone, check=check) for gemm in gemms)
+    held = sorted(
+        (_picker_buffers(gemm, redzone, rules.hopper) for gemm in gemms),
+        key=lambda pair: pair[0] + pair[1],
+    )
+    four, reference = held[-1]
+    total = four + (reference if check else 0)
+    if rules.overlap and len(held) > 1:
+        total += held[-2][0]
+    return total
 
 
 def round_up(size: int, unit: int = BFC_MIN_ALLOCATION) -> int:

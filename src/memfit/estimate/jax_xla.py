@@ -17,6 +17,7 @@ needs.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -360,10 +361,11 @@ def _leaf_sizes(tree: Any) -> list[int]:
 
 def _from_gpu_compile(
     result: Any, spec: Any, target: Any, leaves: list[int],
-    environ: Mapping[str, str] | None, batch_size: int | None,
+    environ: Mapping[str, str] | None, batch_size: int | None, jaxlib: str | None = None,
 ) -> JaxEstimate:  # fmt: skip
     """The estimate of a step compiled by XLA's GPU compiler for ``target``, with the JAX
-    runtime's terms (:mod:`memfit.estimate.jax_runtime`)."""
+    runtime's terms (:mod:`memfit.estimate.jax_runtime`); ``jaxlib``: the target's version
+    (``None``: the installed one), which decides how the first call autotunes."""
     from memfit.estimate import jax_runtime as rt
     from memfit.hardware.cuda import cuda_context_bytes
     from memfit.units import format_bytes
@@ -373,7 +375,9 @@ def _from_gpu_compile(
     argument, output, alias = result.argument_bytes, result.output_bytes, result.alias_bytes
     temp = result.temp_bytes
     buffers = argument + output - alias + temp
-    autotune = rt.autotune_bytes(result.gemm_buffers, env)
+    installed = _jaxlib_version()
+    rules = rt.autotune_rules(jaxlib or installed, tuple(target.compute_capability))
+    autotune = rt.autotune_bytes(result.gemm_buffers, env, rules)
     rounding = sum(rt.round_up(n) - n for n in leaves) + rt.round_up(temp) - temp
     in_use = max(buffers, argument + autotune) + rounding
     context = cuda_context_bytes(spec)
@@ -381,12 +385,11 @@ def _from_gpu_compile(
     terms = [
         ("XLA buffers (arguments + outputs - donated + temporaries)", buffers,
          f"XLA:GPU's memory analysis, compiled for {target.compiled_for}"),
-        ("first-call autotuning above the arguments (one GEMM's inputs with 8 MiB guard "
-         "zones each side, its output and the reference output)",
+        (rules.describe(),
          max(0, argument + autotune - buffers),
          "xla/service/gpu/autotuning/redzone_buffers.cc, gemm_fusion_autotuner.cc, "
-         "gemm_algorithm_picker.cc; xla_gpu_redzone_padding_bytes; measured floors: "
-         "KluvaDa/benchback-rl"),
+         "gemm_algorithm_picker.cc (at the XLA commit the target's jaxlib pins); "
+         "xla_gpu_redzone_padding_bytes; measured floors: KluvaDa/benchback-rl"),
         ("BFC rounding to 256 B", rounding, bfc + " (kMinAllocationSize)"),
     ]  # fmt: skip
     notes = [
@@ -396,6 +399,17 @@ def _from_gpu_compile(
         "GPU running another jaxlib may fuse and buffer the step differently (published "
         "peaks of jaxlib 0.7.2 runs are compared in docs/benchmarks.md)",
     ]
+    if jaxlib is not None and jaxlib != installed:
+        notes.append(
+            f"the first call's autotuning follows jaxlib {jaxlib}'s XLA, as the target runs "
+            f"it; the buffers are jaxlib {installed}'s compile"
+        )
+    if rules.overlap:
+        notes.append(
+            f"jaxlib {rules.jaxlib}'s autotuner may hold the last GEMM's guarded buffers while "
+            "it allocates the next one's (one autotuner per module; parallel nested compiles "
+            "on Ampere and later): counted as the bound, two GEMMs' buffers at once"
+        )
     limit = int(target.device_memory_size * policy.fraction)
     if policy.platform_allocator:
         device_used = context + in_use
@@ -537,6 +551,7 @@ def estimate_jax(
     environ: Mapping[str, str] | None = None,
     batch_size: int | None = None,
     compiler: str = "auto",
+    jaxlib: str | None = None,
     **kwargs: Any,
 ) -> JaxEstimate:
     """Compile ``fn`` for ``args`` and read XLA's memory analysis, without running it.
@@ -558,8 +573,13 @@ def estimate_jax(
         batch_size: Recorded in the result, for sweeps.
         compiler: ``"auto"`` (XLA's GPU compiler for ``gpu`` where it can), ``"gpu"``
             (only that, or an error) or ``"cpu"`` (this process's backend).
-        **kwargs: Keyword arguments of ``fn`` (``gpu``, ``environ``, ``batch_size`` and
-            ``compiler`` are taken by this function).
+        jaxlib: The jaxlib version the GPU runs (``"0.4.33"``), when it is not the one
+            installed here: the first call's GEMM autotuning, most of a small program's
+            ``peak_bytes_in_use``, follows that version's XLA
+            (:func:`memfit.estimate.jax_runtime.autotune_rules`); the compile stays this
+            jaxlib's. ``None``: the installed one.
+        **kwargs: Keyword arguments of ``fn`` (``gpu``, ``environ``, ``batch_size``,
+            ``compiler`` and ``jaxlib`` are taken by this function).
 
     Returns:
         A :class:`JaxEstimate`.
@@ -577,6 +597,7 @@ def estimate_jax(
     if batch_size is not None:
         require_positive_int("batch_size", batch_size, hint="the batch the step runs, e.g. 64")
     require("compiler", compiler, "str")
+    _check_jaxlib(jaxlib)
     spec, target, notes = _gpu_target(gpu, compiler)
     if target is None:
         stats, backend, compiled_for = _compile_here(fn, args, kwargs)
@@ -588,7 +609,18 @@ def estimate_jax(
         [step], target, memory_base_bytes=_memory_base(target, environ), environ=environ
     )
     leaves = _leaf_sizes((args, kwargs))
-    return _from_gpu_compile(result, spec, target, leaves, environ, batch_size)
+    return _from_gpu_compile(result, spec, target, leaves, environ, batch_size, jaxlib)
+
+
+def _check_jaxlib(jaxlib: str | None) -> None:
+    """``jaxlib`` is ``None`` or a version (``"0.4.33"``), else a :class:`ConfigError`."""
+    require("jaxlib", jaxlib, "str", optional=True)
+    if jaxlib is not None and re.fullmatch(r"\d+\.\d+(\.\d+)?\S*", jaxlib.strip()) is None:
+        raise ConfigError(
+            f"jaxlib={jaxlib!r} is not a version",
+            key_path="jaxlib",
+            hint="the jaxlib version the GPU runs, e.g. jaxlib='0.4.33' (jax.__version__ there)",
+        )
 
 
 def _call_make_args(
@@ -624,6 +656,7 @@ def estimate_jax_sweep(
     batch_knob: str = "batch_size",
     progress: Callable[[str], None] | None = None,
     compiler: str = "auto",
+    jaxlib: str | None = None,
 ) -> JaxSweep:
     """:func:`estimate_jax` at each batch size (``fn(*make_args(b))``) and the affine fit;
     ``progress`` (a status line's updater) hears each batch size as its compile starts.
@@ -635,6 +668,7 @@ def estimate_jax_sweep(
     """
     sizes = check_batch_sizes(batch_sizes)
     require("compiler", compiler, "str")
+    _check_jaxlib(jaxlib)
     spec, target, _notes = _gpu_target(gpu, compiler)
     points = []
     if target is None:
@@ -644,7 +678,7 @@ def estimate_jax_sweep(
             points.append(
                 estimate_jax(
                     fn, *_call_make_args(make_args, b), gpu=gpu, environ=environ,
-                    batch_size=b, compiler=compiler,
+                    batch_size=b, compiler=compiler, jaxlib=jaxlib,
                 )
             )  # fmt: skip
     else:
@@ -661,7 +695,7 @@ def estimate_jax_sweep(
             exported, target, memory_base_bytes=_memory_base(target, environ), environ=environ
         )
         points = [
-            _from_gpu_compile(r, spec, target, n, environ, b)
+            _from_gpu_compile(r, spec, target, n, environ, b, jaxlib)
             for r, n, b in zip(results, leaves, sizes, strict=True)
         ]
     fit = fit_affine(sizes, [p.executable_peak_bytes for p in points])
