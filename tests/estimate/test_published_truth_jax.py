@@ -38,13 +38,15 @@ KNOWN_MISSES: dict[str, str] = {
     "benchback_rl_gymnax_ppo/CartPole-v1 1024x6": (
         "the measured peak is 24.2 MiB above jaxlib 0.10.2's buffers for every "
         "classic-control env alike (six 4 MiB buffers of a 1024-wide layer at a 1024-row "
-        "minibatch), under the GPU and the CPU compile of jaxlib 0.10.2 alike; the source ran "
-        "jaxlib 0.7.2, whose XLA fused and buffered the update differently: not modelled"
+        "minibatch), under the GPU and the CPU compile of jaxlib 0.10.2 alike, and jaxlib "
+        "0.7.2's own CPU compile has the same buffers: what the source's 0.7.2 GPU pipeline "
+        "or runtime added cannot be compiled here: not modelled"
     ),
     "benchback_rl_gymnax_ppo/Freeway-MinAtar 64x64": (
         "the source's update held one more copy of the rollout's observations than "
         "jaxlib 0.10.2's compile (that copy brings every MinAtar run within -4.2%..+0.6%), "
-        "likely jaxlib 0.7.2's XLA copying the scanned, shuffled batch: not modelled"
+        "not from XLA's passes both backends share (jaxlib 0.7.2's CPU compile matches "
+        "0.10.2's to 1 MiB); 0.7.2's GPU pipeline cannot be compiled here: not modelled"
     ),
 }
 
