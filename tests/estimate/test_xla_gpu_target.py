@@ -173,6 +173,30 @@ def test_autotuning_follows_the_targets_jaxlib() -> None:
     assert "jaxlib 0.5.3" in mid.describe() and "next GEMM" in mid.describe()
 
 
+def test_the_installed_jaxlibs_autotuner_guards_every_input_and_runs_cublaslt() -> None:
+    """When the compile is the target's own (the installed jaxlib), every input of a GEMM
+    fusion is guarded (``kAllInputs``); from jaxlib 0.9.2 cuBLASLt is on by default and its
+    candidate runs with a full workspace (4 MiB; 32 MiB on Hopper), unguarded."""
+    gemm = rt.GemmBuffers
+    three = gemm("fusion", (MiB,), (8 * MiB, MiB, 4096))
+    same = rt.autotune_rules("0.10.2", (8, 9), installed="0.10.2")
+    other = rt.autotune_rules("0.10.2", (8, 9), installed="0.11.0")
+    assert same.all_inputs and not other.all_inputs and same.lt_workspace
+    guarded = (8 + 16) * MiB + (1 + 16) * MiB
+    assert rt.autotune_bytes([three], {}, other) == guarded + 2 * MiB + 4 * MiB
+    assert rt.autotune_bytes([three], {}, same) == guarded + 4096 + 16 * MiB + 2 * MiB + 4 * MiB
+    hopper = rt.autotune_rules("0.10.2", (9, 0), installed="0.10.2")
+    assert rt.autotune_bytes([three], {}, hopper) - rt.autotune_bytes([three], {}, same) == (
+        28 * MiB
+    )
+    # before 0.9.2 cuBLASLt was off; a cuBLAS call's outputs are unguarded from 0.7.2 on
+    v091 = rt.autotune_rules("0.9.1", (8, 9), installed="0.9.1")
+    assert not v091.lt_workspace
+    cublas = gemm("cublas", (MiB, 4 * MiB), (8 * MiB, MiB))
+    assert rt.autotune_bytes([cublas], {}, v091) == guarded + 5 * MiB + MiB
+    assert "every input" in same.describe() and "cuBLASLt" in same.describe()
+
+
 def test_a_jaxlib_that_is_not_a_version_is_refused() -> None:
     for bad in ("banana", ""):
         with pytest.raises(ConfigError) as err:
@@ -184,10 +208,10 @@ def test_a_jaxlib_that_is_not_a_version_is_refused() -> None:
 
 @needs_extra
 def test_a_small_step_for_an_older_jaxlib_shows_that_jaxlibs_floor() -> None:
-    """A small MLP step: about 33 MiB with 0.7.2's autotuner, 80 MiB and more with 0.4.33's
+    """A small MLP step: about 38 MiB with 0.7.2's autotuner, 80 MiB and more with 0.4.33's
     (the floor published for 0.4.33 runs: about 80 MiB however small the program)."""
     step, args = _mlp_step(), _args(64)
-    now = jax_xla().estimate_jax(step, *args, gpu="RTX 4090", environ={})
+    now = jax_xla().estimate_jax(step, *args, gpu="RTX 4090", environ={}, jaxlib="0.7.2")
     old = jax_xla().estimate_jax(step, *args, gpu="RTX 4090", environ={}, jaxlib="0.4.33")
     mid = jax_xla().estimate_jax(step, *args, gpu="RTX 4090", environ={}, jaxlib="0.5.0")
     assert now.peak_bytes_in_use is not None and old.peak_bytes_in_use is not None

@@ -177,19 +177,30 @@ class AutotuneRules:
             its buffers replaced by move-assignment; on Ampere and later parallel nested
             compiles can overlap the same way).
         hopper: The card is sm90 or newer (cuBLAS's workspace is 32 MiB, not 4).
+        all_inputs: Every input of a GEMM fusion is guarded (``kAllInputs``), counted when
+            the compile is the target's own (the installed jaxlib): another version fuses
+            differently, and the two largest inputs, the dot's operands, stand for its
+            fusion (the published jaxlib 0.7.2 floors show two).
+        lt_workspace: cuBLASLt is on by default (``xla_gpu_enable_cublaslt``, jaxlib 0.9.2
+            on): its candidate runs with a full workspace, 4 MiB or 32 MiB, unguarded.
     """
 
     jaxlib: str
     picker: bool
     overlap: bool
     hopper: bool = False
+    all_inputs: bool = False
+    lt_workspace: bool = False
 
     def describe(self) -> str:
         """The term's name in the breakdown."""
         if not self.picker:
+            inputs = "every input" if self.all_inputs else "its two largest inputs"
+            lt = ", a cuBLASLt candidate's workspace" if self.lt_workspace else ""
             return (
-                "first-call autotuning above the arguments (one GEMM's inputs with 8 MiB guard "
-                "zones each side, its output and the reference output)"
+                f"first-call autotuning above the arguments (jaxlib {self.jaxlib}: one GEMM's "
+                f"{inputs} with 8 MiB guard zones each side, its output{lt} and the "
+                "reference output)"
             )
         text = (
             f"first-call autotuning above the arguments (jaxlib {self.jaxlib}: a cuBLAS GEMM's "
@@ -208,22 +219,30 @@ def _version(text: str) -> tuple[int, int, int] | None:
     return int(found.group(1)), int(found.group(2)), int(found.group(3) or 0)
 
 
-def autotune_rules(jaxlib: str, capability: tuple[int, int] | None) -> AutotuneRules:
+def autotune_rules(
+    jaxlib: str, capability: tuple[int, int] | None, installed: str | None = None
+) -> AutotuneRules:
     """The autotuner of ``jaxlib``'s XLA for a card of ``capability`` (see the module
-    docstring; XLA commits pinned by jax-v0.4.33, v0.5.0, v0.7.2 in ``third_party/xla``).
+    docstring; XLA commits pinned by jax-v0.4.33, v0.5.0, v0.7.2, v0.9.2 and v0.10.2 in
+    ``third_party/xla``); ``installed``: the jaxlib that compiles the step here.
 
-    An unreadable version is taken for the newest (0.7.2's rules).
+    An unreadable version is taken for the newest.
 
     >>> autotune_rules("0.4.33", (8, 0)).picker, autotune_rules("0.4.33", (8, 0)).overlap
     (True, False)
     >>> autotune_rules("0.5.1", (9, 0)).overlap, autotune_rules("0.7.2", (9, 0)).picker
     (True, False)
+    >>> rules = autotune_rules("0.10.2", (8, 9), installed="0.10.2")
+    >>> rules.all_inputs, rules.lt_workspace
+    (True, True)
     """
     version = _version(jaxlib) or (99, 0, 0)
     hopper = capability is not None and capability >= (9, 0)
     picker = version < (0, 7, 2)
     overlap = (0, 5, 0) <= version < (0, 7, 2)
-    return AutotuneRules(jaxlib, picker, overlap, hopper)
+    same = installed is not None and _version(installed) == version
+    lt_workspace = not picker and version >= (0, 9, 2)
+    return AutotuneRules(jaxlib, picker, overlap, hopper, same and not picker, lt_workspace)
 
 
 def _picker_buffers(gemm: GemmBuffers, redzone: int, hopper: bool) -> tuple[int, int]:
@@ -235,6 +254,20 @@ def _picker_buffers(gemm: GemmBuffers, redzone: int, hopper: bool) -> tuple[int,
     workspace = min(HOPPER_WORKSPACE if hopper else DEFAULT_WORKSPACE, sum(dot))
     four = sum(_guarded(n, redzone) for n in (*dot, result, workspace))
     return four, _guarded(result, redzone)
+
+
+def _profiler_bytes(gemm: GemmBuffers, redzone: int, check: bool, rules: AutotuneRules) -> int:
+    """What the autotuner of jaxlib 0.7.2 and later holds for one GEMM (``GpuProfiler``,
+    ``backends/gpu/autotuner/gpu_profiler.cc``: ``RedzoneBuffers::kAllInputs``): its inputs
+    guarded, the candidate's outputs (a cuBLAS call's workspace among them) and the reference
+    output unguarded; with cuBLASLt on, a cuBLASLt candidate's full workspace."""
+    inputs = gemm.operands if rules.all_inputs else tuple(sorted(gemm.operands)[-2:])
+    result = gemm.results[0] if gemm.results else 0
+    total = sum(_guarded(n, redzone) for n in inputs) + sum(gemm.results)
+    total += result if check else 0
+    if rules.lt_workspace and gemm.kind == "fusion":
+        total += HOPPER_WORKSPACE if rules.hopper else DEFAULT_WORKSPACE
+    return total
 
 
 def autotune_bytes(
@@ -273,8 +306,10 @@ def autotune_bytes(
     check = not (level is not None and level.isdigit() and int(level) < 4)
     if not check:
         redzone = 0  # no correctness check: the buffers carry no guard zones
-    if rules is None or not rules.picker:
+    if rules is None:
         return max(gemm_autotune_bytes(gemm, redzone, check=check) for gemm in gemms)
+    if not rules.picker:
+        return max(_profiler_bytes(gemm, redzone, check, rules) for gemm in gemms)
     held = sorted(
         (_picker_buffers(gemm, redzone, rules.hopper) for gemm in gemms),
         key=lambda pair: pair[0] + pair[1],

@@ -376,7 +376,7 @@ def _from_gpu_compile(
     temp = result.temp_bytes
     buffers = argument + output - alias + temp
     installed = _jaxlib_version()
-    rules = rt.autotune_rules(jaxlib or installed, tuple(target.compute_capability))
+    rules = rt.autotune_rules(jaxlib or installed, tuple(target.compute_capability), installed)
     autotune = rt.autotune_bytes(result.gemm_buffers, env, rules)
     rounding = sum(rt.round_up(n) - n for n in leaves) + rt.round_up(temp) - temp
     in_use = max(buffers, argument + autotune) + rounding
