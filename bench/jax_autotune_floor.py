@@ -12,35 +12,15 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common
+from xla_deviceless import make_step
 
 MiB = 2**20
 CARDS = ("RTX 4090", "H100 80GB")
 JAXLIBS = (None, "0.4.33", "0.5.0", "0.7.2")
-
-
-def _step() -> tuple[Any, tuple[Any, ...]]:
-    """Three tanh layers of 512 x 512, SGD, batch 64 (the test's MLP step)."""
-    import jax
-    import jax.numpy as jnp
-
-    def loss(params: Any, x: Any) -> Any:
-        h = x
-        for w in params:
-            h = jnp.tanh(h @ w)
-        return jnp.mean(h**2)
-
-    def step(params: Any, x: Any) -> Any:
-        grads = jax.grad(loss)(params, x)
-        return [p - 1e-3 * g for p, g in zip(params, grads, strict=True)]
-
-    params = [jax.ShapeDtypeStruct((512, 512), jnp.float32) for _ in range(3)]
-    batch = jax.ShapeDtypeStruct((64, 512), jnp.float32)
-    return jax.jit(step, donate_argnums=(0,)), (params, batch)
 
 
 def main() -> int:
@@ -48,7 +28,7 @@ def main() -> int:
     import memfit
     from memfit.estimate.jax_xla import _jaxlib_version
 
-    fn, args = _step()
+    fn, args = make_step("mlp", 64)  # three tanh layers of 512 x 512, SGD, batch 64
     rows, results = [], []
     for card in CARDS:
         for jaxlib in JAXLIBS:

@@ -284,14 +284,21 @@ def test_a_bfloat16_step_keeps_more_on_a_t4_than_on_an_a100() -> None:
     assert t4.points[0].tensor_peak - a100.points[0].tensor_peak >= 4 * scores
 
 
-def test_attention_under_inference_mode_runs_cudas_backend() -> None:
-    def step(model: Any, _opt: Any, x: torch.Tensor) -> None:
-        model.eval()
-        with torch.inference_mode(), torch.autocast("cuda", dtype=torch.float16):
-            model(x)
+def _inference_step(model: Any, _opt: Any, x: torch.Tensor) -> None:
+    model.eval()
+    with torch.inference_mode(), torch.autocast("cuda", dtype=torch.float16):
+        model(x)
 
+
+def test_attention_under_inference_mode_runs_cudas_backend() -> None:
     est = memfit.estimate_torch(
-        lambda: (_Block(), None), step, _batch, [4], gpu=A100, kernel_scratch=False, steps=1
+        lambda: (_Block(), None),
+        _inference_step,
+        _batch,
+        [4],
+        gpu=A100,
+        kernel_scratch=False,
+        steps=1,
     )
     assert est.kernels["aten.scaled_dot_product_attention"][0].kernel == "flash_attention"
 
@@ -307,13 +314,14 @@ def test_a_first_step_under_inference_mode_reads_cudas_autocast_rules(
     monkeypatch.setattr(_autocast, "_RULES", {})
     monkeypatch.setattr(_cuda_probe, "_RULES", {})
 
-    def step(model: Any, _opt: Any, x: torch.Tensor) -> None:
-        model.eval()
-        with torch.inference_mode(), torch.autocast("cuda", dtype=torch.float16):
-            model(x)
-
     est = memfit.estimate_torch(
-        lambda: (_Block(), None), step, _batch, [4], gpu=A100, kernel_scratch=False, steps=1
+        lambda: (_Block(), None),
+        _inference_step,
+        _batch,
+        [4],
+        gpu=A100,
+        kernel_scratch=False,
+        steps=1,
     )
     assert est.kernels["aten.scaled_dot_product_attention"][0].kernel == "flash_attention"
     assert not any("could not be read" in d for d in est.deviations), est.deviations

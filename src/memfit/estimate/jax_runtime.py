@@ -54,6 +54,7 @@ __all__ = [
     "autotune_rules",
     "bfc_growth_bytes",
     "gemm_autotune_bytes",
+    "parse_jaxlib_version",
     "xla_flag",
 ]
 
@@ -212,7 +213,12 @@ class AutotuneRules:
         return text + ")"
 
 
-def _version(text: str) -> tuple[int, int, int] | None:
+def parse_jaxlib_version(text: str) -> tuple[int, int, int] | None:
+    """``"0.7.2.dev20251017"`` -> ``(0, 7, 2)``; ``None`` when ``text`` is not a version.
+
+    >>> parse_jaxlib_version("0.4.33"), parse_jaxlib_version("banana")
+    ((0, 4, 33), None)
+    """
     found = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", text.strip())
     if found is None:
         return None
@@ -236,11 +242,11 @@ def autotune_rules(
     >>> rules.all_inputs, rules.lt_workspace
     (True, True)
     """
-    version = _version(jaxlib) or (99, 0, 0)
+    version = parse_jaxlib_version(jaxlib) or (99, 0, 0)
     hopper = capability is not None and capability >= (9, 0)
     picker = version < (0, 7, 2)
     overlap = (0, 5, 0) <= version < (0, 7, 2)
-    same = installed is not None and _version(installed) == version
+    same = installed is not None and parse_jaxlib_version(installed) == version
     lt_workspace = not picker and version >= (0, 9, 2)
     return AutotuneRules(jaxlib, picker, overlap, hopper, same and not picker, lt_workspace)
 

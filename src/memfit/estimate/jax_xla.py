@@ -17,7 +17,6 @@ needs.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -614,8 +613,10 @@ def estimate_jax(
 
 def _check_jaxlib(jaxlib: str | None) -> None:
     """``jaxlib`` is ``None`` or a version (``"0.4.33"``), else a :class:`ConfigError`."""
+    from memfit.estimate.jax_runtime import parse_jaxlib_version
+
     require("jaxlib", jaxlib, "str", optional=True)
-    if jaxlib is not None and re.fullmatch(r"\d+\.\d+(\.\d+)?\S*", jaxlib.strip()) is None:
+    if jaxlib is not None and parse_jaxlib_version(jaxlib) is None:
         raise ConfigError(
             f"jaxlib={jaxlib!r} is not a version",
             key_path="jaxlib",
