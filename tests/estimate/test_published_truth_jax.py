@@ -35,13 +35,6 @@ CHECKED = [
 
 #: Runs memfit still misses by more than the goal, and why (docs/benchmarks.md, issue 30).
 KNOWN_MISSES: dict[str, str] = {
-    "benchback_rl_gymnax_ppo/CartPole-v1 1024x6": (
-        "the measured peak is 24.2 MiB above jaxlib 0.10.2's buffers for every "
-        "classic-control env alike (six 4 MiB buffers of a 1024-wide layer at a 1024-row "
-        "minibatch), under the GPU and the CPU compile of jaxlib 0.10.2 alike, and jaxlib "
-        "0.7.2's own CPU compile has the same buffers: what the source's 0.7.2 GPU pipeline "
-        "or runtime added cannot be compiled here: not modelled"
-    ),
     "benchback_rl_gymnax_ppo/Freeway-MinAtar 64x64": (
         "the source's update held one more copy of the rollout's observations than "
         "jaxlib 0.10.2's compile (that copy brings every MinAtar run within -4.2%..+0.6%), "

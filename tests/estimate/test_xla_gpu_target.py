@@ -403,3 +403,40 @@ def test_a_step_sharded_over_two_devices_is_compiled_per_device() -> None:
     assert any("all-reduce" in n for n in two.notes)
     assert any(name.startswith("device 1 holds less") for name, _, _ in two.breakdown)
     assert not any("compiled for 2 devices" in n for n in one.notes)
+
+
+def test_the_cublas_variant_follows_the_autotuners_flags() -> None:
+    may = xla_gpu.cublas_may_replace_triton
+    assert may({}) and may({"XLA_FLAGS": "--xla_gpu_autotune_level=4"})
+    for flags in (
+        "--xla_gpu_enable_triton_gemm=false",  # every GEMM is cuBLAS already
+        "--xla_gpu_cublas_fallback=false",  # cuBLAS is not a candidate
+        "--xla_gpu_autotune_level=0",  # default tilings, as the deviceless compile
+    ):
+        assert not may({"XLA_FLAGS": f"--xla_gpu_redzone_padding_bytes=8 {flags}"}), flags
+
+
+@needs_extra
+def test_a_gemm_fusion_is_also_compiled_as_the_cublas_call_the_autotuner_may_pick() -> None:
+    """On a device the autotuner may hand any Triton GEMM fusion to cuBLAS; its fused operands
+    then become buffers and the call gets a workspace. The estimate counts the larger of the
+    two compiles; the variant is the one XLA compiles when told by ``XLA_FLAGS``."""
+    step = xla_gpu.export_step(_mlp_step(), *_args(4096))
+    target = target_config(lookup_gpu("RTX 4070"))
+    (both,) = xla_gpu.compile_exported([step], target, environ={})
+    (cublas,) = xla_gpu.compile_exported(
+        [step], target, environ={"XLA_FLAGS": "--xla_gpu_enable_triton_gemm=false"}
+    )
+    assert any(g.kind == "fusion" for g in both.gemm_buffers)
+    assert cublas.cublas_temp_bytes is None  # told: no second compile
+    assert both.cublas_temp_bytes == cublas.temp_bytes
+    # more at its peak: the fused operands materialised and cuBLAS's workspace
+    assert cublas.temp_bytes > both.temp_bytes
+    assert both.device_temp_bytes == cublas.temp_bytes
+
+    est = jax_xla().estimate_jax(_mlp_step(), *_args(4096), gpu="RTX 4070", environ={})
+    terms = {name: size for name, size, _ in est.breakdown}
+    extra = next(size for name, size in terms.items() if "hand to cuBLAS" in name)
+    assert extra == cublas.temp_bytes - both.temp_bytes
+    assert est.temp_bytes == cublas.temp_bytes
+    assert any("Triton or cuBLAS" in n for n in est.notes)

@@ -143,27 +143,37 @@ def _compile(job: dict[str, Any], config: str, topology: Any, jax: Any) -> dict[
         return exp.call(*args, **kwargs)
 
     start = time.perf_counter()
-    compiled = jax.jit(flat, donate_argnums=tuple(job["donate"])).lower(*avals).compile()
+    lowered = jax.jit(flat, donate_argnums=tuple(job["donate"])).lower(*avals)
+    compiled = lowered.compile()
     stats = compiled.memory_analysis()
     try:
         hlo = compiled.as_text() or ""
     except Exception:  # the analysis stands without the HLO text
         hlo = ""
 
-    def get(name: str) -> int:
-        return int(getattr(stats, name, 0) or 0)
+    def get(analysis: Any, name: str) -> int:
+        return int(getattr(analysis, name, 0) or 0)
 
-    return {
+    gemms = _gemm_buffers(hlo)
+    result: dict[str, Any] = {
         "ok": True,
-        "argument": get("argument_size_in_bytes"),
-        "output": get("output_size_in_bytes"),
-        "alias": get("alias_size_in_bytes"),
-        "temp": get("temp_size_in_bytes"),
-        "code": get("generated_code_size_in_bytes"),
-        "gemms": _gemm_buffers(hlo),
+        "argument": get(stats, "argument_size_in_bytes"),
+        "output": get(stats, "output_size_in_bytes"),
+        "alias": get(stats, "alias_size_in_bytes"),
+        "temp": get(stats, "temp_size_in_bytes"),
+        "code": get(stats, "generated_code_size_in_bytes"),
+        "gemms": gemms,
         "collectives": _collectives(hlo),
-        "seconds": round(time.perf_counter() - start, 3),
     }
+    if job.get("cublas_variant") and any(g["kind"] == "fusion" for g in gemms):
+        # On a device the autotuner may pick cuBLAS for any GEMM fusion; the fusion is then
+        # inlined and its fused operands become buffers of their own. The same step with
+        # every GEMM on cuBLAS bounds that (the deviceless compile picks default tilings).
+        os.write(2, f"\n{MARKER}cublas\n".encode())
+        variant = lowered.compile(compiler_options={"xla_gpu_enable_triton_gemm": False})
+        result["cublas_temp"] = get(variant.memory_analysis(), "temp_size_in_bytes")
+    result["seconds"] = round(time.perf_counter() - start, 3)
+    return result
 
 
 def main(path: str) -> int:

@@ -656,7 +656,7 @@ def _compile_all(
     results = compile_exported(
         exported, target, memory_base_bytes=int(target.device_memory_size * 0.75)
     )
-    return [(r.argument_bytes, r.output_bytes, r.alias_bytes, r.temp_bytes) for r in results]
+    return [(r.argument_bytes, r.output_bytes, r.alias_bytes, r.device_temp_bytes) for r in results]
 
 
 def _prepare_step(

@@ -372,7 +372,8 @@ def _from_gpu_compile(
     env = os.environ if environ is None else environ
     policy = preallocation_from_env(environ)
     argument, output, alias = result.argument_bytes, result.output_bytes, result.alias_bytes
-    temp = result.temp_bytes
+    temp = result.device_temp_bytes
+    fallback = temp - result.temp_bytes
     buffers = argument + output - alias + temp
     installed = _jaxlib_version()
     rules = rt.autotune_rules(jaxlib or installed, tuple(target.compute_capability), installed)
@@ -382,8 +383,13 @@ def _from_gpu_compile(
     context = cuda_context_bytes(spec)
     bfc = "tsl/framework/bfc_allocator.cc"
     terms = [
-        ("XLA buffers (arguments + outputs - donated + temporaries)", buffers,
+        ("XLA buffers (arguments + outputs - donated + temporaries)", buffers - fallback,
          f"XLA:GPU's memory analysis, compiled for {target.compiled_for}"),
+        ("GEMM fusions the autotuner may hand to cuBLAS: fused operands as buffers, workspace",
+         fallback,
+         "xla/service/gpu/autotuning/gemm_fusion_autotuner.cc (xla_gpu_cublas_fallback: the "
+         "fusion inlined for the GEMM rewriter); the same step compiled with "
+         "xla_gpu_enable_triton_gemm=false"),
         (rules.describe(),
          max(0, argument + autotune - buffers),
          "xla/service/gpu/autotuning/redzone_buffers.cc, gemm_fusion_autotuner.cc, "
@@ -398,6 +404,13 @@ def _from_gpu_compile(
         "GPU running another jaxlib may fuse and buffer the step differently (published "
         "peaks of jaxlib 0.7.2 runs are compared in docs/benchmarks.md)",
     ]
+    if result.cublas_temp_bytes is not None:
+        notes.append(
+            "XLA's autotuner picks Triton or cuBLAS for each GEMM on the device; the larger "
+            f"temporaries of the two compiles are counted ({format_bytes(result.temp_bytes)} "
+            f"with Triton's default tilings, {format_bytes(result.cublas_temp_bytes)} with "
+            "cuBLAS)"
+        )
     if jaxlib is not None and jaxlib != installed:
         notes.append(
             f"the first call's autotuning follows jaxlib {jaxlib}'s XLA, as the target runs "

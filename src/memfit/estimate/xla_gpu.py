@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from memfit.errors import BackendUnavailable, ConfigError, EstimateError
-from memfit.estimate.jax_runtime import GemmBuffers
+from memfit.estimate.jax_runtime import GemmBuffers, xla_flag
 from memfit.hardware.xla_target import TargetConfig, base_for_limit
 
 __all__ = [
@@ -121,6 +121,11 @@ class GpuCompile:
         devices: The devices the step was compiled for (``topology="1x1xN"``): the figures
             are per device (XLA's SPMD partitioner gives each device the same program).
         collectives: ``(op, result bytes)`` of each collective in the compiled program.
+        cublas_temp_bytes: XLA's temporaries when every GEMM fusion runs on cuBLAS instead
+            (``xla_gpu_enable_triton_gemm=false``): on a device the autotuner may pick cuBLAS
+            for any GEMM fusion (``xla_gpu_cublas_fallback``), and the fusion's fused operands
+            then become buffers of their own; ``None`` when the step has no GEMM fusion or
+            the flags rule cuBLAS out.
     """
 
     argument_bytes: int
@@ -136,6 +141,13 @@ class GpuCompile:
     seconds: float = 0.0
     devices: int = 1
     collectives: tuple[tuple[str, int], ...] = ()
+    cublas_temp_bytes: int | None = None
+
+    @property
+    def device_temp_bytes(self) -> int:
+        """The temporaries a device may need: the larger of the compile's and its cuBLAS
+        variant's (the autotuner's choice between them is made on the device)."""
+        return max(self.temp_bytes, self.cublas_temp_bytes or 0)
 
 
 @dataclass(frozen=True)
@@ -320,12 +332,31 @@ def _split_log(stderr: str, jobs: int) -> list[str]:
     parts = [""] * jobs
     current = -1
     for line in stderr.splitlines():
-        if line.startswith(MARKER):
-            current = int(line[len(MARKER) :])
+        if line.startswith(MARKER):  # a job's index; "cublas": its cuBLAS variant, not kept
+            rest = line[len(MARKER) :].strip()
+            current = int(rest) if rest.isdigit() else -1
             continue
         if 0 <= current < jobs:
             parts[current] += line + "\n"
     return parts
+
+
+def cublas_may_replace_triton(environ: Mapping[str, str]) -> bool:
+    """Whether a device's GEMM autotuner may replace a Triton GEMM fusion by a cuBLAS call:
+    yes unless ``XLA_FLAGS`` turns off Triton GEMMs (the compile is then cuBLAS already),
+    the cuBLAS fallback (``xla_gpu_cublas_fallback``, default true in
+    ``xla/debug_options_flags.cc``; ``gemm_fusion_autotuner.cc`` adds cuBLAS as a candidate
+    and, when it wins, inlines the fusion back for the GEMM rewriter) or autotuning
+    (``xla_gpu_autotune_level=0``: default tilings, as the deviceless compile).
+
+    >>> cublas_may_replace_triton({})
+    True
+    >>> cublas_may_replace_triton({"XLA_FLAGS": "--xla_gpu_cublas_fallback=false"})
+    False
+    """
+    off = ("false", "0")
+    flags = ("xla_gpu_enable_triton_gemm", "xla_gpu_cublas_fallback", "xla_gpu_autotune_level")
+    return all((xla_flag(environ, name) or "true").lower() not in off for name in flags)
 
 
 def _tail(text: str, lines: int = 6) -> str:
@@ -377,6 +408,7 @@ def compile_exported(
                 key_path="steps",
                 hint="compile steps sharded over one mesh together, others apart",
             )
+        variant = cublas_may_replace_triton(os.environ if environ is None else environ)
         for index, step in enumerate(steps):
             path = Path(folder) / f"step{index}.bin"
             path.write_bytes(step.serialized)
@@ -386,6 +418,7 @@ def compile_exported(
                     "donate": list(step.donate),
                     "mesh": [list(axis) for axis in step.mesh],
                     "specs": [list(spec) if spec is not None else None for spec in step.specs],
+                    "cublas_variant": variant,
                 }
             )
         count = devices.pop() if devices else 1
@@ -451,6 +484,7 @@ def compile_exported(
                     collectives=tuple(
                         (str(op), int(size)) for op, size in line.get("collectives", [])
                     ),
+                    cublas_temp_bytes=line.get("cublas_temp"),
                 )
             )
     return results
