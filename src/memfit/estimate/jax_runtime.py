@@ -26,8 +26,10 @@ The autotuner changed with XLA, so the floor follows the target's jaxlib
 pure matmul in 0.4.x, the cuBLAS fallback of every GEMM fusion later) with every buffer and a
 reference copy guarded, five guard-zoned buffers for a tiny GEMM, 80 MiB; from 0.5.0 to 0.7.1
 one autotuner served a whole module and built the next GEMM's buffers before it freed the
-last one's, and parallel nested compiles could overlap too, up to nine; 0.7.2 replaced it
-with an autotuner that guards the inputs only.
+last one's, and parallel nested compiles could overlap too: memfit counts the next GEMM's
+operands and result with the last one's five, eight guarded buffers, the floor published jax
+0.5 runs show (about 129 MiB); 0.7.2 replaced it with an autotuner that guards the inputs
+only.
 
 Not modelled, said in notes: cuDNN's autotuning of convolutions beyond its buffers, several
 GPUs (device 0 holds more; collectives keep buffers in XLA's ``CollectiveBFCAllocator``),
@@ -173,10 +175,13 @@ class AutotuneRules:
             (``xla_gpu_triton_gemm_any`` was off) and the main module's cuBLAS calls were tuned;
             from 0.5.0 on Ampere and later the picker runs on each GEMM fusion's cuBLAS
             fallback, compiled as a nested module (``nvptx_compiler.cc``).
-        overlap: The next GEMM's four buffers are allocated before the last GEMM's five are
+        overlap: The next GEMM's buffers are allocated before the last GEMM's five are
             freed (0.5.0-0.7.1: one ``GemmAutotuner`` for the module since openxla/xla#16520,
             its buffers replaced by move-assignment; on Ampere and later parallel nested
-            compiles can overlap the same way).
+            compiles can overlap the same way, the next one allocating under the GPU mutex
+            as soon as the last releases it). Counted: its operands and result, the three it
+            allocates first; eight guarded buffers with the last GEMM's five, the floor of
+            the published jax 0.5 runs (about 129 MiB; the issue's held-out set).
         hopper: The card is sm90 or newer (cuBLAS's workspace is 32 MiB, not 4).
         all_inputs: Every input of a GEMM fusion is guarded (``kAllInputs``), counted when
             the compile is the target's own (the installed jaxlib): another version fuses
@@ -209,7 +214,10 @@ class AutotuneRules:
             "each side"
         )
         if self.overlap:
-            text += "; the next GEMM's four allocated before the last GEMM's five are freed"
+            text += (
+                "; the next GEMM's operands and result allocated before the last GEMM's "
+                "five are freed"
+            )
         return text + ")"
 
 
@@ -251,15 +259,16 @@ def autotune_rules(
     return AutotuneRules(jaxlib, picker, overlap, hopper, same and not picker, lt_workspace)
 
 
-def _picker_buffers(gemm: GemmBuffers, redzone: int, hopper: bool) -> tuple[int, int]:
-    """What ``GemmAlgorithmPicker`` holds for one GEMM: its four guarded buffers (the dot's
-    two operands, the result, the workspace capped at the operands' bytes), and the guarded
-    reference copy of the result. Bytes of the four, bytes of the reference."""
+def _picker_buffers(gemm: GemmBuffers, redzone: int, hopper: bool) -> tuple[int, int, int]:
+    """What ``GemmAlgorithmPicker`` holds for one GEMM, in the order it allocates them
+    (``RedzoneBuffers::FromInstruction``: inputs, then outputs, the workspace last; then the
+    reference): the dot's two operands and the result, guarded; the workspace capped at the
+    operands' bytes, guarded; the guarded reference copy of the result. Their bytes."""
     dot = sorted(gemm.operands)[-2:]
     result = gemm.results[0] if gemm.results else 0
     workspace = min(HOPPER_WORKSPACE if hopper else DEFAULT_WORKSPACE, sum(dot))
-    four = sum(_guarded(n, redzone) for n in (*dot, result, workspace))
-    return four, _guarded(result, redzone)
+    three = sum(_guarded(n, redzone) for n in (*dot, result))
+    return three, _guarded(workspace, redzone), _guarded(result, redzone)
 
 
 def _profiler_bytes(gemm: GemmBuffers, redzone: int, check: bool, rules: AutotuneRules) -> int:
@@ -296,13 +305,14 @@ def autotune_bytes(
 
     With ``rules`` for a jaxlib before 0.7.2 (:func:`autotune_rules`), every GEMM is tuned as
     a cuBLAS call: five guarded buffers, 80 MiB for a tiny GEMM; with the overlap of 0.5.0 to
-    0.7.1 the largest GEMM's five and the next largest GEMM's four:
+    0.7.1 the largest GEMM's five and the next largest GEMM's operands and result, eight
+    guarded buffers, as the published jax 0.5 floors show (about 129 MiB):
 
     >>> tiny = GemmBuffers("fusion", (4096,), (4096, 4096))
     >>> autotune_bytes([tiny, tiny], {}, autotune_rules("0.4.33", (8, 9))) // MiB
     80
     >>> autotune_bytes([tiny, tiny], {}, autotune_rules("0.5.3", (8, 9))) // MiB
-    144
+    128
     """
     level = xla_flag(environ, "xla_gpu_autotune_level")
     if level == "0" or not gemms:
@@ -317,11 +327,10 @@ def autotune_bytes(
     if not rules.picker:
         return max(_profiler_bytes(gemm, redzone, check, rules) for gemm in gemms)
     held = sorted(
-        (_picker_buffers(gemm, redzone, rules.hopper) for gemm in gemms),
-        key=lambda pair: pair[0] + pair[1],
+        (_picker_buffers(gemm, redzone, rules.hopper) for gemm in gemms), key=sum
     )
-    four, reference = held[-1]
-    total = four + (reference if check else 0)
+    three, workspace, reference = held[-1]
+    total = three + workspace + (reference if check else 0)
     if rules.overlap and len(held) > 1:
         total += held[-2][0]
     return total

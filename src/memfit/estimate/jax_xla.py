@@ -420,7 +420,9 @@ def _from_gpu_compile(
         notes.append(
             f"jaxlib {rules.jaxlib}'s autotuner may hold the last GEMM's guarded buffers while "
             "it allocates the next one's (one autotuner per module; parallel nested compiles "
-            "on Ampere and later): counted as the bound, two GEMMs' buffers at once"
+            "on Ampere and later): counted as the published jax 0.5 floors show it, the next "
+            "GEMM's operands and result with the last GEMM's five buffers (the next one's "
+            "workspace too would add one more guarded buffer, 16 MiB)"
         )
     limit = int(target.device_memory_size * policy.fraction)
     if policy.platform_allocator:
