@@ -326,9 +326,7 @@ def autotune_bytes(
         return max(gemm_autotune_bytes(gemm, redzone, check=check) for gemm in gemms)
     if not rules.picker:
         return max(_profiler_bytes(gemm, redzone, check, rules) for gemm in gemms)
-    held = sorted(
-        (_picker_buffers(gemm, redzone, rules.hopper) for gemm in gemms), key=sum
-    )
+    held = sorted((_picker_buffers(gemm, redzone, rules.hopper) for gemm in gemms), key=sum)
     three, workspace, reference = held[-1]
     total = three + workspace + (reference if check else 0)
     if rules.overlap and len(held) > 1:
