@@ -441,3 +441,41 @@ def test_a_gemm_fusion_is_also_compiled_as_the_cublas_call_the_autotuner_may_pic
     assert extra == cublas.temp_bytes - both.temp_bytes
     assert est.temp_bytes == cublas.temp_bytes
     assert any("Triton or cuBLAS" in n for n in est.notes)
+
+
+def test_a_cublas_variant_that_fails_leaves_the_compile_and_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The second compile is optional: when XLA rejects it, the child reports why and the
+    parent keeps the step's own figures, with a warning (a fault injected in the child's
+    reply; nothing is compiled)."""
+    reply = {
+        "ok": True, "argument": 100, "output": 50, "alias": 0, "temp": 1000, "code": 0,
+        "gemms": [{"kind": "fusion", "results": [64], "operands": [32, 32]}],
+        "collectives": [], "seconds": 0.1, "cublas_error": "XlaRuntimeError: no cuBLAS",
+    }  # fmt: skip
+    seen: dict[str, Any] = {}
+
+    def fake_run(command: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        import json
+
+        with open(command[-1], encoding="utf-8") as f:
+            seen.update(json.load(f))
+        stdout = json.dumps(reply) + "\n"
+        return subprocess.CompletedProcess(command, 0, stdout=stdout, stderr="")
+
+    monkeypatch.setattr(xla_gpu, "gpu_target_missing", lambda: [])
+    monkeypatch.setattr(xla_gpu.subprocess, "run", fake_run)
+    step = xla_gpu.ExportedStep(serialized=b"not compiled here")
+    (result,) = xla_gpu.compile_exported([step], target_config(lookup_gpu("RTX 4070")), environ={})
+    assert seen["jobs"][0]["cublas_variant"] is True  # asked for
+    assert result.temp_bytes == result.device_temp_bytes == 1000
+    assert result.cublas_temp_bytes is None
+    assert any("did not compile" in w and "no cuBLAS" in w for w in result.warnings)
+    # told not to: the request says so
+    xla_gpu.compile_exported(
+        [step],
+        target_config(lookup_gpu("RTX 4070")),
+        environ={"XLA_FLAGS": "--xla_gpu_cublas_fallback=false"},
+    )
+    assert seen["jobs"][0]["cublas_variant"] is False

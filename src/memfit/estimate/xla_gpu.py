@@ -462,6 +462,12 @@ def compile_exported(
                     hint="the CPU compile (compiler='cpu') may still estimate it",
                 )
             warnings = []
+            if line.get("cublas_error"):
+                warnings.append(
+                    "the step's cuBLAS variant (every GEMM fusion as the cuBLAS call the "
+                    f"autotuner may pick) did not compile ({line['cublas_error']}): the "
+                    "temporaries are the Triton compile's and may be under-counted"
+                )
             if _SORT_FALLBACK in log:
                 warnings.append(
                     "a sort was compiled without CUB's scratch sizes (XLA needs a device for "
