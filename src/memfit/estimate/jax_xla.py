@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from memfit._checks import require, require_choice, require_mapping, require_positive_int
@@ -613,9 +613,12 @@ def estimate_jax(
     require("compiler", compiler, "str")
     _check_jaxlib(jaxlib)
     spec, target, notes = _gpu_target(gpu, compiler)
+    fn, args, kwargs, pmap_note = _unpmap(fn, args, kwargs, sharded=target is not None)
     if target is None:
         stats, backend, compiled_for = _compile_here(fn, args, kwargs)
-        return _from_stats(stats, backend, compiled_for, gpu, environ, batch_size, notes)
+        return _from_stats(
+            stats, backend, compiled_for, gpu, environ, batch_size, notes + pmap_note
+        )
     from memfit.estimate.xla_gpu import compile_exported, export_step
 
     step = export_step(fn, *args, **kwargs)
@@ -623,7 +626,36 @@ def estimate_jax(
         [step], target, memory_base_bytes=_memory_base(target, environ), environ=environ
     )
     leaves = _leaf_sizes((args, kwargs))
-    return _from_gpu_compile(result, spec, target, leaves, environ, batch_size, jaxlib)
+    est = _from_gpu_compile(result, spec, target, leaves, environ, batch_size, jaxlib)
+    return replace(est, notes=(*pmap_note, *est.notes)) if pmap_note else est
+
+
+def _unpmap(
+    fn: Callable[..., Any], args: Any, kwargs: Any, *, sharded: bool
+) -> tuple[Callable[..., Any], Any, Any, list[str]]:
+    """A step ``jax.pmap`` made, as the program each device runs
+    (:mod:`memfit.estimate._pmap`): for the GPU compile, ``jit(shard_map)`` over an abstract
+    mesh of the mapped size; here, one device's program. Any other step as it is."""
+    from memfit.estimate._pmap import pmap_step
+
+    pmapped = pmap_step(fn)
+    if pmapped is None:
+        return fn, args, kwargs, []
+    devices = pmapped.devices(args, kwargs)
+    if sharded:
+        step, new_args, new_kwargs = pmapped.sharded(args, kwargs)
+        how = (
+            f"a jax.pmap step over {devices} devices, compiled as jax.pmap builds it: jit of "
+            f"shard_map over a mesh of {devices} (compile-only) devices"
+        )
+    else:
+        step, new_args, new_kwargs = pmapped.per_device(args, kwargs)
+        how = (
+            f"a jax.pmap step over {devices} devices, compiled here as one device's program "
+            "(the mapped axis of size 1; collectives over it are the identity and their "
+            "buffers are not counted)"
+        )
+    return step, tuple(new_args), new_kwargs, [how]
 
 
 def _check_jaxlib(jaxlib: str | None) -> None:
@@ -703,8 +735,9 @@ def estimate_jax_sweep(
         exported, leaves = [], []
         for b in sizes:
             args = _call_make_args(make_args, b)
-            exported.append(export_step(fn, *args))
-            leaves.append(_leaf_sizes(args))
+            step, args, kwargs, _ = _unpmap(fn, args, {}, sharded=True)
+            exported.append(export_step(step, *args, **kwargs))
+            leaves.append(_leaf_sizes((args, kwargs)))
         if progress is not None:
             progress(f"compiling {len(sizes)} sizes for {target.compiled_for}")
         results = compile_exported(
