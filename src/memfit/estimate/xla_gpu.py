@@ -41,6 +41,7 @@ __all__ = [
     "RematShortfall",
     "compile_exported",
     "compile_for_gpu",
+    "cublas_may_replace_triton",
     "export_step",
     "gpu_target_missing",
     "parse_remat",
