@@ -111,3 +111,22 @@ def test_a_pmap_step_compiles_for_its_devices_as_the_same_step_sharded_by_hand()
     assert any("jax.pmap step over 2 devices" in n for n in est.notes)
     assert any("compiled for 2 devices" in n for n in est.notes)
     assert any("all-reduce" in n for n in est.notes)
+
+
+@needs_extra
+def test_a_pmap_step_sweeps_per_device() -> None:
+    """A batch sweep of a pmapped step for a card: each point per device, the batch axis
+    split over the devices, the fit per device."""
+    mapped = jax.pmap(_step, axis_name="d", in_axes=(None, 0))
+    sweep = jax_xla.estimate_jax_sweep(
+        mapped,
+        lambda b: (W, jax.ShapeDtypeStruct((2, b, 512), jnp.float32)),
+        [1024, 2048],
+        gpu="RTX 4070",
+        environ={},
+    )
+    small, large = sweep.points
+    assert small.argument_bytes == 1 * MiB + 1024 * 512 * 4
+    assert large.argument_bytes - small.argument_bytes == 1024 * 512 * 4
+    assert all(p.compiled_for == "cuda sm_89 (NVIDIA GeForce RTX 4070)" for p in sweep.points)
+    assert all(any("jax.pmap step over 2" in n for n in p.notes) for p in sweep.points)

@@ -732,20 +732,28 @@ def estimate_jax_sweep(
     else:
         from memfit.estimate.xla_gpu import compile_exported, export_step
 
-        exported, leaves = [], []
+        exported, leaves, pmap_notes = [], [], []
         for b in sizes:
             args = _call_make_args(make_args, b)
-            step, args, kwargs, _ = _unpmap(fn, args, {}, sharded=True)
+            step, args, kwargs, pmap_note = _unpmap(fn, args, {}, sharded=True)
             exported.append(export_step(step, *args, **kwargs))
             leaves.append(_leaf_sizes((args, kwargs)))
+            pmap_notes.append(tuple(pmap_note))
         if progress is not None:
             progress(f"compiling {len(sizes)} sizes for {target.compiled_for}")
         results = compile_exported(
             exported, target, memory_base_bytes=_memory_base(target, environ), environ=environ
         )
         points = [
-            _from_gpu_compile(r, spec, target, n, environ, b, jaxlib)
-            for r, n, b in zip(results, leaves, sizes, strict=True)
+            replace(est, notes=(*extra, *est.notes))
+            for est, extra in zip(
+                (
+                    _from_gpu_compile(r, spec, target, n, environ, b, jaxlib)
+                    for r, n, b in zip(results, leaves, sizes, strict=True)
+                ),
+                pmap_notes,
+                strict=True,
+            )
         ]
     fit = fit_affine(sizes, [p.executable_peak_bytes for p in points])
     return JaxSweep(points=points, fit=fit, batch_knob=batch_knob)
