@@ -1,19 +1,22 @@
 """A ``jax.pmap`` step, compiled for its devices without them.
 
-``jax.pmap`` (jax 0.8 on) is ``jax.jit`` of ``jax.shard_map`` over a one-axis mesh of the
-mapped axis' size (``jax/_src/pmap.py``), built when the step is called and needing that many
-local devices. memfit builds the same program over an ``AbstractMesh`` instead: each mapped
-argument gets ``NamedSharding(mesh, P(..., axis_name at its mapped axis))`` and the step sees
-its own slice with the mapped axis removed, as ``pmap`` hands it; outputs get the mapped axis
-back at ``out_axes``. XLA's GPU compiler then compiles it for that many compile-only devices,
-the collectives over ``axis_name`` included, and every figure is per device.
+``jax.pmap`` (in jax 0.10.2, installed here) is ``jax.jit`` of ``jax.shard_map`` over a
+one-axis mesh of the mapped axis' size (``jax/_src/pmap.py``), built when the step is called
+and needing that many local devices. memfit builds the same program over an
+``AbstractMesh`` instead: each mapped argument gets ``NamedSharding(mesh, P(..., axis_name
+at its mapped axis))`` and the step sees its own slice with the mapped axis removed, as
+``pmap`` hands it; outputs get the mapped axis back at ``out_axes``. XLA's GPU compiler then
+compiles it for that many compile-only devices, the collectives over ``axis_name`` included,
+and every figure is per device.
 
 For a compile on this machine's backend (one CPU device) the same ``shard_map`` is built over
 a mesh of that one device, each mapped axis of size 1: one device's program, its collectives
 over one device (the identity; their buffers are not counted, and the estimate says so).
 
 The ``pmap`` call's options are read from the function ``jax.pmap`` returns (its closure, as
-``jax/_src/pmap.py`` lays it out); a ``pmap`` of another layout is refused with a hint.
+``jax/_src/pmap.py`` of jax 0.10.2 lays it out). A function made by this jax's ``pmap``
+whose options cannot be read is refused with a hint; a ``pmap`` that another jax built
+differently is not recognised, and its export fails as any non-jit function's does.
 """
 
 from __future__ import annotations
