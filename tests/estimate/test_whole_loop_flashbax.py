@@ -11,6 +11,7 @@ flashbax lays them out, and the metrics grow with the number of updates.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
@@ -174,6 +175,7 @@ KEY = jax.ShapeDtypeStruct((2,), jnp.uint32)
 TRANSITION_BYTES = OBS * 4 + 4 + 4 + 1
 
 
+@functools.cache
 def _estimate(**changes: int) -> Any:
     return estimate_jax(jax.jit(make_train({**CONFIG, **changes})), KEY, compiler="cpu")
 
