@@ -25,7 +25,6 @@ chex = pytest.importorskip("chex")
 
 from flax.training.train_state import TrainState  # noqa: E402
 
-from memfit.estimate import xla_gpu  # noqa: E402
 from memfit.estimate.jax_xla import estimate_jax  # noqa: E402
 
 OBS, ACTIONS = 4, 2  # CartPole-v1
@@ -194,16 +193,3 @@ def test_per_update_metrics_stack_over_the_run() -> None:
     longer = _estimate(TOTAL_TIMESTEPS=10_000)
     # 500 more updates, each stacking four scalar metrics (two int32, two float32)
     assert longer.output_bytes - base.output_bytes == 500 * 4 * 4
-
-
-@pytest.mark.skipif(bool(xla_gpu.gpu_target_missing()), reason="needs the gpu-target extra")
-def test_the_whole_run_compiles_for_a_gpu_with_its_buffer() -> None:
-    est = estimate_jax(
-        jax.jit(make_train(CONFIG)), KEY, gpu="RTX 4070", environ={}, jaxlib="0.4.33"
-    )
-    assert est.compiled_for == "cuda sm_89 (NVIDIA GeForce RTX 4070)"
-    assert est.output_bytes >= CONFIG["BUFFER_SIZE"] * TRANSITION_BYTES
-    # a small program: the first call's autotuning (jaxlib 0.4.33: five guarded buffers)
-    # decides what memory_stats() would show, about 80 MiB
-    assert est.peak_bytes_in_use is not None
-    assert 80 * 2**20 <= est.peak_bytes_in_use < 90 * 2**20
