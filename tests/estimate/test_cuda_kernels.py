@@ -290,8 +290,8 @@ def _inference_step(model: Any, _opt: Any, x: torch.Tensor) -> None:
         model(x)
 
 
-def test_attention_under_inference_mode_runs_cudas_backend() -> None:
-    est = memfit.estimate_torch(
+def _inference_estimate() -> Any:
+    return memfit.estimate_torch(
         lambda: (_Block(), None),
         _inference_step,
         _batch,
@@ -300,6 +300,10 @@ def test_attention_under_inference_mode_runs_cudas_backend() -> None:
         kernel_scratch=False,
         steps=1,
     )
+
+
+def test_attention_under_inference_mode_runs_cudas_backend() -> None:
+    est = _inference_estimate()
     assert est.kernels["aten.scaled_dot_product_attention"][0].kernel == "flash_attention"
 
 
@@ -314,15 +318,7 @@ def test_a_first_step_under_inference_mode_reads_cudas_autocast_rules(
     monkeypatch.setattr(_autocast, "_RULES", {})
     monkeypatch.setattr(_cuda_probe, "_RULES", {})
 
-    est = memfit.estimate_torch(
-        lambda: (_Block(), None),
-        _inference_step,
-        _batch,
-        [4],
-        gpu=A100,
-        kernel_scratch=False,
-        steps=1,
-    )
+    est = _inference_estimate()
     assert est.kernels["aten.scaled_dot_product_attention"][0].kernel == "flash_attention"
     assert not any("could not be read" in d for d in est.deviations), est.deviations
 

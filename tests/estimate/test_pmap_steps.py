@@ -15,7 +15,7 @@ jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 
 from memfit.estimate import jax_xla  # noqa: E402
-from memfit.estimate._pmap import pmap_step  # noqa: E402
+from memfit.estimate._pmap import PmapStep, pmap_step  # noqa: E402
 
 needs_extra = pytest.mark.skipif(
     bool(xla_gpu.gpu_target_missing()), reason="the gpu-target extra is not installed"
@@ -38,7 +38,7 @@ def test_a_pmap_step_is_recognised_with_its_options() -> None:
         static_broadcasted_argnums=(2,), donate_argnums=(0,),
     )  # fmt: skip
     found = pmap_step(mapped)
-    assert found is not None
+    assert isinstance(found, PmapStep)
     assert found.axis_name == "d" and found.in_axes == (None, 0)
     assert found.static == (2,) and found.donate == (0,)
     assert found.devices((W, X, 3.0), {}) == 2

@@ -21,6 +21,7 @@ differently is not recognised, and its export fails as any non-jit function's do
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -98,7 +99,7 @@ class PmapStep:
         sizes = set()
         for tree, tree_axes in ((dynamic, arg_axes), (kwargs, kw_axes)):
             leaves = jax.tree_util.tree_leaves(tree)
-            leaf_axes = jax.tree_util.tree_leaves(tree_axes, is_leaf=lambda x: x is None)
+            leaf_axes = jax.tree_util.tree_leaves(tree_axes, is_leaf=_is_none)
             for leaf, axis in zip(leaves, leaf_axes, strict=True):
                 if axis is not None:
                     shape = getattr(leaf, "shape", ())
@@ -223,7 +224,9 @@ def _is_none(x: Any) -> bool:
     return x is None
 
 
+@functools.cache
 def _reference_code() -> Any:
+    """The code of the function this jax's ``pmap`` returns (made once)."""
     import jax
 
     return jax.pmap(lambda x: x).__code__

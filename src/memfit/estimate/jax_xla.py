@@ -744,17 +744,9 @@ def estimate_jax_sweep(
         results = compile_exported(
             exported, target, memory_base_bytes=_memory_base(target, environ), environ=environ
         )
-        points = [
-            replace(est, notes=(*extra, *est.notes))
-            for est, extra in zip(
-                (
-                    _from_gpu_compile(r, spec, target, n, environ, b, jaxlib)
-                    for r, n, b in zip(results, leaves, sizes, strict=True)
-                ),
-                pmap_notes,
-                strict=True,
-            )
-        ]
+        for r, n, b, extra in zip(results, leaves, sizes, pmap_notes, strict=True):
+            est = _from_gpu_compile(r, spec, target, n, environ, b, jaxlib)
+            points.append(replace(est, notes=(*extra, *est.notes)))
     fit = fit_affine(sizes, [p.executable_peak_bytes for p in points])
     return JaxSweep(points=points, fit=fit, batch_knob=batch_knob)
 
