@@ -3,23 +3,29 @@
 #
 #   bash bench/gpu_session.sh OUTDIR [SECONDS]
 #
-# Five lanes run side by side (each check measures its own process's allocator, so they do not
-# disturb each other's figures; the timing benchmark runs alone at the end):
+# Seven lanes run side by side (each check measures its own process's allocator, so they do not
+# disturb each other's memory figures):
 #   A: pytest tests/gpu tests/runtime/test_fit_cuda.py
 #   B: python bench/accuracy.py --jobs 6
 #   C: python bench/fit_search.py --cuda --quick, python bench/recorder_overhead.py, then
 #      python bench/query_cost.py
 #   D: python bench/gpu_truth.py --jobs 4 (the GPU truth corpus: tests/data/gpu_truth/<gpu>/;
-#      entries already stored are skipped, so a second session goes on where one stopped),
-#      then python bench/gpu_truth.py --report (the replay table)
+#      entries already stored are skipped, so a second session goes on where one stopped; the
+#      replay table, python bench/gpu_truth.py --report, needs no GPU: run it where the corpus
+#      lands)
 #   E: python bench/cuda_kernel_allocs.py (issue 29: what each CUDA kernel allocates, op by
 #      op: dropout, every attention backend, cuDNN convolutions at RL sizes in fp16/fp32,
 #      cuBLASLt; against what the trace assumes for this GPU)
-# then python bench/guard_overhead.py (its DDP part runs two gloo processes on the CPU), then
-# (issue 30) python bench/xla_deviceless.py: the same JAX steps compiled on the device and
-# deviceless for the same card, memory_stats() after compile and after steps.
-# Logs go to OUTDIR/*.log, the benchmarks' own files (bench/out) to OUTDIR/bench_out.tar.gz and
-# the corpus to OUTDIR/gpu_truth.tar.gz (commit tests/data/gpu_truth/ from the repository).
+#   F: python bench/xla_deviceless.py (issue 30: the same JAX steps compiled on the device and
+#      deviceless for the same card, memory_stats() after compile and after steps)
+#   G: python bench/published_rerun_jax.py (issue 30: the published JAX programs run on this
+#      card, each in a fresh process, against memfit's deviceless prediction for this card)
+# then, alone on the card, python bench/seed_truth.py (issue 13: the seed systems at their
+# planned settings, which fill the card), then the timing benchmark, python
+# bench/guard_overhead.py (its DDP part runs two gloo processes on the CPU).
+# Logs go to OUTDIR/*.log and OUTDIR/logs.tar.gz, the benchmarks' own files (bench/out) to
+# OUTDIR/bench_out.tar.gz and the corpus to OUTDIR/gpu_truth.tar.gz (commit
+# tests/data/gpu_truth/ from the repository).
 set -uo pipefail
 out=${1:?usage: bash bench/gpu_session.sh OUTDIR [SECONDS]}
 budget=${2:-540}
@@ -42,10 +48,7 @@ lane_a >"$out/pytest_gpu.log" 2>&1 &
 a=$!
 lane_b >"$out/accuracy.log" 2>&1 &
 b=$!
-lane_d() {
-  timeout $(( budget * 2 / 3 )) python3 bench/gpu_truth.py --jobs 4
-  timeout $(( budget / 6 )) python3 bench/gpu_truth.py --report
-}
+lane_d() { timeout $(( budget * 2 / 3 )) python3 bench/gpu_truth.py --jobs 4; }
 lane_c >"$out/fit_recorder.log" 2>&1 &
 c=$!
 lane_e() { timeout $(( budget / 3 )) python3 bench/cuda_kernel_allocs.py; }
@@ -53,22 +56,19 @@ lane_e >"$out/cuda_kernel_allocs.log" 2>&1 &
 e=$!
 lane_d >"$out/gpu_truth.log" 2>&1 &
 d=$!
+lane_f() { timeout $(( budget / 2 )) python3 bench/xla_deviceless.py; }
+lane_f >"$out/xla_deviceless.log" 2>&1 &
+f=$!
+lane_g() { timeout $(( budget * 2 / 3 )) python3 bench/published_rerun_jax.py --jobs 6 --timeout 200; }
+lane_g >"$out/published_rerun_jax.log" 2>&1 &
+g=$!
 wait $a; echo "pytest rc=$?" >>"$out/summary.log"
 wait $b; echo "accuracy rc=$?" >>"$out/summary.log"
 wait $c; echo "fit/recorder rc=$?" >>"$out/summary.log"
 wait $d; echo "gpu_truth rc=$?" >>"$out/summary.log"
 wait $e; echo "cuda_kernel_allocs rc=$?" >>"$out/summary.log"
-t=$(left)
-if [ "$t" -gt 60 ]; then
-  timeout $(( t - 15 )) python3 bench/guard_overhead.py >"$out/guard_overhead.log" 2>&1
-  echo "guard_overhead rc=$?" >>"$out/summary.log"
-fi
-# --- issue 30: XLA's GPU compiler on the device and deviceless, memory_stats() -------------
-t=$(left)
-if [ "$t" -gt 90 ]; then
-  timeout $(( t > 300 ? 240 : t - 30 )) python3 bench/xla_deviceless.py >"$out/xla_deviceless.log" 2>&1
-  echo "xla_deviceless rc=$?" >>"$out/summary.log"
-fi
+wait $f; echo "xla_deviceless rc=$?" >>"$out/summary.log"
+wait $g; echo "published_rerun_jax rc=$?" >>"$out/summary.log"
 # --- issue 13: the seed systems at their planned settings, plan vs measured peak ------------
 # (Brax humanoid mjx, DQN fire rasters, ACT dual camera; writes bench/out/seed_truth.{json,md})
 t=$(left)
@@ -77,6 +77,12 @@ if [ "$t" -gt 120 ]; then
   echo "seed_truth rc=$?" >>"$out/summary.log"
 fi
 # --- end of issue 13 block ----------------------------------------------------------------------
+t=$(left)
+if [ "$t" -gt 60 ]; then
+  timeout $(( t - 15 )) python3 bench/guard_overhead.py >"$out/guard_overhead.log" 2>&1
+  echo "guard_overhead rc=$?" >>"$out/summary.log"
+fi
+(cd "$out" && tar czf logs.tar.gz ./*.log)
 tar czf "$out/bench_out.tar.gz" bench/out 2>/dev/null
 tar czf "$out/gpu_truth.tar.gz" tests/data/gpu_truth 2>/dev/null
 cat "$out/summary.log"

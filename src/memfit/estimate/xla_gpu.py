@@ -238,14 +238,21 @@ def gpu_target_missing() -> list[str]:
     if jaxlib is None or util.find_spec("jax") is None:
         return ["jax is not installed"]
     missing = []
-    for name in ("jax-cuda12-plugin", "jax-cuda12-pjrt"):
+    # jax's CUDA plugin comes for CUDA 12 (the extra's) or CUDA 13 (``jax[cuda13]``); either
+    # compiles for a compile-only CUDA topology
+    family = next(
+        (cuda for cuda in ("cuda12", "cuda13") if _version(f"jax-{cuda}-plugin") is not None),
+        "cuda12",
+    )
+    for name in (f"jax-{family}-plugin", f"jax-{family}-pjrt"):
         found = _version(name)
         if found is None:
             missing.append(f"{name} is not installed")
         elif found != jaxlib:
             missing.append(f"{name} {found} does not match jaxlib {jaxlib}")
-    if _version("nvidia-cuda-nvcc-cu12") is None and shutil.which("ptxas") is None:
-        missing.append("no ptxas (nvidia-cuda-nvcc-cu12 is not installed)")
+    nvcc = "nvidia-cuda-nvcc-cu12" if family == "cuda12" else "nvidia-cuda-nvcc"
+    if _version(nvcc) is None and shutil.which("ptxas") is None:
+        missing.append(f"no ptxas ({nvcc} is not installed)")
     if _version("flatbuffers") is None:
         missing.append("flatbuffers is not installed")
     return missing
