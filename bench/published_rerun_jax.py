@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=6, help="runs measured at once")
     parser.add_argument("--gpu", help="the card to predict for (default: this machine's GPU)")
     parser.add_argument("--series", help="only this source file (its stem)")
-    parser.add_argument("--run", help="only this run (its name)")
+    parser.add_argument("--run", help="only these runs (names, comma-separated)")
     parser.add_argument("--timeout", type=float, default=400, help="seconds per run")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = [
         r.key
         for r in P.load_runs()
-        if args.series in (None, r.series) and args.run in (None, r.name)
+        if args.series in (None, r.series) and (args.run is None or r.name in args.run.split(","))
     ]
     rows: list[dict[str, Any]] = []
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
