@@ -63,10 +63,13 @@ def test_cudnn_attention_comes_first_on_hopper_where_that_torch_puts_it_first() 
     new = choose(q, k, v, None, 0.0, True, False, capability=(9, 0), torch_version=(2, 11))
     old = choose(q, k, v, None, 0.0, True, False, capability=(9, 0), torch_version=(2, 6))
     assert (new.backend, old.backend) == ("cudnn_attention", "flash_attention")
-    # cuDNN's dropout resolution is 1/16: 0.1 is not a multiple, so flash takes it
-    drop = choose(q, k, v, None, 0.1, True, False, capability=(9, 0), torch_version=(2, 11))
+    # before torch 2.11 cuDNN's dropout resolution is 1/16: 0.1 is not a multiple, so flash
+    # takes it; torch 2.11 ran cuDNN attention at 0.1 on an H100 (2026-11-26)
+    drop = choose(q, k, v, None, 0.1, True, False, capability=(9, 0), torch_version=(2, 9))
     assert drop.backend == "flash_attention"
     assert any("1/16" in r for r in drop.reasons)
+    drop = choose(q, k, v, None, 0.1, True, False, capability=(9, 0), torch_version=(2, 11))
+    assert drop.backend == "cudnn_attention"
 
 
 def test_the_users_backend_flags_and_sdpa_kernel_are_honoured() -> None:

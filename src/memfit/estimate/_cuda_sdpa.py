@@ -251,7 +251,9 @@ def _cudnn_reason(
         return "the mask's shape"
     if not ((8, 0) <= capability <= (12, 1)):
         return f"the GPU (sm{capability[0]}{capability[1]}) is outside sm80-sm121"
-    if dropout * 16.0 != int(dropout * 16.0):
+    # torch 2.11 ran cuDNN attention at dropout 0.1 on an H100 (bench/cuda_kernel_allocs.py,
+    # 2026-11-26): the 1/16 gate holds for the versions before it only
+    if version < (2, 11) and dropout * 16.0 != int(dropout * 16.0):
         return "dropout is not a multiple of 1/16"
     reason = _dense_ok(q, k, v, ignore_singleton=True)
     if reason is not None:

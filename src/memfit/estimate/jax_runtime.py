@@ -47,6 +47,7 @@ from memfit.units import MiB
 
 __all__ = [
     "BFC_FIRST_REGION",
+    "BFC_MAX_FRAGMENTATION",
     "BFC_MIN_ALLOCATION",
     "REDZONE_BYTES",
     "AutotuneRules",
@@ -54,7 +55,9 @@ __all__ = [
     "RuntimeTerm",
     "autotune_bytes",
     "autotune_rules",
+    "bfc_chunk",
     "bfc_growth_bytes",
+    "bfc_in_use_bytes",
     "gemm_autotune_bytes",
     "parse_jaxlib_version",
     "xla_flag",
@@ -66,11 +69,20 @@ REDZONE_BYTES = 8 * MiB
 BFC_MIN_ALLOCATION = 256
 #: The BFC allocator's first region when it grows (``curr_region_allocation_bytes_``).
 BFC_FIRST_REGION = 2 * MiB
+#: A chunk is split when the rest would be at least this (``max_internal_fragmentation_bytes``'s
+#: default in ``tsl/framework/bfc_allocator.cc``).
+BFC_MAX_FRAGMENTATION = 128 * MiB
 #: cuBLAS's workspace as XLA sizes it (``kHopperWorkspace``, ``kDefaultWorkspace`` in
 #: ``xla/service/gpu/matmul_utils.h``); a legacy cuBLAS call's is capped at its operands' bytes
 #: (``GemmWorkspaceRewriteVisitor`` in ``transforms/gemm_rewriter.cc``).
 HOPPER_WORKSPACE = 32 * MiB
 DEFAULT_WORKSPACE = 4 * MiB
+#: A cuBLASLt candidate's temporary beyond its workspace (measured on an H100, jaxlib 0.11.2:
+#: the device compile's temporaries are 32 MiB and 1 KiB above the deviceless one's).
+LT_WORKSPACE_EXTRA = 1024
+#: The first jaxlib whose XLA has only the single-pass autotuner (``backends/autotuner``;
+#: the old ``gemm_fusion_autotuner.cc`` deleted in XLA ecf19f597a, pinned by jax-v0.9.2).
+NEW_AUTOTUNER = (0, 9, 2)
 
 
 @dataclass(frozen=True)
@@ -189,6 +201,11 @@ class AutotuneRules:
             fusion (the published jaxlib 0.7.2 floors show two).
         lt_workspace: cuBLASLt is on by default (``xla_gpu_enable_cublaslt``, jaxlib 0.9.2
             on): its candidate runs with a full workspace, 4 MiB or 32 MiB, unguarded.
+        whole_chunks: Each of the autotuner's buffers is counted as the BFC chunk it takes
+            (:func:`bfc_chunk`): jaxlib 0.9.2 on, whose single-pass autotuner allocates each
+            buffer anew per candidate run into regions that double (measured on an H100
+            with jaxlib 0.11.2: a tiny MLP step's compile adds 144 MiB, its largest
+            allocation a whole 64 MiB chunk for the 32 MiB workspace).
     """
 
     jaxlib: str
@@ -197,6 +214,7 @@ class AutotuneRules:
     hopper: bool = False
     all_inputs: bool = False
     lt_workspace: bool = False
+    whole_chunks: bool = False
 
     def describe(self) -> str:
         """The term's name in the breakdown."""
@@ -254,9 +272,14 @@ def autotune_rules(
     hopper = capability is not None and capability >= (9, 0)
     picker = version < (0, 7, 2)
     overlap = (0, 5, 0) <= version < (0, 7, 2)
-    same = installed is not None and parse_jaxlib_version(installed) == version
-    lt_workspace = not picker and version >= (0, 9, 2)
-    return AutotuneRules(jaxlib, picker, overlap, hopper, same and not picker, lt_workspace)
+    found = parse_jaxlib_version(installed) if installed is not None else None
+    # the installed compiler fuses as the target's does: the same version, or both of the
+    # single-pass autotuner's generation (jaxlib 0.9.2 on, XLA ecf19f597a)
+    same = found is not None and (found == version or min(found, version) >= NEW_AUTOTUNER)
+    lt_workspace = not picker and version >= NEW_AUTOTUNER
+    return AutotuneRules(
+        jaxlib, picker, overlap, hopper, same and not picker, lt_workspace, lt_workspace
+    )
 
 
 def _picker_buffers(gemm: GemmBuffers, redzone: int, hopper: bool) -> tuple[int, int, int]:
@@ -278,11 +301,32 @@ def _profiler_bytes(gemm: GemmBuffers, redzone: int, check: bool, rules: Autotun
     output unguarded; with cuBLASLt on, a cuBLASLt candidate's full workspace."""
     inputs = gemm.operands if rules.all_inputs else tuple(sorted(gemm.operands)[-2:])
     result = gemm.results[0] if gemm.results else 0
-    total = sum(_guarded(n, redzone) for n in inputs) + sum(gemm.results)
-    total += result if check else 0
+    chunk = bfc_chunk if rules.whole_chunks else (lambda n: n)
+    total = sum(chunk(_guarded(n, redzone)) for n in inputs) + sum(chunk(n) for n in gemm.results)
+    total += chunk(result) if check else 0
     if rules.lt_workspace and gemm.kind == "fusion":
-        total += HOPPER_WORKSPACE if rules.hopper else DEFAULT_WORKSPACE
+        workspace = HOPPER_WORKSPACE if rules.hopper else DEFAULT_WORKSPACE
+        total += chunk(workspace + LT_WORKSPACE_EXTRA)
     return total
+
+
+def bfc_chunk(size: int) -> int:
+    """The chunk a growing BFC allocator hands out for a fresh request of ``size``: the region
+    it grows for it (twice the last, a power of two from 2 MiB) is split only when at least
+    twice the request, or when the rest is ``kMaxInternalFragmentation`` (128 MiB) or more
+    (``tsl/framework/bfc_allocator.cc``, ``AllocateRawInternal`` / ``SplitChunk``); otherwise
+    the whole chunk is in use.
+
+    >>> bfc_chunk(32 * MiB + 1024) // MiB, bfc_chunk(129 * MiB) // MiB, bfc_chunk(300 * MiB) // MiB
+    (64, 256, 300)
+    """
+    need = round_up(max(size, 1))
+    if need <= BFC_FIRST_REGION:
+        return need
+    region = 1 << (need - 1).bit_length()
+    if region >= 2 * need or region - need >= BFC_MAX_FRAGMENTATION:
+        return need
+    return region
 
 
 def autotune_bytes(
@@ -337,6 +381,48 @@ def autotune_bytes(
 def round_up(size: int, unit: int = BFC_MIN_ALLOCATION) -> int:
     """``size`` rounded up to a multiple of ``unit``."""
     return -(-size // unit) * unit
+
+
+def bfc_in_use_bytes(allocations: Sequence[int]) -> int:
+    """What a growing BFC allocator counts in use after ``allocations`` (in order, all live
+    at once): each request takes the smallest free chunk it fits in, or a new region (the
+    first of 2 MiB, each next twice the last, or doubled until the request fits); the chunk is
+    split only when at least twice the request or when 128 MiB or more would be left over,
+    and otherwise counts whole (``tsl/framework/bfc_allocator.cc``: ``Extend``,
+    ``FindChunkPtr``; measured on an H100 with jaxlib 0.11.2, bench/xla_floor_probe.py: a
+    step of 35 MiB of arguments and 161 MiB of temporaries peaks at 292 MiB, the temporaries a
+    whole 256 MiB region).
+
+    >>> bfc_in_use_bytes([MiB, MiB, MiB, 32 * MiB, 161 * MiB]) // MiB
+    291
+    >>> bfc_in_use_bytes([200 * MiB, 161 * MiB]) // MiB  # two whole 256 MiB regions
+    512
+    """
+    free: list[int] = []  # the free tail of each region
+    in_use = 0
+    next_region = BFC_FIRST_REGION
+    for size in allocations:
+        need = round_up(max(size, 1))
+        fits = [i for i, n in enumerate(free) if n >= need]
+        if fits:
+            index = min(fits, key=lambda i: free[i])
+        else:
+            grown = False
+            while need > next_region:
+                next_region *= 2
+                grown = True
+            free.append(next_region)
+            index = len(free) - 1
+            if not grown:
+                next_region *= 2
+        chunk = free[index]
+        if chunk >= 2 * need or chunk - need >= BFC_MAX_FRAGMENTATION:
+            free[index] = chunk - need
+            in_use += need
+        else:
+            free[index] = 0
+            in_use += chunk
+    return in_use
 
 
 def bfc_growth_bytes(allocations: Sequence[int], limit: int | None = None) -> int:

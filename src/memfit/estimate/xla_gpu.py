@@ -31,7 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from memfit.errors import BackendUnavailable, ConfigError, EstimateError
-from memfit.estimate.jax_runtime import GemmBuffers, xla_flag
+from memfit.estimate.jax_runtime import (
+    DEFAULT_WORKSPACE,
+    HOPPER_WORKSPACE,
+    GemmBuffers,
+    xla_flag,
+)
 from memfit.hardware.xla_target import TargetConfig, base_for_limit
 
 __all__ = [
@@ -498,10 +503,21 @@ def compile_exported(
                     collectives=tuple(
                         (str(op), int(size)) for op, size in line.get("collectives", [])
                     ),
-                    cublas_temp_bytes=line.get("cublas_temp"),
+                    cublas_temp_bytes=_device_workspace(line.get("cublas_temp"), target),
                 )
             )
     return results
+
+
+def _device_workspace(cublas_temp: int | None, target: TargetConfig) -> int | None:
+    """The cuBLAS variant's temporaries as the card holds them: without a device XLA gives a
+    cuBLASLt call the default 4 MiB workspace (``backends/gpu/codegen/cublaslt.cc``, default
+    config); on Hopper and later the device's keeps the rewriter's 32 MiB
+    (``gemm_rewriter.cc``; measured on an H100 with jaxlib 0.11.2: the device compile's
+    temporaries are 32 MiB above the deviceless one's whenever cuBLASLt wins a GEMM)."""
+    if cublas_temp is None or tuple(target.compute_capability) < (9, 0):
+        return cublas_temp
+    return cublas_temp + HOPPER_WORKSPACE - DEFAULT_WORKSPACE
 
 
 def compile_for_gpu(

@@ -1,0 +1,78 @@
+"""JAX on a real H100 (jaxlib 0.11.2), predicted deviceless (issue 30).
+
+``tests/data/gpu_truth/jax_measured/`` holds what a lent H100 measured on 2026-11-26
+(``bench/xla_floor_probe.py``: a jitted MLP SGD step in a fresh process per XLA flag variant,
+``memory_stats()["peak_bytes_in_use"]`` after the compile and one step). memfit compiles the
+same step with XLA's GPU compiler for the H100 here, without the card, and adds the runtime's
+terms for jaxlib 0.11.2: the first call's autotuning (every GEMM fusion's inputs with guard
+zones, its output and the reference, a cuBLASLt candidate's 32 MiB workspace, each buffer the
+BFC chunk it takes), the 32 MiB workspace the device keeps where cuBLASLt wins, and the BFC
+chunks a fresh region hands out whole.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memfit.estimate import xla_gpu
+
+pytestmark = pytest.mark.skipif(
+    bool(xla_gpu.gpu_target_missing()), reason="the gpu-target extra is not installed"
+)
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "gpu_truth" / "jax_measured"
+PROBE = json.loads((DATA / "h100_jaxlib0.11.2_floor_probe.json").read_text(encoding="utf-8"))
+CASES = [
+    (row["step"], row["variant"], row["xla_flags"], row["after_step"]["peak_bytes_in_use"])
+    for row in PROBE["rows"]
+    if row["step"] in ("mlp:64:64:2", "mlp:16384:512:3", "mlp:4096:1024:6")
+    and row["variant"] in ("default", "redzone_padding=0", "autotune_level=0")
+]
+
+
+def _mlp_step(batch: int, width: int, depth: int) -> tuple[Any, tuple[Any, ...]]:
+    import jax
+    import jax.numpy as jnp
+
+    def loss(params: Any, x: Any) -> Any:
+        h = x
+        for w in params:
+            h = jnp.tanh(h @ w)
+        return jnp.mean(h**2)
+
+    def step(params: Any, x: Any) -> Any:
+        grads = jax.grad(loss)(params, x)
+        return [p - 1e-3 * g for p, g in zip(params, grads, strict=True)]
+
+    params = [jax.ShapeDtypeStruct((width, width), jnp.float32)] * depth
+    return jax.jit(step, donate_argnums=(0,)), (
+        params,
+        jax.ShapeDtypeStruct((batch, width), jnp.float32),
+    )
+
+
+def test_the_probe_holds_what_the_tests_read() -> None:
+    assert PROBE["device"] == "NVIDIA H100 80GB HBM3" and PROBE["jax"] == "0.11.2"
+    assert len(CASES) == 9
+
+
+@pytest.mark.parametrize(
+    ("step", "variant", "flags", "measured"), CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES]
+)
+def test_peak_bytes_in_use_on_the_h100_within_twelve_percent(
+    step: str, variant: str, flags: str, measured: int
+) -> None:
+    from memfit.estimate.jax_xla import estimate_jax
+
+    _, batch, width, depth = step.split(":")
+    fn, shapes = _mlp_step(int(batch), int(width), int(depth))
+    est = estimate_jax(
+        fn, *shapes, gpu=PROBE["device"], jaxlib=PROBE["jax"], environ={"XLA_FLAGS": flags}
+    )
+    assert est.peak_bytes_in_use is not None
+    error = (est.peak_bytes_in_use - measured) / measured
+    assert abs(error) <= 0.12, f"{step} {variant}: {error:+.1%}"
