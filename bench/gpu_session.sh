@@ -36,7 +36,9 @@ start=$(date +%s)
 left() { echo $(( budget - ($(date +%s) - start) )); }
 { nvidia-smi; python3 -c 'import torch, jax; print(torch.__version__, torch.version.cuda, jax.__version__, jax.devices())'; } >"$out/env.log" 2>&1
 lane_a() {
-  timeout $(( budget / 2 )) python3 -m pytest -q -p no:cacheprovider tests/gpu tests/runtime/test_fit_cuda.py -m "gpu" -rA
+  # one process: the GPU tests cap and empty the one allocator (pytest-xdist would start one
+  # worker per core beside the other lanes)
+  timeout $(( budget / 2 )) python3 -m pytest -q -n 0 -p no:cacheprovider tests/gpu tests/runtime/test_fit_cuda.py -m "gpu" -rA
 }
 lane_b() { timeout $(( budget * 2 / 3 )) python3 bench/accuracy.py --jobs 6; }
 lane_c() {

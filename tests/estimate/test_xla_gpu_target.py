@@ -174,24 +174,32 @@ def test_autotuning_follows_the_targets_jaxlib() -> None:
 
 
 def test_the_installed_jaxlibs_autotuner_guards_every_input_and_runs_cublaslt() -> None:
-    """When the compile is the target's own (the installed jaxlib), every input of a GEMM
-    fusion is guarded (``kAllInputs``); from jaxlib 0.9.2 cuBLASLt is on by default and its
-    candidate runs with a full workspace (4 MiB; 32 MiB on Hopper), unguarded."""
+    """When the compile fuses as the target does (the same jaxlib, or both 0.9.2 or later),
+    every input of a GEMM fusion is guarded (``kAllInputs``); from jaxlib 0.9.2 cuBLASLt is
+    on by default and its candidate runs with a full workspace (4 MiB; 32 MiB on Hopper),
+    unguarded, and each buffer counts as the BFC chunk it takes (measured on an H100 with
+    jaxlib 0.11.2)."""
     gemm = rt.GemmBuffers
     three = gemm("fusion", (MiB,), (8 * MiB, MiB, 4096))
     same = rt.autotune_rules("0.10.2", (8, 9), installed="0.10.2")
-    other = rt.autotune_rules("0.10.2", (8, 9), installed="0.11.0")
-    assert same.all_inputs and not other.all_inputs and same.lt_workspace
-    guarded = (8 + 16) * MiB + (1 + 16) * MiB
-    assert rt.autotune_bytes([three], {}, other) == guarded + 2 * MiB + 4 * MiB
-    assert rt.autotune_bytes([three], {}, same) == guarded + 4096 + 16 * MiB + 2 * MiB + 4 * MiB
+    newer = rt.autotune_rules("0.11.2", (8, 9), installed="0.10.2")
+    other = rt.autotune_rules("0.10.2", (8, 9), installed="0.7.2")
+    assert same.all_inputs and newer.all_inputs and not other.all_inputs and same.lt_workspace
+    assert same.whole_chunks and not rt.autotune_rules("0.7.2", (8, 9)).whole_chunks
+    # (8 + 16) and (1 + 16) MiB guarded take 32 MiB chunks; the 1 MiB output and reference
+    # fit the first 2 MiB region; 4 MiB + 1 KiB of workspace takes an 8 MiB region
+    two_inputs = 32 * MiB + 32 * MiB + MiB + MiB + 8 * MiB
+    assert rt.autotune_bytes([three], {}, other) == two_inputs
+    assert rt.autotune_bytes([three], {}, same) == two_inputs + 32 * MiB  # 4 KiB + 16 MiB
     hopper = rt.autotune_rules("0.10.2", (9, 0), installed="0.10.2")
+    # 32 MiB + 1 KiB of workspace takes a 64 MiB region
     assert rt.autotune_bytes([three], {}, hopper) - rt.autotune_bytes([three], {}, same) == (
-        28 * MiB
+        56 * MiB
     )
     # before 0.9.2 cuBLASLt was off; a cuBLAS call's outputs are unguarded from 0.7.2 on
     v091 = rt.autotune_rules("0.9.1", (8, 9), installed="0.9.1")
     assert not v091.lt_workspace
+    guarded = (8 + 16) * MiB + (1 + 16) * MiB
     cublas = gemm("cublas", (MiB, 4 * MiB), (8 * MiB, MiB))
     assert rt.autotune_bytes([cublas], {}, v091) == guarded + 5 * MiB + MiB
     assert "every input" in same.describe() and "cuBLASLt" in same.describe()

@@ -221,10 +221,11 @@ class AutotuneRules:
         if not self.picker:
             inputs = "every input" if self.all_inputs else "its two largest inputs"
             lt = ", a cuBLASLt candidate's workspace" if self.lt_workspace else ""
+            chunks = ", each the BFC chunk it takes" if self.whole_chunks else ""
             return (
                 f"first-call autotuning above the arguments (jaxlib {self.jaxlib}: one GEMM's "
                 f"{inputs} with 8 MiB guard zones each side, its output{lt} and the "
-                "reference output)"
+                f"reference output{chunks})"
             )
         text = (
             f"first-call autotuning above the arguments (jaxlib {self.jaxlib}: a cuBLAS GEMM's "
@@ -301,8 +302,12 @@ def _profiler_bytes(gemm: GemmBuffers, redzone: int, check: bool, rules: Autotun
     output unguarded; with cuBLASLt on, a cuBLASLt candidate's full workspace."""
     inputs = gemm.operands if rules.all_inputs else tuple(sorted(gemm.operands)[-2:])
     result = gemm.results[0] if gemm.results else 0
+    results = gemm.results
+    if rules.lt_workspace and rules.hopper and gemm.kind == "cublas" and len(results) > 1:
+        # the call's workspace, the device's 32 MiB (the deviceless compile gives 4 MiB)
+        results = (*results[:-1], HOPPER_WORKSPACE + LT_WORKSPACE_EXTRA)
     chunk = bfc_chunk if rules.whole_chunks else (lambda n: n)
-    total = sum(chunk(_guarded(n, redzone)) for n in inputs) + sum(chunk(n) for n in gemm.results)
+    total = sum(chunk(_guarded(n, redzone)) for n in inputs) + sum(chunk(n) for n in results)
     total += chunk(result) if check else 0
     if rules.lt_workspace and gemm.kind == "fusion":
         workspace = HOPPER_WORKSPACE if rules.hopper else DEFAULT_WORKSPACE

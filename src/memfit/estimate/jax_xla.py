@@ -379,9 +379,10 @@ def _from_gpu_compile(
     rules = rt.autotune_rules(jaxlib or installed, tuple(target.compute_capability), installed)
     autotune = rt.autotune_bytes(result.gemm_buffers, env, rules)
     rounding = sum(rt.round_up(n) - n for n in leaves) + rt.round_up(temp) - temp
-    # the arguments, then the outputs and the temporaries (one allocation each) as the BFC
-    # allocator places them: a fresh region too small to split counts whole
-    placed = [*leaves, output - alias, temp]
+    # the arguments, then the temporaries (one allocation) as the BFC allocator places them: a
+    # fresh region too small to split counts whole (the outputs are one buffer per leaf, of
+    # sizes the compile does not give: counted exactly)
+    placed = [*leaves, temp]
     whole = rt.bfc_in_use_bytes(placed) - sum(rt.round_up(max(n, 1)) for n in placed)
     in_use = max(buffers + whole, argument + autotune) + rounding
     context = cuda_context_bytes(spec)
@@ -475,8 +476,16 @@ def _from_gpu_compile(
     if result.devices > 1:
         terms.append(_other_devices_term(result.devices, buffers + rounding, in_use))
         notes.extend(_several_devices_notes(result))
+    convolutions = any(g.kind == "cudnn" for g in result.gemm_buffers)
     notes.append(
         "not counted: cuDNN convolution autotuning beyond its buffers"
+        + (
+            " (each cuDNN algorithm is tried with its own workspace, with no limit from jaxlib "
+            "0.9: on an H100 a 64x3x84x84 convolution's weight gradient tuned with 720 MiB "
+            "above its arguments; XLA_FLAGS=--xla_gpu_autotune_level=0 avoids it)"
+            if convolutions
+            else ""
+        )
         + (
             "; on several GPUs, arrays the program leaves on JAX's default device (device 0) "
             "and NCCL's own buffers"

@@ -491,7 +491,7 @@ def compile_exported(
                     argument_bytes=line["argument"],
                     output_bytes=line["output"],
                     alias_bytes=line["alias"],
-                    temp_bytes=line["temp"],
+                    temp_bytes=_device_cublas_calls(line["temp"], line["gemms"], target),
                     generated_code_bytes=line["code"],
                     compiled_for=target.compiled_for,
                     memory_base_bytes=base,
@@ -507,6 +507,18 @@ def compile_exported(
                 )
             )
     return results
+
+
+def _device_cublas_calls(temp: int, gemms: list[dict[str, Any]], target: TargetConfig) -> int:
+    """The compile's temporaries as the card holds them when it has cuBLAS calls of its own
+    (``xla_gpu_enable_triton_gemm=false``, Turing and older): on Hopper and later their shared
+    workspace is the rewriter's 32 MiB, not the deviceless default of 4 MiB (measured on an
+    H100, jaxlib 0.11.2: 32.1 MiB of temporaries for a tiny MLP step with Triton GEMMs off)."""
+    if tuple(target.compute_capability) < (9, 0) or not any(
+        g.get("kind") == "cublas" for g in gemms
+    ):
+        return temp
+    return temp + HOPPER_WORKSPACE - DEFAULT_WORKSPACE
 
 
 def _device_workspace(cublas_temp: int | None, target: TargetConfig) -> int | None:
