@@ -18,6 +18,12 @@ deviceless compile and the runtime terms (autotuning floor, BFC rounding) meet a
 Writes ``bench/out/published_rerun_jax.{json,md}`` after every run. Without a GPU it runs
 the programs on the CPU (no ``peak_bytes_in_use`` there) and predicts for ``--gpu``, which
 checks the mechanics only.
+
+    python bench/published_rerun_jax.py --predict [FILE]   # no GPU: memfit against a stored run
+
+``--predict`` reads the measurements a GPU session stored (default: the H100's, in
+``tests/data/gpu_truth/jax_measured/``) and predicts each run again with this memfit, for that
+card and jaxlib; it writes ``bench/out/published_rerun_predict.md``.
 """
 
 from __future__ import annotations
@@ -135,6 +141,49 @@ def _table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+STORED = (
+    Path(__file__).resolve().parents[1]
+    / "tests/data/gpu_truth/jax_measured/h100_jaxlib0.11.2_published_programs.json"
+)
+
+
+def predict_stored(path: Path) -> int:
+    """memfit's figure for every run a GPU session measured, against the measured peak."""
+    stored = json.loads(path.read_text(encoding="utf-8"))
+    by_key = {r.key: r for r in P.load_runs()}
+    lines = [
+        f"memfit against {path.name}, {_common.utc_minute()} "
+        "(`python bench/published_rerun_jax.py --predict`)\n",
+        "| run | measured MiB | memfit MiB | err |",
+        "|---|---:|---:|---:|",
+    ]
+    errors = []
+    for measured in stored["runs"]:
+        run = by_key[measured["run"]]
+        program = P.WORKLOADS[run.workload](run.settings)
+        figure = max(
+            P._phase_figures(phase, measured["device"], "gpu", measured["jaxlib"])[0]
+            for phase in program.phases
+        )
+        real = measured["measured_peak_bytes_in_use"]
+        errors.append((figure - real) / real)
+        lines.append(
+            f"| {run.name} | {real / MiB:,.1f} | {figure / MiB:,.1f} | {errors[-1]:+.1%} |"
+        )
+        print(lines[-1], flush=True)
+    mean = sum(abs(e) for e in errors) / max(1, len(errors))
+    lines.append(
+        f"\nmean |err| {mean:.1%}, worst {max(errors, key=abs):+.1%}, most under "
+        f"{min(errors):+.1%} over {len(errors)} runs"
+    )
+    print(lines[-1])
+    _common.OUT.mkdir(parents=True, exist_ok=True)
+    (_common.OUT / "published_rerun_predict.md").write_text(
+        "\n".join(lines) + "\n", encoding="utf-8"
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=6, help="runs measured at once")
@@ -143,7 +192,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run", help="only these runs (names, comma-separated)")
     parser.add_argument("--timeout", type=float, default=400, help="seconds per run")
     parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--predict", nargs="?", const=str(STORED), metavar="FILE",
+        help="no GPU: memfit's figures against a stored run (default: the H100's)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.predict:
+        return predict_stored(Path(args.predict))
     if args.one:
         print(json.dumps(measure(args.one, args.gpu)), flush=True)
         return 0

@@ -9,8 +9,13 @@ compile and after one step, the device's ``memory_analysis()`` and XLA's own aut
 results (``--xla_gpu_dump_autotune_results_to``: which GEMMs went to cuBLAS, which to Triton).
 
     XLA_PYTHON_CLIENT_PREALLOCATE=false python bench/xla_floor_probe.py [--jobs 8]
+    python bench/xla_floor_probe.py --predict [FILE]   # no GPU: memfit against a stored run
 
 Writes ``bench/out/xla_floor_probe.{json,md}``. Without a GPU it says so and exits 2.
+``--predict`` reads a stored run (default: the H100's, in ``tests/data/gpu_truth/
+jax_measured/``) and prints memfit's ``peak_bytes_in_use`` for each MLP row, compiled
+deviceless for that card with its jaxlib and the row's ``XLA_FLAGS``, against the measured
+peak; it writes ``bench/out/xla_floor_predict.md``.
 """
 
 from __future__ import annotations
@@ -144,11 +149,85 @@ def _table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+STORED = (
+    Path(__file__).resolve().parents[1]
+    / "tests/data/gpu_truth/jax_measured/h100_jaxlib0.11.2_floor_probe.json"
+)
+
+
+def _mlp(batch: int, width: int, depth: int) -> tuple[Any, tuple[Any, ...]]:
+    """The probe's MLP step with abstract arguments, for a deviceless compile."""
+    import jax
+    import jax.numpy as jnp
+
+    def loss(params: Any, x: Any) -> Any:
+        h = x
+        for w in params:
+            h = jnp.tanh(h @ w)
+        return jnp.mean(h**2)
+
+    def step(params: Any, x: Any) -> Any:
+        grads = jax.grad(loss)(params, x)
+        return [p - 1e-3 * g for p, g in zip(params, grads, strict=True)]
+
+    params = [jax.ShapeDtypeStruct((width, width), jnp.float32)] * depth
+    return jax.jit(step, donate_argnums=(0,)), (
+        params,
+        jax.ShapeDtypeStruct((batch, width), jnp.float32),
+    )
+
+
+def predict(path: Path) -> int:
+    """memfit's figure for every MLP row of a stored run, against the measured peak."""
+    from memfit.estimate.jax_xla import estimate_jax
+
+    stored = json.loads(path.read_text(encoding="utf-8"))
+    lines = [
+        f"memfit against {stored['device']}, jax {stored['jax']} ({path.name}), "
+        f"{_common.utc_minute()} (`python bench/xla_floor_probe.py --predict`)\n",
+        "| step | XLA_FLAGS | measured peak MiB | memfit MiB | err |",
+        "|---|---|---:|---:|---:|",
+    ]
+    errors = []
+    for row in stored["rows"]:
+        if "error" in row or not row["step"].startswith("mlp"):
+            continue
+        _, batch, width, depth = row["step"].split(":")
+        fn, shapes = _mlp(int(batch), int(width), int(depth))
+        est = estimate_jax(
+            fn, *shapes, gpu=stored["device"], jaxlib=stored["jax"],
+            environ={"XLA_FLAGS": row["xla_flags"]},
+        )  # fmt: skip
+        measured = row["after_step"]["peak_bytes_in_use"]
+        error = (est.peak_bytes_in_use - measured) / measured
+        errors.append(error)
+        lines.append(
+            f"| {row['step'][4:]} | {row['variant']} | {_mib(measured)} | "
+            f"{_mib(est.peak_bytes_in_use)} | {error:+.1%} |"
+        )
+        print(lines[-1], flush=True)
+    mean = sum(abs(e) for e in errors) / max(1, len(errors))
+    lines.append(
+        f"\nmean |err| {mean:.1%}, worst {max(errors, key=abs):+.1%}, most under "
+        f"{min(errors):+.1%} over {len(errors)} rows"
+    )
+    print(lines[-1])
+    _common.OUT.mkdir(parents=True, exist_ok=True)
+    (_common.OUT / "xla_floor_predict.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=8)
     parser.add_argument("--timeout", type=float, default=180)
+    parser.add_argument(
+        "--predict", nargs="?", const=str(STORED), metavar="FILE",
+        help="no GPU: memfit's figures against a stored run (default: the H100's)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.predict:
+        return predict(Path(args.predict))
     import jax
 
     if jax.default_backend() != "gpu":
