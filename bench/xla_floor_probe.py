@@ -155,7 +155,7 @@ STORED = (
 )
 
 
-def _mlp(batch: int, width: int, depth: int) -> tuple[Any, tuple[Any, ...]]:
+def mlp_step(batch: int, width: int, depth: int) -> tuple[Any, tuple[Any, ...]]:
     """The probe's MLP step with abstract arguments, for a deviceless compile."""
     import jax
     import jax.numpy as jnp
@@ -193,7 +193,7 @@ def predict(path: Path) -> int:
         if "error" in row or not row["step"].startswith("mlp"):
             continue
         _, batch, width, depth = row["step"].split(":")
-        fn, shapes = _mlp(int(batch), int(width), int(depth))
+        fn, shapes = mlp_step(int(batch), int(width), int(depth))
         est = estimate_jax(
             fn, *shapes, gpu=stored["device"], jaxlib=stored["jax"],
             environ={"XLA_FLAGS": row["xla_flags"]},

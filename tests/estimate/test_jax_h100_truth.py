@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
+from _bench_scripts import load_bench
 
 from memfit.estimate import xla_gpu
 
@@ -43,27 +43,6 @@ CASES = [
 ]
 
 
-def _mlp_step(batch: int, width: int, depth: int) -> tuple[Any, tuple[Any, ...]]:
-    import jax
-    import jax.numpy as jnp
-
-    def loss(params: Any, x: Any) -> Any:
-        h = x
-        for w in params:
-            h = jnp.tanh(h @ w)
-        return jnp.mean(h**2)
-
-    def step(params: Any, x: Any) -> Any:
-        grads = jax.grad(loss)(params, x)
-        return [p - 1e-3 * g for p, g in zip(params, grads, strict=True)]
-
-    params = [jax.ShapeDtypeStruct((width, width), jnp.float32)] * depth
-    return jax.jit(step, donate_argnums=(0,)), (
-        params,
-        jax.ShapeDtypeStruct((batch, width), jnp.float32),
-    )
-
-
 def test_the_probe_holds_what_the_tests_read() -> None:
     assert PROBE["device"] == "NVIDIA H100 80GB HBM3" and PROBE["jax"] == "0.11.2"
     assert len(CASES) == len(CHOSEN)
@@ -78,7 +57,8 @@ def test_peak_bytes_in_use_on_the_h100_within_twelve_percent(
     from memfit.estimate.jax_xla import estimate_jax
 
     _, batch, width, depth = step.split(":")
-    fn, shapes = _mlp_step(int(batch), int(width), int(depth))
+    probe = load_bench("memfit_bench_xla_floor_probe", "xla_floor_probe.py")
+    fn, shapes = probe.mlp_step(int(batch), int(width), int(depth))  # the probe's own step
     est = estimate_jax(
         fn, *shapes, gpu=PROBE["device"], jaxlib=PROBE["jax"], environ={"XLA_FLAGS": flags}
     )
