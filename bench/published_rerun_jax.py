@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +43,8 @@ import _common
 import published_truth_jax as P
 
 MiB = 2**20
+#: the allocator setting every run is measured with (each in a fresh process, see above)
+RAN_WITH = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
 
 
 def measure(key: str, gpu: str | None) -> dict[str, Any]:
@@ -81,7 +84,9 @@ def measure(key: str, gpu: str | None) -> dict[str, Any]:
     card = gpu or device.device_kind
     predicted, best_phase, compiled_for, terms = -1, "", "", ()
     for phase in program.phases:
-        figure, compiled_for_phase, phase_terms = P._phase_figures(phase, card, "gpu", None)
+        figure, compiled_for_phase, phase_terms = P._phase_figures(
+            phase, card, "gpu", None, RAN_WITH
+        )
         if figure > predicted:
             predicted, best_phase = figure, phase.name
             compiled_for, terms = compiled_for_phase, phase_terms
@@ -102,7 +107,9 @@ def measure(key: str, gpu: str | None) -> dict[str, Any]:
 def _child(key: str, gpu: str | None, timeout: float) -> dict[str, Any]:
     argv = [sys.executable, __file__, "--one", key] + (["--gpu", gpu] if gpu else [])
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout, env={**os.environ, **RAN_WITH}
+        )
     except subprocess.TimeoutExpired:
         return {"run": key, "error_text": f"timed out after {timeout:.0f} s"}
     for line in reversed(done.stdout.splitlines()):
@@ -162,7 +169,7 @@ def predict_stored(path: Path) -> int:
         run = by_key[measured["run"]]
         program = P.WORKLOADS[run.workload](run.settings)
         figure = max(
-            P._phase_figures(phase, measured["device"], "gpu", measured["jaxlib"])[0]
+            P._phase_figures(phase, measured["device"], "gpu", measured["jaxlib"], RAN_WITH)[0]
             for phase in program.phases
         )
         real = measured["measured_peak_bytes_in_use"]

@@ -55,6 +55,9 @@ class Run:
     gpu: str
     runtime: dict[str, str]
     source: str
+    #: the environment the source ran under, as far as it says (JAX's allocator settings);
+    #: empty: JAX's defaults (preallocation on)
+    environ: dict[str, str] = field(default_factory=dict)
 
     @property
     def key(self) -> str:
@@ -81,6 +84,7 @@ def load_runs(root: Path = DATA) -> list[Run]:
                     gpu=data["gpu"],
                     runtime={k: str(v) for k, v in (data.get("runtime") or {}).items()},
                     source=data["source"]["url"],
+                    environ={k: str(v) for k, v in (data.get("environ") or {}).items()},
                 )
             )
     return runs
@@ -101,9 +105,15 @@ class Phase:
 
 @dataclass
 class Program:
-    """The jitted functions a source's program runs, in order."""
+    """The jitted functions a source's program runs, in order, and its loop: the arrays it
+    holds before the loop (bytes by name) and one iteration's events
+    (:mod:`memfit.estimate.jax_program`), when the source's loop is rebuilt too."""
 
     phases: list[Phase] = field(default_factory=list)
+    initial: dict[str, list[int]] = field(default_factory=dict)
+    loop: list[Any] = field(default_factory=list)
+    #: how many times the source ran its loop (the allocator's holes drift for many)
+    iterations: int = 1
 
 
 #: gymnax 0.0.9's environments as the source made them: observation shape, actions, and the
@@ -345,12 +355,12 @@ def benchback_linen_ppo(settings: dict[str, Any]) -> Program:
         return (params, opt_state, count + epochs * num_minibatches), losses.mean()
 
     gae_out = jax.ShapeDtypeStruct(values.shape, jnp.float32)  # advantages, returns
+    program = Program()
     rollout_args = (
         sds(rollout_out[0]), sds(rollout_out[1]), sds(rollout_out[2]), values, gae_out, gae_out,
     )  # fmt: skip
     state = (params, opt_state, step_count)
     nbytes = _tree_bytes
-    program = Program()
     program.phases.append(
         Phase(
             "rollout",
@@ -375,7 +385,58 @@ def benchback_linen_ppo(settings: dict[str, Any]) -> Program:
             held_bytes=nbytes(carry) + nbytes(rollout_out[4:6]),
         )
     )
+    program.initial, program.loop = _benchback_loop(state, carry, keys)
+    program.iterations = iterations
     return program
+
+
+def _benchback_loop(state: Any, carry: Any, key: Any) -> tuple[dict[str, list[int]], list[Any]]:
+    """benchback-rl's ``PPO.train_step`` (``rl_linen/ppo/train.py``) as allocator events:
+    ``self._rng_key, k = jax.random.split(self._rng_key)`` (eager: the (2, 2) split, then one
+    row each), the rollout, the advantages, another split, the update; then
+    ``self._env_carry = new_env_carry``, ``self._train_state = new_train_state``, and the
+    function's locals freed at return in the frame's order (the rollout key, the rollout's
+    arrays, its metrics, the advantages and returns, the update key, the update's metrics)."""
+    from memfit.estimate.jax_program import Allocate, Call, Rebind, Release
+
+    def leaves(tree: Any) -> list[int]:
+        import jax
+        import numpy as np
+
+        return [
+            int(np.prod(leaf.shape, dtype=np.int64)) * np.dtype(leaf.dtype).itemsize
+            for leaf in jax.tree_util.tree_leaves(tree)
+        ]
+
+    (key_bytes,) = leaves(key)
+
+    def split(into: str) -> list[Any]:
+        return [
+            Allocate("split", (2 * key_bytes,)),
+            Allocate("key_new", (key_bytes,)),
+            Allocate(into, (key_bytes,)),
+            Release("split"),
+            Rebind("key", "key_new"),
+        ]
+
+    initial = {"state": leaves(state), "key": [key_bytes], "carry": leaves(carry)}
+    rollout_names = ("rollout",) * 8 + ("carry_new", "episode_metrics")
+    loop = [
+        *split("rollout_key"),
+        Call("rollout", rollout_names),
+        Call("advantages", ("gae", "gae")),
+        *split("update_key"),
+        Call("update", ("state_new", "update_metrics")),
+        Rebind("carry", "carry_new"),
+        Rebind("state", "state_new"),
+        Release("rollout_key"),
+        Release("rollout"),
+        Release("episode_metrics"),
+        Release("gae"),
+        Release("update_key"),
+        Release("update_metrics"),
+    ]
+    return initial, loop
 
 
 def _tree_bytes(tree: Any) -> int:
@@ -403,6 +464,8 @@ class Outcome:
     seconds: float
     compiled_for: str
     terms: tuple[tuple[str, int, str], ...] = ()
+    #: the largest phase's own figure plus what the loop holds beside it (no replay)
+    one_step_bytes: int | None = None
 
     @property
     def error(self) -> float:
@@ -425,11 +488,17 @@ class Outcome:
 
 
 def _phase_figures(
-    phase: Phase, gpu: str, compiler: str, jaxlib: str | None = None
+    phase: Phase,
+    gpu: str,
+    compiler: str,
+    jaxlib: str | None = None,
+    environ: dict[str, str] | None = None,
 ) -> tuple[int, str, tuple[Any, ...]]:
     import memfit
 
-    est = memfit.estimate_jax(phase.fn, *phase.args, gpu=gpu, compiler=compiler, jaxlib=jaxlib)
+    est = memfit.estimate_jax(
+        phase.fn, *phase.args, gpu=gpu, compiler=compiler, jaxlib=jaxlib, environ=environ or {}
+    )
     if compiler == "cpu":
         return est.executable_peak_bytes + phase.held_bytes, est.compiled_for, ()
     assert est.peak_bytes_in_use is not None, f"{phase.name}: no peak_bytes_in_use"
@@ -437,22 +506,47 @@ def _phase_figures(
 
 
 def predict(run: Run, *, before: bool = True, phases: Sequence[str] | None = None) -> Outcome:
-    """Rebuild ``run``'s program and predict its measured quantity for the source's card."""
+    """Rebuild ``run``'s program and predict its measured quantity for the source's card.
+
+    With the source's loop rebuilt (``Program.loop``) and every phase chosen, the loop is
+    replayed through JAX's allocator (:func:`memfit.estimate.jax_program.replay_program`):
+    the peak of the run, with the chunks earlier iterations left to later ones. Otherwise,
+    and as ``one_step_bytes`` always, the largest phase's own figure plus what the loop
+    holds beside it."""
+    from memfit.estimate.jax_program import allocator_settings, phase_buffers, replay_program
+
     started = time.perf_counter()
     program = WORKLOADS[run.workload](run.settings)
     chosen = [p for p in program.phases if phases is None or p.name in phases]
     best = (-1, "", "", ())
     before_best: int | None = -1 if before else None
+    # the first call's autotuning as the source's jaxlib ran it
+    jaxlib = run.runtime.get("jaxlib")
+    buffers = {}
     for phase in chosen:
-        # the first call's autotuning as the source's jaxlib ran it
-        jaxlib = run.runtime.get("jaxlib")
-        figure, compiled_for, terms = _phase_figures(phase, run.gpu, "gpu", jaxlib)
+        buffers[phase.name], est = phase_buffers(
+            phase.name, phase.fn, *phase.args, gpu=run.gpu, compiler="gpu", jaxlib=jaxlib,
+            environ=run.environ,
+        )  # fmt: skip
+        assert est.peak_bytes_in_use is not None, f"{phase.name}: no peak_bytes_in_use"
+        figure = est.peak_bytes_in_use + phase.held_bytes
         if figure > best[0]:
-            best = (figure, phase.name, compiled_for, terms)
+            best = (figure, phase.name, est.compiled_for, est.breakdown)
         if before_best is not None:
             before_best = max(before_best, _phase_figures(phase, run.gpu, "cpu")[0])
+    one_step, peak_phase = best[0], best[1]
+    predicted = one_step
+    if program.loop and len(chosen) == len(program.phases):
+        limit, preallocate = allocator_settings(run.gpu, run.environ)
+        replay = replay_program(
+            program.initial, buffers, program.loop, limit_bytes=limit, preallocate=preallocate,
+            iterations=program.iterations,
+        )  # fmt: skip
+        predicted, peak_phase = replay.peak_bytes_in_use, replay.peak_at
     seconds = time.perf_counter() - started
-    return Outcome(run, best[0], before_best, best[1], seconds, best[2], tuple(best[3]))
+    return Outcome(
+        run, predicted, before_best, peak_phase, seconds, best[2], tuple(best[3]), one_step
+    )
 
 
 def outcomes(runs: list[Run], *, before: bool = True) -> Iterator[Outcome]:
@@ -508,6 +602,7 @@ def main(argv: list[str] | None = None) -> int:
                 "error": o.error,
                 "before_error": o.before_error,
                 "peak_phase": o.peak_phase,
+                "one_step_bytes": o.one_step_bytes,
                 "terms": [list(t) for t in o.terms],
                 "seconds": round(o.seconds, 1),
             }

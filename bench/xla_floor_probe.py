@@ -196,7 +196,7 @@ def predict(path: Path) -> int:
         fn, shapes = mlp_step(int(batch), int(width), int(depth))
         est = estimate_jax(
             fn, *shapes, gpu=stored["device"], jaxlib=stored["jax"],
-            environ={"XLA_FLAGS": row["xla_flags"]},
+            environ={"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "XLA_FLAGS": row["xla_flags"]},
         )  # fmt: skip
         measured = row["after_step"]["peak_bytes_in_use"]
         error = (est.peak_bytes_in_use - measured) / measured

@@ -62,6 +62,11 @@ def test_gpu_truth_jax_estimate_for_the_card_is_within_twelve_percent(entry: Tru
         *step.make_args(entry.batch),
         gpu=str(entry.environment["gpu_name"]),
         jaxlib=str(entry.environment["jaxlib"]),
+        environ={
+            "XLA_PYTHON_CLIENT_PREALLOCATE": str(
+                entry.environment.get("XLA_PYTHON_CLIENT_PREALLOCATE") or "true"
+            )
+        },
     )
     real = entry.peaks["peak_bytes_in_use"]
     assert real and est.peak_bytes_in_use is not None

@@ -60,7 +60,12 @@ def test_peak_bytes_in_use_on_the_h100_within_twelve_percent(
     probe = load_bench("memfit_bench_xla_floor_probe", "xla_floor_probe.py")
     fn, shapes = probe.mlp_step(int(batch), int(width), int(depth))  # the probe's own step
     est = estimate_jax(
-        fn, *shapes, gpu=PROBE["device"], jaxlib=PROBE["jax"], environ={"XLA_FLAGS": flags}
+        fn,
+        *shapes,
+        gpu=PROBE["device"],
+        jaxlib=PROBE["jax"],
+        # as the probe ran: preallocation off (its `captured` line), the variant's flags
+        environ={"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "XLA_FLAGS": flags},
     )
     assert est.peak_bytes_in_use is not None
     error = (est.peak_bytes_in_use - measured) / measured

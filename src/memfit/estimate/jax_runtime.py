@@ -31,9 +31,12 @@ operands and result with the last one's five, eight guarded buffers, the floor p
 0.5 runs show (about 129 MiB); 0.7.2 replaced it with an autotuner that guards the inputs
 only.
 
+The BFC allocator itself is :mod:`memfit.allocator.bfc`: with preallocation off a fresh
+region under twice a request is handed out whole (:func:`bfc_in_use_bytes`); in a loop of
+several jitted calls, chunks freed by earlier calls are (:mod:`memfit.estimate.jax_program`).
+
 Not modelled, said in notes: cuDNN's autotuning of convolutions beyond its buffers, several
-GPUs (device 0 holds more; collectives keep buffers in XLA's ``CollectiveBFCAllocator``),
-a BFC chunk handed out whole when splitting it would leave less than the request.
+GPUs (device 0 holds more; collectives keep buffers in XLA's ``CollectiveBFCAllocator``).
 """
 
 from __future__ import annotations
@@ -43,6 +46,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from memfit.allocator.bfc import (
+    BFC_FIRST_REGION,
+    BFC_MAX_FRAGMENTATION,
+    BFC_MIN_ALLOCATION,
+    BfcAllocator,
+)
 from memfit.units import MiB
 
 __all__ = [
@@ -65,13 +74,6 @@ __all__ = [
 
 #: ``xla_gpu_redzone_padding_bytes``'s default (``xla/debug_options_flags.cc``).
 REDZONE_BYTES = 8 * MiB
-#: The BFC allocator rounds every request up to a multiple of this (``kMinAllocationSize``).
-BFC_MIN_ALLOCATION = 256
-#: The BFC allocator's first region when it grows (``curr_region_allocation_bytes_``).
-BFC_FIRST_REGION = 2 * MiB
-#: A chunk is split when the rest would be at least this (``max_internal_fragmentation_bytes``'s
-#: default in ``tsl/framework/bfc_allocator.cc``).
-BFC_MAX_FRAGMENTATION = 128 * MiB
 #: cuBLAS's workspace as XLA sizes it (``kHopperWorkspace``, ``kDefaultWorkspace`` in
 #: ``xla/service/gpu/matmul_utils.h``); a legacy cuBLAS call's is capped at its operands' bytes
 #: (``GemmWorkspaceRewriteVisitor`` in ``transforms/gemm_rewriter.cc``).
@@ -403,31 +405,10 @@ def bfc_in_use_bytes(allocations: Sequence[int]) -> int:
     >>> bfc_in_use_bytes([200 * MiB, 161 * MiB]) // MiB  # two whole 256 MiB regions
     512
     """
-    free: list[int] = []  # the free tail of each region
-    in_use = 0
-    next_region = BFC_FIRST_REGION
+    pool = BfcAllocator(1 << 62, preallocate=False)
     for size in allocations:
-        need = round_up(max(size, 1))
-        fits = [i for i, n in enumerate(free) if n >= need]
-        if fits:
-            index = min(fits, key=lambda i: free[i])
-        else:
-            grown = False
-            while need > next_region:
-                next_region *= 2
-                grown = True
-            free.append(next_region)
-            index = len(free) - 1
-            if not grown:
-                next_region *= 2
-        chunk = free[index]
-        if chunk >= 2 * need or chunk - need >= BFC_MAX_FRAGMENTATION:
-            free[index] = chunk - need
-            in_use += need
-        else:
-            free[index] = 0
-            in_use += chunk
-    return in_use
+        pool.allocate(size)
+    return pool.bytes_in_use
 
 
 def bfc_growth_bytes(allocations: Sequence[int], limit: int | None = None) -> int:

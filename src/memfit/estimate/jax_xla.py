@@ -108,6 +108,10 @@ class JaxEstimate:
             could not reach the limit.
         breakdown: The terms of ``peak_bytes_in_use`` and ``device_used_bytes``:
             ``(name, bytes, source)``.
+        first_call_bytes: What the first call's GEMM autotuning holds at once besides the
+            arrays already in use (:func:`memfit.estimate.jax_runtime.autotune_bytes`), or
+            ``None`` when the step was not compiled for a GPU; a program of several steps
+            (:mod:`memfit.estimate.jax_program`) adds it to what its other arrays hold.
     """
 
     argument_bytes: int
@@ -127,6 +131,7 @@ class JaxEstimate:
     xla_memory_limit_bytes: int | None = None
     xla_reduced_to_bytes: int | None = None
     breakdown: tuple[tuple[str, int, str], ...] = ()
+    first_call_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The estimate as plain data."""
@@ -377,13 +382,20 @@ def _from_gpu_compile(
     buffers = argument + output - alias + temp
     installed = _jaxlib_version()
     rules = rt.autotune_rules(jaxlib or installed, tuple(target.compute_capability), installed)
+    # a pool the allocator grows region by region (preallocation off) hands a fresh region too
+    # small to split out whole; JAX's preallocated pool is one region, split for every request
+    # of a fresh process
+    growing = not policy.preallocate and not policy.platform_allocator
+    rules = replace(rules, whole_chunks=rules.whole_chunks and growing)
     autotune = rt.autotune_bytes(result.gemm_buffers, env, rules)
     rounding = sum(rt.round_up(n) - n for n in leaves) + rt.round_up(temp) - temp
-    # the arguments, then the temporaries (one allocation) as the BFC allocator places them: a
-    # fresh region too small to split counts whole (the outputs are one buffer per leaf, of
-    # sizes the compile does not give: counted exactly)
+    # the arguments, then the temporaries (one allocation) as the BFC allocator places them
+    # (the outputs are one buffer per leaf, of sizes the compile does not give: counted
+    # exactly)
     placed = [*leaves, temp]
-    whole = rt.bfc_in_use_bytes(placed) - sum(rt.round_up(max(n, 1)) for n in placed)
+    whole = 0
+    if growing:
+        whole = rt.bfc_in_use_bytes(placed) - sum(rt.round_up(max(n, 1)) for n in placed)
     in_use = max(buffers + whole, argument + autotune) + rounding
     context = cuda_context_bytes(spec)
     bfc = "tsl/framework/bfc_allocator.cc"
@@ -401,8 +413,9 @@ def _from_gpu_compile(
          "gemm_algorithm_picker.cc (at the XLA commit the target's jaxlib pins); "
          "xla_gpu_redzone_padding_bytes; measured floors: KluvaDa/benchback-rl"),
         ("BFC rounding to 256 B", rounding, bfc + " (kMinAllocationSize)"),
-        ("BFC chunks handed out whole (a fresh region under twice the request, less than "
-         "128 MiB left over)", max(0, buffers + whole - max(buffers, argument + autotune)),
+        ("BFC chunks handed out whole (allocation on demand: a fresh region under twice "
+         "the request, less than 128 MiB left over)",
+         max(0, buffers + whole - max(buffers, argument + autotune)),
          bfc + " (Extend, SplitChunk); measured: an H100, jaxlib 0.11.2 (xla_floor_probe)"),
     ]  # fmt: skip
     notes = [
@@ -452,6 +465,13 @@ def _from_gpu_compile(
         terms.append(("BFC regions grown on demand (2 MiB, each next twice the last)", grown,
                       bfc + " (Extend)"))  # fmt: skip
         notes.append("allocation on demand: the BFC allocator grows in doubling regions")
+    if not policy.platform_allocator:
+        notes.append(
+            "peak_bytes_in_use is this step's in a fresh process; in a Python loop of several "
+            "jitted calls the allocator hands a chunk freed earlier, under twice a later "
+            "request, out whole, and the peak drifts up over iterations: replay the loop with "
+            "memfit.estimate.jax_program (published PPO loops: up to 33% above one call)"
+        )
     terms.append(("CUDA context", context, "memfit.hardware.runtime.cuda_context"))
     fits: bool | None = True
     limit_bytes = reduced = None
@@ -511,6 +531,7 @@ def _from_gpu_compile(
         xla_memory_limit_bytes=limit_bytes,
         xla_reduced_to_bytes=reduced,
         breakdown=tuple((name, int(n), src) for name, n, src in terms),
+        first_call_bytes=autotune,
     )
 
 
