@@ -12,12 +12,17 @@ it) and predicts the measured quantity with :func:`memfit.estimate_jax` for the 
 * **before**: what memfit predicted before issue 30, XLA's CPU compile of the same functions
   (``executable_peak_bytes``; the runtime's terms did not exist).
 
-A program of several jitted functions (a PPO iteration: rollout, advantages, update) peaks in
-one of them; its peak is that function's figure plus the arrays the program holds outside it
-(the source's loop keeps the train state and the environments' carry alive throughout).
+A program of several jitted functions (a PPO iteration: rollout, advantages, update) called
+in a Python loop is replayed through JAX's BFC allocator for the source's iterations
+(:mod:`memfit.estimate.jax_program`): its initial arrays, then each iteration's calls (their
+outputs, then their temporaries), the arrays the source drops, and the eager key splits, as
+the source's code does them. ``one_step_bytes`` is what the largest function alone gives,
+plus the arrays the loop holds beside it.
 
     python bench/published_truth_jax.py                 # every run; bench/out/published_truth_jax.*
     python bench/published_truth_jax.py --series benchback_rl_gymnax_ppo --run "CartPole-v1 64x64"
+    python bench/published_truth_jax.py --no-before --store  # and writes jax_phase_buffers.json
+    python bench/published_truth_jax.py --sensitivity  # no compile: assumptions changed
 
 ``tests/estimate/test_published_truth_jax.py`` runs a few of the same comparisons in CI.
 """
@@ -25,6 +30,7 @@ one of them; its peak is that function's figure plus the arrays the program hold
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -39,6 +45,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "published_truth"
+#: each run's phases as XLA's GPU compiler sized them for the source's card (``--store``), so
+#: the loop replay can be checked without a compile
+BUFFERS = DATA / "jax_phase_buffers.json"
 MiB = 2**20
 
 
@@ -466,6 +475,8 @@ class Outcome:
     terms: tuple[tuple[str, int, str], ...] = ()
     #: the largest phase's own figure plus what the loop holds beside it (no replay)
     one_step_bytes: int | None = None
+    #: each phase's buffers on the card (``PhaseBuffers`` as plain data), for --sensitivity
+    phase_buffers: dict[str, Any] = field(default_factory=dict)
 
     @property
     def error(self) -> float:
@@ -513,7 +524,7 @@ def predict(run: Run, *, before: bool = True, phases: Sequence[str] | None = Non
     the peak of the run, with the chunks earlier iterations left to later ones. Otherwise,
     and as ``one_step_bytes`` always, the largest phase's own figure plus what the loop
     holds beside it."""
-    from memfit.estimate.jax_program import allocator_settings, phase_buffers, replay_program
+    from memfit.estimate.jax_program import phase_buffers
 
     started = time.perf_counter()
     program = WORKLOADS[run.workload](run.settings)
@@ -537,16 +548,158 @@ def predict(run: Run, *, before: bool = True, phases: Sequence[str] | None = Non
     one_step, peak_phase = best[0], best[1]
     predicted = one_step
     if program.loop and len(chosen) == len(program.phases):
-        limit, preallocate = allocator_settings(run.gpu, run.environ)
-        replay = replay_program(
-            program.initial, buffers, program.loop, limit_bytes=limit, preallocate=preallocate,
-            iterations=program.iterations,
-        )  # fmt: skip
-        predicted, peak_phase = replay.peak_bytes_in_use, replay.peak_at
+        replayed = replay(run, program, buffers)
+        predicted, peak_phase = replayed.peak_bytes_in_use, replayed.peak_at
     seconds = time.perf_counter() - started
+    plain = {
+        name: {"outputs": [list(o) for o in b.outputs], "temp_bytes": b.temp_bytes,
+               "first_call_bytes": b.first_call_bytes}
+        for name, b in buffers.items()
+    }  # fmt: skip
     return Outcome(
-        run, predicted, before_best, peak_phase, seconds, best[2], tuple(best[3]), one_step
+        run, predicted, before_best, peak_phase, seconds, best[2], tuple(best[3]), one_step,
+        plain,
+    )  # fmt: skip
+
+
+def replay(
+    run: Run,
+    program: Program,
+    phases: dict[str, Any],
+    initial: dict[str, list[int]] | None = None,
+    loop: list[Any] | None = None,
+) -> Any:
+    """``program``'s loop replayed through JAX's allocator on ``run``'s card, for the source's
+    number of iterations (:func:`memfit.estimate.jax_program.replay_program`)."""
+    from memfit.estimate.jax_program import allocator_settings, replay_program
+
+    limit, preallocate = allocator_settings(run.gpu, run.environ)
+    return replay_program(
+        program.initial if initial is None else initial,
+        phases,
+        program.loop if loop is None else loop,
+        limit_bytes=limit,
+        preallocate=preallocate,
+        iterations=program.iterations,
     )
+
+
+def load_buffers(path: Path = BUFFERS) -> dict[str, dict[str, Any]]:
+    """The stored phase buffers of each run (``--store``), by run key."""
+    from memfit.estimate.jax_program import PhaseBuffers
+
+    if not path.exists():
+        return {}
+    stored = json.loads(path.read_text(encoding="utf-8"))
+    return {
+        key: {
+            name: PhaseBuffers(
+                name,
+                tuple(tuple(int(n) for n in leaves) for leaves in item["outputs"]),
+                int(item["temp_bytes"]),
+                int(item["first_call_bytes"]),
+            )
+            for name, item in phases.items()
+        }
+        for key, phases in stored["runs"].items()
+    }
+
+
+def store_buffers(results: Sequence[Outcome], path: Path = BUFFERS) -> None:
+    """Add the runs' phase buffers to :data:`BUFFERS` (runs not in ``results`` are kept)."""
+    import jaxlib
+
+    stored = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {"runs": {}}
+    for outcome in results:
+        if outcome.phase_buffers:
+            stored["runs"][outcome.run.key] = outcome.phase_buffers
+    stored["written"] = (
+        f"{_common.utc_minute()}, jaxlib {jaxlib.__version__}: "
+        "`python bench/published_truth_jax.py --no-before --store`"
+    )
+    stored["runs"] = dict(sorted(stored["runs"].items()))
+    path.write_text(json.dumps(stored, indent=1) + "\n", encoding="utf-8")
+
+
+def _loop_variants(
+    program: Program,
+) -> Iterator[tuple[str, dict[str, list[int]], list[Any], bool]]:
+    """The source's loop, and the same loop with one assumption changed each: (name, the
+    initial arrays, the loop, whether each call allocates its outputs in reverse order)."""
+    from memfit.estimate.jax_program import Allocate, Rebind, Release
+
+    loop = list(program.loop)
+    yield "as rebuilt", program.initial, loop, False
+    yield "outputs in reverse order", program.initial, loop, True
+    eager = {"split", "key_new", "rollout_key", "update_key"}
+    yield "no eager key arrays", program.initial, [
+        e for e in loop
+        if not isinstance(e, Allocate)
+        and not (isinstance(e, Release) and e.name in eager)
+        and not (isinstance(e, Rebind) and e.old == "key")
+    ], False  # fmt: skip
+    releases = [e for e in loop if isinstance(e, Release)]
+    kept = [e for e in loop if not isinstance(e, Release)]
+    yield "locals freed in reverse order", program.initial, kept + releases[::-1], False
+    rebinds = [e for e in loop if isinstance(e, Rebind) and e.old != "key"]
+    yield "locals freed before the rebinding", program.initial, [
+        e for e in loop if e not in rebinds
+    ] + rebinds, False  # fmt: skip
+
+
+def _reversed_outputs(phases: dict[str, Any], loop: list[Any]) -> tuple[dict[str, Any], list[Any]]:
+    """The phases allocating their outputs last leaf first, and the loop naming them so."""
+    import dataclasses
+
+    from memfit.estimate.jax_program import Call
+
+    flipped = {
+        name: dataclasses.replace(
+            b, outputs=tuple(tuple(reversed(leaves)) for leaves in reversed(b.outputs))
+        )
+        for name, b in phases.items()
+    }
+    return flipped, [
+        dataclasses.replace(e, outputs=tuple(reversed(e.outputs))) if isinstance(e, Call) else e
+        for e in loop
+    ]
+
+
+def sensitivity() -> int:
+    """Replay each stored run's loop (:data:`BUFFERS`, no compile) with each assumption
+    changed, and print the error of each against the measured peak."""
+    stored = load_buffers()
+    lines = [
+        f"Replay sensitivity, {_common.utc_minute()} "
+        "(`python bench/published_truth_jax.py --sensitivity`)\n"
+    ]
+    header = None
+    for run in load_runs():
+        if run.key not in stored:
+            continue
+        program = WORKLOADS[run.workload](run.settings)
+        cells = []
+        names = []
+        for name, initial, loop, reverse in _loop_variants(program):
+            phases = stored[run.key]
+            if reverse:
+                phases, loop = _reversed_outputs(phases, loop)
+            replayed = replay(run, program, phases, initial, loop)
+            names.append(name)
+            cells.append(
+                f"{(replayed.peak_bytes_in_use - run.measured_bytes) / run.measured_bytes:+.1%}"
+            )
+        if header is None:
+            header = names
+            lines.append("| run | " + " | ".join(names) + " |")
+            lines.append("|---|" + "---:|" * len(names))
+        lines.append(f"| {run.name} | " + " | ".join(cells) + " |")
+        print(lines[-1], flush=True)
+    _common.OUT.mkdir(parents=True, exist_ok=True)
+    (_common.OUT / "published_truth_jax_sensitivity.md").write_text(
+        "\n".join(lines) + "\n", encoding="utf-8"
+    )
+    return 0
 
 
 def outcomes(runs: list[Run], *, before: bool = True) -> Iterator[Outcome]:
@@ -571,7 +724,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--series", help="only this source file (its stem)")
     parser.add_argument("--run", help="only this run (its name)")
     parser.add_argument("--no-before", action="store_true", help="skip the CPU compile")
+    parser.add_argument(
+        "--sensitivity",
+        action="store_true",
+        help="no compile: replay the stored runs' loops with each assumption changed",
+    )
+    parser.add_argument(
+        "--store", action="store_true", help=f"write the phases' buffers to {BUFFERS.name}"
+    )
     args = parser.parse_args(argv)
+    if args.sensitivity:
+        return sensitivity()
     runs = [
         r for r in load_runs() if args.series in (None, r.series) and args.run in (None, r.name)
     ]
@@ -603,6 +766,7 @@ def main(argv: list[str] | None = None) -> int:
                 "before_error": o.before_error,
                 "peak_phase": o.peak_phase,
                 "one_step_bytes": o.one_step_bytes,
+                "phase_buffers": o.phase_buffers,
                 "terms": [list(t) for t in o.terms],
                 "seconds": round(o.seconds, 1),
             }
@@ -612,6 +776,8 @@ def main(argv: list[str] | None = None) -> int:
         "before": before,
     }
     _common.write_results("published_truth_jax", payload, markdown)
+    if args.store:
+        store_buffers(results)
     print("after:", after)
     print("before:", before)
     return 0
