@@ -470,7 +470,7 @@ def _from_gpu_compile(
             "peak_bytes_in_use is this step's in a fresh process; in a Python loop of several "
             "jitted calls the allocator hands a chunk freed earlier, under twice a later "
             "request, out whole, and the peak drifts up over iterations: replay the loop with "
-            "memfit.estimate.jax_program (published PPO loops: up to 33% above one call)"
+            "memfit.estimate.jax_program (published PPO loops: up to 32% above one call)"
         )
     terms.append(("CUDA context", context, "memfit.hardware.runtime.cuda_context"))
     fits: bool | None = True
