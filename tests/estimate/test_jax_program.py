@@ -85,6 +85,8 @@ def test_a_growing_pool_and_one_that_runs_out() -> None:
         (["not an event"], {}, "loop.0"),
         ([], {"state": [-1]}, "initial.state"),
         ([], {"state": ["big"]}, "initial.state"),
+        ([Release("typo")], {"state": [8]}, "loop.0"),
+        ([Call("rollout", ("a", "b")), Rebind("state", "nope")], {"state": [8]}, "loop.1"),
     ],
 )
 def test_a_bad_loop_is_a_config_error(loop: list, initial: dict, key_path: str) -> None:

@@ -228,6 +228,24 @@ def _check_events(
                 key_path=f"loop.{index}",
                 hint="use Call, Allocate, Release or Rebind",
             )
+    made = set(initial)
+    for event in loop:
+        if isinstance(event, Call):
+            made.update(event.outputs)
+        elif isinstance(event, Allocate):
+            made.add(event.name)
+    for index, event in enumerate(loop):
+        names = (event.name,) if isinstance(event, Release) else ()
+        if isinstance(event, Rebind):
+            names = (event.new,)
+        for name in names:
+            if name not in made:
+                raise ConfigError(
+                    f"loop[{index}] names {name!r}, which neither the initial arrays nor any "
+                    f"call or allocation of the loop hold (they hold: {', '.join(sorted(made))})",
+                    key_path=f"loop.{index}",
+                    hint="name arrays as a Call's outputs, an Allocate or initial= name them",
+                )
 
 
 def replay_program(
