@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from memfit.errors import ConfigError
@@ -48,6 +50,10 @@ def test_the_replay_counts_what_the_loop_holds_and_the_first_calls_autotuning() 
     assert list(out.iteration_peaks) == sorted(out.iteration_peaks)
     assert out.out_of_memory is None and out.pool_bytes == 1 << 30
     assert out.assumptions
+    plain = out.to_dict()
+    assert plain["peak_bytes_in_use"] == out.peak_bytes_in_use
+    assert plain["iteration_peaks"] == list(out.iteration_peaks)
+    json.dumps(plain)
 
 
 def test_freed_arrays_leave_holes_a_later_request_takes_whole() -> None:

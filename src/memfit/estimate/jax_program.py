@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memfit._checks import require_positive_int
+from memfit._plain import plain_fields
 from memfit.allocator.bfc import BfcAllocator, round_up
 from memfit.errors import ConfigError, OutOfMemory
 
@@ -126,6 +127,12 @@ class ProgramReplay:
     pool_bytes: int
     out_of_memory: str | None = None
     assumptions: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        """The replay as plain data."""
+        return plain_fields(
+            self, iteration_peaks=list(self.iteration_peaks), assumptions=list(self.assumptions)
+        )
 
 
 ASSUMPTIONS = (
