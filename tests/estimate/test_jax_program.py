@@ -92,6 +92,8 @@ def test_a_growing_pool_and_one_that_runs_out() -> None:
         ([], {"state": [-1]}, "initial.state"),
         ([], {"state": ["big"]}, "initial.state"),
         ([Release("typo")], {"state": [8]}, "loop.0"),
+        ([], {"state": 8}, "initial.state"),
+        ([Allocate("key", ("8",))], {}, "loop.0.sizes"),
         ([Call("rollout", ("a", "b")), Rebind("state", "nope")], {"state": [8]}, "loop.1"),
     ],
 )

@@ -200,19 +200,31 @@ class _Replay:
         self.note(where)
 
 
+def _byte_sizes(sizes: object) -> bool:
+    return isinstance(sizes, list | tuple) and all(
+        isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in sizes
+    )
+
+
 def _check_events(
     initial: Mapping[str, Sequence[int]],
     phases: Mapping[str, PhaseBuffers],
     loop: Sequence[Event],
 ) -> None:
     for name, sizes in initial.items():
-        if not all(isinstance(n, int) and n >= 0 for n in sizes):
+        if not _byte_sizes(sizes):
             raise ConfigError(
-                f"initial[{name!r}] must list array sizes in bytes, got {list(sizes)!r}",
+                f"initial[{name!r}] must list array sizes in bytes, got {sizes!r}",
                 key_path=f"initial.{name}",
                 hint="give each array the program holds before the loop as its bytes",
             )
     for index, event in enumerate(loop):
+        if isinstance(event, Allocate) and not _byte_sizes(event.sizes):
+            raise ConfigError(
+                f"loop[{index}] allocates {event.sizes!r}, not array sizes in bytes",
+                key_path=f"loop.{index}.sizes",
+                hint="give each array's bytes, e.g. Allocate('key', (8,))",
+            )
         if isinstance(event, Call):
             if event.phase not in phases:
                 raise ConfigError(
