@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,3 +32,18 @@ def rel_err(pred: int | None, real: int | None) -> float | None:
     if pred is None or not real:
         return None
     return (pred - real) / real
+
+
+def error_summary(errors: Sequence[float], what: str = "runs") -> str:
+    """``mean |err| 1.1%, worst -3.5%, most under -3.5% over 21 runs``; ``no runs`` when empty.
+
+    >>> error_summary([0.1, -0.2], "rows")
+    'mean |err| 15.0%, worst -20.0%, most under -20.0% over 2 rows'
+    """
+    if not errors:
+        return f"no {what}"
+    mean = sum(abs(e) for e in errors) / len(errors)
+    return (
+        f"mean |err| {mean:.1%}, worst {max(errors, key=abs):+.1%}, most under "
+        f"{min(errors):+.1%} over {len(errors)} {what}"
+    )

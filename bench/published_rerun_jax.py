@@ -178,11 +178,7 @@ def predict_stored(path: Path) -> int:
             f"| {run.name} | {real / MiB:,.1f} | {figure / MiB:,.1f} | {errors[-1]:+.1%} |"
         )
         print(lines[-1], flush=True)
-    mean = sum(abs(e) for e in errors) / max(1, len(errors))
-    lines.append(
-        f"\nmean |err| {mean:.1%}, worst {max(errors, key=abs):+.1%}, most under "
-        f"{min(errors):+.1%} over {len(errors)} runs"
-    )
+    lines.append("\n" + _common.error_summary(errors))
     print(lines[-1])
     _common.OUT.mkdir(parents=True, exist_ok=True)
     (_common.OUT / "published_rerun_predict.md").write_text(

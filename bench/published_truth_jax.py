@@ -716,14 +716,7 @@ def outcomes(runs: list[Run], *, before: bool = True) -> Iterator[Outcome]:
 
 def summary(results: Sequence[Outcome], *, before: bool = False) -> str:
     errors = [o.before_error if before else o.error for o in results]
-    kept = [e for e in errors if e is not None]
-    if not kept:
-        return "no runs"
-    mean = sum(abs(e) for e in kept) / len(kept)
-    return (
-        f"mean |err| {mean:.1%}, worst {max(kept, key=abs):+.1%}, most under {min(kept):+.1%} "
-        f"over {len(kept)} runs"
-    )
+    return _common.error_summary([e for e in errors if e is not None])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -66,22 +66,11 @@ def make_step(kind: str, size: int, *, concrete: bool = False) -> tuple[Any, tup
             return jnp.ones(shape, dtype)
         return jax.ShapeDtypeStruct(shape, dtype)
 
-    if kind == "mlp":
+    if kind == "mlp":  # the floor probe's tanh MLP step, 3 x 512 wide
+        from xla_floor_probe import mlp_step
 
-        def loss(params: Any, x: Any) -> Any:
-            h = x
-            for w in params:
-                h = jnp.tanh(h @ w)
-            return jnp.mean(h**2)
-
-        def mlp(params: Any, x: Any) -> Any:
-            grads = jax.grad(loss)(params, x)
-            return [p - 1e-3 * g for p, g in zip(params, grads, strict=True)]
-
-        return jax.jit(mlp, donate_argnums=(0,)), (
-            [arg((512, 512)) for _ in range(3)],
-            arg((size, 512)),
-        )
+        step, (params, x) = mlp_step(size, 512, 3)
+        return step, ([arg(w.shape) for w in params], arg(x.shape))
     if kind == "matmul":
         return jax.jit(lambda a, b: (a @ b).sum()), (arg((size, size)), arg((size, size)))
     if kind == "permute":

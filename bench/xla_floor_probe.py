@@ -206,11 +206,7 @@ def predict(path: Path) -> int:
             f"{_mib(est.peak_bytes_in_use)} | {error:+.1%} |"
         )
         print(lines[-1], flush=True)
-    mean = sum(abs(e) for e in errors) / max(1, len(errors))
-    lines.append(
-        f"\nmean |err| {mean:.1%}, worst {max(errors, key=abs):+.1%}, most under "
-        f"{min(errors):+.1%} over {len(errors)} rows"
-    )
+    lines.append("\n" + _common.error_summary(errors, "rows"))
     print(lines[-1])
     _common.OUT.mkdir(parents=True, exist_ok=True)
     (_common.OUT / "xla_floor_predict.md").write_text("\n".join(lines) + "\n", encoding="utf-8")

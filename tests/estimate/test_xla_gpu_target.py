@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 import pytest
+from _bench_scripts import load_bench
 
 from memfit.errors import BackendUnavailable, ConfigError, EstimateError
 from memfit.estimate import jax_runtime as rt
@@ -33,22 +34,16 @@ needs_extra = pytest.mark.skipif(not READY, reason="the gpu-target extra is not 
 
 
 def _mlp_step() -> Any:
-    def loss(params: Any, x: Any) -> Any:
-        h = x
-        for w in params:
-            h = jnp.tanh(h @ w)
-        return jnp.mean(h**2)
-
-    def step(params: Any, x: Any) -> Any:
-        grads = jax.grad(loss)(params, x)
-        return [p - 1e-3 * g for p, g in zip(params, grads, strict=True)]
-
-    return jax.jit(step, donate_argnums=(0,))
+    """The floor probe's tanh MLP step (3 x 512), jitted with its weights donated."""
+    return _probe().mlp_step(1, 512, 3)[0]
 
 
 def _args(batch: int) -> tuple[Any, Any]:
-    params = [jax.ShapeDtypeStruct((512, 512), jnp.float32) for _ in range(3)]
-    return params, jax.ShapeDtypeStruct((batch, 512), jnp.float32)
+    return tuple(_probe().mlp_step(batch, 512, 3)[1])  # type: ignore[return-value]
+
+
+def _probe() -> Any:
+    return load_bench("memfit_bench_xla_floor_probe", "xla_floor_probe.py")
 
 
 # -- target configs, for every CUDA card of the catalog ----------------------------------------
