@@ -52,6 +52,7 @@ from memfit.allocator.bfc import (
     BFC_MIN_ALLOCATION,
     BfcAllocator,
 )
+from memfit.errors import OutOfMemory
 from memfit.units import MiB
 
 __all__ = [
@@ -412,30 +413,20 @@ def bfc_in_use_bytes(allocations: Sequence[int]) -> int:
 
 
 def bfc_growth_bytes(allocations: Sequence[int], limit: int | None = None) -> int:
-    """What a growing BFC allocator holds after ``allocations`` (all live at once): it takes
-    a new region when no region has room, the first of 2 MiB, each next twice the last (or
-    doubled until the request fits), never past ``limit``.
+    """What a growing BFC allocator holds after ``allocations`` (all live at once): its
+    regions (:class:`memfit.allocator.bfc.BfcAllocator` with preallocation off: the first of
+    2 MiB, each next twice the last, or doubled until the request fits), never past
+    ``limit`` (the requests that would need more do not fit: the limit).
 
     >>> bfc_growth_bytes([MiB]) // MiB, bfc_growth_bytes([MiB, 2 * MiB]) // MiB
     (2, 6)
+    >>> bfc_growth_bytes([9 * MiB], 10 * MiB) // MiB, bfc_growth_bytes([20 * MiB], 10 * MiB) // MiB
+    (10, 10)
     """
-    regions: list[int] = []  # free bytes per region
-    held = 0
-    next_region = BFC_FIRST_REGION
-    for size in allocations:
-        need = round_up(size)
-        for index, free in enumerate(regions):
-            if free >= need:
-                regions[index] -= need
-                break
-        else:
-            grown = False
-            while need > next_region:
-                next_region *= 2
-                grown = True
-            region = next_region if limit is None else min(next_region, max(limit - held, need))
-            regions.append(region - need)
-            held += region
-            if not grown:
-                next_region *= 2
-    return held
+    pool = BfcAllocator(limit if limit is not None else 1 << 62, preallocate=False)
+    try:
+        for size in allocations:
+            pool.allocate(size)
+    except OutOfMemory:
+        return pool.limit_bytes
+    return pool.pool_bytes
