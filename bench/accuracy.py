@@ -173,7 +173,7 @@ def _mib(x: int | None) -> str:
 def _gpu_row(kind: str, name: str, batch: int, gpu_arg: str | None) -> dict[str, Any]:
     """One case: memfit's prediction, the real peaks (fresh child) and the other tools' rules."""
     if kind == "jax":
-        from memfit.estimate.jax_xla import estimate_jax
+        from memfit.estimate.xla.step import estimate_jax
 
         jstep = W.JAX_WORKLOADS[name][0]()
         est = estimate_jax(jstep.fn, *jstep.make_args(batch))
@@ -189,7 +189,7 @@ def _gpu_row(kind: str, name: str, batch: int, gpu_arg: str | None) -> dict[str,
             "accelerate_rule": None,
             "error": real.get("error"),
         }
-    from memfit.estimate.torch_trace import estimate_torch
+    from memfit.estimate.torch.trace import estimate_torch
 
     step = torch_workloads()[name][0]()
     point = estimate_torch(step.build, step.step, step.make_batch, [batch], gpu=gpu_arg).points[0]
@@ -276,7 +276,7 @@ def run_cpu(only: set[str] | None = None) -> tuple[list[dict[str, Any]], dict[st
     import torch
 
     from memfit.errors import EstimateError
-    from memfit.estimate.torch_trace import estimate_torch
+    from memfit.estimate.torch.trace import estimate_torch
     from memfit.testing import real_cpu_peak  # the CPU oracle: the profiler's memory events
 
     tp = third_party()

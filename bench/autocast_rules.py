@@ -5,7 +5,7 @@ loss under ``torch.autocast(..., dtype=float16)``, ``GradScaler("cuda")``) is tr
 CPU-only machine, at one batch size, and replayed through the CUDA allocator model:
 
 * ``cuda_rules``: as ``memfit.estimate_torch`` traces it now, CUDA's autocast rules read from
-  the installed torch (:mod:`memfit.estimate._autocast`).
+  the installed torch (:mod:`memfit.estimate.torch._autocast`).
 * ``autocast_off``: as it was traced before: on a torch without CUDA, ``autocast("cuda")`` and
   ``GradScaler("cuda")`` switch themselves off, so the step runs in float32.
 * ``cpu_rules``: the same step written with ``torch.autocast("cpu", dtype=float16)``, i.e.
@@ -72,9 +72,9 @@ def _step_fns(args: argparse.Namespace, device_type: str) -> tuple[Any, Any, Any
 
 def _case(args: argparse.Namespace, name: str) -> dict[str, Any]:
     from memfit.allocator.model import AllocatorModel
-    from memfit.estimate._cuda_target import CudaTarget
-    from memfit.estimate._summary import summarise
-    from memfit.estimate._tracer import run_trace
+    from memfit.estimate.torch._cuda_target import CudaTarget
+    from memfit.estimate.torch._summary import summarise
+    from memfit.estimate.torch._tracer import run_trace
     from memfit.hardware.cuda import cublas_workspace_bytes
 
     device_type = "cpu" if name == "cpu_rules" else "cuda"

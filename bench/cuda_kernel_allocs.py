@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA device: nothing to measure (run this on a GPU, bench/gpu_session.sh)")
         return 0
     import memfit
-    from memfit.estimate.torch_trace import trace_requests
+    from memfit.estimate.torch.trace import trace_requests
 
     name = torch.cuda.get_device_name()
     rows: list[str] = []

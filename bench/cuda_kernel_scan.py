@@ -6,7 +6,7 @@ Runs a set of ordinary training steps (a GPT-style block with dropout and
 under :func:`memfit.estimate_torch` for a CUDA target and lists, from the installed torch:
 
 * every composite operator the trace met whose decomposition differs between fake CUDA and
-  fake CPU tensors (:func:`memfit.estimate._cuda_probe.read_rule`): ``direct`` (CUDA runs one
+  fake CPU tensors (:func:`memfit.estimate.torch._cuda_probe.read_rule`): ``direct`` (CUDA runs one
   operator, which the trace then runs), ``differs`` (reported, traced the CPU's way),
   ``unread``;
 * every leaf operator whose outputs, run on fake CUDA tensors without gradient, take other
@@ -119,7 +119,7 @@ def _leaf_differences(ops: dict[str, tuple[Any, tuple[Any, ...], dict[str, Any]]
     import torch
     from torch.utils._pytree import tree_flatten, tree_unflatten
 
-    from memfit.estimate._cuda_probe import probing
+    from memfit.estimate.torch._cuda_probe import probing
 
     out: list[str] = []
     for name, (func, args, kwargs) in sorted(ops.items()):
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     import memfit
-    from memfit.estimate import _cuda_probe
+    from memfit.estimate.torch import _cuda_probe
 
     class Leaves(TorchDispatchMode):  # type: ignore[misc]
         def __init__(self) -> None:

@@ -36,7 +36,7 @@ def _case(name: str) -> dict[str, Any]:
     import estimate_workloads as W
     import torch
 
-    from memfit.estimate.torch_trace import estimate_torch
+    from memfit.estimate.torch.trace import estimate_torch
 
     if name.startswith("resnet18_224_adam_b64"):
         step = W.make_resnet18(224)

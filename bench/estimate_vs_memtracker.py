@@ -88,7 +88,7 @@ def child(tool: str, model: str, batch: int, seq: int) -> dict[str, Any]:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    from memfit.estimate.torch_trace import estimate_torch
+    from memfit.estimate.torch.trace import estimate_torch
 
     torch.manual_seed(0)
     step = _step(model, seq)

@@ -899,8 +899,8 @@ REPLAYED_AT = (768, 2304, 6144)
 
 
 def perturbed(traced: Any, kind: str) -> Any:
-    """The traced :class:`~memfit.estimate._sequence.SequenceModel` as a real GPU runs it."""
-    from memfit.estimate._sequence import SequenceModel
+    """The traced :class:`~memfit.estimate.torch._sequence.SequenceModel` as a real GPU runs it."""
+    from memfit.estimate.torch._sequence import SequenceModel
 
     if kind == "exact":
         return traced
@@ -1012,7 +1012,7 @@ def reserved_line_search(gpu: Any, budget: int, margin: float, prior: Any) -> tu
 
 def replayed_case(workload: Workload, kind: str, at: int, margin: float) -> dict[str, Any]:
     """One workload, perturbation, budget and margin on the replayed allocator."""
-    from memfit.estimate.torch_trace import estimate_torch
+    from memfit.estimate.torch.trace import estimate_torch
 
     step = workload.step
     base = estimate_torch(

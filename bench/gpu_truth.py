@@ -20,7 +20,7 @@ scale), each in fresh processes, this records:
   ``XLA_FLAGS=--xla_gpu_autotune_level=0`` (what the 141 MiB beyond the analysis is).
 
 Each becomes ``tests/data/gpu_truth/<gpu-slug>/<workload>@<batch>.json.gz`` in the format of
-:mod:`memfit.estimate.truth` (stack frames dropped, the trace as columns).
+:mod:`truth_corpus` (stack frames dropped, the trace as columns).
 
 ``--cpu`` captures the same kind of entries on the CPU, whose truth is the CPU allocator's
 own reports (``torch.profiler`` memory events, each tagged with the outermost ATen op) for
@@ -56,6 +56,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 CORPUS = ROOT / "tests" / "data" / "gpu_truth"
 sys.path.insert(0, str(HERE))
+# the corpus format (truth_corpus) lives with the tests' shared support code
+sys.path.insert(0, str(ROOT / "tests" / "shared"))
 
 from _common import rel_err, write_results  # noqa: E402
 
@@ -301,10 +303,11 @@ def _op_mode() -> Any:
 
 
 def _compress_trace(snapshot: dict[str, Any], device: int) -> tuple[dict[str, Any], list[str]]:
-    """A ``_snapshot()``'s trace on ``device`` as :class:`memfit.estimate.truth.Trace`
+    """A ``_snapshot()``'s trace on ``device`` as :class:`truth_corpus.Trace`
     columns, read through memfit's one snapshot reader (:mod:`memfit.allocator.snapshot`)."""
+    from truth_corpus import ACTIONS, Event, Trace
+
     from memfit.allocator.snapshot import snapshot_from_data
-    from memfit.estimate.truth import ACTIONS, Event, Trace
 
     notes: list[str] = []
     snap = snapshot_from_data(snapshot, source="torch.cuda.memory._snapshot()", kind="pickle")
@@ -478,8 +481,8 @@ def _cpu_child(name: str) -> dict[str, Any]:
 
     import torch
     from torch.profiler import ProfilerActivity, profile
+    from truth_corpus import Event, Trace
 
-    from memfit.estimate.truth import Event, Trace
     from memfit.testing import run_steps
 
     factory, batch = cpu_workloads()[name]
@@ -552,7 +555,7 @@ def _run_child(args: list[str], env: dict[str, str] | None = None) -> dict[str, 
 def _store(folder: Path, got: dict[str, Any], **kw: Any) -> Any:
     """Save the corpus entry of one captured case (``kw``: the entry's fields; the environment
     is the one the child ``got``) as ``folder/<name>.json.gz``; return it."""
-    from memfit.estimate.truth import Trace, TruthEntry, save_entry
+    from truth_corpus import Trace, TruthEntry, save_entry
 
     trace = kw.pop("trace", None)
     entry = TruthEntry(
@@ -735,7 +738,7 @@ def factory_for(entry: Any) -> tuple[Callable[[], Any], int] | None:
 def traced_requests(entry: Any) -> list[tuple[int, str | None, str | None]]:
     """The traced request sequence for ``entry``, on its device's side, with modelled
     allocations named."""
-    from memfit.estimate.torch_trace import trace_requests
+    from memfit.estimate.torch.trace import trace_requests
 
     found = factory_for(entry)
     assert found is not None
@@ -787,7 +790,7 @@ def workspaces(entry: Any) -> list[int]:
 
 def predict(entry: Any) -> dict[str, int | None]:
     """What the estimator predicts for ``entry`` (traced on this machine's CPU)."""
-    from memfit.estimate.torch_trace import estimate_torch
+    from memfit.estimate.torch.trace import estimate_torch
 
     found = factory_for(entry)
     if found is None:
@@ -807,7 +810,7 @@ def predict(entry: Any) -> dict[str, int | None]:
 
 def report(root: Path) -> tuple[list[dict[str, Any]], str]:
     """Replay the corpus: (a), (b), (c) per entry, and a markdown table."""
-    from memfit.estimate.truth import diff_requests, load_corpus, replay
+    from truth_corpus import diff_requests, load_corpus, replay
 
     rows: list[dict[str, Any]] = []
     for entry in load_corpus(root):

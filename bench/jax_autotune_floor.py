@@ -1,6 +1,6 @@
 """The first call's autotuning floor by the target's jaxlib (issue 30): a small MLP step
 compiled deviceless for two cards, ``peak_bytes_in_use`` under each jaxlib's autotuner rules
-(:func:`memfit.estimate.jax_runtime.autotune_rules`).
+(:func:`memfit.estimate.xla.runtime.autotune_rules`).
 
     python bench/jax_autotune_floor.py      # writes bench/out/jax_autotune_floor.*
 
@@ -26,7 +26,7 @@ JAXLIBS = (None, "0.4.33", "0.5.0", "0.7.2")
 def main() -> int:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")  # this process; the compile child has its own
     import memfit
-    from memfit.estimate.jax_xla import _jaxlib_version
+    from memfit.estimate.xla.step import _jaxlib_version
 
     fn, args = make_step("mlp", 64)  # three tanh layers of 512 x 512, SGD, batch 64
     rows, results = [], []

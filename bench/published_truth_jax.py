@@ -14,7 +14,7 @@ it) and predicts the measured quantity with :func:`memfit.estimate_jax` for the 
 
 A program of several jitted functions (a PPO iteration: rollout, advantages, update) called
 in a Python loop is replayed through JAX's BFC allocator for the source's iterations
-(:mod:`memfit.estimate.jax_program`): its initial arrays, then each iteration's calls (their
+(:mod:`memfit.estimate.xla.program`): its initial arrays, then each iteration's calls (their
 outputs, then their temporaries), the arrays the source drops, and the eager key splits, as
 the source's code does them. ``one_step_bytes`` is what the largest function alone gives,
 plus the arrays the loop holds beside it.
@@ -116,7 +116,7 @@ class Phase:
 class Program:
     """The jitted functions a source's program runs, in order, and its loop: the arrays it
     holds before the loop (bytes by name) and one iteration's events
-    (:mod:`memfit.estimate.jax_program`), when the source's loop is rebuilt too."""
+    (:mod:`memfit.estimate.xla.program`), when the source's loop is rebuilt too."""
 
     phases: list[Phase] = field(default_factory=list)
     initial: dict[str, list[int]] = field(default_factory=dict)
@@ -406,7 +406,7 @@ def _benchback_loop(state: Any, carry: Any, key: Any) -> tuple[dict[str, list[in
     ``self._env_carry = new_env_carry``, ``self._train_state = new_train_state``, and the
     function's locals freed at return in the frame's order (the rollout key, the rollout's
     arrays, its metrics, the advantages and returns, the update key, the update's metrics)."""
-    from memfit.estimate.jax_program import Allocate, Call, Rebind, Release
+    from memfit.estimate.xla.program import Allocate, Call, Rebind, Release
 
     def leaves(tree: Any) -> list[int]:
         import jax
@@ -449,7 +449,7 @@ def _benchback_loop(state: Any, carry: Any, key: Any) -> tuple[dict[str, list[in
 
 
 def _tree_bytes(tree: Any) -> int:
-    from memfit.estimate.jax_xla import tree_nbytes
+    from memfit.estimate.xla.step import tree_nbytes
 
     return int(tree_nbytes(tree))
 
@@ -520,11 +520,11 @@ def predict(run: Run, *, before: bool = True, phases: Sequence[str] | None = Non
     """Rebuild ``run``'s program and predict its measured quantity for the source's card.
 
     With the source's loop rebuilt (``Program.loop``) and every phase chosen, the loop is
-    replayed through JAX's allocator (:func:`memfit.estimate.jax_program.replay_program`):
+    replayed through JAX's allocator (:func:`memfit.estimate.xla.program.replay_program`):
     the peak of the run, with the chunks earlier iterations left to later ones. Otherwise,
     and as ``one_step_bytes`` always, the largest phase's own figure plus what the loop
     holds beside it."""
-    from memfit.estimate.jax_program import phase_buffers
+    from memfit.estimate.xla.program import phase_buffers
 
     started = time.perf_counter()
     program = WORKLOADS[run.workload](run.settings)
@@ -570,8 +570,8 @@ def replay(
     loop: list[Any] | None = None,
 ) -> Any:
     """``program``'s loop replayed through JAX's allocator on ``run``'s card, for the source's
-    number of iterations (:func:`memfit.estimate.jax_program.replay_program`)."""
-    from memfit.estimate.jax_program import allocator_settings, replay_program
+    number of iterations (:func:`memfit.estimate.xla.program.replay_program`)."""
+    from memfit.estimate.xla.program import allocator_settings, replay_program
 
     limit, preallocate = allocator_settings(run.gpu, run.environ)
     return replay_program(
@@ -586,7 +586,7 @@ def replay(
 
 def load_buffers(path: Path = BUFFERS) -> dict[str, dict[str, Any]]:
     """The stored phase buffers of each run (``--store``), by run key."""
-    from memfit.estimate.jax_program import PhaseBuffers
+    from memfit.estimate.xla.program import PhaseBuffers
 
     if not path.exists():
         return {}
@@ -626,7 +626,7 @@ def _loop_variants(
 ) -> Iterator[tuple[str, dict[str, list[int]], list[Any], bool]]:
     """The source's loop, and the same loop with one assumption changed each: (name, the
     initial arrays, the loop, whether each call allocates its outputs in reverse order)."""
-    from memfit.estimate.jax_program import Allocate, Rebind, Release
+    from memfit.estimate.xla.program import Allocate, Rebind, Release
 
     loop = list(program.loop)
     yield "as rebuilt", program.initial, loop, False
@@ -651,7 +651,7 @@ def _reversed_outputs(phases: dict[str, Any], loop: list[Any]) -> tuple[dict[str
     """The phases allocating their outputs last leaf first, and the loop naming them so."""
     import dataclasses
 
-    from memfit.estimate.jax_program import Call
+    from memfit.estimate.xla.program import Call
 
     flipped = {
         name: dataclasses.replace(

@@ -7,7 +7,7 @@ as gzip JSON with a ``memfit`` section naming where it came from::
     python bench/reduce_snapshot.py RAW.pickle ../shared/gpu_truth/public/NAME.json.gz \\
         --repo owner/name --path path/in/repo --commit SHA --licence MIT
 
-The corpus is replayed by ``tests/core/test_public_snapshots.py``. It is data taken from public
+The corpus is replayed by ``tests/allocator/test_public_snapshots.py``. It is data taken from public
 repositories, which developers do not commit: it lives in the steering repository's
 ``shared/gpu_truth/public/``; its sources are listed in
 ``tests/data/gpu_truth/public_sources.md``.

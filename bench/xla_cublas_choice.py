@@ -3,7 +3,7 @@
 Without a device, XLA gives every Triton GEMM fusion its default tiling; on a device the
 autotuner may pick cuBLASLt and inline the fusion. memfit's child compiles a variant with
 ``xla_gpu_enable_triton_gemm=false``; this script compiles the step as the device would after
-choosing cuBLAS for every GEMM fusion (:mod:`memfit.estimate.xla_autotune_cache`: the choice
+choosing cuBLAS for every GEMM fusion (:mod:`xla_autotune_cache`: the choice
 written into XLA's per-fusion autotune cache, 32 MiB workspace as the device keeps on
 Hopper), and for the large GEMM fusions only (result of 4 MiB or more), each step in a fresh
 process for the H100's target config, and prints them against the temporaries the H100
@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# the autotune-cache helpers live with the tests' shared support code
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "shared"))
 
 import _common
 
@@ -61,6 +63,7 @@ STEPS: dict[str, dict[str, Any]] = {
 _BUILD = r"""
 import json, os, sys
 sys.path.insert(0, sys.argv[1])
+sys.path.insert(0, os.path.join(os.path.dirname(sys.argv[1]), "tests", "shared"))
 request = json.loads(sys.argv[2])
 spec = request["step"]
 def build():
@@ -78,7 +81,7 @@ def build():
 _CHILD = (
     _BUILD
     + r"""
-from memfit.estimate import xla_autotune_cache as cache
+import xla_autotune_cache as cache
 os.environ.update(cache.KEY_LOG_ENV)
 os.environ["JAX_PLATFORMS"] = "cpu"
 import jax
@@ -199,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", action="store_true", help="also on this machine's GPU")
     options = parser.parse_args(argv)
-    from memfit.estimate.xla_gpu import gpu_target_missing
+    from memfit.estimate.xla.gpu import gpu_target_missing
     from memfit.hardware.catalog import gpu as lookup_gpu
     from memfit.hardware.xla_target import target_config
 

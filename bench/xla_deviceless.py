@@ -98,8 +98,8 @@ def main() -> int:
         return 2
     from jaxlib import xla_client
 
-    from memfit.estimate.jax_xla import estimate_jax
-    from memfit.estimate.xla_gpu import compile_exported, export_step, local_target_config
+    from memfit.estimate.xla.gpu import compile_exported, export_step, local_target_config
+    from memfit.estimate.xla.step import estimate_jax
     from memfit.hardware.catalog import gpu
     from memfit.hardware.xla_target import target_config
 

@@ -179,7 +179,7 @@ def mlp_step(batch: int, width: int, depth: int) -> tuple[Any, tuple[Any, ...]]:
 
 def predict(path: Path) -> int:
     """memfit's figure for every MLP row of a stored run, against the measured peak."""
-    from memfit.estimate.jax_xla import estimate_jax
+    from memfit.estimate.xla.step import estimate_jax
 
     stored = json.loads(path.read_text(encoding="utf-8"))
     lines = [

@@ -10,6 +10,7 @@ here (the test fails for a module it cannot place).
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -216,3 +217,91 @@ def test_no_source_file_is_over_the_limit(limit: int) -> None:
     long = {m: n for m, p in modules().items() if (n := len(p.read_text().splitlines())) > limit}
     assert set(long) - PENDING_SPLIT == set(), long
     assert PENDING_SPLIT - set(long) == set(), "split now: take it off PENDING_SPLIT"
+
+
+#: The estimators by backend: neither imports the other (a torch user never loads the XLA
+#: path, a JAX user never the torch trace).
+BACKENDS = ("memfit.estimate.torch", "memfit.estimate.xla")
+
+#: The flat public paths of the backend modules (importing one gives that module itself).
+PUBLIC_PATHS = {
+    "memfit.estimate.torch_trace": "memfit.estimate.torch.trace",
+    "memfit.estimate.jax_xla": "memfit.estimate.xla.step",
+    "memfit.estimate.jax_program": "memfit.estimate.xla.program",
+    "memfit.estimate.xla_gpu": "memfit.estimate.xla.gpu",
+}
+
+
+def _in(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_the_estimators_split_by_backend_without_crossing() -> None:
+    g = graph()
+    for package in BACKENDS:
+        members = [m for m in g if _in(m, package)]
+        assert len(members) > 3, package
+        others = [b for b in BACKENDS if b != package]
+        crossing = {m: sorted(t for t in g[m] if any(_in(t, o) for o in others)) for m in members}
+        assert {m: t for m, t in crossing.items() if t} == {}
+    # nothing below estimate/ reaches into a backend but through estimate's own modules
+    outside = {
+        m: sorted(t for t in ts if any(_in(t, b) for b in BACKENDS))
+        for m, ts in g.items()
+        if not _in(m, "memfit.estimate") and m not in PUBLIC_PATHS
+    }
+    assert all(layer(m) > layer("memfit.estimate") for m, ts in outside.items() if ts)
+
+
+def test_the_public_flat_paths_are_the_backend_modules() -> None:
+    import importlib
+
+    for flat, real in PUBLIC_PATHS.items():
+        assert importlib.import_module(flat) is importlib.import_module(real), flat
+
+
+#: The map: docs/internals.md's "Packages and modules" section lists every module.
+INTERNALS = SRC.parent / "docs" / "internals.md"
+
+
+def mapped_modules(text: str) -> dict[str, str]:
+    """``{"memfit/estimate/torch/trace.py": role}`` from the map's sections and bullets."""
+    section = text.split("## Packages and modules", 1)[1].split("\n## ", 1)[0]
+    found: dict[str, str] = {}
+    package = None
+    for line in section.splitlines():
+        if line.startswith("### `") and line.rstrip().endswith("/`"):
+            package = line.strip()[5:-1]
+        elif line.startswith("- `") and package is not None:
+            name, _, role = line[3:].partition("`: ")
+            assert name.endswith(".py") and role.strip(), line
+            found[package + name] = role
+    return found
+
+
+def test_the_map_names_every_module_and_nothing_else() -> None:
+    listed = set(mapped_modules(INTERNALS.read_text(encoding="utf-8")))
+    actual = {str(p.relative_to(SRC)) for p in PACKAGE.rglob("*.py")}
+    assert sorted(actual - listed) == [], "add these to docs/internals.md's module map"
+    assert sorted(listed - actual) == [], "docs/internals.md names modules that do not exist"
+
+
+def test_the_map_reader_sees_what_it_must() -> None:
+    text = "## Packages and modules\n\n### `memfit/x/`\n\n- `a.py`: one.\n  more\n- `b.py`: two.\n"
+    assert set(mapped_modules(text)) == {"memfit/x/a.py", "memfit/x/b.py"}
+    assert mapped_modules(text + "\n## Next\n\n### `memfit/y/`\n- `c.py`: no.\n").keys() == {
+        "memfit/x/a.py",
+        "memfit/x/b.py",
+    }
+
+
+#: Code names what it does, not the issue that asked for it.
+ISSUE_NUMBER = re.compile(r"\b[Ii]ssues? \d+|\([Ii]ssue \d+")
+
+
+def test_source_names_no_issue_number() -> None:
+    named = {
+        m: [i + 1 for i, line in enumerate(p.read_text().splitlines()) if ISSUE_NUMBER.search(line)]
+        for m, p in modules().items()
+    }
+    assert {m: lines for m, lines in named.items() if lines} == {}

@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     import jax
     from brax import envs
 
-    from memfit.estimate.jax_xla import env_state_bytes
+    from memfit.estimate.xla.step import env_state_bytes
 
     env = envs.get_environment(args.env, backend=args.backend)
     knobs = {

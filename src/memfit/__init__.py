@@ -47,18 +47,18 @@ _LAZY: dict[str, str] = {
     "simulate_gpu": "memfit.runtime.simulate",
     "measure_simulator": "memfit.runtime.sim_measure",
     # estimate
-    "estimate_torch": "memfit.estimate.torch_trace",
-    "TorchEstimate": "memfit.estimate.torch_trace",
-    "EstimatePoint": "memfit.estimate.torch_trace",
-    "estimate_jax": "memfit.estimate.jax_xla",
-    "JaxEstimate": "memfit.estimate.jax_xla",
+    "estimate_torch": "memfit.estimate.torch.trace",
+    "TorchEstimate": "memfit.estimate.torch.trace",
+    "EstimatePoint": "memfit.estimate.torch.trace",
+    "estimate_jax": "memfit.estimate.xla.step",
+    "JaxEstimate": "memfit.estimate.xla.step",
     # fit
     "fit": "memfit.runtime.fit",
     "FitResult": "memfit.runtime.fit",
     # monitor
     "Recorder": "memfit.monitor.recorder",
     "Leak": "memfit.monitor.recorder",
-    # explain a CUDA memory snapshot (issue 20)
+    # explain a CUDA memory snapshot
     "explain": "memfit.monitor.explain",
     "Explanation": "memfit.monitor.explain",
 }
@@ -133,8 +133,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from memfit.core.constraints import Violation, check
     from memfit.core.plan import Plan
     from memfit.core.workload import Workload, load_workload
-    from memfit.estimate.jax_xla import JaxEstimate, estimate_jax
-    from memfit.estimate.torch_trace import EstimatePoint, TorchEstimate, estimate_torch
+    from memfit.estimate.torch.trace import EstimatePoint, TorchEstimate, estimate_torch
+    from memfit.estimate.xla.step import JaxEstimate, estimate_jax
     from memfit.hardware.catalog import GpuSpec, gpu, list_gpus
     from memfit.monitor.recorder import Leak, Recorder
     from memfit.planning import plan

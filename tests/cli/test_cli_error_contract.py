@@ -315,7 +315,7 @@ def test_estimate_module_with_a_syntax_error(
 
 def test_batch_sizes_as_text_are_rejected() -> None:
     pytest.importorskip("torch")
-    from memfit.estimate.torch_trace import estimate_torch
+    from memfit.estimate.torch.trace import estimate_torch
 
     with pytest.raises(ConfigError, match="not the text"):
         estimate_torch(lambda: (None, None), lambda m, o, b: None, lambda n: None, "32")  # type: ignore[arg-type]
@@ -323,7 +323,7 @@ def test_batch_sizes_as_text_are_rejected() -> None:
 
 def test_jax_make_args_failures_are_estimate_errors() -> None:
     pytest.importorskip("jax")
-    from memfit.estimate.jax_xla import estimate_jax_sweep
+    from memfit.estimate.xla.step import estimate_jax_sweep
 
     def make_args(batch_size: int) -> tuple[object, ...]:
         raise KeyError("oops")

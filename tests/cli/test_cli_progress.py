@@ -77,7 +77,7 @@ def test_measuring_a_brax_env_reports_its_stages(
 
 def test_jax_sweep_reports_each_batch_size() -> None:
     jnp = pytest.importorskip("jax.numpy", reason="jax is an optional extra (jax)")
-    from memfit.estimate.jax_xla import estimate_jax_sweep
+    from memfit.estimate.xla.step import estimate_jax_sweep
 
     heard: list[str] = []
     estimate_jax_sweep(

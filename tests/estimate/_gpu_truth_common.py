@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 import torch
 from _bench_scripts import load_bench
-
-from memfit.estimate.truth import TruthEntry, load_corpus
+from truth_corpus import TruthEntry, load_corpus
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "tests" / "data" / "gpu_truth"

@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from memfit.errors import EstimateError
-from memfit.estimate._autocast import cuda_autocast_op_names
-from memfit.estimate._tracer import run_trace
-from memfit.estimate.torch_trace import estimate_torch, trace_requests
+from memfit.estimate.torch._autocast import cuda_autocast_op_names
+from memfit.estimate.torch._tracer import run_trace
+from memfit.estimate.torch.trace import estimate_torch, trace_requests
 
 GPU = "RTX 4070"  # a CUDA target: the estimate's figures are for this GPU
 DTYPES = [torch.float16, torch.bfloat16]
@@ -392,7 +392,7 @@ def test_banned_op_is_refused_as_on_cuda() -> None:
 def test_without_a_free_dispatch_key_the_region_is_traced_in_float32_and_said_so(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from memfit.estimate import _autocast
+    from memfit.estimate.torch import _autocast
 
     monkeypatch.setattr(_autocast, "_CANDIDATE_KEYS", ())
     t = _cnn_terms(torch.float16)

@@ -15,12 +15,12 @@ import torch
 from torch import nn
 
 import memfit
-from memfit.estimate._cuda_blas import cublaslt_policy
-from memfit.estimate._cuda_conv import conv_workspace
-from memfit.estimate._cuda_probe import read_rule
-from memfit.estimate._cuda_sdpa import backward_scratch, choose, run
-from memfit.estimate._cuda_target import parse_version
-from memfit.estimate.torch_trace import trace_requests
+from memfit.estimate.torch._cuda_blas import cublaslt_policy
+from memfit.estimate.torch._cuda_conv import conv_workspace
+from memfit.estimate.torch._cuda_probe import read_rule
+from memfit.estimate.torch._cuda_sdpa import backward_scratch, choose, run
+from memfit.estimate.torch._cuda_target import parse_version
+from memfit.estimate.torch.trace import trace_requests
 from memfit.hardware.cuda import cudnn_major
 
 A100 = "A100-SXM4-80GB"
@@ -316,7 +316,7 @@ def test_a_first_step_under_inference_mode_reads_cudas_autocast_rules(
     """With no rule read before in the process, a step under inference_mode still gets
     CUDA's autocast casts (the probe once ran inside inference_mode, read nothing, and the
     process kept that for every later step)."""
-    from memfit.estimate import _autocast, _cuda_probe
+    from memfit.estimate.torch import _autocast, _cuda_probe
 
     monkeypatch.setattr(_autocast, "_RULES", {})
     monkeypatch.setattr(_cuda_probe, "_RULES", {})

@@ -10,7 +10,7 @@ from torch import nn
 
 import memfit
 from memfit.allocator.model import round_size
-from memfit.estimate._cuda_defaults import cuda_optimizer_defaults
+from memfit.estimate.torch._cuda_defaults import cuda_optimizer_defaults
 
 WIDTH = 512
 

@@ -88,7 +88,7 @@ def _workload(factory: str, estimator: str = "torch") -> Workload:
 
 
 def test_measure_gives_terms_that_follow_the_traced_peaks(factory_module: str) -> None:
-    from memfit.estimate.torch_trace import estimate_torch
+    from memfit.estimate.torch.trace import estimate_torch
 
     terms = measure(_workload(f"{factory_module}:make"))
     assert terms.knob == "batch_size"

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import pytest
 
 from memfit.errors import ConfigError, EstimateError
-from memfit.estimate.jax_xla import (
+from memfit.estimate.xla.step import (
     env_state_bytes,
     estimate_jax,
     estimate_jax_sweep,

@@ -21,7 +21,7 @@ from _bench_scripts import load_bench
 from memfit.allocator.model import round_size
 from memfit.errors import ConfigError, EstimateError
 from memfit.estimate import TorchStep
-from memfit.estimate.torch_trace import CATEGORIES, estimate_torch, fit_affine
+from memfit.estimate.torch.trace import CATEGORIES, estimate_torch, fit_affine
 from memfit.testing import real_cpu_peak
 
 W = load_bench("memfit_bench_estimate_workloads", "estimate_workloads.py")
@@ -34,7 +34,7 @@ CASES: list[tuple[str, Any, int, float]] = [
     ("checkpointed_mlp", lambda: W.make_checkpointed_mlp(128, 4), 64, 0.002),
     ("dqn_cnn", lambda: W.make_dqn_cnn(84), 8, 0.002),
     # The CPU flash-attention kernel of scaled_dot_product_attention allocates scratch
-    # buffers inside the kernel; the tracer measures them (memfit.estimate._kernels).
+    # buffers inside the kernel; the tracer measures them (memfit.estimate.torch._measured_scratch).
     ("transformer_block", lambda: W.make_transformer_block(64, 16), 8, 0.002),
 ]
 

@@ -65,7 +65,7 @@ def test_the_allocator_model_leads_fit_closer_than_a_line_through_reserved_peaks
 
 
 def test_reserved_memory_is_a_step_function_and_allocated_a_line() -> None:
-    from memfit.estimate.torch_trace import estimate_torch
+    from memfit.estimate.torch.trace import estimate_torch
 
     bench = _fit_bench()
     step = next(w for w in bench.WORKLOADS if w.name == "mlp-adam").step

@@ -6,7 +6,7 @@ its peaks and the allocator's own trace. Three checks, as issue 12 asks:
 (a) the allocator model replays a real CUDA trace's requests and reproduces the real reserved
     peak within 1% (this isolates the allocator model from the tracer);
 (b) the traced run's request sequence is diffed against the real one and every difference is
-    named (workspaces, scratch, reordering; see ``memfit.estimate.truth.diff_requests``);
+    named (workspaces, scratch, reordering; see ``truth_corpus.diff_requests``);
 (c) the estimator's predictions against the real peaks, as a table, with the goals: mean
     |err| <= 3% and worst <= 8% (CPU peak, CUDA allocated), reserved mean <= 5% / worst <=
     10%, JAX within 10%.
@@ -41,9 +41,7 @@ from _gpu_truth_common import (
     prediction,
 )
 from _gpu_truth_common import bench as _bench
-
-from memfit.errors import ConfigError
-from memfit.estimate.truth import (
+from truth_corpus import (
     FORMAT_VERSION,
     Event,
     Trace,
@@ -54,6 +52,8 @@ from memfit.estimate.truth import (
     replay,
     save_entry,
 )
+
+from memfit.errors import ConfigError
 
 # --- the corpus itself -------------------------------------------------------------------------
 

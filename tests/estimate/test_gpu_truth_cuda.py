@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import pytest
 from _gpu_truth_common import ENTRIES, NO_CUDA_CORPUS, bench, goals, params, prediction
-
-from memfit.estimate.truth import TruthEntry
+from truth_corpus import TruthEntry
 
 CUDA_TORCH = [e for e in ENTRIES if e.device == "cuda" and e.kind == "torch"]
 
@@ -50,8 +49,8 @@ def test_gpu_truth_jax_estimate_for_the_card_is_within_twelve_percent(entry: Tru
     deviceless, and the runtime's terms) against the real one. The issue's goal is 10%; the
     H100 entries (jaxlib 0.11.2) come to +11.8%, +11.9% and -11.8%: the first call's
     autotuning lands in the BFC allocator's regions in an order memfit does not replay."""
-    from memfit.estimate import xla_gpu
-    from memfit.estimate.jax_xla import estimate_jax
+    from memfit.estimate.xla import gpu as xla_gpu
+    from memfit.estimate.xla.step import estimate_jax
 
     if xla_gpu.gpu_target_missing():
         pytest.skip("the gpu-target extra is not installed")

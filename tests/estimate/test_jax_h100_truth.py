@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from _bench_scripts import load_bench
 
-from memfit.estimate import xla_gpu
+from memfit.estimate.xla import gpu as xla_gpu
 
 pytestmark = pytest.mark.skipif(
     bool(xla_gpu.gpu_target_missing()), reason="the gpu-target extra is not installed"
@@ -54,7 +54,7 @@ def test_the_probe_holds_what_the_tests_read() -> None:
 def test_peak_bytes_in_use_on_the_h100_within_twelve_percent(
     step: str, variant: str, flags: str, measured: int
 ) -> None:
-    from memfit.estimate.jax_xla import estimate_jax
+    from memfit.estimate.xla.step import estimate_jax
 
     _, batch, width, depth = step.split(":")
     probe = load_bench("memfit_bench_xla_floor_probe", "xla_floor_probe.py")

@@ -1,5 +1,5 @@
 """A training loop of several jitted calls replayed through the BFC allocator
-(``memfit.estimate.jax_program``)."""
+(``memfit.estimate.xla.program``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import pytest
 
 from memfit.errors import ConfigError
-from memfit.estimate.jax_program import (
+from memfit.estimate.xla.program import (
     Allocate,
     Call,
     PhaseBuffers,
@@ -127,7 +127,7 @@ def test_phase_buffers_for_a_card() -> None:
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp
 
-    from memfit.estimate import xla_gpu
+    from memfit.estimate.xla import gpu as xla_gpu
 
     if xla_gpu.gpu_target_missing():
         pytest.skip("the gpu-target extra is not installed")

@@ -8,14 +8,14 @@ from typing import Any
 import pytest
 
 from memfit.errors import ConfigError
-from memfit.estimate import xla_gpu
+from memfit.estimate.xla import gpu as xla_gpu
 from memfit.units import MiB
 
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 
-from memfit.estimate import jax_xla  # noqa: E402
-from memfit.estimate._pmap import PmapStep, pmap_step  # noqa: E402
+from memfit.estimate.xla import step as jax_xla  # noqa: E402
+from memfit.estimate.xla._pmap import PmapStep, pmap_step  # noqa: E402
 
 needs_extra = pytest.mark.skipif(
     bool(xla_gpu.gpu_target_missing()), reason="the gpu-target extra is not installed"

@@ -4,7 +4,7 @@ Each run of ``tests/data/published_truth/*.yaml`` with ``framework: jax`` is reb
 ``bench/published_truth_jax.py`` as its source ran it and predicted with
 :func:`memfit.estimate_jax` for the source's card: XLA's GPU compiler without the card and the
 runtime's terms (``peak_bytes_in_use``), and the source's training loop replayed through the
-BFC allocator for its 100 iterations (:mod:`memfit.estimate.jax_program`). The bench runs
+BFC allocator for its 100 iterations (:mod:`memfit.estimate.xla.program`). The bench runs
 every run; here a few runs are checked (a deviceless compile of each jitted function). Goal:
 within 10%, and never more than 5% under, except the runs listed in ``KNOWN_MISSES`` with
 what is not modelled (strict: they fail once they pass).
@@ -22,7 +22,7 @@ from memfit.hardware.catalog import gpu as lookup_gpu
 pytest.importorskip("flax", reason="the published PPO programs are rebuilt with Flax Linen")
 pytest.importorskip("optax", reason="the published PPO programs use optax's Adam")
 
-from memfit.estimate import xla_gpu
+from memfit.estimate.xla import gpu as xla_gpu
 
 published = load_bench("published_truth_jax", "published_truth_jax.py")
 RUNS = published.load_runs()

@@ -4,8 +4,8 @@ allocation sequence as lines ``A + B * batch``."""
 from __future__ import annotations
 
 from memfit.cli.estimate import _gradients_note
-from memfit.estimate._sequence import SequenceModel
-from memfit.estimate._slope import MAX_TRACE_AT, check_slope
+from memfit.estimate.torch._sequence import SequenceModel
+from memfit.estimate.torch._slope import MAX_TRACE_AT, check_slope
 
 KiB = 2**10
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from memfit.estimate._steady import steady_program
+from memfit.estimate.torch._steady import steady_program
 
 torch = pytest.importorskip("torch")
 

@@ -25,7 +25,7 @@ chex = pytest.importorskip("chex")
 
 from flax.training.train_state import TrainState  # noqa: E402
 
-from memfit.estimate.jax_xla import estimate_jax  # noqa: E402
+from memfit.estimate.xla.step import estimate_jax  # noqa: E402
 
 OBS, ACTIONS = 4, 2  # CartPole-v1
 

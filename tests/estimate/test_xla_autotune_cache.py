@@ -15,10 +15,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import xla_autotune_cache as cache
 
 import memfit
-from memfit.estimate import xla_autotune_cache as cache
-from memfit.estimate import xla_gpu
+from memfit.estimate.xla import gpu as xla_gpu
 
 MiB = 1 << 20
 ROOT = Path(__file__).resolve().parents[2]
@@ -129,7 +129,7 @@ def test_a_device_s_dump_is_read_and_replayed_under_the_deviceless_key(tmp_path:
 _CHILD = """
 import json, os, sys
 from pathlib import Path
-from memfit.estimate import xla_autotune_cache as cache
+import xla_autotune_cache as cache
 os.environ.update(cache.KEY_LOG_ENV)
 os.environ["JAX_PLATFORMS"] = "cpu"
 import jax

@@ -12,8 +12,8 @@ import pytest
 from _bench_scripts import load_bench
 
 from memfit.errors import BackendUnavailable, ConfigError, EstimateError
-from memfit.estimate import jax_runtime as rt
-from memfit.estimate import xla_gpu
+from memfit.estimate.xla import gpu as xla_gpu
+from memfit.estimate.xla import runtime as rt
 from memfit.hardware.catalog import gpu as lookup_gpu
 from memfit.hardware.catalog import list_gpus
 from memfit.hardware.xla_target import (
@@ -285,7 +285,7 @@ def test_compiler_choices_are_checked() -> None:
 
 
 def jax_xla() -> Any:
-    from memfit.estimate import jax_xla as module
+    from memfit.estimate.xla import step as module
 
     return module
 

@@ -55,7 +55,7 @@ def _workloads():  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize(("name", "batch"), CASES)
 def test_allocated_and_reserved_peaks_match_cuda(name: str, batch: int) -> None:
-    from memfit.estimate.torch_trace import estimate_torch
+    from memfit.estimate.torch.trace import estimate_torch
 
     factory, _ = _workloads().TORCH_WORKLOADS[name]
     step = factory()
@@ -74,7 +74,7 @@ def test_allocated_and_reserved_peaks_match_cuda(name: str, batch: int) -> None:
     "which XLA's memory analysis does not count; not modelled yet",
 )
 def test_jax_compiled_peak_matches_peak_bytes_in_use() -> None:
-    from memfit.estimate.jax_xla import estimate_jax
+    from memfit.estimate.xla.step import estimate_jax
 
     factory, sizes = _workloads().JAX_WORKLOADS["jax_ppo_update"]
     step = factory()
@@ -89,7 +89,7 @@ def test_gpu_truth_capture_on_cuda_tags_ops_and_its_trace_replays() -> None:
     the allocator model replays it to the same reserved peak (within 1%)."""
     import tempfile
 
-    from memfit.estimate.truth import Trace, replay
+    from truth_corpus import Trace, replay
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "child.json"

@@ -13,7 +13,7 @@ from torch import nn
 from memfit.core.measured import MeasuredTerms
 from memfit.core.search import Prior
 from memfit.errors import BackendUnavailable, ConfigError, InfeasiblePlan
-from memfit.estimate.torch_trace import estimate_torch
+from memfit.estimate.torch.trace import estimate_torch
 from memfit.runtime.fit import FitResult, fit, prior_from
 from memfit.runtime.simulate import simulate_gpu
 

@@ -417,7 +417,7 @@ def read_jax_env(env: Mapping[str, str]) -> JaxAllocator:
 
 def torch_allocator_options(text: str | None, variable: str) -> tuple[bool, int | None]:
     """``(expandable_segments, max_split_size in bytes)`` from a PyTorch allocator string:
-    the two options the allocator replay (:mod:`memfit.estimate.torch_trace`) models.
+    the two options the allocator replay (:mod:`memfit.estimate.torch.trace`) models.
 
     Raises:
         ConfigError: When the string is malformed or one of the two values is not what

@@ -69,7 +69,7 @@ def env(
 ) -> None:
     """Recommend PyTorch/JAX allocator settings and validate the ones already set."""
     if xla_target_config:
-        from memfit.estimate.xla_gpu import local_target_config
+        from memfit.estimate.xla.gpu import local_target_config
 
         text = local_target_config()
         if as_json:

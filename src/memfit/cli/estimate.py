@@ -140,8 +140,8 @@ def _gradients_note(point: dict[str, Any]) -> str | None:
 def _slope_check(est: Any, trace: Any) -> dict[str, Any] | None:
     """When the traced sizes cannot give the batch's slope (the peak comes where the batch's
     tensors are freed), say so, and trace two sizes where they can
-    (:mod:`memfit.estimate._slope`)."""
-    from memfit.estimate._slope import check_slope
+    (:mod:`memfit.estimate.torch._slope`)."""
+    from memfit.estimate.torch._slope import check_slope
 
     if est.fit is None:
         return None
@@ -201,7 +201,7 @@ def estimate_command(
     data: dict[str, Any]
     if isinstance(step, TorchStep):
         from memfit.allocator.settings import torch_allocator_options
-        from memfit.estimate.torch_trace import estimate_torch
+        from memfit.estimate.torch.trace import estimate_torch
 
         variable = "--alloc-conf"
         if alloc_conf is None:
@@ -234,7 +234,7 @@ def estimate_command(
             data = est.to_dict()
             data["slope"] = _slope_check(est, trace)
     elif isinstance(step, JaxStep):
-        from memfit.estimate.jax_xla import estimate_jax_sweep
+        from memfit.estimate.xla.step import estimate_jax_sweep
 
         with status(f"compiling {factory}", quiet=json_out) as say, user_code(factory):
             data = estimate_jax_sweep(

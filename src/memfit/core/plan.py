@@ -520,7 +520,7 @@ def plan_many(
 
 @dataclass(frozen=True)
 class FeasibleSpace:
-    """Every configuration of a workload that keeps its rules and fits one GPU (issue 24).
+    """Every configuration of a workload that keeps its rules and fits one GPU.
 
     What a sweep draws from: :mod:`memfit.integrations.optuna` suggests only these
     configurations, and :mod:`memfit.integrations.ray` drops the others. The knobs are in

@@ -1,4 +1,4 @@
-"""Workloads built in code: from a dict or a YAML string, not only from files (issue 30).
+"""Workloads built in code: from a dict or a YAML string, not only from files.
 
 Both go through the same validation as a file (:func:`memfit.core.workload.parse_workload`),
 so a mistake names its key path the same way.

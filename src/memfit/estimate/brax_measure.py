@@ -456,7 +456,7 @@ def measure_ppo(
         progress: Called with a short sentence as each stage starts (compiling the env
             step, each training-step setting), for a status line; ``None``: silent.
         gpu: A catalog card to compile for with XLA's GPU compiler (the ``gpu-target``
-            extra; :mod:`memfit.estimate.xla_gpu`), without the card; ``None``, a card
+            extra; :mod:`memfit.estimate.xla.gpu`), without the card; ``None``, a card
             without a target config, or no extra: this process's backend, as before. The
             provenance's ``platform`` says which (``"cuda sm_89 (NVIDIA GeForce RTX 4070)"``).
 
@@ -631,7 +631,7 @@ def gpu_target_for(gpu: str | None) -> Any:
     must name a catalog card with a target config, and the ``gpu-target`` extra be here."""
     if gpu is None:
         return None
-    from memfit.estimate.xla_gpu import gpu_target_missing
+    from memfit.estimate.xla.gpu import gpu_target_missing
     from memfit.hardware.catalog import gpu as lookup_gpu
     from memfit.hardware.xla_target import target_config
 
@@ -649,7 +649,7 @@ def _compile_all(
     XLA's GPU compiler for ``target`` (all in one child process)."""
     if target is None:
         return [_memory(fn.lower(*args).compile()) for fn, args in jobs]
-    from memfit.estimate.xla_gpu import compile_exported, export_step
+    from memfit.estimate.xla.gpu import compile_exported, export_step
 
     exported = [export_step(fn, *args) for fn, args in jobs]
     # JAX's default allocator limit on the card: 75% of the memory CUDA reports

@@ -167,13 +167,13 @@ def measure(
     if len(set(sizes)) < 2:
         sizes = sorted({sizes[0], sizes[0] * 2})
     if isinstance(step, TorchStep):
-        from memfit.estimate.torch_trace import estimate_torch
+        from memfit.estimate.torch.trace import estimate_torch
 
         estimate = estimate_torch(
             step.build, step.step, step.make_batch, sizes, gpu=gpu, batch_knob=step.batch_knob
         )
         return estimate.to_measured()
-    from memfit.estimate.jax_xla import estimate_jax_sweep
+    from memfit.estimate.xla.step import estimate_jax_sweep
 
     sweep = estimate_jax_sweep(step.fn, step.make_args, sizes, gpu=gpu, batch_knob=step.batch_knob)
     fit = sweep.fit

@@ -235,7 +235,7 @@ class TargetConfig:
 
         Args:
             device_memory_size: Written instead of the card's (the compile's memory base,
-                see :func:`memfit.estimate.xla_gpu.compile_for_gpu`).
+                see :func:`memfit.estimate.xla.gpu.compile_for_gpu`).
             feature_extension: Write ``cuda_compute_capability.feature_extension`` (jaxlib
                 0.10.2 knows it; older protos do not).
         """

@@ -19,7 +19,7 @@ the nearest valid settings:
   or builds empty scans deep inside a jitted function).
 
 :func:`plan_ppo` measures one environment state with ``jax.eval_shape(env.reset, key)``
-(:func:`memfit.estimate.jax_xla.env_state_bytes`), builds a ``ppo`` workload in Brax's layout
+(:func:`memfit.estimate.xla.step.env_state_bytes`), builds a ``ppo`` workload in Brax's layout
 (:func:`ppo_workload`) and hands it to :func:`memfit.plan`. :func:`train` checks, then calls
 Brax's own ``ppo.train``.
 
@@ -639,7 +639,7 @@ def plan_ppo(
         EstimateError: When ``env.reset`` cannot be traced abstractly.
         BackendUnavailable: When JAX is not installed.
     """
-    from memfit.estimate.jax_xla import env_state_bytes
+    from memfit.estimate.xla.step import env_state_bytes
     from memfit.planning import plan
 
     require_env(env)

@@ -1,4 +1,4 @@
-"""Rank imbalance: one rank's peak well above the others' (pure; issue 24).
+"""Rank imbalance: one rank's peak well above the others' (pure).
 
 Under ``torch.distributed`` every rank should need about the same memory; a rank whose peak
 is far above the others' (an uneven shard, a rank that also evaluates or logs, a leak on one

@@ -25,7 +25,7 @@ to write, so such a fault is undone exactly, whatever the update rule:
   again first), so the step is completed before the error propagates; only when that fails
   too is the step left divided, and the error's note names which parameters took it.
 
-Where the copy lives (issue 34): on the parameters' device while that device has room for
+Where the copy lives: on the parameters' device while that device has room for
 it next to the step, else in host memory (pinned when the parameters are on CUDA). At a new
 layout (the first steps) and every :data:`PLACE_EVERY` steps the journal compares what the
 device has free (:mod:`memfit.backends.live`, the one reader of this process's memory) with

@@ -73,7 +73,7 @@ __all__ = ["FitResult", "Prior", "Probe", "fit", "prior_from", "trace_prior"]
 
 if TYPE_CHECKING:
     from memfit.estimate import TorchStep
-    from memfit.estimate.torch_trace import TorchEstimate
+    from memfit.estimate.torch.trace import TorchEstimate
 
 #: Largest batch the first trace for a prior runs at (fake tensors: it costs time, not memory).
 FIRST_TRACE_MAX = 1024
@@ -452,7 +452,7 @@ def trace_prior(
     import torch
 
     from memfit.estimate.bridge import knob_trace_values
-    from memfit.estimate.torch_trace import estimate_torch
+    from memfit.estimate.torch.trace import estimate_torch
 
     # Fake CUDA tensors need a CUDA build of torch; elsewhere the CUDA step traces on the CPU
     # (its GPU figures then assume the CPU's kernel choices, as estimate_torch says).

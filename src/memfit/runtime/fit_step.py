@@ -41,7 +41,7 @@ from memfit.units import format_bytes, parse_bytes
 
 if TYPE_CHECKING:
     from memfit.estimate import TorchStep
-    from memfit.estimate.torch_trace import TorchEstimate
+    from memfit.estimate.torch.trace import TorchEstimate
 
 __all__ = ["DEFAULT_HIGH", "StepFit", "fit_step"]
 

@@ -23,7 +23,7 @@ gradient stays the full-batch gradient:
   tensor hooks fire for all);
 * the loss is read (``.item()``) only at the end of the step, after ``optimizer.step()`` is
   queued, so on a GPU the host does not wait for the device in the middle of the step;
-* no optimizer step is left half done (issue 21). The default,
+* no optimizer step is left half done. The default,
   ``snapshot_optimizer="auto"``, keeps a journal on the parameters' device
   (:mod:`memfit.runtime._journal`): the built-in per-parameter optimizers of ``torch.optim``
   are stepped in chunks of at most ``max(largest parameter with its state, 64 MiB)``, each

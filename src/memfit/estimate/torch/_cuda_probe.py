@@ -21,7 +21,7 @@ rule. Rules are cached per operator and argument pattern for the process.
 What a torch built without CUDA cannot show: branches on libraries only CUDA builds link
 (cuDNN's batch norm and RNNs, FlashAttention's availability), which answer "not available"
 on fake CUDA tensors; ``scaled_dot_product_attention``'s choice is therefore modelled
-(:mod:`memfit.estimate._cuda_sdpa`), and the others are listed in the estimate's notes.
+(:mod:`memfit.estimate.torch._cuda_sdpa`), and the others are listed in the estimate's notes.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from memfit.estimate._autocast import METADATA_QUERIES
+from memfit.estimate.torch._autocast import METADATA_QUERIES
 
 __all__ = [
     "Rule",

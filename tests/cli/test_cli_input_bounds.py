@@ -1,4 +1,4 @@
-"""The bad-input classes of issue 34 at the command line: stdout that cannot be written,
+"""Bad input at the command line, by class: stdout that cannot be written,
 names of any length, output paths, integers from users, YAML that expands, expressions that
 explode, files that disagree with ``--set``. Each ends in ``Error:``/``Hint:`` (exit 1), or
 quietly for a closed pipe, never in a traceback or a hang."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from memfit.errors import EstimateError
-from memfit.estimate._fake_compat import locate_failure
+from memfit.estimate.torch._fake_compat import locate_failure
 
 __all__ = ["refusal"]
 

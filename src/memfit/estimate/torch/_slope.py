@@ -4,11 +4,11 @@ A line through the peaks of two traced batch sizes says what one more item costs
 the peak comes while the batch's tensors are live. At small batches a step's peak can come
 where they are already freed (in the optimizer step, where Adam's temporaries of a large
 model outweigh a small batch's activations): then the peak barely moves with the batch, and
-the line's slope is not the batch's cost (issue 32: "71.10 MiB + 512 B per batch_size" where
+the line's slope is not the batch's cost (a real report: "71.10 MiB + 512 B per batch_size" where
 an item costs about 8.7 KB).
 
 :func:`check_slope` reads the traced allocation sequence as a function of the batch
-(:class:`memfit.estimate._sequence.SequenceModel`): the bytes live after each event are
+(:class:`memfit.estimate.torch._sequence.SequenceModel`): the bytes live after each event are
 ``A + B * batch``, so the peak is the largest of these lines. When the line that is highest at
 the traced sizes is much flatter than the steepest one, it says so, what an item costs while
 the batch is live (the steepest ``B``), and from which batch size that line takes the peak:
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from memfit.estimate._sequence import SequenceModel
+from memfit.estimate.torch._sequence import SequenceModel
 from memfit.units import format_bytes
 
 __all__ = ["MAX_TRACE_AT", "SlopeCheck", "check_slope"]
@@ -110,7 +110,7 @@ def check_slope(
 
     Args:
         sequence: The traced allocations as a function of the batch
-            (:attr:`memfit.estimate.torch_trace.TorchEstimate.sequence`).
+            (:attr:`memfit.estimate.torch.trace.TorchEstimate.sequence`).
         traced: The batch sizes traced.
         fitted_per_item: The slope of the line through their peaks.
     """

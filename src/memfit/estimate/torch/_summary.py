@@ -1,6 +1,6 @@
 """The traced allocation sequence replayed through the allocator model: one estimate point.
 
-:func:`summarise` replays a :class:`memfit.estimate._tracer.Trace` through
+:func:`summarise` replays a :class:`memfit.estimate.torch._tracer.Trace` through
 :class:`memfit.allocator.model.AllocatorModel` to get what ``torch.cuda.max_memory_allocated``
 and ``max_memory_reserved`` would read, and puts each storage in one category
 (:data:`CATEGORIES`) at the allocated peak. When the last traced step repeats the one before
@@ -16,9 +16,9 @@ from typing import Any
 
 from memfit._plain import plain_fields
 from memfit.allocator.model import AllocatorModel, round_size
-from memfit.estimate._steady import STEADY_REPEATS, Program, run_steady
-from memfit.estimate._steady import steady_program as _steady_program
-from memfit.estimate._tracer import Trace
+from memfit.estimate.torch._steady import STEADY_REPEATS, Program, run_steady
+from memfit.estimate.torch._steady import steady_program as _steady_program
+from memfit.estimate.torch._tracer import Trace
 
 __all__ = [
     "CATEGORIES",
@@ -97,7 +97,7 @@ class EstimatePoint:
 
 def steady_program(trace: Trace) -> Program | None:
     """The last step as a program, if it repeats the step before it
-    (:func:`memfit.estimate._steady.steady_program`: three steps suffice)."""
+    (:func:`memfit.estimate.torch._steady.steady_program`: three steps suffice)."""
     return _steady_program(trace.events, trace.step_starts, trace.done_index)
 
 

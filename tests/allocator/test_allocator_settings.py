@@ -40,7 +40,7 @@ PREALLOCATE_TABLE = [
 
 @pytest.mark.parametrize(("text", "expected"), PREALLOCATE_TABLE)
 def test_every_reader_of_preallocate_agrees_with_jaxlib(text: str, expected: bool) -> None:
-    from memfit.estimate.jax_xla import preallocation_from_env
+    from memfit.estimate.xla.step import preallocation_from_env
 
     env = {"XLA_PYTHON_CLIENT_PREALLOCATE": text} if text else {}
     assert read_jax_env(env).preallocate is expected

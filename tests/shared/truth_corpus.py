@@ -313,7 +313,7 @@ def load_entry(path: str | Path) -> TruthEntry:
 
 
 #: Folder of the corpus that holds public CUDA snapshots (``memfit.allocator.snapshot`` data, not
-#: entries of this format; ``tests/core/test_public_snapshots.py`` replays them).
+#: entries of this format; ``tests/allocator/test_public_snapshots.py`` replays them).
 PUBLIC_FOLDER = "public"
 
 

@@ -23,7 +23,7 @@ at the same time as everything else) but never appears as an output:
   Loss.cpp``, the same code on every device), then reduce it. They are measured the same way
   on the CPU and count for the CUDA figures too.
 * **CUDA** (``allocated_peak``/``reserved_peak``): the cuBLAS workspace, one per (handle,
-  stream), is modelled by the tracer itself; see :mod:`memfit.estimate.torch_trace`.
+  stream), is modelled by the tracer itself; see :mod:`memfit.estimate.torch.trace`.
 """
 
 from __future__ import annotations

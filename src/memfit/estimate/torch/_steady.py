@@ -9,7 +9,7 @@ and :func:`run_steady` replays it on until the reserved peak holds.
 The first step is not like the others: it also makes what lives on for the rest of the run
 (the optimizer's state, the cuBLAS workspace at the first matmul). Those are left out of its
 positions when the second step is compared with it, so that three steps are enough for an
-Adam or SGD loop (issue 32: with the default three steps the comparison failed on them, and
+Adam or SGD loop (a real report: with the default three steps the comparison failed on them, and
 the steady state never engaged).
 
 Pure: the trace's records are read through :class:`TracedStorage`; no torch import.

@@ -4,8 +4,8 @@
 compute capability (:mod:`memfit.hardware.catalog`), the target's torch version (given in the
 runtime, else the installed torch's), the cuDNN it bundles, and the cuBLAS workspace of its
 architecture. It makes the per-trace objects that add the kernels' memory
-(:class:`memfit.estimate._cuda_blas.BlasWorkspaces`,
-:class:`memfit.estimate._cuda_kernels.CudaKernels`).
+(:class:`memfit.estimate.torch._cuda_blas.BlasWorkspaces`,
+:class:`memfit.estimate.torch._cuda_kernels.CudaKernels`).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class CudaTarget:
 
     def blas_workspaces(self, device_type: str) -> Any:
         """The cuBLAS / cuBLASLt workspace model for one trace."""
-        from memfit.estimate._cuda_blas import BlasWorkspaces, cublaslt_policy
+        from memfit.estimate.torch._cuda_blas import BlasWorkspaces, cublaslt_policy
 
         mode, nbytes = cublaslt_policy(self.torch_version, self.cuda_version)
         return BlasWorkspaces(self.cublas_bytes, mode, nbytes, device_type)
@@ -70,7 +70,7 @@ class CudaTarget:
     def kernels(self, *, emulate: bool = True) -> Any:
         """The kernel model for one trace for this target (``emulate``: a CPU trace, which
         runs CUDA's choices itself; else a trace on fake CUDA tensors)."""
-        from memfit.estimate._cuda_kernels import CudaKernels
+        from memfit.estimate.torch._cuda_kernels import CudaKernels
 
         return CudaKernels(
             self.capability,

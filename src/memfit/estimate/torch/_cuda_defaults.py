@@ -1,8 +1,8 @@
 """Choices PyTorch makes differently on CUDA, applied to a trace that runs on the CPU.
 
 A step traced on the CPU for a CUDA target must make the choices CUDA would. Two are made
-here (the kernels each op runs are :mod:`memfit.estimate._cuda_kernels`'; autocast's casts
-are :mod:`memfit.estimate._autocast`'s).
+here (the kernels each op runs are :mod:`memfit.estimate.torch._cuda_kernels`'; autocast's casts
+are :mod:`memfit.estimate.torch._autocast`'s).
 
 **Autocast and loss scaling named after the tensors' device.** Code that derives its device
 from its tensors (``torch.autocast(device_type=x.device.type)``, as Hugging Face's Trainer

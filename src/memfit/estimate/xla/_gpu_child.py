@@ -1,4 +1,4 @@
-"""Child process of :mod:`memfit.estimate.xla_gpu`: compile exported steps for a GPU target.
+"""Child process of :mod:`memfit.estimate.xla.gpu`: compile exported steps for a GPU target.
 
 Run as a script (``python _xla_gpu_child.py REQUEST.json``), never imported by memfit: it
 sets ``JAX_PLATFORMS=cpu`` for its own process only (the CUDA plugin then skips its driver

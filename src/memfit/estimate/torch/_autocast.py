@@ -66,7 +66,7 @@ __all__ = ["CudaAutocast", "cuda_autocast_op_names"]
 _CANDIDATE_KEYS = ("AutocastPrivateUse1", "AutocastHPU", "AutocastIPU")
 
 #: Metadata queries a recording lets through (they do not run the operator); the composite
-#: probe (:mod:`memfit.estimate._cuda_probe`) lets ``detach`` through too.
+#: probe (:mod:`memfit.estimate.torch._cuda_probe`) lets ``detach`` through too.
 METADATA_QUERIES = frozenset(
     {
         "sym_size",

@@ -1,5 +1,5 @@
-"""Docstring examples of the core modules issue 13 added (the shared list is
-tests/test_doctests.py)."""
+"""Docstring examples of the simulator, measured-terms and family-registry modules (the
+shared list is tests/test_doctests.py)."""
 
 from __future__ import annotations
 

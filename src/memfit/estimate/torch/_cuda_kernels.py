@@ -4,7 +4,7 @@ Where CUDA runs a different kernel than the CPU, the memory differs: what the op
 what autograd keeps for backward, what the kernel takes inside. :class:`CudaKernels` makes
 a CPU trace follow CUDA's kernels for a CUDA target:
 
-* **Composite operators** (decomposed above autograd; :mod:`memfit.estimate._cuda_probe`):
+* **Composite operators** (decomposed above autograd; :mod:`memfit.estimate.torch._cuda_probe`):
   while the trace runs, each one gets a Python kernel on the ``AutogradCPU`` key (and the
   trace's dispatch mode sees the same operators under ``inference_mode``, where autograd is
   off). The kernel reads, once per call pattern, whether the installed torch decomposes the
@@ -13,11 +13,11 @@ a CPU trace follow CUDA's kernels for a CUDA target:
   dtype), that operator runs on the traced tensors. Elsewhere the call decomposes as
   before.
 * **scaled_dot_product_attention**: the backend CUDA would choose for the target
-  (:mod:`memfit.estimate._cuda_sdpa`), run as CUDA's branch of the composite runs it.
+  (:mod:`memfit.estimate.torch._cuda_sdpa`), run as CUDA's branch of the composite runs it.
 * **What kernels take inside** (added to the trace as transients at the op, for the CUDA
-  target): cuDNN's convolution workspace (:mod:`memfit.estimate._cuda_conv`) and the
+  target): cuDNN's convolution workspace (:mod:`memfit.estimate.torch._cuda_conv`) and the
   attention backward kernels' scratch.
-* **What an older torch's backward kept** (:mod:`memfit.estimate._older_formulas`): the
+* **What an older torch's backward kept** (:mod:`memfit.estimate.torch._older_formulas`): the
   installed torch's derivative formulas, corrected where the target's torch kept more.
 
 Every choice is recorded (:meth:`CudaKernels.uses`, the estimate's ``kernels``) with its
@@ -35,8 +35,8 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from memfit._plain import plain_fields
-from memfit.estimate._cuda_conv import conv_workspace
-from memfit.estimate._cuda_probe import (
+from memfit.estimate.torch._cuda_conv import conv_workspace
+from memfit.estimate.torch._cuda_probe import (
     apply_rule,
     composite_op_names,
     decompose,
@@ -44,8 +44,8 @@ from memfit.estimate._cuda_probe import (
     is_probing,
     rule_for,
 )
-from memfit.estimate._cuda_sdpa import backward_scratch, choose, run
-from memfit.estimate._older_formulas import OlderFormulas
+from memfit.estimate.torch._cuda_sdpa import backward_scratch, choose, run
+from memfit.estimate.torch._older_formulas import OlderFormulas
 from memfit.units import format_bytes
 
 __all__ = ["CudaKernels", "KernelUse"]
@@ -156,7 +156,7 @@ class CudaKernels:
         self._thread: int | None = None
         self._lib: Any = None
         self.emulate = emulate
-        self.trace: Any = None  # the trace this object serves (memfit.estimate._tracer.Trace)
+        self.trace: Any = None  # the trace this object serves (memfit.estimate.torch._tracer.Trace)
         self._names = frozenset(composite_op_names()) if emulate else frozenset()
         self.older = OlderFormulas(torch_version, version_text)
 

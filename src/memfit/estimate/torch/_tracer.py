@@ -9,13 +9,13 @@ a weak reference on it records the free when the last tensor using it dies; PyTo
 Python object per storage, so the weak reference fires exactly when the storage goes away.
 This is the same lifetime rule PyTorch's own ``torch.distributed._tools.mem_tracker.MemTracker``
 uses. Module and optimizer hooks tell the trace where it is, so each storage gets a category
-(:data:`memfit.estimate._summary.CATEGORIES`).
+(:data:`memfit.estimate.torch._summary.CATEGORIES`).
 
 Besides the tensors, the sequence holds what kernels take inside an op, each for the device
 it belongs to (``target``): the cuBLAS and cuBLASLt workspaces of each handle
-(:mod:`memfit.estimate._cuda_blas`), what the CUDA kernel a CUDA target runs keeps or takes
-inside (:mod:`memfit.estimate._cuda_kernels`), and the scratch that
-:mod:`memfit.estimate._kernels` measures on this machine's CPU.
+(:mod:`memfit.estimate.torch._cuda_blas`), what the CUDA kernel a CUDA target runs keeps or takes
+inside (:mod:`memfit.estimate.torch._cuda_kernels`), and the scratch that
+:mod:`memfit.estimate.torch._measured_scratch` measures on this machine's CPU.
 """
 
 from __future__ import annotations
@@ -34,15 +34,15 @@ from torch.utils._pytree import tree_flatten
 
 from memfit.errors import ConfigError, EstimateError, MemfitError
 from memfit.estimate import stand_in_scalars_active
-from memfit.estimate._autocast import CudaAutocast
-from memfit.estimate._cuda_probe import is_probing
-from memfit.estimate._fake_compat import (
+from memfit.estimate.torch._autocast import CudaAutocast
+from memfit.estimate.torch._cuda_probe import is_probing
+from memfit.estimate.torch._fake_compat import (
     MAX_STAND_INS,
     TraceFunctionMode,
     fake_swap_tensors,
     scalar_stand_in,
 )
-from memfit.estimate._refusal import refusal
+from memfit.estimate.torch._refusal import refusal
 
 __all__ = ["Storage", "Trace", "run_trace"]
 
@@ -81,14 +81,14 @@ class Trace:
     module_names: dict[int, str] = field(default_factory=dict)
     stand_ins: int = 0
     retargeted: int = 0
-    kernel_scratch: Any = None  # a memfit.estimate._kernels.ScratchRecorder, or None
-    # the workspaces of cuBLAS / cuBLASLt handles (memfit.estimate._cuda_blas), or None
+    kernel_scratch: Any = None  # a memfit.estimate.torch._measured_scratch.ScratchRecorder, or None
+    # the workspaces of cuBLAS / cuBLASLt handles (memfit.estimate.torch._cuda_blas), or None
     blas: Any = None
-    # the CUDA kernels a CUDA target runs (memfit.estimate._cuda_kernels.CudaKernels), or None
+    # the CUDA kernels a CUDA target runs (memfit.estimate.torch._cuda_kernels.CudaKernels), or None
     cuda_kernels: Any = None
-    # CUDA's defaults on a CPU trace (memfit.estimate._cuda_defaults.CudaDeviceDefaults)
+    # CUDA's defaults on a CPU trace (memfit.estimate.torch._cuda_defaults.CudaDeviceDefaults)
     device_defaults: Any = None
-    # CUDA's autocast rules on a CPU trace for a CUDA target (memfit.estimate._autocast)
+    # CUDA's autocast rules on a CPU trace for a CUDA target (memfit.estimate.torch._autocast)
     autocast: CudaAutocast = field(default_factory=lambda: CudaAutocast(active=False))
     current_op: str | None = None
     closed: bool = False
@@ -338,20 +338,21 @@ def run_trace(
     """Build and run ``steps`` steps under fake tensors; return the allocation sequence.
 
     Args:
-        kernel_scratch: A :class:`memfit.estimate._kernels.ScratchRecorder`, or ``None``.
+        kernel_scratch: A
+            :class:`memfit.estimate.torch._measured_scratch.ScratchRecorder`, or ``None``.
         cuda: The CUDA GPU and software the allocated figures are for
-            (:class:`memfit.estimate._cuda_target.CudaTarget`: the cuBLAS workspaces it
+            (:class:`memfit.estimate.torch._cuda_target.CudaTarget`: the cuBLAS workspaces it
             takes), or ``None`` (no library workspaces).
         cuda_target: The figures are for a CUDA target named by the caller (a GPU, a
             runtime, or a trace on CUDA). A CPU trace for a CUDA target makes the choices
             CUDA would where torch decides them by device: the optimizers' defaults and
-            autocast's device (:mod:`memfit.estimate._cuda_defaults`), autocast's rules
-            (:mod:`memfit.estimate._autocast`) and the kernels each op runs
-            (:mod:`memfit.estimate._cuda_kernels`).
+            autocast's device (:mod:`memfit.estimate.torch._cuda_defaults`), autocast's rules
+            (:mod:`memfit.estimate.torch._autocast`) and the kernels each op runs
+            (:mod:`memfit.estimate.torch._cuda_kernels`).
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from memfit.estimate._cuda_defaults import CudaDeviceDefaults
+    from memfit.estimate.torch._cuda_defaults import CudaDeviceDefaults
 
     trace = Trace(device_type=torch.device(device).type, kernel_scratch=kernel_scratch)
     functions = TraceFunctionMode(

@@ -33,7 +33,7 @@ only.
 
 The BFC allocator itself is :mod:`memfit.allocator.bfc`: with preallocation off a fresh
 region under twice a request is handed out whole (:func:`bfc_in_use_bytes`); in a loop of
-several jitted calls, so is a chunk an earlier call freed (:mod:`memfit.estimate.jax_program`).
+several jitted calls, so is a chunk an earlier call freed (:mod:`memfit.estimate.xla.program`).
 
 Not modelled, said in notes: cuDNN's autotuning of convolutions beyond its buffers, several
 GPUs (device 0 holds more; collectives keep buffers in XLA's ``CollectiveBFCAllocator``).

@@ -1,0 +1,839 @@
+"""XLA's compiled memory analysis of a jitted JAX step: peak device memory without running it.
+
+:func:`estimate_jax` lowers and compiles ``fn`` for the given arguments (arrays or
+``jax.ShapeDtypeStruct``, so nothing needs to be allocated) and reads
+``Compiled.memory_analysis()``: the bytes of the arguments, outputs, donated aliases, XLA's
+temporaries and the generated code, and, where the backend reports it, the peak. XLA documents
+these as a lower bound of what the executable needs.
+
+The device-level prediction adds what the process holds besides the executable's buffers: the
+CUDA context and JAX's preallocation policy, read from the allocator settings
+(``XLA_PYTHON_CLIENT_PREALLOCATE``, ``XLA_PYTHON_CLIENT_MEM_FRACTION`` /
+``XLA_CLIENT_MEM_FRACTION``, ``XLA_PYTHON_CLIENT_ALLOCATOR``). By default JAX reserves 75% of
+the GPU's memory at its first operation, so that is what ``nvidia-smi`` shows whatever the step
+needs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from memfit._checks import require, require_choice, require_mapping, require_positive_int
+from memfit._plain import plain_fields
+from memfit.errors import BackendUnavailable, ConfigError, EstimateError, MemfitError
+from memfit.estimate.affine import AffineFit, check_batch_sizes, fit_affine
+
+__all__ = [
+    "COMPILERS",
+    "JaxEstimate",
+    "JaxPreallocation",
+    "JaxSweep",
+    "env_state_bytes",
+    "estimate_jax",
+    "estimate_jax_sweep",
+    "preallocation_from_env",
+    "tree_nbytes",
+]
+
+
+@dataclass(frozen=True)
+class JaxPreallocation:
+    """How JAX's GPU client takes memory, from its environment variables.
+
+    Attributes:
+        preallocate: Whether the client reserves ``fraction`` of the GPU at start.
+        fraction: Fraction of total memory the client may use (and preallocates).
+        platform_allocator: ``XLA_PYTHON_CLIENT_ALLOCATOR=platform``: exact allocations.
+    """
+
+    preallocate: bool
+    fraction: float
+    platform_allocator: bool
+
+
+def preallocation_from_env(environ: Mapping[str, str] | None = None) -> JaxPreallocation:
+    """Read JAX's allocator settings from ``environ`` (default: ``os.environ``).
+
+    The reading is :func:`memfit.allocator.settings.read_jax_env`, the same one
+    ``memfit env`` and ``memfit.configure`` use: as ``jaxlib`` reads them, only ``false``,
+    ``False`` and ``0`` turn preallocation off.
+
+    Raises:
+        ConfigError: Where JAX would refuse to start its GPU backend (a fraction outside
+            (0, 1], both fraction variables set, an unknown allocator).
+
+    >>> preallocation_from_env({})
+    JaxPreallocation(preallocate=True, fraction=0.75, platform_allocator=False)
+    >>> preallocation_from_env({"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}).preallocate
+    False
+    """
+    from memfit.allocator.settings import read_jax_env
+
+    policy = read_jax_env(os.environ if environ is None else environ)
+    return JaxPreallocation(policy.preallocate, policy.fraction, policy.platform_allocator)
+
+
+@dataclass(frozen=True)
+class JaxEstimate:
+    """XLA's memory analysis of one compiled step (bytes).
+
+    Attributes:
+        argument_bytes: Input buffers.
+        output_bytes: Output buffers.
+        alias_bytes: Outputs that reuse (donated) input buffers.
+        temp_bytes: XLA's temporaries (activations, intermediates).
+        generated_code_bytes: The compiled code.
+        peak_bytes: XLA's own peak, where the backend reports it, else ``None``.
+        executable_peak_bytes: The larger of ``peak_bytes`` and
+            ``argument + output - alias + temp`` (on GPU the temporaries are one buffer
+            allocated for the whole call, and some backends leave them out of their peak).
+        device_used_bytes: What the process would hold on the GPU (preallocation policy and
+            context included), or ``None`` when the GPU's size is needed and unknown.
+        backend: The backend that compiled it (``"cpu"``, ``"gpu"``, ``"tpu"``).
+        batch_size: The batch size, when this is one point of a sweep.
+        notes: How ``device_used_bytes`` was reached, and known deviations.
+        compiled_for: What XLA compiled for: ``"cuda sm_89 (NVIDIA GeForce RTX 4070)"``
+            (XLA's GPU compiler for that card, on this machine or deviceless) or ``"cpu"``.
+        peak_bytes_in_use: What ``memory_stats()["peak_bytes_in_use"]`` would show on the
+            card (the step's buffers or the first call's autotuning, whichever is larger, and
+            the allocator's rounding), or ``None`` when the step was not compiled for a GPU.
+        fits: ``False`` when XLA's GPU compiler could not get the step under its memory
+            limit (its rematerialization verdict), ``True`` when it could, ``None`` when not
+            compiled for a GPU.
+        xla_memory_limit_bytes: The limit XLA's scheduler worked under, where XLA said it.
+        xla_reduced_to_bytes: What XLA's rematerialization got the step down to, when it
+            could not reach the limit.
+        breakdown: The terms of ``peak_bytes_in_use`` and ``device_used_bytes``:
+            ``(name, bytes, source)``.
+        first_call_bytes: What the first call's GEMM autotuning holds at once besides the
+            arrays already in use (:func:`memfit.estimate.xla.runtime.autotune_bytes`), or
+            ``None`` when the step was not compiled for a GPU; a program of several steps
+            (:mod:`memfit.estimate.xla.program`) adds it to what its other arrays hold.
+    """
+
+    argument_bytes: int
+    output_bytes: int
+    alias_bytes: int
+    temp_bytes: int
+    generated_code_bytes: int
+    peak_bytes: int | None
+    executable_peak_bytes: int
+    device_used_bytes: int | None
+    backend: str
+    batch_size: int | None = None
+    notes: tuple[str, ...] = ()
+    compiled_for: str = "cpu"
+    peak_bytes_in_use: int | None = None
+    fits: bool | None = None
+    xla_memory_limit_bytes: int | None = None
+    xla_reduced_to_bytes: int | None = None
+    breakdown: tuple[tuple[str, int, str], ...] = ()
+    first_call_bytes: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The estimate as plain data."""
+        return {
+            "framework": "jax",
+            **plain_fields(
+                self, notes=list(self.notes), breakdown=[list(t) for t in self.breakdown]
+            ),
+        }
+
+
+@dataclass(frozen=True)
+class JaxSweep:
+    """:func:`estimate_jax` at several batch sizes, with the affine fit of the peak.
+
+    Attributes:
+        points: One :class:`JaxEstimate` per batch size.
+        fit: Affine fit of ``executable_peak_bytes`` over the batch sizes, or ``None``.
+        batch_knob: The knob the batch size stands for.
+    """
+
+    points: list[JaxEstimate]
+    fit: AffineFit | None
+    batch_knob: str = "batch_size"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The sweep as plain data."""
+        return {
+            "framework": "jax",
+            "batch_knob": self.batch_knob,
+            "points": [p.to_dict() for p in self.points],
+            "fit": None if self.fit is None else self.fit.to_dict(),
+        }
+
+
+def _stat(stats: Any, name: str) -> int | None:
+    value = getattr(stats, name, None)
+    if value is None:
+        return None
+    return int(value)
+
+
+def _device_used(
+    executable_peak: int, backend: str, gpu: str | None, environ: Mapping[str, str] | None
+) -> tuple[int | None, list[str]]:
+    notes: list[str] = []
+    if backend not in ("gpu", "cuda", "rocm") and gpu is None:
+        notes.append(
+            f"compiled on {backend}; name a GPU (gpu=...) for a device-level prediction "
+            "(CUDA context and JAX preallocation)"
+        )
+        return None, notes
+    from memfit.hardware.catalog import gpu as lookup_gpu
+    from memfit.hardware.cuda import cuda_context_bytes
+
+    spec = lookup_gpu(gpu) if gpu is not None else None
+    context = cuda_context_bytes(spec)
+    notes.append(
+        "not counted: the first run's autotuning, which allocates each candidate's buffers "
+        "through the same allocator with 8 MiB guard zones on both sides "
+        "(xla_gpu_redzone_padding_bytes) and scratch (about 141 MiB above the analysis was "
+        "measured on an H100; XLA_FLAGS=--xla_gpu_autotune_level=0 turns it off)"
+    )
+    policy = preallocation_from_env(environ)
+    if policy.platform_allocator or not policy.preallocate:
+        notes.append("allocation on demand: the executable's peak plus the CUDA context")
+        return executable_peak + context, notes
+    if spec is None:
+        notes.append("JAX preallocates a fraction of the GPU; its size is unknown (pass gpu=...)")
+        return None, notes
+    pool = int(spec.total_bytes * policy.fraction)
+    notes.append(
+        f"JAX preallocates {policy.fraction:.0%} of the GPU at start "
+        "(XLA_PYTHON_CLIENT_PREALLOCATE=false allocates on demand)"
+    )
+    if executable_peak > pool:
+        notes.append("the step needs more than the preallocated pool: it would run out of memory")
+    return max(pool, executable_peak) + context, notes
+
+
+#: The ways :func:`estimate_jax` may compile (``compiler=``).
+COMPILERS: tuple[str, ...] = ("auto", "gpu", "cpu")
+
+
+def _compiled_for_here(jax: Any, backend: str) -> str:
+    """What this process's own backend compiles for: ``"cuda sm_89 (NVIDIA ...)"`` on a GPU."""
+    if backend not in ("gpu", "cuda"):
+        return backend
+    device = jax.devices()[0]
+    cc = str(getattr(device, "compute_capability", "") or "").replace(".", "")
+    return f"cuda sm_{cc} ({device.device_kind})" if cc else f"cuda ({device.device_kind})"
+
+
+def _gpu_target(gpu: str | None, compiler: str) -> tuple[Any, Any, list[str]]:
+    """The catalog card, its XLA target config (or ``None``: compile on this process's
+    backend) and notes saying why not."""
+    require_choice("compiler", compiler, COMPILERS)
+    if gpu is None:
+        if compiler == "gpu":
+            raise ConfigError(
+                "compiler='gpu' needs a card to compile for",
+                key_path="gpu",
+                hint="name it: gpu='RTX 4070' (see `memfit gpus`)",
+            )
+        return None, None, []
+    from memfit.hardware.catalog import gpu as lookup_gpu
+
+    spec = lookup_gpu(gpu)
+    if compiler == "cpu":
+        return spec, None, []
+    from memfit.estimate.xla.gpu import EXTRA_INSTALL, gpu_target_missing
+    from memfit.hardware.xla_target import target_config
+
+    try:
+        target = target_config(spec)
+    except ConfigError:
+        if compiler == "gpu":
+            raise
+        return (
+            spec,
+            None,
+            [
+                f"compiled with this process's XLA backend: {spec.name} has no XLA target config "
+                "(a GPU given by its size has no compute capability or SM count)"
+            ],
+        )
+    missing = gpu_target_missing()
+    if missing:
+        if compiler == "gpu":
+            raise BackendUnavailable(
+                "XLA's GPU compiler is not available here: " + "; ".join(missing),
+                hint=EXTRA_INSTALL,
+            )
+        return (
+            spec,
+            None,
+            [
+                f"compiled with this process's XLA backend, not XLA's GPU compiler for "
+                f"{spec.name} ({'; '.join(missing)}): GPU fusions, layouts and rematerialization "
+                f"toward the card's memory are not seen; {EXTRA_INSTALL} compiles for the card"
+            ],
+        )
+    return spec, target, []
+
+
+def _trace_error(jax: Any, exc: Exception) -> EstimateError:
+    if isinstance(exc, jax.errors.JAXTypeError):
+        return EstimateError(
+            f"JAX could not trace the step: {exc}",
+            hint="the step reads a traced value in Python; make it static or use lax.cond",
+        )
+    return EstimateError(
+        f"JAX could not trace or compile the step: {exc}",
+        hint="check the argument shapes and dtypes; values that decide control flow must "
+        "be static (jax.jit static_argnums) since memfit passes shapes only",
+    )
+
+
+def _compile_here(fn: Callable[..., Any], args: Any, kwargs: Any) -> tuple[Any, str, str]:
+    """Compile on this process's backend: ``(memory stats, backend, compiled_for)``."""
+    import jax
+
+    try:
+        # An already-jitted function keeps its own options (donate_argnums, static args).
+        jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+        compiled = jitted.lower(*args, **kwargs).compile()
+    except (TypeError, ValueError, jax.errors.JAXTypeError) as exc:
+        raise _trace_error(jax, exc) from exc
+    backend = jax.default_backend()
+    try:
+        stats = compiled.memory_analysis()
+    except NotImplementedError as exc:
+        raise EstimateError(
+            f"the {backend} backend has no compiled memory analysis",
+            hint="run on a backend that has one (CPU and GPU do), or upgrade jaxlib",
+        ) from exc
+    if stats is None:
+        raise EstimateError(
+            f"the {backend} backend returned no compiled memory analysis",
+            hint="run on a backend that has one (CPU and GPU do), or upgrade jaxlib",
+        )
+    return stats, backend, _compiled_for_here(jax, backend)
+
+
+def _from_stats(
+    stats: Any, backend: str, compiled_for: str, gpu: str | None,
+    environ: Mapping[str, str] | None, batch_size: int | None, notes: list[str],
+) -> JaxEstimate:  # fmt: skip
+    argument = _stat(stats, "argument_size_in_bytes") or 0
+    output = _stat(stats, "output_size_in_bytes") or 0
+    alias = _stat(stats, "alias_size_in_bytes") or 0
+    temp = _stat(stats, "temp_size_in_bytes") or 0
+    code = _stat(stats, "generated_code_size_in_bytes") or 0
+    peak = _stat(stats, "peak_memory_in_bytes")
+    if peak is not None and peak <= 0:
+        peak = None  # backends without the figure report zero
+    summed = argument + output - alias + temp
+    executable_peak = max(summed, peak or 0)
+    device_used, more = _device_used(executable_peak + code, backend, gpu, environ)
+    return JaxEstimate(
+        argument_bytes=argument,
+        output_bytes=output,
+        alias_bytes=alias,
+        temp_bytes=temp,
+        generated_code_bytes=code,
+        peak_bytes=peak,
+        executable_peak_bytes=executable_peak,
+        device_used_bytes=device_used,
+        backend=backend,
+        batch_size=batch_size,
+        notes=(
+            "XLA's memory analysis is a lower bound (its documentation says so)",
+            *notes,
+            *more,
+        ),
+        compiled_for=compiled_for,
+    )
+
+
+def _leaf_sizes(tree: Any) -> list[int]:
+    import jax
+    import numpy as np
+
+    sizes = []
+    for leaf in jax.tree_util.tree_leaves(tree):
+        shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
+        if shape is not None and dtype is not None:
+            sizes.append(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
+    return sizes
+
+
+def _from_gpu_compile(
+    result: Any, spec: Any, target: Any, leaves: list[int],
+    environ: Mapping[str, str] | None, batch_size: int | None, jaxlib: str | None = None,
+) -> JaxEstimate:  # fmt: skip
+    """The estimate of a step compiled by XLA's GPU compiler for ``target``, with the JAX
+    runtime's terms (:mod:`memfit.estimate.xla.runtime`); ``jaxlib``: the target's version
+    (``None``: the installed one), which decides how the first call autotunes."""
+    from memfit.estimate.xla import runtime as rt
+    from memfit.hardware.cuda import cuda_context_bytes
+    from memfit.units import format_bytes
+
+    env = os.environ if environ is None else environ
+    policy = preallocation_from_env(environ)
+    argument, output, alias = result.argument_bytes, result.output_bytes, result.alias_bytes
+    temp = result.device_temp_bytes
+    fallback = temp - result.temp_bytes
+    buffers = argument + output - alias + temp
+    installed = _jaxlib_version()
+    rules = rt.autotune_rules(jaxlib or installed, tuple(target.compute_capability), installed)
+    # a pool the allocator grows region by region (preallocation off) hands a fresh region too
+    # small to split out whole; JAX's preallocated pool is one region, split for every request
+    # of a fresh process
+    growing = not policy.preallocate and not policy.platform_allocator
+    rules = replace(rules, whole_chunks=rules.whole_chunks and growing)
+    autotune = rt.autotune_bytes(result.gemm_buffers, env, rules)
+    rounding = sum(rt.round_up(n) - n for n in leaves) + rt.round_up(temp) - temp
+    # the arguments, then the temporaries (one allocation) as the BFC allocator places them
+    # (the outputs are one buffer per leaf, of sizes the compile does not give: counted
+    # exactly)
+    placed = [*leaves, temp]
+    whole = 0
+    if growing:
+        whole = rt.bfc_in_use_bytes(placed) - sum(rt.round_up(max(n, 1)) for n in placed)
+    in_use = max(buffers + whole, argument + autotune) + rounding
+    context = cuda_context_bytes(spec)
+    bfc = "tsl/framework/bfc_allocator.cc"
+    terms = [
+        ("XLA buffers (arguments + outputs - donated + temporaries)", buffers - fallback,
+         f"XLA:GPU's memory analysis, compiled for {target.compiled_for}"),
+        ("GEMM fusions the autotuner may hand to cuBLAS: fused operands as buffers, workspace",
+         fallback,
+         "xla/service/gpu/autotuning/gemm_fusion_autotuner.cc (xla_gpu_cublas_fallback: the "
+         "fusion inlined for the GEMM rewriter); the same step compiled with "
+         "xla_gpu_enable_triton_gemm=false"),
+        (rules.describe(),
+         max(0, argument + autotune - buffers),
+         "xla/service/gpu/autotuning/redzone_buffers.cc, gemm_fusion_autotuner.cc, "
+         "gemm_algorithm_picker.cc (at the XLA commit the target's jaxlib pins); "
+         "xla_gpu_redzone_padding_bytes; measured floors: KluvaDa/benchback-rl"),
+        ("BFC rounding to 256 B", rounding, bfc + " (kMinAllocationSize)"),
+        ("BFC chunks handed out whole (allocation on demand: a fresh region under twice "
+         "the request, less than 128 MiB left over)",
+         max(0, buffers + whole - max(buffers, argument + autotune)),
+         bfc + " (Extend, SplitChunk); measured: an H100, jaxlib 0.11.2 (xla_floor_probe)"),
+    ]  # fmt: skip
+    notes = [
+        "XLA's memory analysis is a lower bound (its documentation says so)",
+        f"compiled by XLA's GPU compiler for {target.compiled_for} on this machine, "
+        f"without the card (compile-only devices), with jaxlib {_jaxlib_version()}'s XLA: a "
+        "GPU running another jaxlib may fuse and buffer the step differently (published "
+        "peaks of jaxlib 0.7.2 runs are compared in docs/benchmarks.md)",
+    ]
+    if result.cublas_temp_bytes is not None:
+        notes.append(
+            "XLA's autotuner picks Triton or cuBLAS for each GEMM on the device; the larger "
+            f"temporaries of the two compiles are counted ({format_bytes(result.temp_bytes)} "
+            f"with Triton's default tilings, {format_bytes(result.cublas_temp_bytes)} with "
+            "cuBLAS)"
+        )
+    if jaxlib is not None and jaxlib != installed:
+        notes.append(
+            f"the first call's autotuning follows jaxlib {jaxlib}'s XLA, as the target runs "
+            f"it; the buffers are jaxlib {installed}'s compile"
+        )
+    if rules.overlap:
+        notes.append(
+            f"jaxlib {rules.jaxlib}'s autotuner may hold the last GEMM's guarded buffers while "
+            "it allocates the next one's (one autotuner per module; parallel nested compiles "
+            "on Ampere and later): counted as the published jax 0.5 floors show it, the next "
+            "GEMM's operands and result with the last GEMM's five buffers (the next one's "
+            "workspace too would add one more guarded buffer, 16 MiB)"
+        )
+    limit = int(target.device_memory_size * policy.fraction)
+    if policy.platform_allocator:
+        device_used = context + in_use
+        terms.append(("the platform allocator: exact allocations, freed", in_use, bfc))
+        notes.append("XLA_PYTHON_CLIENT_ALLOCATOR=platform: allocations are exact and freed")
+    elif policy.preallocate:
+        pool = max(limit, in_use)
+        device_used = context + pool
+        terms.append((f"JAX's pool: {policy.fraction:.0%} of the memory CUDA reports", pool,
+                      "xla/pjrt/gpu/gpu_helpers.cc (CreateBFCAllocator)"))  # fmt: skip
+        notes.append(
+            f"JAX preallocates {policy.fraction:.0%} of the GPU at start "
+            "(XLA_PYTHON_CLIENT_PREALLOCATE=false allocates on demand)"
+        )
+    else:
+        grown = rt.bfc_growth_bytes([*leaves, max(autotune, output - alias + temp)], limit)
+        device_used = context + grown
+        terms.append(("BFC regions grown on demand (2 MiB, each next twice the last)", grown,
+                      bfc + " (Extend)"))  # fmt: skip
+        notes.append("allocation on demand: the BFC allocator grows in doubling regions")
+    if not policy.platform_allocator:
+        notes.append(
+            "peak_bytes_in_use is this step's in a fresh process; in a Python loop of several "
+            "jitted calls the allocator hands a chunk freed earlier, under twice a later "
+            "request, out whole, and the peak drifts up over iterations: replay the loop with "
+            "memfit.estimate.xla.program (published PPO loops: up to 32% above one call)"
+        )
+    terms.append(("CUDA context", context, "memfit.hardware.runtime.cuda_context"))
+    fits: bool | None = True
+    limit_bytes = reduced = None
+    if result.remat is not None:
+        fits = False
+        limit_bytes, reduced = result.remat.limit_bytes, result.remat.reduced_to_bytes
+        notes.append(result.remat.sentence())
+    if not policy.platform_allocator and in_use > limit:
+        fits = False
+        notes.append(
+            f"does not fit: the step needs {format_bytes(in_use)} in JAX's allocator, which "
+            f"may use {format_bytes(limit)} of {spec.name}"
+        )
+    if target.device_memory_source == "estimated":
+        notes.append(
+            f"{spec.name}'s memory as CUDA reports it is estimated from nvidia-smi's total "
+            "(no published figure)"
+        )
+    if target.note:
+        notes.append(target.note)
+    notes.extend(result.warnings)
+    if result.devices > 1:
+        terms.append(_other_devices_term(result.devices, buffers + rounding, in_use))
+        notes.extend(_several_devices_notes(result))
+    convolutions = any(g.kind == "cudnn" for g in result.gemm_buffers)
+    notes.append(
+        "not counted: cuDNN convolution autotuning beyond its buffers"
+        + (
+            " (each cuDNN algorithm is tried with its own workspace, with no limit from jaxlib "
+            "0.9: on an H100 a 64x3x84x84 convolution's weight gradient tuned with 720 MiB "
+            "above its arguments; XLA_FLAGS=--xla_gpu_autotune_level=0 avoids it)"
+            if convolutions
+            else ""
+        )
+        + (
+            "; on several GPUs, arrays the program leaves on JAX's default device (device 0) "
+            "and NCCL's own buffers"
+            if result.devices > 1
+            else ""
+        )
+    )
+    return JaxEstimate(
+        argument_bytes=argument,
+        output_bytes=output,
+        alias_bytes=alias,
+        temp_bytes=temp,
+        generated_code_bytes=result.generated_code_bytes,
+        peak_bytes=None,
+        executable_peak_bytes=buffers,
+        device_used_bytes=device_used,
+        backend="cuda",
+        batch_size=batch_size,
+        notes=tuple(notes),
+        compiled_for=result.compiled_for,
+        peak_bytes_in_use=in_use,
+        fits=fits,
+        xla_memory_limit_bytes=limit_bytes,
+        xla_reduced_to_bytes=reduced,
+        breakdown=tuple((name, int(n), src) for name, n, src in terms),
+        first_call_bytes=autotune,
+    )
+
+
+def _jaxlib_version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("jaxlib")
+    except metadata.PackageNotFoundError:
+        return "?"
+
+
+def _other_devices_term(devices: int, buffers: int, device0: int) -> tuple[str, int, str]:
+    """The breakdown line for devices 1..N-1: XLA's buffers only (the autotuner ran on
+    device 0), reported as how much less than device 0 each holds."""
+    others = "device 1 holds" if devices == 2 else f"devices 1-{devices - 1} each hold"
+    return (
+        f"{others} less than device 0 by (the first call's autotuning runs on device 0 only)",
+        max(0, device0 - buffers),
+        "XLA's GPU compiler autotunes with one device's stream executor (AutotuneConfig, "
+        "xla/service/gpu/autotuning/autotuner_util.h; not measured on several GPUs); SPMD "
+        "gives every device the same buffers",
+    )
+
+
+def _several_devices_notes(result: Any) -> list[str]:
+    """What the estimate of a step sharded over several devices says besides its terms."""
+    from memfit.units import format_bytes
+
+    notes = [
+        f"compiled for {result.devices} devices (compile-only topology 1x1x{result.devices}, "
+        "XLA's SPMD partitioning): every figure is per device; peak_bytes_in_use is device "
+        "0's, which also holds the first call's autotuning"
+    ]
+    if result.collectives:
+        moved = sum(size for _, size in result.collectives)
+        kinds = sorted({op for op, _ in result.collectives})
+        notes.append(
+            f"{len(result.collectives)} collectives ({', '.join(kinds)}) move "
+            f"{format_bytes(moved)} per device and call; their results are among XLA's "
+            "buffers above. NCCL's own communication buffers (NCCL_BUFFSIZE, 4 MiB by default, "
+            "per channel and peer, and its communicators) are allocated outside JAX's allocator: "
+            "in nvidia-smi, not in memory_stats(), and not counted (their number of channels "
+            "and peers depends on the machine's topology)"
+        )
+    notes.append(
+        "device 0 also holds every array the program did not shard or place (JAX puts "
+        "uncommitted arrays on jax.devices()[0]: keys, metrics, anything created outside a "
+        "sharded jit); memfit cannot see those"
+    )
+    return notes
+
+
+def _memory_base(target: Any, environ: Mapping[str, str] | None) -> int | None:
+    """The memory JAX hands XLA's compiler on the card: its allocator's ``bytes_limit``
+    (jaxlib's ``py_client.cc`` passes it as ``device_memory_size``); ``None`` for the
+    platform allocator, which has none (XLA then takes 80% of the card's memory)."""
+    policy = preallocation_from_env(environ)
+    if policy.platform_allocator:
+        return None
+    return int(target.device_memory_size * policy.fraction)
+
+
+def estimate_jax(
+    fn: Callable[..., Any],
+    *args: Any,
+    gpu: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    batch_size: int | None = None,
+    compiler: str = "auto",
+    jaxlib: str | None = None,
+    **kwargs: Any,
+) -> JaxEstimate:
+    """Compile ``fn`` for ``args`` and read XLA's memory analysis, without running it.
+
+    With ``gpu`` naming a catalog card and the ``gpu-target`` extra installed
+    (``pip install "memfit[gpu-target]"``), the step is compiled by XLA's GPU compiler for
+    that card (in a child process, without the card) and the estimate adds what JAX's
+    runtime holds on it (:attr:`JaxEstimate.peak_bytes_in_use`, the breakdown). Otherwise
+    it is compiled on this process's backend, as the notes say.
+
+    Args:
+        fn: The step (jitted or not).
+        *args: Its arguments: arrays, pytrees, or ``jax.ShapeDtypeStruct``. Arguments sharded
+            over a mesh of several devices (a ``NamedSharding`` on a ``jax.sharding.Mesh`` or
+            ``AbstractMesh``) are compiled, with the GPU compiler, for that many devices:
+            every figure is then per device (device 0's, which also holds the autotuning).
+        gpu: GPU name or size for the device-level prediction (context, preallocation).
+        environ: Environment to read JAX's allocator settings from (default ``os.environ``).
+        batch_size: Recorded in the result, for sweeps.
+        compiler: ``"auto"`` (XLA's GPU compiler for ``gpu`` where it can), ``"gpu"``
+            (only that, or an error) or ``"cpu"`` (this process's backend).
+        jaxlib: The jaxlib version the GPU runs (``"0.4.33"``), when it is not the one
+            installed here: the first call's GEMM autotuning, most of a small program's
+            ``peak_bytes_in_use``, follows that version's XLA
+            (:func:`memfit.estimate.xla.runtime.autotune_rules`); the compile stays this
+            jaxlib's. ``None``: the installed one.
+        **kwargs: Keyword arguments of ``fn`` (``gpu``, ``environ``, ``batch_size``,
+            ``compiler`` and ``jaxlib`` are taken by this function).
+
+    Returns:
+        A :class:`JaxEstimate`.
+
+    Raises:
+        EstimateError: When ``fn`` cannot be traced or compiled for these arguments, or the
+            backend has no memory analysis.
+        ConfigError: When the GPU name, the compiler or an allocator setting is invalid.
+        BackendUnavailable: For ``compiler="gpu"`` without the ``gpu-target`` extra.
+    """
+    require("fn", fn, "callable")
+    require("gpu", gpu, "str", optional=True)
+    require_mapping("environ", environ, values="str", optional=True)
+    require("batch_size", batch_size, "int", optional=True)
+    if batch_size is not None:
+        require_positive_int("batch_size", batch_size, hint="the batch the step runs, e.g. 64")
+    require("compiler", compiler, "str")
+    _check_jaxlib(jaxlib)
+    spec, target, notes = _gpu_target(gpu, compiler)
+    fn, args, kwargs, pmap_note = _unpmap(fn, args, kwargs, sharded=target is not None)
+    if target is None:
+        stats, backend, compiled_for = _compile_here(fn, args, kwargs)
+        return _from_stats(
+            stats, backend, compiled_for, gpu, environ, batch_size, notes + pmap_note
+        )
+    from memfit.estimate.xla.gpu import compile_exported, export_step
+
+    step = export_step(fn, *args, **kwargs)
+    (result,) = compile_exported(
+        [step], target, memory_base_bytes=_memory_base(target, environ), environ=environ
+    )
+    leaves = _leaf_sizes((args, kwargs))
+    est = _from_gpu_compile(result, spec, target, leaves, environ, batch_size, jaxlib)
+    return replace(est, notes=(*pmap_note, *est.notes)) if pmap_note else est
+
+
+def _unpmap(
+    fn: Callable[..., Any], args: Any, kwargs: Any, *, sharded: bool
+) -> tuple[Callable[..., Any], Any, Any, list[str]]:
+    """A step ``jax.pmap`` made, as the program each device runs
+    (:mod:`memfit.estimate.xla._pmap`): for the GPU compile, ``jit(shard_map)`` over an abstract
+    mesh of the mapped size; here, one device's program. Any other step as it is."""
+    from memfit.estimate.xla._pmap import pmap_step
+
+    pmapped = pmap_step(fn)
+    if pmapped is None:
+        return fn, args, kwargs, []
+    devices = pmapped.devices(args, kwargs)
+    if sharded:
+        step, new_args, new_kwargs = pmapped.sharded(args, kwargs)
+        how = (
+            f"a jax.pmap step over {devices} devices, compiled as jax.pmap builds it: jit of "
+            f"shard_map over a mesh of {devices} (compile-only) devices"
+        )
+    else:
+        step, new_args, new_kwargs = pmapped.per_device(args, kwargs)
+        how = (
+            f"a jax.pmap step over {devices} devices, compiled here as one device's program "
+            "(the mapped axis of size 1; collectives over it are the identity and their "
+            "buffers are not counted)"
+        )
+    return step, tuple(new_args), new_kwargs, [how]
+
+
+def _check_jaxlib(jaxlib: str | None) -> None:
+    """``jaxlib`` is ``None`` or a version (``"0.4.33"``), else a :class:`ConfigError`."""
+    from memfit.estimate.xla.runtime import parse_jaxlib_version
+
+    require("jaxlib", jaxlib, "str", optional=True)
+    if jaxlib is not None and parse_jaxlib_version(jaxlib) is None:
+        raise ConfigError(
+            f"jaxlib={jaxlib!r} is not a version",
+            key_path="jaxlib",
+            hint="the jaxlib version the GPU runs, e.g. jaxlib='0.4.33' (jax.__version__ there)",
+        )
+
+
+def _call_make_args(
+    make_args: Callable[[int], tuple[Any, ...]], batch_size: int
+) -> tuple[Any, ...]:
+    """``make_args(batch_size)`` as a tuple; the user's failure as an :class:`EstimateError`."""
+    try:
+        args = make_args(batch_size)
+    except MemfitError:
+        raise
+    except Exception as exc:
+        raise EstimateError(
+            f"make_args({batch_size}) failed: {type(exc).__name__}: {exc}",
+            hint="make_args(batch_size) returns the step's arguments; rerun with --debug for "
+            "the traceback",
+        ) from exc
+    if not isinstance(args, (tuple, list)):
+        raise EstimateError(
+            f"make_args({batch_size}) returned {type(args).__name__}, not a tuple of arguments",
+            hint="return a tuple, e.g. (params, jax.ShapeDtypeStruct((batch_size, 64), "
+            "jnp.float32))",
+        )
+    return tuple(args)
+
+
+def estimate_jax_sweep(
+    fn: Callable[..., Any],
+    make_args: Callable[[int], tuple[Any, ...]],
+    batch_sizes: Sequence[int],
+    *,
+    gpu: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    batch_knob: str = "batch_size",
+    progress: Callable[[str], None] | None = None,
+    compiler: str = "auto",
+    jaxlib: str | None = None,
+) -> JaxSweep:
+    """:func:`estimate_jax` at each batch size (``fn(*make_args(b))``) and the affine fit;
+    ``progress`` (a status line's updater) hears each batch size as its compile starts.
+    Compiled for a GPU, every batch size goes to one child process.
+
+    Raises:
+        ConfigError: When ``batch_sizes`` is empty or holds a non-positive value.
+        EstimateError: As :func:`estimate_jax`.
+    """
+    sizes = check_batch_sizes(batch_sizes)
+    require("compiler", compiler, "str")
+    _check_jaxlib(jaxlib)
+    spec, target, _notes = _gpu_target(gpu, compiler)
+    points = []
+    if target is None:
+        for index, b in enumerate(sizes, 1):
+            if progress is not None:
+                progress(f"compiling {batch_knob}={b} ({index} of {len(sizes)})")
+            points.append(
+                estimate_jax(
+                    fn, *_call_make_args(make_args, b), gpu=gpu, environ=environ,
+                    batch_size=b, compiler=compiler, jaxlib=jaxlib,
+                )
+            )  # fmt: skip
+    else:
+        from memfit.estimate.xla.gpu import compile_exported, export_step
+
+        exported, leaves, pmap_notes = [], [], []
+        for b in sizes:
+            args = _call_make_args(make_args, b)
+            step, args, kwargs, pmap_note = _unpmap(fn, args, {}, sharded=True)
+            exported.append(export_step(step, *args, **kwargs))
+            leaves.append(_leaf_sizes((args, kwargs)))
+            pmap_notes.append(tuple(pmap_note))
+        if progress is not None:
+            progress(f"compiling {len(sizes)} sizes for {target.compiled_for}")
+        results = compile_exported(
+            exported, target, memory_base_bytes=_memory_base(target, environ), environ=environ
+        )
+        for r, n, b, extra in zip(results, leaves, sizes, pmap_notes, strict=True):
+            est = _from_gpu_compile(r, spec, target, n, environ, b, jaxlib)
+            points.append(replace(est, notes=(*extra, *est.notes)))
+    fit = fit_affine(sizes, [p.executable_peak_bytes for p in points])
+    return JaxSweep(points=points, fit=fit, batch_knob=batch_knob)
+
+
+def tree_nbytes(tree: Any) -> int:
+    """Bytes of every array-like leaf (anything with ``shape`` and ``dtype``) of a pytree."""
+    import jax
+    import numpy as np
+
+    total = 0
+    for leaf in jax.tree_util.tree_leaves(tree):
+        shape = getattr(leaf, "shape", None)
+        dtype = getattr(leaf, "dtype", None)
+        if shape is None or dtype is None:
+            continue
+        total += int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    return total
+
+
+def env_state_bytes(env: Any, key: Any = None) -> int:
+    """Bytes of one environment state, from ``jax.eval_shape(env.reset, key)`` (Brax helper).
+
+    Works with any object whose ``reset(key)`` returns a pytree of arrays (Brax, gymnax,
+    MJX); nothing is run or allocated. For a batched env (``num_envs`` in the shapes) this is
+    the whole batch.
+
+    Args:
+        env: The environment.
+        key: A PRNG key (or its ``ShapeDtypeStruct``); default ``jax.random.PRNGKey(0)``.
+
+    Raises:
+        ConfigError: When ``env`` has no callable ``reset``.
+        EstimateError: When ``reset`` cannot be traced abstractly.
+    """
+    import jax
+
+    reset = getattr(env, "reset", None)
+    if not callable(reset):
+        raise ConfigError(
+            f"{type(env).__name__} has no reset(key) method",
+            key_path="env",
+            hint="pass a JAX environment (Brax, gymnax, MJX) whose reset(key) returns its state",
+        )
+    if key is None:
+        key = jax.random.PRNGKey(0)
+    try:
+        state = jax.eval_shape(reset, key)
+    except (TypeError, ValueError, jax.errors.JAXTypeError) as exc:
+        raise EstimateError(
+            f"could not trace {type(env).__name__}.reset abstractly: {exc}",
+            hint="reset must be a pure JAX function of the key",
+        ) from exc
+    return tree_nbytes(state)
