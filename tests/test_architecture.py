@@ -305,3 +305,96 @@ def test_source_names_no_issue_number() -> None:
         for m, p in modules().items()
     }
     assert {m: lines for m, lines in named.items() if lines} == {}
+
+
+#: One reader of memory now: the framework calls that say how much memory there is.
+MEMORY_CALLS = frozenset(
+    {
+        "mem_get_info",
+        "memory_allocated",
+        "max_memory_allocated",
+        "memory_reserved",
+        "max_memory_reserved",
+        "memory_stats",
+        "reset_peak_memory_stats",
+        "_cuda_memoryStats",
+    }
+)
+#: Where they may be made: ``backends/live.py`` for torch and JAX, the NVML gate for NVML.
+MEMORY_READER = "memfit.backends.live"
+NVML_GATE = "memfit.backends.nvml"
+
+
+def memory_calls(tree: ast.AST) -> list[tuple[int, str]]:
+    """``(line, name)`` of every call of a memory-reading attribute or an ``nvml*`` function."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name in MEMORY_CALLS or name.startswith("nvml"):
+                found.append((node.lineno, name))
+    return found
+
+
+def test_one_module_asks_how_much_memory_there_is() -> None:
+    outside = {}
+    for m, p in modules().items():
+        calls = memory_calls(ast.parse(p.read_text(encoding="utf-8")))
+        if m == MEMORY_READER:
+            calls = [c for c in calls if c[1].startswith("nvml")]
+        elif m == NVML_GATE:
+            calls = [c for c in calls if not c[1].startswith("nvml")]
+        if calls:
+            outside[m] = calls
+    assert outside == {}, "read memory through memfit.backends.live (NVML: backends/nvml.py)"
+
+
+def test_the_memory_call_finder_sees_what_it_must() -> None:
+    tree = ast.parse("torch.cuda.mem_get_info(0)\nx = dev.memory_stats()\nnvmlInit()\nf(1)\n")
+    assert memory_calls(tree) == [(1, "mem_get_info"), (2, "memory_stats"), (3, "nvmlInit")]
+
+
+#: What a user reaches: the package, the command line, the public submodules, and every
+#: module the user docs name (``memfit.core.workload_sources`` ...).
+ENTRY_POINTS = ("memfit", "memfit.cli.main", "memfit.jax", "memfit.testing", "memfit.estimate")
+DOCS = [SRC.parent / "README.md", *sorted((SRC.parent / "docs").glob("*.md"))]
+
+
+def used_modules() -> set[str]:
+    """Modules reached from the entry points, through imports and module names in strings
+    (the lazy table of ``memfit/__init__.py``, the CLI's command table, a registry that loads
+    every module of its package)."""
+    mods = modules()
+    known = set(mods)
+    edges = graph()
+    for name, path in mods.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        source = path.read_text(encoding="utf-8")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                for candidate in (node.value, f"{package}.{node.value}"):
+                    if candidate in known:
+                        edges[name].add(candidate)
+        if "iter_modules" in source:  # a registry that imports all of its package
+            edges[name] |= {k for k in known if k.startswith(package + ".")}
+    named = {m for doc in DOCS for m in re.findall(r"memfit(?:\.\w+)+", doc.read_text())}
+    documented = {found for m in named if (found := _resolve(m, known)) is not None}
+    public = {m for m in known if m.startswith("memfit.integrations.") and "._" not in m}
+    todo = [*ENTRY_POINTS, *documented, *public, *PUBLIC_PATHS]
+    seen: set[str] = set()
+    while todo:
+        m = todo.pop()
+        if m in seen:
+            continue
+        seen.add(m)
+        parts = m.split(".")
+        todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))
+        todo.extend(edges.get(m, ()))
+    return seen
+
+
+def test_no_source_module_serves_only_bench_or_tests() -> None:
+    """Code only bench scripts or tests call belongs in bench/ or tests/shared/."""
+    unused = sorted(set(modules()) - used_modules())
+    assert unused == [], "no entry point reaches these: move them to bench/ or tests/shared/"

@@ -136,6 +136,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from memfit.estimate.torch.trace import EstimatePoint, TorchEstimate, estimate_torch
     from memfit.estimate.xla.step import JaxEstimate, estimate_jax
     from memfit.hardware.catalog import GpuSpec, gpu, list_gpus
+    from memfit.monitor.explain import Explanation, explain
     from memfit.monitor.recorder import Leak, Recorder
     from memfit.planning import plan
     from memfit.runtime import cleanup

@@ -160,3 +160,27 @@ def test_allocator_counts_fall_back_to_the_public_flat_statistics() -> None:
     counts = allocator_counts(fake, 0)
     assert counts.allocated == 3000 * MiB and counts.peak_reserved == 4100 * MiB
     assert allocator_counts(_fake_torch(), 0) == counts  # no private call at all
+
+
+def test_probe_all_falls_back_to_jax_only_when_this_process_imported_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without NVML and torch, a process that already runs JAX on a GPU is read through JAX's
+    allocator statistics; one that has not imported jax is never made to (it would
+    preallocate the device)."""
+    import sys
+
+    if probe_all(try_torch=False).source == "nvml":
+        pytest.skip("NVML works here")
+    stats = {"bytes_in_use": 5 * MiB, "peak_bytes_in_use": 9 * MiB, "bytes_limit": 600 * MiB}
+    gpu_dev = SimpleNamespace(
+        platform="gpu", id=0, device_kind="NVIDIA H100 80GB HBM3", memory_stats=lambda: stats
+    )
+    fake = SimpleNamespace(__version__="0.10.2", devices=lambda: [gpu_dev])
+    monkeypatch.setitem(sys.modules, "jax", fake)
+    snap = probe_all(try_torch=False)
+    assert snap.source == "jax"
+    assert [d.name for d in snap.devices] == ["NVIDIA H100 80GB HBM3"]
+    monkeypatch.delitem(sys.modules, "jax")
+    assert probe_all(try_torch=False).source == "none"
+    assert "jax" not in sys.modules

@@ -18,8 +18,9 @@ import torch
 from _bench_scripts import load_bench
 
 from memfit.errors import EstimateError
-from memfit.estimate import TorchStep, _tracer, stand_in_scalars, stand_in_scalars_active
+from memfit.estimate import TorchStep, stand_in_scalars, stand_in_scalars_active
 from memfit.estimate.torch import _measured_scratch as kernels_mod
+from memfit.estimate.torch import _tracer
 from memfit.estimate.torch.trace import estimate_torch
 from memfit.hardware.cuda import cublas_workspace_bytes
 from memfit.testing import real_cpu_peak

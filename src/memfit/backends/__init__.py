@@ -2,8 +2,9 @@
 
 :func:`local_probe` picks the best probe this machine has: NVML (it sees every process and
 creates no CUDA context), else PyTorch (where NVML is missing but CUDA works, as on Jetson),
-else none. :func:`probe_all` returns its snapshot, or an empty one whose notes say why no
-backend could look.
+else JAX's allocator statistics (only where this process has already imported jax: starting
+JAX's GPU backend preallocates most of the device), else none. :func:`probe_all` returns its
+snapshot, or an empty one whose notes say why no backend could look.
 
 Importing this package imports neither torch, jax nor pynvml; the probes import them when
 they run.
@@ -60,7 +61,7 @@ def _select(
     want_torch = cuda_driver_present() if try_torch is None else try_torch
     if not want_torch:
         reasons.append("no CUDA driver found (no libcuda, no /dev/nvidiactl): torch not tried")
-        return None, None, reasons
+        return _jax_if_imported(reasons)
     from memfit.backends.torch_cuda import TorchProbe
 
     torch_probe = TorchProbe()
@@ -68,9 +69,30 @@ def _select(
         snap = torch_probe.snapshot()
     except BackendUnavailable as exc:
         reasons.append(exc.message)
-        return None, None, reasons
+        return _jax_if_imported(reasons)
     if snap.devices:
         return torch_probe, snap, reasons
+    reasons.extend(snap.notes)
+    return _jax_if_imported(reasons)
+
+
+def _jax_if_imported(
+    reasons: list[str],
+) -> tuple[DeviceProbe | None, SystemSnapshot | None, list[str]]:
+    """JAX's GPU devices, where this process has already imported jax (never imported here:
+    JAX's GPU backend would preallocate the device)."""
+    if "jax" not in sys.modules:
+        return None, None, reasons
+    from memfit.backends.jax_device import JaxProbe
+
+    jax_probe = JaxProbe()
+    try:
+        snap = jax_probe.snapshot()
+    except (BackendUnavailable, RuntimeError) as exc:
+        reasons.append(f"JAX could not list its devices: {exc}")
+        return None, None, reasons
+    if snap.devices:
+        return jax_probe, snap, reasons
     reasons.extend(snap.notes)
     return None, None, reasons
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from memfit.backends.base import DeviceSnapshot, SystemSnapshot, import_framework
+from memfit.backends.live import jax_memory_stats
 
 __all__ = ["JaxProbe", "device_from_stats"]
 
@@ -86,15 +87,10 @@ class JaxProbe:
             platform = str(getattr(dev, "platform", "unknown"))
             if platform == "cpu" and not self.include_cpu:
                 continue
-            stats_fn = getattr(dev, "memory_stats", None)
-            stats = stats_fn() if callable(stats_fn) else None
+            stats = jax_memory_stats(dev)
             name = str(getattr(dev, "device_kind", platform))
             index = int(getattr(dev, "id", len(devices)))
-            devices.append(
-                device_from_stats(
-                    index, name, dict(stats) if stats is not None else None, platform=platform
-                )
-            )
+            devices.append(device_from_stats(index, name, stats, platform=platform))
         if not devices:
             backend = jax.default_backend() if hasattr(jax, "default_backend") else "unknown"
             notes.append(f"JAX has no GPU device (default backend: {backend})")

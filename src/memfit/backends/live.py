@@ -22,12 +22,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from memfit._plain import plain_fields
 from memfit.errors import BackendUnavailable
 
 __all__ = [
+    "AllocatorCounts",
     "JaxReader",
     "LiveReader",
     "NoReader",
@@ -36,8 +37,12 @@ __all__ = [
     "SimulatedReader",
     "TorchCudaReader",
     "active_reader",
+    "allocator_counts",
+    "jax_memory_stats",
     "register_simulated",
     "simulated_gpu",
+    "torch_device_memory",
+    "torch_reset_peak",
 ]
 
 
@@ -155,6 +160,93 @@ class SimulatedReader:
             gpu.reset_peak()
 
 
+# -- the framework calls: the only place memfit asks torch or JAX how much memory there is --
+
+
+class AllocatorCounts(NamedTuple):
+    """The caching allocator's counters of one device, read at once (bytes)."""
+
+    allocated: int
+    reserved: int
+    peak_allocated: int
+    peak_reserved: int
+
+
+def allocator_counts(torch: Any, index: int | str) -> AllocatorCounts:
+    """Allocated, reserved and their peaks on ``cuda:index``, from one statistics call.
+
+    ``torch.cuda.memory_allocated()`` and its siblings each build and flatten the whole
+    statistics dictionary (about a hundred entries): four of them cost four times that. This
+    reads the nested dictionary once (``torch._C._cuda_memoryStats``), falling back to the
+    public flat ``torch.cuda.memory_stats()`` where the private call is missing or changed.
+    """
+    index = cuda_index(torch, index)
+    nested = _nested_counts(torch, index)
+    if nested is not None:
+        return nested
+    flat = torch.cuda.memory_stats(index)
+    return AllocatorCounts(
+        int(flat.get("allocated_bytes.all.current", 0)),
+        int(flat.get("reserved_bytes.all.current", 0)),
+        int(flat.get("allocated_bytes.all.peak", 0)),
+        int(flat.get("reserved_bytes.all.peak", 0)),
+    )
+
+
+def _nested_counts(torch: Any, index: int) -> AllocatorCounts | None:
+    """The counters from ``torch._C._cuda_memoryStats``; ``None`` where it is missing or its
+    layout is not the one known (a future torch)."""
+    raw = getattr(getattr(torch, "_C", None), "_cuda_memoryStats", None)
+    if raw is None:
+        return None
+    try:
+        stats = raw(index)
+        allocated = stats["allocated_bytes"]["all"]
+        reserved = stats["reserved_bytes"]["all"]
+        return AllocatorCounts(
+            int(allocated["current"]),
+            int(reserved["current"]),
+            int(allocated["peak"]),
+            int(reserved["peak"]),
+        )
+    except (KeyError, TypeError, RuntimeError):
+        return None
+
+
+def cuda_index(torch: Any, device: int | str) -> int:
+    """The index of a CUDA device given as an index or as ``"cuda"`` / ``"cuda:N"``."""
+    if isinstance(device, int):
+        return device
+    index = torch.device(device).index
+    return int(torch.cuda.current_device()) if index is None else int(index)
+
+
+def torch_device_memory(torch: Any, device: int | str) -> tuple[int, int]:
+    """``(free, total)`` bytes of a CUDA device as the driver reports them
+    (``cudaMemGetInfo``: every process and context included)."""
+    free, total = torch.cuda.mem_get_info(cuda_index(torch, device))
+    return int(free), int(total)
+
+
+def torch_reset_peak(torch: Any, device: int | str | None = None) -> None:
+    """Start the caching allocator's peaks again from what is live now (the current device
+    when ``device`` is ``None``)."""
+    if device is None:
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        torch.cuda.reset_peak_memory_stats(cuda_index(torch, device))
+
+
+def jax_memory_stats(device: Any) -> dict[str, Any] | None:
+    """A JAX device's ``memory_stats()`` (``None`` where the backend keeps none, or the
+    device has no such call)."""
+    stats_fn = getattr(device, "memory_stats", None)
+    if stats_fn is None:
+        return None
+    stats = stats_fn()
+    return dict(stats) if stats is not None else None
+
+
 # -- torch.cuda ---------------------------------------------------------------------------------
 
 
@@ -191,10 +283,8 @@ class TorchCudaReader:
         self.total = int(torch_module.cuda.get_device_properties(self.index).total_memory)
 
     def read(self) -> Reading:
-        from memfit.backends.torch_cuda import allocator_counts
-
         counts = allocator_counts(self._torch, self.index)
-        free, total = self._torch.cuda.mem_get_info(self.index)
+        free, total = torch_device_memory(self._torch, self.index)
         return Reading(
             self.name,
             device=f"cuda:{self.index}",
@@ -208,7 +298,7 @@ class TorchCudaReader:
         )
 
     def reset_peak(self) -> None:
-        self._torch.cuda.reset_peak_memory_stats(self.index)
+        torch_reset_peak(self._torch, self.index)
 
 
 # -- JAX ----------------------------------------------------------------------------------------
@@ -222,7 +312,7 @@ def jax_gpu() -> Any | None:
         return None
     try:
         for dev in jax.devices():
-            if getattr(dev, "platform", "cpu") != "cpu" and dev.memory_stats() is not None:
+            if getattr(dev, "platform", "cpu") != "cpu" and jax_memory_stats(dev) is not None:
                 return dev
     except RuntimeError:
         return None
@@ -238,7 +328,7 @@ class JaxReader:
         self._device = device
 
     def read(self) -> Reading:
-        stats = self._device.memory_stats() or {}
+        stats = jax_memory_stats(self._device) or {}
 
         def get(key: str) -> int | None:
             value = stats.get(key)

@@ -12,61 +12,13 @@ outside. On a CPU-only torch the probe reports no device and a note; it does not
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from memfit.backends.base import DeviceSnapshot, SystemSnapshot, import_framework
+from memfit.backends.live import AllocatorCounts, allocator_counts, torch_device_memory
 from memfit.errors import BackendUnavailable
 
 __all__ = ["AllocatorCounts", "TorchProbe", "allocator_counts"]
-
-
-class AllocatorCounts(NamedTuple):
-    """The caching allocator's counters of one device, read at once (bytes)."""
-
-    allocated: int
-    reserved: int
-    peak_allocated: int
-    peak_reserved: int
-
-
-def allocator_counts(torch: Any, index: int) -> AllocatorCounts:
-    """Allocated, reserved and their peaks on ``cuda:index``, from one statistics call.
-
-    ``torch.cuda.memory_allocated()`` and its siblings each build and flatten the whole
-    statistics dictionary (about a hundred entries): four of them cost four times that. This
-    reads the nested dictionary once (``torch._C._cuda_memoryStats``), falling back to the
-    public flat ``torch.cuda.memory_stats()`` where the private call is missing or changed.
-    """
-    nested = _nested_counts(torch, index)
-    if nested is not None:
-        return nested
-    flat = torch.cuda.memory_stats(index)
-    return AllocatorCounts(
-        int(flat.get("allocated_bytes.all.current", 0)),
-        int(flat.get("reserved_bytes.all.current", 0)),
-        int(flat.get("allocated_bytes.all.peak", 0)),
-        int(flat.get("reserved_bytes.all.peak", 0)),
-    )
-
-
-def _nested_counts(torch: Any, index: int) -> AllocatorCounts | None:
-    """The counters from ``torch._C._cuda_memoryStats``; ``None`` where it is missing or its
-    layout is not the one known (a future torch)."""
-    raw = getattr(getattr(torch, "_C", None), "_cuda_memoryStats", None)
-    if raw is None:
-        return None
-    try:
-        stats = raw(index)
-        allocated = stats["allocated_bytes"]["all"]
-        reserved = stats["reserved_bytes"]["all"]
-        return AllocatorCounts(
-            int(allocated["current"]),
-            int(reserved["current"]),
-            int(allocated["peak"]),
-            int(reserved["peak"]),
-        )
-    except (KeyError, TypeError, RuntimeError):
-        return None
 
 
 class TorchProbe:
@@ -129,7 +81,7 @@ class TorchProbe:
     @staticmethod
     def _device(torch: Any, index: int) -> DeviceSnapshot:
         cuda = torch.cuda
-        free, total = cuda.mem_get_info(index)
+        free, total = torch_device_memory(torch, index)
         props = cuda.get_device_properties(index)
         uuid_raw = getattr(props, "uuid", None)
         uuid = None

@@ -77,7 +77,7 @@ class CleanupStats:
 def _clean(*, empty_cache: bool, gc_collect: bool, reset: bool = False) -> None:
     if gc_collect:
         gc.collect()
-    from memfit.backends.live import torch_cuda
+    from memfit.backends.live import torch_cuda, torch_reset_peak
 
     torch = torch_cuda()
     if torch is None:
@@ -86,7 +86,7 @@ def _clean(*, empty_cache: bool, gc_collect: bool, reset: bool = False) -> None:
         torch.cuda.empty_cache()
     if reset:
         torch.cuda.ipc_collect()
-        torch.cuda.reset_peak_memory_stats()
+        torch_reset_peak(torch)
 
 
 class CleanupPolicy:

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from memfit._checks import require
+from memfit.backends.live import torch_device_memory
 from memfit.core.simulator import MeasuredSimulator, SimCamera, SimFigures, camera_bytes
 from memfit.core.simulator_figures import SHARED
 from memfit.errors import BackendUnavailable, ConfigError
@@ -294,8 +295,8 @@ def _probe_reader(device: int, probe: Any | None) -> tuple[Callable[[], int], st
         import torch
 
         def from_torch() -> int:
-            free, total = torch.cuda.mem_get_info(device)
-            return int(total - free)
+            free, total = torch_device_memory(torch, device)
+            return total - free
 
         return from_torch, str(torch.cuda.get_device_name(device))
     from memfit.backends import local_probe

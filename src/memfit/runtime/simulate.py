@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from memfit._checks import require
 from memfit.allocator.model import round_size
-from memfit.backends.live import register_simulated
+from memfit.backends.live import allocator_counts, register_simulated, torch_reset_peak
 from memfit.backends.simulated import SimulatedDevice
 from memfit.errors import ConfigError, OutOfMemory
 from memfit.units import format_bytes, parse_bytes
@@ -91,7 +91,7 @@ class SimulatedGpu:
             return self.device.allocated_bytes
         import torch
 
-        return int(torch.cuda.memory_allocated(self.device_kind))
+        return allocator_counts(torch, self.device_kind).allocated
 
     @property
     def peak_allocated_bytes(self) -> int:
@@ -100,7 +100,7 @@ class SimulatedGpu:
             return self.device.peak_allocated_bytes
         import torch
 
-        return int(torch.cuda.max_memory_allocated(self.device_kind))
+        return allocator_counts(torch, self.device_kind).peak_allocated
 
     @property
     def free_bytes(self) -> int:
@@ -124,7 +124,7 @@ class SimulatedGpu:
             return
         import torch
 
-        torch.cuda.reset_peak_memory_stats(self.device_kind)
+        torch_reset_peak(torch, self.device_kind)
 
     @contextmanager
     def paused(self) -> Iterator[None]:
@@ -495,9 +495,10 @@ def cuda_allocator_cap(index: int, budget_bytes: int) -> Iterator[None]:
     previous = float(torch.cuda.get_per_process_memory_fraction(index))
     # Cached blocks would let the process keep more than the budget: give back what can go.
     torch.cuda.empty_cache()
-    reserved = int(torch.cuda.memory_reserved(index))
+    counts = allocator_counts(torch, index)
+    reserved = counts.reserved
     if reserved > budget_bytes:
-        allocated = int(torch.cuda.memory_allocated(index))
+        allocated = counts.allocated
         raise ConfigError(
             f"this process already reserves {format_bytes(reserved)} on cuda:{index} "
             f"({format_bytes(allocated)} in live tensors), more than the budget "
@@ -529,7 +530,7 @@ def _cuda_cap(budget_bytes: int, kind: str) -> Iterator[SimulatedGpu]:
     index = dev.index if dev.index is not None else torch.cuda.current_device()
     with cuda_allocator_cap(index, budget_bytes):
         gpu = SimulatedGpu(budget_bytes, f"cuda:{index}")
-        torch.cuda.reset_peak_memory_stats(index)
+        torch_reset_peak(torch, index)
         with _STACK_LOCK:
             _STACK.append(gpu)
         try:

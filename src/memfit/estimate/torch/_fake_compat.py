@@ -169,7 +169,7 @@ def _fake_deepcopy(tensor: Any, memo: dict[int, Any]) -> Any:
 
 
 def _roots() -> tuple[str, str, tuple[str, ...]]:
-    memfit_root = str(Path(__file__).resolve().parents[1]) + os.sep
+    memfit_root = str(Path(__file__).resolve().parents[2]) + os.sep
     torch_root = str(Path(torch.__file__).resolve().parent) + os.sep
     stdlib = tuple(
         str(Path(p).resolve()) + os.sep

@@ -1,6 +1,6 @@
 """Child process of :mod:`memfit.estimate.xla.gpu`: compile exported steps for a GPU target.
 
-Run as a script (``python _xla_gpu_child.py REQUEST.json``), never imported by memfit: it
+Run as a script (``python _gpu_child.py REQUEST.json``), never imported by memfit: it
 sets ``JAX_PLATFORMS=cpu`` for its own process only (the CUDA plugin then skips its driver
 check and registers the compile-only topology), compiles every job of the request with XLA's
 GPU compiler for the target config, and prints one JSON line per job on stdout. Before each

@@ -410,7 +410,7 @@ def compile_exported(
         if memory_base_bytes is None
         else base_for_limit(memory_base_bytes)
     )
-    child = Path(__file__).with_name("_xla_gpu_child.py")
+    child = Path(__file__).with_name("_gpu_child.py")
     results: list[GpuCompile] = []
     with tempfile.TemporaryDirectory(prefix="memfit-xla-gpu-") as folder:
         jobs = []
