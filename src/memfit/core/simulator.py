@@ -811,9 +811,9 @@ def simulator_fallbacks(spec: SimulatorSpec, observed: Any) -> list[tuple[str, d
         return []
     basis = LAB3_RENDERERS["newton_warp"].basis
     label = (
-        "Newton physics with the Newton Warp renderer (simulator: {physics: newton, renderer: "
-        "newton_warp}; Isaac Lab 3: physics=newton_mjwarp renderer=newton_renderer; its "
-        f"figures are {basis.kind}, not measured: {basis.measure})"
+        "Newton physics with the Newton Warp renderer (simulator.physics: newton, "
+        f"simulator.renderer: newton_warp; Isaac Lab 3; its figures {basis.kind}, not measured:"
+        " measure yours with memfit.integrations.isaaclab.measure)"
     )
     return [(label, {"simulator": {"physics": "newton", "renderer": "newton_warp"}})]
 
