@@ -341,7 +341,13 @@ def autoconfig(env: Any, workload: Any, **kwargs: Any) -> Any:
     if "num_envs" in loaded.knobs or "num_envs" in loaded.settings:
         overrides.setdefault("num_envs", num_envs)
     device = kwargs.pop("device", _device_index(getattr(env, "device", "cuda:0")))
-    return plan_now(loaded, device=device, overrides=overrides, **kwargs)
+    result = plan_now(loaded, device=device, overrides=overrides, **kwargs)
+    if physics is not None or renderer is not None:
+        result.notes.append(
+            f"the Isaac Lab app runs {physics or 'unknown'} physics and the "
+            f"{renderer or 'unknown'} renderer (read from the env)"
+        )
+    return result
 
 
 def isaac_versions() -> str | None:
