@@ -326,17 +326,15 @@ def autoconfig(env: Any, workload: Any, **kwargs: Any) -> Any:
         update = {
             k: v
             for k, v in (("physics", physics), ("renderer", renderer))
-            if v is not None and getattr(sim, k) is None
+            if v is not None and getattr(sim, k) != v
         }
-        if update.get("renderer") == "none" and (sim.cameras or sim.rendering):
-            update.pop("renderer")
-        if update.get("renderer") == "newton_warp" and (update.get("physics") or sim.physics) not in (
-            "newton",
-            None,
-        ):
-            update.pop("renderer")
         if update:
-            loaded = loaded.model_copy(update={"simulator": sim.model_copy(update=update)})
+            changed = sim.model_copy(update=update)
+            try:  # the combination the app runs must be one the workload can state
+                type(sim).model_validate(changed.model_dump())
+            except ValueError:
+                changed = sim
+            loaded = loaded.model_copy(update={"simulator": changed})
     overrides = dict(kwargs.pop("overrides", None) or {})
     if "num_envs" in loaded.knobs or "num_envs" in loaded.settings:
         overrides.setdefault("num_envs", num_envs)
