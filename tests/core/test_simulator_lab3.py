@@ -74,8 +74,10 @@ def test_every_backend_and_renderer_plans_with_a_basis_per_term(
 
 def test_the_lighter_renderer_needs_less_than_rtx() -> None:
     def total(physics: str, renderer: str) -> int:
-        spec = SimulatorSpec(preset="isaac_sim", physics=physics, renderer=renderer, gpu=RTX4090,
-                             scene={"joints": 12}, cameras=CAMS, version="isaaclab 3.0")  # fmt: skip
+        spec = SimulatorSpec(
+            preset="isaac_sim", physics=physics, renderer=renderer, gpu=RTX4090,
+            scene={"joints": 12}, cameras=CAMS, version="isaaclab 3.0",
+        )  # fmt: skip
         return sum(b for _, b in simulator_terms(spec, {"num_envs": 256}, None))
 
     assert total("newton", "newton_warp") < total("physx", "rtx") / 3
@@ -137,7 +139,9 @@ def test_bad_backends_name_their_key(block: str, words: str) -> None:
 
 def test_other_scenes_scale_by_the_scene_rule() -> None:
     spec = SimulatorSpec(preset="isaac_sim", physics="newton", scene={"joints": 37})
-    expected = LAB3_PHYSICS["newton"].per_env_bytes * SCENE_RULE.per_env(37) / SCENE_RULE.per_env(12)
+    expected = (
+        LAB3_PHYSICS["newton"].per_env_bytes * SCENE_RULE.per_env(37) / SCENE_RULE.per_env(12)
+    )
     assert spec.figures().per_env_bytes == round(expected)
     bare = SimulatorSpec(preset="isaac_sim", physics="newton").figures()
     assert any("undescribed scene" in n for n in bare.notes)
@@ -172,10 +176,15 @@ def test_a_camera_job_that_does_not_fit_with_rtx_is_offered_the_newton_renderer(
     assert option["fits"] and option["knobs"]["num_envs"] == 24
     # nothing to offer without a camera, or with the Newton renderer already
     assert simulator_fallbacks(SimulatorSpec(preset="isaac_sim"), None) == []
-    assert simulator_fallbacks(
-        SimulatorSpec(preset="isaac_sim", physics="newton", renderer="newton_warp", cameras=CAMS),
-        None,
-    ) == []
+    assert (
+        simulator_fallbacks(
+            SimulatorSpec(
+                preset="isaac_sim", physics="newton", renderer="newton_warp", cameras=CAMS
+            ),
+            None,
+        )
+        == []
+    )
 
 
 def test_the_go2_workload_plans_on_both_backends() -> None:

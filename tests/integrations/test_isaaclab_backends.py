@@ -11,9 +11,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from memfit.backends import SimulatedDevice  # noqa: E402
-from memfit.integrations import isaaclab as mf  # noqa: E402
-from memfit.runtime.sim_measure import find_measurement  # noqa: E402
+from memfit.backends import SimulatedDevice
+from memfit.integrations import isaaclab as mf
+from memfit.runtime.sim_measure import find_measurement
 
 CARD = "NVIDIA GeForce RTX 4090"
 

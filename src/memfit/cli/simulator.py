@@ -163,7 +163,6 @@ def simulator(
 ) -> None:
     """Show the simulator figures a plan uses on a card; fit and store your own from readings."""
     from memfit.hardware.catalog import gpu as catalog_gpu
-
     from memfit.runtime.sim_measure import check_backend
 
     check_backend(physics, renderer)

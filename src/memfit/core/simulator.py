@@ -422,9 +422,7 @@ class SimulatorSpec(_Model):
             )
             return
         physics, renderer = self.backend()
-        if (m.physics or "physx") != physics or (
-            m.rendering and (m.renderer or "rtx") != renderer
-        ):
+        if (m.physics or "physx") != physics or (m.rendering and (m.renderer or "rtx") != renderer):
             notes.append(
                 f"the measurement of {m.physics or 'physx'} with {m.renderer or 'rtx'} is not "
                 f"used for {physics} with {renderer}"
@@ -471,13 +469,14 @@ class SimulatorSpec(_Model):
             )
         elif generation == 2:
             notes.append(
-                f"{self.version} has no {physics} physics with {renderer}: Isaac Lab 3.0's "
-                "figures"
+                f"{self.version} has no {physics} physics with {renderer}: Isaac Lab 3.0's figures"
             )
         phys = LAB3_PHYSICS[physics]
         rend = LAB3_RENDERERS[renderer]
         card = card_figures(self.gpu)
-        render = card.render_base_bytes if rend.render_base_bytes is None else rend.render_base_bytes
+        render = (
+            card.render_base_bytes if rend.render_base_bytes is None else rend.render_base_bytes
+        )
         pixel = card.pixel_bytes if rend.pixel_bytes is None else rend.pixel_bytes
         scratch = (
             card.shared_pixel_bytes if rend.shared_pixel_bytes is None else rend.shared_pixel_bytes
@@ -502,9 +501,8 @@ class SimulatorSpec(_Model):
                 f"no reading of the RTX renderer on {self.gpu or 'this card'}: the "
                 f"conservative figures ({card.source})"
             )
-        if renderer == "ovrtx" or renderer == "newton_warp":
-            if self._renders():
-                notes.append(f"{renderer}: {rend.basis.source}; {MEASURE_HINT}")
+        if renderer in ("ovrtx", "newton_warp") and self._renders():
+            notes.append(f"{renderer}: {rend.basis.source}; {MEASURE_HINT}")
         if self.renderer is None and self._renders():
             notes.append(
                 "renderer not named: Isaac RTX counted; name simulator.renderer (rtx, "
@@ -743,11 +741,13 @@ def simulator_terms(
     rendering = spec.rendering if spec.rendering is not None else bool(cameras) or not spec.headless
     if spec.renderer == "none":
         rendering = False
-    drawn = camera_bytes(cameras, values, envs, f) + envs * f.render_per_env_bytes
+    drawn = (
+        camera_bytes(cameras, values, envs, f) + envs * f.render_per_env_bytes if rendering else 0
+    )
     out = [
         ("simulator_base", f.base_bytes),
         ("simulator_envs", envs * f.per_env_bytes),
-        ("renderer_cameras", drawn if rendering else 0),
+        ("renderer_cameras", drawn),
     ]
     if rendering and f.render_base_bytes:
         out.insert(1, ("renderer_base", f.render_base_bytes))

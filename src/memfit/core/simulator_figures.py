@@ -37,11 +37,11 @@ from typing import Literal
 
 __all__ = [
     "CARD_FIGURES",
+    "DATA_TYPES_MEASURED",
+    "GENESIS",
     "LAB3_PHYSICS",
     "LAB3_RENDERERS",
     "LEGACY_BASIS",
-    "DATA_TYPES_MEASURED",
-    "GENESIS",
     "RAY_BYTES",
     "ROBOT_PER_ENV",
     "SCENE_RULE",

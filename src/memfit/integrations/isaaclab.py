@@ -232,7 +232,7 @@ def _renderer_of(cfg: Any) -> str | None:
     """``rtx``, ``newton_warp`` or ``ovrtx`` from a renderer config (its ``renderer_type``,
     else its class name)."""
     kind = getattr(cfg, "renderer_type", None)
-    text = (kind if isinstance(kind, str) and kind not in ("", "base") else type(cfg).__name__)
+    text = kind if isinstance(kind, str) and kind not in ("", "base") else type(cfg).__name__
     text = text.lower()
     if "newton" in text or "warp" in text:
         return "newton_warp"
