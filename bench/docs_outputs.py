@@ -368,6 +368,18 @@ BLOCKS: dict[str, Block] = {
             Run("echo $?"),
         )
     ),
+    "workload-isaaclab3-go2": Block(
+        tuple(
+            Run(
+                f'memfit plan isaaclab3_go2_locomotion{variant} --gpu "RTX 4060"',
+                keep=_first(r"│ simulator_", r"│ num_envs", "^Limited by", "^Note: simulator"),
+            )
+            for variant in ("", "@newton")
+        )
+    ),
+    "workload-isaaclab3-renderer": Block(
+        (Run('memfit plan act_dual_camera --gpu "GTX 1650"'), Run("echo $?"))
+    ),
     "guide-would-fit": _plan(
         "memfit plan dqn_fire_raster@device_replay --gpu 3.68GiB --set buffer_size=1000000 "
         '--host-memory 16GiB 2>&1 | grep -A3 "would fit"'
