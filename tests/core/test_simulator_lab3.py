@@ -238,3 +238,18 @@ def test_renderers_without_readings_are_assumed_with_wide_bands() -> None:
     for name in ("ovrtx", "newton_warp"):
         band = LAB3_RENDERERS[name].basis.band
         assert LAB3_RENDERERS[name].basis.kind == "assumed" and band[1] - band[0] >= 1.0
+
+
+def test_the_plan_finds_the_measurement_of_its_backend(tmp_path: Path) -> None:
+    from memfit.runtime.sim_measure import store_measurement, with_simulator_measurement
+
+    m = MeasuredSimulator(gpu=RTX4090, simulator="isaac_sim", physics="newton", renderer="none",
+                          version="isaaclab 3.0.0, isaacsim 6.0.0", base_bytes=10**8,
+                          per_env_bytes=5000)  # fmt: skip
+    store_measurement(m, tmp_path)
+    newton = load_workload("isaaclab3_go2_locomotion@newton")
+    attached, notes = with_simulator_measurement(newton, RTX4090, directory=tmp_path)
+    assert attached.simulator is not None and attached.simulator.measured == m
+    assert any("isaac-sim-newton-none" in n for n in notes)
+    physx = load_workload("isaaclab3_go2_locomotion")
+    assert with_simulator_measurement(physx, RTX4090, directory=tmp_path)[1] == []
