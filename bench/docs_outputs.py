@@ -479,6 +479,9 @@ VALUES: dict[str, Callable[[_Plans], str]] = {
     "act-envs": lambda p: str(p("act_dual_camera", "RTX 4060 Ti").knobs["num_envs"]),
     "act-no-sim-envs": lambda p: str(p("act_dual_camera@no_sim", "RTX 4060 Ti").knobs["num_envs"]),
     "act-4090-envs": lambda p: str(p("act_dual_camera", "RTX 4090").knobs["num_envs"]),
+    "act-warp-envs": lambda p: str(
+        p("act_dual_camera@newton_warp", "RTX 4060 Ti").knobs["num_envs"]
+    ),
     "sac-mjx-replay": lambda p: _n(p("brax_mjx_sac", "RTX 4090").knobs["max_replay_size"]),
     "sac-mjx-buffer": lambda p: _bytes(p("brax_mjx_sac", "RTX 4090").breakdown["replay_buffer"]),
     "sac-pixels-host": lambda p: _n(p("sac_pixels_8gb", "RTX 4060 Ti").knobs["buffer_size"]),
