@@ -26,6 +26,15 @@ figure of each (the conservative choice) and the plan says so. Figures given in 
 section, or measured on the user's card (``measured:``, written by
 :func:`memfit.measure_simulator`), take precedence.
 
+Isaac Lab 3 (Isaac Sim 6) names its physics backend and renderer: ``physics: physx | newton``
+and ``renderer: rtx | newton_warp | ovrtx | none`` pick their own figure sets
+(:data:`memfit.core.simulator_figures.LAB3_PHYSICS`, ``LAB3_RENDERERS``), as does a
+``version`` naming Isaac Lab 3 or Isaac Sim 6; a section naming neither plans with the Isaac
+Lab 1.x-2.x figures as before. Every figure carries its basis (fitted, measured, analytic,
+assumed, given), band and source (:attr:`SimFigures.basis`, :func:`simulator_basis`), and a
+camera job that does not fit with the RTX renderer is offered the Newton Warp renderer
+(:func:`simulator_fallbacks`, planned by :mod:`memfit.core.plan`).
+
 >>> spec = SimulatorSpec(preset="isaac_nurec")
 >>> [(n, round(b / 10**9, 1)) for n, b in simulator_terms(spec, {"num_envs": 4}, None)]
 [('simulator_base', 9.0), ('simulator_envs', 5.2), ('renderer_cameras', 0.0)]
