@@ -9,8 +9,6 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("torch")
-
 from memfit.backends import SimulatedDevice
 from memfit.integrations import isaaclab as mf
 from memfit.runtime.sim_measure import find_measurement
