@@ -368,6 +368,18 @@ BLOCKS: dict[str, Block] = {
             Run("echo $?"),
         )
     ),
+    "workload-isaaclab3-go2": Block(
+        tuple(
+            Run(
+                f'memfit plan isaaclab3_go2_locomotion{variant} --gpu "RTX 4060"',
+                keep=_first(r"│ simulator_", r"│ num_envs", "^Limited by", "^Note: simulator"),
+            )
+            for variant in ("", "@newton")
+        )
+    ),
+    "workload-isaaclab3-renderer": Block(
+        (Run('memfit plan act_dual_camera --gpu "GTX 1650"'), Run("echo $?"))
+    ),
     "guide-would-fit": _plan(
         "memfit plan dqn_fire_raster@device_replay --gpu 3.68GiB --set buffer_size=1000000 "
         '--host-memory 16GiB 2>&1 | grep -A3 "would fit"'
@@ -467,6 +479,9 @@ VALUES: dict[str, Callable[[_Plans], str]] = {
     "act-envs": lambda p: str(p("act_dual_camera", "RTX 4060 Ti").knobs["num_envs"]),
     "act-no-sim-envs": lambda p: str(p("act_dual_camera@no_sim", "RTX 4060 Ti").knobs["num_envs"]),
     "act-4090-envs": lambda p: str(p("act_dual_camera", "RTX 4090").knobs["num_envs"]),
+    "act-warp-envs": lambda p: str(
+        p("act_dual_camera@newton_warp", "RTX 4060 Ti").knobs["num_envs"]
+    ),
     "sac-mjx-replay": lambda p: _n(p("brax_mjx_sac", "RTX 4090").knobs["max_replay_size"]),
     "sac-mjx-buffer": lambda p: _bytes(p("brax_mjx_sac", "RTX 4090").breakdown["replay_buffer"]),
     "sac-pixels-host": lambda p: _n(p("sac_pixels_8gb", "RTX 4060 Ti").knobs["buffer_size"]),

@@ -109,6 +109,7 @@ def _run_workload(data: dict[str, Any], item: dict[str, Any]) -> dict[str, Any]:
             extra["cameras"] = item["cameras"]
         if "scene" in item:
             extra["scene"] = {"robot": item["scene"]}
+        extra.update(item.get("simulator") or {})
         doc["simulator"] = _merge(sim, extra)
     return doc
 

@@ -182,6 +182,7 @@ RECORDS = {"brax.PpoViolation", "ray.EventLog"}
 #: Parameters that take any object by design (the event's ids Isaac Lab passes; the env a
 #: cleanup event keeps its policy on).
 INTEGRATION_ANY = {
+    ("isaaclab.backends", "env"),
     ("isaaclab.cleanup_event", "env"),
     ("isaaclab.cleanup_event", "env_ids"),
     ("lightning.in_batch_size_trial", "trainer"),
@@ -318,6 +319,7 @@ INTEGRATION_CASES: dict[str, Callable[[], dict[str, Any]]] = {
         "env": SimpleNamespace(num_envs=4, device="cpu"),
         "workload": "act_dual_camera",
     },
+    "isaaclab.backends": lambda: {"env": SimpleNamespace()},
     "isaaclab.cleanup_event": lambda: {"env": SimpleNamespace(), "env_ids": None},
     "isaaclab.guarded_term": lambda: {"term": lambda env: torch.zeros(2)},
     "isaaclab.isaac_versions": dict,

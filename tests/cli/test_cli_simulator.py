@@ -77,3 +77,40 @@ def test_one_reading_cannot_be_fitted(capsys: pytest.CaptureFixture[str]) -> Non
         capsys, "simulator", "--gpu", "4090", "--reading", "num_envs=8:5GB", "--no-store"
     )
     user_error(code, err, "two or more numbers of environments")
+
+
+def test_isaac_lab_3_figures_with_their_basis(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 47: the figures of a physics backend and renderer, each with its basis."""
+    monkeypatch.setenv("MEMFIT_CACHE_DIR", str(tmp_path))
+    args = ["simulator", "--gpu", "4090", "--physics", "newton", "--renderer", "newton_warp"]
+    data = run_json(capsys, *args, "--json")
+    assert (data["physics"], data["renderer"]) == ("newton", "newton_warp")
+    basis = data["published"]["basis"]
+    assert basis["simulator_envs"]["kind"] == "fitted"
+    assert basis["renderer_cameras"]["kind"] == "assumed"
+    assert "memfit simulator" in basis["renderer_cameras"]["measure"]
+    code, out, _ = run(capsys, *args)
+    assert code == 0 and "basis: renderer_cameras" in out and "assumed" in out
+    # readings taken by hand are stored for that backend and renderer, and shown with them
+    readings = ["num_envs=256:1GiB", "num_envs=4352:2GiB"]
+    stored = run_json(capsys, *args, *[x for r in readings for x in ("--reading", r)], "--json")
+    assert (stored["physics"], stored["renderer"]) == ("newton", "newton_warp")
+    assert run_json(capsys, *args, "--json")["measured"]["per_env_bytes"] == 2**30 // 4096
+    assert run_json(capsys, "simulator", "--gpu", "4090", "--json")["measured"] is None
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (["--physics", "physx", "--renderer", "newton_warp"], "needs Newton physics"),
+        (["--physics", "bullet"], "physx, newton"),
+        (["--renderer", "vulkan"], "rtx, newton_warp, ovrtx, none"),
+    ],
+)
+def test_a_bad_backend_is_a_user_error(
+    capsys: pytest.CaptureFixture[str], extra: list[str], words: str
+) -> None:
+    code, _, err = run(capsys, "simulator", "--gpu", "4090", *extra)
+    user_error(code, err, words)

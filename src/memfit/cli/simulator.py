@@ -70,12 +70,19 @@ def parse_reading(text: str) -> tuple[dict[str, Any], int]:
     return settings, used
 
 
-def _show(card: str, as_json: bool) -> None:
+def _show(card: str, as_json: bool, physics: str | None, renderer: str | None) -> None:
     from memfit.core.simulator import SceneSpec, SimulatorSpec
-    from memfit.runtime.sim_measure import find_measurement
+    from memfit.runtime.sim_measure import find_measurement, measurement_key
 
-    f = SimulatorSpec(preset="isaac_sim", gpu=card, scene=SceneSpec(joints=0)).figures()
-    found = find_measurement("isaac_sim", card)
+    spec = SimulatorSpec(
+        preset="isaac_sim",
+        gpu=card,
+        scene=SceneSpec(joints=12 if physics or renderer else 0),  # Isaac Lab 3: the Go2's
+        physics=physics,  # type: ignore[arg-type]  # checked by the caller
+        renderer=renderer,  # type: ignore[arg-type]
+    )
+    f = spec.figures()
+    found = find_measurement(measurement_key("isaac_sim", physics, renderer), card)
     data = {
         "gpu": card,
         "published": {
@@ -90,10 +97,24 @@ def _show(card: str, as_json: bool) -> None:
         },
         "measured": None if found is None else {**found[0].model_dump(), "file": str(found[1])},
     }
+    lab3 = physics is not None or renderer is not None
+    if lab3:
+        data["physics"], data["renderer"] = f.physics, f.renderer
+        published = data["published"]
+        assert isinstance(published, dict)
+        published["per_env_bytes"] = f.per_env_bytes  # the Go2's (12 joints): scene: scales it
+        published["render_per_env_bytes"] = f.render_per_env_bytes
+        published["basis"] = {
+            term: {"kind": b.kind, "band": list(b.band), "source": b.source, "measure": b.measure}
+            for term, b in f.basis.items()
+        }
     if as_json:
         print_json(data)
         return
-    table = Table(title=safe(f"Isaac Sim on {card}"), title_justify="left", show_header=False)
+    title = f"Isaac Sim on {card}"
+    if lab3:
+        title = f"Isaac Lab 3, {f.physics} physics, {f.renderer} renderer, on {card}"
+    table = Table(title=safe(title), title_justify="left", show_header=False)
     table.add_column("figure")
     table.add_column("value")
     table.add_row("base (rendering off)", format_bytes(f.base_bytes))
@@ -103,6 +124,11 @@ def _show(card: str, as_json: bool) -> None:
     table.add_row("further data type", f"{f.extra_type_fraction:.0%} of a pixel")
     table.add_row("standard camera", f"x{f.standard_factor:g} a tiled camera's pixel")
     table.add_row("GUI viewport", format_bytes(f.viewport_bytes))
+    if lab3:
+        table.add_row("per env (the Go2)", format_bytes(f.per_env_bytes))
+        for term, b in f.basis.items():
+            band = f"{b.band[0]:+.0%}..{b.band[1]:+.0%}"
+            table.add_row(f"basis: {term}", safe(f"{b.kind} ({band}): {b.source}"))
     if found is not None:
         m, path = found
         table.add_row("measured base", format_bytes(m.base_bytes))
@@ -126,15 +152,29 @@ def simulator(
     ),
     name: str = typer.Option("isaac_sim", "--simulator", help="What ran (the workload's preset)."),
     version: str | None = typer.Option(None, "--sim-version", help="The simulator's version."),
+    physics: str | None = typer.Option(
+        None, "--physics", help="Isaac Lab 3's physics backend: physx or newton."
+    ),
+    renderer: str | None = typer.Option(
+        None, "--renderer", help="Isaac Lab 3's renderer: rtx, newton_warp, ovrtx or none."
+    ),
     store: bool = typer.Option(True, "--store/--no-store", help="Store the fit for the next plan."),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Show the simulator figures a plan uses on a card; fit and store your own from readings."""
     from memfit.hardware.catalog import gpu as catalog_gpu
+    from memfit.runtime.sim_measure import check_backend
 
+    check_backend(physics, renderer)
+    if renderer == "newton_warp" and physics == "physx":
+        raise ConfigError(
+            "the Newton Warp renderer needs Newton physics",
+            key_path="--renderer",
+            hint="give --physics newton --renderer newton_warp",
+        )
     card = catalog_gpu(gpu).name
     if not reading:
-        _show(card, as_json)
+        _show(card, as_json, physics, renderer)
         return
     from memfit.runtime.sim_measure import (
         SimReading,
@@ -156,6 +196,8 @@ def simulator(
         context_bytes=modelled_overhead_bytes(card),
         simulator=name,
         version=version,
+        physics=physics,
+        renderer=renderer,
     )
     path = store_measurement(measured) if store else None
     if as_json:

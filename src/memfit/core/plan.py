@@ -26,6 +26,7 @@ from memfit.core.constraints import (
     check,
 )
 from memfit.core.evaluate import evaluate
+from memfit.core.families.registry import Fallback
 from memfit.core.measured import MeasuredTerms
 from memfit.core.plan_explain import (
     binding_of,
@@ -35,7 +36,7 @@ from memfit.core.plan_explain import (
     next_best,
     range_note,
 )
-from memfit.core.simulator import simulator_notes
+from memfit.core.simulator import simulator_fallbacks, simulator_notes
 from memfit.core.space import Limit, Space, ranked_order
 from memfit.core.workload import Workload
 from memfit.errors import ConfigError, InfeasiblePlan
@@ -200,10 +201,13 @@ def _single(space: Space, budget: Budget, gpu: GpuSpec) -> Plan:
 def _would_fit(space: Space, gpu: GpuSpec, budget: Budget) -> list[dict[str, Any]]:
     """The family's fallbacks, each planned: what fits when the request does not."""
     family = space.family
-    if family.fallbacks is None:
-        return []
+    fallbacks = list(family.fallbacks(space.workload)) if family.fallbacks is not None else []
+    if space.workload.simulator is not None:  # Isaac Lab 3: a lighter renderer
+        sim = space.workload.simulator
+        for label, changes in simulator_fallbacks(sim, space.workload.observations.cameras):
+            fallbacks.append(Fallback(label, changes))
     out: list[dict[str, Any]] = []
-    for fallback in family.fallbacks(space.workload):
+    for fallback in fallbacks:
         data = deep_merge(space.workload.model_dump(exclude_none=True), fallback.changes)
         try:
             changed = Workload.model_validate(data)

@@ -26,6 +26,15 @@ figure of each (the conservative choice) and the plan says so. Figures given in 
 section, or measured on the user's card (``measured:``, written by
 :func:`memfit.measure_simulator`), take precedence.
 
+Isaac Lab 3 (Isaac Sim 6) names its physics backend and renderer: ``physics: physx | newton``
+and ``renderer: rtx | newton_warp | ovrtx | none`` pick their own figure sets
+(:data:`memfit.core.simulator_figures.LAB3_PHYSICS`, ``LAB3_RENDERERS``), as does a
+``version`` naming Isaac Lab 3 or Isaac Sim 6; a section naming neither plans with the Isaac
+Lab 1.x-2.x figures as before. Every figure carries its basis (fitted, measured, analytic,
+assumed, given), band and source (:attr:`SimFigures.basis`, :func:`simulator_basis`), and a
+camera job that does not fit with the RTX renderer is offered the Newton Warp renderer
+(:func:`simulator_fallbacks`, planned by :mod:`memfit.core.plan`).
+
 >>> spec = SimulatorSpec(preset="isaac_nurec")
 >>> [(n, round(b / 10**9, 1)) for n, b in simulator_terms(spec, {"num_envs": 4}, None)]
 [('simulator_base', 9.0), ('simulator_envs', 5.2), ('renderer_cameras', 0.0)]
@@ -43,22 +52,33 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from memfit.core.simulator_figures import (
     DATA_TYPES_MEASURED,
     GENESIS,
+    LAB3_PHYSICS,
+    LAB3_RENDERERS,
+    LEGACY_BASIS,
+    MEASURE_HINT,
     RAY_BYTES,
     ROBOT_PER_ENV,
     SCENE_RULE,
     SHARED,
+    Basis,
+    PhysicsFigures,
     card_figures,
+    isaac_generation,
 )
 from memfit.units import format_bytes, parse_bytes
 
 __all__ = [
+    "PHYSICS",
     "PRESETS",
+    "RENDERERS",
     "MeasuredSimulator",
     "RayCasterSpec",
     "SceneSpec",
     "SimCamera",
     "SimFigures",
     "SimulatorSpec",
+    "simulator_basis",
+    "simulator_fallbacks",
     "simulator_notes",
     "simulator_terms",
     "tiled_grid",
@@ -91,6 +111,20 @@ PRESETS: dict[str, str] = {
     "Genesis-Embodied-AI/genesis-world#1740 (nvidia-smi at 4096, 10000 and 20000 envs)",
     "custom": "the workload's own figures",
 }
+
+#: Isaac Lab 3's physics backends and renderers (``simulator.physics``, ``simulator.renderer``).
+PHYSICS: dict[str, str] = {
+    "physx": "PhysX through Isaac Sim (Kit): Isaac Lab's physics=isaacsim_physx",
+    "newton": "Newton (MuJoCo-Warp), kit-less: Isaac Lab's physics=newton_mjwarp",
+}
+RENDERERS: dict[str, str] = {
+    "rtx": "Isaac RTX inside Isaac Sim: renderer=isaacsim_rtx",
+    "newton_warp": "Newton's Warp ray tracer, Newton physics only: renderer=newton_renderer",
+    "ovrtx": "OVRTX, kit-less RTX: renderer=ovrtx",
+    "none": "no renderer (no camera, headless)",
+}
+PhysicsName = Literal["physx", "newton"]
+RendererName = Literal["rtx", "newton_warp", "ovrtx", "none"]
 
 #: NuRec's figures (PR #5793, learner included): at start and per env.
 _NUREC = (9 * 10**9, 13 * 10**8)
@@ -187,6 +221,8 @@ class MeasuredSimulator(_Model):
         gpu: The card's name, as the driver reports it.
         simulator: What was measured (``isaac_sim``, ``genesis``, the user's name).
         version: The simulator's version, as the measurement recorded it.
+        physics: The physics backend that ran (Isaac Lab 3: ``physx``, ``newton``).
+        renderer: The renderer that ran (``rtx``, ``newton_warp``, ``ovrtx``, ``none``).
         rendering: Whether the renderer ran (a camera was on) when measured.
         base_bytes: The simulator at zero envs, its CUDA context not included.
         per_env_bytes: Bytes per environment.
@@ -199,6 +235,8 @@ class MeasuredSimulator(_Model):
     gpu: str
     simulator: str | None = None
     version: str | None = None
+    physics: PhysicsName | None = None
+    renderer: RendererName | None = None
     rendering: bool = False
     base_bytes: int = Field(ge=0)
     per_env_bytes: int = Field(ge=0)
@@ -210,7 +248,14 @@ class MeasuredSimulator(_Model):
 
 @dataclass(frozen=True)
 class SimFigures:
-    """The figures a plan uses, resolved for one card, with where each comes from."""
+    """The figures a plan uses, resolved for one card, with where each comes from.
+
+    ``basis`` maps each term (``simulator_base``, ``renderer_base``, ``simulator_envs``,
+    ``renderer_cameras``, ``viewport``) to how its figure was obtained
+    (:class:`memfit.core.simulator_figures.Basis`); ``physics`` and ``renderer`` are the
+    Isaac Lab 3 backend and renderer the figures are of (``None``: Isaac Lab 1.x-2.x).
+    ``render_per_env_bytes`` is each env's share of the render scene (with rendering on);
+    ``square_tiles`` whether a tiled camera's output is a square grid of tiles."""
 
     base_bytes: int
     render_base_bytes: int
@@ -221,6 +266,11 @@ class SimFigures:
     extra_type_fraction: float
     standard_factor: float
     notes: tuple[str, ...] = field(default_factory=tuple)
+    render_per_env_bytes: int = 0
+    square_tiles: bool = True
+    basis: Mapping[str, Basis] = field(default_factory=dict)
+    physics: str | None = None
+    renderer: str | None = None
 
 
 class SimulatorSpec(_Model):
@@ -230,7 +280,12 @@ class SimulatorSpec(_Model):
         preset: ``isaac_sim``, ``isaac_nurec``, ``genesis`` or ``custom``: where the figures
             not given here come from.
         name: What it is, for reports.
-        version: The simulator's version (which measurement of the user's card applies).
+        version: The simulator's version (which measurement of the user's card applies;
+            one naming Isaac Lab 3 or Isaac Sim 6 plans with Isaac Lab 3's figures).
+        physics: Isaac Lab 3's physics backend: ``physx`` or ``newton``.
+        renderer: Isaac Lab 3's renderer: ``rtx`` (Isaac RTX), ``newton_warp``, ``ovrtx``
+            or ``none``. With neither (and no Isaac Lab 3 version) the Isaac Lab 1.x-2.x
+            figures (PhysX and Isaac RTX) apply, as before.
         gpu: The card whose figures to use; the planner sets it to the GPU it plans for.
         headless: Whether the run has no GUI (``--headless``); without it a viewport is
             rendered too.
@@ -254,6 +309,8 @@ class SimulatorSpec(_Model):
     preset: Literal["isaac_sim", "isaac_nurec", "genesis", "custom"] = "custom"
     name: str | None = None
     version: str | None = None
+    physics: PhysicsName | None = None
+    renderer: RendererName | None = None
     gpu: str | None = None
     headless: bool = True
     rendering: bool | None = None
@@ -272,6 +329,41 @@ class SimulatorSpec(_Model):
         _size
     )
 
+    @model_validator(mode="after")
+    def _backends(self) -> SimulatorSpec:
+        if self.physics is None and self.renderer is None:
+            return self
+        if self.preset != "isaac_sim":
+            raise ValueError(
+                "physics and renderer are Isaac Lab 3's choices: use them with preset isaac_sim"
+            )
+        if self.renderer == "newton_warp" and self.physics == "physx":
+            raise ValueError(
+                "the Newton Warp renderer needs Newton physics (physics: newton; Isaac Lab: "
+                "physics=newton_mjwarp renderer=newton_renderer)"
+            )
+        if self.renderer == "none" and (self.cameras or self.rendering):
+            raise ValueError(
+                "renderer none renders no camera: drop cameras and rendering, or name a "
+                "renderer (rtx, newton_warp, ovrtx)"
+            )
+        return self
+
+    def lab3(self) -> bool:
+        """Whether Isaac Lab 3's figures apply: ``physics`` or ``renderer`` named, or a
+        version of Isaac Lab 3 / Isaac Sim 6; an Isaac Lab 1.x-2.x version with PhysX and
+        Isaac RTX keeps the figures of those releases."""
+        if self.preset != "isaac_sim":
+            return False
+        generation = isaac_generation(self.version)
+        if generation == 2 and self.physics in (None, "physx") and self.renderer in (None, "rtx"):
+            return False
+        return generation == 3 or self.physics is not None or self.renderer is not None
+
+    def backend(self) -> tuple[str, str]:
+        """``(physics, renderer)`` the figures are of (unnamed: PhysX and Isaac RTX)."""
+        return self.physics or "physx", self.renderer or "rtx"
+
     def names(self) -> list[tuple[str, str]]:
         """``(key path, name)`` of every knob or setting a camera or ray caster names."""
         out: list[tuple[str, str]] = []
@@ -289,6 +381,8 @@ class SimulatorSpec(_Model):
 
     def figures(self) -> SimFigures:
         """The figures for :attr:`gpu`, with the section's own and measured ones first."""
+        if self.lab3():
+            return self._lab3_figures()
         notes: list[str] = []
         shared = SHARED
         if self.preset == "isaac_sim":
@@ -308,37 +402,170 @@ class SimulatorSpec(_Model):
         else:
             base, render, pixel, scratch, viewport = 0, 0, 0.0, 0.0, 0
         per_env = self._per_env(notes)
-        m = self.measured
-        if m is not None and self.gpu is not None and m.gpu == self.gpu:
-            base = m.base_bytes
-            render = 0 if m.rendering else render
-            per_env = m.per_env_bytes
-            if m.pixel_bytes is not None:
-                pixel, scratch = m.pixel_bytes, 0.0
-            notes.append(f"measured on {m.gpu}" + (f" ({m.version})" if m.version else ""))
-        elif m is not None:
-            notes.append(
-                f"the measurement of {m.gpu} is not used for {self.gpu or 'an unnamed card'}"
-            )
-        if self.base_bytes is not None:
-            base = self.base_bytes
-        if self.render_base_bytes is not None:
-            render = self.render_base_bytes
-        if self.per_env_bytes is not None:
-            per_env = self.per_env_bytes
-        if self.per_camera_pixel_bytes is not None:
-            pixel, scratch = float(self.per_camera_pixel_bytes), 0.0
+        basis = _preset_basis(self.preset)
+        figs = _Figs(base, render, per_env, pixel, scratch)
+        self._apply_measured(figs, basis, notes)
+        self._apply_given(figs, basis)
         return SimFigures(
-            base_bytes=base,
-            render_base_bytes=render,
+            base_bytes=figs.base,
+            render_base_bytes=figs.render,
             viewport_bytes=viewport,
-            per_env_bytes=per_env,
-            pixel_bytes=pixel,
-            shared_pixel_bytes=scratch,
+            per_env_bytes=figs.per_env,
+            pixel_bytes=figs.pixel,
+            shared_pixel_bytes=figs.scratch,
             extra_type_fraction=shared.extra_type_fraction,
             standard_factor=shared.standard_factor,
             notes=tuple(notes),
+            basis=basis,
         )
+
+    def _apply_measured(self, figs: _Figs, basis: dict[str, Basis], notes: list[str]) -> None:
+        """The measurement of this card (and, for Isaac Lab 3, this backend), when there is
+        one: it replaces the figures it measured."""
+        m = self.measured
+        if m is None:
+            return
+        if self.gpu is None or m.gpu != self.gpu:
+            notes.append(
+                f"the measurement of {m.gpu} is not used for {self.gpu or 'an unnamed card'}"
+            )
+            return
+        physics, renderer = self.backend()
+        if (m.physics or "physx") != physics or (m.rendering and (m.renderer or "rtx") != renderer):
+            notes.append(
+                f"the measurement of {m.physics or 'physx'} with {m.renderer or 'rtx'} is not "
+                f"used for {physics} with {renderer}"
+            )
+            return
+        figs.base = m.base_bytes
+        figs.render = 0 if m.rendering else figs.render
+        figs.per_env = m.per_env_bytes
+        where = f"measured on {m.gpu}" + (f" ({m.version})" if m.version else "")
+        mine = Basis("measured", (-0.1, 0.1), where)
+        basis.update(simulator_base=mine, simulator_envs=mine)
+        if m.rendering:
+            basis["renderer_base"] = mine
+        if m.pixel_bytes is not None:
+            figs.pixel, figs.scratch = m.pixel_bytes, 0.0
+            basis["renderer_cameras"] = mine
+        notes.append(where)
+
+    def _apply_given(self, figs: _Figs, basis: dict[str, Basis]) -> None:
+        """The section's own figures, over every other."""
+        given = Basis("given", (0.0, 0.0), "the workload's simulator section")
+        if self.base_bytes is not None:
+            figs.base = self.base_bytes
+            basis["simulator_base"] = given
+        if self.render_base_bytes is not None:
+            figs.render = self.render_base_bytes
+            basis["renderer_base"] = given
+        if self.per_env_bytes is not None:
+            figs.per_env = self.per_env_bytes
+            basis["simulator_envs"] = given
+        if self.per_camera_pixel_bytes is not None:
+            figs.pixel, figs.scratch = float(self.per_camera_pixel_bytes), 0.0
+            basis["renderer_cameras"] = given
+
+    def _lab3_figures(self) -> SimFigures:
+        """Isaac Lab 3's figures for this backend, renderer and card."""
+        notes: list[str] = []
+        physics, renderer = self.backend()
+        generation = isaac_generation(self.version)
+        if generation is None:
+            notes.append(
+                "version not given: Isaac Lab 3.0's figures (the release with physics and "
+                "renderer choices)"
+            )
+        elif generation == 2:
+            notes.append(
+                f"{self.version} has no {physics} physics with {renderer}: Isaac Lab 3.0's figures"
+            )
+        phys = LAB3_PHYSICS[physics]
+        rend = LAB3_RENDERERS[renderer]
+        card = card_figures(self.gpu)
+        render = (
+            card.render_base_bytes if rend.render_base_bytes is None else rend.render_base_bytes
+        )
+        pixel = card.pixel_bytes if rend.pixel_bytes is None else rend.pixel_bytes
+        scratch = (
+            card.shared_pixel_bytes if rend.shared_pixel_bytes is None else rend.shared_pixel_bytes
+        )
+        basis: dict[str, Basis] = {
+            "simulator_base": phys.basis,
+            "simulator_envs": phys.basis,
+            "renderer_base": rend.basis,
+            "renderer_cameras": rend.basis,
+            "viewport": _VIEWPORT_BASIS,
+        }
+        if renderer == "rtx" and physics == "newton":
+            kit = LAB3_PHYSICS["physx"].base_bytes
+            render += kit
+            notes.append(
+                f"Isaac RTX with Newton physics runs Isaac Sim (Kit): {format_bytes(kit)} of "
+                "the PhysX arm's base counted for Kit (the readings do not split Kit from "
+                "PhysX's buffers)"
+            )
+        if renderer in ("rtx", "ovrtx") and card.card is None and self._renders():
+            notes.append(
+                f"no reading of the RTX renderer on {self.gpu or 'this card'}: the "
+                f"conservative figures ({card.source})"
+            )
+        if renderer in ("ovrtx", "newton_warp") and self._renders():
+            notes.append(f"{renderer}: {rend.basis.source}; {MEASURE_HINT}")
+        if self.renderer is None and self._renders():
+            notes.append(
+                "renderer not named: Isaac RTX counted; name simulator.renderer (rtx, "
+                "newton_warp, ovrtx)"
+            )
+        figs = _Figs(phys.base_bytes, render, self._lab3_per_env(phys, notes), pixel, scratch)
+        self._apply_measured(figs, basis, notes)
+        self._apply_given(figs, basis)
+        return SimFigures(
+            base_bytes=figs.base,
+            render_base_bytes=figs.render,
+            viewport_bytes=SHARED.viewport_bytes,
+            per_env_bytes=figs.per_env,
+            pixel_bytes=figs.pixel,
+            shared_pixel_bytes=figs.scratch,
+            extra_type_fraction=(
+                SHARED.extra_type_fraction
+                if rend.extra_type_fraction is None
+                else rend.extra_type_fraction
+            ),
+            standard_factor=(
+                SHARED.standard_factor if rend.standard_factor is None else rend.standard_factor
+            ),
+            notes=tuple(notes),
+            render_per_env_bytes=rend.per_env_bytes,
+            square_tiles=rend.square_tiles,
+            basis=basis,
+            physics=physics,
+            renderer=renderer,
+        )
+
+    def _renders(self) -> bool:
+        """Whether this section alone says the renderer runs (its cameras, a GUI, or
+        ``rendering: true``); observation cameras are known to :func:`simulator_terms`."""
+        if self.renderer == "none" or self.rendering is False:
+            return False
+        return bool(self.cameras) or not self.headless or bool(self.rendering)
+
+    def _lab3_per_env(self, phys: PhysicsFigures, notes: list[str]) -> int:
+        """The backend's per-env figure for this scene: the reference scene's (the Go2),
+        scaled by the Isaac Lab 1.x scene rule's ratio of this scene to it."""
+        reference = SCENE_RULE.per_env(phys.reference_joints)
+        if self.scene is not None and self.scene.robot is not None:
+            scene = ROBOT_PER_ENV[self.scene.robot]
+        elif self.scene is not None and self.scene.joints is not None:
+            scene = SCENE_RULE.per_env(self.scene.joints)
+        else:
+            scene = SHARED.default_per_env_bytes
+            if self.per_env_bytes is None:
+                notes.append(
+                    "per-env memory of an undescribed scene: the largest measured scene's "
+                    "ratio to the Go2; give scene: {joints: N} or per_env_bytes"
+                )
+        return round(phys.per_env_bytes * scene / reference)
 
     def _per_env(self, notes: list[str]) -> int:
         if self.preset == "isaac_nurec":
@@ -369,6 +596,49 @@ class SimulatorSpec(_Model):
             f.pixel_bytes + f.shared_pixel_bytes,
             self.source or PRESETS[self.preset],
         )
+
+
+@dataclass
+class _Figs:
+    """The figures being resolved (mutable while measured and given ones replace them)."""
+
+    base: int
+    render: int
+    per_env: int
+    pixel: float
+    scratch: float
+
+
+#: The GUI viewport's figure: one rough reading (issue 33).
+_VIEWPORT_BASIS = Basis(
+    "fitted",
+    (-0.5, 0.5),
+    "one rough reading: unitree_rl_lab #22 (one env with the GUI, about 9 GB)",
+    MEASURE_HINT,
+)
+
+
+def _preset_basis(preset: str) -> dict[str, Basis]:
+    """How the figures of a preset (Isaac Lab 1.x-2.x for ``isaac_sim``) were obtained."""
+    if preset == "isaac_sim":
+        basis = LEGACY_BASIS
+    elif preset == "isaac_nurec":
+        basis = Basis(
+            "fitted",
+            (-0.15, 0.15),
+            PRESETS["isaac_nurec"],
+            MEASURE_HINT,
+        )
+    elif preset == "genesis":
+        basis = Basis("fitted", (-0.25, 0.25), PRESETS["genesis"], MEASURE_HINT)
+    else:
+        basis = Basis("given", (0.0, 0.0), "the workload's simulator section")
+    out = {
+        name: basis
+        for name in ("simulator_base", "renderer_base", "simulator_envs", "renderer_cameras")
+    }
+    out["viewport"] = _VIEWPORT_BASIS
+    return out
 
 
 def tiled_grid(num_envs: int) -> tuple[int, int]:
@@ -423,7 +693,7 @@ def camera_bytes(
     """Bytes of the renderer's cameras for ``num_envs`` environments."""
     total = 0.0
     largest = 0
-    cols, rows = tiled_grid(num_envs)
+    cols, rows = tiled_grid(num_envs) if figures.square_tiles else (num_envs, 1)
     for cam in cameras:
         h, w, count = (_value(v, values) for v in (cam.height, cam.width, cam.count))
         per_px = _type_bytes(list(cam.data_types), figures.pixel_bytes, figures.extra_type_fraction)
@@ -478,10 +748,15 @@ def simulator_terms(
     envs = values.get("num_envs", 1)
     cameras = spec.cameras if spec.cameras is not None else _observed(observed)
     rendering = spec.rendering if spec.rendering is not None else bool(cameras) or not spec.headless
+    if spec.renderer == "none":
+        rendering = False
+    drawn = (
+        camera_bytes(cameras, values, envs, f) + envs * f.render_per_env_bytes if rendering else 0
+    )
     out = [
         ("simulator_base", f.base_bytes),
         ("simulator_envs", envs * f.per_env_bytes),
-        ("renderer_cameras", camera_bytes(cameras, values, envs, f) if rendering else 0),
+        ("renderer_cameras", drawn),
     ]
     if rendering and f.render_base_bytes:
         out.insert(1, ("renderer_base", f.render_base_bytes))
@@ -506,9 +781,50 @@ def simulator_notes(spec: SimulatorSpec) -> list[str]:
             f"(x{f.standard_factor:g} for a standard camera)"
         )
     source = spec.source or PRESETS[spec.preset]
+    if f.physics is not None:
+        name += f", {f.physics} physics, {f.renderer} renderer"
+        source = spec.source or _lab3_source(f)
     note = f"simulator {name}" + (f" on {spec.gpu}" if spec.gpu else "") + ": "
     note += ", ".join(parts) + f" ({source}); outside the framework's allocator"
     return [note, *(f"simulator: {n}" for n in [*f.notes, *_unmeasured(spec)])]
+
+
+def _lab3_source(f: SimFigures) -> str:
+    """Where Isaac Lab 3's figures come from, by basis."""
+    kinds = {b.kind for b in f.basis.values() if b.kind != "analytic"}
+    what = "Isaac Lab 3.0 figures"
+    if kinds:
+        what += ": " + ", ".join(sorted(kinds))
+    return what + "; see memfit simulator --gpu NAME --physics P --renderer R"
+
+
+def simulator_basis(spec: SimulatorSpec) -> dict[str, Basis]:
+    """How each simulator term's figure was obtained: ``{term: Basis}`` for
+    ``simulator_base``, ``renderer_base``, ``simulator_envs``, ``renderer_cameras``,
+    ``viewport`` (and ``ray_casters``, counted from Isaac Lab's source)."""
+    out = dict(spec.figures().basis)
+    out["ray_casters"] = Basis(
+        "analytic", (0.0, 0.5), "Isaac Lab's ray casters: float32 buffers per ray, from its source"
+    )
+    return out
+
+
+def simulator_fallbacks(spec: SimulatorSpec, observed: Any) -> list[tuple[str, dict[str, Any]]]:
+    """What may make a camera job fit when it does not with the RTX renderer: the Newton
+    Warp renderer (with Newton physics, which it needs), said with its basis. ``(label,
+    changes)`` pairs, the changes a nested mapping over the workload."""
+    if spec.preset != "isaac_sim" or spec.rendering is False:
+        return []
+    cameras = spec.cameras if spec.cameras is not None else _observed(observed)
+    if not cameras or (spec.renderer or "rtx") not in ("rtx", "ovrtx"):
+        return []
+    basis = LAB3_RENDERERS["newton_warp"].basis
+    label = (
+        "Newton physics with the Newton Warp renderer (simulator.physics: newton, "
+        f"simulator.renderer: newton_warp; Isaac Lab 3; its figures {basis.kind}, not measured:"
+        " measure yours with memfit.integrations.isaaclab.measure)"
+    )
+    return [(label, {"simulator": {"physics": "newton", "renderer": "newton_warp"}})]
 
 
 def _unmeasured(spec: SimulatorSpec) -> list[str]:
@@ -516,7 +832,8 @@ def _unmeasured(spec: SimulatorSpec) -> list[str]:
     if spec.preset != "isaac_sim":
         return []
     out = []
-    cams = spec.cameras or []
+    rtx = spec.backend()[1] in ("rtx", "ovrtx")
+    cams = (spec.cameras or []) if rtx else []
     kinds = sorted({t for c in cams for t in c.data_types if t not in DATA_TYPES_MEASURED})
     if kinds:
         out.append(

@@ -18,27 +18,126 @@ its measured figure. The readings:
   (MuammerBay/isaac_so_arm101 PR #84);
 * Genesis's Go2 locomotion example (Genesis-Embodied-AI/genesis-world #1740, #1914).
 
+Isaac Lab 3 (Isaac Sim 6) names its physics backend (PhysX, Newton) and its renderer (Isaac
+RTX, Newton Warp, OVRTX); :data:`LAB3_PHYSICS` and :data:`LAB3_RENDERERS` hold a figure set
+for each, every figure with its :class:`Basis` (fitted, analytic, assumed), from the readings
+in ``tests/data/published_truth/simulators/isaaclab3/`` (fitted by ``bench/simulator_lab3.py``
+on the calibration readings; the held-out ones are planned against their reading) and, where
+nothing is published, from Isaac Lab's source or an assumption with a wide band.
+
 The device figures are *after* the CUDA context and cuBLAS workspace memfit models itself:
 a reading of ``total - free`` less those is what the simulator holds.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import Literal
 
 __all__ = [
     "CARD_FIGURES",
     "DATA_TYPES_MEASURED",
     "GENESIS",
+    "LAB3_PHYSICS",
+    "LAB3_RENDERERS",
+    "LEGACY_BASIS",
     "RAY_BYTES",
     "ROBOT_PER_ENV",
     "SCENE_RULE",
     "SHARED",
+    "Basis",
     "CardFigures",
+    "PhysicsFigures",
+    "RendererFigures",
     "SceneRule",
     "SharedFigures",
     "card_figures",
+    "isaac_generation",
 ]
+
+
+BasisKind = Literal["fitted", "measured", "analytic", "assumed", "given"]
+
+
+@dataclass(frozen=True)
+class Basis:
+    """How one figure was obtained, how far it may be off, and where it comes from.
+
+    Attributes:
+        kind: ``fitted`` (from published readings), ``measured`` (on the user's card),
+            ``analytic`` (counted from the source code), ``assumed`` (nothing to fit or
+            count), ``given`` (the workload's own number).
+        band: ``(low, high)``, relative: the real figure is expected between
+            ``value x (1 + low)`` and ``value x (1 + high)``.
+        source: The readings, code or reason behind it.
+        measure: How the user measures theirs (``None`` when the figure is theirs).
+    """
+
+    kind: BasisKind
+    band: tuple[float, float]
+    source: str
+    measure: str | None = None
+
+
+#: How to measure a simulator's figures on your card (said with every figure not measured).
+MEASURE_HINT = (
+    "measure yours: memfit.integrations.isaaclab.measure(make_env, points) in the script "
+    "(or memfit.measure_simulator), or memfit simulator --gpu NAME --physics P --renderer R "
+    "--reading num_envs=N[,camera=HxW]:USED ..."
+)
+
+
+@dataclass(frozen=True)
+class PhysicsFigures:
+    """What an Isaac Lab 3 physics backend holds (headless, no camera), its CUDA context not
+    included.
+
+    Attributes:
+        physics: ``physx`` (Isaac Sim's PhysX through Kit) or ``newton`` (Warp, kit-less).
+        versions: The versions the readings were taken with.
+        base_bytes: At start, before any environment.
+        per_env_bytes: Per environment of the reference scene.
+        reference_joints: The reference scene's joints (other scenes scale by the Isaac
+            Lab 1.x scene rule's ratio).
+        basis: How the figures were obtained.
+    """
+
+    physics: str
+    versions: str
+    base_bytes: int
+    per_env_bytes: int
+    reference_joints: int
+    basis: Basis
+
+
+@dataclass(frozen=True)
+class RendererFigures:
+    """What an Isaac Lab 3 renderer adds: ``None`` figures are the card's Isaac RTX figures
+    (:data:`CARD_FIGURES`).
+
+    Attributes:
+        renderer: ``rtx``, ``newton_warp``, ``ovrtx`` or ``none``.
+        render_base_bytes: Before any pixel.
+        pixel_bytes: Per pixel of every camera's output, first data type.
+        shared_pixel_bytes: Per pixel of the largest render product, once.
+        extra_type_fraction: Each further data type, as a fraction of ``pixel_bytes``.
+        standard_factor: A standard camera's bytes per pixel over a tiled camera's.
+        per_env_bytes: The env's share of the render scene.
+        square_tiles: Whether the output is a square grid of tiles (Isaac RTX's render
+            product) rather than exactly one image per env.
+        basis: How the figures were obtained.
+    """
+
+    renderer: str
+    render_base_bytes: int | None
+    pixel_bytes: float | None
+    shared_pixel_bytes: float | None
+    extra_type_fraction: float | None
+    standard_factor: float | None
+    per_env_bytes: int
+    square_tiles: bool
+    basis: Basis
 
 
 @dataclass(frozen=True)
@@ -201,3 +300,137 @@ def card_figures(card: str | None) -> CardFigures:
     reading was taken on it."""
     found = CARD_FIGURES.get(card) if card is not None else None
     return found if found is not None else _envelope()
+
+
+#: The bands of the Isaac Lab 1.x-2.x figures: the held-out readings of
+#: ``bench/simulator_truth.py`` meet a worst |error| of 25% (issue 33's goal; docs/benchmarks.md).
+LEGACY_BASIS = Basis(
+    kind="fitted",
+    band=(-0.25, 0.25),
+    source="published readings of Isaac Lab 1.x-2.x (Isaac Sim 4.x), fitted by "
+    "bench/simulator_fit.py; held-out worst |error| 25%",
+    measure=MEASURE_HINT,
+)
+
+# --- Isaac Lab 3: fitted by bench/simulator_lab3.py from the calibration readings ---
+
+_LAB3_VERSIONS = "Isaac Lab 3.0.0, Isaac Sim 6.0.0, Newton 1.0.0 (torch 2.10, CUDA 12.8)"
+_GO2 = (
+    "newton-physics/newton discussion #3331 (yusufdxb/physx-newton-bench): Go2 flat "
+    "velocity task, per-process VRAM at 256 and 4096 envs (calibration), a consumer "
+    "Blackwell card"
+)
+
+LAB3_PHYSICS: dict[str, PhysicsFigures] = {
+    "physx": PhysicsFigures(
+        physics="physx",
+        versions=_LAB3_VERSIONS,
+        base_bytes=1_933_085_000,
+        per_env_bytes=300_919,
+        reference_joints=12,
+        # the source: single probes are noisy at the +-10% level
+        basis=Basis("fitted", (-0.1, 0.1), _GO2 + "; PhysX's stock GPU buffers", MEASURE_HINT),
+    ),
+    "newton": PhysicsFigures(
+        physics="newton",
+        versions=_LAB3_VERSIONS,
+        base_bytes=0,  # the process is smaller than the CUDA context memfit models
+        per_env_bytes=71_543,
+        reference_joints=12,
+        basis=Basis(
+            "fitted",
+            (-0.1, 0.1),
+            _GO2 + "; MJWarp's stock njmax=65, nconmax=35 per env",
+            MEASURE_HINT,
+        ),
+    ),
+}
+
+#: Isaac Lab 3's renderers. Isaac RTX has no Isaac Sim 6 reading: the card's Isaac Sim 4.2
+#: figures, carried over. OVRTX has none either: Isaac Lab's docs say it "uses more VRAM
+#: than Newton Warp"; the card's Isaac RTX figures are assumed. Newton Warp writes straight
+#: into Isaac Lab's camera outputs (isaaclab_newton/renderers/newton_warp_renderer.py): 4 B
+#: per RGBA pixel, 4 B per depth pixel, and the observation term's float32 copy (12 B for
+#: RGB, 4 B for depth), one image per env (no square render product); its BVH and scene
+#: have no reading and are assumed.
+LAB3_RENDERERS: dict[str, RendererFigures] = {
+    "rtx": RendererFigures(
+        renderer="rtx",
+        render_base_bytes=None,
+        pixel_bytes=None,
+        shared_pixel_bytes=None,
+        extra_type_fraction=None,
+        standard_factor=None,
+        per_env_bytes=0,
+        square_tiles=True,
+        basis=Basis(
+            "fitted",
+            (-0.25, 0.5),
+            "Isaac RTX's figures of the card, fitted on Isaac Sim 4.2 readings (ManiSkill3's "
+            "benchmark); no Isaac Sim 6 reading: carried over, the band widened",
+            MEASURE_HINT,
+        ),
+    ),
+    "ovrtx": RendererFigures(
+        renderer="ovrtx",
+        render_base_bytes=None,
+        pixel_bytes=None,
+        shared_pixel_bytes=None,
+        extra_type_fraction=None,
+        standard_factor=None,
+        per_env_bytes=0,
+        square_tiles=True,
+        basis=Basis(
+            "assumed",
+            (-0.5, 1.0),
+            "no reading of OVRTX: Isaac RTX's figures of the card assumed (Isaac Lab 3's "
+            "docs: OVRTX uses more VRAM than Newton Warp)",
+            MEASURE_HINT,
+        ),
+    ),
+    "newton_warp": RendererFigures(
+        renderer="newton_warp",
+        render_base_bytes=512 * 2**20,
+        pixel_bytes=16.0,
+        shared_pixel_bytes=0.0,
+        extra_type_fraction=0.5,
+        standard_factor=1.0,
+        per_env_bytes=64 * 2**10,
+        square_tiles=False,
+        basis=Basis(
+            "assumed",
+            (-0.75, 1.0),
+            "Newton Warp: per pixel counted from Isaac Lab's source (4 B RGBA output and "
+            "the observation's 12 B float32 copy; depth 4 + 4 B); its BVH and scene (512 MiB "
+            "and 64 KiB per env) assumed, no reading",
+            MEASURE_HINT,
+        ),
+    ),
+    "none": RendererFigures(
+        renderer="none",
+        render_base_bytes=0,
+        pixel_bytes=0.0,
+        shared_pixel_bytes=0.0,
+        extra_type_fraction=0.0,
+        standard_factor=1.0,
+        per_env_bytes=0,
+        square_tiles=False,
+        basis=Basis("analytic", (0.0, 0.0), "no renderer: nothing rendered"),
+    ),
+}
+
+
+def isaac_generation(version: str | None) -> int | None:
+    """3 for a version naming Isaac Lab 3+ or Isaac Sim 6+, 2 for an earlier one, ``None``
+    when the text names neither (``"isaaclab 2.3.0"`` -> 2, ``"isaacsim 6.0"`` -> 3)."""
+    if not version:
+        return None
+    text = version.lower()
+    lab = re.search(r"isaac[\s_-]?lab\D{0,3}?(\d+)", text)
+    if lab is not None:
+        return 3 if int(lab.group(1)) >= 3 else 2
+    sim = re.search(r"isaac[\s_-]?sim\D{0,3}?(\d+)", text)
+    if sim is not None:
+        major = int(sim.group(1))
+        return 3 if 6 <= major < 2000 else 2
+    return None

@@ -45,6 +45,12 @@ them (:func:`memfit.measure_simulator`)::
                               {"num_envs": 64, "cameras": cams(80)},
                               {"num_envs": 64, "cameras": cams(160)}])
 
+:func:`backends` reads which physics backend and renderer the running app uses (Isaac Lab
+3: ``env.cfg.sim.physics`` is a ``PhysxCfg`` or ``NewtonCfg``; each camera's
+``renderer_cfg`` an ``IsaacRtxRendererCfg``, ``NewtonWarpRendererCfg`` or
+``OVRTXRendererCfg``); :func:`measure` records them with the measurement, so a plan uses it
+for that backend and renderer only, and :func:`autoconfig` plans the workload with them.
+
 Isaac Lab needs Isaac Sim and does not install on a CPU-only machine; memfit tests these
 against its documented call signatures with a stand-in environment object.
 """
@@ -60,7 +66,14 @@ from memfit._checks import require as require_arg
 from memfit.errors import ConfigError
 from memfit.runtime.events import EventSink, MemoryEvent, emit
 
-__all__ = ["autoconfig", "cleanup_event", "guarded_term", "isaac_versions", "measure"]
+__all__ = [
+    "autoconfig",
+    "backends",
+    "cleanup_event",
+    "guarded_term",
+    "isaac_versions",
+    "measure",
+]
 
 _DEFAULT_ATTR = "_memfit_cleanup_policy"
 
@@ -205,13 +218,82 @@ def _device_index(device: Any) -> int:
     return 0
 
 
+def _physics_of(cfg: Any) -> str | None:
+    """``physx`` or ``newton`` from a physics config's class (``None``: not Isaac Lab 3's)."""
+    name = type(cfg).__name__.lower()
+    if "newton" in name or "mjwarp" in name or "kamino" in name:
+        return "newton"
+    if "physx" in name:
+        return "physx"
+    return None
+
+
+def _renderer_of(cfg: Any) -> str | None:
+    """``rtx``, ``newton_warp`` or ``ovrtx`` from a renderer config (its ``renderer_type``,
+    else its class name)."""
+    kind = getattr(cfg, "renderer_type", None)
+    text = kind if isinstance(kind, str) and kind not in ("", "base") else type(cfg).__name__
+    text = text.lower()
+    if "newton" in text or "warp" in text:
+        return "newton_warp"
+    if "ovrtx" in text or "ov_rtx" in text:
+        return "ovrtx"
+    if "rtx" in text:
+        return "rtx"
+    return None
+
+
+def _sensors(env: Any) -> list[Any]:
+    """The scene's sensors (``env.scene.sensors``, a mapping), or none."""
+    scene = getattr(env, "scene", None)
+    sensors = getattr(scene, "sensors", None)
+    if isinstance(sensors, dict):
+        return list(sensors.values())
+    values = getattr(sensors, "values", None)
+    return list(values()) if callable(values) else []
+
+
+def backends(env: Any) -> tuple[str | None, str | None]:
+    """``(physics, renderer)`` the running Isaac Lab app uses, as the workload's
+    ``simulator.physics`` and ``simulator.renderer`` name them.
+
+    Physics: the class of ``env.cfg.sim.physics`` (Isaac Lab 3: ``PhysxCfg``, ``NewtonCfg``;
+    ``None`` there is Isaac Lab 3's default, PhysX); ``None`` when the config has no
+    ``physics`` (Isaac Lab 1.x-2.x: PhysX, but not Isaac Lab 3's figures). Renderer: the
+    ``renderer_cfg`` of the scene's cameras (``"none"`` when no sensor has one, on Isaac Lab
+    3); ``None`` when it cannot be told.
+
+    Args:
+        env: The Isaac Lab env (or ``env.unwrapped``).
+    """
+    base = getattr(env, "unwrapped", env)
+    sim_cfg = getattr(getattr(base, "cfg", None), "sim", None)
+    lab3 = sim_cfg is not None and hasattr(sim_cfg, "physics")
+    physics: str | None = None
+    if lab3:
+        physics_cfg = getattr(sim_cfg, "physics", None)
+        physics = "physx" if physics_cfg is None else _physics_of(physics_cfg)
+    renderer: str | None = None
+    found = [getattr(getattr(s, "cfg", None), "renderer_cfg", None) for s in _sensors(base)]
+    kinds = {_renderer_of(c) for c in found if c is not None} - {None}
+    if len(kinds) == 1:
+        renderer = kinds.pop()
+    elif len(kinds) > 1:  # several renderers: the heaviest one's figures
+        renderer = "rtx" if "rtx" in kinds else "ovrtx"
+    elif lab3 and not any(c is not None for c in found):
+        renderer = "none"
+    return physics, renderer
+
+
 def autoconfig(env: Any, workload: Any, **kwargs: Any) -> Any:
     """:func:`memfit.autoconfig` for an Isaac Lab env that has started: the env's device,
     ``num_envs`` pinned to the env's, the simulator and renderer already running.
 
     Args:
         env: An Isaac Lab env (``ManagerBasedRLEnv`` / ``DirectRLEnv``, or ``env.unwrapped``):
-            its ``num_envs`` and ``device`` are read.
+            its ``num_envs`` and ``device`` are read, and (Isaac Lab 3) the physics backend
+            and renderer it runs (:func:`backends`), put into the workload's ``simulator``
+            where it names none.
         workload: A workload, a path, or a bundled name.
         **kwargs: More arguments for :func:`memfit.autoconfig` (``margin``, ``probe``,
             ``apply``, more ``overrides``).
@@ -236,11 +318,34 @@ def autoconfig(env: Any, workload: Any, **kwargs: Any) -> Any:
             hint="pass the Isaac Lab env (or env.unwrapped) after it was created",
         )
     loaded = load_workload(workload)
+    physics, renderer = backends(env)
+    sim = loaded.simulator
+    if sim is not None and sim.preset == "isaac_sim" and (physics or renderer):
+        # plan with the backend and renderer that run (the simulator's own terms are left
+        # out as already running; its figures still name what the plan assumed)
+        update = {
+            k: v
+            for k, v in (("physics", physics), ("renderer", renderer))
+            if v is not None and getattr(sim, k) != v
+        }
+        if update:
+            changed = sim.model_copy(update=update)
+            try:  # the combination the app runs must be one the workload can state
+                type(sim).model_validate(changed.model_dump())
+            except ValueError:
+                changed = sim
+            loaded = loaded.model_copy(update={"simulator": changed})
     overrides = dict(kwargs.pop("overrides", None) or {})
     if "num_envs" in loaded.knobs or "num_envs" in loaded.settings:
         overrides.setdefault("num_envs", num_envs)
     device = kwargs.pop("device", _device_index(getattr(env, "device", "cuda:0")))
-    return plan_now(loaded, device=device, overrides=overrides, **kwargs)
+    result = plan_now(loaded, device=device, overrides=overrides, **kwargs)
+    if physics is not None or renderer is not None:
+        result.notes.append(
+            f"the Isaac Lab app runs {physics or 'unknown'} physics and the "
+            f"{renderer or 'unknown'} renderer (read from the env)"
+        )
+    return result
 
 
 def isaac_versions() -> str | None:
@@ -273,7 +378,8 @@ def measure(
 ) -> Any:
     """:func:`memfit.measure_simulator` for Isaac Lab: each env stepped ten times with zero
     actions before the reading, closed after it, the versions of the installed ``isaaclab``
-    and ``isaacsim`` recorded.
+    and ``isaacsim`` recorded, and (Isaac Lab 3) the physics backend and renderer of the
+    first env created (:func:`backends`), so a plan uses the measurement for them only.
 
     Args:
         make_env: Creates the env for one point (``{"num_envs": 64, "cameras": [...]}``):
@@ -291,8 +397,31 @@ def measure(
     """
     from memfit.runtime.sim_measure import measure_simulator
 
+    require_callable("make_env", make_env)
     kwargs.setdefault("step", _zero_step)
     kwargs.setdefault("simulator", "isaac_sim")
     if "version" not in kwargs:
         kwargs["version"] = isaac_versions()
-    return measure_simulator(make_env, points, **kwargs)
+    if "physics" in kwargs or "renderer" in kwargs:
+        return measure_simulator(make_env, points, **kwargs)
+    require_arg("store", kwargs.get("store", True), "bool")
+    seen: dict[str, str | None] = {}
+
+    def make_and_read(point: dict[str, Any]) -> Any:
+        env = make_env(point)
+        if not seen:
+            seen["physics"], seen["renderer"] = backends(env)
+        return env
+
+    result = measure_simulator(make_and_read, points, **{**kwargs, "store": False})
+    physics, renderer = seen.get("physics"), seen.get("renderer")
+    if physics is not None or renderer is not None:
+        result = result.model_copy(update={"physics": physics, "renderer": renderer})
+    if kwargs.get("store", True):
+        from pathlib import Path
+
+        from memfit.runtime.sim_measure import store_measurement
+
+        directory = kwargs.get("directory")
+        store_measurement(result, Path(directory) if directory is not None else None)
+    return result

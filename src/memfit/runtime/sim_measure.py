@@ -51,9 +51,11 @@ __all__ = [
     "SimReading",
     "cache_dir",
     "camera_pixels",
+    "check_backend",
     "find_measurement",
     "fit_readings",
     "measure_simulator",
+    "measurement_key",
     "modelled_overhead_bytes",
     "store_measurement",
     "with_simulator_measurement",
@@ -139,6 +141,8 @@ def fit_readings(
     simulator: str = "isaac_sim",
     version: str | None = None,
     start_bytes: int | None = None,
+    physics: str | None = None,
+    renderer: str | None = None,
 ) -> MeasuredSimulator:
     """Fit the simulator's figures from readings at two or more settings.
 
@@ -151,11 +155,15 @@ def fit_readings(
         version: The simulator's version.
         start_bytes: The device's used memory before the first environment (default: the
             first reading's ``before_bytes``).
+        physics: Isaac Lab 3's physics backend that ran (``physx``, ``newton``).
+        renderer: Isaac Lab 3's renderer that ran (``rtx``, ``newton_warp``, ``ovrtx``,
+            ``none``).
 
     Raises:
-        ConfigError: With fewer than two readings, or readings at a single number of
-            environments.
+        ConfigError: With fewer than two readings, readings at a single number of
+            environments, or an unknown physics backend or renderer.
     """
+    check_backend(physics, renderer)
     if len(readings) < 2 or len({r.num_envs for r in readings}) < 2:
         raise ConfigError(
             "a simulator measurement needs readings at two or more numbers of environments",
@@ -181,6 +189,8 @@ def fit_readings(
         gpu=gpu,
         simulator=simulator,
         version=version,
+        physics=physics,  # type: ignore[arg-type]  # checked above
+        renderer=renderer,  # type: ignore[arg-type]
         rendering=any(r.pixels for r in readings),
         base_bytes=max(0, round(start + fixed - context_bytes)),
         per_env_bytes=max(0, round(per_env)),
@@ -205,6 +215,27 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-") or "x"
 
 
+def check_backend(physics: str | None, renderer: str | None) -> None:
+    """Raise :class:`ConfigError` for a physics backend or renderer memfit has no name for."""
+    from memfit.core.simulator import PHYSICS, RENDERERS
+
+    for key, value, names in (("physics", physics, PHYSICS), ("renderer", renderer, RENDERERS)):
+        if value is not None and value not in names:
+            raise ConfigError(
+                f"{key} must be one of {', '.join(names)}, not {value!r}",
+                key_path=key,
+                hint=f"Isaac Lab 3's {key}: " + "; ".join(f"{k}: {v}" for k, v in names.items()),
+            )
+
+
+def measurement_key(simulator: str, physics: str | None, renderer: str | None) -> str:
+    """What a measurement is stored under: the simulator, and for Isaac Lab 3 its physics
+    backend and renderer (``isaac_sim-newton-newton_warp``)."""
+    if physics is None and renderer is None:
+        return simulator
+    return f"{simulator}-{physics or 'physx'}-{renderer or 'rtx'}"
+
+
 def _path(simulator: str, gpu: str, version: str | None, directory: Path | None) -> Path:
     name = f"simulator-{_slug(simulator)}-{_slug(gpu)}-{_slug(version or 'any')}.json"
     return (directory or cache_dir()) / name
@@ -216,7 +247,8 @@ def store_measurement(measured: MeasuredSimulator, directory: Path | None = None
     Raises:
         ConfigError: When the cache folder cannot be written.
     """
-    path = _path(measured.simulator or "custom", measured.gpu, measured.version, directory)
+    key = measurement_key(measured.simulator or "custom", measured.physics, measured.renderer)
+    path = _path(key, measured.gpu, measured.version, directory)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
@@ -267,6 +299,8 @@ def with_simulator_measurement(
     if sim is None or sim.measured is not None or measure == "recorded":
         return workload, []
     name = sim.preset if sim.preset != "custom" else (sim.name or "custom")
+    if sim.lab3():  # Isaac Lab 3: the measurement of this backend and renderer
+        name = measurement_key(name, *sim.backend())
     found = find_measurement(name, gpu, sim.version, directory)
     if found is None:
         return workload, []
@@ -338,6 +372,8 @@ def measure_simulator(
     context_bytes: int | None = None,
     store: bool = True,
     directory: Path | None = None,
+    physics: str | None = None,
+    renderer: str | None = None,
 ) -> MeasuredSimulator:
     """Measure the simulator in this process at two or three settings and store the result.
 
@@ -361,6 +397,10 @@ def measure_simulator(
             memfit's estimate for the card).
         store: Write the result to the measurement cache.
         directory: The cache folder (default :func:`cache_dir`).
+        physics: Isaac Lab 3's physics backend that runs (``physx``, ``newton``): a plan
+            uses the measurement for that backend only.
+        renderer: Isaac Lab 3's renderer that runs (``rtx``, ``newton_warp``, ``ovrtx``,
+            ``none``).
 
     Returns:
         The measurement (its ``readings`` hold every setting and reading).
@@ -379,6 +419,9 @@ def measure_simulator(
     require("context_bytes", context_bytes, "int", optional=True)
     require("store", store, "bool")
     require("directory", directory, "path", optional=True)
+    require("physics", physics, "str", optional=True)
+    require("renderer", renderer, "str", optional=True)
+    check_backend(physics, renderer)
     if probe is not None and not callable(getattr(probe, "snapshot", None)):
         require("probe", probe, "callable")  # a DeviceProbe has snapshot()
     if isinstance(points, (str, bytes)) or not isinstance(points, Sequence) or not points:
@@ -430,6 +473,8 @@ def measure_simulator(
         simulator=simulator,
         version=version,
         start_bytes=start,
+        physics=physics,
+        renderer=renderer,
     )
     if store:
         store_measurement(result, directory)
