@@ -609,7 +609,7 @@ class _Figs:
     scratch: float
 
 
-#: The GUI viewport's figure: one rough reading (issue 33).
+#: The GUI viewport's figure: one rough reading.
 _VIEWPORT_BASIS = Basis(
     "fitted",
     (-0.5, 0.5),

@@ -303,7 +303,7 @@ def card_figures(card: str | None) -> CardFigures:
 
 
 #: The bands of the Isaac Lab 1.x-2.x figures: the held-out readings of
-#: ``bench/simulator_truth.py`` meet a worst |error| of 25% (issue 33's goal; docs/benchmarks.md).
+#: ``bench/simulator_truth.py`` meet a worst |error| of 25% (the goal; docs/benchmarks.md).
 LEGACY_BASIS = Basis(
     kind="fitted",
     band=(-0.25, 0.25),
