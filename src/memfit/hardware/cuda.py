@@ -24,6 +24,7 @@ import re
 from memfit._checks import parse_int
 from memfit.errors import ConfigError
 from memfit.hardware.catalog import GpuSpec
+from memfit.hardware.rules import rule
 from memfit.hardware.runtime import Runtime, cuda_context, runtime_from_versions
 from memfit.units import KiB
 
@@ -180,13 +181,8 @@ def cublaslt_workspace(
     >>> cublaslt_workspace((2, 6), (11, 2))
     ('none', 0)
     """
-    if torch_version < (1, 12) or (cuda_version is not None and cuda_version < (11, 4)):
-        return "none", 0
-    if torch_version < (2, 9):
-        return "transient", CUBLASLT_WORKSPACE_BYTES
-    if torch_version < (2, 11):
-        return "persistent", CUBLASLT_WORKSPACE_BYTES
-    return "unified", 0
+    mode = str(rule("torch", "cublaslt.workspace", torch=torch_version, cuda=cuda_version))
+    return mode, CUBLASLT_WORKSPACE_BYTES if mode in ("transient", "persistent") else 0
 
 
 def cudnn_major(torch_version: tuple[int, int] | None, cuda_version: tuple[int, int] | None) -> int:
@@ -200,10 +196,4 @@ def cudnn_major(torch_version: tuple[int, int] | None, cuda_version: tuple[int, 
     >>> cudnn_major((1, 7), (10, 2)), cudnn_major((1, 12), (11, 3)), cudnn_major((2, 6), None)
     (7, 8, 9)
     """
-    if cuda_version is not None and cuda_version[0] <= 10:
-        return 7
-    if torch_version is None:
-        return 9
-    if cuda_version is None and torch_version < (1, 8):
-        return 7
-    return 9 if torch_version >= (2, 4) else 8
+    return int(rule("torch", "cudnn.major", torch=torch_version, cuda=cuda_version))

@@ -46,6 +46,7 @@ from memfit.estimate.torch._cuda_probe import (
 )
 from memfit.estimate.torch._cuda_sdpa import backward_scratch, choose, run
 from memfit.estimate.torch._older_formulas import OlderFormulas
+from memfit.hardware.rules import rule
 from memfit.units import format_bytes
 
 __all__ = ["CudaKernels", "KernelUse"]
@@ -144,7 +145,7 @@ class CudaKernels:
         self.capability = capability
         self.torch_version = torch_version
         # torch 2.0 and 2.1 run FlashAttention 1 (packed layout); 2.2 brought FlashAttention 2
-        self.legacy_flash = torch_version is not None and torch_version < (2, 2)
+        self.legacy_flash = bool(rule("torch", "sdpa.flash.v1", torch=torch_version))
         self.cudnn_major = cudnn_major
         self._uses: dict[tuple[str, str], list[Any]] = {}
         self.differs: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}

@@ -36,6 +36,8 @@ from typing import Any
 
 import torch
 
+from memfit.hardware.rules import rule
+
 __all__ = [
     "SDPA_BACKENDS",
     "SdpaChoice",
@@ -88,19 +90,11 @@ def _priority(
     installed = tuple(int(i) for i in torch._C._get_sdp_priority_order())
     if installed != _DEFAULT_ORDER:
         return installed  # set by the user (sdpa_kernel(..., set_priority=True))
-    version = _version_key(torch_version)
-    major, minor = capability
-    # cuDNN first: on H100 in torch 2.5.0 (pytorch#125343, taken back in 2.5.1 by #138522);
-    # on sm90 / sm100 in 2.9 (#162073); from 2.10 only with a bundled cuDNN newer than 9.15
-    # (sdp_utils.cpp check_prefer_cudnn_attention, pytorch#169849), which the wheels bundle
-    # from 2.11 on (CUDA < 13 builds: minor version 0 or 3 only).
-    if version == (2, 5) and (major, minor) == (9, 0):
-        return _CUDNN_FIRST
-    if version == (2, 9) and major in (9, 10):
-        return _CUDNN_FIRST
-    if version >= (2, 11) and major in (9, 10) and minor in (0, 3):
-        return _CUDNN_FIRST
-    return _DEFAULT_ORDER
+    # cuDNN first on some GPUs in some torch versions (hardware/rules_torch.json, cited per row)
+    first = rule(
+        "torch", "sdpa.cudnn_first", torch=_version_key(torch_version), capability=capability
+    )
+    return _CUDNN_FIRST if first else _DEFAULT_ORDER
 
 
 def _same_batch_and_heads(q: Any, k: Any, v: Any, gqa: bool, *, gqa_ok: bool) -> bool:
@@ -151,12 +145,12 @@ def _flash_reason(
     if mask is not None:
         return "an attention mask is given"
     d = q.shape[-1]
-    limit = 256 if version >= (2, 2) else 128  # FlashAttention-2 from torch 2.2
+    limit = rule("torch", "sdpa.flash.max_head_dim", torch=version)
     if not (d == k.shape[-1] == v.shape[-1] and d <= limit):
         return f"head sizes differ or exceed {limit}"
-    if version < (2, 2) and d % 8:  # check_head_dim_size of torch 2.0/2.1: no padding yet
+    if rule("torch", "sdpa.flash.head_dim_multiple_of_8", torch=version) and d % 8:
         return "head size is not a multiple of 8"
-    low = (8, 0) if version >= (2, 2) else (7, 5)
+    low = tuple(rule("torch", "sdpa.flash.min_capability", torch=version))
     if not (low <= capability <= (12, 1)):
         return f"the GPU (sm{capability[0]}{capability[1]}) is outside sm{low[0]}{low[1]}-sm121"
     consumer = (8, 6) <= capability <= (8, 9) or (12, 0) <= capability <= (12, 1)
@@ -188,7 +182,8 @@ def _efficient_reason(
         return f"the GPU (sm{capability[0]}{capability[1]}) is outside sm50-sm121"
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         return "q, k, v are not 4-D"
-    if version < (2, 1) and (dropout > 0.0 or mask is not None):
+    takes_both = rule("torch", "sdpa.efficient.dropout_and_mask", torch=version)
+    if not takes_both and (dropout > 0.0 or mask is not None):
         return "dropout or a mask (supported from torch 2.1)"
     half = q.dtype in (torch.float16, torch.bfloat16)
     align = _alignment(capability, half)
@@ -234,7 +229,7 @@ def _cudnn_reason(
     capability: tuple[int, int],
     version: tuple[int, int],
 ) -> str | None:
-    if version < (2, 5):
+    if not rule("torch", "sdpa.cudnn.default_backend", torch=version):
         return "not a default backend before torch 2.5"
     if not _flag("cudnn_sdp_enabled"):
         return "disabled (torch.backends.cuda flags / sdpa_kernel)"
@@ -251,9 +246,8 @@ def _cudnn_reason(
         return "the mask's shape"
     if not ((8, 0) <= capability <= (12, 1)):
         return f"the GPU (sm{capability[0]}{capability[1]}) is outside sm80-sm121"
-    # torch 2.11 ran cuDNN attention at dropout 0.1 on an H100 (bench/cuda_kernel_allocs.py,
-    # 2026-11-26): the 1/16 gate holds for the versions before it only
-    if version < (2, 11) and dropout * 16.0 != int(dropout * 16.0):
+    sixteenths = rule("torch", "sdpa.cudnn.dropout_sixteenths", torch=version)
+    if sixteenths and dropout * 16.0 != int(dropout * 16.0):
         return "dropout is not a multiple of 1/16"
     reason = _dense_ok(q, k, v, ignore_singleton=True)
     if reason is not None:
@@ -263,8 +257,7 @@ def _cudnn_reason(
     if k.shape[1] != v.shape[1] or q.shape[1] % k.shape[1]:
         return "head counts differ"
     d_qk, d_v = q.shape[-1], v.shape[-1]
-    hopper = capability[0] == 10 or capability == (9, 0)
-    limit = 256 if hopper and version >= (2, 9) else 128
+    limit = rule("torch", "sdpa.cudnn.max_head_dim", torch=version, capability=capability)
     if d_qk > limit or d_v > limit or d_qk % 8 or d_v % 8:
         return f"head size over {limit} or not a multiple of 8"
     if k.shape[-2] == 1 or (dropout > 0.0 and q.shape[-2] == 1):

@@ -32,11 +32,12 @@ from typing import Any
 
 import torch
 
+from memfit.hardware.rules import rule
+
 __all__ = ["OlderFormulas"]
 
 _SOFTMAX = frozenset({"aten._softmax.default", "aten._log_softmax.default"})
 _ADAMS = frozenset({"Adam", "AdamW"})
-_FOREACH_FIX_NIGHTLY = 20230707  # the first nightly with pytorch#104780
 
 
 def _dev_date(version: str | None) -> int | None:
@@ -60,12 +61,14 @@ class OlderFormulas:
     def __init__(
         self, torch_version: tuple[int, int] | None, version_text: str | None = None
     ) -> None:
-        self.softmax_keeps_input = torch_version is not None and torch_version < (1, 11)
-        date = _dev_date(version_text)
-        self.adam_two_lists = torch_version is not None and (
-            torch_version < (2, 1)
-            or (torch_version == (2, 1) and date is not None and date < _FOREACH_FIX_NIGHTLY)
+        self.softmax_keeps_input = bool(
+            rule("torch", "autograd.softmax_keeps_input", torch=torch_version)
         )
+        date = _dev_date(version_text)
+        fix = rule("torch", "optim.adam_foreach_fix_nightly", torch=torch_version)
+        self.adam_two_lists = bool(
+            rule("torch", "optim.adam_foreach_two_lists", torch=torch_version)
+        ) or (fix is not None and date is not None and date < int(fix))
         self.held = 0
         self.denoms = 0
         self._refs: dict[int, Any] = {}

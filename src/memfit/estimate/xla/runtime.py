@@ -53,6 +53,7 @@ from memfit.allocator.bfc import (
     BfcAllocator,
 )
 from memfit.errors import OutOfMemory
+from memfit.hardware.rules import rule
 from memfit.units import MiB
 
 __all__ = [
@@ -83,9 +84,6 @@ DEFAULT_WORKSPACE = 4 * MiB
 #: A cuBLASLt candidate's temporary beyond its workspace (measured on an H100, jaxlib 0.11.2:
 #: the device compile's temporaries are 32 MiB and 1 KiB above the deviceless one's).
 LT_WORKSPACE_EXTRA = 1024
-#: The first jaxlib whose XLA has only the single-pass autotuner (``backends/autotuner``;
-#: the old ``gemm_fusion_autotuner.cc`` deleted in XLA ecf19f597a, pinned by jax-v0.9.2).
-NEW_AUTOTUNER = (0, 9, 2)
 
 
 @dataclass(frozen=True)
@@ -273,14 +271,18 @@ def autotune_rules(
     (True, True)
     """
     version = parse_jaxlib_version(jaxlib) or (99, 0, 0)
-    hopper = capability is not None and capability >= (9, 0)
-    picker = version < (0, 7, 2)
-    overlap = (0, 5, 0) <= version < (0, 7, 2)
+    hopper = bool(rule("jaxlib", "gemm.hopper_workspace", capability=capability))
+    picker = bool(rule("jaxlib", "autotune.picker", jaxlib=version))
+    overlap = bool(rule("jaxlib", "autotune.overlap", jaxlib=version))
+    single_pass = bool(rule("jaxlib", "autotune.single_pass", jaxlib=version))
     found = parse_jaxlib_version(installed) if installed is not None else None
     # the installed compiler fuses as the target's does: the same version, or both of the
-    # single-pass autotuner's generation (jaxlib 0.9.2 on, XLA ecf19f597a)
-    same = found is not None and (found == version or min(found, version) >= NEW_AUTOTUNER)
-    lt_workspace = not picker and version >= NEW_AUTOTUNER
+    # single-pass autotuner's generation (hardware/rules_jaxlib.json)
+    same = found is not None and (
+        found == version
+        or (single_pass and bool(rule("jaxlib", "autotune.single_pass", jaxlib=found)))
+    )
+    lt_workspace = not picker and single_pass
     return AutotuneRules(
         jaxlib, picker, overlap, hopper, same and not picker, lt_workspace, lt_workspace
     )
