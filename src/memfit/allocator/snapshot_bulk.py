@@ -84,6 +84,11 @@ def key_token(data: bytes, pos: int) -> bytes | None:
     return None
 
 
+def _ref_token(index: int) -> bytes:
+    """The memo reference ``pickle`` writes for ``index`` (``BINGET`` below 256)."""
+    return b"h" + bytes((index,)) if index < 256 else b"j" + index.to_bytes(4, "little")
+
+
 def _ref_index(token: bytes) -> int:
     return token[1] if token[0] == 0x68 else int.from_bytes(token[1:5], "little")
 
@@ -104,22 +109,48 @@ class _Reader(Protocol):
 
 class LazyLists:
     """The new frames lists the bulk path read, kept as their tokens by memo index, built
-    (and then kept as built) on the first reference to one."""
+    (and then kept as built) on the first reference to one; with each its stack index in
+    the interner of the device it was read for, and the objects its items stand for."""
 
     def __init__(self) -> None:
         self.index = array("q")
+        self.stack = array("q")
+        self.weight = array("q")
         self.tokens: list[bytes] = []
+        self.starts: list[int] = []  # positions where the interner changes
+        self.owners: list[Any] = []  # the interner from there on
         self._shared: dict[bytes, bytes] = {}
 
-    def add(self, indices: Sequence[int], tokens: Sequence[bytes]) -> None:
+    def add(
+        self,
+        indices: Sequence[int],
+        tokens: Sequence[bytes],
+        stacks: array[int],
+        weights: array[int],
+        owner: Any,
+    ) -> None:
+        if not self.owners or self.owners[-1] is not owner:
+            self.starts.append(len(self.index))
+            self.owners.append(owner)
         self.index.extend(indices)
+        self.stack.extend(stacks)
+        self.weight.extend(weights)
         shared = self._shared
         self.tokens.extend(map(shared.setdefault, tokens, tokens))
 
+    def find(self, key: int) -> int:
+        """The position of memo index ``key``, or ``-1``."""
+        i = bisect_left(self.index, key)
+        return i if i < len(self.index) and self.index[i] == key else -1
+
+    def owner(self, position: int) -> Any:
+        """The interner the list at ``position`` was read for."""
+        return self.owners[bisect_left(self.starts, position + 1) - 1]
+
     def get(self, memo: dict[int, Any], key: int) -> list[Any] | None:
         """The list at memo index ``key`` built from its tokens, or ``None``."""
-        i = bisect_left(self.index, key)
-        if i == len(self.index) or self.index[i] != key:
+        i = self.find(key)
+        if i < 0:
             return None
         return [memo[j] for j in _refs(self.tokens[i])]
 
@@ -192,8 +223,8 @@ class Bulk:
         self.shapes: dict[tuple[tuple[bytes | None, str], ...], _Shape | None] = {}
         self.current: _Shape | None = None
         self._actions: dict[bytes, int] = {}
-        self._refs: dict[bytes, tuple[int, int]] = {}  # token -> (stack, weight)
-        self._new: dict[bytes, tuple[int, int]] = {}  # new list token -> (stack, weight)
+        # per interner: stack and weight by the token of a reference, of a new list
+        self._frame_caches: dict[int, tuple[dict[bytes, int], ...]] = {}
         self._weights: dict[bytes, int] = {}  # token of another field -> objects
         self._ints: dict[bytes, int] = {}
 
@@ -362,46 +393,74 @@ class Bulk:
         memo_next: int,
         sink: TraceSink,
     ) -> tuple[array[int], list[int], int]:
-        """Each event's stack index, memo indices taken, and objects of its frames list."""
+        """Each event's stack index, memo indices taken, and objects of its frames list.
+
+        Tokens are looked up in dicts of the device's interner (a token always means the
+        same list: no memo index is named twice in a read the bulk path is on for), all with
+        C loops (``map``, set operations); only tokens never seen are resolved one by one.
+        """
         interner = sink.frames
-        by_ref = self._refs
-        by_new = self._new
+        caches = self._frame_caches.get(id(interner))
+        if caches is None:
+            caches = self._frame_caches[id(interner)] = ({}, {}, {}, {})
+        ref_stack, ref_weight, new_stack, new_weight = caches
+        lazy = self.lazy
+        memo = self.memo
+        table: dict[bytes, int] = {b"": -1}
+        weights: dict[bytes, int] = {}
         # the new lists first: a later event of the same chunk may refer to one
         flags = list(map(bool, news))
+        local: dict[bytes, tuple[int, int]] = {}
         if any(flags):
-            incs = list(map(add, repeat(1), flags))
-            starts = accumulate(incs, initial=memo_next + 1)
-            self.lazy.add(list(compress(starts, flags)), list(compress(news, flags)))
-        else:
-            incs = [1] * k
-        table: dict[bytes, int] = {}
-        objects = 0
-        for token, count in Counter(refs).items():
-            if not token:
-                continue
-            got = by_ref.get(token)
-            if got is None:
-                value = self._resolve(token)
-                if type(value) is not list:
-                    raise _Bail
-                got = (interner.stack(value), self._container_weight(value))
-                by_ref[token] = got
-            table[token] = got[0]
-            objects += got[1] * count
-        for token, count in Counter(news).items():
-            if not token:
-                continue
-            new = by_new.get(token)
-            if new is None:
+            distinct = set(news)
+            distinct.discard(b"")
+            for token in distinct.difference(new_stack):
                 frames = [self._at(i) for i in _refs(token)]
-                weight = sum(
+                new_stack[token] = interner.stack_of(frames)
+                new_weight[token] = sum(
                     self._container_weight(f) if type(f) is dict else 1 for f in frames
                 )
-                new = (interner.stack_of(frames), weight)
-                by_new[token] = new
-            table[token] = new[0]
-            objects += new[1] * count
-        table[b""] = -1
+            table.update(zip(distinct, map(new_stack.__getitem__, distinct)))
+            weights.update(zip(distinct, map(new_weight.__getitem__, distinct)))
+            incs = list(map(add, repeat(1), flags))
+            starts = accumulate(incs, initial=memo_next + 1)
+            added = list(compress(news, flags))
+            indices = list(compress(starts, flags))
+            stacks_added = array("q", map(new_stack.__getitem__, added))
+            weights_added = array("q", map(new_weight.__getitem__, added))
+            lazy.add(indices, added, stacks_added, weights_added, interner)
+            # what a reference to one of these lists looks like, for the events after it
+            tokens = (
+                map(add, repeat(b"j"), map(int.to_bytes, indices, repeat(4), repeat("little")))
+                if indices[0] >= 256
+                else map(_ref_token, indices)
+            )
+            local = dict(zip(tokens, zip(stacks_added, map(add, repeat(1), weights_added))))
+        else:
+            incs = [1] * k
+        distinct = set(refs)
+        distinct.discard(b"")
+        unknown = distinct.difference(ref_stack)
+        if unknown:
+            for token in unknown.intersection(local):
+                table[token], weights[token] = local[token]
+            for token in unknown.difference(local):
+                index = _ref_index(token)
+                at = -1 if index in memo else lazy.find(index)
+                if at >= 0 and lazy.owner(at) is interner:  # a list read here, not built
+                    table[token] = lazy.stack[at]
+                    weights[token] = 1 + lazy.weight[at]
+                    continue
+                value = self._resolve(token)
+                if type(value) not in (list, tuple):
+                    raise _Bail
+                ref_stack[token] = interner.stack(value)
+                ref_weight[token] = self._container_weight(value)
+            distinct.difference_update(table)
+        table.update(zip(distinct, map(ref_stack.__getitem__, distinct)))
+        weights.update(zip(distinct, map(ref_weight.__getitem__, distinct)))
+        weights[b""] = 0
+        objects = sum(map(weights.__getitem__, refs)) + sum(map(weights.__getitem__, news))
         stacks = array("q", map(table.__getitem__, map(add, refs, news)))
         return stacks, incs, objects
 
