@@ -139,3 +139,20 @@ def test_references_in_bulk_events_count_what_they_hold() -> None:
     blob = pickle.dumps(_data(trace), protocol=4)
     with pytest.raises(ConfigError, match="stands for more than"):
         parse_snapshot(blob)
+
+
+def test_two_devices_keep_their_own_stacks(bulks: list[Bulk]) -> None:
+    first, second = _trace(1500), _trace(1500)
+    second.reverse()  # the same frame dicts, other stacks first: other indices
+    _same(pickle.dumps({"segments": [], "device_traces": [first, second]}, protocol=4))
+    assert bulks[0].events > 2000
+
+
+def test_progress_is_reported_while_the_bulk_path_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    from memfit.allocator import snapshot_pickle
+
+    monkeypatch.setattr(snapshot_pickle, "PROGRESS_BYTES", 8192)
+    blob = pickle.dumps(_data(_trace(20000, frames=False)), protocol=4)
+    ticks: list[int] = []
+    parse_snapshot(blob, progress=lambda done, total: ticks.append(done))
+    assert len(ticks) > 10 and ticks == sorted(ticks) and ticks[-1] == len(blob)

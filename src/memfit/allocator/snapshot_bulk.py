@@ -42,7 +42,7 @@ from array import array
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Sequence
-from itertools import accumulate, compress, repeat
+from itertools import accumulate, chain, compress, repeat
 from operator import add
 from typing import Any, Protocol
 
@@ -50,8 +50,9 @@ from memfit.allocator.snapshot_records import ACTIONS, TraceSink
 
 __all__ = ["Bulk", "LazyLists", "key_token"]
 
-#: Bytes read by one ``findall`` at most (about 100,000 events; its rows are transient).
-CHUNK_BYTES = 4 << 20
+#: Bytes read by one ``split`` at most (about 4,000 events: the chunk is copied, and the
+#: rest of it again where a run stops, as most do at a ``FRAME`` every 64 KiB).
+CHUNK_BYTES = 128 << 10
 
 #: Event shapes compiled at most in one read (each costs a ``re.compile``).
 MAX_SHAPES = 16
@@ -180,17 +181,18 @@ class _Bail(Exception):
 class _Shape:
     """One event layout: its keys (memo references) in order, and the pattern for it.
 
-    The pattern's groups: ``e`` where the event follows an ``APPENDS`` and ``MARK`` (the
+    The pattern's groups: ``e(`` where the event follows an ``APPENDS`` and ``MARK`` (the
     next batch of the same list), then each field's whole value token (a frames list has
-    two: a reference, a new list), then the stop: at anything else, one byte is captured
-    and the rest of the chunk skipped (in constant time), so ``findall`` ends there.
+    two, one of them ``None``: a reference, a new list), then the stop: at anything else,
+    its byte and the rest of the chunk, so ``split`` ends there, every byte before it in
+    events (the two alternatives between them match wherever one starts).
     ``FRAME`` markers are not in it: the interpreter reads the event one falls in (one in
     64 KiB).
     """
 
     def __init__(self, keys: Sequence[tuple[bytes, str]]) -> None:
         self.fields: list[tuple[str, int]] = []  # (key, its first group's column)
-        parts = [rb"(?:(e)\()?\}\x94\("]
+        parts = [rb"((?:e\()?)\}\x94\("]
         column = 1
         for token, name in keys:
             parts.append(re.escape(token))
@@ -208,7 +210,8 @@ class _Shape:
         self.nkeys = len(keys)
         #: bytes of an event outside its groups: EMPTY_DICT, MEMOIZE, MARK, keys, SETITEMS
         self.fixed = 4 + sum(len(token) for token, _ in keys)
-        self.pattern = re.compile(b"".join(parts) + rb"|(.)(?:.*)", re.DOTALL)
+        self.pattern = re.compile(b"".join(parts) + rb"|(.)(.*)", re.DOTALL)
+        self.stride = self.pattern.groups + 1  # split gives the text before, then the groups
 
 
 class Bulk:
@@ -264,25 +267,27 @@ class Bulk:
             return pos, memo_next, 0
         reader = self.reader
         n = len(data)
+        stride = shape.stride
         objects = 0
         while True:
             end = min(n, pos + CHUNK_BYTES)
-            rows = shape.pattern.findall(data, pos, end)
-            stopped = bool(rows) and bool(rows[-1][-1])
-            if stopped:
-                rows.pop()
-            if not rows:
+            parts = shape.pattern.split(data[pos:end])
+            matches = (len(parts) - 1) // stride
+            stopped = matches > 0 and parts[-2] is not None
+            count = matches - 1 if stopped else matches
+            if not count:
                 break
+            cols = [parts[j : j + count * stride : stride] for j in range(1, stride - 2)]
             try:
-                got, memo_next, length = self._take(rows, shape, memo_next, sink)
+                got, memo_next = self._take(cols, count, shape, memo_next, sink)
             except _Bail:
                 self.on = False
                 break
             objects += got
             if objects > budget:
                 raise reader._too_many()
-            self.events += len(rows)
-            pos += length
+            self.events += count
+            pos = end - 1 - len(parts[-2]) if stopped else end
             if pos >= reader.next_progress:
                 reader.next_progress = reader._progress(pos, n)
             if not stopped and end == n:
@@ -291,17 +296,14 @@ class Bulk:
 
     # -- columns --------------------------------------------------------------------------
     def _take(
-        self, rows: list[tuple[bytes, ...]], shape: _Shape, memo_next: int, sink: TraceSink
-    ) -> tuple[int, int, int]:
-        """Check the rows' fields and give them to ``sink`` as columns.
+        self, cols: list[list[Any]], k: int, shape: _Shape, memo_next: int, sink: TraceSink
+    ) -> tuple[int, int]:
+        """Check the columns of ``k`` events and give them to ``sink``.
 
         Returns:
-            The objects they stand for, the memo's next index after them, and their bytes.
+            The objects they stand for, and the memo's next index after them.
         """
-        k = len(rows)
-        cols = list(zip(*rows, strict=True))
         objects = k * (1 + 2 * shape.nkeys)
-        length = k * shape.fixed + 2 * (k - cols[0].count(b""))
         present: dict[str, Any] = {}
         stacks: array[int] | None = None
         incs: list[int] | None = None
@@ -309,22 +311,14 @@ class Bulk:
             col = cols[column]
             if name == "action":
                 present[name] = self._action_codes(col)
-                length += sum(map(len, col))
             elif name in _NUMERIC:
-                values, size = _ints(col, self._ints, "Q" if name in ("addr", "size") else "q")
-                present[name] = values
-                length += size
+                present[name] = _ints(col, self._ints, "Q" if name in ("addr", "size") else "q")
             elif name == "frames":
-                news = cols[column + 1]
-                stacks, incs, got = self._frames(col, news, k, memo_next, sink)
+                stacks, incs, got = self._frames(col, cols[column + 1], k, memo_next, sink)
                 objects += got
-                length += sum(map(len, col)) + sum(map(len, news))
             else:
                 objects += self._others(col)
-                length += sum(map(len, col))
         memo_next += k if incs is None else sum(incs)
-        if "action" not in present:
-            raise _Bail
         none = array("q", [_NONE])
         zero = array("q", [0])
         sink.extend_columns(
@@ -336,9 +330,9 @@ class Bulk:
             stacks if stacks is not None else array("q", [-1]) * k,
             present.get("device_free", none * k),
         )
-        return objects, memo_next, length
+        return objects, memo_next
 
-    def _action_codes(self, col: tuple[bytes, ...]) -> bytes:
+    def _action_codes(self, col: Sequence[bytes]) -> bytes:
         known = self._actions
         for token in set(col).difference(known):
             value = self.memo.get(_ref_index(token))
@@ -365,7 +359,7 @@ class Bulk:
         reader = self.reader
         return reader.weights.get(id(value)) or reader._weight(value)
 
-    def _others(self, col: tuple[bytes, ...]) -> int:
+    def _others(self, col: Sequence[bytes]) -> int:
         """Objects a field the sink does not read stands for beyond its key and value: a memo
         reference to a container counts what it holds, as in the interpreter."""
         known = self._weights
@@ -387,8 +381,8 @@ class Bulk:
 
     def _frames(
         self,
-        refs: tuple[bytes, ...],
-        news: tuple[bytes, ...],
+        refs: Sequence[bytes | None],
+        news: Sequence[bytes | None],
         k: int,
         memo_next: int,
         sink: TraceSink,
@@ -406,14 +400,14 @@ class Bulk:
         ref_stack, ref_weight, new_stack, new_weight = caches
         lazy = self.lazy
         memo = self.memo
-        table: dict[bytes, int] = {b"": -1}
+        table: dict[bytes, int] = {}
         weights: dict[bytes, int] = {}
         # the new lists first: a later event of the same chunk may refer to one
         flags = list(map(bool, news))
         local: dict[bytes, tuple[int, int]] = {}
         if any(flags):
             distinct = set(news)
-            distinct.discard(b"")
+            distinct.discard(None)
             for token in distinct.difference(new_stack):
                 frames = [self._at(i) for i in _refs(token)]
                 new_stack[token] = interner.stack_of(frames)
@@ -439,7 +433,7 @@ class Bulk:
         else:
             incs = [1] * k
         distinct = set(refs)
-        distinct.discard(b"")
+        distinct.discard(None)
         unknown = distinct.difference(ref_stack)
         if unknown:
             for token in unknown.intersection(local):
@@ -459,10 +453,11 @@ class Bulk:
             distinct.difference_update(table)
         table.update(zip(distinct, map(ref_stack.__getitem__, distinct)))
         weights.update(zip(distinct, map(ref_weight.__getitem__, distinct)))
-        weights[b""] = 0
-        objects = sum(map(weights.__getitem__, refs)) + sum(map(weights.__getitem__, news))
-        stacks = array("q", map(table.__getitem__, map(add, refs, news)))
-        return stacks, incs, objects
+        keys = list(filter(None, chain.from_iterable(zip(refs, news))))  # one an event
+        if len(keys) != k:
+            raise _Bail
+        stacks = array("q", map(table.__getitem__, keys))
+        return stacks, incs, sum(map(weights.__getitem__, keys))
 
 
 def _value(token: bytes) -> int:
@@ -470,9 +465,9 @@ def _value(token: bytes) -> int:
     return int.from_bytes(token[2:] if token[0] == 0x8A else token[1:], "little")
 
 
-def _ints(col: tuple[bytes, ...], cache: dict[bytes, int], code: str) -> tuple[array[int], int]:
+def _ints(col: Sequence[bytes], cache: dict[bytes, int], code: str) -> array[int]:
     """The integers of a column of ``_NUM`` tokens, 8 bytes each (``code``: ``"q"`` or
-    ``"Q"``, the same bytes for values under ``2**63``), and the tokens' bytes."""
+    ``"Q"``, the same bytes for values under ``2**63``)."""
     k = len(col)
     first = col[0]
     width = len(first)
@@ -492,7 +487,7 @@ def _ints(col: tuple[bytes, ...], cache: dict[bytes, int], code: str) -> tuple[a
         values.frombytes(bytes(out))
         if _BIG_ENDIAN:
             values.byteswap()
-        return values, len(joined)
+        return values
     distinct = set(col)
     if len(distinct) * 4 <= k:
         missing = distinct.difference(cache)
@@ -501,5 +496,5 @@ def _ints(col: tuple[bytes, ...], cache: dict[bytes, int], code: str) -> tuple[a
             missing = distinct
         for token in missing:
             cache[token] = _value(token)
-        return array(code, map(cache.__getitem__, col)), len(joined)
-    return array(code, map(_value, col)), len(joined)
+        return array(code, map(cache.__getitem__, col))
+    return array(code, map(_value, col))
