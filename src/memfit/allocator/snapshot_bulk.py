@@ -44,7 +44,7 @@ from collections import Counter
 from collections.abc import Sequence
 from itertools import accumulate, chain, compress, repeat
 from operator import add
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from memfit.allocator.snapshot_records import ACTIONS, TraceSink
 
@@ -83,6 +83,16 @@ def key_token(data: bytes, pos: int) -> bytes | None:
     if op == 0x6A:
         return data[pos : pos + 5]
     return None
+
+
+_TO_BYTES: Any = int.to_bytes
+
+
+def _tokens(col: Sequence[bytes | None]) -> set[bytes]:
+    """The distinct tokens of a column, ``None`` (a group that did not take part) left out."""
+    out = set(col)
+    out.discard(None)
+    return cast(set[bytes], out)
 
 
 def _ref_token(index: int) -> bytes:
@@ -406,34 +416,33 @@ class Bulk:
         flags = list(map(bool, news))
         local: dict[bytes, tuple[int, int]] = {}
         if any(flags):
-            distinct = set(news)
-            distinct.discard(None)
+            distinct = _tokens(news)
             for token in distinct.difference(new_stack):
                 frames = [self._at(i) for i in _refs(token)]
                 new_stack[token] = interner.stack_of(frames)
                 new_weight[token] = sum(
                     self._container_weight(f) if type(f) is dict else 1 for f in frames
                 )
-            table.update(zip(distinct, map(new_stack.__getitem__, distinct)))
-            weights.update(zip(distinct, map(new_weight.__getitem__, distinct)))
+            table.update(zip(distinct, map(new_stack.__getitem__, distinct), strict=True))
+            weights.update(zip(distinct, map(new_weight.__getitem__, distinct), strict=True))
             incs = list(map(add, repeat(1), flags))
             starts = accumulate(incs, initial=memo_next + 1)
-            added = list(compress(news, flags))
+            added = cast(list[bytes], list(compress(news, flags)))
             indices = list(compress(starts, flags))
             stacks_added = array("q", map(new_stack.__getitem__, added))
             weights_added = array("q", map(new_weight.__getitem__, added))
             lazy.add(indices, added, stacks_added, weights_added, interner)
             # what a reference to one of these lists looks like, for the events after it
             tokens = (
-                map(add, repeat(b"j"), map(int.to_bytes, indices, repeat(4), repeat("little")))
+                map(add, repeat(b"j"), map(_TO_BYTES, indices, repeat(4), repeat("little")))
                 if indices[0] >= 256
                 else map(_ref_token, indices)
             )
-            local = dict(zip(tokens, zip(stacks_added, map(add, repeat(1), weights_added))))
+            plus_one = map(add, repeat(1), weights_added)
+            local = dict(zip(tokens, zip(stacks_added, plus_one, strict=False), strict=True))
         else:
             incs = [1] * k
-        distinct = set(refs)
-        distinct.discard(None)
+        distinct = _tokens(refs)
         unknown = distinct.difference(ref_stack)
         if unknown:
             for token in unknown.intersection(local):
@@ -451,9 +460,9 @@ class Bulk:
                 ref_stack[token] = interner.stack(value)
                 ref_weight[token] = self._container_weight(value)
             distinct.difference_update(table)
-        table.update(zip(distinct, map(ref_stack.__getitem__, distinct)))
-        weights.update(zip(distinct, map(ref_weight.__getitem__, distinct)))
-        keys = list(filter(None, chain.from_iterable(zip(refs, news))))  # one an event
+        table.update(zip(distinct, map(ref_stack.__getitem__, distinct), strict=True))
+        weights.update(zip(distinct, map(ref_weight.__getitem__, distinct), strict=True))
+        keys = list(filter(None, chain.from_iterable(zip(refs, news, strict=True))))  # one each
         if len(keys) != k:
             raise _Bail
         stacks = array("q", map(table.__getitem__, keys))

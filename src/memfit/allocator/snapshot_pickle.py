@@ -633,15 +633,14 @@ class _Reader:
         sink = meta[-1][-1]
         keys: list[tuple[bytes | None, str]] | None = None
         while pos < n and data[pos] == 0x7D:
-            if bulk is not None and bulk.on:
-                if bulk.current is not None:
-                    if items:  # the events before go first
-                        sink.extend(items)
-                        items.clear()
-                    pos, memo.next, objects = bulk.run(data, pos, memo.next, sink, budget - built)
-                    built += objects
-                    if pos >= n or data[pos] != 0x7D:
-                        break
+            if bulk is not None and bulk.on and bulk.current is not None:
+                if items:  # the events before go first
+                    sink.extend(items)
+                    items.clear()
+                pos, memo.next, objects = bulk.run(data, pos, memo.next, sink, budget - built)
+                built += objects
+                if pos >= n or data[pos] != 0x7D:
+                    break
             keys = [] if bulk is not None and bulk.on else None
             start = pos
             first_memo = memo.next
