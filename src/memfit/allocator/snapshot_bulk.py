@@ -414,7 +414,8 @@ class Bulk:
         weights: dict[bytes, int] = {}
         # the new lists first: a later event of the same chunk may refer to one
         flags = list(map(bool, news))
-        local: dict[bytes, tuple[int, int]] = {}
+        local_stack: dict[bytes, int] = {}
+        local_weight: dict[bytes, int] = {}
         if any(flags):
             distinct = _tokens(news)
             for token in distinct.difference(new_stack):
@@ -433,21 +434,22 @@ class Bulk:
             weights_added = array("q", map(new_weight.__getitem__, added))
             lazy.add(indices, added, stacks_added, weights_added, interner)
             # what a reference to one of these lists looks like, for the events after it
-            tokens = (
+            tokens = list(
                 map(add, repeat(b"j"), map(_TO_BYTES, indices, repeat(4), repeat("little")))
                 if indices[0] >= 256
                 else map(_ref_token, indices)
             )
-            plus_one = map(add, repeat(1), weights_added)
-            local = dict(zip(tokens, zip(stacks_added, plus_one, strict=False), strict=True))
+            local_stack = dict(zip(tokens, stacks_added, strict=True))
+            local_weight = dict(zip(tokens, map(add, repeat(1), weights_added), strict=True))
         else:
             incs = [1] * k
         distinct = _tokens(refs)
         unknown = distinct.difference(ref_stack)
         if unknown:
-            for token in unknown.intersection(local):
-                table[token], weights[token] = local[token]
-            for token in unknown.difference(local):
+            hits = unknown.intersection(local_stack)
+            table.update(zip(hits, map(local_stack.__getitem__, hits), strict=True))
+            weights.update(zip(hits, map(local_weight.__getitem__, hits), strict=True))
+            for token in unknown.difference(hits):
                 index = _ref_index(token)
                 at = -1 if index in memo else lazy.find(index)
                 if at >= 0 and lazy.owner(at) is interner:  # a list read here, not built
