@@ -22,7 +22,11 @@ opcode at a time (the same opcodes ``pickletools`` documents) and keeps to plain
 * **Traces streamed.** The lists under ``device_traces`` are not built: each batch of event
   dicts goes to a sink (:class:`memfit.allocator.snapshot_records.TraceSink`) that checks
   them and keeps them in columns, and the dicts are forgotten (never memoised: a reference
-  to an event is refused). Memory stays linear in the file with a small constant.
+  to an event is refused). Memory stays linear in the file with a small constant. Once an
+  event whose keys are memo references is read, the events of its layout that follow are
+  read by :mod:`memfit.allocator.snapshot_bulk` (one regular expression for thousands of
+  events, their fields kept as columns, nothing of them built as a dict), which reads
+  exactly what this loop would or hands the event back to it.
 * **Progress.** ``progress(done_bytes, total_bytes)`` is called every
   :data:`PROGRESS_BYTES` read.
 
