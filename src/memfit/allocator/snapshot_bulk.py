@@ -6,19 +6,21 @@ A trace of millions of events is the same few opcodes again and again: an event 
 event spelled out, integers, a memo reference for the action, a frames list, ``SETITEMS``.
 Once :mod:`memfit.allocator.snapshot_pickle` has read one event whose keys are all memo
 references, this module compiles a pattern for events of that shape (the same keys in the
-same order) and reads as many as follow with ``re.findall`` over a chunk of the file: one C
-call for thousands of events. Each field's tokens then become a column at C speed too
-(``bytes.join`` and extended slices where every token of a column has the same width, a
-dict of the distinct tokens otherwise), and the columns go to the trace sink whole.
+same order) and reads as many as follow with ``re.split`` over a chunk of the file: one C
+call for thousands of events, each field's tokens a slice of its result. They then become
+columns at C speed too (``bytes.join`` and extended slices where every token of a column has
+the same width, a dict of the distinct tokens otherwise; frames lists by dicts of their
+tokens), and the columns go to the trace sink whole: about 1 us an event where the
+interpreter takes 5 (``docs/benchmarks.md``).
 
 It reads exactly what the opcode interpreter would, or nothing:
 
 * **Only plain tokens.** The pattern accepts integers that are neither negative nor past
   ``2**63`` (``BININT1``, ``BININT2``, ``BININT`` and ``LONG1`` with their sign bit clear),
-  memo references, ``NONE`` and booleans, a frames list of memo references, and ``FRAME``
-  markers between tokens. A new string, a new frame dict, a negative or larger integer, any
-  other opcode ends the run there, and the interpreter reads that event (and every error
-  message stays the interpreter's).
+  memo references, ``NONE`` and booleans, and a frames list of memo references. A new
+  string, a new frame dict, a negative or larger integer, a ``FRAME`` marker, any other
+  opcode ends the run there, and the interpreter reads that event (and every error message
+  stays the interpreter's).
 * **Memo kept exact.** Every ``MEMOIZE`` takes its index as in the interpreter: an event's
   (never kept), its new frames list's. A new frames list is kept lazily (its tokens; it is
   built on the first reference to it, as the same list the interpreter would have kept).
@@ -27,7 +29,8 @@ It reads exactly what the opcode interpreter would, or nothing:
   may be decoded once.
 * **Objects counted.** Each event counts what the interpreter counts (the dict, each key and
   value, and a memo reference as everything it holds); a reference to a container weighs it
-  (which also seals it against later changes).
+  (which also seals it against later changes). Nothing is built from a token but integers,
+  bytes and the lists the interpreter would build; no recursion, nothing called.
 * **Checked as the sink checks.** Actions are memo references to one of
   :data:`~memfit.allocator.snapshot_records.ACTIONS`; frames resolve through the device's
   :class:`~memfit.allocator.snapshot_records.Interner`. Anything else turns the bulk path off
