@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from memfit.errors import ConfigError
-from memfit.hardware.rules import TABLES, rule, rows
+from memfit.hardware.rules import TABLES, rows, rule
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "memfit"
 

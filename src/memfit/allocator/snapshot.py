@@ -19,8 +19,10 @@ reference counted as everything it holds. Files over ``max_bytes`` (default
 
 Memory and time are linear in the file: the events of a trace are checked and kept in
 columns as they are read (:class:`~memfit.allocator.snapshot_records.Trace`, about 50 bytes
-an event), so a pickle of 7.7 million events (200 MB) is read in about the same memory again
-(``docs/benchmarks.md``). ``progress(done, total)`` reports long reads.
+an event), so a pickle of 7.7 million events (200 MB) is read in about the same memory again,
+and runs of events of one layout are read by one regular expression at a time
+(:mod:`memfit.allocator.snapshot_bulk`, about 1 us an event; ``docs/benchmarks.md``).
+``progress(done, total)`` reports long reads.
 
 Stack frames are interned: each event and block carries the index of its stack in
 :attr:`DeviceSnapshot.stacks` (a tuple of indices into :attr:`DeviceSnapshot.frames`,

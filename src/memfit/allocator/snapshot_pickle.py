@@ -22,7 +22,11 @@ opcode at a time (the same opcodes ``pickletools`` documents) and keeps to plain
 * **Traces streamed.** The lists under ``device_traces`` are not built: each batch of event
   dicts goes to a sink (:class:`memfit.allocator.snapshot_records.TraceSink`) that checks
   them and keeps them in columns, and the dicts are forgotten (never memoised: a reference
-  to an event is refused). Memory stays linear in the file with a small constant.
+  to an event is refused). Memory stays linear in the file with a small constant. Once an
+  event whose keys are memo references is read, the events of its layout that follow are
+  read by :mod:`memfit.allocator.snapshot_bulk` (one regular expression for thousands of
+  events, their fields kept as columns, nothing of them built as a dict), which reads
+  exactly what this loop would or hands the event back to it.
 * **Progress.** ``progress(done_bytes, total_bytes)`` is called every
   :data:`PROGRESS_BYTES` read.
 
@@ -36,6 +40,7 @@ import struct
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from memfit.allocator.snapshot_bulk import Bulk, LazyLists, key_token
 from memfit.allocator.snapshot_records import PICKLE_HINT, printable
 from memfit.errors import ConfigError
 
@@ -76,9 +81,21 @@ class EventSink(Protocol):
 
 class _Memo(dict[int, Any]):
     """The memo: index -> object, and the next index ``MEMOIZE`` gives. A trace event takes
-    an index but is not kept (a dict entry per event would cost more than the event)."""
+    an index but is not kept (a dict entry per event would cost more than the event); a
+    frames list the bulk path read is kept as its tokens and built when it is referred to."""
 
     next = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lazy = LazyLists()
+
+    def __missing__(self, key: int) -> Any:
+        value = self.lazy.get(self, key) if self.lazy.index else None
+        if value is None:
+            raise KeyError(key)
+        self[key] = value
+        return value
 
 
 _REFUSED: dict[int, str] = {
@@ -143,6 +160,8 @@ class _Reader:
         self.root: Any = None
         self.traces_list: list[Any] | None = None  # the list under "device_traces"
         self.sinks: set[int] = set()
+        self.next_progress = PROGRESS_BYTES
+        self.bulk: Bulk | None = None
 
     # -- bounds ---------------------------------------------------------------------------
     def _too_many(self) -> ConfigError:
@@ -274,7 +293,7 @@ class _Reader:
         containers = _CONTAINERS
         built = 0
         limit = self.max_objects
-        next_progress = PROGRESS_BYTES
+        bulk = self.bulk = Bulk(self, memo, memo.lazy)
         pos = 0
         try:
             while True:
@@ -308,7 +327,7 @@ class _Reader:
                     meta.append(stack)
                     stack = []
                     if into_sink:  # a batch of trace events: the fast path reads most of them
-                        pos, objects = self._events(data, pos, memo, stack)
+                        pos, objects = self._events(data, pos, memo, stack, meta, limit - built)
                         built += objects
                         if built > limit:
                             raise self._too_many()
@@ -325,12 +344,14 @@ class _Reader:
                         if type(key) is not str:
                             self._check_key(key)
                         target[key] = items[i + 1]
-                    if pos >= next_progress:
-                        next_progress = self._progress(pos, n)
+                    if pos >= self.next_progress:
+                        self.next_progress = self._progress(pos, n)
                     if sinks and meta and meta[-1] and id(meta[-1][-1]) in sinks:
                         # an event the fast path gave back is whole: it takes over again
-                        pos, objects = self._events(data, pos, memo, stack)
+                        pos, objects = self._events(data, pos, memo, stack, meta, limit - built)
                         built += objects
+                        if built > limit:
+                            raise self._too_many()
                 elif op == 0x4B:  # BININT1
                     stack.append(data[pos])
                     pos += 1
@@ -377,8 +398,8 @@ class _Reader:
                         target.extend(items)
                     else:
                         raise _broken("APPENDS to something that is not a list", source)
-                    if pos >= next_progress:
-                        next_progress = self._progress(pos, n)
+                    if pos >= self.next_progress:
+                        self.next_progress = self._progress(pos, n)
                     if built > limit:
                         raise self._too_many()
                 elif op == 0x5D:  # EMPTY_LIST
@@ -386,8 +407,8 @@ class _Reader:
                     stack.append(self._new_list(stack, meta))
                 elif op == 0x95:  # FRAME
                     pos += 8
-                    if pos >= next_progress:
-                        next_progress = self._progress(pos, n)
+                    if pos >= self.next_progress:
+                        self.next_progress = self._progress(pos, n)
                 elif op == 0x61:  # APPEND
                     item = stack.pop()
                     target = stack[-1]
@@ -411,11 +432,13 @@ class _Reader:
                         self._check_key(key)
                     target[key] = value
                 elif op == 0x71:  # BINPUT
+                    bulk.on = False  # memo indices named: the bulk path decodes none
                     top = stack[-1]
                     if type(top) is not dict or not self._is_event(stack, meta):
                         memo[data[pos]] = top
                     pos += 1
                 elif op == 0x72:  # LONG_BINPUT
+                    bulk.on = False
                     top = stack[-1]
                     if type(top) is not dict or not self._is_event(stack, meta):
                         memo[unpack_I(data, pos)[0]] = top
@@ -577,7 +600,13 @@ class _Reader:
             raise _broken(printable(str(exc)), source) from None
 
     def _events(  # one event's opcodes, inline: the bulk of a large snapshot
-        self, data: bytes, pos: int, memo: _Memo, items: list[Any]
+        self,
+        data: bytes,
+        pos: int,
+        memo: _Memo,
+        items: list[Any],
+        meta: list[list[Any]],
+        budget: int,
     ) -> tuple[int, int]:
         """Read trace events in the layout ``pickle`` writes them (``EMPTY_DICT``, a memo
         put, ``MARK``, key and value pairs, ``SETITEMS``) into ``items``, as many as come.
@@ -585,11 +614,16 @@ class _Reader:
         The same opcodes as the main loop, for the few that make up an event (integers,
         strings, memo references, ``None``, a frames list of memo references), without the
         stack: about twice as fast (``docs/benchmarks.md``). At anything else the event is
-        given back (its bytes and its memo entries) for the main loop to read.
+        given back (its bytes and its memo entries) for the main loop to read. Once an event
+        whose keys are memo references is read, the events of its shape that follow go to
+        the sink (``meta[-1][-1]``) by the bulk path (:mod:`.snapshot_bulk`), in columns.
 
         Returns:
             Where the main loop goes on, and the objects read (memo references counted with
             what they hold).
+
+        Raises:
+            ConfigError: When the events stand for more than ``budget`` objects.
         """
         unpack_i = _I32
         unpack_h = _U16
@@ -599,7 +633,19 @@ class _Reader:
         containers = _CONTAINERS
         built = 0
         n = len(data)
+        bulk = self.bulk
+        sink = meta[-1][-1]
+        keys: list[tuple[bytes | None, str]] | None = None
         while pos < n and data[pos] == 0x7D:
+            if bulk is not None and bulk.on and bulk.current is not None:
+                if items:  # the events before go first
+                    sink.extend(items)
+                    items.clear()
+                pos, memo.next, objects = bulk.run(data, pos, memo.next, sink, budget - built)
+                built += objects
+                if pos >= n or data[pos] != 0x7D:
+                    break
+            keys = [] if bulk is not None and bulk.on else None
             start = pos
             first_memo = memo.next
             objects = 1
@@ -608,10 +654,11 @@ class _Reader:
             if op == 0x94:  # the event's index is taken, the event not kept
                 memo.next += 1
                 pos += 1
-            elif op == 0x71:
-                pos += 2
-            elif op == 0x72:
-                pos += 5
+            elif op == 0x71 or op == 0x72:  # memo indices named: no bulk path
+                pos += 2 if op == 0x71 else 5
+                if bulk is not None:
+                    bulk.on = False
+                    keys = None
             if data[pos] != 0x28:
                 op = -1
             else:
@@ -622,6 +669,7 @@ class _Reader:
                     if op == 0x75:  # SETITEMS: the event is whole
                         pos += 1
                         break
+                    token = key_token(data, pos) if keys is not None else None
                     if op == 0x68:
                         key = memo[data[pos + 1]]
                         pos += 2
@@ -642,6 +690,8 @@ class _Reader:
                     if type(key) is not str:
                         op = -1
                         break
+                    if keys is not None:
+                        keys.append((token, key))
                     op = data[pos]
                     if op == 0x8A:  # LONG1
                         size = data[pos + 1]
@@ -735,6 +785,8 @@ class _Reader:
                 return start, built
             items.append(event)
             built += objects
+            if keys is not None and bulk is not None:
+                bulk.learn(keys)
         return pos, built
 
     def _progress(self, pos: int, n: int) -> int:
@@ -770,6 +822,8 @@ class _Reader:
                 raise _broken("a STRING that is not quoted", self.source)
             stack.append(text[1:-1])
         elif op == 0x70:  # PUT
+            if self.bulk is not None:
+                self.bulk.on = False
             memo[int(text)] = stack[-1]
         else:  # GET
             obj = memo[int(text)]

@@ -246,13 +246,21 @@ class Interner:
             return got
         if not isinstance(raw, list | tuple):
             raise not_snapshot(self.source, "frames is not a list")
+        index = self.stack_of(raw)
+        self.stack_by_id[id(raw)] = index
+        self._keep.append(raw)
+        return index
+
+    def stack_of(self, raw: Sequence[Any]) -> int:
+        """The index of the stack of frame dicts ``raw`` (``-1`` for none), by its frames
+        alone (for a list read as tokens, which no one else holds)."""
+        if not raw:
+            return -1
         key = tuple(map(self.frame, raw))
         index = self.stack_index.get(key)
         if index is None:
             index = self.stack_index[key] = len(self.stacks)
             self.stacks.append(key)
-        self.stack_by_id[id(raw)] = index
-        self._keep.append(raw)
         return index
 
 
@@ -468,6 +476,30 @@ class TraceSink:
             add_stack(index)
             add_free(free)
             self.count = k + 1
+
+    def extend_columns(
+        self,
+        actions: bytes,
+        addr: array[int],
+        size: array[int],
+        stream: array[int],
+        time: array[int],
+        stack: array[int],
+        free: array[int],
+    ) -> None:
+        """Keep events already checked, given as columns of equal length (the bulk path of
+        :mod:`memfit.allocator.snapshot_bulk`: action codes, addresses and sizes under
+        ``2**64``, streams and times in ``(-2**63, 2**63)``, stack indices of
+        :attr:`frames`, free memory or the missing mark)."""
+        trace = self.trace
+        trace._actions.extend(actions)
+        trace._addr.extend(addr)
+        trace._size.extend(size)
+        trace._stream.extend(stream)
+        trace._time.extend(time)
+        trace._stack.extend(stack)
+        trace._free.extend(free)
+        self.count += len(actions)
 
     def _where(self, k: int, field: str) -> str:
         return f"device_traces[{self.device}][{k}]{field}"

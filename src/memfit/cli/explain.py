@@ -95,6 +95,8 @@ def explain(
             device=device,
             progress=lambda done, total: update(
                 f"reading {safe(snapshot)}: {done / max(total, 1):.0%} of {format_bytes(total)}"
+                if done < total
+                else f"explaining {safe(snapshot)}: replaying its trace"
             ),
         )
     if out is not None:
