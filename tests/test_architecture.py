@@ -225,10 +225,10 @@ BACKENDS = ("memfit.estimate.torch", "memfit.estimate.xla")
 
 #: The flat public paths of the backend modules (importing one gives that module itself).
 PUBLIC_PATHS = {
-    "memfit.estimate.torch.trace": "memfit.estimate.torch.trace",
-    "memfit.estimate.xla.step": "memfit.estimate.xla.step",
-    "memfit.estimate.xla.program": "memfit.estimate.xla.program",
-    "memfit.estimate.xla.gpu": "memfit.estimate.xla.gpu",
+    "memfit.estimate.torch_trace": "memfit.estimate.torch.trace",
+    "memfit.estimate.jax_xla": "memfit.estimate.xla.step",
+    "memfit.estimate.jax_program": "memfit.estimate.xla.program",
+    "memfit.estimate.xla_gpu": "memfit.estimate.xla.gpu",
 }
 
 

@@ -1,4 +1,4 @@
-"""``memfit.estimate.xla.program``: the public path of :mod:`memfit.estimate.xla.program`.
+"""``memfit.estimate.jax_program``: the public path of :mod:`memfit.estimate.xla.program`.
 
 A JAX training loop replayed through XLA's BFC allocator. Importing this module gives that
 module itself (one module object: a patch or an attribute read through either name is the same),

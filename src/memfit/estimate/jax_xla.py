@@ -1,4 +1,4 @@
-"""``memfit.estimate.xla.step``: the public path of :mod:`memfit.estimate.xla.step`.
+"""``memfit.estimate.jax_xla``: the public path of :mod:`memfit.estimate.xla.step`.
 
 One JAX step compiled. Importing this module gives that module itself (one module object: a
 patch or an attribute read through either name is the same), so code written against the old

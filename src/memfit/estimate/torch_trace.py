@@ -1,4 +1,4 @@
-"""``memfit.estimate.torch.trace``: the public path of :mod:`memfit.estimate.torch.trace`.
+"""``memfit.estimate.torch_trace``: the public path of :mod:`memfit.estimate.torch.trace`.
 
 The torch trace. Importing this module gives that module itself (one module object: a patch or
 an attribute read through either name is the same), so code written against the old flat layout

@@ -1,4 +1,4 @@
-"""``memfit.estimate.xla.gpu``: the public path of :mod:`memfit.estimate.xla.gpu`.
+"""``memfit.estimate.xla_gpu``: the public path of :mod:`memfit.estimate.xla.gpu`.
 
 XLA's GPU compiler for a named card, without the card. Importing this module gives that module
 itself (one module object: a patch or an attribute read through either name is the same), so
