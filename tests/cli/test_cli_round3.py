@@ -49,7 +49,15 @@ def _file(tmp_path: Path, name: str, text: str) -> Path:
 
 
 @pytest.mark.parametrize("redirect", ["> /dev/full", ">&-"])
-@pytest.mark.parametrize("args", [["show", "dqn_fire_raster"], ["gpus", "4090"], ["--version"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["show", "dqn_fire_raster"],
+        ["gpus", "4090"],
+        ["--version"],
+        ["gpus", "4070", "--target-config"],
+    ],
+)
 def test_output_that_cannot_be_written_is_an_error(args: list[str], redirect: str) -> None:
     if redirect == "> /dev/full" and not Path("/dev/full").exists():
         pytest.skip("no /dev/full here")
@@ -57,6 +65,23 @@ def test_output_that_cannot_be_written_is_an_error(args: list[str], redirect: st
     assert done.returncode == 1, done.stderr
     assert "Error: cannot write the output" in done.stderr and "Hint:" in done.stderr
     assert "Traceback" not in done.stderr and "internal error" not in done.stderr
+
+
+def test_every_command_writes_stdout_through_the_guarded_stream() -> None:
+    """Issue 45: ``gpus --target-config`` wrote with ``typer.echo``, past the guard, and a
+    closed stdout lost the config with exit 0. No command module writes stdout but through
+    ``memfit.cli._common`` (``write_stdout``, ``out_console``, ``print_json``)."""
+    import re
+
+    direct = re.compile(r"\btyper\.echo\(|\bsys\.stdout\.write\(|(?<![.\w])print\(")
+    found = [
+        f"{path.name}:{number}"
+        for path in sorted((ROOT / "src" / "memfit" / "cli").glob("*.py"))
+        if path.name != "_common.py"
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if direct.search(line.split("#", 1)[0])
+    ]
+    assert not found, found
 
 
 @pytest.mark.parametrize("args", [["gpus"], ["show", "dqn_fire_raster"], ["examples", "--json"]])
