@@ -10,6 +10,7 @@ only answers "is this the kind of value the argument takes".
 from __future__ import annotations
 
 import math
+import operator
 import os
 import re
 import unicodedata
@@ -24,6 +25,8 @@ __all__ = [
     "check_int_size",
     "parse_int",
     "require",
+    "require_byte_sizes",
+    "require_bytes",
     "require_callable",
     "require_choice",
     "require_int_list",
@@ -38,6 +41,13 @@ __all__ = [
 
 def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _whole(v: object) -> object:
+    """A numpy integer (anything with ``__index__`` but a bool) as the ``int`` it is."""
+    if isinstance(v, (int, bool)) or not hasattr(type(v), "__index__"):
+        return v
+    return operator.index(v)  # type: ignore[arg-type]
 
 
 def _is_number(v: object) -> bool:
@@ -240,6 +250,68 @@ def require_items(name: str, value: object, *kinds: str, what: str | None = None
     items = require_iterable(name, value)
     for i, item in enumerate(items):
         require(f"{name}[{i}]", item, *kinds, hint=what)
+    return items
+
+
+def _bytes_problem(value: object, lo: int) -> str | None:
+    """What keeps ``value`` from being a whole number of bytes of at least ``lo`` (and under
+    :data:`INT_LIMIT`), or ``None``."""
+    if not _is_int(value):
+        shown = repr(value)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        kind = type(value).__name__
+        return f"a whole number of bytes (an int of at least {lo}), not {kind} ({shown})"
+    assert isinstance(value, int)
+    if not -INT_LIMIT < value < INT_LIMIT:
+        digits = value.bit_length() * 30103 // 100000 + 1
+        return f"a number of bytes under 2**63, not a number of about {digits} digits"
+    if value < lo:
+        return f"a whole number of bytes of at least {lo}, not {value}"
+    return None
+
+
+def require_bytes(name: str, value: object, *, lo: int = 0, hint: str | None = None) -> int:
+    """Return ``value`` when it is a whole number of bytes (an ``int``, not a ``bool``) of at
+    least ``lo`` and under :data:`INT_LIMIT`: a size that can be real. A float (``1.5``,
+    ``nan``), a negative size or one of 2**63 bytes or more is never rounded, clipped or
+    dropped: it is refused.
+
+    Raises:
+        ConfigError: Otherwise, with ``name`` as the key path.
+
+    >>> require_bytes("temp_bytes", 4096)
+    4096
+    >>> require_bytes("temp_bytes", -1)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    memfit.errors.ConfigError: temp_bytes: ... of at least 0, not -1
+    """
+    value = _whole(value)
+    problem = _bytes_problem(value, lo)
+    if problem is not None:
+        raise ConfigError(f"{name} must be {problem}", key_path=name, hint=hint)
+    assert isinstance(value, int)
+    return value
+
+
+def require_byte_sizes(name: str, value: object, *, hint: str | None = None) -> list[int]:
+    """Check that ``value`` is a list (or a tuple, or another iterable that is not a string or
+    a mapping) of sizes in bytes (:func:`require_bytes`); return them.
+
+    Raises:
+        ConfigError: Otherwise, with ``name`` as the key path (the message names the item).
+    """
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+        raise ConfigError(
+            f"{name} must list sizes in bytes, not {type(value).__name__} ({value!r:.60})",
+            key_path=name,
+            hint=hint,
+        )
+    items: list[Any] = [_whole(item) for item in value]
+    for i, item in enumerate(items):
+        problem = _bytes_problem(item, 0)
+        if problem is not None:
+            raise ConfigError(f"{name}[{i}] must be {problem}", key_path=name, hint=hint)
     return items
 
 

@@ -548,3 +548,189 @@ def test_prometheus_sink_refuses_a_registry_that_is_not_one() -> None:
     with pytest.raises(ConfigError) as info:
         PrometheusSink(10**5000)
     assert info.value.key_path == "address"
+
+
+# --- the loop replay, memfit.estimate.jax_program (issue 45) ------------------------------------
+
+
+def _phases() -> dict[str, Any]:
+    from memfit.estimate.jax_program import PhaseBuffers
+
+    return {"step": PhaseBuffers("step", ((4096, 256), (8,)), temp_bytes=2**20)}
+
+
+def _loop() -> list[Any]:
+    from memfit.estimate import jax_program as jp
+
+    return [
+        jp.Allocate("key", (8,)),
+        jp.Call("step", ("state_new", "loss")),
+        jp.Rebind("state", "state_new"),
+        jp.Release("loss"),
+        jp.Release("key"),
+    ]
+
+
+def _replay_args() -> dict[str, Any]:
+    return {
+        "initial": {"state": [4096, 256]},
+        "phases": _phases(),
+        "loop": _loop(),
+        "limit_bytes": 2**30,
+    }
+
+
+# "name" -> the valid arguments a call needs
+JAX_PROGRAM_CASES: dict[str, Callable[[], dict[str, Any]]] = {
+    "replay_program": _replay_args,
+    "PhaseBuffers": lambda: {"name": "step", "outputs": ((4096,),), "temp_bytes": 0},
+    "phase_buffers": lambda: {"name": "step", "fn": lambda x: x},
+    "allocator_settings": lambda: {"gpu": "RTX 4090", "environ": {}},
+}
+
+
+def _jax_program_params() -> list[tuple[str, str]]:
+    from memfit.estimate import jax_program
+
+    return [
+        (name, param.name)
+        for name in JAX_PROGRAM_CASES
+        for param in inspect.signature(getattr(jax_program, name)).parameters.values()
+        if param.kind not in (param.VAR_POSITIONAL, param.VAR_KEYWORD)
+    ]
+
+
+def test_every_callable_of_the_loop_replay_is_covered() -> None:
+    from memfit.estimate import jax_program
+
+    records = {"ProgramReplay", "Call", "Allocate", "Release", "Rebind"}  # walked below
+    found = {n for n in jax_program.__all__ if callable(getattr(jax_program, n))} - records
+    assert found == set(JAX_PROGRAM_CASES), found ^ set(JAX_PROGRAM_CASES)
+
+
+@pytest.mark.parametrize(("name", "param"), _jax_program_params())
+def test_the_loop_replay_refuses_a_wrong_type_naming_the_argument(name: str, param: str) -> None:
+    from memfit.estimate import jax_program
+
+    kwargs = {**JAX_PROGRAM_CASES[name](), param: WRONG}
+    with pytest.raises(ConfigError) as info:
+        getattr(jax_program, name)(**kwargs)
+    assert param in (info.value.key_path or ""), str(info.value)
+
+
+def _events() -> list[tuple[int, str]]:
+    import dataclasses
+
+    return [
+        (index, f.name) for index, event in enumerate(_loop()) for f in dataclasses.fields(event)
+    ]
+
+
+@pytest.mark.parametrize(("index", "field"), _events())
+def test_every_field_of_every_event_is_checked(index: int, field: str) -> None:
+    """A wrong type in any field of Call, Allocate, Release or Rebind is a ConfigError naming
+    the event and the field (``loop.1.outputs``), never an ``unhashable type``."""
+    import dataclasses
+
+    from memfit.estimate.jax_program import replay_program
+
+    loop = _loop()
+    loop[index] = dataclasses.replace(loop[index], **{field: WRONG})
+    for bad in (WRONG, ["a"]):
+        loop[index] = dataclasses.replace(loop[index], **{field: bad})
+        with pytest.raises(ConfigError) as info:
+            replay_program(**{**_replay_args(), "loop": loop})
+        assert info.value.key_path == f"loop.{index}.{field}", str(info.value)
+
+
+#: Sizes that cannot be real: each is refused, never rounded or dropped.
+UNREAL_SIZES = [-1, 1.5, float("nan"), float("inf"), "4096", True, 2**63, None]
+
+
+@pytest.mark.parametrize("bad", UNREAL_SIZES, ids=repr)
+@pytest.mark.parametrize(
+    ("make", "where"),
+    [
+        (lambda b: {"initial": {"state": [b]}}, "initial.state"),
+        (lambda b: {"loop": [*_loop()[:1], *_loop()[1:], _allocate(b)]}, "loop.5.sizes"),
+        (lambda b: {"limit_bytes": b}, "limit_bytes"),
+        (lambda b: {"phases": {"step": _phase(temp_bytes=b)}}, "phases.step.temp_bytes"),
+        (
+            lambda b: {"phases": {"step": _phase(first_call_bytes=b)}},
+            "phases.step.first_call_bytes",
+        ),
+        (lambda b: {"phases": {"step": _phase(outputs=((b,), (8,)))}}, "phases.step.outputs[0]"),
+    ],
+)
+def test_a_size_that_cannot_be_real_is_refused_by_the_replay(
+    make: Callable[[Any], dict[str, Any]], where: str, bad: Any
+) -> None:
+    """Issue 45: ``temp_bytes=-1`` and ``nan`` were dropped (``> 0`` is false), and the
+    replay's peak was wrong without a word."""
+    from memfit.estimate.jax_program import replay_program
+
+    with pytest.raises(ConfigError) as info:
+        replay_program(**{**_replay_args(), **make(bad)})
+    assert info.value.key_path == where, str(info.value)
+
+
+def _allocate(size: Any) -> Any:
+    from memfit.estimate.jax_program import Allocate
+
+    return Allocate("more", (size,))
+
+
+def _phase(**fields: Any) -> Any:
+    """A phase built past its own check (as a subclass or ``object.__setattr__`` can)."""
+    from memfit.estimate.jax_program import PhaseBuffers
+
+    phase = _phases()["step"]
+    bare = object.__new__(PhaseBuffers)
+    for name in ("name", "outputs", "temp_bytes", "first_call_bytes"):
+        object.__setattr__(bare, name, fields.get(name, getattr(phase, name)))
+    return bare
+
+
+@pytest.mark.parametrize("bad", UNREAL_SIZES, ids=repr)
+@pytest.mark.parametrize("field", ["temp_bytes", "first_call_bytes"])
+def test_phase_buffers_refuse_a_size_that_cannot_be_real(field: str, bad: Any) -> None:
+    from memfit.estimate.jax_program import PhaseBuffers
+
+    with pytest.raises(ConfigError) as info:
+        PhaseBuffers("step", ((4096,),), **{"temp_bytes": 0, field: bad})
+    assert info.value.key_path == field, str(info.value)
+
+
+@pytest.mark.parametrize("bad", UNREAL_SIZES, ids=repr)
+def test_the_bfc_model_refuses_a_request_that_cannot_be_real(bad: Any) -> None:
+    """Issue 45: ``BfcAllocator(...).allocate(1.5)`` was taken as 1 byte."""
+    from memfit.allocator.bfc import BfcAllocator
+
+    pool = BfcAllocator(2**30, preallocate=True)
+    with pytest.raises(ConfigError) as info:
+        pool.allocate(bad)
+    assert info.value.key_path == "nbytes"
+    assert pool.num_allocs == 0
+
+
+def test_the_issue_cases_of_the_loop_replay() -> None:
+    from memfit.estimate.jax_program import Call, allocator_settings, replay_program
+
+    args = _replay_args()
+    cases = [
+        (lambda: replay_program([8], args["phases"], args["loop"], limit_bytes=2**30), "initial"),
+        (
+            lambda: replay_program({}, {"step": "step"}, args["loop"], limit_bytes=2**30),
+            "phases.step",
+        ),
+        (lambda: replay_program({}, args["phases"], 5, limit_bytes=2**30), "loop"),
+        (
+            lambda: replay_program({}, args["phases"], [Call("step", "ab")], limit_bytes=2**30),
+            "loop.0.outputs",
+        ),
+        (lambda: allocator_settings("RTX 4090", 5), "environ"),
+    ]
+    for call, where in cases:
+        with pytest.raises(ConfigError) as info:
+            call()
+        assert info.value.key_path == where, str(info.value)
