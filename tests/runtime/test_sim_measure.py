@@ -188,3 +188,56 @@ def test_standard_cameras_and_further_types_count_as_the_plan_counts_them() -> N
     both = [{"height": 10, "width": 10, "data_types": ["rgb", "depth"]}]
     assert camera_pixels(both, 4) == round(4 * 100 * (1 + SHARED.extra_type_fraction))
     assert camera_pixels(None, 4) == 0
+
+
+#: A point's fields that cannot be real, and the key path each is refused at (issue 45:
+#: ``cameras: 'rgb'`` was "dictionary update sequence ...", a height of -1 a raw pydantic
+#: error, a height of 0 accepted).
+BAD_POINTS = [
+    ({"num_envs": 16, "cameras": "rgb"}, "points[0].cameras"),
+    ({"num_envs": 16, "cameras": ["rgb"]}, "points[0].cameras[0]"),
+    ({"num_envs": 16, "cameras": [{"height": -1, "width": 8}]}, "points[0].cameras[0].height"),
+    ({"num_envs": 16, "cameras": [{"height": 0, "width": 8}]}, "points[0].cameras[0].height"),
+    ({"num_envs": 16, "cameras": [{"height": 8, "width": 10**5}]}, "points[0].cameras[0].width"),
+    ({"num_envs": 16, "cameras": [{"height": 8, "width": 8.5}]}, "points[0].cameras[0].width"),
+    ({"num_envs": 16, "cameras": [{"height": "h", "width": 8}]}, "points[0].cameras[0].height"),
+    ({"num_envs": 16, "cameras": [{"height": 8}]}, "points[0].cameras[0]"),
+    (
+        {"num_envs": 16, "cameras": [{"height": 8, "width": 8, "count": 0}]},
+        "points[0].cameras[0].count",
+    ),
+    (
+        {"num_envs": 16, "cameras": [{"height": 8, "width": 8, "kind": "fish"}]},
+        "points[0].cameras[0].kind",
+    ),
+    (
+        {"num_envs": 16, "cameras": [{"height": 8, "width": 8, "fov": 90}]},
+        "points[0].cameras[0].fov",
+    ),
+    (
+        {"num_envs": 16, "cameras": [{"height": 8, "width": 8, "data_types": ["x"]}]},
+        "points[0].cameras[0].data_types",
+    ),
+    ({"num_envs": 10**30}, "points[0].num_envs"),
+    ({"num_envs": 2**31}, "points[0].num_envs"),
+    ({"num_envs": 1.5}, "points[0].num_envs"),
+    ({"num_envs": True}, "points[0].num_envs"),
+    ("num_envs=16", "points[0]"),
+]
+
+
+@pytest.mark.parametrize(("point", "where"), BAD_POINTS)
+def test_a_point_that_cannot_be_real_is_refused_before_any_env_is_made(
+    point: Any, where: str
+) -> None:
+    made: list[Any] = []
+    with pytest.raises(ConfigError) as info:
+        memfit.measure_simulator(
+            made.append,
+            [point, {"num_envs": 64}],
+            probe=SimulatedDevice("8GiB", name=CARD),
+            store=False,
+        )
+    assert info.value.key_path == where, str(info.value)
+    assert "pydantic" not in str(info.value) and "Input should" not in str(info.value)
+    assert made == []  # refused before the simulator ran

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from memfit._checks import INT_LIMIT
@@ -275,11 +275,11 @@ class CameraSpec(_Strict):
     dtype: Dtype = "uint8"
     frame_stack: int = Field(default=1, ge=1)
 
-    @field_validator("count")
+    @field_validator("count", "height", "width")
     @classmethod
-    def _count(cls, value: int | str) -> int | str:
+    def _count(cls, value: int | str, info: ValidationInfo) -> int | str:
         if isinstance(value, int) and value < 1:
-            raise ValueError("count must be at least 1 (or name a knob or setting)")
+            raise ValueError(f"{info.field_name} must be at least 1 (or name a knob or setting)")
         return value
 
 
