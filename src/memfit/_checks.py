@@ -29,6 +29,7 @@ __all__ = [
     "require_bytes",
     "require_callable",
     "require_choice",
+    "require_count",
     "require_int_list",
     "require_items",
     "require_iterable",
@@ -64,7 +65,8 @@ def _is_path(v: object) -> bool:
 
 #: What each kind accepts, and how it is said in an error message.
 KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
-    "int": (_is_int, "an integer"),
+    "int": (_is_int, "an integer"),  # of magnitude under 2**63 (no count or size is larger)
+    "any_int": (_is_int, "an integer"),  # of any size (a random seed)
     "number": (_is_number, "a finite number"),
     "real": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
     "bool": (lambda v: isinstance(v, bool), "True or False"),
@@ -77,6 +79,13 @@ KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
 }
 
 
+#: The largest size in bytes memfit reads (``memfit.units.MAX_BYTES``: 16 EiB).
+SIZE_LIMIT = 2**64
+
+#: Kinds whose ``int`` values are counts, sizes or amounts: each under 2**63 in magnitude.
+_SIZED = frozenset({"int", "number"})
+
+
 def require(
     name: str,
     value: object,
@@ -85,7 +94,9 @@ def require(
     hint: str | None = None,
 ) -> None:
     """Check that ``value`` is of one of ``kinds`` (keys of :data:`KINDS`), or ``None`` when
-    ``optional``.
+    ``optional``. An ``int`` taken as a count, size or number is under 2**63 in magnitude
+    (:func:`check_int_size`): no count or size memfit reads is larger, and a larger one
+    would overflow a C size where it is used.
 
     Raises:
         ConfigError: Otherwise, with ``name`` as the key path.
@@ -100,6 +111,16 @@ def require(
         return
     for kind in kinds:
         if KINDS[kind][0](value):
+            if kind in _SIZED and isinstance(value, int):
+                check_int_size(name, value, hint=hint)  # no count or size is 2**63 or more
+            elif kind == "size" and isinstance(value, int) and not 0 <= value <= SIZE_LIMIT:
+                digits = value.bit_length() * 30103 // 100000 + 1
+                shown = str(value) if digits <= 30 else f"a number of about {digits} digits"
+                raise ConfigError(
+                    f"{name} must be a size from 0 to 16 EiB (2**64 bytes), not {shown}",
+                    key_path=name,
+                    hint=hint or "give the size in bytes, or as text such as '8GiB'",
+                )
             return
     what = " or ".join(KINDS[k][1] for k in kinds)
     if optional:
@@ -315,6 +336,38 @@ def require_byte_sizes(name: str, value: object, *, hint: str | None = None) -> 
     return items
 
 
+def require_count(
+    name: str,
+    value: object,
+    *,
+    lo: int = 0,
+    what: str = "a whole number",
+    key_path: str | None = None,
+    hint: str | None = None,
+) -> int:
+    """Return ``value`` when it is an ``int`` (not a ``bool``) of at least ``lo`` and under
+    2**63: a count that can be real (steps, retries, events, splits).
+
+    Raises:
+        ConfigError: Otherwise, with ``key_path`` (default ``name``) as the key path.
+
+    >>> require_count("history", 0)
+    0
+    >>> require_count("every", 10**40, lo=1)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    memfit.errors.ConfigError: every: every is a number of about 41 digits; ...
+    """
+    where = key_path or name
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        shown = repr(value)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        raise ConfigError(f"{name} must be {what} >= {lo}, not {shown}", key_path=where, hint=hint)
+    if not -INT_LIMIT < value < INT_LIMIT:
+        check_int_size(where, value, hint=hint)
+    return value
+
+
 def require_positive_int(name: str, value: object, *, hint: str | None = None) -> int:
     """Return ``value`` when it is an ``int`` of at least 1 (not a ``bool``).
 
@@ -325,10 +378,12 @@ def require_positive_int(name: str, value: object, *, hint: str | None = None) -
     64
     """
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        shown = repr(value)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
         raise ConfigError(
-            f"{name} must be a positive integer, not {value!r}", key_path=name, hint=hint
+            f"{name} must be a positive integer, not {shown}", key_path=name, hint=hint
         )
-    return value
+    return check_int_size(name, value, hint=hint)
 
 
 def require_callable(

@@ -132,6 +132,28 @@ def test_a_wrong_type_is_a_config_error_naming_the_argument(name: str, param: st
     assert param in (info.value.key_path or "") or param in str(info.value), str(info.value)
 
 
+#: Parameters that take an integer of any size by design (a random seed), and the unit
+#: parser and formatter (their own bound, 16 EiB, and message: tests/test_units_bounds.py).
+ANY_INT = {("testing.inject_oom", "seed"), ("format_bytes", "n"), ("parse_bytes", "text")}
+
+
+@pytest.mark.parametrize(("name", "param"), _params())
+@pytest.mark.parametrize("huge", [2**64 + 1, -(2**63), 10**40], ids=["2**64+1", "-2**63", "10**40"])
+def test_an_integer_no_count_or_size_can_be_is_a_config_error(
+    name: str, param: str, huge: int
+) -> None:
+    """Issue 45: ``explain(max_bytes=2**63)`` was an ``OverflowError``. Every parameter of
+    every public callable refuses an integer no count or size can be (a count: 2**63 or
+    more in magnitude; a size: negative or over 16 EiB; any other kind refuses an int),
+    naming the parameter."""
+    if (name, param) in ANY_INT:
+        pytest.skip("takes any integer")
+    fn, required = CASES[name]
+    with pytest.raises(ConfigError) as info:
+        _call(fn, {**required, param: huge})
+    assert param in (info.value.key_path or "") or param in str(info.value), str(info.value)
+
+
 @pytest.mark.parametrize(
     ("call", "param"),
     [
