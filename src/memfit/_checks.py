@@ -242,9 +242,12 @@ def require_object(
     what: str,
     hint: str | None = None,
     optional: bool = False,
+    wrapped: bool = False,
 ) -> None:
     """Check that ``value`` is the kind of object a function needs (an Optuna trial, an
-    skrl agent, an environment), by what it has: callable ``methods`` and ``attributes``.
+    skrl agent, an environment), by what it has: callable ``methods`` and ``attributes``;
+    with ``wrapped``, also that it takes attributes of its own (memfit puts wrappers of its
+    methods on the instance: an object whose class has ``__slots__`` cannot hold them).
 
     Raises:
         ConfigError: Otherwise, with ``name`` as the key path, saying what it lacks.
@@ -256,6 +259,14 @@ def require_object(
     if lacks:
         raise ConfigError(
             f"{name} must be {what}, not {type(value).__name__} (it has no {', '.join(lacks)})",
+            key_path=name,
+            hint=hint,
+        )
+    if wrapped and not isinstance(getattr(value, "__dict__", None), dict):
+        raise ConfigError(
+            f"{name} must be {what} that takes attributes of its own; this "
+            f"{type(value).__name__} has none (its class sets __slots__), so memfit cannot "
+            f"wrap its {', '.join(methods)}",
             key_path=name,
             hint=hint,
         )

@@ -9,7 +9,7 @@ import importlib
 import inspect
 from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -558,6 +558,46 @@ def test_skrl_guard_refuses_bad_options(kwargs: dict[str, Any], param: str) -> N
     with pytest.raises(ConfigError) as info:
         skrl.apply_knobs("PPO", {})
     assert info.value.key_path == "cfg"
+
+
+class _NoPostInteraction:
+    cfg: ClassVar[dict[str, int]] = {"rollouts": 8}
+
+    def act(self, *args: Any, **kwargs: Any) -> Any:
+        return None
+
+    def update(self, *args: Any, **kwargs: Any) -> Any:
+        return None
+
+
+class _SlottedAgent:
+    __slots__ = ()
+    cfg: ClassVar[dict[str, int]] = {"rollouts": 8}
+
+    def act(self, *args: Any, **kwargs: Any) -> Any:
+        return None
+
+    def update(self, *args: Any, **kwargs: Any) -> Any:
+        return None
+
+    def post_interaction(self, *args: Any, **kwargs: Any) -> Any:
+        return None
+
+
+@pytest.mark.parametrize(
+    ("agent", "words"),
+    [(_NoPostInteraction(), "post_interaction"), (_SlottedAgent(), "__slots__")],
+)
+@pytest.mark.parametrize("make", ["guard", "SkrlGuard"])
+def test_skrl_guard_refuses_an_agent_it_cannot_wrap(agent: Any, words: str, make: str) -> None:
+    """Issue 45: an agent without ``post_interaction``, or whose class has ``__slots__``,
+    was a raw ``AttributeError`` from the guard."""
+    from memfit.integrations import skrl
+
+    with pytest.raises(ConfigError, match=words) as info:
+        getattr(skrl, make)(agent)
+    assert info.value.key_path == "agent" and info.value.hint
+    assert skrl.knobs_of(agent) is not None  # reading its config needs no wrapping
 
 
 def test_prometheus_sink_refuses_a_registry_that_is_not_one() -> None:
