@@ -471,6 +471,17 @@ def test_the_cases_of_the_issue_round_3(call: Callable[[], Any], param: str) -> 
     assert info.value.key_path == param, str(info.value)
 
 
+@pytest.mark.parametrize(
+    "jaxlib", ["9" * 5000 + ".1", "\u0660.\u0664", "1234567890.1", "0.4.33" + "9" * 5000, ""]
+)
+def test_a_jaxlib_that_is_no_version_is_refused_before_anything_runs(jaxlib: str) -> None:
+    """Issue 45: ``jaxlib='9' * 5000 + '.1'`` was a raw ``ValueError`` (Python's 4,300-digit
+    limit) from the version parser, before the argument check said anything."""
+    with pytest.raises(ConfigError) as info:
+        memfit.estimate_jax(lambda x: x, 1.0, gpu="RTX 4090", jaxlib=jaxlib)
+    assert info.value.key_path == "jaxlib" and len(str(info.value)) < 200
+
+
 class _Trial:
     """A trial whose sampler answers ``answer`` (an Optuna trial gone wrong)."""
 
