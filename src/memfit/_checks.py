@@ -37,6 +37,7 @@ __all__ = [
     "require_object",
     "require_positive_int",
     "require_str_list",
+    "too_many_digits",
 ]
 
 
@@ -424,6 +425,16 @@ MAX_INT_DIGITS = 30
 #: No count or size memfit reads is this large or larger (in magnitude): ``2**63``.
 INT_LIMIT = 2**63
 
+
+def too_many_digits(digits: int) -> str:
+    """What is wrong with an integer of ``digits`` digits (more than
+    :data:`MAX_INT_DIGITS`), said once for every reader: the bound a user meets is 2**63
+    (19 digits), whatever length the parser refuses to convert."""
+    return (
+        f"a number of {digits} digits; no count or size memfit reads is 2**63 or more (19 digits)"
+    )
+
+
 _INT_TEXT = re.compile(r"[+-]?[0-9]+(?:_[0-9]+)*", re.ASCII)
 
 
@@ -483,8 +494,7 @@ def parse_int(
         stripped = text.strip()
         if len(stripped) > 2 * MAX_INT_DIGITS or _digit_count(stripped) > MAX_INT_DIGITS:
             raise ConfigError(
-                f"{name} has {_digit_count(stripped)} digits; memfit reads integers of at "
-                f"most {MAX_INT_DIGITS}",
+                f"{name} is {too_many_digits(_digit_count(stripped))}",
                 key_path=name,
                 hint=hint or "give the count or size itself (at most 19 digits)",
             )

@@ -339,3 +339,22 @@ def test_an_error_about_a_long_value_stays_short(
     code, _, err = run(capsys, *args)
     user_error(code, err)
     assert len(err) < 2000 and "characters)" in err
+
+
+@pytest.mark.parametrize("digits", [20, 25, 31, 40, 5000])
+@pytest.mark.parametrize("where", ["file", "--set"])
+def test_a_long_integer_is_refused_with_one_bound_in_message_and_hint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], digits: int, where: str
+) -> None:
+    """Issue 45: a 40-digit knob maximum said "memfit reads integers of at most 30" and then
+    "Hint: ... at most 19 digits". Every reader states the same bound: 2**63, 19 digits."""
+    number = "9" * digits
+    if where == "file":
+        assert "host_memory_bytes" not in DQN
+        path = _file(tmp_path, "job.yaml", DQN + f"\nhost_memory_bytes: {number}\n")
+        code, _, err = run(capsys, "check", str(path))
+    else:
+        code, _, err = run(capsys, "check", "dqn_fire_raster", "--set", f"buffer_size={number}")
+    user_error(code, err)
+    assert "2**63" in err and "at most 30" not in err, err
+    assert len(err) < 600
