@@ -807,3 +807,66 @@ def test_the_issue_cases_of_the_loop_replay() -> None:
         with pytest.raises(ConfigError) as info:
             call()
         assert info.value.key_path == where, str(info.value)
+
+
+# --- target configs (issue 45): memfit.hardware.xla_target and `memfit gpus --target-config` ---
+
+
+def _card() -> Any:
+    return memfit.gpu("RTX 4070")
+
+
+# "name" -> the valid arguments a call needs
+TARGET_CASES: dict[str, Callable[[], dict[str, Any]]] = {
+    "arch_limits": lambda: {"cc": (8, 9)},
+    "base_for_limit": lambda: {"bytes_limit": 2**30},
+    "card_figures": lambda: {"name": "NVIDIA GeForce RTX 4070"},
+    "cuda_total_bytes": lambda: {"spec": _card()},
+    "target_config": lambda: {"spec": _card()},
+    "xla_memory_limit": lambda: {"base_bytes": 2**30, "io_bytes": 2**20},
+}
+
+
+def _target_params() -> list[tuple[str, str]]:
+    from memfit.hardware import xla_target
+
+    return [
+        (name, p.name)
+        for name in TARGET_CASES
+        for p in inspect.signature(getattr(xla_target, name)).parameters.values()
+    ]
+
+
+def test_every_callable_of_the_target_configs_is_covered() -> None:
+    from memfit.hardware import xla_target
+
+    found = {
+        n
+        for n in xla_target.__all__
+        if callable(getattr(xla_target, n)) and not inspect.isclass(getattr(xla_target, n))
+    }
+    assert found == set(TARGET_CASES), found ^ set(TARGET_CASES)
+
+
+@pytest.mark.parametrize("bad", [WRONG, None, -1, 2**64 + 1, float("nan"), "x" * 5000])
+@pytest.mark.parametrize(("name", "param"), _target_params())
+def test_the_target_configs_refuse_what_is_not_a_card_or_a_size(
+    name: str, param: str, bad: Any
+) -> None:
+    """Issue 45: ``target_config``, ``arch_limits`` and ``base_for_limit`` (which the docs
+    name) crashed on wrong types; every argument is now checked and named."""
+    from memfit.hardware import xla_target
+
+    if name == "card_figures" and isinstance(bad, str):
+        assert xla_target.card_figures(bad) is None  # a name it has no figures for
+        return
+    kwargs = {**TARGET_CASES[name](), param: bad}
+    with pytest.raises(ConfigError) as info:
+        getattr(xla_target, name)(**kwargs)
+    assert param in (info.value.key_path or "") or info.value.key_path == "gpu", str(info.value)
+
+
+def test_a_target_config_of_a_card_named_or_given_is_the_same() -> None:
+    from memfit.hardware.xla_target import target_config
+
+    assert target_config("RTX 4070") == target_config(_card())

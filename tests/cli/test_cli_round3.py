@@ -358,3 +358,21 @@ def test_a_long_integer_is_refused_with_one_bound_in_message_and_hint(
     user_error(code, err)
     assert "2**63" in err and "at most 30" not in err, err
     assert len(err) < 600
+
+
+@pytest.mark.parametrize("name", ["8GB", "x" * 5000, "1e308GB", "", "RTX 9999", "\u00b2", "0GB"])
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_target_config_of_what_is_not_a_card_is_a_clear_error(
+    capsys: pytest.CaptureFixture[str], name: str, as_json: bool
+) -> None:
+    """The target-config surface (issue 45): a size, an unknown or absurd name is Error and
+    Hint, exit 1, with nothing on stdout."""
+    code, out, err = run(capsys, "gpus", name, "--target-config", *(["--json"] if as_json else []))
+    user_error(code, err)
+    assert len(err) < 2000
+    if as_json:  # the error as JSON on stdout too, never a config
+        import json
+
+        assert json.loads(out)["error"] == "ConfigError"
+    else:
+        assert out == ""
