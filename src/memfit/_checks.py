@@ -37,6 +37,7 @@ __all__ = [
     "require_object",
     "require_positive_int",
     "require_str_list",
+    "too_large_int",
     "too_many_digits",
 ]
 
@@ -424,6 +425,23 @@ MAX_INT_DIGITS = 30
 
 #: No count or size memfit reads is this large or larger (in magnitude): ``2**63``.
 INT_LIMIT = 2**63
+
+
+def too_large_int(value: object) -> int | None:
+    """The digits of the first integer in ``value`` (an int, or a list or a mapping's values)
+    that is 2**63 or more in magnitude, or ``None``: the check every schema model of a
+    workload (its simulator section included) runs on each field."""
+    items = value if isinstance(value, list) else (
+        list(value.values()) if isinstance(value, dict) else [value]
+    )  # fmt: skip
+    for item in items:
+        if (
+            isinstance(item, int)
+            and not isinstance(item, bool)
+            and not -INT_LIMIT < item < INT_LIMIT
+        ):
+            return item.bit_length() * 30103 // 100000 + 1
+    return None
 
 
 def too_many_digits(digits: int) -> str:

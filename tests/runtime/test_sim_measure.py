@@ -241,3 +241,30 @@ def test_a_point_that_cannot_be_real_is_refused_before_any_env_is_made(
     assert info.value.key_path == where, str(info.value)
     assert "pydantic" not in str(info.value) and "Input should" not in str(info.value)
     assert made == []  # refused before the simulator ran
+
+
+@pytest.mark.parametrize(
+    ("section", "where"),
+    [
+        ("cameras: [{height: 99999999999999999999999, width: 8}]", "simulator.cameras[0].height"),
+        ("cameras: [{height: 0, width: 8}]", "simulator.cameras[0].height"),
+        ("scene: {joints: 99999999999999999999}", "simulator.scene.joints"),
+        ("per_camera_pixel_bytes: .inf", "simulator.per_camera_pixel_bytes"),
+        ("per_camera_pixel_bytes: .nan", "simulator.per_camera_pixel_bytes"),
+        (
+            "measured: {gpu: x, base_bytes: 1, per_env_bytes: 1, pixel_bytes: .inf}",
+            "simulator.measured.pixel_bytes",
+        ),
+        (
+            "ray_casters: [{kind: rays, rays: 99999999999999999999}]",
+            "simulator.ray_casters[0].rays",
+        ),
+    ],
+)
+def test_a_simulator_section_refuses_numbers_that_cannot_be_real(section: str, where: str) -> None:
+    """The simulator config (issue 45): every number of the section is finite and under
+    2**63, as every other number of a workload is."""
+    text = f"family: custom\nterms: {{a: 1}}\nsimulator: {{preset: isaac_sim, {section}}}\n"
+    with pytest.raises(ConfigError) as info:
+        parse_workload(text)
+    assert (info.value.key_path or "").startswith(where), str(info.value)
