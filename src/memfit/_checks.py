@@ -10,6 +10,7 @@ only answers "is this the kind of value the argument takes".
 from __future__ import annotations
 
 import math
+import operator
 import os
 import re
 import unicodedata
@@ -24,8 +25,11 @@ __all__ = [
     "check_int_size",
     "parse_int",
     "require",
+    "require_byte_sizes",
+    "require_bytes",
     "require_callable",
     "require_choice",
+    "require_count",
     "require_int_list",
     "require_items",
     "require_iterable",
@@ -33,11 +37,20 @@ __all__ = [
     "require_object",
     "require_positive_int",
     "require_str_list",
+    "too_large_int",
+    "too_many_digits",
 ]
 
 
 def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _whole(v: object) -> object:
+    """A numpy integer (anything with ``__index__`` but a bool) as the ``int`` it is."""
+    if isinstance(v, (int, bool)) or not hasattr(type(v), "__index__"):
+        return v
+    return operator.index(v)  # type: ignore[arg-type]
 
 
 def _is_number(v: object) -> bool:
@@ -54,7 +67,8 @@ def _is_path(v: object) -> bool:
 
 #: What each kind accepts, and how it is said in an error message.
 KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
-    "int": (_is_int, "an integer"),
+    "int": (_is_int, "an integer"),  # of magnitude under 2**63 (no count or size is larger)
+    "any_int": (_is_int, "an integer"),  # of any size (a random seed)
     "number": (_is_number, "a finite number"),
     "real": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
     "bool": (lambda v: isinstance(v, bool), "True or False"),
@@ -67,6 +81,13 @@ KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
 }
 
 
+#: The largest size in bytes memfit reads (``memfit.units.MAX_BYTES``: 16 EiB).
+SIZE_LIMIT = 2**64
+
+#: Kinds whose ``int`` values are counts, sizes or amounts: each under 2**63 in magnitude.
+_SIZED = frozenset({"int", "number"})
+
+
 def require(
     name: str,
     value: object,
@@ -75,7 +96,9 @@ def require(
     hint: str | None = None,
 ) -> None:
     """Check that ``value`` is of one of ``kinds`` (keys of :data:`KINDS`), or ``None`` when
-    ``optional``.
+    ``optional``. An ``int`` taken as a count, size or number is under 2**63 in magnitude
+    (:func:`check_int_size`): no count or size memfit reads is larger, and a larger one
+    would overflow a C size where it is used.
 
     Raises:
         ConfigError: Otherwise, with ``name`` as the key path.
@@ -90,6 +113,16 @@ def require(
         return
     for kind in kinds:
         if KINDS[kind][0](value):
+            if kind in _SIZED and isinstance(value, int):
+                check_int_size(name, value, hint=hint)  # no count or size is 2**63 or more
+            elif kind == "size" and isinstance(value, int) and not 0 <= value <= SIZE_LIMIT:
+                digits = value.bit_length() * 30103 // 100000 + 1
+                shown = str(value) if digits <= 30 else f"a number of about {digits} digits"
+                raise ConfigError(
+                    f"{name} must be a size from 0 to 16 EiB (2**64 bytes), not {shown}",
+                    key_path=name,
+                    hint=hint or "give the size in bytes, or as text such as '8GiB'",
+                )
             return
     what = " or ".join(KINDS[k][1] for k in kinds)
     if optional:
@@ -211,9 +244,12 @@ def require_object(
     what: str,
     hint: str | None = None,
     optional: bool = False,
+    wrapped: bool = False,
 ) -> None:
     """Check that ``value`` is the kind of object a function needs (an Optuna trial, an
-    skrl agent, an environment), by what it has: callable ``methods`` and ``attributes``.
+    skrl agent, an environment), by what it has: callable ``methods`` and ``attributes``;
+    with ``wrapped``, also that it takes attributes of its own (memfit puts wrappers of its
+    methods on the instance: an object whose class has ``__slots__`` cannot hold them).
 
     Raises:
         ConfigError: Otherwise, with ``name`` as the key path, saying what it lacks.
@@ -225,6 +261,14 @@ def require_object(
     if lacks:
         raise ConfigError(
             f"{name} must be {what}, not {type(value).__name__} (it has no {', '.join(lacks)})",
+            key_path=name,
+            hint=hint,
+        )
+    if wrapped and not isinstance(getattr(value, "__dict__", None), dict):
+        raise ConfigError(
+            f"{name} must be {what} that takes attributes of its own; this "
+            f"{type(value).__name__} has none (its class sets __slots__), so memfit cannot "
+            f"wrap its {', '.join(methods)}",
             key_path=name,
             hint=hint,
         )
@@ -243,6 +287,100 @@ def require_items(name: str, value: object, *kinds: str, what: str | None = None
     return items
 
 
+def _bytes_problem(value: object, lo: int) -> str | None:
+    """What keeps ``value`` from being a whole number of bytes of at least ``lo`` (and under
+    :data:`INT_LIMIT`), or ``None``."""
+    if not _is_int(value):
+        shown = repr(value)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        kind = type(value).__name__
+        return f"a whole number of bytes (an int of at least {lo}), not {kind} ({shown})"
+    assert isinstance(value, int)
+    if not -INT_LIMIT < value < INT_LIMIT:
+        digits = value.bit_length() * 30103 // 100000 + 1
+        return f"a number of bytes under 2**63, not a number of about {digits} digits"
+    if value < lo:
+        return f"a whole number of bytes of at least {lo}, not {value}"
+    return None
+
+
+def require_bytes(name: str, value: object, *, lo: int = 0, hint: str | None = None) -> int:
+    """Return ``value`` when it is a whole number of bytes (an ``int``, not a ``bool``) of at
+    least ``lo`` and under :data:`INT_LIMIT`: a size that can be real. A float (``1.5``,
+    ``nan``), a negative size or one of 2**63 bytes or more is never rounded, clipped or
+    dropped: it is refused.
+
+    Raises:
+        ConfigError: Otherwise, with ``name`` as the key path.
+
+    >>> require_bytes("temp_bytes", 4096)
+    4096
+    >>> require_bytes("temp_bytes", -1)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    memfit.errors.ConfigError: temp_bytes: ... of at least 0, not -1
+    """
+    value = _whole(value)
+    problem = _bytes_problem(value, lo)
+    if problem is not None:
+        raise ConfigError(f"{name} must be {problem}", key_path=name, hint=hint)
+    assert isinstance(value, int)
+    return value
+
+
+def require_byte_sizes(name: str, value: object, *, hint: str | None = None) -> list[int]:
+    """Check that ``value`` is a list (or a tuple, or another iterable that is not a string or
+    a mapping) of sizes in bytes (:func:`require_bytes`); return them.
+
+    Raises:
+        ConfigError: Otherwise, with ``name`` as the key path (the message names the item).
+    """
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+        raise ConfigError(
+            f"{name} must list sizes in bytes, not {type(value).__name__} ({value!r:.60})",
+            key_path=name,
+            hint=hint,
+        )
+    items: list[Any] = [_whole(item) for item in value]
+    for i, item in enumerate(items):
+        problem = _bytes_problem(item, 0)
+        if problem is not None:
+            raise ConfigError(f"{name}[{i}] must be {problem}", key_path=name, hint=hint)
+    return items
+
+
+def require_count(
+    name: str,
+    value: object,
+    *,
+    lo: int = 0,
+    what: str = "a whole number",
+    key_path: str | None = None,
+    hint: str | None = None,
+) -> int:
+    """Return ``value`` when it is an ``int`` (not a ``bool``) of at least ``lo`` and under
+    2**63: a count that can be real (steps, retries, events, splits).
+
+    Raises:
+        ConfigError: Otherwise, with ``key_path`` (default ``name``) as the key path.
+
+    >>> require_count("history", 0)
+    0
+    >>> require_count("every", 10**40, lo=1)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    memfit.errors.ConfigError: every: every is a number of about 41 digits; ...
+    """
+    where = key_path or name
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        shown = repr(value)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        raise ConfigError(f"{name} must be {what} >= {lo}, not {shown}", key_path=where, hint=hint)
+    if not -INT_LIMIT < value < INT_LIMIT:
+        check_int_size(where, value, hint=hint)
+    return value
+
+
 def require_positive_int(name: str, value: object, *, hint: str | None = None) -> int:
     """Return ``value`` when it is an ``int`` of at least 1 (not a ``bool``).
 
@@ -253,10 +391,12 @@ def require_positive_int(name: str, value: object, *, hint: str | None = None) -
     64
     """
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        shown = repr(value)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
         raise ConfigError(
-            f"{name} must be a positive integer, not {value!r}", key_path=name, hint=hint
+            f"{name} must be a positive integer, not {shown}", key_path=name, hint=hint
         )
-    return value
+    return check_int_size(name, value, hint=hint)
 
 
 def require_callable(
@@ -285,6 +425,33 @@ MAX_INT_DIGITS = 30
 
 #: No count or size memfit reads is this large or larger (in magnitude): ``2**63``.
 INT_LIMIT = 2**63
+
+
+def too_large_int(value: object) -> int | None:
+    """The digits of the first integer in ``value`` (an int, or a list or a mapping's values)
+    that is 2**63 or more in magnitude, or ``None``: the check every schema model of a
+    workload (its simulator section included) runs on each field."""
+    items = value if isinstance(value, list) else (
+        list(value.values()) if isinstance(value, dict) else [value]
+    )  # fmt: skip
+    for item in items:
+        if (
+            isinstance(item, int)
+            and not isinstance(item, bool)
+            and not -INT_LIMIT < item < INT_LIMIT
+        ):
+            return item.bit_length() * 30103 // 100000 + 1
+    return None
+
+
+def too_many_digits(digits: int) -> str:
+    """What is wrong with an integer of ``digits`` digits (more than
+    :data:`MAX_INT_DIGITS`), said once for every reader: the bound a user meets is 2**63
+    (19 digits), whatever length the parser refuses to convert."""
+    return (
+        f"a number of {digits} digits; no count or size memfit reads is 2**63 or more (19 digits)"
+    )
+
 
 _INT_TEXT = re.compile(r"[+-]?[0-9]+(?:_[0-9]+)*", re.ASCII)
 
@@ -345,8 +512,7 @@ def parse_int(
         stripped = text.strip()
         if len(stripped) > 2 * MAX_INT_DIGITS or _digit_count(stripped) > MAX_INT_DIGITS:
             raise ConfigError(
-                f"{name} has {_digit_count(stripped)} digits; memfit reads integers of at "
-                f"most {MAX_INT_DIGITS}",
+                f"{name} is {too_many_digits(_digit_count(stripped))}",
                 key_path=name,
                 hint=hint or "give the count or size itself (at most 19 digits)",
             )

@@ -136,12 +136,28 @@ def too_large_error(source: str | Path, size: int, limit: int, *, what: str) -> 
     )
 
 
+#: The most bytes one read asks for: a limit of any size (``max_bytes=2**62``) is never a
+#: buffer of that size (a ``MemoryError``) or a length C cannot take (an ``OverflowError``).
+_READ_CHUNK = 64 * 2**20
+
+
 def read_limited(handle: Any, limit: int, *, source: str | Path, what: str) -> bytes:
-    """Read at most ``limit`` bytes from a binary handle; more is a :class:`ConfigError`."""
-    data: bytes = handle.read(limit + 1)
-    if len(data) > limit:
-        raise too_large_error(source, len(data), limit, what=what)
-    return data
+    """Read at most ``limit`` bytes from a binary handle; more is a :class:`ConfigError`.
+    Any ``limit`` may be given: the handle is read in pieces of at most 64 MiB."""
+    first: bytes = handle.read(min(limit + 1, _READ_CHUNK))
+    if len(first) <= limit and len(first) == min(limit + 1, _READ_CHUNK):
+        pieces = [first]
+        total = len(first)
+        while total <= limit:
+            piece: bytes = handle.read(min(limit + 1 - total, _READ_CHUNK))
+            if not piece:
+                break
+            pieces.append(piece)
+            total += len(piece)
+        first = b"".join(pieces)
+    if len(first) > limit:
+        raise too_large_error(source, len(first), limit, what=what)
+    return first
 
 
 def read_user_bytes(

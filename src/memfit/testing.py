@@ -162,7 +162,7 @@ def inject_oom(
     >>> chaos.raised["forward"]
     1
     """
-    require("seed", seed, "int")
+    require("seed", seed, "any_int")
     require("limit", limit, "int", optional=True)
     require("inplace", inplace, "bool")
     targets_list = require_int_list("at", at) if at is not None else None

@@ -92,7 +92,7 @@ def parse_bytes(text: str | int) -> int:
     >>> parse_bytes(512)
     512
     """
-    require("text", text, "str", "int")
+    require("text", text, "str", "any_int")  # parse_bytes bounds it (16 EiB)
     if isinstance(text, bool):
         raise ConfigError(f"not a size: {text!r}", hint=_HINT)
     if isinstance(text, int):

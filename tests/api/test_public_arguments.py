@@ -9,7 +9,7 @@ import importlib
 import inspect
 from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -129,6 +129,28 @@ def test_a_wrong_type_is_a_config_error_naming_the_argument(name: str, param: st
     kwargs = {**required, param: WRONG}
     with pytest.raises(ConfigError) as info:
         _call(fn, kwargs)
+    assert param in (info.value.key_path or "") or param in str(info.value), str(info.value)
+
+
+#: Parameters that take an integer of any size by design (a random seed), and the unit
+#: parser and formatter (their own bound, 16 EiB, and message: tests/test_units_bounds.py).
+ANY_INT = {("testing.inject_oom", "seed"), ("format_bytes", "n"), ("parse_bytes", "text")}
+
+
+@pytest.mark.parametrize(("name", "param"), _params())
+@pytest.mark.parametrize("huge", [2**64 + 1, -(2**63), 10**40], ids=["2**64+1", "-2**63", "10**40"])
+def test_an_integer_no_count_or_size_can_be_is_a_config_error(
+    name: str, param: str, huge: int
+) -> None:
+    """Issue 45: ``explain(max_bytes=2**63)`` was an ``OverflowError``. Every parameter of
+    every public callable refuses an integer no count or size can be (a count: 2**63 or
+    more in magnitude; a size: negative or over 16 EiB; any other kind refuses an int),
+    naming the parameter."""
+    if (name, param) in ANY_INT:
+        pytest.skip("takes any integer")
+    fn, required = CASES[name]
+    with pytest.raises(ConfigError) as info:
+        _call(fn, {**required, param: huge})
     assert param in (info.value.key_path or "") or param in str(info.value), str(info.value)
 
 
@@ -451,6 +473,17 @@ def test_the_cases_of_the_issue_round_3(call: Callable[[], Any], param: str) -> 
     assert info.value.key_path == param, str(info.value)
 
 
+@pytest.mark.parametrize(
+    "jaxlib", ["9" * 5000 + ".1", "\u0660.\u0664", "1234567890.1", "0.4.33" + "9" * 5000, ""]
+)
+def test_a_jaxlib_that_is_no_version_is_refused_before_anything_runs(jaxlib: str) -> None:
+    """Issue 45: ``jaxlib='9' * 5000 + '.1'`` was a raw ``ValueError`` (Python's 4,300-digit
+    limit) from the version parser, before the argument check said anything."""
+    with pytest.raises(ConfigError) as info:
+        memfit.estimate_jax(lambda x: x, 1.0, gpu="RTX 4090", jaxlib=jaxlib)
+    assert info.value.key_path == "jaxlib" and len(str(info.value)) < 200
+
+
 class _Trial:
     """A trial whose sampler answers ``answer`` (an Optuna trial gone wrong)."""
 
@@ -540,6 +573,46 @@ def test_skrl_guard_refuses_bad_options(kwargs: dict[str, Any], param: str) -> N
     assert info.value.key_path == "cfg"
 
 
+class _NoPostInteraction:
+    cfg: ClassVar[dict[str, int]] = {"rollouts": 8}
+
+    def act(self, *args: Any, **kwargs: Any) -> Any:
+        return None
+
+    def update(self, *args: Any, **kwargs: Any) -> Any:
+        return None
+
+
+class _SlottedAgent:
+    __slots__ = ()
+    cfg: ClassVar[dict[str, int]] = {"rollouts": 8}
+
+    def act(self, *args: Any, **kwargs: Any) -> Any:
+        return None
+
+    def update(self, *args: Any, **kwargs: Any) -> Any:
+        return None
+
+    def post_interaction(self, *args: Any, **kwargs: Any) -> Any:
+        return None
+
+
+@pytest.mark.parametrize(
+    ("agent", "words"),
+    [(_NoPostInteraction(), "post_interaction"), (_SlottedAgent(), "__slots__")],
+)
+@pytest.mark.parametrize("make", ["guard", "SkrlGuard"])
+def test_skrl_guard_refuses_an_agent_it_cannot_wrap(agent: Any, words: str, make: str) -> None:
+    """Issue 45: an agent without ``post_interaction``, or whose class has ``__slots__``,
+    was a raw ``AttributeError`` from the guard."""
+    from memfit.integrations import skrl
+
+    with pytest.raises(ConfigError, match=words) as info:
+        getattr(skrl, make)(agent)
+    assert info.value.key_path == "agent" and info.value.hint
+    assert skrl.knobs_of(agent) is not None  # reading its config needs no wrapping
+
+
 def test_prometheus_sink_refuses_a_registry_that_is_not_one() -> None:
     pytest.importorskip("prometheus_client")
     from memfit.integrations.prometheus import PrometheusSink
@@ -550,3 +623,252 @@ def test_prometheus_sink_refuses_a_registry_that_is_not_one() -> None:
     with pytest.raises(ConfigError) as info:
         PrometheusSink(10**5000)
     assert info.value.key_path == "address"
+
+
+# --- the loop replay, memfit.estimate.xla.program (issue 45) ------------------------------------
+
+
+def _phases() -> dict[str, Any]:
+    from memfit.estimate.xla.program import PhaseBuffers
+
+    return {"step": PhaseBuffers("step", ((4096, 256), (8,)), temp_bytes=2**20)}
+
+
+def _loop() -> list[Any]:
+    from memfit.estimate.xla import program as jp
+
+    return [
+        jp.Allocate("key", (8,)),
+        jp.Call("step", ("state_new", "loss")),
+        jp.Rebind("state", "state_new"),
+        jp.Release("loss"),
+        jp.Release("key"),
+    ]
+
+
+def _replay_args() -> dict[str, Any]:
+    return {
+        "initial": {"state": [4096, 256]},
+        "phases": _phases(),
+        "loop": _loop(),
+        "limit_bytes": 2**30,
+    }
+
+
+# "name" -> the valid arguments a call needs
+JAX_PROGRAM_CASES: dict[str, Callable[[], dict[str, Any]]] = {
+    "replay_program": _replay_args,
+    "PhaseBuffers": lambda: {"name": "step", "outputs": ((4096,),), "temp_bytes": 0},
+    "phase_buffers": lambda: {"name": "step", "fn": lambda x: x},
+    "allocator_settings": lambda: {"gpu": "RTX 4090", "environ": {}},
+}
+
+
+def _jax_program_params() -> list[tuple[str, str]]:
+    from memfit.estimate.xla import program as jax_program
+
+    return [
+        (name, param.name)
+        for name in JAX_PROGRAM_CASES
+        for param in inspect.signature(getattr(jax_program, name)).parameters.values()
+        if param.kind not in (param.VAR_POSITIONAL, param.VAR_KEYWORD)
+    ]
+
+
+def test_every_callable_of_the_loop_replay_is_covered() -> None:
+    from memfit.estimate.xla import program as jax_program
+
+    records = {"ProgramReplay", "Call", "Allocate", "Release", "Rebind"}  # walked below
+    found = {n for n in jax_program.__all__ if callable(getattr(jax_program, n))} - records
+    assert found == set(JAX_PROGRAM_CASES), found ^ set(JAX_PROGRAM_CASES)
+
+
+@pytest.mark.parametrize(("name", "param"), _jax_program_params())
+def test_the_loop_replay_refuses_a_wrong_type_naming_the_argument(name: str, param: str) -> None:
+    from memfit.estimate.xla import program as jax_program
+
+    kwargs = {**JAX_PROGRAM_CASES[name](), param: WRONG}
+    with pytest.raises(ConfigError) as info:
+        getattr(jax_program, name)(**kwargs)
+    assert param in (info.value.key_path or ""), str(info.value)
+
+
+def _events() -> list[tuple[int, str]]:
+    import dataclasses
+
+    return [
+        (index, f.name) for index, event in enumerate(_loop()) for f in dataclasses.fields(event)
+    ]
+
+
+@pytest.mark.parametrize(("index", "field"), _events())
+def test_every_field_of_every_event_is_checked(index: int, field: str) -> None:
+    """A wrong type in any field of Call, Allocate, Release or Rebind is a ConfigError naming
+    the event and the field (``loop.1.outputs``), never an ``unhashable type``."""
+    import dataclasses
+
+    from memfit.estimate.xla.program import replay_program
+
+    loop = _loop()
+    loop[index] = dataclasses.replace(loop[index], **{field: WRONG})
+    for bad in (WRONG, ["a"]):
+        loop[index] = dataclasses.replace(loop[index], **{field: bad})
+        with pytest.raises(ConfigError) as info:
+            replay_program(**{**_replay_args(), "loop": loop})
+        assert info.value.key_path == f"loop.{index}.{field}", str(info.value)
+
+
+#: Sizes that cannot be real: each is refused, never rounded or dropped.
+UNREAL_SIZES = [-1, 1.5, float("nan"), float("inf"), "4096", True, 2**63, None]
+
+
+@pytest.mark.parametrize("bad", UNREAL_SIZES, ids=repr)
+@pytest.mark.parametrize(
+    ("make", "where"),
+    [
+        (lambda b: {"initial": {"state": [b]}}, "initial.state"),
+        (lambda b: {"loop": [*_loop()[:1], *_loop()[1:], _allocate(b)]}, "loop.5.sizes"),
+        (lambda b: {"limit_bytes": b}, "limit_bytes"),
+        (lambda b: {"phases": {"step": _phase(temp_bytes=b)}}, "phases.step.temp_bytes"),
+        (
+            lambda b: {"phases": {"step": _phase(first_call_bytes=b)}},
+            "phases.step.first_call_bytes",
+        ),
+        (lambda b: {"phases": {"step": _phase(outputs=((b,), (8,)))}}, "phases.step.outputs[0]"),
+    ],
+)
+def test_a_size_that_cannot_be_real_is_refused_by_the_replay(
+    make: Callable[[Any], dict[str, Any]], where: str, bad: Any
+) -> None:
+    """Issue 45: ``temp_bytes=-1`` and ``nan`` were dropped (``> 0`` is false), and the
+    replay's peak was wrong without a word."""
+    from memfit.estimate.xla.program import replay_program
+
+    with pytest.raises(ConfigError) as info:
+        replay_program(**{**_replay_args(), **make(bad)})
+    assert info.value.key_path == where, str(info.value)
+
+
+def _allocate(size: Any) -> Any:
+    from memfit.estimate.xla.program import Allocate
+
+    return Allocate("more", (size,))
+
+
+def _phase(**fields: Any) -> Any:
+    """A phase built past its own check (as a subclass or ``object.__setattr__`` can)."""
+    from memfit.estimate.xla.program import PhaseBuffers
+
+    phase = _phases()["step"]
+    bare = object.__new__(PhaseBuffers)
+    for name in ("name", "outputs", "temp_bytes", "first_call_bytes"):
+        object.__setattr__(bare, name, fields.get(name, getattr(phase, name)))
+    return bare
+
+
+@pytest.mark.parametrize("bad", UNREAL_SIZES, ids=repr)
+@pytest.mark.parametrize("field", ["temp_bytes", "first_call_bytes"])
+def test_phase_buffers_refuse_a_size_that_cannot_be_real(field: str, bad: Any) -> None:
+    from memfit.estimate.xla.program import PhaseBuffers
+
+    with pytest.raises(ConfigError) as info:
+        PhaseBuffers("step", ((4096,),), **{"temp_bytes": 0, field: bad})
+    assert info.value.key_path == field, str(info.value)
+
+
+@pytest.mark.parametrize("bad", UNREAL_SIZES, ids=repr)
+def test_the_bfc_model_refuses_a_request_that_cannot_be_real(bad: Any) -> None:
+    """Issue 45: ``BfcAllocator(...).allocate(1.5)`` was taken as 1 byte."""
+    from memfit.allocator.bfc import BfcAllocator
+
+    pool = BfcAllocator(2**30, preallocate=True)
+    with pytest.raises(ConfigError) as info:
+        pool.allocate(bad)
+    assert info.value.key_path == "nbytes"
+    assert pool.num_allocs == 0
+
+
+def test_the_issue_cases_of_the_loop_replay() -> None:
+    from memfit.estimate.xla.program import Call, allocator_settings, replay_program
+
+    args = _replay_args()
+    cases = [
+        (lambda: replay_program([8], args["phases"], args["loop"], limit_bytes=2**30), "initial"),
+        (
+            lambda: replay_program({}, {"step": "step"}, args["loop"], limit_bytes=2**30),
+            "phases.step",
+        ),
+        (lambda: replay_program({}, args["phases"], 5, limit_bytes=2**30), "loop"),
+        (
+            lambda: replay_program({}, args["phases"], [Call("step", "ab")], limit_bytes=2**30),
+            "loop.0.outputs",
+        ),
+        (lambda: allocator_settings("RTX 4090", 5), "environ"),
+    ]
+    for call, where in cases:
+        with pytest.raises(ConfigError) as info:
+            call()
+        assert info.value.key_path == where, str(info.value)
+
+
+# --- target configs (issue 45): memfit.hardware.xla_target and `memfit gpus --target-config` ---
+
+
+def _card() -> Any:
+    return memfit.gpu("RTX 4070")
+
+
+# "name" -> the valid arguments a call needs
+TARGET_CASES: dict[str, Callable[[], dict[str, Any]]] = {
+    "arch_limits": lambda: {"cc": (8, 9)},
+    "base_for_limit": lambda: {"bytes_limit": 2**30},
+    "card_figures": lambda: {"name": "NVIDIA GeForce RTX 4070"},
+    "cuda_total_bytes": lambda: {"spec": _card()},
+    "target_config": lambda: {"spec": _card()},
+    "xla_memory_limit": lambda: {"base_bytes": 2**30, "io_bytes": 2**20},
+}
+
+
+def _target_params() -> list[tuple[str, str]]:
+    from memfit.hardware import xla_target
+
+    return [
+        (name, p.name)
+        for name in TARGET_CASES
+        for p in inspect.signature(getattr(xla_target, name)).parameters.values()
+    ]
+
+
+def test_every_callable_of_the_target_configs_is_covered() -> None:
+    from memfit.hardware import xla_target
+
+    found = {
+        n
+        for n in xla_target.__all__
+        if callable(getattr(xla_target, n)) and not inspect.isclass(getattr(xla_target, n))
+    }
+    assert found == set(TARGET_CASES), found ^ set(TARGET_CASES)
+
+
+@pytest.mark.parametrize("bad", [WRONG, None, -1, 2**64 + 1, float("nan"), "x" * 5000])
+@pytest.mark.parametrize(("name", "param"), _target_params())
+def test_the_target_configs_refuse_what_is_not_a_card_or_a_size(
+    name: str, param: str, bad: Any
+) -> None:
+    """Issue 45: ``target_config``, ``arch_limits`` and ``base_for_limit`` (which the docs
+    name) crashed on wrong types; every argument is now checked and named."""
+    from memfit.hardware import xla_target
+
+    if name == "card_figures" and isinstance(bad, str):
+        assert xla_target.card_figures(bad) is None  # a name it has no figures for
+        return
+    kwargs = {**TARGET_CASES[name](), param: bad}
+    with pytest.raises(ConfigError) as info:
+        getattr(xla_target, name)(**kwargs)
+    assert param in (info.value.key_path or "") or info.value.key_path == "gpu", str(info.value)
+
+
+def test_a_target_config_of_a_card_named_or_given_is_the_same() -> None:
+    from memfit.hardware.xla_target import target_config
+
+    assert target_config("RTX 4070") == target_config(_card())

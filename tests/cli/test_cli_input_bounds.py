@@ -49,7 +49,15 @@ def _file(tmp_path: Path, name: str, text: str) -> Path:
 
 
 @pytest.mark.parametrize("redirect", ["> /dev/full", ">&-"])
-@pytest.mark.parametrize("args", [["show", "dqn_fire_raster"], ["gpus", "4090"], ["--version"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["show", "dqn_fire_raster"],
+        ["gpus", "4090"],
+        ["--version"],
+        ["gpus", "4070", "--target-config"],
+    ],
+)
 def test_output_that_cannot_be_written_is_an_error(args: list[str], redirect: str) -> None:
     if redirect == "> /dev/full" and not Path("/dev/full").exists():
         pytest.skip("no /dev/full here")
@@ -57,6 +65,23 @@ def test_output_that_cannot_be_written_is_an_error(args: list[str], redirect: st
     assert done.returncode == 1, done.stderr
     assert "Error: cannot write the output" in done.stderr and "Hint:" in done.stderr
     assert "Traceback" not in done.stderr and "internal error" not in done.stderr
+
+
+def test_every_command_writes_stdout_through_the_guarded_stream() -> None:
+    """Issue 45: ``gpus --target-config`` wrote with ``typer.echo``, past the guard, and a
+    closed stdout lost the config with exit 0. No command module writes stdout but through
+    ``memfit.cli._common`` (``write_stdout``, ``out_console``, ``print_json``)."""
+    import re
+
+    direct = re.compile(r"\btyper\.echo\(|\bsys\.stdout\.write\(|(?<![.\w])print\(")
+    found = [
+        f"{path.name}:{number}"
+        for path in sorted((ROOT / "src" / "memfit" / "cli").glob("*.py"))
+        if path.name != "_common.py"
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if direct.search(line.split("#", 1)[0])
+    ]
+    assert not found, found
 
 
 @pytest.mark.parametrize("args", [["gpus"], ["show", "dqn_fire_raster"], ["examples", "--json"]])
@@ -314,3 +339,40 @@ def test_an_error_about_a_long_value_stays_short(
     code, _, err = run(capsys, *args)
     user_error(code, err)
     assert len(err) < 2000 and "characters)" in err
+
+
+@pytest.mark.parametrize("digits", [20, 25, 31, 40, 5000])
+@pytest.mark.parametrize("where", ["file", "--set"])
+def test_a_long_integer_is_refused_with_one_bound_in_message_and_hint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], digits: int, where: str
+) -> None:
+    """Issue 45: a 40-digit knob maximum said "memfit reads integers of at most 30" and then
+    "Hint: ... at most 19 digits". Every reader states the same bound: 2**63, 19 digits."""
+    number = "9" * digits
+    if where == "file":
+        assert "host_memory_bytes" not in DQN
+        path = _file(tmp_path, "job.yaml", DQN + f"\nhost_memory_bytes: {number}\n")
+        code, _, err = run(capsys, "check", str(path))
+    else:
+        code, _, err = run(capsys, "check", "dqn_fire_raster", "--set", f"buffer_size={number}")
+    user_error(code, err)
+    assert "2**63" in err and "at most 30" not in err, err
+    assert len(err) < 600
+
+
+@pytest.mark.parametrize("name", ["8GB", "x" * 5000, "1e308GB", "", "RTX 9999", "\u00b2", "0GB"])
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_target_config_of_what_is_not_a_card_is_a_clear_error(
+    capsys: pytest.CaptureFixture[str], name: str, as_json: bool
+) -> None:
+    """The target-config surface (issue 45): a size, an unknown or absurd name is Error and
+    Hint, exit 1, with nothing on stdout."""
+    code, out, err = run(capsys, "gpus", name, "--target-config", *(["--json"] if as_json else []))
+    user_error(code, err)
+    assert len(err) < 2000
+    if as_json:  # the error as JSON on stdout too, never a config
+        import json
+
+        assert json.loads(out)["error"] == "ConfigError"
+    else:
+        assert out == ""

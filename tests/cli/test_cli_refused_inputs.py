@@ -21,6 +21,9 @@ ACT = (ROOT / "src" / "memfit" / "workloads" / "act_dual_camera.yaml").read_text
         (ACT.replace("policy: {params: 52000000}", "policy: {layers: []}"), "layers"),
         (ACT.replace("objective: num_envs", 'objective: ""'), "objective"),
         (ACT.replace("objective: num_envs", 'objective: "  "'), "objective"),
+        # issue 45: cameras of height or width 0 planned as free ("fits")
+        (ACT.replace("height: 512, width: 512", "height: 0, width: 512"), "cameras.height"),
+        (ACT.replace("height: 512, width: 512", "height: 512, width: -2"), "cameras.width"),
     ],
 )
 def test_workload_values_that_mean_nothing_are_refused(text: str, where: str) -> None:

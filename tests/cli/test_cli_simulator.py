@@ -59,7 +59,11 @@ def test_parse_reading() -> None:
     ("reading", "words"),
     [
         ("num_envs=64", "no ':USED'"),
-        ("num_envs=x:5GB", "unknown reading setting"),
+        ("num_envs=x:5GB", "--reading num_envs"),
+        ("envs=8:5GB", "unknown reading setting"),
+        ("num_envs=16,num_envs=32:5GB", "num_envs twice"),
+        ("num_envs=8,camera=2x8x8x8:5GB", "is not [COUNTx]HEIGHTxWIDTH"),
+        ("num_envs=8,standard=2x8x8:5GB", "is not HEIGHTxWIDTH"),
         ("camera=8x8:5GB", "has no num_envs"),
         ("num_envs=8,camera=big:5GB", "is not [COUNTx]HEIGHTxWIDTH"),
         ("num_envs=8:lots", "lots"),
@@ -114,3 +118,53 @@ def test_a_bad_backend_is_a_user_error(
 ) -> None:
     code, _, err = run(capsys, "simulator", "--gpu", "4090", *extra)
     user_error(code, err, words)
+
+
+#: Every number a reading holds, and where it goes in the text.
+READING_FIELDS = {
+    "num_envs": "num_envs={}:5GB",
+    "camera count": "num_envs=16,camera={}x80x80:5GB",
+    "camera height": "num_envs=16,camera={}x80:5GB",
+    "camera width": "num_envs=16,camera=80x{}:5GB",
+    "standard height": "num_envs=16,standard={}x80:5GB",
+    "standard width": "num_envs=16,standard=80x{}:5GB",
+}
+
+#: Numbers that cannot be real, or are not numbers written in 0-9 (issue 45: each of these
+#: was a raw pydantic error, "Exceeds the limit (4300 digits)" or "invalid literal").
+UNREAL_NUMBERS = ["0", "-1", "9" * 5000, "9" * 40, str(2**63), "\u00b2", "\u0663", "1.5", "", "x"]
+
+
+@pytest.mark.parametrize("number", UNREAL_NUMBERS, ids=lambda n: repr(n[:12]))
+@pytest.mark.parametrize("field", sorted(READING_FIELDS))
+def test_every_number_of_a_reading_is_checked(
+    capsys: pytest.CaptureFixture[str], field: str, number: str
+) -> None:
+    reading = READING_FIELDS[field].format(number)
+    others = ["--reading", "num_envs=256:6.3GB", "--reading", "num_envs=64:5.9GB"]
+    code, _, err = run(
+        capsys, "simulator", "--gpu", "4090", "--reading", reading, *others, "--no-store"
+    )
+    user_error(code, err, "--reading")
+    assert "pydantic" not in err and "validation error" not in err, err
+    assert len(err) < 600, err
+
+
+@pytest.mark.parametrize(
+    ("reading", "where"),
+    [
+        ("num_envs=16,camera=0x80:5GB", "--reading camera height"),
+        ("num_envs=16,standard=0x0:5GB", "--reading standard height"),
+        ("num_envs=\u00b2:5GB", "--reading num_envs"),
+        ("num_envs=99999999999999999999999:5GB", "--reading num_envs"),
+        ("num_envs=4294967296:5GB", "--reading num_envs"),
+        ("num_envs=16,camera=2000x80x80:5GB", "--reading camera count"),
+        ("num_envs=16,camera=80x100000:5GB", "--reading camera width"),
+    ],
+)
+def test_the_issue_readings_name_the_number(reading: str, where: str) -> None:
+    from memfit.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        parse_reading(reading)
+    assert info.value.key_path == where, str(info.value)

@@ -252,3 +252,34 @@ def test_check_agrees_with_brax_assertions(
         for fix in v.suggestions:
             fixed = {"num_envs": envs, "batch_size": batch, "num_minibatches": minibatches, **fix}
             assert v.rule not in {x.rule for x in check(w, fixed)}
+
+
+LAYOUTS = {
+    "rsl_rl": ("num_envs: 4096, num_steps_per_env: 24", "num_mini_batches"),
+    "skrl": ("num_envs: 4096, rollouts: 16", "mini_batches"),
+    "cleanrl": ("num_envs: 8, num_steps: 128", "num_minibatches"),
+    "rl_games": ("num_actors: 8, horizon_length: 16", "minibatch_size"),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("count", [10**12, 2**62])
+def test_a_minibatch_of_no_transition_is_refused_in_every_layout(layout: str, count: int) -> None:
+    """Issue 45: ``num_mini_batches: 10**12`` in an RSL-RL layout planned as "fits" (a
+    minibatch of ceil(98304 / 10**12) = 1 transition); the frameworks take ``batch //
+    num_mini_batches`` = 0. Every PPO layout has the rule, preset or not."""
+    from memfit.planning import plan
+
+    settings, name = LAYOUTS[layout]
+    text = (
+        f"name: t\nfamily: ppo\nppo: {{layout: {layout}}}\nobservations: {{vector: 8}}\n"
+        f"action_dim: 2\nnetworks:\n  policy: {{layers: [8, 16, 2]}}\n"
+        f"settings: {{{settings}, {name}: {count}}}\n"
+    )
+    w = parse_workload(text)
+    (violation,) = check(w, {})
+    assert violation.rule.startswith(f"{layout}: {name} <=") and violation.source == layout
+    with pytest.raises(ConfigError, match="a minibatch holds at least one transition"):
+        plan(w, gpu="RTX 4090")
+    fine = parse_workload(text.replace(str(count), "4"))
+    assert check(fine, {}) == []

@@ -345,3 +345,55 @@ def test_a_users_frame_in_a_checkout_named_memfit_is_the_users() -> None:
     user = Frame("/tmp/ci/memfit/tests/monitor/test_x.py", 12, "_train")
     assert _user_frame([inner, guard, user]) == user
     assert _user_frame([inner, Frame("/work/src/memfit/runtime/guard.py", 1, "g")]) is None
+
+
+def _small_snapshot_files(tmp_path: Path) -> list[Path]:
+    import gzip
+
+    builder = TraceBuilder()
+    for _ in range(3):
+        builder.malloc(8 * 2**20)
+    data = pickle.dumps(builder.snapshot())
+    plain = tmp_path / "s.pickle"
+    plain.write_bytes(data)
+    packed = tmp_path / "s.pickle.gz"
+    packed.write_bytes(gzip.compress(data))
+    return [plain, packed]
+
+
+@pytest.mark.parametrize("value", [2**63, 10**30, 0, -1, 1.5, True])
+@pytest.mark.parametrize("param", ["max_bytes", "capacity_bytes"])
+def test_explain_refuses_a_size_that_cannot_be_real(tmp_path: Path, param: str, value: Any) -> None:
+    """Issue 45: ``max_bytes=2**63`` was an ``OverflowError`` in the file reader."""
+    for path in _small_snapshot_files(tmp_path):
+        with pytest.raises(ConfigError) as info:
+            memfit.explain(path, **{param: value})
+        assert info.value.key_path == param, str(info.value)
+
+
+@pytest.mark.parametrize("max_bytes", [2**40, 2**62, 2**63 - 1])
+def test_explain_reads_a_small_file_under_any_large_max_bytes(
+    tmp_path: Path, max_bytes: int
+) -> None:
+    """A large limit is a bound, not a buffer: 2**40 was a ``MemoryError`` (one read of
+    that many bytes), plain or gzip."""
+    for path in _small_snapshot_files(tmp_path):
+        assert memfit.explain(path, max_bytes=max_bytes).peak_allocated_bytes > 0
+
+
+@pytest.mark.parametrize("size", [0, 1, 6, 7, 8, 9, 20])
+@pytest.mark.parametrize("limit", [1, 7, 8, 2**62])
+def test_read_limited_reads_in_pieces_and_stops_past_the_limit(
+    monkeypatch: pytest.MonkeyPatch, size: int, limit: int
+) -> None:
+    import io
+
+    from memfit import _userfiles
+
+    monkeypatch.setattr(_userfiles, "_READ_CHUNK", 4)
+    data = bytes(range(size))
+    if size > limit:
+        with pytest.raises(ConfigError, match="more than"):
+            _userfiles.read_limited(io.BytesIO(data), limit, source="x", what="the file")
+    else:
+        assert _userfiles.read_limited(io.BytesIO(data), limit, source="x", what="f") == data

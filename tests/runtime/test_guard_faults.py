@@ -393,6 +393,77 @@ def test_loss_fn_clipping_does_nothing_but_before_step_does() -> None:
     assert unclipped > 1e-3 and _max_diff(_params(model2), before) <= 2e-6
 
 
+def _bn_cnn() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Unflatten(1, (2, 2, 2)),
+        nn.Conv2d(2, 4, 1),
+        nn.BatchNorm2d(4),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(16, 2),
+    ).double()
+
+
+def _state(model: nn.Module) -> list[torch.Tensor]:
+    """Parameters and buffers (BatchNorm's running statistics), as floats."""
+    return [t.detach().clone() for t in model.state_dict().values() if t.is_floating_point()]
+
+
+OPTIMIZERS: dict[str, Callable[[nn.Module], torch.optim.Optimizer]] = {
+    "adam": lambda m: torch.optim.Adam(m.parameters(), lr=1e-2),
+    "sgd_momentum": lambda m: torch.optim.SGD(m.parameters(), lr=1e-2, momentum=0.9),
+}
+
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+@pytest.mark.parametrize(
+    "faults",
+    [{2}, {2, 3, 4}, {2, 3, 4, 5, 6}, {2, 3, 4, 5, 6, 7}, {1, 2, 3, 4, 5, 6, 7, 8, 9}],
+    ids=lambda f: f"{len(f)} in a row",
+)
+def test_an_oom_in_before_step_runs_the_whole_batch_again_and_stays_exact(
+    optimizer: str, faults: set[int]
+) -> None:
+    """Issue 45: a ``torch.OutOfMemoryError()`` (no message) raised by a user's before_step
+    is retried, then the whole batch runs again (as after an out-of-memory in the forward
+    pass), never split: a BatchNorm CNN ends where the unguarded run does, with Adam and with
+    SGD with momentum. When it keeps failing the guard gives up with the step undone (the
+    BatchNorm statistics back), so running the batch again is exact too."""
+    batches = _batches(4)
+    model = _bn_cnn()
+    _bare(model, OPTIMIZERS[optimizer](model), batches)
+    expected = _state(model)
+
+    model = _bn_cnn()
+    calls = 0
+
+    def hook(opt: torch.optim.Optimizer) -> None:
+        nonlocal calls
+        calls += 1
+        if calls in faults:
+            raise torch.OutOfMemoryError()
+
+    guard = TrainGuard(OPTIMIZERS[optimizer](model), _loss(model), before_step=hook)
+    gave_up = []
+    for batch in batches:
+        while True:
+            try:
+                guard(batch)
+                break
+            except OutOfMemory as exc:
+                gave_up.append(str(exc))
+    assert _max_diff(_state(model), expected) <= 1e-12
+    assert guard.splits == 1 and not any(e.kind == "split" for e in guard.events)
+    if len(faults) > 3:
+        assert any("running the whole batch again" in e.message for e in guard.events)
+    if len(faults) >= 6:  # 3 tries, the whole batch again, 3 more tries
+        assert gave_up and "before_step (hook) ran out of memory" in gave_up[0], gave_up
+        assert "optimizer.step()" not in gave_up[0]
+    else:
+        assert not gave_up
+
+
 # -- 11. chaos tests see the policy the run uses -------------------------------------------------
 
 

@@ -188,3 +188,83 @@ def test_standard_cameras_and_further_types_count_as_the_plan_counts_them() -> N
     both = [{"height": 10, "width": 10, "data_types": ["rgb", "depth"]}]
     assert camera_pixels(both, 4) == round(4 * 100 * (1 + SHARED.extra_type_fraction))
     assert camera_pixels(None, 4) == 0
+
+
+#: A point's fields that cannot be real, and the key path each is refused at (issue 45:
+#: ``cameras: 'rgb'`` was "dictionary update sequence ...", a height of -1 a raw pydantic
+#: error, a height of 0 accepted).
+BAD_POINTS = [
+    ({"num_envs": 16, "cameras": "rgb"}, "points[0].cameras"),
+    ({"num_envs": 16, "cameras": ["rgb"]}, "points[0].cameras[0]"),
+    ({"num_envs": 16, "cameras": [{"height": -1, "width": 8}]}, "points[0].cameras[0].height"),
+    ({"num_envs": 16, "cameras": [{"height": 0, "width": 8}]}, "points[0].cameras[0].height"),
+    ({"num_envs": 16, "cameras": [{"height": 8, "width": 10**5}]}, "points[0].cameras[0].width"),
+    ({"num_envs": 16, "cameras": [{"height": 8, "width": 8.5}]}, "points[0].cameras[0].width"),
+    ({"num_envs": 16, "cameras": [{"height": "h", "width": 8}]}, "points[0].cameras[0].height"),
+    ({"num_envs": 16, "cameras": [{"height": 8}]}, "points[0].cameras[0]"),
+    (
+        {"num_envs": 16, "cameras": [{"height": 8, "width": 8, "count": 0}]},
+        "points[0].cameras[0].count",
+    ),
+    (
+        {"num_envs": 16, "cameras": [{"height": 8, "width": 8, "kind": "fish"}]},
+        "points[0].cameras[0].kind",
+    ),
+    (
+        {"num_envs": 16, "cameras": [{"height": 8, "width": 8, "fov": 90}]},
+        "points[0].cameras[0].fov",
+    ),
+    (
+        {"num_envs": 16, "cameras": [{"height": 8, "width": 8, "data_types": ["x"]}]},
+        "points[0].cameras[0].data_types",
+    ),
+    ({"num_envs": 10**30}, "points[0].num_envs"),
+    ({"num_envs": 2**31}, "points[0].num_envs"),
+    ({"num_envs": 1.5}, "points[0].num_envs"),
+    ({"num_envs": True}, "points[0].num_envs"),
+    ("num_envs=16", "points[0]"),
+]
+
+
+@pytest.mark.parametrize(("point", "where"), BAD_POINTS)
+def test_a_point_that_cannot_be_real_is_refused_before_any_env_is_made(
+    point: Any, where: str
+) -> None:
+    made: list[Any] = []
+    with pytest.raises(ConfigError) as info:
+        memfit.measure_simulator(
+            made.append,
+            [point, {"num_envs": 64}],
+            probe=SimulatedDevice("8GiB", name=CARD),
+            store=False,
+        )
+    assert info.value.key_path == where, str(info.value)
+    assert "pydantic" not in str(info.value) and "Input should" not in str(info.value)
+    assert made == []  # refused before the simulator ran
+
+
+@pytest.mark.parametrize(
+    ("section", "where"),
+    [
+        ("cameras: [{height: 99999999999999999999999, width: 8}]", "simulator.cameras[0].height"),
+        ("cameras: [{height: 0, width: 8}]", "simulator.cameras[0].height"),
+        ("scene: {joints: 99999999999999999999}", "simulator.scene.joints"),
+        ("per_camera_pixel_bytes: .inf", "simulator.per_camera_pixel_bytes"),
+        ("per_camera_pixel_bytes: .nan", "simulator.per_camera_pixel_bytes"),
+        (
+            "measured: {gpu: x, base_bytes: 1, per_env_bytes: 1, pixel_bytes: .inf}",
+            "simulator.measured.pixel_bytes",
+        ),
+        (
+            "ray_casters: [{kind: rays, rays: 99999999999999999999}]",
+            "simulator.ray_casters[0].rays",
+        ),
+    ],
+)
+def test_a_simulator_section_refuses_numbers_that_cannot_be_real(section: str, where: str) -> None:
+    """The simulator config (issue 45): every number of the section is finite and under
+    2**63, as every other number of a workload is."""
+    text = f"family: custom\nterms: {{a: 1}}\nsimulator: {{preset: isaac_sim, {section}}}\n"
+    with pytest.raises(ConfigError) as info:
+        parse_workload(text)
+    assert (info.value.key_path or "").startswith(where), str(info.value)

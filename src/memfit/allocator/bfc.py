@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from memfit._checks import require, require_bytes
 from memfit.errors import ConfigError, OutOfMemory
 from memfit.units import MiB
 
@@ -87,12 +88,13 @@ class BfcAllocator:
     """
 
     def __init__(self, limit_bytes: int, *, preallocate: bool) -> None:
-        if isinstance(limit_bytes, bool) or not isinstance(limit_bytes, int) or limit_bytes <= 0:
-            raise ConfigError(
-                f"limit_bytes must be a positive number of bytes, got {limit_bytes!r}",
-                key_path="limit_bytes",
-                hint="pass the allocator's limit in bytes, e.g. 0.75 x the GPU's memory",
-            )
+        limit_bytes = require_bytes(
+            "limit_bytes",
+            limit_bytes,
+            lo=1,
+            hint="pass the allocator's limit in bytes, e.g. 0.75 x the GPU's memory",
+        )
+        require("preallocate", preallocate, "bool")
         self.limit_bytes = limit_bytes
         self.preallocate = preallocate
         self._regions: list[_Region] = []
@@ -112,8 +114,9 @@ class BfcAllocator:
 
         Raises:
             OutOfMemory: No free chunk fits and the limit leaves no room for a region.
+            ConfigError: ``nbytes`` is not a whole number of bytes (``1.5``, ``-5``, ``"5"``).
         """
-        need = round_up(max(int(nbytes), 1))
+        need = round_up(max(require_bytes("nbytes", nbytes), 1))
         found = self._best_fit(need)
         if found is None:
             self._extend(need)

@@ -21,7 +21,14 @@ from rich.table import Table
 from memfit._plain import plural
 from memfit.allocator.settings import PROFILES, SHELLS, recommend, render_shell
 from memfit.allocator.settings_check import JAX_VARIABLES, TORCH_VARIABLES, check_shell
-from memfit.cli._common import JSON_OPTION, err_console, out_console, print_json, safe
+from memfit.cli._common import (
+    JSON_OPTION,
+    err_console,
+    out_console,
+    print_json,
+    safe,
+    write_stdout,
+)
 from memfit.cli._files import read_input_text
 from memfit.errors import ConfigError
 from memfit.hardware.catalog import GpuSpec
@@ -75,7 +82,7 @@ def env(
         if as_json:
             print_json({"target_config": text})
         else:
-            typer.echo(text, nl=not text.endswith("\n"))
+            write_stdout(text if text.endswith("\n") else text + "\n")
         return
     if profile not in PROFILES:
         raise ConfigError(

@@ -9,7 +9,14 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from memfit.cli._common import JSON_OPTION, err_console, out_console, print_json, safe
+from memfit.cli._common import (
+    JSON_OPTION,
+    err_console,
+    out_console,
+    print_json,
+    safe,
+    write_stdout,
+)
 from memfit.errors import ConfigError
 from memfit.hardware.catalog import GpuSpec, gpu, list_gpus, reading_note
 from memfit.units import format_bytes, format_mib
@@ -53,7 +60,7 @@ def gpus(
             if as_json:
                 print_json(config.to_dict())
                 return
-            typer.echo(config.text(), nl=False)
+            write_stdout(config.text())
             err_console.print(f"note: per-card figures from {safe(config.source)}")
             if config.device_memory_source == "estimated":
                 err_console.print(

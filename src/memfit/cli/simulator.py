@@ -14,33 +14,40 @@ it fits the figures of this card and stores them for the next plan::
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import typer
 from rich.table import Table
 
+from memfit._checks import parse_int
 from memfit.cli._common import JSON_OPTION, err_console, out_console, print_json, safe
 from memfit.errors import ConfigError
 from memfit.units import format_bytes, parse_bytes
 
 __all__ = ["parse_reading", "register", "simulator"]
 
-_CAMERA = re.compile(r"(?:(\d+)x)?(\d+)x(\d+)")
-
 
 def parse_reading(text: str) -> tuple[dict[str, Any], int]:
     """``"num_envs=64,camera=2x128x128:7.9GB"`` -> ``({"num_envs": 64, "cameras": [...]},
     bytes)``: the settings and the device's used memory (``camera=[COUNTx]HxW`` is a tiled RGB
-    camera per env; ``standard=HxW`` a standard one).
+    camera per env; ``standard=HxW`` a standard one). Every number is read by
+    :func:`memfit._checks.parse_int` (ASCII digits, within what a reading can be) and the
+    cameras by :func:`memfit.runtime.sim_measure.check_cameras`.
 
     Raises:
-        ConfigError: When the text is not of that form.
+        ConfigError: When the text is not of that form, or a number cannot be real.
     """
+    from memfit.runtime.sim_measure import (
+        MAX_CAMERA_SIDE,
+        MAX_CAMERAS,
+        check_cameras,
+        check_num_envs,
+    )
+
     hint = "give --reading num_envs=64:7.9GB (optionally camera=128x128 or standard=480x640)"
     settings_text, sep, used_text = text.rpartition(":")
     if not sep or not settings_text.strip():
-        raise ConfigError(f"reading {text!r} has no ':USED'", key_path="--reading", hint=hint)
+        raise ConfigError(f"reading {text!r:.80} has no ':USED'", key_path="--reading", hint=hint)
     used = parse_bytes(used_text.strip())
     settings: dict[str, Any] = {}
     cameras: list[dict[str, Any]] = []
@@ -48,24 +55,43 @@ def parse_reading(text: str) -> tuple[dict[str, Any], int]:
         key, eq, value = part.strip().partition("=")
         if not eq:
             raise ConfigError(
-                f"reading part {part!r} is not KEY=VALUE", key_path="--reading", hint=hint
+                f"reading part {part!r:.80} is not KEY=VALUE", key_path="--reading", hint=hint
             )
         if key in ("camera", "standard"):
-            m = _CAMERA.fullmatch(value.strip())
-            if m is None:
+            sizes = value.strip().split("x")
+            if len(sizes) not in (2, 3) if key == "camera" else len(sizes) != 2:
+                shape = "[COUNTx]HEIGHTxWIDTH" if key == "camera" else "HEIGHTxWIDTH"
                 raise ConfigError(
-                    f"camera {value!r} is not [COUNTx]HEIGHTxWIDTH", key_path="--reading", hint=hint
+                    f"{key} {value!r:.80} is not {shape}", key_path="--reading", hint=hint
                 )
-            count, h, w = int(m.group(1) or 1), int(m.group(2)), int(m.group(3))
-            kind = "tiled" if key == "camera" else "standard"
-            cameras.append({"kind": kind, "height": h, "width": w, "count": count})
-        elif key == "num_envs" and value.strip().isdigit() and int(value) > 0:
-            settings["num_envs"] = int(value)
+            *count, h, w = sizes
+
+            def number(what: str, digits: str, hi: int, kind: str = key) -> int:
+                return parse_int(f"--reading {kind} {what}", digits, lo=1, hi=hi, hint=hint)
+
+            cameras.append(
+                {
+                    "kind": "tiled" if key == "camera" else "standard",
+                    "height": number("height", h, MAX_CAMERA_SIDE),
+                    "width": number("width", w, MAX_CAMERA_SIDE),
+                    "count": number("count", count[0], MAX_CAMERAS) if count else 1,
+                }
+            )
+        elif key == "num_envs":
+            if "num_envs" in settings:
+                raise ConfigError(
+                    f"reading {text!r:.80} gives num_envs twice", key_path="--reading", hint=hint
+                )
+            envs = parse_int("--reading num_envs", value, hint=hint)
+            settings["num_envs"] = check_num_envs("--reading num_envs", envs, hint=hint)
         else:
-            raise ConfigError(f"unknown reading setting {part!r}", key_path="--reading", hint=hint)
+            raise ConfigError(
+                f"unknown reading setting {part!r:.80}", key_path="--reading", hint=hint
+            )
     if "num_envs" not in settings:
-        raise ConfigError(f"reading {text!r} has no num_envs", key_path="--reading", hint=hint)
+        raise ConfigError(f"reading {text!r:.80} has no num_envs", key_path="--reading", hint=hint)
     if cameras:
+        check_cameras("--reading cameras", cameras)
         settings["cameras"] = cameras
     return settings, used
 

@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from memfit._checks import MAX_INT_DIGITS, require
+from memfit._checks import MAX_INT_DIGITS, require, too_many_digits
 from memfit._plain import deep_merge
 from memfit._userfiles import file_error, read_user_text, strip_bom
 from memfit.core._workload_errors import translate_validation_error
@@ -200,7 +200,7 @@ class _UniqueKeys:
             raise yaml.constructor.ConstructorError(
                 None,
                 None,
-                f"a number of {digits} digits; memfit reads integers of at most {MAX_INT_DIGITS}",
+                too_many_digits(digits),
                 node.start_mark,
             )
         # its size is the schema's to check, with the key's path (every integer < 2**63)
@@ -259,7 +259,7 @@ def _yaml_hint(exc: yaml.MarkedYAMLError) -> str:
     if "aliases" in problem:
         return "write the values out, or use fewer aliases of aliases"
     if "digits" in problem:
-        return "sizes and counts in a workload file are numbers of at most 19 digits"
+        return "give the count or size itself: at most 19 digits, under 2**63"
     return "check the indentation and the punctuation (':', '-', quotes) at that spot"
 
 

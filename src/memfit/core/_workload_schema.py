@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from memfit._checks import INT_LIMIT
+from memfit._checks import too_large_int
 from memfit.core.families.registry import family_names, get_family
 from memfit.core.measured import BraxMeasurements
 from memfit.core.simulator import SimulatorSpec
@@ -67,17 +67,13 @@ class _Strict(BaseModel):
         """No integer of a workload is 2**63 or more in magnitude (a count or a size never
         is): a 24-digit ``optimizer_states`` or ``copies`` is an error here, not an overflow
         deep in the planner. Lists and mappings of integers are checked too."""
-        items = value if isinstance(value, list) else (
-            list(value.values()) if isinstance(value, dict) else [value]
-        )  # fmt: skip
-        for item in items:
-            big = isinstance(item, int) and not -INT_LIMIT < item < INT_LIMIT
-            if big and not isinstance(item, bool):
-                raise PydanticCustomError(
-                    "int_too_large",
-                    "a number of about {digits} digits; no count or size is 2**63 or more",
-                    {"digits": item.bit_length() * 30103 // 100000 + 1},
-                )
+        digits = too_large_int(value)
+        if digits is not None:
+            raise PydanticCustomError(
+                "int_too_large",
+                "a number of about {digits} digits; no count or size is 2**63 or more",
+                {"digits": digits},
+            )
         return value
 
 
@@ -275,11 +271,11 @@ class CameraSpec(_Strict):
     dtype: Dtype = "uint8"
     frame_stack: int = Field(default=1, ge=1)
 
-    @field_validator("count")
+    @field_validator("count", "height", "width")
     @classmethod
-    def _count(cls, value: int | str) -> int | str:
+    def _count(cls, value: int | str, info: ValidationInfo) -> int | str:
         if isinstance(value, int) and value < 1:
-            raise ValueError("count must be at least 1 (or name a knob or setting)")
+            raise ValueError(f"{info.field_name} must be at least 1 (or name a knob or setting)")
         return value
 
 

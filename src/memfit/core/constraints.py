@@ -38,6 +38,7 @@ from memfit.core.workload import Workload, load_workload, require_workload
 from memfit.errors import ConfigError, did_you_mean
 
 __all__ = [
+    "LAYOUT_RULES",
     "PRESETS",
     "CompiledRule",
     "Expr",
@@ -63,6 +64,16 @@ PRESETS: dict[str, tuple[str, ...]] = {
     ),
     "rl_games": ("horizon_length * num_actors * num_agents % minibatch_size == 0",),
     "cleanrl": ("num_envs * num_steps % num_minibatches == 0",),
+}
+
+#: Rules every PPO workload of a layout has, preset or not: a minibatch count (or size) that
+#: leaves no transition in a minibatch cannot be real (the frameworks compute
+#: ``batch // num_minibatches`` and train on empty minibatches, or fail).
+LAYOUT_RULES: dict[str, tuple[str, str]] = {
+    "cleanrl": ("num_minibatches <= num_envs * num_steps", "cleanrl"),
+    "skrl": ("mini_batches <= rollouts * num_envs", "skrl"),
+    "rsl_rl": ("num_mini_batches <= num_steps_per_env * num_envs", "rsl_rl"),
+    "rl_games": ("minibatch_size <= horizon_length * num_actors * num_agents", "rl_games"),
 }
 
 _BINOPS: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
@@ -427,6 +438,12 @@ def compile_rules(workload: Workload) -> list[CompiledRule]:
                 label = "batch_size % minibatch_size == 0 (batch_size = horizon_length * "
                 label += "num_actors * num_agents)"
             rules.append(_expr_rule(f"{preset}: {label}", text, key_path, known))
+    layout = LAYOUT_RULES.get(workload.family_key.removeprefix("ppo/"))
+    if workload.family_key.startswith("ppo/") and layout is not None:
+        text, name = layout
+        if all(n in known for n in parse_expr(text).names):
+            label = f"{name}: {text} (a minibatch holds at least one transition)"
+            rules.append(_expr_rule(label, text, f"ppo.layout[{name}]", known))
     for i, rule in enumerate(workload.constraints.rules):
         key_path = f"constraints.rules[{i}]"
         if rule.expr is not None:
@@ -663,7 +680,7 @@ def check(
                 message=f"{rule.name} is broken with {shown}{fix}",
                 suggestions=suggestions,
                 kind="rule",
-                source=preset if preset in PRESETS else "workload",
+                source=preset if preset in PRESETS or preset in LAYOUT_RULES else "workload",
             )
         )
     return violations

@@ -49,8 +49,7 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple, TypeAlias
 
-from memfit._checks import require_positive_int
-from memfit.errors import ConfigError
+from memfit._checks import require_count, require_positive_int
 
 __all__ = [
     "Action",
@@ -136,11 +135,7 @@ class LadderConfig:
         require_positive_int("max_splits", self.max_splits, hint="a power of two such as 64")
         require_positive_int("grow_back_after", self.grow_back_after)
         for name in ("retries", "transient_retries", "max_retries"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(
-                    f"{name} must be a whole number >= 0, not {value!r}", key_path=name
-                )
+            require_count(name, getattr(self, name))
 
 
 class LadderState(NamedTuple):

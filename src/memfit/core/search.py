@@ -56,6 +56,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from memfit._checks import check_int_size
 from memfit._plain import plain_fields
 from memfit.errors import ConfigError
 
@@ -270,12 +271,10 @@ def valid_values(
             below 1, ``high`` below ``low`` or ``multiple_of`` below 1.
     """
     for name, given in (("low", low), ("high", high), ("multiple_of", multiple_of)):
+        hint = "knob values are integers (a batch size, a count of environments)"
         if isinstance(given, bool) or not isinstance(given, int):
-            raise ConfigError(
-                f"must be a whole number, got {given!r}",
-                key_path=name,
-                hint="knob values are integers (a batch size, a count of environments)",
-            )
+            raise ConfigError(f"must be a whole number, got {given!r}", key_path=name, hint=hint)
+        check_int_size(name, given, hint=hint)
     if low < 1:
         raise ConfigError(f"must be at least 1, got {low!r}", key_path="low")
     if high < low:

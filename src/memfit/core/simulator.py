@@ -48,7 +48,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
+from memfit._checks import too_large_int
 from memfit.core.simulator_figures import (
     DATA_TYPES_MEASURED,
     GENESIS,
@@ -137,7 +139,22 @@ def _size(value: Any) -> Any:
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    """Frozen, strict; no number is NaN or infinite and no integer 2**63 or more (as every
+    workload model: a 23-digit camera height is an error here, not a plan)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _bounded_ints(cls, value: Any) -> Any:
+        digits = too_large_int(value)
+        if digits is not None:
+            raise PydanticCustomError(
+                "int_too_large",
+                "a number of about {digits} digits; no count or size is 2**63 or more",
+                {"digits": digits},
+            )
+        return value
 
 
 class SimCamera(_Model):

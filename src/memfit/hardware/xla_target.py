@@ -32,11 +32,11 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Protocol
 
+from memfit._checks import require, require_bytes, require_object
 from memfit.errors import ConfigError
 
 __all__ = [
@@ -117,6 +117,36 @@ _ARCH: dict[tuple[int, int], ArchLimits] = {
 _ACCELERATED = frozenset({(9, 0), (10, 0)})
 
 
+_SPEC_HINT = "pass memfit.gpu('RTX 4090') (a GpuSpec), or the card's name"
+
+
+def _check_cc(cc: object) -> None:
+    """``cc`` is a compute capability: a tuple of two whole numbers (``(8, 9)``)."""
+    if (
+        not isinstance(cc, tuple)
+        or len(cc) != 2
+        or not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 100 for v in cc)
+    ):
+        raise ConfigError(
+            f"cc must be a compute capability such as (8, 9), not {cc!r:.60}",
+            key_path="cc",
+            hint="the (major, minor) of GpuSpec.compute_capability",
+        )
+
+
+def _check_spec(spec: object) -> None:
+    """``spec`` is a catalog card (a ``GpuSpec``: its name, memory and capability)."""
+    require_object(
+        "spec",
+        spec,
+        attributes=("name", "total_bytes", "compute_capability", "cuda_total_bytes"),
+        what="a GpuSpec",
+        hint=_SPEC_HINT,
+    )
+    require("spec.name", getattr(spec, "name", None), "str", hint=_SPEC_HINT)
+    require_bytes("spec.total_bytes", getattr(spec, "total_bytes", None), lo=1, hint=_SPEC_HINT)
+
+
 def arch_limits(cc: tuple[int, int]) -> ArchLimits:
     """The limits of compute capability ``cc``.
 
@@ -126,6 +156,7 @@ def arch_limits(cc: tuple[int, int]) -> ArchLimits:
     >>> arch_limits((8, 9)).threads_per_sm
     1536
     """
+    _check_cc(cc)
     found = _ARCH.get(cc)
     if found is None:
         known = ", ".join(f"{a}.{b}" for a, b in sorted(_ARCH))
@@ -152,6 +183,7 @@ def card_figures(name: str) -> dict[str, Any] | None:
     >>> card_figures("NVIDIA GeForce RTX 4090")["sm_count"]
     128
     """
+    require("name", name, "str", hint="the card's full name, as memfit.gpu(...).name gives it")
     data = _data()
     found = data["cards"].get(name)
     if found is None:
@@ -169,6 +201,7 @@ def cuda_total_bytes(spec: _Spec) -> tuple[int, str]:
     >>> cuda_total_bytes(gpu("H100 80GB"))
     (84942979072, 'published')
     """
+    _check_spec(spec)
     figures = _data()["cards"].get(spec.name) or {}
     published = figures.get("cuda_total_bytes") or spec.cuda_total_bytes
     if published:
@@ -185,6 +218,13 @@ def xla_memory_limit(base_bytes: int, io_bytes: int, slop_percent: int = 95) -> 
     >>> xla_memory_limit(1000, 200)
     760
     """
+    require_bytes("base_bytes", base_bytes)
+    require_bytes("io_bytes", io_bytes)
+    require("slop_percent", slop_percent, "int")
+    if not 0 <= slop_percent <= 100:
+        raise ConfigError(
+            f"slop_percent must be from 0 to 100, not {slop_percent}", key_path="slop_percent"
+        )
     return (base_bytes - io_bytes) * slop_percent // 100
 
 
@@ -300,13 +340,18 @@ class TargetConfig:
         }
 
 
-def target_config(spec: _Spec) -> TargetConfig:
-    """The target config of a catalog card.
+def target_config(spec: _Spec | str) -> TargetConfig:
+    """The target config of a catalog card (a ``GpuSpec``, or its name).
 
     Raises:
         ConfigError: For a GPU without a compute capability (one known only by its size, the
-            host) or with no per-card figures.
+            host) or with no per-card figures; for an argument that is not a card (named).
     """
+    if isinstance(spec, str):
+        from memfit.hardware.catalog import gpu
+
+        spec = gpu(spec)
+    _check_spec(spec)
     cc = spec.compute_capability
     figures = card_figures(spec.name)
     if cc is None or figures is None:
@@ -345,5 +390,13 @@ def target_config(spec: _Spec) -> TargetConfig:
 
 def base_for_limit(bytes_limit: int) -> int:
     """The ``device_memory_size`` whose 80% is ``bytes_limit`` (rounded up), so a compile
-    without an allocator works under the limit JAX's allocator would give it."""
-    return math.ceil(bytes_limit * 100 / 80)
+    without an allocator works under the limit JAX's allocator would give it.
+
+    Raises:
+        ConfigError: ``bytes_limit`` is not a whole number of bytes of at least 1.
+
+    >>> base_for_limit(800)
+    1000
+    """
+    require_bytes("bytes_limit", bytes_limit, lo=1, hint="memory_stats()['bytes_limit']")
+    return -(-bytes_limit * 100 // 80)

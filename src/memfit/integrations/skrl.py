@@ -58,14 +58,17 @@ _AGENT_HINT = "pass an agent of skrl.agents.torch (PPO, SAC, ...), after it is m
 _CFG_HINT = "pass PPO_CFG(...) / SAC_CFG(...) or Isaac Lab's agent dict"
 
 
-def _require_agent(agent: Any, *, optional: bool = False) -> None:
+def _require_agent(agent: Any, *, optional: bool = False, guarded: bool = False) -> None:
+    """An skrl agent (``act`` and ``update``); one to guard also has ``post_interaction``
+    and takes the wrappers of its methods (no ``__slots__``)."""
     require_object(
         "agent",
         agent,
-        methods=("act", "update"),
+        methods=("act", "update", "post_interaction") if guarded else ("act", "update"),
         what="an skrl agent",
         hint=_AGENT_HINT,
         optional=optional,
+        wrapped=guarded,
     )
 
 
@@ -322,7 +325,7 @@ class SkrlGuard:
         track: bool = True,
         restore_rng: bool | str = True,
     ) -> None:
-        _require_agent(agent)
+        _require_agent(agent, guarded=True)
         require_object(
             "recorder",
             recorder,

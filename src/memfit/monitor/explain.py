@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from memfit._checks import parse_int, require
+from memfit._checks import parse_int, require, require_bytes
 from memfit.allocator.model import round_size
 from memfit.allocator.replay import (
     StartState,
@@ -365,8 +365,14 @@ def explain(
         require("snapshot", snapshot, "path")
     require("at", at, "str", "int")
     require("device", device, "int", optional=True)
-    require("capacity_bytes", capacity_bytes, "int", optional=True)
-    require("max_bytes", max_bytes, "int", optional=True)
+    if device is not None and device < 0:
+        raise ConfigError(
+            f"device must be a device index (0 or more), not {device}", key_path="device"
+        )
+    if capacity_bytes is not None:
+        require_bytes("capacity_bytes", capacity_bytes, lo=1, hint="what the process may hold")
+    if max_bytes is not None:
+        require_bytes("max_bytes", max_bytes, lo=1, hint="the largest file to read, e.g. 2**32")
     require("progress", progress, "callable", optional=True)
     snap = _resolve(snapshot, max_bytes, progress)
     dev = _device(snap, device)

@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from memfit._checks import require, require_iterable
+from memfit._checks import require, require_count, require_iterable
 from memfit.backends.live import (
     LiveReader,
     NoReader,
@@ -220,12 +220,14 @@ class Recorder:
         require("memory_history", memory_history, "int", optional=True)
         require("imbalance", imbalance, "number")
         sinks = require_iterable("sinks", sinks)
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ConfigError(
-                f"every must be a whole number of steps >= 1, not {every!r}",
-                key_path="Recorder.every",
-                hint="use every=1 to sample each step, every=10 for every tenth",
-            )
+        require_count(
+            "every",
+            every,
+            lo=1,
+            what="a whole number of steps",
+            key_path="Recorder.every",
+            hint="use every=1 to sample each step, every=10 for every tenth",
+        )
         if interval is not None and (not math.isfinite(interval) or interval <= 0):
             raise ConfigError(
                 f"interval must be a positive number of seconds, not {interval!r}",
@@ -243,26 +245,19 @@ class Recorder:
             ("history", history),
             ("oom_samples", oom_samples),
         ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(
-                    f"{key} must be a whole number >= 1, not {value!r}",
-                    key_path=f"Recorder.{key}",
-                )
-        if (
-            isinstance(max_oom_dumps, bool)
-            or not isinstance(max_oom_dumps, int)
-            or max_oom_dumps < 0
-        ):
-            raise ConfigError(
-                f"max_oom_dumps must be a whole number >= 0, not {max_oom_dumps!r}",
-                key_path="Recorder.max_oom_dumps",
-                hint="use 0 to write no OOM dumps",
-            )
-        if ranks_every is not None and (
-            isinstance(ranks_every, bool) or not isinstance(ranks_every, int) or ranks_every < 1
-        ):
-            raise ConfigError(
-                f"ranks_every must be a whole number of sampled steps >= 1, not {ranks_every!r}",
+            require_count(key, value, lo=1, key_path=f"Recorder.{key}")
+        require_count(
+            "max_oom_dumps",
+            max_oom_dumps,
+            key_path="Recorder.max_oom_dumps",
+            hint="use 0 to write no OOM dumps",
+        )
+        if ranks_every is not None:
+            require_count(
+                "ranks_every",
+                ranks_every,
+                lo=1,
+                what="a whole number of sampled steps",
                 key_path="Recorder.ranks_every",
                 hint="use ranks_every=10 to compare the ranks every tenth sample, None for never",
             )

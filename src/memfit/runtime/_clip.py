@@ -39,7 +39,9 @@ def clip_grad_norm(
     """
     require("norm_type", norm_type, "number")
     require("error_if_nonfinite", error_if_nonfinite, "bool")
-    if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) or not max_norm > 0:
+    require("max_norm", max_norm, "number", hint="the largest total gradient norm, e.g. 1.0")
+    assert isinstance(max_norm, (int, float))
+    if not max_norm > 0:
         raise ConfigError(f"max_norm must be a number > 0, not {max_norm!r}", key_path="max_norm")
 
     def hook(optimizer: Any) -> Any:

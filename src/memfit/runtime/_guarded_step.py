@@ -56,6 +56,21 @@ class GuardedStep(TrainParts):
 
         return self._retrying(f"before_step ({getattr(hook, '__name__', 'hook')})", call)
 
+    def _before_optimizer_step(self) -> tuple[str | None, str | None]:
+        """``scaler.unscale_`` and ``before_step``, each retried on out-of-memory.
+
+        Returns:
+            ``(None, None)``, or the last out-of-memory message and what raised it.
+        """
+        message = self._unscale()
+        if message is not None:
+            return message, "GradScaler.unscale_"
+        message = self._run_before_step()
+        if message is not None:
+            hook = getattr(self.before_step, "__name__", "hook")
+            return message, f"before_step ({hook})"
+        return None, None
+
     def _snapshot_wanted(self) -> bool:
         """Whether this step's ``optimizer.step()`` takes the host snapshot (``"always"``;
         ``"auto"`` journals every step instead, ``"never"`` does neither)."""

@@ -9,9 +9,8 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
 
-from memfit._checks import require_callable, require_iterable
+from memfit._checks import require_callable, require_count, require_iterable
 from memfit.core import ladder
-from memfit.errors import ConfigError
 from memfit.runtime._batching import concat, map_arrays, walk
 from memfit.runtime._guard_base import GuardBase
 from memfit.runtime._memory import free_memory, memory_figures, out_of_memory
@@ -76,12 +75,12 @@ class RolloutGuard(GuardBase, Generic[T]):
         )
         require_callable("on_event", on_event, optional=True)
         rngs = require_iterable("rngs", rngs)
-        if isinstance(split_dim, bool) or not isinstance(split_dim, int) or split_dim < 0:
-            raise ConfigError(
-                f"split_dim must be an integer >= 0, not {split_dim!r}",
-                key_path="split_dim",
-                hint="the environment dimension counted from the front, usually 0",
-            )
+        require_count(
+            "split_dim",
+            split_dim,
+            what="an integer",
+            hint="the environment dimension counted from the front, usually 0",
+        )
         self.fn = fn
         self.split_dim = split_dim
         self.calls = 0

@@ -22,7 +22,7 @@ from memfit.runtime._batching import batch_size
 from memfit.runtime._clip import BeforeStep, clip_grad_norm
 from memfit.runtime._guarded_step import GuardedStep
 from memfit.runtime._journal import StepJournal, add_note
-from memfit.runtime._memory import out_of_memory
+from memfit.runtime._memory import free_memory, out_of_memory
 from memfit.runtime._micro_batches import MicroBatches
 from memfit.runtime._rewind import SPLIT_STATS, BufferState, modules_of
 from memfit.runtime._rewind import rng_state as _rng_state
@@ -376,6 +376,50 @@ class TrainGuard(MicroBatches, GuardedStep):
             self._zero_grad()
         return loss.detach()
 
+    def _whole_batch_again(self, losses: list[Any]) -> bool:
+        """Whether a step whose ``before_step`` (or unscale) ran out of memory can run its
+        whole batch again exactly: it ran as one batch (the generators and buffers were
+        captured at its start, not between micro-batches) on one process (other ranks
+        would wait in their collectives)."""
+        import torch
+
+        return not self._ddp and len(losses) == 1 and isinstance(losses[0], torch.Tensor)
+
+    def _run_whole_batch_again(
+        self,
+        batch: Any,
+        n: int,
+        params: list[Any],
+        tried: list[str],
+        message: str,
+        stage: str | None,
+    ) -> tuple[list[Any], str | None, str | None]:
+        """Run the step's whole batch again after an out-of-memory in ``stage`` (what an
+        out-of-memory in the forward pass gets first): the gradients are dropped, the
+        generators and buffers (BatchNorm statistics) put back to the step's start, so the
+        step stays exact. Splitting would not help: the gradients ``before_step`` reads are
+        the same size whatever the micro-batches.
+
+        Returns:
+            The losses, and the out-of-memory message and stage if it failed again.
+        """
+        self._event(
+            "oom",
+            f"out of memory in {stage}; running the whole batch again",
+            error=first_line(message),
+        )
+        tried.append("the whole batch again")
+        self._zero_grad()
+        self._drop_grads(params)
+        self._reset_scaler_step()
+        self._rewind()
+        free_memory()
+        losses, _, failure = self._backward_all(batch, n, params, tried)
+        if failure is not None:
+            return losses, failure[0], stage
+        again, again_stage = self._before_optimizer_step()
+        return losses, again, again_stage
+
     def _run(self, batch: Any) -> list[torch.Tensor | float]:
         """One step; the micro-batches' weighted losses (see :meth:`_backward_all`)."""
         # Checked before the step, so that a batch the ladder could not split fails at the
@@ -421,10 +465,15 @@ class TrainGuard(MicroBatches, GuardedStep):
             message, smallest = failure or ("another rank ran out of memory", 0)
             raise self._give_up(message, tried, smallest)
         self.splits = decision.splits
+        stage: str | None = None  # what ran out of memory before optimizer.step(), if any
         try:
             if self._ddp:
                 distributed.average_gradients(params)
-            failure_message = self._unscale() or self._run_before_step()
+            failure_message, stage = self._before_optimizer_step()
+            if failure_message is not None and self._whole_batch_again(losses):
+                losses, failure_message, stage = self._run_whole_batch_again(
+                    batch, n, params, tried, failure_message, stage
+                )
             if failure_message is None:
                 failure_message = self._optimizer_step(tried, decision.snapshot)
         except BaseException:
@@ -480,6 +529,17 @@ class TrainGuard(MicroBatches, GuardedStep):
             failure_message = None
         elif settled.failed and failure_message is None:
             failure_message = "optimizer.step() ran out of memory on every other rank"
+        if failure_message is not None and stage is not None:
+            # optimizer.step() never ran: the step did not happen, nor did its forward (the
+            # buffers and generators go back, so running the batch again is exact).
+            self._reset_scaler_step()
+            self._abandon()
+            raise self._give_up(
+                f"{stage} ran out of memory, also after running the whole batch again"
+                + (f": {failure_message}" if failure_message.strip() else ""),
+                tried,
+                0,
+            )
         if failure_message is not None:
             self._reset_scaler_step()
             self._ladder = ladder.after_give_up(self._ladder)

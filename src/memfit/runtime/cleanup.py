@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
-from memfit._checks import require
+from memfit._checks import check_int_size, require, require_count
 from memfit._plain import plain_fields
 from memfit.errors import ConfigError
 from memfit.runtime.events import EventSink, MemoryEvent, emit
@@ -145,7 +145,7 @@ def _training_step(step: object) -> int | None:
         ConfigError: When it is neither ``None`` nor a whole number.
     """
     if step is None or (isinstance(step, int) and not isinstance(step, bool)):
-        return step
+        return None if step is None else check_int_size("step", step)
     raise ConfigError(
         f"step must be the training step (a whole number) or None, not {step!r}",
         key_path="step",
@@ -195,12 +195,7 @@ class Every(_PerStep):
         reset: bool = False,
         on_event: EventSink | None = None,
     ) -> None:
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ConfigError(
-                f"every(n) needs a positive whole number of steps, not {n!r}",
-                key_path="n",
-                hint="e.g. memfit.cleanup.every(10)",
-            )
+        require_count("n", n, lo=1, what="a positive whole number of steps", hint="e.g. every(10)")
         super().__init__(
             "cleanup.every", empty_cache=empty_cache, gc_collect=gc_collect, on_event=on_event
         )

@@ -41,7 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memfit._checks import require
+from pydantic import ValidationError
+
+from memfit._checks import parse_int, require, require_iterable
 from memfit.backends.live import torch_device_memory
 from memfit.core.simulator import MeasuredSimulator, SimCamera, SimFigures, camera_bytes
 from memfit.core.simulator_figures import SHARED
@@ -52,6 +54,8 @@ __all__ = [
     "cache_dir",
     "camera_pixels",
     "check_backend",
+    "check_cameras",
+    "check_num_envs",
     "find_measurement",
     "fit_readings",
     "measure_simulator",
@@ -98,16 +102,101 @@ class SimReading:
         return self.device_used_bytes - self.before_bytes
 
 
+#: The most environments a reading may have: Isaac Lab and Genesis index environments with
+#: 32-bit integers.
+MAX_ENVS = 2**31 - 1
+#: The most pixels a measured camera image may have a side (no renderer memfit models
+#: renders wider: Vulkan's ``maxImageDimension2D`` is 32,768 on NVIDIA's drivers).
+MAX_CAMERA_SIDE = 65_536
+#: The most cameras of one kind an environment may have in a reading.
+MAX_CAMERAS = 1024
+
+_CAMERA_HINT = (
+    'give each camera as {"height": 128, "width": 128} (with "count", "kind": "tiled" or '
+    '"standard", "data_types": ["rgb"])'
+)
+
+
+def check_num_envs(key: str, value: object, *, hint: str | None = None) -> int:
+    """``value`` when it is a number of environments a reading can have (1 to
+    :data:`MAX_ENVS`).
+
+    Raises:
+        ConfigError: Otherwise, naming ``key``.
+    """
+    hint = hint or 'give each setting as {"num_envs": N}, N from 1 to 2**31 - 1'
+    if isinstance(value, bool) or not isinstance(value, int):
+        require(key, value, "int", hint=hint)
+    assert isinstance(value, int)
+    return parse_int(key, value, lo=1, hi=MAX_ENVS, hint=hint)
+
+
+def check_cameras(key: str, cameras: object) -> list[SimCamera]:
+    """The cameras of a measured setting (a list of mappings, each a simulator camera with
+    numbers for its sizes), checked as one: ``key[i].field`` names what is wrong.
+
+    Raises:
+        ConfigError: For anything that is not such a list; never a raw validation error.
+    """
+    items = require_iterable(key, cameras)
+    parsed: list[SimCamera] = []
+    for i, camera in enumerate(items):
+        where = f"{key}[{i}]"
+        require(where, camera, "mapping", hint=_CAMERA_HINT)
+        assert isinstance(camera, Mapping)
+        for field, hi in (("height", MAX_CAMERA_SIDE), ("width", MAX_CAMERA_SIDE)):
+            if field not in camera:
+                raise ConfigError(f"{where} has no {field}", key_path=where, hint=_CAMERA_HINT)
+            size = _number(f"{where}.{field}", camera[field])
+            parse_int(f"{where}.{field}", size, lo=1, hi=hi, hint=_CAMERA_HINT)
+        if "count" in camera:
+            count = _number(f"{where}.count", camera["count"])
+            parse_int(f"{where}.count", count, lo=1, hi=MAX_CAMERAS, hint=_CAMERA_HINT)
+        try:
+            parsed.append(SimCamera.model_validate(dict(camera)))
+        except ValidationError as exc:
+            raise _camera_error(where, exc) from None
+    return parsed
+
+
+def _number(key: str, value: object) -> int:
+    """A measured camera's size is a number (a knob's name means nothing here)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        require(key, value, "int", hint="a measured camera's size in pixels, e.g. 128")
+    assert isinstance(value, int)
+    return value
+
+
+def _camera_error(where: str, exc: ValidationError) -> ConfigError:
+    """The first problem pydantic found, as a ConfigError naming the camera's field."""
+    err = exc.errors(include_url=False)[0]
+    loc = ".".join(str(p) for p in err["loc"] if isinstance(p, str) and p not in ("int", "str"))
+    path = f"{where}.{loc}" if loc else where
+    message = str(err["msg"]).removeprefix("Value error, ")
+    message = "must be " + message.removeprefix("Input should be ")
+    if err["type"] == "extra_forbidden":
+        message = "is not a camera field (height, width, count, kind, data_types)"
+    elif err["type"] == "literal_error":
+        message = f"{message}, not {err.get('input')!r:.40}"
+    return ConfigError(f"{path} {message}", key_path=path, hint=_CAMERA_HINT)
+
+
 def camera_pixels(cameras: Sequence[Mapping[str, Any]] | None, num_envs: int) -> int:
     """Pixels of ``cameras`` (``{"height", "width", "count", "kind", "data_types"}`` each)
     for ``num_envs`` environments, counted as the planner counts them: each tiled camera's
     render product (a square grid of tiles), each standard camera per env at the standard
     camera's factor, each further data type at its fraction; so a fitted bytes-per-pixel is
-    the plan's ``pixel_bytes``."""
-    if not cameras:
+    the plan's ``pixel_bytes``.
+
+    Raises:
+        ConfigError: A camera or a number of environments that cannot be real
+            (:func:`check_cameras`, :func:`check_num_envs`).
+    """
+    envs = check_num_envs("num_envs", num_envs)
+    if cameras is None:
         return 0
-    parsed = [SimCamera.model_validate(dict(c)) for c in cameras]
-    return camera_bytes(parsed, {}, num_envs, _UNIT)
+    parsed = check_cameras("cameras", cameras)
+    return camera_bytes(parsed, {}, envs, _UNIT) if parsed else 0
 
 
 def _solve(readings: Sequence[SimReading]) -> tuple[float, float, float | None, str | None]:
@@ -432,13 +521,17 @@ def measure_simulator(
         )
     directory = Path(directory) if directory is not None else None
     for i, point in enumerate(points):
-        envs = point.get("num_envs") if isinstance(point, Mapping) else None
-        if not isinstance(envs, int) or isinstance(envs, bool) or envs < 1:
+        require(f"points[{i}]", point, "mapping", hint='give each point as {"num_envs": N}')
+        assert isinstance(point, Mapping)
+        if "num_envs" not in point:
             raise ConfigError(
-                f"points[{i}] has no positive num_envs",
+                f"points[{i}] has no num_envs",
                 key_path=f"points[{i}].num_envs",
                 hint='give each point as {"num_envs": N} (with "cameras" for a camera run)',
             )
+        check_num_envs(f"points[{i}].num_envs", point["num_envs"])
+        if point.get("cameras") is not None:
+            check_cameras(f"points[{i}].cameras", point["cameras"])
     read, name = _probe_reader(device, probe)
     start = read()
     readings: list[SimReading] = []

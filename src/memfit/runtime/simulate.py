@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from memfit._checks import require
+from memfit._checks import require, require_count
 from memfit.allocator.model import round_size
 from memfit.backends.live import allocator_counts, register_simulated, torch_reset_peak
 from memfit.backends.simulated import SimulatedDevice
@@ -441,12 +441,9 @@ def simulate_gpu(
     budget_bytes = _resolve_budget(budget)
     kind = device.strip().lower()
     if kind == "cpu":
-        if isinstance(history, bool) or not isinstance(history, int) or history < 0:
-            raise ConfigError(
-                f"history must be a whole number of events >= 0, not {history!r}",
-                key_path="history",
-                hint="use history=0 to keep none",
-            )
+        require_count(
+            "history", history, what="a whole number of events", hint="use history=0 to keep none"
+        )
         gpu = SimulatedGpu(budget_bytes, "cpu", history)
         mode = _make_mode(gpu)
         with _STACK_LOCK:

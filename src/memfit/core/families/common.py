@@ -110,6 +110,14 @@ def camera_hw(workload: Workload, values: Mapping[str, int]) -> tuple[int, int]:
         )
     h = values[cams.height] if isinstance(cams.height, str) else cams.height
     w = values[cams.width] if isinstance(cams.width, str) else cams.width
+    for axis, ref, value in (("height", cams.height, h), ("width", cams.width, w)):
+        if value < 1:  # a knob or setting the camera names, at 0: no image, not a free one
+            raise ConfigError(
+                f"observations.cameras.{axis} is {value} (from {ref!r}): a camera has at "
+                "least one pixel a side",
+                key_path=f"observations.cameras.{axis}",
+                hint=f"give {ref} a value of at least 1",
+            )
     return h, w
 
 

@@ -33,7 +33,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from memfit._checks import require_positive_int
+from memfit._checks import (
+    require,
+    require_byte_sizes,
+    require_bytes,
+    require_callable,
+    require_items,
+    require_iterable,
+    require_mapping,
+    require_positive_int,
+)
 from memfit._plain import plain_fields
 from memfit.allocator.bfc import BfcAllocator, round_up
 from memfit.errors import ConfigError, OutOfMemory
@@ -66,6 +75,15 @@ class PhaseBuffers:
     outputs: tuple[tuple[int, ...], ...]
     temp_bytes: int
     first_call_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        """A size that cannot be real (``temp_bytes=-1``, ``nan``, ``1.5``) is refused here,
+        never dropped by the replay.
+
+        Raises:
+            ConfigError: Naming the field.
+        """
+        _check_phase("", self)
 
 
 @dataclass(frozen=True)
@@ -200,60 +218,111 @@ class _Replay:
         self.note(where)
 
 
-def _byte_sizes(sizes: object) -> bool:
-    return isinstance(sizes, list | tuple) and all(
-        isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in sizes
-    )
+_NAME_HINT = "name each array as a string, e.g. Call('update', ('state', 'loss'))"
 
 
-def _check_events(
-    initial: Mapping[str, Sequence[int]],
-    phases: Mapping[str, PhaseBuffers],
-    loop: Sequence[Event],
-) -> None:
+def _check_phase(where: str, phase: PhaseBuffers) -> None:
+    """Each of ``phase``'s sizes is a number of bytes that can be real (``where``: the key
+    path's prefix)."""
+    require(f"{where}name", phase.name, "str", hint="the phase's name, e.g. 'update'")
+    tops = require_iterable(f"{where}outputs", phase.outputs)
+    for i, leaves in enumerate(tops):
+        require_byte_sizes(
+            f"{where}outputs[{i}]",
+            leaves,
+            hint="give each top-level output as the bytes of its leaves, e.g. ((4096, 8),)",
+        )
+    hint = "XLA's temp_size_in_bytes for the call (phase_buffers() reads it)"
+    require_bytes(f"{where}temp_bytes", phase.temp_bytes, hint=hint)
+    hint = "JaxEstimate.first_call_bytes (phase_buffers() reads it), 0 for none"
+    require_bytes(f"{where}first_call_bytes", phase.first_call_bytes, hint=hint)
+
+
+def _check_phases(phases: object) -> None:
+    """``phases`` maps names to :class:`PhaseBuffers` whose every size is a number of bytes."""
+    require_mapping("phases", phases, hint="pass {name: phase_buffers(name, fn, ...)[0]}")
+    assert isinstance(phases, Mapping)
+    for key, phase in phases.items():
+        where = f"phases.{key}"
+        if not isinstance(phase, PhaseBuffers):
+            raise ConfigError(
+                f"{where} must be a PhaseBuffers, not {type(phase).__name__} ({phase!r:.60})",
+                key_path=where,
+                hint="build each phase's buffers with phase_buffers() or PhaseBuffers(...)",
+            )
+        _check_phase(f"{where}.", phase)
+
+
+def _check_event(index: int, event: object, phases: Mapping[str, PhaseBuffers]) -> None:
+    where = f"loop.{index}"
+    if isinstance(event, Call):
+        require(f"{where}.phase", event.phase, "str", hint="the phase's name in phases=")
+        if event.phase not in phases:
+            raise ConfigError(
+                f"loop[{index}] calls {event.phase!r}, which is not among the phases "
+                f"({', '.join(sorted(phases)) or 'none'})",
+                key_path=f"{where}.phase",
+                hint="pass the phase's buffers in phases=, built by phase_buffers()",
+            )
+        if isinstance(event.outputs, str):
+            raise ConfigError(
+                f"loop[{index}] names its outputs {event.outputs!r:.60}, a string, not a tuple "
+                "of names",
+                key_path=f"{where}.outputs",
+                hint=_NAME_HINT,
+            )
+        names = require_items(f"{where}.outputs", event.outputs, "str", what=_NAME_HINT)
+        expected = len(phases[event.phase].outputs)
+        if len(names) != expected:
+            raise ConfigError(
+                f"loop[{index}] names {len(names)} outputs of {event.phase!r}, "
+                f"which returns {expected}",
+                key_path=f"{where}.outputs",
+                hint="name every top-level output of the function, in order",
+            )
+    elif isinstance(event, Allocate):
+        require(f"{where}.name", event.name, "str", hint=_NAME_HINT)
+        require_byte_sizes(
+            f"{where}.sizes",
+            event.sizes,
+            hint="give each array's bytes, e.g. Allocate('key', (8,))",
+        )
+    elif isinstance(event, Release):
+        require(f"{where}.name", event.name, "str", hint=_NAME_HINT)
+    elif isinstance(event, Rebind):
+        require(f"{where}.old", event.old, "str", hint=_NAME_HINT)
+        require(f"{where}.new", event.new, "str", hint=_NAME_HINT)
+    else:
+        raise ConfigError(
+            f"loop[{index}] is {type(event).__name__}, not an event",
+            key_path=where,
+            hint="use Call, Allocate, Release or Rebind",
+        )
+
+
+def _check_events(initial: object, phases: object, loop: object) -> list[Event]:
+    """Every argument of :func:`replay_program` checked, each size a number of bytes that can
+    be real (never dropped); the loop's events as a list."""
+    require_mapping("initial", initial, hint="pass {name: [bytes, ...]}, e.g. {'state': [4096]}")
+    assert isinstance(initial, Mapping)
     for name, sizes in initial.items():
-        if not _byte_sizes(sizes):
-            raise ConfigError(
-                f"initial[{name!r}] must list array sizes in bytes, got {sizes!r}",
-                key_path=f"initial.{name}",
-                hint="give each array the program holds before the loop as its bytes",
-            )
-    for index, event in enumerate(loop):
-        if isinstance(event, Allocate) and not _byte_sizes(event.sizes):
-            raise ConfigError(
-                f"loop[{index}] allocates {event.sizes!r}, not array sizes in bytes",
-                key_path=f"loop.{index}.sizes",
-                hint="give each array's bytes, e.g. Allocate('key', (8,))",
-            )
-        if isinstance(event, Call):
-            if event.phase not in phases:
-                raise ConfigError(
-                    f"loop[{index}] calls {event.phase!r}, which is not among the phases "
-                    f"({', '.join(sorted(phases)) or 'none'})",
-                    key_path=f"loop.{index}.phase",
-                    hint="pass the phase's buffers in phases=, built by phase_buffers()",
-                )
-            expected = len(phases[event.phase].outputs)
-            if len(event.outputs) != expected:
-                raise ConfigError(
-                    f"loop[{index}] names {len(event.outputs)} outputs of {event.phase!r}, "
-                    f"which returns {expected}",
-                    key_path=f"loop.{index}.outputs",
-                    hint="name every top-level output of the function, in order",
-                )
-        elif not isinstance(event, Allocate | Release | Rebind):
-            raise ConfigError(
-                f"loop[{index}] is {type(event).__name__}, not an event",
-                key_path=f"loop.{index}",
-                hint="use Call, Allocate, Release or Rebind",
-            )
+        require_byte_sizes(
+            f"initial.{name}",
+            sizes,
+            hint="give each array the program holds before the loop as its bytes",
+        )
+    _check_phases(phases)
+    assert isinstance(phases, Mapping)
+    events = require_iterable("loop", loop)
+    for index, event in enumerate(events):
+        _check_event(index, event, phases)
     made = set(initial)
-    for event in loop:
+    for event in events:
         if isinstance(event, Call):
             made.update(event.outputs)
         elif isinstance(event, Allocate):
             made.add(event.name)
-    for index, event in enumerate(loop):
+    for index, event in enumerate(events):
         names = (event.name,) if isinstance(event, Release) else ()
         if isinstance(event, Rebind):
             names = (event.new,)
@@ -265,6 +334,7 @@ def _check_events(
                     key_path=f"loop.{index}",
                     hint="name arrays as a Call's outputs, an Allocate or initial= name them",
                 )
+    return events
 
 
 def replay_program(
@@ -292,8 +362,9 @@ def replay_program(
         A :class:`ProgramReplay`.
 
     Raises:
-        ConfigError: An event names an unknown phase, the wrong number of outputs, or an
-            array size is not a number of bytes.
+        ConfigError: An argument of the wrong type, an event that names an unknown phase
+            or the wrong number of outputs, or a size (an array's, a phase's temporaries or
+            autotuning) that is not a whole number of bytes from 0 to under 2**63.
 
     The second batch (10 MiB) is handed whole the 18 MiB hole the first batch and the old
     state left (less than twice the request):
@@ -308,7 +379,9 @@ def replay_program(
     (56, 64, 'iteration 2, update')
     """
     require_positive_int("iterations", iterations, hint="as many as the loop runs, e.g. 100")
-    _check_events(initial, phases, loop)
+    require_bytes("limit_bytes", limit_bytes, lo=1, hint="memory_stats()['bytes_limit']")
+    require("preallocate", preallocate, "bool")
+    loop = _check_events(initial, phases, loop)
     replay = _Replay(BfcAllocator(limit_bytes, preallocate=preallocate), phases)
     peaks: list[int] = []
     where = "start"
@@ -350,6 +423,9 @@ def phase_buffers(
     Raises:
         ConfigError: The estimate was not compiled for a GPU (no autotuning figure).
     """
+    require("name", name, "str", hint="the phase's name, e.g. 'update'")
+    require_callable("fn", fn)
+    require_callable("estimate", estimate, optional=True)
     import jax
     import numpy as np
 
@@ -383,6 +459,8 @@ def allocator_settings(gpu: str, environ: Mapping[str, str] | None = None) -> tu
         ConfigError: An unknown card, one with no XLA target config, or an allocator
             setting JAX would refuse.
     """
+    require("gpu", gpu, "str", hint="a card of memfit gpus, e.g. 'RTX 4090'")
+    require_mapping("environ", environ, values="str", optional=True)
     from memfit.estimate.xla.step import preallocation_from_env
     from memfit.hardware.catalog import gpu as lookup_gpu
     from memfit.hardware.xla_target import target_config

@@ -247,7 +247,11 @@ def parse_jaxlib_version(text: str) -> tuple[int, int, int] | None:
     >>> parse_jaxlib_version("0.4.33"), parse_jaxlib_version("banana")
     ((0, 4, 33), None)
     """
-    found = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", text.strip())
+    # ASCII digits, at most 9 a part: "٠.٤" is no version, and a part of thousands of digits
+    # is no version either (not an int() past Python's 4,300-digit limit)
+    found = re.match(
+        r"([0-9]{1,9})\.([0-9]{1,9})(?:\.([0-9]{1,9}))?(?![0-9])(?!\.[0-9])", text.strip()
+    )
     if found is None:
         return None
     return int(found.group(1)), int(found.group(2)), int(found.group(3) or 0)

@@ -701,8 +701,9 @@ def _check_jaxlib(jaxlib: str | None) -> None:
 
     require("jaxlib", jaxlib, "str", optional=True)
     if jaxlib is not None and parse_jaxlib_version(jaxlib) is None:
+        shown = repr(jaxlib) if len(jaxlib) <= 40 else f"{jaxlib[:30]!r}... ({len(jaxlib)} chars)"
         raise ConfigError(
-            f"jaxlib={jaxlib!r} is not a version",
+            f"jaxlib={shown} is not a version",
             key_path="jaxlib",
             hint="the jaxlib version the GPU runs, e.g. jaxlib='0.4.33' (jax.__version__ there)",
         )
