@@ -71,10 +71,8 @@ def default_topology(spec: GpuSpec, count: int) -> str:
     ('nvswitch', 'pcie')
     """
     name = spec.name.lower()
-    sxm = spec.arch in ("ampere", "hopper", "blackwell") and not any(
-        word in name for word in ("pcie", "geforce", "rtx", " nvl", "l40", " l4", "a10", "a40")
-    )
-    sxm = sxm and any(word in name for word in ("a100", "h100", "h200", "h800", "b200", "b100"))
+    sxm = any(word in name for word in ("a100", "h100", "h200", "h800", "b200", "b100"))
+    sxm = sxm and not any(word in name for word in ("pcie", " nvl"))
     if not sxm:
         return "pcie"
     return "nvswitch" if count > 2 else "nvlink"
