@@ -180,8 +180,7 @@ def plan_devices(
     devices = compose(n, base.breakdown, budget, terms)
     environment = dict(base.environment)
     notes = [
-        f"knob values are global: pmap splits the environments and batches over the {n} "
-        "devices"
+        f"knob values are global: pmap splits the environments and batches over the {n} devices"
         if dev.strategy == "pmap"
         else f"knob values are per process; the job runs {n} of them"
     ]

@@ -20,8 +20,13 @@ def test_gpu_counts() -> None:
 
 @pytest.mark.parametrize(
     ("name", "count", "expected"),
-    [("H100", 8, "nvswitch"), ("H100", 2, "nvlink"), ("A100 80GB", 8, "nvswitch"),
-     ("RTX 4090", 4, "pcie"), ("L40S", 4, "pcie")],
+    [
+        ("H100", 8, "nvswitch"),
+        ("H100", 2, "nvlink"),
+        ("A100 80GB", 8, "nvswitch"),
+        ("RTX 4090", 4, "pcie"),
+        ("L40S", 4, "pcie"),
+    ],
 )
 def test_default_topology(name: str, count: int, expected: str) -> None:
     assert default_topology(gpu(name), count) == expected
@@ -43,7 +48,11 @@ def test_fsdp_gathered_buffers(sharding: str, gathers: int) -> None:
 
 def test_device0_terms() -> None:
     terms, est = device_terms(
-        gpu("RTX 4090"), 4, framework="torch", strategy="ddp", set_device=False,
+        gpu("RTX 4090"),
+        4,
+        framework="torch",
+        strategy="ddp",
+        set_device=False,
         context_bytes=500,
     )
     stray = {t.name: t for t in terms}["stray_cuda_contexts"]

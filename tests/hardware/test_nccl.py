@@ -65,8 +65,12 @@ def test_nvls_follows_the_version() -> None:
 
 @pytest.mark.parametrize(
     ("capability", "nccl", "topology", "ranks"),
-    [((8, 0), "2.21", "nvswitch", 8), ((9, 0), "2.16", "nvswitch", 8),
-     ((9, 0), "2.21", "nvlink", 8), ((9, 0), "2.21", "nvswitch", 2)],
+    [
+        ((8, 0), "2.21", "nvswitch", 8),
+        ((9, 0), "2.16", "nvswitch", 8),
+        ((9, 0), "2.21", "nvlink", 8),
+        ((9, 0), "2.21", "nvswitch", 2),
+    ],
 )
 def test_no_nvls_without_hopper_a_switch_new_nccl_and_three_ranks(
     capability: tuple[int, int], nccl: str, topology: str, ranks: int

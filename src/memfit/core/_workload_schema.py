@@ -309,9 +309,7 @@ class DeviceSpec(_Strict):
     #: DDP: bucket size in MiB (its default 25): the count of buckets, not their total.
     bucket_cap_mb: int = Field(default=25, ge=1, le=1 << 20)
     #: FSDP: what is sharded (``full_shard``, ``shard_grad_op``, ``hybrid_shard``, ``no_shard``).
-    fsdp_sharding: Literal["full_shard", "shard_grad_op", "hybrid_shard", "no_shard"] = (
-        "full_shard"
-    )
+    fsdp_sharding: Literal["full_shard", "shard_grad_op", "hybrid_shard", "no_shard"] = "full_shard"
     #: Every process calls ``torch.cuda.set_device(local_rank)`` before touching CUDA (else
     #: each leaves a CUDA context on device 0).
     set_device: bool = True

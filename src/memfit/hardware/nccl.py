@@ -21,7 +21,7 @@ A communicator holds, on every GPU it spans (NVIDIA/nccl ``src/init.cc``,
   its own channels, lazily, at the first such call.
 * **the communicator's base** (``nccl_comm_base``): what a communicator holds besides its
   buffers (device structures, work queues, proxy state). Its figure is fitted on the
-  calibration part of ``tests/data/published_truth/multi_gpu.yaml``, not derived.
+  calibration part of ``tests/data/published_truth/multi_gpu/readings.yaml``, not derived.
 
 Every figure that depends on a version is a row of ``rules_nccl.json`` with its source.
 
@@ -76,8 +76,9 @@ NVLS_CHUNK_BYTES = 128 * 1024
 #: NCCL_STEPS.
 STEPS = 8
 #: What a communicator holds besides its buffers, per rank: fitted on the calibration part of
-#: tests/data/published_truth/multi_gpu.yaml (NVIDIA/nccl#964: a 2-rank communicator on
-#: 4 x A100 NVLink takes 544 MB, of which 16 channels x 10 MiB are buffers (cudaMalloc, no send granule before 2.19)).
+#: tests/data/published_truth/multi_gpu/readings.yaml (NVIDIA/nccl#964: a 2-rank communicator
+#: on 4 x A100 NVLink takes 544 MB, of which 16 channels x 10 MiB are buffers; cudaMalloc, no
+#: send granule before 2.19).
 COMM_BASE_BYTES = 384 * MiB
 _COMM_BASE_SOURCE = (
     "fitted on the calibration readings (NVIDIA/nccl#964: 544 MB per 2-rank communicator on "
