@@ -71,3 +71,13 @@ def test_brax_on_eight_h100_keeps_nccl_outside_the_pool() -> None:
     assert zero.predicted_bytes <= zero.budget_bytes
     fraction = float(next(v for k, v in result.environment.items() if "MEM_FRACTION" in k))
     assert fraction < 0.9
+
+
+def test_env_advises_nccl_settings_for_several_cards(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["env", "--gpu", "8xH100", "--json"]) in (0, 1)
+    data = json.loads(capsys.readouterr().out)
+    advice = {s["variable"]: s for s in data["nccl"]["settings"]}
+    assert advice["NCCL_NVLS_ENABLE"]["value"] == "0"
+    assert advice["NCCL_NVLS_ENABLE"]["saves_bytes"] > 2 * 2**30
+    assert main(["env", "--gpu", "H100", "--json"]) in (0, 1)
+    assert "nccl" not in json.loads(capsys.readouterr().out)

@@ -88,7 +88,8 @@ _COMM_BASE_SOURCE = (
 #: Every NCCL variable the model reads, and what it changes.
 ENV_EFFECTS: dict[str, str] = {
     "NCCL_BUFFSIZE": "Simple protocol buffer per connection (default 4 MiB); also the NVLS "
-    "buffer of 2.17-2.22. Halving it saves about 4 MiB x channels x connections.",
+    "buffer of 2.17-2.22. A smaller one saves the difference per channel and connection, "
+    "at some bandwidth.",
     "NCCL_LL_BUFFSIZE": "LL protocol buffer per connection (default 512 KiB).",
     "NCCL_LL128_BUFFSIZE": "LL128 protocol buffer per connection (default 4,915,200 B; keep it "
     "120 x a power of two, NVIDIA/nccl#1739).",
