@@ -72,3 +72,18 @@ def test_compose_keeps_device0_apart_only_when_it_differs() -> None:
     assert plans[0].predicted_bytes == 100 + sum(t.bytes for t in terms)
     assert plans[0].basis["nccl_comm_base"] == "fitted"
     assert plans[0].basis["nccl_channel_buffers"] == "analytic"
+
+
+def test_a_workload_may_say_gpus() -> None:
+    from pathlib import Path
+
+    from memfit.core.workload import parse_workload
+
+    text = (
+        Path(__file__).resolve().parents[2] / "src/memfit/workloads/dqn_fire_raster.yaml"
+    ).read_text(encoding="utf-8")
+    block = "family: offpolicy\ngpus: {count: 4, strategy: ddp, topology: nvlink}"
+    wl = parse_workload(text.replace("family: offpolicy", block, 1))
+    assert (wl.devices.count, wl.devices.topology) == (4, "nvlink")
+    with pytest.raises(ConfigError, match="gpus.count"):
+        parse_workload(text.replace("family: offpolicy", "family: offpolicy\ngpus: {count: 0}", 1))

@@ -5,7 +5,14 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from memfit._checks import INT_LIMIT
@@ -496,7 +503,10 @@ class Workload(_Strict):
     backend: str | None = None
     measurements: BraxMeasurements | None = None
     simulator: SimulatorSpec | None = None
-    devices: DeviceSpec = Field(default_factory=DeviceSpec)
+    #: ``gpus:`` is the same block under another name (``gpus: {count: 8, topology: nvswitch}``).
+    devices: DeviceSpec = Field(
+        default_factory=DeviceSpec, validation_alias=AliasChoices("devices", "gpus")
+    )
     jax: JaxSettings = Field(default_factory=JaxSettings)
     ppo: PpoSpec | None = None
     replay: OffPolicySpec | None = None
