@@ -655,7 +655,8 @@ def _print_devices(workload: Workload, result: Any) -> None:
         f"[bold]{safe(workload.name)}[/] on [bold]{result.count} x {safe(result.gpu)}[/] "
         f"({result.topology}, {result.strategy}): {status_text}"
     )
-    console.print(f"  per-device knobs: {safe(_knob_text(result.base.knobs))}", soft_wrap=True)
+    scope = "global, split over the devices" if result.strategy == "pmap" else "per process"
+    console.print(f"  knobs ({scope}): {safe(_knob_text(result.base.knobs))}", soft_wrap=True)
     basis = {t.name: t.basis for t in result.terms}
     for dev in result.devices:
         which = (
