@@ -35,6 +35,7 @@ LAYERS: dict[str, int] = {
     "memfit.runtime": 7,
     "memfit.monitor": 8,
     "memfit.planning": 8,
+    "memfit.planning_devices": 8,
     "memfit.integrations": 9,
     "memfit.testing": 9,
     "memfit.jax": 9,

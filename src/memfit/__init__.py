@@ -36,6 +36,8 @@ _LAZY: dict[str, str] = {
     "Violation": "memfit.core.constraints",
     "plan": "memfit.planning",
     "Plan": "memfit.core.plan",
+    "plan_devices": "memfit.planning_devices",
+    "MultiPlan": "memfit.planning_devices",
     # runtime: allocator settings, guards
     "configure": "memfit.runtime.allocator_env",
     "autoconfig": "memfit.runtime.autoconfig",
@@ -82,6 +84,7 @@ __all__ = [
     "JaxEstimate",
     "Leak",
     "MemfitError",
+    "MultiPlan",
     "OutOfMemory",
     "Plan",
     "Recorder",
@@ -108,6 +111,7 @@ __all__ = [
     "measure_simulator",
     "parse_bytes",
     "plan",
+    "plan_devices",
     "simulate_gpu",
     "testing",
 ]
@@ -139,6 +143,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from memfit.monitor.explain import Explanation, explain
     from memfit.monitor.recorder import Leak, Recorder
     from memfit.planning import plan
+    from memfit.planning_devices import MultiPlan, plan_devices
     from memfit.runtime import cleanup
     from memfit.runtime.allocator_env import configure
     from memfit.runtime.autoconfig import AutoConfig, autoconfig

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
+from typing import Any
 
 import typer
 from rich.table import Table
@@ -38,6 +39,7 @@ from memfit.runtime.allocator_env import (
     installed_torch_version,
     jax_fraction_name,
 )
+from memfit.units import format_bytes
 
 #: The largest shell file ``env --check`` reads (a few lines of exports is the norm).
 MAX_SETTINGS_BYTES = 1 * 2**20
@@ -92,9 +94,14 @@ def env(
         raise ConfigError(
             f"unknown shell {shell!r}", key_path="--shell", hint="use " + ", ".join(SHELLS)
         )
+    from memfit.core.multi_gpu import parse_gpu_count
     from memfit.hardware.catalog import gpu as catalog_gpu
 
+    counted = parse_gpu_count(gpu) if gpu is not None else None
+    if counted is not None:
+        gpu = counted[1]
     spec = catalog_gpu(gpu) if gpu is not None else _this_card()
+    nccl_advice = _nccl_advice(spec, counted[0]) if counted is not None and spec else None
     fraction_name, fraction_why = jax_fraction_name()
     rec = recommend(
         profile,
@@ -135,6 +142,7 @@ def env(
                 "checked": checked,
                 "current": current,
                 "problems": [p.to_dict() for p in problems],
+                **({"nccl": nccl_advice} if nccl_advice is not None else {}),
             }
         )
     else:
@@ -149,6 +157,8 @@ def env(
         out_console.print(table)
         out_console.print(f"# paste into {shell}:")
         out_console.print(safe(script, newlines=True), soft_wrap=True)
+        if nccl_advice is not None:
+            _print_nccl_advice(nccl_advice)
         for note in rec.notes:
             err_console.print(f"note: {safe(note)}")
         if problems:
@@ -169,6 +179,50 @@ def env(
         )
         err_console.print(f"[bold]Hint:[/] {safe(first.hint or 'see the problems listed above')}")
         raise typer.Exit(1)
+
+
+def _nccl_advice(spec: GpuSpec, count: int) -> dict[str, Any]:
+    """NCCL's memory per rank on ``count`` of these cards, and what each setting that
+    shrinks it saves (for a tight card)."""
+    from memfit.core.multi_gpu import default_topology
+    from memfit.hardware.nccl import ENV_EFFECTS, nccl_memory, recommend_tight
+
+    topology = default_topology(spec, count)
+    geforce = "geforce" in spec.name.lower() and topology == "pcie"
+    kwargs: dict[str, Any] = {
+        "capability": spec.compute_capability,
+        "p2p": False if geforce else None,
+    }
+    base = nccl_memory(count, topology, **kwargs)
+    settings = []
+    for key, value in sorted(recommend_tight(base).items()):
+        alone = nccl_memory(count, topology, env={key: value}, **kwargs)
+        settings.append(
+            {
+                "variable": key,
+                "value": value,
+                "saves_bytes": base.total_bytes - alone.total_bytes,
+                "why": ENV_EFFECTS[key],
+            }
+        )
+    return {"count": count, "gpu": spec.name, "estimate": base.to_dict(), "settings": settings}
+
+
+def _print_nccl_advice(advice: dict[str, Any]) -> None:
+    est = advice["estimate"]
+    out_console.print(
+        f"# NCCL on {advice['count']} x {safe(advice['gpu'])} ({est['topology']}, "
+        f"{est['transport']}): about {format_bytes(est['total_bytes'])} per GPU; on a tight card:",
+        soft_wrap=True,
+    )
+    if not advice["settings"]:
+        out_console.print("# (nothing to trim: NCCL keeps no buffers on these GPUs)")
+    for item in advice["settings"]:
+        out_console.print(
+            f"export {item['variable']}={item['value']}  # saves "
+            f"{format_bytes(item['saves_bytes'])}: {safe(item['why'])}",
+            soft_wrap=True,
+        )
 
 
 def _this_card() -> GpuSpec | None:

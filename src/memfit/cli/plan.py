@@ -478,7 +478,9 @@ def _host_bytes(text: str | None) -> int | None:
 def _plan_command(
     workload: str = WORKLOAD_ARG,
     gpu: str | None = typer.Option(
-        None, "--gpu", help="GPU name (RTX 4070), size (12GiB), or local."
+        None,
+        "--gpu",
+        help="GPU name (RTX 4070), size (12GiB), local, or a count and a name (8xH100).",
     ),
     all_gpus: bool = typer.Option(False, "--all-gpus", help="Plan for the tier table of GPUs."),
     set_: list[str] = SET_OPTION,
@@ -560,6 +562,13 @@ def _plan_command(
     from memfit.planning import plan
 
     assert gpu is not None  # checked above
+    from memfit.core.multi_gpu import parse_gpu_count
+
+    if parse_gpu_count(gpu) is not None or loaded.devices.count > 1:
+        if write is not None:
+            raise typer.BadParameter("--write plans one GPU; drop it for several (8xH100)")
+        _plan_devices(loaded, gpu, overrides, fraction, measure, runtime, as_json)
+        return
     from memfit.hardware.catalog import reading_note
 
     reading = reading_note(gpu)
@@ -605,6 +614,97 @@ def _plan_command(
             hint = "drop some --set pins and let memfit choose"
         err_console.print(f"[bold]Hint:[/] {hint}")
         raise typer.Exit(1)
+
+
+def _plan_devices(
+    loaded: Workload,
+    gpu: str,
+    overrides: dict[str, int],
+    fraction: float,
+    measure: str,
+    runtime: str | None,
+    as_json: bool,
+) -> None:
+    """Several GPUs: a plan per device, the collective terms named with their basis."""
+    from memfit.planning_devices import plan_devices
+
+    with (
+        status(f"planning {loaded.name} for {gpu}", quiet=as_json) as say,
+        _factory_code(loaded),
+    ):
+        result = plan_devices(
+            loaded, gpu, overrides, fraction, measure=measure, runtime=runtime, progress=say
+        )
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        _print_devices(loaded, result)
+    if not result.fits:
+        err_console.print(
+            f"[bold red]Error:[/] {safe(loaded.name)} does not fit {result.count} x "
+            f"{safe(result.gpu)} (limited by {safe(str(result.base.binding))})"
+        )
+        err_console.print("[bold]Hint:[/] set the NCCL variables the notes name, or use more GPUs")
+        raise typer.Exit(1)
+
+
+def _print_devices(workload: Workload, result: Any) -> None:
+    console = out_console
+    status_text = "[green]fits[/]" if result.fits else "[bold red]does not fit[/]"
+    console.print(
+        f"[bold]{safe(workload.name)}[/] on [bold]{result.count} x {safe(result.gpu)}[/] "
+        f"({result.topology}, {result.strategy}): {status_text}"
+    )
+    scope = "global, split over the devices" if result.strategy == "pmap" else "per process"
+    console.print(f"  knobs ({scope}): {safe(_knob_text(result.base.knobs))}", soft_wrap=True)
+    basis = {t.name: t.basis for t in result.terms}
+    for dev in result.devices:
+        which = (
+            f"device {dev.devices[0]}"
+            if len(dev.devices) == 1
+            else f"devices {dev.devices[0]}-{dev.devices[-1]}"
+        )
+        console.print(
+            f"  {which}: predicted peak {format_bytes(dev.predicted_bytes)} of a "
+            f"{format_bytes(dev.budget_bytes)} budget",
+            soft_wrap=True,
+        )
+    table = Table(title="Per device, term by term", title_justify="left")
+    table.add_column("term")
+    table.add_column("basis")
+    for dev in result.devices:
+        table.add_column(
+            "device 0"
+            if dev.devices == [0]
+            else f"devices {dev.devices[0]}-{dev.devices[-1]}"
+            if len(dev.devices) > 1
+            else f"device {dev.devices[0]}",
+            justify="right",
+        )
+    names = list(result.devices[0].breakdown)
+    for dev in result.devices[1:]:
+        names.extend(n for n in dev.breakdown if n not in names)
+    for name in names:
+        table.add_row(
+            safe(name),
+            basis.get(name, "per-device plan"),
+            *[
+                format_bytes(d.breakdown[name]) if name in d.breakdown else "-"
+                for d in result.devices
+            ],
+        )
+    table.add_row(
+        "[bold]total[/]",
+        "",
+        *[f"[bold]{format_bytes(d.predicted_bytes)}[/]" for d in result.devices],
+    )
+    console.print(table)
+    for term in result.terms:
+        console.print(f"  {safe(term.name)} ({term.basis}): {safe(term.detail)}", soft_wrap=True)
+    for key, value in result.environment.items():
+        console.print(f"  run with {safe(key)}={safe(value)}", soft_wrap=True)
+    for note in result.notes:
+        console.print(f"  note: {safe(note)}", soft_wrap=True)
 
 
 _FRAMEWORKS = {"brax_ppo": "Brax PPO", "rl_games": "rl_games", "cleanrl": "CleanRL"}

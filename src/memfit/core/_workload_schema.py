@@ -5,7 +5,15 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from memfit._checks import too_large_int
@@ -293,6 +301,24 @@ class DeviceSpec(_Strict):
 
     count: int = Field(default=1, ge=1, le=MAX_DEVICES)
     strategy: Literal["single", "ddp", "fsdp", "pmap"] = "single"
+    #: How the GPUs are linked (``None``: as the card is usually built, see
+    #: :func:`memfit.core.multi_gpu.default_topology`).
+    topology: Literal["pcie", "nvlink", "nvswitch"] | None = None
+    #: NCCL's version (``"2.21.5"``; ``None``: memfit's default).
+    nccl: str | None = Field(default=None, pattern=r"^\d+\.\d+(\.\d+)?$")
+    #: The job's ``NCCL_*`` variables (``NCCL_BUFFSIZE``, ``NCCL_NVLS_ENABLE``, ...).
+    nccl_env: dict[str, str] = Field(default_factory=dict)
+    #: DDP: gradients are views into its buckets (no second copy).
+    gradient_as_bucket_view: bool = False
+    #: DDP: bucket size in MiB (its default 25): the count of buckets, not their total.
+    bucket_cap_mb: int = Field(default=25, ge=1, le=1 << 20)
+    #: FSDP: what is sharded (``full_shard``, ``shard_grad_op``, ``hybrid_shard``, ``no_shard``).
+    fsdp_sharding: Literal["full_shard", "shard_grad_op", "hybrid_shard", "no_shard"] = "full_shard"
+    #: Every process calls ``torch.cuda.set_device(local_rank)`` before touching CUDA (else
+    #: each leaves a CUDA context on device 0).
+    set_device: bool = True
+    #: The job calls send/recv or all-to-all (NCCL connects every peer).
+    all_to_all: bool = False
 
     @model_validator(mode="after")
     def _single(self) -> DeviceSpec:
@@ -474,7 +500,10 @@ class Workload(_Strict):
     backend: str | None = None
     measurements: BraxMeasurements | None = None
     simulator: SimulatorSpec | None = None
-    devices: DeviceSpec = Field(default_factory=DeviceSpec)
+    #: ``gpus:`` is the same block under another name (``gpus: {count: 8, topology: nvswitch}``).
+    devices: DeviceSpec = Field(
+        default_factory=DeviceSpec, validation_alias=AliasChoices("devices", "gpus")
+    )
     jax: JaxSettings = Field(default_factory=JaxSettings)
     ppo: PpoSpec | None = None
     replay: OffPolicySpec | None = None

@@ -1,7 +1,8 @@
 """Version and capability rules as data: what a torch, CUDA, cuDNN or jaxlib release changes.
 
 Each backend has one table, a JSON file beside this module (``rules_torch.json`` for torch
-and the CUDA libraries it bundles, ``rules_jaxlib.json`` for jaxlib's XLA), read on first use
+and the CUDA libraries it bundles, ``rules_jaxlib.json`` for jaxlib's XLA, ``rules_nccl.json``
+for NCCL's device memory), read on first use
 as the GPU catalog is. A row says what one rule is under some conditions, and where that was
 read::
 
@@ -10,7 +11,7 @@ read::
 
 * ``rule``: the name the code asks for; ``value``: any JSON value;
 * conditions, all of which must hold: a version key (``torch``, ``cuda``, ``cudnn``,
-  ``jaxlib``) or ``capability`` with clauses separated by commas, each an operator and a
+  ``jaxlib``, ``nccl``) or ``capability`` with clauses separated by commas, each an operator and a
   version (``">=2.2, <2.11"``) or ``"in 9.0 9.3 10.0"``; a version compares by its leading
   parts (``2.11`` against ``(2, 11)``, ``0.9.2`` against ``(0, 9, 2)``);
 * ``source``: where the rule was read (required).
@@ -37,9 +38,9 @@ from memfit.errors import ConfigError
 __all__ = ["FACTS", "TABLES", "Row", "rows", "rule"]
 
 #: The tables, by backend.
-TABLES = ("torch", "jaxlib")
+TABLES = ("torch", "jaxlib", "nccl")
 #: The facts a row may test.
-FACTS = ("torch", "cuda", "cudnn", "jaxlib", "capability")
+FACTS = ("torch", "cuda", "cudnn", "jaxlib", "nccl", "capability")
 
 _OPS: dict[str, Callable[[Any, Any], bool]] = {
     ">=": operator.ge,
@@ -138,9 +139,10 @@ def rule(table: str, name: str, **facts: tuple[int, ...] | None) -> Any:
     """The value of rule ``name`` of ``table`` for the given facts.
 
     Args:
-        table: ``"torch"`` or ``"jaxlib"``.
+        table: ``"torch"``, ``"jaxlib"`` or ``"nccl"``.
         name: The rule.
         **facts: ``torch=(2, 5)``, ``cuda=(12, 4)``, ``cudnn=(9, 1)``, ``jaxlib=(0, 9, 2)``,
+            ``nccl=(2, 21)``,
             ``capability=(9, 0)``; ``None`` for one that is unknown.
 
     Returns:

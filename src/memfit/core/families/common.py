@@ -45,6 +45,8 @@ __all__ = [
     "camera_hw",
     "conv_shapes",
     "conv_weight_counts",
+    "ddp_terms",
+    "fsdp_terms",
     "network_input",
     "network_output_width",
     "network_param_counts",
@@ -64,6 +66,8 @@ MODEL_TERMS = frozenset(
         "optimizer_state",
         "activations",
         "ddp_gradient_buckets",
+        "fsdp_all_gather",
+        "fsdp_reduce_scatter",
         "target_network",
     }
 )
@@ -319,12 +323,17 @@ def parameter_terms(
     for net in workload.networks.values():
         counts = network_param_counts(workload, net, values)
         (target if net.target else trained).extend(counts)
-    shard = workload.devices.count if workload.devices.strategy == "fsdp" else 1
+    dev = workload.devices
+    fsdp = dev.strategy == "fsdp" and dev.fsdp_sharding != "no_shard"
+    shard = dev.count if fsdp else 1
+    # shard_grad_op and hybrid_shard keep what full_shard shards: hybrid shards within one
+    # node only (taken as all devices here), shard_grad_op keeps parameters whole
+    param_shard = 1 if dev.fsdp_sharding == "shard_grad_op" else shard
 
-    def sized(counts: Sequence[int], nbytes: int) -> tuple[int, ...]:
-        return tuple(-(-n // shard) * nbytes for n in counts)
+    def sized(counts: Sequence[int], nbytes: int, by: int = shard) -> tuple[int, ...]:
+        return tuple(-(-n // by) * nbytes for n in counts)
 
-    terms = [Term("parameters", sized(trained, pb))]
+    terms = [Term("parameters", sized(trained, pb, param_shard))]
     if workload.precision == "amp" or (workload.vision is not None and workload.vision.autocast):
         terms.append(Term("parameters_amp_copy", tuple(n * 2 for n in trained)))
     if target:
@@ -335,9 +344,42 @@ def parameter_terms(
     states = optimizer_state_count(workload)
     if states:
         terms.append(Term("optimizer_state", sized(trained, pb) * states))
-    if workload.devices.strategy == "ddp":
-        terms.append(Term("ddp_gradient_buckets", (sum(trained) * pb,)))
+    if dev.strategy == "ddp" or (dev.strategy == "fsdp" and dev.fsdp_sharding == "no_shard"):
+        terms.extend(ddp_terms(sum(trained) * pb, dev.gradient_as_bucket_view))
+    elif fsdp and trained:
+        terms.extend(fsdp_terms(trained, pb, dev.fsdp_sharding))
     return terms
+
+
+def ddp_terms(grad_bytes: int, gradient_as_bucket_view: bool) -> list[Term]:
+    """DDP's gradient buckets: flat tensors as large as all gradients together, however
+    ``bucket_cap_mb`` splits them (torch/csrc/distributed/c10d/reducer.cpp); none beside the
+    gradients with ``gradient_as_bucket_view=True`` (the gradients are views into them).
+    ``static_graph`` changes no memory.
+
+    >>> [t.name for t in ddp_terms(1000, False)], ddp_terms(1000, True)
+    (['ddp_gradient_buckets'], [])
+    """
+    return [] if gradient_as_bucket_view else [Term("ddp_gradient_buckets", (grad_bytes,))]
+
+
+def fsdp_terms(unit_counts: Sequence[int], nbytes: int, sharding: str) -> list[Term]:
+    """FSDP's gathered buffers: the largest unit's parameters unsharded for the all-gather,
+    twice with ``full_shard``/``hybrid_shard`` (the unit running and the next prefetched,
+    ``forward_prefetch``/``backward_prefetch`` defaults), and its gradient unsharded for the
+    reduce-scatter (torch/distributed/fsdp/_flat_param.py; FSDP2's
+    ``fully_shard`` allocates the same all-gather and reduce-scatter outputs). A unit here is a
+    layer of the network, as an auto-wrap policy per layer makes it.
+
+    >>> [(t.name, t.tensors) for t in fsdp_terms([10, 30], 4, "full_shard")]
+    [('fsdp_all_gather', (120, 120)), ('fsdp_reduce_scatter', (120,))]
+    """
+    unit = max(unit_counts) * nbytes
+    gathers = 1 if sharding == "shard_grad_op" else 2
+    return [
+        Term("fsdp_all_gather", (unit,) * gathers),
+        Term("fsdp_reduce_scatter", (unit,)),
+    ]
 
 
 def allocator_slack(framework: str, tensors: Sequence[int]) -> int:

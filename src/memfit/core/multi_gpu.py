@@ -1,0 +1,252 @@
+"""What a job on several GPUs adds to each device, and to device 0: pure formulas.
+
+A job on ``N`` GPUs holds, per device, what one device holds with its share of the work (the
+family terms, with ``devices.strategy`` sharding or splitting them: DDP's gradient buckets,
+FSDP's shards and gathered buffers, pmap's share of the environments), plus memory outside
+the framework's allocator that only a multi-GPU job has:
+
+* NCCL's communicator on every device (:func:`memfit.hardware.nccl.nccl_memory`): channel
+  buffers, NVLS on NVSwitch systems, point-to-point buffers;
+* on device 0 only: a CUDA context for each other process that touches CUDA before calling
+  ``torch.cuda.set_device(local_rank)`` (pytorch/pytorch#49481: 871 MiB per other process
+  on device 0; pytorch/examples#1142 adds the call), and for JAX, arrays a single-controller
+  program leaves on its default device (the unreplicated training state Brax builds before
+  ``jax.device_put_replicated``).
+
+:func:`device_terms` gives those terms with their basis; :func:`compose` adds them to a
+single-device plan's breakdown, device by device.
+
+>>> parse_gpu_count("8xH100")
+(8, 'H100')
+>>> parse_gpu_count("RTX 4090") is None
+True
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from memfit._checks import parse_int
+from memfit.errors import ConfigError
+from memfit.hardware.catalog import GpuSpec
+from memfit.hardware.nccl import NcclEstimate, nccl_memory
+
+__all__ = [
+    "DevicePlan",
+    "DeviceTerm",
+    "compose",
+    "default_topology",
+    "device_terms",
+    "parse_gpu_count",
+]
+
+_COUNT_RE = re.compile(r"^\s*(\d{1,4})\s*[xX\u00d7]\s*(\S.*)$")
+#: The most GPUs a plan takes (one NCCL communicator of up to this many ranks).
+MAX_COUNT = 4096
+
+
+def parse_gpu_count(text: str) -> tuple[int, str] | None:
+    """``"8xH100"`` -> ``(8, "H100")``; ``None`` for a GPU without a count.
+
+    Raises:
+        ConfigError: For a count of 0 or more than 4096.
+    """
+    match = _COUNT_RE.match(text)
+    if match is None:
+        return None
+    count = parse_int("--gpu", match.group(1), lo=1, hi=MAX_COUNT, hint="write 8xH100")
+    return count, match.group(2).strip()
+
+
+def default_topology(spec: GpuSpec, count: int) -> str:
+    """How ``count`` of these cards are usually linked: SXM data-centre cards (A100, H100,
+    H200, B200 SXM) sit on an NVSwitch baseboard when more than 2 (``nvlink`` for 2, a direct
+    link); PCIe and GeForce cards on PCIe. Give ``devices.topology`` for another machine.
+
+    >>> from memfit.hardware.catalog import gpu
+    >>> default_topology(gpu("H100"), 8), default_topology(gpu("RTX 4090"), 4)
+    ('nvswitch', 'pcie')
+    """
+    name = spec.name.lower()
+    sxm = any(word in name for word in ("a100", "h100", "h200", "h800", "b200", "b100"))
+    sxm = sxm and not any(word in name for word in ("pcie", " nvl"))
+    if not sxm:
+        return "pcie"
+    return "nvswitch" if count > 2 else "nvlink"
+
+
+@dataclass(frozen=True)
+class DeviceTerm:
+    """A term a multi-GPU job adds to a device.
+
+    Attributes:
+        name: The term's name in the breakdown.
+        bytes: Bytes on that device.
+        basis: ``analytic``, ``fitted`` or ``assumed``.
+        detail: How it was sized.
+        source: Where its rules come from.
+        device0_only: Only on device 0.
+    """
+
+    name: str
+    bytes: int
+    basis: str
+    detail: str
+    source: str
+    device0_only: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data."""
+        return {
+            "name": self.name,
+            "bytes": self.bytes,
+            "basis": self.basis,
+            "detail": self.detail,
+            "source": self.source,
+            "device0_only": self.device0_only,
+        }
+
+
+def device_terms(
+    spec: GpuSpec,
+    count: int,
+    *,
+    framework: str,
+    strategy: str,
+    topology: str | None = None,
+    nccl: str | None = None,
+    nccl_env: Mapping[str, str] | None = None,
+    set_device: bool = True,
+    all_to_all: bool = False,
+    context_bytes: int = 0,
+    device0_state_bytes: int = 0,
+) -> tuple[list[DeviceTerm], NcclEstimate | None]:
+    """The terms ``count`` devices add beyond a single device's plan.
+
+    Args:
+        spec: The card.
+        count: How many.
+        framework: ``torch`` or ``jax``.
+        strategy: ``devices.strategy`` (``ddp``, ``fsdp``, ``pmap``, ``single``).
+        topology: ``pcie``, ``nvlink`` or ``nvswitch`` (default :func:`default_topology`).
+        nccl: NCCL's version.
+        nccl_env: The job's ``NCCL_*`` variables.
+        set_device: Every torch process selects its device before touching CUDA.
+        all_to_all: The job calls send/recv or all-to-all.
+        context_bytes: One CUDA context on this card (for the stray contexts on device 0).
+        device0_state_bytes: For JAX: the state a single-controller program builds on its
+            default device before replicating it.
+
+    Returns:
+        The terms, and NCCL's estimate (``None`` for one device).
+
+    Raises:
+        ConfigError: For an unknown topology or a bad NCCL setting.
+    """
+    if count <= 1:
+        return [], None
+    topo = topology or default_topology(spec, count)
+    geforce = "geforce" in spec.name.lower()
+    est = nccl_memory(
+        count,
+        topo,
+        nccl=nccl,
+        capability=spec.compute_capability,
+        p2p=False if (geforce and topo == "pcie") else None,
+        all_to_all=all_to_all,
+        env=nccl_env,
+    )
+    terms = [DeviceTerm(t.name, t.bytes, t.basis, t.detail, t.source) for t in est.terms]
+    if framework == "torch" and not set_device:
+        terms.append(
+            DeviceTerm(
+                "stray_cuda_contexts",
+                (count - 1) * context_bytes,
+                "analytic",
+                f"{count - 1} other processes x one CUDA context each on device 0",
+                "pytorch/pytorch#49481 (871 MiB per other process on GPU 0), "
+                "pytorch/examples#1142 (call torch.cuda.set_device(local_rank) first)",
+                device0_only=True,
+            )
+        )
+    if framework == "jax" and device0_state_bytes > 0:
+        terms.append(
+            DeviceTerm(
+                "device0_unreplicated_state",
+                device0_state_bytes,
+                "analytic",
+                "the training state built on the default device before it is replicated",
+                "brax/training/agents/ppo/train.py (training_state on jax.devices()[0], then "
+                "jax.device_put_replicated)",
+                device0_only=True,
+            )
+        )
+    if topo not in ("pcie", "nvlink", "nvswitch"):
+        raise ConfigError(f"unknown topology {topo!r}", key_path="devices.topology")
+    return terms, est
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """One device (or a group of identical devices) of a multi-GPU plan.
+
+    Attributes:
+        devices: Which devices (``[0]`` or ``[1, 2, ..., 7]``).
+        predicted_bytes: Their predicted peak footprint each.
+        budget_bytes: What each may use.
+        breakdown: Term -> bytes, summing to ``predicted_bytes``.
+        basis: Term -> basis for the multi-GPU terms.
+    """
+
+    devices: list[int]
+    predicted_bytes: int
+    budget_bytes: int
+    breakdown: dict[str, int]
+    basis: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def fits(self) -> bool:
+        """Whether the footprint is within the budget."""
+        return self.predicted_bytes <= self.budget_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data."""
+        return {
+            "devices": list(self.devices),
+            "predicted_bytes": self.predicted_bytes,
+            "budget_bytes": self.budget_bytes,
+            "fits": self.fits,
+            "breakdown": dict(self.breakdown),
+            "basis": dict(self.basis),
+        }
+
+
+def compose(
+    count: int, breakdown: Mapping[str, int], budget_bytes: int, terms: list[DeviceTerm]
+) -> list[DevicePlan]:
+    """Per-device plans: the single-device breakdown plus the multi-GPU terms; device 0 on
+    its own when it holds more.
+
+    >>> t = [DeviceTerm("nccl_comm_base", 10, "fitted", "", ""),
+    ...      DeviceTerm("stray_cuda_contexts", 5, "analytic", "", "", device0_only=True)]
+    >>> [(p.devices, p.predicted_bytes) for p in compose(4, {"x": 100}, 200, t)]
+    [([0], 115), ([1, 2, 3], 110)]
+    """
+    count = parse_int("count", count, lo=1)
+    every = {t.name: t.bytes for t in terms if not t.device0_only}
+    only0 = {t.name: t.bytes for t in terms if t.device0_only}
+    basis = {t.name: t.basis for t in terms}
+
+    def one(devices: list[int], extra: Mapping[str, int]) -> DevicePlan:
+        merged = dict(breakdown)
+        for name, nbytes in extra.items():
+            merged[name] = merged.get(name, 0) + nbytes
+        shown = {k: v for k, v in basis.items() if k in extra}
+        return DevicePlan(devices, sum(merged.values()), budget_bytes, merged, shown)
+
+    if not any(only0.values()) or count == 1:
+        return [one(list(range(count)), every)]
+    return [one([0], {**every, **only0}), one(list(range(1, count)), every)]

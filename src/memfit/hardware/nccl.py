@@ -1,0 +1,426 @@
+"""NCCL's device memory per rank: channel buffers, NVLS, point-to-point, by topology and version.
+
+A communicator holds, on every GPU it spans (NVIDIA/nccl ``src/init.cc``,
+``src/transport/p2p.cc``, ``src/transport/nvls.cc``):
+
+* **channel buffers** (``nccl_channel_buffers``): each collective channel connects a rank to
+  its ring neighbours and, with more than two ranks, to both neighbours of its tree (a chain
+  inside one node). Each receiving connection holds one buffer per protocol: LL
+  (``NCCL_LL_BUFFSIZE``, default 8 lines x 512 threads x 8 steps x 16 B = 512 KiB), LL128
+  (``NCCL_LL128_BUFFSIZE``, default 120 x 640 x 8 x 8 B = 4,915,200 B) and Simple
+  (``NCCL_BUFFSIZE``, default 4 MiB), rounded up to whole 2 MiB granules (NVIDIA/nccl#1685
+  sees 10485760-byte allocations); each sending connection one 2 MiB granule of state under
+  cuMem (2.19 on). Over P2P (PCIe or NVLink) and NET with GPUDirect the buffers are in
+  device memory; over SHM (``NCCL_P2P_DISABLE=1``, or GeForce cards, whose driver refuses
+  peer access over PCIe) they are in host memory.
+* **NVLS** (``nccl_nvls``): on NVSwitch systems of Hopper and newer, the multicast buffers of
+  NVLink SHARP: ``channels x 2 x buffer x local ranks``, where buffer is ``NCCL_BUFFSIZE + 2
+  MiB`` (2.17 to 2.22) or ``NCCL_NVLS_CHUNKSIZE x 8`` steps (later), rounded up to the
+  multicast granularity.
+* **point-to-point** (``nccl_p2p_buffers``): send/recv and all-to-all connect every peer over
+  its own channels, lazily, at the first such call.
+* **the communicator's base** (``nccl_comm_base``): what a communicator holds besides its
+  buffers (device structures, work queues, proxy state). Its figure is fitted on the
+  calibration part of ``tests/data/published_truth/multi_gpu/readings.yaml``, not derived.
+
+Every figure that depends on a version is a row of ``rules_nccl.json`` with its source.
+
+>>> est = nccl_memory(8, "nvswitch", capability=(9, 0), nccl=(2, 21))
+>>> [t.name for t in est.terms]
+['nccl_channel_buffers', 'nccl_nvls', 'nccl_comm_base']
+>>> nccl_memory(4, "pcie", p2p=False).terms[0].bytes
+0
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from memfit._checks import parse_int
+from memfit.errors import ConfigError
+from memfit.hardware.rules import rule
+from memfit.units import MiB
+
+__all__ = [
+    "COMM_BASE_BYTES",
+    "ENV_EFFECTS",
+    "GRANULE",
+    "NCCL_DEFAULT_VERSION",
+    "TOPOLOGIES",
+    "NcclEstimate",
+    "NcclSettings",
+    "NcclTerm",
+    "nccl_memory",
+    "parse_nccl_version",
+    "recommend_tight",
+]
+
+#: The topologies one node's GPUs can have.
+TOPOLOGIES = ("pcie", "nvlink", "nvswitch")
+#: The NCCL version assumed where none is given (torch 2.5 to 2.7's wheels).
+NCCL_DEFAULT_VERSION = (2, 21)
+#: The device-memory granule of cuMem allocations (and of the driver's large pages).
+GRANULE = 2 * MiB
+#: Default LL buffer: NCCL_LL_LINES_PER_THREAD x NCCL_LL_MAX_NTHREADS x NCCL_STEPS x 16 B.
+LL_BYTES = 8 * 512 * 8 * 16
+#: Default LL128 buffer: NCCL_LL128_ELEMS_PER_THREAD x NCCL_LL128_MAX_NTHREADS x NCCL_STEPS x 8 B.
+LL128_BYTES = 120 * 640 * 8 * 8
+#: Default Simple buffer (DEFAULT_BUFFSIZE, 4 MiB).
+SIMPLE_BYTES = 4 * MiB
+#: NVLS_MEM_ALIGN_SIZE: the per-buffer extra of the 2.17-2.22 NVLS layout.
+NVLS_ALIGN_BYTES = 2 * MiB
+#: NCCL_NVLS_CHUNKSIZE's default (128 KiB) in the later NVLS layout.
+NVLS_CHUNK_BYTES = 128 * 1024
+#: NCCL_STEPS.
+STEPS = 8
+#: What a communicator holds besides its buffers, per rank: fitted on the calibration part of
+#: tests/data/published_truth/multi_gpu/readings.yaml (NVIDIA/nccl#964: a 2-rank communicator
+#: on 4 x A100 NVLink takes 544 MB, of which 16 channels x 10 MiB are buffers; cudaMalloc, no
+#: send granule before 2.19).
+COMM_BASE_BYTES = 384 * MiB
+_COMM_BASE_SOURCE = (
+    "fitted on the calibration readings (NVIDIA/nccl#964: 544 MB per 2-rank communicator on "
+    "4 x A100 NVLink, less its 16 channels of buffers); NCCL's source does not itemise it"
+)
+
+#: Every NCCL variable the model reads, and what it changes.
+ENV_EFFECTS: dict[str, str] = {
+    "NCCL_BUFFSIZE": "Simple protocol buffer per connection (default 4 MiB); also the NVLS "
+    "buffer of 2.17-2.22. A smaller one saves the difference per channel and connection, "
+    "at some bandwidth.",
+    "NCCL_LL_BUFFSIZE": "LL protocol buffer per connection (default 512 KiB).",
+    "NCCL_LL128_BUFFSIZE": "LL128 protocol buffer per connection (default 4,915,200 B; keep it "
+    "120 x a power of two, NVIDIA/nccl#1739).",
+    "NCCL_MAX_NCHANNELS": "caps the collective (and point-to-point) channels: buffers scale "
+    "linearly with them (sjeaugey in NVIDIA/nccl#986).",
+    "NCCL_MIN_NCHANNELS": "raises the collective channel count to at least this.",
+    "NCCL_NVLS_ENABLE": "0 turns NVLink SHARP off: no multicast buffers (NeMo-Framework-Launcher "
+    "sets it for memory).",
+    "NCCL_NVLS_NCHANNELS": "NVLS channels (default 16; 24 in 2.21-2.22 on H200).",
+    "NCCL_NVLS_CHUNKSIZE": "NVLS step size of the later layout (default 128 KiB).",
+    "NCCL_P2P_DISABLE": "1 sends intra-node traffic through host shared memory (SHM): the "
+    "buffers leave the GPU, bandwidth drops.",
+    "NCCL_SHM_DISABLE": "1 with P2P unavailable falls back to the network transport (sockets): "
+    "buffers in host memory.",
+    "NCCL_CUMEM_ENABLE": "1 (default from 2.19) makes each send connection a 2 MiB granule.",
+}
+
+
+def parse_nccl_version(text: str | tuple[int, ...] | None) -> tuple[int, ...]:
+    """An NCCL version from ``"2.21.5"``, ``(2, 21, 5)`` or ``None`` (the default).
+
+    Raises:
+        ConfigError: When the text is not a version.
+
+    >>> parse_nccl_version("2.19.3")
+    (2, 19, 3)
+    """
+    if text is None:
+        return NCCL_DEFAULT_VERSION
+    if isinstance(text, tuple):
+        return tuple(parse_int("nccl", p, lo=0) for p in text)
+    parts = str(text).strip().split("+")[0].split(".")
+    if len(parts) < 2:
+        raise ConfigError(
+            f"not an NCCL version: {text!r}", key_path="nccl", hint="write it as 2.21 or 2.21.5"
+        )
+    return tuple(parse_int("nccl", p, lo=0, hint="write it as 2.21 or 2.21.5") for p in parts)
+
+
+@dataclass(frozen=True)
+class NcclSettings:
+    """The NCCL variables that change its device memory (``None``: NCCL's default)."""
+
+    buffsize: int | None = None
+    ll_buffsize: int | None = None
+    ll128_buffsize: int | None = None
+    max_nchannels: int | None = None
+    min_nchannels: int | None = None
+    nvls_enable: bool | None = None
+    nvls_nchannels: int | None = None
+    nvls_chunksize: int | None = None
+    p2p_disable: bool = False
+    shm_disable: bool = False
+    cumem_enable: bool | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None) -> NcclSettings:
+        """Read the ``NCCL_*`` variables of :data:`ENV_EFFECTS` from an environment.
+
+        Raises:
+            ConfigError: For a value that is not a whole number (naming the variable).
+
+        >>> NcclSettings.from_env({"NCCL_BUFFSIZE": "2097152", "NCCL_NVLS_ENABLE": "0"}).buffsize
+        2097152
+        """
+        env = env or {}
+
+        def num(name: str, lo: int = 0) -> int | None:
+            value = env.get(name)
+            return None if value is None else parse_int(name, value, lo=lo)
+
+        def flag(name: str) -> bool | None:
+            value = num(name)
+            return None if value is None else value != 0
+
+        return cls(
+            buffsize=num("NCCL_BUFFSIZE", 1),
+            ll_buffsize=num("NCCL_LL_BUFFSIZE", 1),
+            ll128_buffsize=num("NCCL_LL128_BUFFSIZE", 1),
+            max_nchannels=num("NCCL_MAX_NCHANNELS", 1),
+            min_nchannels=num("NCCL_MIN_NCHANNELS", 1),
+            nvls_enable=flag("NCCL_NVLS_ENABLE"),
+            nvls_nchannels=num("NCCL_NVLS_NCHANNELS", 1),
+            nvls_chunksize=num("NCCL_NVLS_CHUNKSIZE", 1),
+            p2p_disable=bool(flag("NCCL_P2P_DISABLE")),
+            shm_disable=bool(flag("NCCL_SHM_DISABLE")),
+            cumem_enable=flag("NCCL_CUMEM_ENABLE"),
+        )
+
+
+@dataclass(frozen=True)
+class NcclTerm:
+    """One part of a communicator's device memory on one rank.
+
+    Attributes:
+        name: ``nccl_channel_buffers``, ``nccl_nvls``, ``nccl_p2p_buffers`` or
+            ``nccl_comm_base``.
+        bytes: Device bytes per rank.
+        basis: ``"analytic"`` (from NCCL's source) or ``"fitted"``.
+        detail: How the figure was made (counts and sizes).
+        source: Where the figure's rules were read.
+    """
+
+    name: str
+    bytes: int
+    basis: str
+    detail: str
+    source: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data."""
+        return {
+            "name": self.name,
+            "bytes": self.bytes,
+            "basis": self.basis,
+            "detail": self.detail,
+            "source": self.source,
+        }
+
+
+@dataclass(frozen=True)
+class NcclEstimate:
+    """NCCL's device memory per rank for one communicator.
+
+    Attributes:
+        ranks: Ranks in the communicator.
+        topology: ``pcie``, ``nvlink`` or ``nvswitch``.
+        nccl: The NCCL version assumed.
+        transport: ``P2P``, ``SHM`` or ``NET`` (within the node).
+        channels: Collective channels.
+        terms: The parts, each with its basis.
+        notes: What a reader needs to know (settings that changed the figure).
+    """
+
+    ranks: int
+    topology: str
+    nccl: tuple[int, ...]
+    transport: str
+    channels: int
+    terms: tuple[NcclTerm, ...]
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def total_bytes(self) -> int:
+        """Sum of the terms."""
+        return sum(t.bytes for t in self.terms)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data."""
+        return {
+            "ranks": self.ranks,
+            "topology": self.topology,
+            "nccl": ".".join(str(p) for p in self.nccl),
+            "transport": self.transport,
+            "channels": self.channels,
+            "total_bytes": self.total_bytes,
+            "terms": [t.to_dict() for t in self.terms],
+            "notes": list(self.notes),
+        }
+
+
+def _round_up(n: int, granule: int) -> int:
+    return -(-n // granule) * granule
+
+
+def _transport(topology: str, p2p: bool | None, settings: NcclSettings) -> str:
+    if settings.p2p_disable or (p2p is False and topology == "pcie"):
+        return "NET" if settings.shm_disable else "SHM"
+    return "P2P"
+
+
+def nccl_memory(
+    ranks: int,
+    topology: str,
+    *,
+    nccl: str | tuple[int, ...] | None = None,
+    capability: tuple[int, int] | None = None,
+    local_ranks: int | None = None,
+    p2p: bool | None = None,
+    all_to_all: bool = False,
+    env: Mapping[str, str] | None = None,
+) -> NcclEstimate:
+    """NCCL's device memory per rank for one communicator of ``ranks`` GPUs.
+
+    Args:
+        ranks: GPUs in the communicator (2 or more; 1 gives no terms).
+        topology: How the node's GPUs are linked: ``"pcie"``, ``"nvlink"`` (direct links or
+            bridges) or ``"nvswitch"``.
+        nccl: NCCL's version (``"2.21.5"``); default :data:`NCCL_DEFAULT_VERSION`.
+        capability: The GPU's compute capability (NVLS needs 9.0 or newer).
+        local_ranks: Ranks on this node (default: all).
+        p2p: Whether the GPUs may access each other's memory; ``False`` for GeForce cards over
+            PCIe (their driver refuses it), ``None``: yes.
+        all_to_all: The job calls send/recv or all-to-all (point-to-point buffers per peer).
+        env: The job's environment (its ``NCCL_*`` variables, :data:`ENV_EFFECTS`).
+
+    Returns:
+        The estimate, its terms per rank.
+
+    Raises:
+        ConfigError: For an unknown topology, fewer than 1 rank, or a bad NCCL variable.
+    """
+    ranks = parse_int("ranks", ranks, lo=1, hint="the number of GPUs")
+    if topology not in TOPOLOGIES:
+        raise ConfigError(
+            f"unknown topology {topology!r}", key_path="topology", hint=f"one of {TOPOLOGIES}"
+        )
+    version = parse_nccl_version(nccl)
+    settings = NcclSettings.from_env(env)
+    local = ranks if local_ranks is None else parse_int("local_ranks", local_ranks, lo=1)
+    transport = _transport(topology, p2p, settings)
+    notes: list[str] = []
+    if ranks == 1:
+        return NcclEstimate(ranks, topology, version, transport, 0, (), ())
+
+    if topology == "pcie":
+        channels = int(rule("nccl", "channels.pcie", nccl=version, capability=capability))
+    elif topology == "nvlink":
+        channels = int(rule("nccl", "channels.nvlink", nccl=version, capability=capability))
+    else:
+        channels = int(rule("nccl", "channels.nvswitch", nccl=version, capability=capability))
+    if settings.min_nchannels is not None and channels < settings.min_nchannels:
+        channels = settings.min_nchannels
+        notes.append(f"NCCL_MIN_NCHANNELS raises the channels to {channels}")
+    if settings.max_nchannels is not None and channels > settings.max_nchannels:
+        channels = settings.max_nchannels
+        notes.append(f"NCCL_MAX_NCHANNELS caps the channels at {channels}")
+
+    cumem = settings.cumem_enable
+    if cumem is None:
+        cumem = bool(rule("nccl", "cumem.default", nccl=version))
+    ll = settings.ll_buffsize or LL_BYTES
+    ll128 = settings.ll128_buffsize or LL128_BYTES
+    simple = settings.buffsize or SIMPLE_BYTES
+    recv_conn = _round_up(ll + ll128 + simple, GRANULE)
+    send_conn = GRANULE if cumem else 0
+    # ring: one receiving and one sending connection per channel; the tree (a chain in a
+    # node) adds the other direction with more than two ranks
+    conns = 1 if ranks == 2 else 2
+    on_device = transport == "P2P"
+    per_channel = conns * (recv_conn + send_conn)
+    terms: list[NcclTerm] = []
+    buffers = channels * per_channel if on_device else 0
+    where = "device memory" if on_device else f"host memory ({transport} transport)"
+    if not on_device:
+        notes.append(
+            f"the channel buffers are in host memory: the {transport} transport "
+            + ("(GeForce cards refuse peer access over PCIe)" if p2p is False else "")
+        )
+    terms.append(
+        NcclTerm(
+            "nccl_channel_buffers",
+            buffers,
+            "analytic",
+            f"{channels} channels x {conns} connection(s) x ({recv_conn // 1024} KiB received "
+            f"(LL {ll} + LL128 {ll128} + Simple {simple} B in 2 MiB granules) + "
+            f"{send_conn // 1024} KiB sent), in {where}",
+            "NVIDIA/nccl src/init.cc (DEFAULT_LL_BUFFSIZE, DEFAULT_LL128_BUFFSIZE, "
+            "DEFAULT_BUFFSIZE), src/transport/p2p.cc, src/graph/connect.cc (rings and trees); "
+            "NVIDIA/nccl#1685 (10485760 and 2097152-byte allocations)",
+        )
+    )
+    nvls_on = settings.nvls_enable is not False and topology == "nvswitch" and local > 2
+    if nvls_on and bool(rule("nccl", "nvls.available", nccl=version, capability=capability)):
+        nvls_channels = settings.nvls_nchannels or int(
+            rule("nccl", "nvls.channels", nccl=version, capability=capability)
+        )
+        if rule("nccl", "nvls.buffer_formula", nccl=version) == "chunk":
+            buff = (settings.nvls_chunksize or NVLS_CHUNK_BYTES) * STEPS
+            how = f"{settings.nvls_chunksize or NVLS_CHUNK_BYTES} B chunk x {STEPS} steps"
+        else:
+            buff = simple + NVLS_ALIGN_BYTES
+            how = f"NCCL_BUFFSIZE {simple} B + 2 MiB"
+        raw = nvls_channels * 2 * buff * local
+        gran = int(rule("nccl", "nvls.multicast_granularity", nccl=version))
+        terms.append(
+            NcclTerm(
+                "nccl_nvls",
+                _round_up(raw, gran),
+                "analytic",
+                f"{nvls_channels} NVLS channels x 2 x ({how}) x {local} local ranks = "
+                f"{raw // MiB} MiB, in {gran // MiB} MiB multicast granules",
+                "NVIDIA/nccl src/transport/nvls.cc ncclNvlsBufferSetup; vllm-project/vllm#9699, "
+                "NVIDIA/nccl-tests#216 (NVLS INFO lines)",
+            )
+        )
+    elif topology == "nvswitch" and settings.nvls_enable is False:
+        notes.append("NCCL_NVLS_ENABLE=0: no NVLS multicast buffers")
+    if all_to_all and on_device:
+        per_peer = (
+            channels
+            if topology == "pcie"
+            else int(rule("nccl", "p2p.channels_per_peer", nccl=version, capability=capability))
+        )
+        if settings.max_nchannels is not None:
+            per_peer = min(per_peer, settings.max_nchannels)
+        peers = ranks - 1
+        terms.append(
+            NcclTerm(
+                "nccl_p2p_buffers",
+                peers * per_peer * (recv_conn + send_conn),
+                "analytic",
+                f"{peers} peers x {per_peer} channels per peer x ({recv_conn // MiB} MiB + "
+                f"{send_conn // MiB} MiB), made at the first send/recv or all-to-all",
+                "NVIDIA/nccl#1685 (32 channels per pair on 8 x H100, 10 MiB + 2 MiB each)",
+            )
+        )
+    terms.append(
+        NcclTerm("nccl_comm_base", COMM_BASE_BYTES, "fitted", "per communicator", _COMM_BASE_SOURCE)
+    )
+    if bool(rule("nccl", "runtime_connect.default", nccl=version)):
+        notes.append(
+            "NCCL_RUNTIME_CONNECT (default from 2.22) connects an algorithm's buffers at its "
+            "first use: the figure counts rings, trees and NVLS all, an upper bound"
+        )
+    return NcclEstimate(ranks, topology, version, transport, channels, tuple(terms), tuple(notes))
+
+
+def recommend_tight(estimate: NcclEstimate) -> dict[str, str]:
+    """NCCL settings that shrink a communicator's device memory on a tight card, each with
+    what it costs (bandwidth), for ``memfit env``-style advice.
+
+    >>> sorted(recommend_tight(nccl_memory(8, "nvswitch", capability=(9, 0))))
+    ['NCCL_BUFFSIZE', 'NCCL_MAX_NCHANNELS', 'NCCL_NVLS_ENABLE']
+    """
+    out: dict[str, str] = {}
+    names = {t.name for t in estimate.terms if t.bytes}
+    if "nccl_nvls" in names:
+        out["NCCL_NVLS_ENABLE"] = "0"
+    if "nccl_channel_buffers" in names and estimate.channels > 2:
+        out["NCCL_MAX_NCHANNELS"] = str(max(2, estimate.channels // 2))
+    if "nccl_channel_buffers" in names:
+        out["NCCL_BUFFSIZE"] = str(2 * MiB)
+    return out

@@ -1,0 +1,83 @@
+"""memfit plan for several GPUs: per-device plans, the collective terms with their basis."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from memfit.cli.main import main
+from memfit.core.workload import load_workload
+from memfit.errors import ConfigError
+from memfit.planning import plan
+from memfit.planning_devices import plan_devices
+
+
+def test_ddp_on_four_geforce_cards() -> None:
+    result = plan_devices("dqn_fire_raster@ddp", "4xRTX 4090")
+    assert result.count == 4 and result.topology == "pcie" and result.strategy == "ddp"
+    [group] = result.devices
+    assert group.devices == [0, 1, 2, 3]
+    assert group.basis == {"nccl_channel_buffers": "analytic", "nccl_comm_base": "fitted"}
+    assert group.breakdown["ddp_gradient_buckets"] > 0
+    assert group.predicted_bytes == sum(group.breakdown.values())
+    assert result.nccl is not None and result.nccl.transport == "SHM"
+
+
+def test_the_single_gpu_plan_is_unchanged_by_the_multi_gpu_path() -> None:
+    one = plan("dqn_fire_raster", "RTX 4090")
+    assert "nccl_comm_base" not in one.breakdown
+    assert load_workload("dqn_fire_raster").devices.count == 1
+
+
+def test_stray_contexts_land_on_device_0() -> None:
+    wl = load_workload("dqn_fire_raster@ddp")
+    wl = wl.model_copy(update={"devices": wl.devices.model_copy(update={"set_device": False})})
+    result = plan_devices(wl, "RTX 4090")
+    assert [d.devices for d in result.devices] == [[0], [1, 2, 3]]
+    zero, rest = result.devices
+    assert zero.breakdown["stray_cuda_contexts"] == 3 * zero.breakdown["cuda_context"]
+    assert "stray_cuda_contexts" not in rest.breakdown
+
+
+def test_bad_counts_are_refused() -> None:
+    with pytest.raises(ConfigError, match="count"):
+        plan_devices("dqn_fire_raster", "4xRTX 4090", count=2)
+    with pytest.raises(ConfigError, match="gpu"):
+        plan_devices("dqn_fire_raster", "local", count=2)
+
+
+def test_cli_prints_per_device_plans(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "dqn_fire_raster@ddp", "--gpu", "4xRTX 4090"]) == 0
+    out = capsys.readouterr().out
+    assert "4 x NVIDIA GeForce RTX 4090" in out
+    assert "nccl_comm_base" in out and "fitted" in out and "analytic" in out
+    assert main(["plan", "dqn_fire_raster@ddp", "--gpu", "4xRTX 4090", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["count"] == 4 and data["devices"][0]["fits"] is True
+
+
+def test_cli_refuses_write_for_several(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "dqn_fire_raster", "--gpu", "2xRTX 4090", "--write", "x.yaml"]) == 2
+    assert "--write" in capsys.readouterr().err
+
+
+def test_brax_on_eight_h100_keeps_nccl_outside_the_pool() -> None:
+    result = plan_devices("brax_humanoid_ppo", "8xH100", measure="recorded")
+    assert result.topology == "nvswitch" and result.strategy == "pmap"
+    zero = result.devices[0]
+    assert zero.devices == [0]
+    assert zero.breakdown["nccl_nvls"] > 0
+    assert zero.predicted_bytes <= zero.budget_bytes
+    fraction = float(next(v for k, v in result.environment.items() if "MEM_FRACTION" in k))
+    assert fraction < 0.9
+
+
+def test_env_advises_nccl_settings_for_several_cards(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["env", "--gpu", "8xH100", "--json"]) in (0, 1)
+    data = json.loads(capsys.readouterr().out)
+    advice = {s["variable"]: s for s in data["nccl"]["settings"]}
+    assert advice["NCCL_NVLS_ENABLE"]["value"] == "0"
+    assert advice["NCCL_NVLS_ENABLE"]["saves_bytes"] > 2 * 2**30
+    assert main(["env", "--gpu", "H100", "--json"]) in (0, 1)
+    assert "nccl" not in json.loads(capsys.readouterr().out)

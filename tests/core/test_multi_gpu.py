@@ -1,0 +1,89 @@
+"""Several GPUs: the framework's terms, device 0, per-device plans."""
+
+from __future__ import annotations
+
+import pytest
+
+from memfit.core.families.common import ddp_terms, fsdp_terms
+from memfit.core.multi_gpu import compose, default_topology, device_terms, parse_gpu_count
+from memfit.errors import ConfigError
+from memfit.hardware.catalog import gpu
+
+
+def test_gpu_counts() -> None:
+    assert parse_gpu_count("4xRTX 4090") == (4, "RTX 4090")
+    assert parse_gpu_count(" 2 x A100 80GB") == (2, "A100 80GB")
+    assert parse_gpu_count("H100") is None
+    with pytest.raises(ConfigError, match="--gpu"):
+        parse_gpu_count("0xH100")
+
+
+@pytest.mark.parametrize(
+    ("name", "count", "expected"),
+    [
+        ("H100", 8, "nvswitch"),
+        ("H100", 2, "nvlink"),
+        ("A100 80GB", 8, "nvswitch"),
+        ("RTX 4090", 4, "pcie"),
+        ("L40S", 4, "pcie"),
+    ],
+)
+def test_default_topology(name: str, count: int, expected: str) -> None:
+    assert default_topology(gpu(name), count) == expected
+
+
+def test_ddp_buckets_and_views() -> None:
+    assert [t.tensors for t in ddp_terms(4000, False)] == [(4000,)]
+    assert ddp_terms(4000, True) == []
+
+
+@pytest.mark.parametrize(
+    ("sharding", "gathers"), [("full_shard", 2), ("hybrid_shard", 2), ("shard_grad_op", 1)]
+)
+def test_fsdp_gathered_buffers(sharding: str, gathers: int) -> None:
+    terms = {t.name: t.tensors for t in fsdp_terms([100, 400, 50], 2, sharding)}
+    assert terms["fsdp_all_gather"] == (800,) * gathers
+    assert terms["fsdp_reduce_scatter"] == (800,)
+
+
+def test_device0_terms() -> None:
+    terms, est = device_terms(
+        gpu("RTX 4090"),
+        4,
+        framework="torch",
+        strategy="ddp",
+        set_device=False,
+        context_bytes=500,
+    )
+    stray = {t.name: t for t in terms}["stray_cuda_contexts"]
+    assert stray.bytes == 3 * 500 and stray.device0_only
+    assert est is not None and est.transport == "SHM"
+    jax_terms, _ = device_terms(
+        gpu("H100"), 8, framework="jax", strategy="pmap", device0_state_bytes=1000
+    )
+    assert {t.name for t in jax_terms if t.device0_only} == {"device0_unreplicated_state"}
+    assert device_terms(gpu("H100"), 1, framework="jax", strategy="single") == ([], None)
+
+
+def test_compose_keeps_device0_apart_only_when_it_differs() -> None:
+    terms, _ = device_terms(gpu("L40S"), 4, framework="torch", strategy="ddp")
+    plans = compose(4, {"parameters": 100}, 10**12, terms)
+    assert [p.devices for p in plans] == [[0, 1, 2, 3]]
+    assert plans[0].predicted_bytes == 100 + sum(t.bytes for t in terms)
+    assert plans[0].basis["nccl_comm_base"] == "fitted"
+    assert plans[0].basis["nccl_channel_buffers"] == "analytic"
+
+
+def test_a_workload_may_say_gpus() -> None:
+    from pathlib import Path
+
+    from memfit.core.workload import parse_workload
+
+    text = (
+        Path(__file__).resolve().parents[2] / "src/memfit/workloads/dqn_fire_raster.yaml"
+    ).read_text(encoding="utf-8")
+    block = "family: offpolicy\ngpus: {count: 4, strategy: ddp, topology: nvlink}"
+    wl = parse_workload(text.replace("family: offpolicy", block, 1))
+    assert (wl.devices.count, wl.devices.topology) == (4, "nvlink")
+    with pytest.raises(ConfigError, match=r"gpus\.count"):
+        parse_workload(text.replace("family: offpolicy", "family: offpolicy\ngpus: {count: 0}", 1))

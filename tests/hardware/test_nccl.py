@@ -1,0 +1,144 @@
+"""NCCL's device memory per rank: each term, each topology, the variables that change it."""
+
+from __future__ import annotations
+
+import pytest
+
+from memfit.errors import ConfigError
+from memfit.hardware.nccl import (
+    COMM_BASE_BYTES,
+    ENV_EFFECTS,
+    LL128_BYTES,
+    LL_BYTES,
+    NcclSettings,
+    nccl_memory,
+    parse_nccl_version,
+    recommend_tight,
+)
+from memfit.units import MiB
+
+
+def _terms(est: object) -> dict[str, int]:
+    return {t.name: t.bytes for t in est.terms}  # type: ignore[attr-defined]
+
+
+def test_default_protocol_buffers_are_nccls() -> None:
+    assert LL_BYTES == 512 * 1024
+    assert LL128_BYTES == 4_915_200
+
+
+def test_one_rank_holds_nothing() -> None:
+    assert nccl_memory(1, "pcie").terms == ()
+
+
+@pytest.mark.parametrize(
+    ("ranks", "topology", "capability", "nccl", "expected_mib"),
+    [
+        # PCIe: 2 channels; 4 ranks: ring + tree (2 connections), 10 MiB + 2 MiB (cuMem)
+        (4, "pcie", (8, 9), "2.21", 2 * 2 * 12),
+        # 2 ranks: the tree shares the ring's connection
+        (2, "pcie", (8, 9), "2.21", 2 * 1 * 12),
+        # NVLink without a switch: 16 channels; before 2.19 no send granule
+        (2, "nvlink", (8, 0), "2.18", 16 * 10),
+        (4, "nvlink", (8, 0), "2.18", 16 * 2 * 10),
+        # NVSwitch, Hopper: 24 channels
+        (8, "nvswitch", (9, 0), "2.21", 24 * 2 * 12),
+    ],
+)
+def test_channel_buffers_by_topology(
+    ranks: int, topology: str, capability: tuple[int, int], nccl: str, expected_mib: int
+) -> None:
+    est = nccl_memory(ranks, topology, capability=capability, nccl=nccl)
+    assert _terms(est)["nccl_channel_buffers"] == expected_mib * MiB
+    assert _terms(est)["nccl_comm_base"] == COMM_BASE_BYTES
+
+
+def test_nvls_follows_the_version() -> None:
+    old = _terms(nccl_memory(8, "nvswitch", capability=(9, 0), nccl="2.21"))["nccl_nvls"]
+    # 24 x 2 x 6 MiB x 8 = 2304 MiB, in 512 MiB multicast granules
+    assert old == 2560 * MiB
+    new = _terms(nccl_memory(8, "nvswitch", capability=(9, 0), nccl="2.26"))["nccl_nvls"]
+    assert new == 16 * 2 * 1 * 8 * MiB  # 128 KiB chunk x 8 steps
+    v219 = _terms(nccl_memory(4, "nvswitch", capability=(9, 0), nccl="2.19.3"))["nccl_nvls"]
+    assert v219 == 1024 * MiB  # the 1073741824-byte bind of NVIDIA/nccl-tests#216
+
+
+@pytest.mark.parametrize(
+    ("capability", "nccl", "topology", "ranks"),
+    [
+        ((8, 0), "2.21", "nvswitch", 8),
+        ((9, 0), "2.16", "nvswitch", 8),
+        ((9, 0), "2.21", "nvlink", 8),
+        ((9, 0), "2.21", "nvswitch", 2),
+    ],
+)
+def test_no_nvls_without_hopper_a_switch_new_nccl_and_three_ranks(
+    capability: tuple[int, int], nccl: str, topology: str, ranks: int
+) -> None:
+    assert "nccl_nvls" not in _terms(nccl_memory(ranks, topology, capability=capability, nccl=nccl))
+
+
+def test_variables_change_the_figures() -> None:
+    base = nccl_memory(8, "nvswitch", capability=(9, 0), nccl="2.21")
+    off = nccl_memory(8, "nvswitch", capability=(9, 0), nccl="2.21", env={"NCCL_NVLS_ENABLE": "0"})
+    assert "nccl_nvls" not in _terms(off)
+    assert any("NCCL_NVLS_ENABLE=0" in n for n in off.notes)
+    capped = nccl_memory(
+        8, "nvswitch", capability=(9, 0), nccl="2.21", env={"NCCL_MAX_NCHANNELS": "4"}
+    )
+    assert capped.channels == 4
+    assert _terms(capped)["nccl_channel_buffers"] == 4 * 2 * 12 * MiB
+    raised = nccl_memory(4, "pcie", env={"NCCL_MIN_NCHANNELS": "8"})
+    assert raised.channels == 8
+    small = nccl_memory(
+        8, "nvswitch", capability=(9, 0), nccl="2.21", env={"NCCL_BUFFSIZE": str(1 * MiB)}
+    )
+    # 512 KiB + 4,915,200 B + 1 MiB in 2 MiB granules = 8 MiB; NVLS 24 x 2 x 3 MiB x 8
+    assert _terms(small)["nccl_channel_buffers"] == 24 * 2 * (8 + 2) * MiB
+    assert _terms(small)["nccl_nvls"] == 1536 * MiB
+    assert _terms(small)["nccl_nvls"] < _terms(base)["nccl_nvls"]
+    nocumem = nccl_memory(4, "pcie", nccl="2.21", env={"NCCL_CUMEM_ENABLE": "0"})
+    assert _terms(nocumem)["nccl_channel_buffers"] == 2 * 2 * 10 * MiB
+    chunk = nccl_memory(
+        8, "nvswitch", capability=(9, 0), nccl="2.26", env={"NCCL_NVLS_CHUNKSIZE": "262144"}
+    )
+    assert _terms(chunk)["nccl_nvls"] == 16 * 2 * 2 * 8 * MiB
+    nch = nccl_memory(
+        8, "nvswitch", capability=(9, 0), nccl="2.26", env={"NCCL_NVLS_NCHANNELS": "8"}
+    )
+    assert _terms(nch)["nccl_nvls"] == 8 * 2 * 1 * 8 * MiB
+
+
+def test_shm_and_net_keep_the_buffers_off_the_gpu() -> None:
+    shm = nccl_memory(4, "pcie", p2p=False)
+    assert shm.transport == "SHM" and _terms(shm)["nccl_channel_buffers"] == 0
+    disabled = nccl_memory(4, "nvlink", env={"NCCL_P2P_DISABLE": "1"})
+    assert disabled.transport == "SHM" and _terms(disabled)["nccl_channel_buffers"] == 0
+    net = nccl_memory(4, "pcie", env={"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"})
+    assert net.transport == "NET"
+
+
+def test_point_to_point_connects_every_peer() -> None:
+    est = nccl_memory(8, "nvswitch", capability=(9, 0), nccl="2.21", all_to_all=True)
+    assert _terms(est)["nccl_p2p_buffers"] == 7 * 32 * 12 * MiB
+    pcie = nccl_memory(4, "pcie", all_to_all=True)
+    assert _terms(pcie)["nccl_p2p_buffers"] == 3 * 2 * 12 * MiB
+
+
+def test_every_variable_is_explained_and_bad_values_are_refused() -> None:
+    assert all(text for text in ENV_EFFECTS.values())
+    with pytest.raises(ConfigError, match="NCCL_BUFFSIZE"):
+        NcclSettings.from_env({"NCCL_BUFFSIZE": "4M"})
+    with pytest.raises(ConfigError, match="topology"):
+        nccl_memory(4, "infiniband")
+    with pytest.raises(ConfigError, match="nccl"):
+        parse_nccl_version("two")
+    assert parse_nccl_version("2.21.5+cuda12.4") == (2, 21, 5)
+
+
+def test_recommendations_for_a_tight_card() -> None:
+    tight = recommend_tight(nccl_memory(8, "nvswitch", capability=(9, 0)))
+    assert tight["NCCL_NVLS_ENABLE"] == "0"
+    assert int(tight["NCCL_MAX_NCHANNELS"]) < 24
+    applied = nccl_memory(8, "nvswitch", capability=(9, 0), env=tight)
+    assert applied.total_bytes < nccl_memory(8, "nvswitch", capability=(9, 0)).total_bytes / 3
