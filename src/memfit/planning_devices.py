@@ -16,10 +16,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from memfit._checks import require, require_mapping
 from memfit.allocator.xla_fraction import DEFAULT_MARGIN, FRACTION_VARIABLES
 from memfit.core.multi_gpu import DevicePlan, DeviceTerm, compose, device_terms, parse_gpu_count
 from memfit.core.plan import Plan
-from memfit.core.workload import Workload, load_workload
+from memfit.core.workload import Workload, load_workload, require_workload
 from memfit.errors import ConfigError
 from memfit.hardware.catalog import GpuSpec
 from memfit.hardware.cuda import cuda_context_bytes
@@ -127,6 +128,15 @@ def plan_devices(
         ConfigError: On a bad GPU, count, topology or workload.
         InfeasiblePlan: When nothing fits one device.
     """
+    require_workload("workload", workload)
+    if not isinstance(gpu, GpuSpec):
+        require("gpu", gpu, "str", hint='a catalog name with a count ("8xH100")')
+    require_mapping("overrides", overrides, values="int", optional=True)
+    require("margin", margin, "number", "str")
+    require("count", count, "int", optional=True)
+    require("topology", topology, "str", optional=True)
+    require("measure", measure, "str")
+    require("progress", progress, "callable", optional=True)
     name: str | GpuSpec = gpu
     n = count
     if isinstance(gpu, str):

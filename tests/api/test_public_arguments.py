@@ -76,6 +76,10 @@ CASES: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {
     "load_workload": (memfit.load_workload, {"ref": "act_dual_camera"}),
     "parse_bytes": (memfit.parse_bytes, {"text": "1GiB"}),
     "plan": (memfit.plan, {"workload": "act_dual_camera", "gpu": "A100-80GB"}),
+    "plan_devices": (
+        memfit.plan_devices,
+        {"workload": "dqn_fire_raster@ddp", "gpu": "4xA100-80GB"},
+    ),
     "simulate_gpu": (memfit.simulate_gpu, {"budget": "1GiB"}),
     "measure_simulator": (
         memfit.measure_simulator,
