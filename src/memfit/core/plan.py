@@ -21,6 +21,7 @@ from typing import Any
 from memfit._plain import deep_merge
 from memfit.allocator.settings import workload_settings
 from memfit.allocator.xla_fraction import DEFAULT_MARGIN, xla_fraction_variable
+from memfit.core.bands import basis_summary, plan_interval
 from memfit.core.budget import Budget, compose_budget
 from memfit.core.constraints import (
     check,
@@ -34,6 +35,7 @@ from memfit.core.plan_explain import (
     infeasible_error,
     next_best,
     range_note,
+    sources_of,
 )
 from memfit.core.simulator import simulator_notes
 from memfit.core.space import Limit, Space, ranked_order
@@ -95,6 +97,14 @@ class Plan:
             compiled them for: ``"cuda sm_89 (NVIDIA GeForce RTX 4070)"`` (XLA's GPU
             compiler for that card) or ``"cpu"``; ``None`` for workloads planned without a
             compile.
+        sources: Term name -> how that figure was obtained, for every term of
+            ``breakdown`` (``compiled``, ``traced``, ``measured``, ``recorded``,
+            ``fitted``, ``analytic``, ``assumed``: :mod:`memfit.core.bands`).
+        predicted_low_bytes: The low end of what the job needs (``used_bytes``): each
+            term less the most its basis has been over on the truth corpus.
+        predicted_high_bytes: The high end: each term plus the most its basis has been
+            under (:func:`memfit.core.bands.plan_interval`). A plan "fits" for sure only
+            when this end is within the budget (:attr:`high_fits`).
     """
 
     gpu: str
@@ -115,6 +125,35 @@ class Plan:
     host_budget_bytes: int | None = None
     context: dict[str, Any] | None = None
     compiled_for: str | None = None
+    sources: dict[str, str] = field(default_factory=dict)
+    predicted_low_bytes: int | None = None
+    predicted_high_bytes: int | None = None
+
+    @property
+    def band(self) -> tuple[int, int]:
+        """``(predicted_low_bytes, predicted_high_bytes)``: what the job needs, low and high
+        (``used_bytes`` itself when no band was computed)."""
+        low = self.used_bytes if self.predicted_low_bytes is None else self.predicted_low_bytes
+        high = self.used_bytes if self.predicted_high_bytes is None else self.predicted_high_bytes
+        return low, high
+
+    @property
+    def high_fits(self) -> bool:
+        """Whether the high end fits too: within the budget (inside the preallocated pool
+        when there is one), not only the estimate."""
+        if not self.fits:
+            return False
+        _, high = self.band
+        extra = high - self.used_bytes
+        if self.pool_bytes is not None:
+            return extra <= self.breakdown.get("jax_pool_unused", 0)
+        return self.predicted_bytes + extra <= self.budget_bytes
+
+    @property
+    def basis(self) -> str:
+        """One line: each basis's share of what the job needs
+        (:func:`memfit.core.bands.basis_summary`)."""
+        return basis_summary(self.breakdown, self.sources)
 
     @property
     def used_bytes(self) -> int:
@@ -154,6 +193,11 @@ class Plan:
             "host_budget_bytes": self.host_budget_bytes,
             "context": None if self.context is None else dict(self.context),
             "compiled_for": self.compiled_for,
+            "sources": dict(self.sources),
+            "basis": self.basis,
+            "predicted_low_bytes": self.band[0],
+            "predicted_high_bytes": self.band[1],
+            "high_fits": self.high_fits,
         }
 
 
@@ -193,6 +237,7 @@ def _single(space: Space, budget: Budget, gpu: GpuSpec) -> Plan:
             binding=binding,
             alternatives=[],
             host_bytes=ev.evaluation.host_bytes,
+            sources=sources_of(budget, ev.evaluation),
         ),
     )
 
@@ -294,6 +339,7 @@ def _plan_on(
         binding=binding,
         alternatives=next_best(space, budget, limit, ranked, alternatives),
         host_bytes=chosen.evaluation.host_bytes,
+        sources=sources_of(budget, chosen.evaluation),
     )
     plan_ = _finish(space, gpu, budget, plan_)
     if binding == "knob ranges":
@@ -365,6 +411,14 @@ def _finish(space: Space, gpu: GpuSpec, budget: Budget, plan_: Plan) -> Plan:
         fraction_variable=fraction_name,
     )
     measured = workload.measurements if workload.framework == "jax" else None
+    low, high = plan_interval(plan_.breakdown, plan_.sources, space.family.family_key(workload))
+    plan_ = replace(plan_, predicted_low_bytes=low, predicted_high_bytes=high)
+    if plan_.fits and not plan_.high_fits:
+        notes.append(
+            f"only the estimate fits: what the job needs is {format_bytes(plan_.used_bytes)} "
+            f"({format_bytes(low)} to {format_bytes(high)} by how far each basis has been "
+            f"off), and the high end does not fit; {plan_.basis}"
+        )
     return replace(
         plan_,
         compiled_for=None if measured is None else measured.provenance.platform,
