@@ -234,8 +234,8 @@ def _host_check(
     if host_memory_bytes is not None or workload.host_memory_bytes is not None:
         return host_memory_bytes, []
     family = family_for(workload)
-    if gpu.is_host or family.placement is None:
-        return None, []
+    if gpu.is_host or gpu.unified_memory or family.placement is None:
+        return None, []  # no host RAM apart from the device's memory
     on_gpu = family.placement_of(workload) == "gpu"
     here = host_memory()
     if here is None:

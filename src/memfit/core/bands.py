@@ -123,10 +123,11 @@ class BandTable:
 
     def band(self, basis: str, family: str | None = None, term: str | None = None) -> Band:
         """The band of ``basis``: the term's own (``fitted/cuda_context``) or the family's
-        (``analytic/ppo/brax``) where the evidence has one, else the basis's; a basis
-        without evidence (and ``assumed``) gets the widest band seen. A ``recorded``
-        figure is a compile stored with the workload: without evidence of its own it takes
-        the ``compiled`` band."""
+        (``analytic/ppo/brax``) where the evidence has one, else the basis's, else the
+        widest of the basis's family bands (a formula checked for one family stands for
+        the unchecked ones); a basis without any evidence (and ``assumed``) gets the widest
+        band seen. A ``recorded`` figure is a compile stored with the workload: without
+        evidence of its own it takes the ``compiled`` band."""
         for key in (f"{basis}/{term}", f"{basis}/{family}"):
             if key in self.bands and (term is not None or family is not None):
                 return self.bands[key]
@@ -134,6 +135,9 @@ class BandTable:
             return self.bands[basis]
         if basis == "recorded" and "compiled" in self.bands:
             return self.bands["compiled"]
+        checked = [b for k, b in self.bands.items() if k.startswith(f"{basis}/")]
+        if basis != "assumed" and checked:  # another family's evidence for this basis
+            return Band(min(b.low for b in checked), max(b.high for b in checked))
         return self.widest
 
     def interval(

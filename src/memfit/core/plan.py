@@ -375,6 +375,13 @@ def _finish(space: Space, gpu: GpuSpec, budget: Budget, plan_: Plan) -> Plan:
             "with the simulator in this process, call memfit.autoconfig after it starts to "
             "plan against what it really holds"
         )
+    if gpu.unified_memory and not gpu.is_host:
+        notes.append(
+            f"unified memory: the CPU and the GPU share this card's "
+            f"{format_bytes(gpu.total_bytes)}, so the device buffers and what would be kept "
+            "in host RAM (a replay buffer) are counted in one pool, against one budget; the "
+            "OS and the job's own process take their share of it too (raise --margin for them)"
+        )
     if gpu.arch == "cpu":
         notes.append(
             "planned for the host: the job trains on the CPU, everything (replay buffer "
@@ -468,6 +475,13 @@ def _preallocates(workload: Workload) -> bool:
     return workload.jax.preallocate
 
 
+def _one_pool(gpu: GpuSpec) -> bool:
+    """Whether the job's device and host buffers share one memory: the host itself
+    (``--gpu cpu``) or a card with unified memory (Jetson), where state the family would
+    keep in host RAM (a replay buffer) takes the same memory as the device's."""
+    return gpu.is_host or gpu.unified_memory
+
+
 def _on_card(workload: Workload, gpu: GpuSpec) -> Workload:
     """The workload with its simulator's figures chosen for ``gpu`` (they depend on the card:
     :mod:`memfit.core.simulator_figures`); a card the section already names stays."""
@@ -530,7 +544,7 @@ def plan_for_gpu(
         overrides,
         measured,
         host_memory_bytes,
-        device_is_host=gpu.is_host,
+        device_is_host=_one_pool(gpu),
         margin=margin,
     )
     budget = _budget(workload, gpu, margin, other_processes_bytes, context_bytes, runtime)
@@ -666,7 +680,7 @@ def feasible_space(
     """
     workload = _on_card(workload, gpu)
     space = Space(
-        workload, overrides, measured, host_memory_bytes, device_is_host=gpu.is_host, margin=margin
+        workload, overrides, measured, host_memory_bytes, device_is_host=_one_pool(gpu), margin=margin
     )
     budget = _budget(workload, gpu, margin, other_processes_bytes, context_bytes, runtime)
     if budget.breaking_term is not None:
