@@ -42,7 +42,7 @@ from memfit.core.space import Limit, Space, ranked_order
 from memfit.core.workload import Workload
 from memfit.errors import ConfigError, InfeasiblePlan
 from memfit.hardware.catalog import GpuSpec, size_note
-from memfit.hardware.runtime import Runtime
+from memfit.hardware.runtime import Runtime, parse_version
 from memfit.units import format_bytes
 
 __all__ = ["FeasibleSpace", "Plan", "feasible_space", "plan_for_gpu", "plan_many"]
@@ -416,6 +416,7 @@ def _finish(space: Space, gpu: GpuSpec, budget: Budget, plan_: Plan) -> Plan:
         pool_fraction=budget.pool_fraction,
         gpu=gpu,
         fraction_variable=fraction_name,
+        torch_version=_target_torch(budget),
     )
     measured = workload.measurements if workload.framework == "jax" else None
     low, high = plan_interval(plan_.breakdown, plan_.sources, space.family.family_key(workload))
@@ -473,6 +474,16 @@ def _preallocates(workload: Workload) -> bool:
     if workload.simulator is not None and workload.jax.mem_fraction is None:
         return False
     return workload.jax.preallocate
+
+
+def _target_torch(budget: Budget) -> tuple[int, int] | None:
+    """The target's torch ``(major, minor)`` (the runtime the context was sized for), which
+    decides the allocator settings and their variable names; ``None`` when unknown."""
+    runtime = budget.context.runtime if budget.context is not None else None
+    if runtime is None or runtime.torch is None:
+        return None
+    found = parse_version(runtime.torch, "torch")
+    return (found[0], found[1] if len(found) > 1 else 0)
 
 
 def _one_pool(gpu: GpuSpec) -> bool:
