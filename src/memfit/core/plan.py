@@ -691,7 +691,12 @@ def feasible_space(
     """
     workload = _on_card(workload, gpu)
     space = Space(
-        workload, overrides, measured, host_memory_bytes, device_is_host=_one_pool(gpu), margin=margin
+        workload,
+        overrides,
+        measured,
+        host_memory_bytes,
+        device_is_host=_one_pool(gpu),
+        margin=margin,
     )
     budget = _budget(workload, gpu, margin, other_processes_bytes, context_bytes, runtime)
     if budget.breaking_term is not None:
