@@ -507,8 +507,10 @@ def _plan_command(
     host_memory: str | None = typer.Option(
         None,
         "--host-memory",
-        help="Host RAM for a replay buffer on the host (64GiB), or available: what is free "
-        "now. Default: this machine's total RAM (the same plan on every run).",
+        "--host-ram",
+        help="The RAM of the machine that trains (64GiB), or available: what is free now. "
+        "Default: this machine's total RAM (the same plan on every run). The process's own "
+        "baseline and a reserve for the OS are taken off it, each named.",
     ),
     write: str | None = typer.Option(
         None,

@@ -179,6 +179,7 @@ class Plan:
             "fits": self.fits,
             "knobs": dict(self.knobs),
             "breakdown": dict(self.breakdown),
+            "sources": dict(self.sources),
             "binding": self.binding,
             "alternatives": [dict(a) for a in self.alternatives],
             "gpu_total_bytes": self.gpu_total_bytes,
@@ -193,7 +194,6 @@ class Plan:
             "host_budget_bytes": self.host_budget_bytes,
             "context": None if self.context is None else dict(self.context),
             "compiled_for": self.compiled_for,
-            "sources": dict(self.sources),
             "basis": self.basis,
             "predicted_low_bytes": self.band[0],
             "predicted_high_bytes": self.band[1],
@@ -254,7 +254,12 @@ def _would_fit(space: Space, gpu: GpuSpec, budget: Budget) -> list[dict[str, Any
             changed = Workload.model_validate(data)
             overrides = {k: v for k, v in space.overrides.items() if k not in fallback.unpin}
             trial = Space(
-                changed, overrides, space.measured, space.host_memory_bytes, margin=space.margin
+                changed,
+                overrides,
+                space.measured,
+                space.host_memory_bytes,
+                margin=space.margin,
+                host_reserve=space.host_reserve,
             )
             trial.exhaustive = space.exhaustive
             again = _budget(
@@ -380,7 +385,7 @@ def _finish(space: Space, gpu: GpuSpec, budget: Budget, plan_: Plan) -> Plan:
             f"unified memory: the CPU and the GPU share this card's "
             f"{format_bytes(gpu.total_bytes)}, so the device buffers and what would be kept "
             "in host RAM (a replay buffer) are counted in one pool, against one budget; the "
-            "OS and the job's own process take their share of it too (raise --margin for them)"
+            "OS and the job's own process take their share of it too"
         )
     if gpu.arch == "cpu":
         notes.append(
@@ -399,11 +404,14 @@ def _finish(space: Space, gpu: GpuSpec, budget: Budget, plan_: Plan) -> Plan:
             "need it (give jax.mem_fraction to plan with a pool instead)"
         )
     if plan_.host_bytes and space.host_memory_bytes is not None:
+        reserved = "".join(
+            f", less {name}: {format_bytes(nbytes)}" for name, nbytes in space.host_reserve.items()
+        )
         notes.append(
             f"host RAM: {format_bytes(plan_.host_bytes)} in it, of a "
             f"{format_bytes(space.host_budget_bytes or 0)} budget: "
             f"{format_bytes(space.host_memory_bytes)} less the {space.margin:.0%} margin "
-            "the GPU keeps too"
+            f"the GPU keeps too{reserved}"
         )
     if gpu.arch == "cpu":
         notes.append(
@@ -514,6 +522,7 @@ def plan_for_gpu(
     alternatives: int = DEFAULT_ALTERNATIVES,
     context_bytes: int | None = None,
     runtime: Runtime | None = None,
+    host_reserve: Mapping[str, int] | None = None,
 ) -> Plan:
     """The best configuration of ``workload`` on ``gpu``.
 
@@ -532,6 +541,9 @@ def plan_for_gpu(
             ``other_processes_bytes`` counts it (``memfit.autoconfig``).
         runtime: The target's software (:class:`memfit.hardware.runtime.Runtime`), which sizes
             the CUDA context; ``None``: lazy module loading, versions unknown.
+        host_reserve: Host RAM that is not the job's state's, by name (the process's own
+            baseline, a reserve for the OS): taken off the host budget and named in its
+            note.
 
     Returns:
         The plan. With every knob pinned it reports that configuration, fitting or not;
@@ -557,6 +569,7 @@ def plan_for_gpu(
         host_memory_bytes,
         device_is_host=_one_pool(gpu),
         margin=margin,
+        host_reserve=host_reserve,
     )
     budget = _budget(workload, gpu, margin, other_processes_bytes, context_bytes, runtime)
     return _with_context(_plan_on(space, gpu, budget, alternatives), budget)
