@@ -21,7 +21,7 @@ from typing import Any
 from memfit._plain import deep_merge
 from memfit.allocator.settings import workload_settings
 from memfit.allocator.xla_fraction import DEFAULT_MARGIN, xla_fraction_variable
-from memfit.core.bands import basis_summary, plan_interval
+from memfit.core.bands import basis_summary, load_bands, plan_interval
 from memfit.core.budget import Budget, compose_budget
 from memfit.core.constraints import (
     check,
@@ -146,7 +146,14 @@ class Plan:
         _, high = self.band
         extra = high - self.used_bytes
         if self.pool_bytes is not None:
-            return extra <= self.breakdown.get("jax_pool_unused", 0)
+            # the context lives outside the pool: its high end against the room outside it
+            context = self.breakdown.get("cuda_context", 0)
+            _, context_high = load_bands().interval(
+                context, self.sources.get("cuda_context", "assumed"), term="cuda_context"
+            )
+            outside = context_high - context
+            room = self.budget_bytes - self.predicted_bytes
+            return extra - outside <= self.breakdown.get("jax_pool_unused", 0) and outside <= room
         return self.predicted_bytes + extra <= self.budget_bytes
 
     @property
