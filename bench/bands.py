@@ -340,6 +340,13 @@ def load_evidence() -> dict[str, Any]:
     return {"collected": {}, "rows": []}
 
 
+def _write_evidence(evidence: dict[str, Any]) -> None:
+    """The evidence file, one row a line (small diffs when a kind is collected again)."""
+    rows = ",\n".join(json.dumps(r, sort_keys=True) for r in evidence["rows"])
+    collected = json.dumps(evidence["collected"], indent=1, sort_keys=True)
+    EVIDENCE.write_text(f'{{"collected": {collected},\n"rows": [\n{rows}\n]}}\n', encoding="utf-8")
+
+
 def collect(kinds: Iterable[str]) -> list[dict[str, Any]]:
     """Recompute the rows of ``kinds`` and store them beside the others."""
     for kind in kinds:
@@ -352,7 +359,7 @@ def collect(kinds: Iterable[str]) -> list[dict[str, Any]]:
         evidence["collected"][kind] = (
             f"{_common.utc_minute()}, python bench/bands.py --collect {kind}"
         )
-        EVIDENCE.write_text(json.dumps(evidence, indent=1) + "\n", encoding="utf-8")
+        _write_evidence(evidence)
     rows: list[dict[str, Any]] = load_evidence()["rows"]
     return rows
 
