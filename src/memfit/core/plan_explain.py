@@ -219,7 +219,9 @@ def infeasible_error(space: Space, budget: Budget, gpu: GpuSpec) -> InfeasiblePl
             f"{name}'s replay buffer on the host needs {format_bytes(ev.evaluation.host_bytes)} "
             "of host RAM even at its smallest valid configuration, over the "
             f"{format_bytes(space.host_budget_bytes or 0)} it may use ("
-            f"{format_bytes(space.host_memory_bytes or 0)} less a {space.margin:.0%} margin)",
+            f"{format_bytes(space.host_memory_bytes or 0)} less a {space.margin:.0%} margin"
+            + "".join(f", less {k}: {format_bytes(v)}" for k, v in space.host_reserve.items())
+            + ")",
             smallest_bytes=footprint,
             budget_bytes=budget.budget_bytes,
             binding_term="host_memory",
