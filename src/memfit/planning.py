@@ -542,6 +542,7 @@ def plan_tiers(
         measured=measured,
         host_memory_bytes=host,
         runtime=target,
+        host_reserve=host_reserve(on_gpu=True),
     )
     return [r if isinstance(r, InfeasiblePlan) else replace(r, notes=[*host_notes, *r.notes])
             for r in results]  # fmt: skip
@@ -607,8 +608,11 @@ def feasible(
         spec, others = local.spec, local.other_processes_bytes
     elif isinstance(gpu, str) and gpu.strip().lower() in HOST_NAMES:
         spec, others, _ = _host_spec(host_memory_bytes)
+        others += _reserve_outside(host_reserve(on_gpu=False), [])
     else:
         spec = resolve_gpu(gpu)
+        if spec.unified_memory:
+            others += _reserve_outside(host_reserve(on_gpu=True), [])
     host, _ = _host_check(loaded, host_memory_bytes, spec)
     return core_feasible(
         loaded,
@@ -619,4 +623,5 @@ def feasible(
         other_processes_bytes=others,
         host_memory_bytes=host,
         runtime=target,
+        host_reserve=None if spec.is_host else host_reserve(on_gpu=True),
     )

@@ -592,6 +592,7 @@ def plan_many(
     host_memory_bytes: int | None = None,
     alternatives: int = DEFAULT_ALTERNATIVES,
     runtime: Runtime | None = None,
+    host_reserve: Mapping[str, int] | None = None,
 ) -> list[Plan | InfeasiblePlan]:
     """Plans for several GPUs (a tier table), sharing one evaluation cache.
 
@@ -602,13 +603,20 @@ def plan_many(
     Raises:
         ConfigError: As :func:`plan` (these do not depend on the GPU).
     """
-    space = Space(workload, overrides, measured, host_memory_bytes, margin=margin)
+    space = Space(
+        workload, overrides, measured, host_memory_bytes, margin=margin, host_reserve=host_reserve
+    )
     out: list[Plan | InfeasiblePlan] = []
     for spec in gpus:
         budget = _budget(workload, spec, margin, 0, None, runtime)
         if _on_card(workload, spec) is not workload:  # the simulator's figures follow the card
             space = Space(
-                _on_card(workload, spec), overrides, measured, host_memory_bytes, margin=margin
+                _on_card(workload, spec),
+                overrides,
+                measured,
+                host_memory_bytes,
+                margin=margin,
+                host_reserve=host_reserve,
             )
         try:
             out.append(_with_context(_plan_on(space, spec, budget, alternatives), budget))
@@ -693,6 +701,7 @@ def feasible_space(
     host_memory_bytes: int | None = None,
     context_bytes: int | None = None,
     runtime: Runtime | None = None,
+    host_reserve: Mapping[str, int] | None = None,
 ) -> FeasibleSpace:
     """Every configuration of ``workload`` that keeps its rules and fits ``gpu``, by the
     same search and the same memory model as :func:`plan_for_gpu` (arguments as there).
@@ -717,6 +726,7 @@ def feasible_space(
         host_memory_bytes,
         device_is_host=_one_pool(gpu),
         margin=margin,
+        host_reserve=host_reserve,
     )
     budget = _budget(workload, gpu, margin, other_processes_bytes, context_bytes, runtime)
     if budget.breaking_term is not None:
