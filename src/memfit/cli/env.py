@@ -118,9 +118,7 @@ def env(
             raise ConfigError(exc.message, key_path=source, hint=exc.hint) from exc
         checked = f"file {source}"
     else:
-        problems = (
-            check_environment() + check_jax_fraction(os.environ, spec) + check_jax_install()
-        )
+        problems = check_environment() + check_jax_fraction(os.environ, spec) + check_jax_install()
         checked = "environment"
     current = {
         name: os.environ[name] for name in (*TORCH_VARIABLES, *JAX_VARIABLES) if name in os.environ
