@@ -274,6 +274,17 @@ class Block:
     drop: tuple[str, ...] = ()
 
 
+def _until(pattern: str) -> Callable[[str], str]:
+    """Everything before the first line that matches ``pattern``, then ``...``."""
+
+    def keep(text: str) -> str:
+        lines = text.splitlines()
+        end = next((i for i, x in enumerate(lines) if re.search(pattern, x)), len(lines))
+        return "\n".join([*lines[:end], "..."]) + "\n"
+
+    return keep
+
+
 def _plan(shown: str, **kw: Any) -> Block:
     return Block((Run(shown, **kw),))
 
@@ -284,6 +295,9 @@ BLOCKS: dict[str, Block] = {
             Run("python examples/oom_rehearsal.py"),
             Run("memfit explain oom_rehearsal.oom1.snapshot.pickle"),
         )
+    ),
+    "readme-plan-brax": _plan(
+        'memfit plan brax_humanoid_ppo --gpu "RTX 4070"', keep=_until("^Chosen knobs")
     ),
     "guide-plan-brax": _plan('memfit plan brax_humanoid_ppo --gpu "RTX 4070"'),
     "guide-plan-brax-pinned": _plan(

@@ -42,6 +42,7 @@ __all__ = [
     "check_plan_arguments",
     "feasible",
     "host_memory",
+    "host_reserve",
     "local_gpu",
     "plan",
     "plan_tiers",
@@ -234,8 +235,8 @@ def _host_check(
     if host_memory_bytes is not None or workload.host_memory_bytes is not None:
         return host_memory_bytes, []
     family = family_for(workload)
-    if gpu.is_host or family.placement is None:
-        return None, []
+    if gpu.is_host or gpu.unified_memory or family.placement is None:
+        return None, []  # no host RAM apart from the device's memory
     on_gpu = family.placement_of(workload) == "gpu"
     here = host_memory()
     if here is None:
@@ -249,6 +250,48 @@ def _host_check(
         f"host RAM: this machine's {format_bytes(total)} in all; pass --host-memory SIZE to "
         "plan for another machine, or --host-memory available for what is free now"
     ]
+
+
+#: The host RAM a training process holds before its own state, on a GPU: pytorch#113326
+#: (torch 2.2.0+cu118, RTX 3090, lazy module loading): 2,056,600 kB maximum RSS
+#: (``/usr/bin/time -v``) once CUDA is initialised and one tensor is on the device. No JAX
+#: figure was found; this one stands for it.
+PROCESS_BASELINE_GPU_BYTES = 2_056_600 * 1024
+#: On the CPU: the framework imported, measured on the development VM (2026-11-29, CPU
+#: builds): torch 2.13.0+cpu 227 MiB, jax 0.10.2 with one array 238 MiB (maximum RSS).
+PROCESS_BASELINE_CPU_BYTES = 238 * 2**20
+#: A reserve for the operating system: assumed (not measured), a desktop or server's idle
+#: use.
+OS_RESERVE_BYTES = 2**30
+
+
+def host_reserve(on_gpu: bool = True) -> dict[str, int]:
+    """Host RAM that is not the job's state's, by name: the process's own baseline (a GPU
+    process with CUDA initialised, or the framework on the CPU) and a reserve for the OS.
+    A simulator in the process holds more (not counted: no published figure).
+
+    >>> sorted(host_reserve())
+    ['OS reserve (assumed)', 'the process baseline (published reading)']
+    """
+    if on_gpu:
+        return {
+            "the process baseline (published reading)": PROCESS_BASELINE_GPU_BYTES,
+            "OS reserve (assumed)": OS_RESERVE_BYTES,
+        }
+    return {
+        "the process baseline (measured here)": PROCESS_BASELINE_CPU_BYTES,
+        "OS reserve (assumed)": OS_RESERVE_BYTES,
+    }
+
+
+def _reserve_outside(reserve: dict[str, int], notes: list[str]) -> int:
+    """Count ``reserve`` as memory other processes hold (the device is the host's RAM, or
+    shares it), with a note naming each part."""
+    notes.append(
+        "not the job's, counted as other processes: "
+        + ", ".join(f"{name}: {format_bytes(n)}" for name, n in reserve.items())
+    )
+    return sum(reserve.values())
 
 
 def host_ram_warning(need_bytes: int) -> str | None:
@@ -344,9 +387,12 @@ def plan(
         given = host_memory_bytes if host_memory_bytes is not None else loaded.host_memory_bytes
         where = "--host-memory" if host_memory_bytes is not None else "host_memory_bytes"
         spec, others, host_notes = _host_spec(given, where)
+        others += _reserve_outside(host_reserve(on_gpu=False), notes)
         notes.extend(host_notes)
     else:
         spec = resolve_gpu(gpu)
+        if spec.unified_memory:  # the OS and the process take the same memory as the job
+            others += _reserve_outside(host_reserve(on_gpu=True), notes)
     if loaded.simulator is not None and not spec.is_host:
         from memfit.runtime.sim_measure import with_simulator_measurement
 
@@ -365,6 +411,7 @@ def plan(
         other_processes_bytes=others,
         host_memory_bytes=host,
         runtime=target,
+        host_reserve=None if spec.is_host else host_reserve(on_gpu=True),
     )
     if spec.is_host:  # the host's RAM is the device: a fitted file records it
         result = replace(result, host_memory_bytes=spec.total_bytes)
@@ -495,6 +542,7 @@ def plan_tiers(
         measured=measured,
         host_memory_bytes=host,
         runtime=target,
+        host_reserve=host_reserve(on_gpu=True),
     )
     return [r if isinstance(r, InfeasiblePlan) else replace(r, notes=[*host_notes, *r.notes])
             for r in results]  # fmt: skip
@@ -560,8 +608,11 @@ def feasible(
         spec, others = local.spec, local.other_processes_bytes
     elif isinstance(gpu, str) and gpu.strip().lower() in HOST_NAMES:
         spec, others, _ = _host_spec(host_memory_bytes)
+        others += _reserve_outside(host_reserve(on_gpu=False), [])
     else:
         spec = resolve_gpu(gpu)
+        if spec.unified_memory:
+            others += _reserve_outside(host_reserve(on_gpu=True), [])
     host, _ = _host_check(loaded, host_memory_bytes, spec)
     return core_feasible(
         loaded,
@@ -572,4 +623,5 @@ def feasible(
         other_processes_bytes=others,
         host_memory_bytes=host,
         runtime=target,
+        host_reserve=None if spec.is_host else host_reserve(on_gpu=True),
     )

@@ -78,6 +78,10 @@ def test_fit_factory_on_a_simulated_gpu(
     assert data["knob"] == "batch_size" and data["device"] == "simulated"
     assert data["state_restored"] is True
     assert data["prior"] is not None
+    # issue 41: the simulated GPU's budget counts no CUDA context, and says so
+    assert data["context_counted"] is False
+    notes = data["notes"]
+    assert isinstance(notes, list) and notes[-1].startswith("no CUDA context is counted")
 
 
 def test_fit_workload_file_keeps_the_knob_domain(

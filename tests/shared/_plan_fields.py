@@ -10,6 +10,7 @@ PLAN_FIELDS = [
     "fits",
     "knobs",
     "breakdown",
+    "sources",
     "binding",
     "alternatives",
     "gpu_total_bytes",
@@ -24,4 +25,8 @@ PLAN_FIELDS = [
     "host_budget_bytes",
     "context",
     "compiled_for",
+    "basis",
+    "predicted_low_bytes",
+    "predicted_high_bytes",
+    "high_fits",
 ]

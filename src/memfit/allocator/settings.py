@@ -211,6 +211,16 @@ def recommend(
                 "512 MiB keeps large free blocks whole for large tensors",
             )
         )
+    elif version is not None and version < (2, 1):
+        options.append(
+            (
+                "max_split_size_mb",
+                "512",
+                f"torch {version[0]}.{version[1]} has no expandable segments (torch 2.1 on); "
+                "not splitting blocks over 512 MiB keeps large free blocks whole for large "
+                "tensors",
+            )
+        )
     else:
         options.append(
             (

@@ -110,7 +110,8 @@ class Problem:
     Attributes:
         code: ``"unknown-option"``, ``"bad-value"``, ``"malformed"``, ``"duplicate-option"``,
             ``"conflict"``, ``"both-names-differ"``, ``"exported-twice"``,
-            ``"unknown-variable"``.
+            ``"unknown-variable"``, ``"over-rule"`` (an XLA pool over memfit's rule for the
+            card).
         severity: ``"error"`` (the framework refuses it, or a setting is silently lost) or
             ``"warning"`` (accepted, but not what was meant).
         variable: The environment variable.
@@ -519,14 +520,57 @@ def _normalized_conf(text: str) -> list[tuple[str, str]]:
     return parse_torch_conf(text)[0]
 
 
-def check_shell(text: str, *, base_env: Mapping[str, str] | None = None) -> list[Problem]:
+def check_jax_fraction(env: Mapping[str, str], gpu: Any = None) -> list[Problem]:
+    """A preallocated XLA pool larger than memfit's rule for ``gpu`` (a
+    :class:`memfit.hardware.catalog.GpuSpec`): the same rule ``memfit plan`` and ``memfit
+    env`` use (:func:`memfit.allocator.xla_fraction.recommended_xla_fraction`), so the
+    check cannot pass a fraction the plan would not. Nothing to say without a card, with
+    preallocation off, or with the platform allocator (no pool).
+
+    >>> from memfit.hardware.catalog import gpu
+    >>> [p.code for p in check_jax_fraction({"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.99"},
+    ...                                     gpu("RTX 3070 Laptop"))]
+    ['over-rule']
+    """
+    from memfit.allocator.xla_fraction import recommended_xla_fraction
+
+    if gpu is None or getattr(gpu, "arch", None) == "cpu":
+        return []
+    if env.get("XLA_PYTHON_CLIENT_PREALLOCATE") in ("false", "False", "0"):
+        return []
+    if (env.get("XLA_PYTHON_CLIENT_ALLOCATOR") or "").lower() == "platform":
+        return []
+    advice = recommended_xla_fraction(gpu)
+    problems: list[Problem] = []
+    for var in ("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_CLIENT_MEM_FRACTION"):
+        x = as_float(env.get(var) or "")
+        if x is None or not 0 < x <= 1 or x <= advice.fraction + 1e-9:
+            continue
+        problems.append(
+            Problem(
+                "over-rule",
+                "warning",
+                var,
+                None,
+                f"{var}={env[var]} preallocates more of the {gpu.name} than memfit's rule "
+                f"for it ({advice.value}: {advice.reason})",
+                f"{var}={advice.value}, as memfit plan and memfit env --gpu give",
+            )
+        )
+    return problems
+
+
+def check_shell(
+    text: str, *, base_env: Mapping[str, str] | None = None, gpu: Any = None
+) -> list[Problem]:
     """Validate the allocator variables a shell snippet sets, as the shell would end up.
 
     A variable assigned twice is reported (``"exported-twice"``): the second assignment
     silently replaces the first, so options only in the first are lost (an ``"error"`` when
     that loses options, a ``"warning"`` when the values are the same); an explicit ``unset``
     in between is deliberate and not reported. Then the final values
-    (on top of ``base_env``, default empty) are checked with :func:`check_environment`.
+    (on top of ``base_env``, default empty) are checked with :func:`check_environment`,
+    and an XLA pool fraction against memfit's rule for ``gpu`` (:func:`check_jax_fraction`).
 
     Raises:
         ConfigError: When a line cannot be split (an unclosed quote).
@@ -567,4 +611,5 @@ def check_shell(text: str, *, base_env: Mapping[str, str] | None = None) -> list
         else:
             env[name] = value
     problems.extend(check_environment(env))
+    problems.extend(check_jax_fraction(env, gpu))
     return problems

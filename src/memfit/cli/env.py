@@ -21,7 +21,12 @@ from rich.table import Table
 
 from memfit._plain import plural
 from memfit.allocator.settings import PROFILES, SHELLS, recommend, render_shell
-from memfit.allocator.settings_check import JAX_VARIABLES, TORCH_VARIABLES, check_shell
+from memfit.allocator.settings_check import (
+    JAX_VARIABLES,
+    TORCH_VARIABLES,
+    check_jax_fraction,
+    check_shell,
+)
 from memfit.cli._common import (
     JSON_OPTION,
     err_console,
@@ -121,13 +126,13 @@ def env(
             check, what="the shell file (--check)", stdin=True, max_bytes=MAX_SETTINGS_BYTES
         )
         try:
-            problems = check_shell(text)
+            problems = check_shell(text, gpu=spec)
         except ConfigError as exc:
             # check_shell names the line; say which file it is in
             raise ConfigError(exc.message, key_path=source, hint=exc.hint) from exc
         checked = f"file {source}"
     else:
-        problems = check_environment() + check_jax_install()
+        problems = check_environment() + check_jax_fraction(os.environ, spec) + check_jax_install()
         checked = "environment"
     current = {
         name: os.environ[name] for name in (*TORCH_VARIABLES, *JAX_VARIABLES) if name in os.environ

@@ -228,6 +228,11 @@ def fit_command(
         workload=workload.name if workload is not None else None,
         domain=described,
     )
+    context_note = _simulated_context_note(dev)
+    if context_note is not None:
+        data["context_counted"] = False
+        data.setdefault("notes", [])
+        data["notes"] = [*data["notes"], context_note]
     if json_out:
         print_json(data)
         return
@@ -240,6 +245,24 @@ def fit_command(
         f"{plural(len(result.probes), 'probe')}, {result.oom_count} out-of-memory caught"
     )
     err_console.print("note: model and optimizer state restored to before the probes")
+    if context_note is not None:
+        err_console.print(f"note: {context_note}", soft_wrap=True)
+
+
+def _simulated_context_note(device: str) -> str | None:
+    """On the CPU the budget is the simulated GPU's memory for the job's tensors: say that
+    no CUDA context is counted in it, and what a real card's context would take."""
+    if device != "cpu":
+        return None
+    from memfit.hardware.runtime import cuda_context
+
+    context = cuda_context(None)
+    return (
+        "no CUDA context is counted: the budget is the simulated GPU's memory for the job's "
+        f"tensors; on a real card its CUDA context (about {format_bytes(context.bytes)} with "
+        "lazy module loading, more with eager loading) comes out of the same memory first, so "
+        "give --budget the card's memory less it (memfit plan counts it for a named card)"
+    )
 
 
 def _budget(text: str | None) -> int | None:

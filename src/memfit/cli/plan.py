@@ -138,7 +138,13 @@ def _context_text(context: dict[str, Any], framework: str = "torch") -> str:
 
 def _print_plan(workload: Workload, result: Plan) -> None:
     console = out_console
-    status = "[green]fits[/]" if result.fits else "[bold red]does not fit[/]"
+    status = "[bold red]does not fit[/]"
+    if result.fits:
+        status = (
+            "[green]fits[/]"
+            if result.high_fits
+            else "[yellow]the estimate fits; its high end does not[/]"
+        )
     console.print(f"[bold]{safe(workload.name)}[/] on [bold]{safe(result.gpu)}[/]: {status}")
     total = (
         f" ({format_bytes(result.gpu_total_bytes)} total)"
@@ -172,6 +178,13 @@ def _print_plan(workload: Workload, result: Plan) -> None:
             f"{format_bytes(result.headroom_bytes)}",
             soft_wrap=True,
         )
+    low, high = result.band
+    console.print(
+        f"  band: {format_bytes(low)} to {format_bytes(high)} for the job's "
+        f"{format_bytes(result.used_bytes)} (how far each basis has been off); "
+        f"{result.basis}",
+        soft_wrap=True,
+    )
     if result.host_bytes:
         console.print(
             f"  in host RAM besides: {format_bytes(result.host_bytes)} (the replay buffer, "
@@ -183,6 +196,7 @@ def _print_plan(workload: Workload, result: Plan) -> None:
     table.add_column("size", justify="right")
     table.add_column("MiB", justify="right")
     table.add_column("share", justify="right")
+    table.add_column("basis")
     rows = sorted(result.breakdown.items(), key=lambda kv: -kv[1])
     rows.sort(key=lambda kv: kv[0] == "jax_pool_unused")  # the pool's free part last
     for name, nbytes in rows:
@@ -192,12 +206,14 @@ def _print_plan(workload: Workload, result: Plan) -> None:
             format_bytes(nbytes),
             f"{nbytes / 2**20:,.1f}",
             _share(nbytes, result.predicted_bytes),
+            result.sources.get(name, "assumed"),
         )
     table.add_row(
         "[bold]total[/]",
         f"[bold]{format_bytes(result.predicted_bytes)}[/]",
         f"{result.predicted_bytes / 2**20:,.1f}",
         "100.0%",
+        "",
     )
     console.print(table)
     if result.context is not None and result.breakdown.get("cuda_context"):
@@ -493,8 +509,10 @@ def _plan_command(
     host_memory: str | None = typer.Option(
         None,
         "--host-memory",
-        help="Host RAM for a replay buffer on the host (64GiB), or available: what is free "
-        "now. Default: this machine's total RAM (the same plan on every run).",
+        "--host-ram",
+        help="The RAM of the machine that trains (64GiB), or available: what is free now. "
+        "Default: this machine's total RAM (the same plan on every run). The process's own "
+        "baseline and a reserve for the OS are taken off it, each named.",
     ),
     write: str | None = typer.Option(
         None,

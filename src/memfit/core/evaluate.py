@@ -16,9 +16,10 @@ True
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from memfit.core._workload_schema import Workload
+from memfit.core.bands import weakest
 from memfit.core.families._extractor import extractor_terms
 from memfit.core.families.common import MODEL_TERMS, allocator_slack
 from memfit.core.families.registry import Family, Term, get_family
@@ -50,12 +51,16 @@ class Evaluation:
         outside_bytes: The part of ``terms`` that is not allocated through the framework's
             allocator (a simulator and its renderer in the same process): it takes device
             memory, but not from the caching allocator or XLA's pool.
+        sources: Term name -> how it was obtained (its basis:
+            :data:`memfit.core.bands.BASES`); a term made of parts of several bases takes the
+            least direct.
     """
 
     terms: dict[str, int]
     slack_bytes: int
     host_bytes: int
     outside_bytes: int = 0
+    sources: dict[str, str] = field(default_factory=dict)
 
     @property
     def allocated_bytes(self) -> int:
@@ -90,7 +95,7 @@ def _simulator(workload: Workload, values: Mapping[str, int]) -> list[Term]:
     """The simulator's terms (:mod:`memfit.core.simulator`), outside the allocator."""
     assert workload.simulator is not None
     terms = simulator_terms(workload.simulator, values, workload.observations.cameras)
-    return [Term(name, (nbytes,), outside_allocator=True) for name, nbytes in terms]
+    return [Term(name, (nbytes,), outside_allocator=True, basis="fitted") for name, nbytes in terms]
 
 
 def _apply_measured(
@@ -106,9 +111,9 @@ def _apply_measured(
     taken = {t.name for t in kept}
     for name, nbytes in measured.fixed_bytes.items():
         label = name if name not in taken else f"measured_{name}"
-        kept.append(Term(label, (nbytes,)))
+        kept.append(Term(label, (nbytes,), basis=measured.basis))
     per_item = round(measured.per_item_bytes * values[measured.knob])
-    kept.append(Term("activations", (per_item,)))
+    kept.append(Term("activations", (per_item,), basis=measured.basis))
     return kept
 
 
@@ -144,10 +149,12 @@ def evaluate(
     if workload.simulator is not None:
         terms.extend(_simulator(workload, values))
     named: dict[str, int] = {}
+    sources: dict[str, str] = {}
     buffers: list[int] = []
     outside = 0
     for term in terms:
         named[term.name] = named.get(term.name, 0) + term.nbytes
+        sources[term.name] = weakest(sources.get(term.name, term.basis), term.basis)
         if term.outside_allocator:
             outside += term.nbytes
         else:
@@ -157,4 +164,5 @@ def evaluate(
         slack_bytes=allocator_slack(workload.framework, buffers),
         host_bytes=host,
         outside_bytes=outside,
+        sources=sources,
     )

@@ -41,6 +41,12 @@ class MeasuredTerms:
     source: str = "trace"
     notes: tuple[str, ...] = field(default_factory=tuple)
 
+    @property
+    def basis(self) -> str:
+        """How these terms were obtained: ``compiled`` (XLA's ``memory_analysis``) or
+        ``traced`` (a torch trace)."""
+        return "compiled" if self.source.startswith("xla") else "traced"
+
     def peak_bytes(self, knob_value: int) -> int:
         """Predicted allocated peak at ``knob_value``."""
         return sum(self.fixed_bytes.values()) + round(self.per_item_bytes * knob_value)

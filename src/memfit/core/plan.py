@@ -21,6 +21,7 @@ from typing import Any
 from memfit._plain import deep_merge
 from memfit.allocator.settings import workload_settings
 from memfit.allocator.xla_fraction import DEFAULT_MARGIN, xla_fraction_variable
+from memfit.core.bands import basis_summary, load_bands, plan_interval
 from memfit.core.budget import Budget, compose_budget
 from memfit.core.constraints import (
     check,
@@ -35,13 +36,14 @@ from memfit.core.plan_explain import (
     infeasible_error,
     next_best,
     range_note,
+    sources_of,
 )
 from memfit.core.simulator import simulator_fallbacks, simulator_notes
 from memfit.core.space import Limit, Space, ranked_order
 from memfit.core.workload import Workload
 from memfit.errors import ConfigError, InfeasiblePlan
 from memfit.hardware.catalog import GpuSpec, size_note
-from memfit.hardware.runtime import Runtime
+from memfit.hardware.runtime import Runtime, parse_version
 from memfit.units import format_bytes
 
 __all__ = ["FeasibleSpace", "Plan", "feasible_space", "plan_for_gpu", "plan_many"]
@@ -96,6 +98,14 @@ class Plan:
             compiled them for: ``"cuda sm_89 (NVIDIA GeForce RTX 4070)"`` (XLA's GPU
             compiler for that card) or ``"cpu"``; ``None`` for workloads planned without a
             compile.
+        sources: Term name -> how that figure was obtained, for every term of
+            ``breakdown`` (``compiled``, ``traced``, ``measured``, ``recorded``,
+            ``fitted``, ``analytic``, ``assumed``: :mod:`memfit.core.bands`).
+        predicted_low_bytes: The low end of what the job needs (``used_bytes``): each
+            term less the most its basis has been over on the truth corpus.
+        predicted_high_bytes: The high end: each term plus the most its basis has been
+            under (:func:`memfit.core.bands.plan_interval`). A plan "fits" for sure only
+            when this end is within the budget (:attr:`high_fits`).
     """
 
     gpu: str
@@ -116,6 +126,42 @@ class Plan:
     host_budget_bytes: int | None = None
     context: dict[str, Any] | None = None
     compiled_for: str | None = None
+    sources: dict[str, str] = field(default_factory=dict)
+    predicted_low_bytes: int | None = None
+    predicted_high_bytes: int | None = None
+
+    @property
+    def band(self) -> tuple[int, int]:
+        """``(predicted_low_bytes, predicted_high_bytes)``: what the job needs, low and high
+        (``used_bytes`` itself when no band was computed)."""
+        low = self.used_bytes if self.predicted_low_bytes is None else self.predicted_low_bytes
+        high = self.used_bytes if self.predicted_high_bytes is None else self.predicted_high_bytes
+        return low, high
+
+    @property
+    def high_fits(self) -> bool:
+        """Whether the high end fits too: within the budget (inside the preallocated pool
+        when there is one), not only the estimate."""
+        if not self.fits:
+            return False
+        _, high = self.band
+        extra = high - self.used_bytes
+        if self.pool_bytes is not None:
+            # the context lives outside the pool: its high end against the room outside it
+            context = self.breakdown.get("cuda_context", 0)
+            _, context_high = load_bands().interval(
+                context, self.sources.get("cuda_context", "assumed"), term="cuda_context"
+            )
+            outside = context_high - context
+            room = self.budget_bytes - self.predicted_bytes
+            return extra - outside <= self.breakdown.get("jax_pool_unused", 0) and outside <= room
+        return self.predicted_bytes + extra <= self.budget_bytes
+
+    @property
+    def basis(self) -> str:
+        """One line: each basis's share of what the job needs
+        (:func:`memfit.core.bands.basis_summary`)."""
+        return basis_summary(self.breakdown, self.sources)
 
     @property
     def used_bytes(self) -> int:
@@ -141,6 +187,7 @@ class Plan:
             "fits": self.fits,
             "knobs": dict(self.knobs),
             "breakdown": dict(self.breakdown),
+            "sources": dict(self.sources),
             "binding": self.binding,
             "alternatives": [dict(a) for a in self.alternatives],
             "gpu_total_bytes": self.gpu_total_bytes,
@@ -155,6 +202,10 @@ class Plan:
             "host_budget_bytes": self.host_budget_bytes,
             "context": None if self.context is None else dict(self.context),
             "compiled_for": self.compiled_for,
+            "basis": self.basis,
+            "predicted_low_bytes": self.band[0],
+            "predicted_high_bytes": self.band[1],
+            "high_fits": self.high_fits,
         }
 
 
@@ -194,6 +245,7 @@ def _single(space: Space, budget: Budget, gpu: GpuSpec) -> Plan:
             binding=binding,
             alternatives=[],
             host_bytes=ev.evaluation.host_bytes,
+            sources=sources_of(budget, ev.evaluation),
         ),
     )
 
@@ -213,7 +265,12 @@ def _would_fit(space: Space, gpu: GpuSpec, budget: Budget) -> list[dict[str, Any
             changed = Workload.model_validate(data)
             overrides = {k: v for k, v in space.overrides.items() if k not in fallback.unpin}
             trial = Space(
-                changed, overrides, space.measured, space.host_memory_bytes, margin=space.margin
+                changed,
+                overrides,
+                space.measured,
+                space.host_memory_bytes,
+                margin=space.margin,
+                host_reserve=space.host_reserve,
             )
             trial.exhaustive = space.exhaustive
             again = _budget(
@@ -298,6 +355,7 @@ def _plan_on(
         binding=binding,
         alternatives=next_best(space, budget, limit, ranked, alternatives),
         host_bytes=chosen.evaluation.host_bytes,
+        sources=sources_of(budget, chosen.evaluation),
     )
     plan_ = _finish(space, gpu, budget, plan_)
     if binding == "knob ranges":
@@ -333,6 +391,13 @@ def _finish(space: Space, gpu: GpuSpec, budget: Budget, plan_: Plan) -> Plan:
             "with the simulator in this process, call memfit.autoconfig after it starts to "
             "plan against what it really holds"
         )
+    if gpu.unified_memory and not gpu.is_host:
+        notes.append(
+            f"unified memory: the CPU and the GPU share this card's "
+            f"{format_bytes(gpu.total_bytes)}, so the device buffers and what would be kept "
+            "in host RAM (a replay buffer) are counted in one pool, against one budget; the "
+            "OS and the job's own process take their share of it too"
+        )
     if gpu.arch == "cpu":
         notes.append(
             "planned for the host: the job trains on the CPU, everything (replay buffer "
@@ -350,11 +415,14 @@ def _finish(space: Space, gpu: GpuSpec, budget: Budget, plan_: Plan) -> Plan:
             "need it (give jax.mem_fraction to plan with a pool instead)"
         )
     if plan_.host_bytes and space.host_memory_bytes is not None:
+        reserved = "".join(
+            f", less {name}: {format_bytes(nbytes)}" for name, nbytes in space.host_reserve.items()
+        )
         notes.append(
             f"host RAM: {format_bytes(plan_.host_bytes)} in it, of a "
             f"{format_bytes(space.host_budget_bytes or 0)} budget: "
             f"{format_bytes(space.host_memory_bytes)} less the {space.margin:.0%} margin "
-            "the GPU keeps too"
+            f"the GPU keeps too{reserved}"
         )
     if gpu.arch == "cpu":
         notes.append(
@@ -367,8 +435,17 @@ def _finish(space: Space, gpu: GpuSpec, budget: Budget, plan_: Plan) -> Plan:
         pool_fraction=budget.pool_fraction,
         gpu=gpu,
         fraction_variable=fraction_name,
+        torch_version=_target_torch(budget),
     )
     measured = workload.measurements if workload.framework == "jax" else None
+    low, high = plan_interval(plan_.breakdown, plan_.sources, space.family.family_key(workload))
+    plan_ = replace(plan_, predicted_low_bytes=low, predicted_high_bytes=high)
+    if plan_.fits and not plan_.high_fits:
+        notes.append(
+            f"only the estimate fits: what the job needs is {format_bytes(plan_.used_bytes)} "
+            f"({format_bytes(low)} to {format_bytes(high)} by how far each basis has been "
+            f"off), and the high end does not fit; {plan_.basis}"
+        )
     return replace(
         plan_,
         compiled_for=None if measured is None else measured.provenance.platform,
@@ -418,6 +495,23 @@ def _preallocates(workload: Workload) -> bool:
     return workload.jax.preallocate
 
 
+def _target_torch(budget: Budget) -> tuple[int, int] | None:
+    """The target's torch ``(major, minor)`` (the runtime the context was sized for), which
+    decides the allocator settings and their variable names; ``None`` when unknown."""
+    runtime = budget.context.runtime if budget.context is not None else None
+    if runtime is None or runtime.torch is None:
+        return None
+    found = parse_version(runtime.torch, "torch")
+    return (found[0], found[1] if len(found) > 1 else 0)
+
+
+def _one_pool(gpu: GpuSpec) -> bool:
+    """Whether the job's device and host buffers share one memory: the host itself
+    (``--gpu cpu``) or a card with unified memory (Jetson), where state the family would
+    keep in host RAM (a replay buffer) takes the same memory as the device's."""
+    return gpu.is_host or gpu.unified_memory
+
+
 def _on_card(workload: Workload, gpu: GpuSpec) -> Workload:
     """The workload with its simulator's figures chosen for ``gpu`` (they depend on the card:
     :mod:`memfit.core.simulator_figures`); a card the section already names stays."""
@@ -439,6 +533,7 @@ def plan_for_gpu(
     alternatives: int = DEFAULT_ALTERNATIVES,
     context_bytes: int | None = None,
     runtime: Runtime | None = None,
+    host_reserve: Mapping[str, int] | None = None,
 ) -> Plan:
     """The best configuration of ``workload`` on ``gpu``.
 
@@ -457,6 +552,9 @@ def plan_for_gpu(
             ``other_processes_bytes`` counts it (``memfit.autoconfig``).
         runtime: The target's software (:class:`memfit.hardware.runtime.Runtime`), which sizes
             the CUDA context; ``None``: lazy module loading, versions unknown.
+        host_reserve: Host RAM that is not the job's state's, by name (the process's own
+            baseline, a reserve for the OS): taken off the host budget and named in its
+            note.
 
     Returns:
         The plan. With every knob pinned it reports that configuration, fitting or not;
@@ -480,8 +578,9 @@ def plan_for_gpu(
         overrides,
         measured,
         host_memory_bytes,
-        device_is_host=gpu.is_host,
+        device_is_host=_one_pool(gpu),
         margin=margin,
+        host_reserve=host_reserve,
     )
     budget = _budget(workload, gpu, margin, other_processes_bytes, context_bytes, runtime)
     return _with_context(_plan_on(space, gpu, budget, alternatives), budget)
@@ -497,6 +596,7 @@ def plan_many(
     host_memory_bytes: int | None = None,
     alternatives: int = DEFAULT_ALTERNATIVES,
     runtime: Runtime | None = None,
+    host_reserve: Mapping[str, int] | None = None,
 ) -> list[Plan | InfeasiblePlan]:
     """Plans for several GPUs (a tier table), sharing one evaluation cache.
 
@@ -507,13 +607,20 @@ def plan_many(
     Raises:
         ConfigError: As :func:`plan` (these do not depend on the GPU).
     """
-    space = Space(workload, overrides, measured, host_memory_bytes, margin=margin)
+    space = Space(
+        workload, overrides, measured, host_memory_bytes, margin=margin, host_reserve=host_reserve
+    )
     out: list[Plan | InfeasiblePlan] = []
     for spec in gpus:
         budget = _budget(workload, spec, margin, 0, None, runtime)
         if _on_card(workload, spec) is not workload:  # the simulator's figures follow the card
             space = Space(
-                _on_card(workload, spec), overrides, measured, host_memory_bytes, margin=margin
+                _on_card(workload, spec),
+                overrides,
+                measured,
+                host_memory_bytes,
+                margin=margin,
+                host_reserve=host_reserve,
             )
         try:
             out.append(_with_context(_plan_on(space, spec, budget, alternatives), budget))
@@ -598,6 +705,7 @@ def feasible_space(
     host_memory_bytes: int | None = None,
     context_bytes: int | None = None,
     runtime: Runtime | None = None,
+    host_reserve: Mapping[str, int] | None = None,
 ) -> FeasibleSpace:
     """Every configuration of ``workload`` that keeps its rules and fits ``gpu``, by the
     same search and the same memory model as :func:`plan_for_gpu` (arguments as there).
@@ -616,7 +724,13 @@ def feasible_space(
     """
     workload = _on_card(workload, gpu)
     space = Space(
-        workload, overrides, measured, host_memory_bytes, device_is_host=gpu.is_host, margin=margin
+        workload,
+        overrides,
+        measured,
+        host_memory_bytes,
+        device_is_host=_one_pool(gpu),
+        margin=margin,
+        host_reserve=host_reserve,
     )
     budget = _budget(workload, gpu, margin, other_processes_bytes, context_bytes, runtime)
     if budget.breaking_term is not None:

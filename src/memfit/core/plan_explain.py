@@ -26,6 +26,23 @@ def breakdown_of(budget: Budget, ev: Evaluation) -> dict[str, int]:
     return out
 
 
+def sources_of(budget: Budget, ev: Evaluation) -> dict[str, str]:
+    """How each term of :func:`breakdown_of` was obtained (its basis,
+    :data:`memfit.core.bands.BASES`): the CUDA context ``fitted`` to published readings by
+    runtime (``measured`` when the caller gave it), the cuBLAS workspace, the allocator's
+    slack and JAX's pool by their documented rules (``analytic``), the rest as the terms
+    say."""
+    out = {
+        "cuda_context": "fitted" if budget.context is not None else "measured",
+        "cublas_workspace": "analytic",
+    }
+    out.update({name: ev.sources.get(name, "analytic") for name in ev.terms})
+    out["allocator_slack"] = "analytic"
+    if budget.pool_bytes is not None:
+        out["jax_pool_unused"] = "analytic"
+    return out
+
+
 def chosen_knobs(space: Space, config: tuple[int, ...], on_gpu: bool) -> dict[str, int | str]:
     values = space.values(config)
     knobs: dict[str, int | str] = {n: values[n] for n in space.workload.knobs}
@@ -202,7 +219,9 @@ def infeasible_error(space: Space, budget: Budget, gpu: GpuSpec) -> InfeasiblePl
             f"{name}'s replay buffer on the host needs {format_bytes(ev.evaluation.host_bytes)} "
             "of host RAM even at its smallest valid configuration, over the "
             f"{format_bytes(space.host_budget_bytes or 0)} it may use ("
-            f"{format_bytes(space.host_memory_bytes or 0)} less a {space.margin:.0%} margin)",
+            f"{format_bytes(space.host_memory_bytes or 0)} less a {space.margin:.0%} margin"
+            + "".join(f", less {k}: {format_bytes(v)}" for k, v in space.host_reserve.items())
+            + ")",
             smallest_bytes=footprint,
             budget_bytes=budget.budget_bytes,
             binding_term="host_memory",

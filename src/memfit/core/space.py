@@ -167,6 +167,7 @@ class Space:
         *,
         device_is_host: bool = False,
         margin: float = DEFAULT_MARGIN,
+        host_reserve: Mapping[str, int] | None = None,
     ) -> None:
         self.workload = workload
         given = apply_overrides(workload, overrides)
@@ -188,12 +189,19 @@ class Space:
         self.host_memory_bytes = (
             host_memory_bytes if host_memory_bytes is not None else workload.host_memory_bytes
         )
-        # host RAM keeps the GPU's margin rule: a share of the total is left free
+        # host RAM keeps the GPU's margin rule: a share of the total is left free; what the
+        # job's own process and the OS hold (host_reserve, named) is not the job's state's
         self.margin = margin
+        self.host_reserve: dict[str, int] = dict(host_reserve or {})
         self.host_budget_bytes = (
             None
             if self.host_memory_bytes is None
-            else self.host_memory_bytes - int(self.host_memory_bytes * margin)
+            else max(
+                0,
+                self.host_memory_bytes
+                - int(self.host_memory_bytes * margin)
+                - sum(self.host_reserve.values()),
+            )
         )
         eb = workload.effective_batch
         self.accumulation = eb.accumulation if eb is not None else None

@@ -883,8 +883,8 @@ def resolve_measurements(
         if recorded is not None:
             return workload, [
                 f"measurements recorded in the workload with {_describe(recorded)}; this "
-                f"machine has {', '.join(f'{k} {v}' for k, v in sorted(versions.items()))} on "
-                f"{platform}: --measure fresh measures with those"
+                f"machine has {', '.join(f'{k} {v}' for k, v in sorted(versions.items()))}: "
+                f"--measure fresh measures with those, compiled for {platform}"
             ]
     if versions is None:
         missing = missing_packages()

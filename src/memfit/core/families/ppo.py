@@ -91,7 +91,7 @@ def _brax_measured(workload: Workload, values: Mapping[str, int]) -> list[Term]:
     (:class:`memfit.core.measured.BraxMeasurements`)."""
     assert workload.measurements is not None
     return [
-        Term(name, (nbytes,))
+        Term(name, (nbytes,), basis="recorded")
         for name, nbytes in workload.measurements.terms(values, _per_device(workload))
     ]
 

@@ -55,11 +55,15 @@ class Term:
         outside_allocator: ``True`` for device memory the framework's allocator does not
             hand out (a simulator or renderer in the job's process): no allocator slack, and
             not inside JAX's preallocated pool.
+        basis: How the figure was obtained (:data:`memfit.core.bands.BASES`): a family's
+            formula is ``analytic``; a term from a compile, a trace, a measurement or a fit
+            says so where it is made, and the plan carries it (``Plan.sources``).
     """
 
     name: str
     tensors: tuple[int, ...]
     outside_allocator: bool = False
+    basis: str = "analytic"
 
     @property
     def nbytes(self) -> int:

@@ -109,6 +109,40 @@ class TorchEstimate:
     context: ContextEstimate | None = None
     kernels: dict[str, tuple[KernelUse, ...]] = field(default_factory=dict)
 
+    #: The figures :meth:`band` knows, on each point.
+    FIGURES = ("allocated_peak", "reserved_peak", "device_used_peak", "exact_peak", "tensor_peak")
+
+    def band(self, name: str, batch_size: int | None = None) -> tuple[int, int]:
+        """``(low, high)`` bytes around one figure (``"reserved_peak"``, ...) of the point
+        at ``batch_size`` (default: the largest traced): how far a trace has been off on the
+        project's GPU truth (:mod:`memfit.core.bands`, basis ``traced``); the CUDA context
+        in ``device_used_peak`` takes the context's own band.
+
+        Raises:
+            ConfigError: When ``name`` is not one of :attr:`FIGURES`, the point has no such
+                figure, or ``batch_size`` was not traced.
+        """
+        from memfit.core.bands import figure_band
+
+        if name not in self.FIGURES:
+            raise ConfigError(
+                f"name must be one of {', '.join(self.FIGURES)}, not {name!r}", key_path="name"
+            )
+        points = [p for p in self.points if batch_size is None or p.batch_size == batch_size]
+        if not points:
+            raise ConfigError(
+                f"batch_size {batch_size} was not traced: "
+                + ", ".join(str(p.batch_size) for p in self.points),
+                key_path="batch_size",
+            )
+        point = max(points, key=lambda p: p.batch_size)
+        value = getattr(point, name)
+        if value is None:
+            raise ConfigError(f"this estimate has no {name} (no GPU to size it for)",
+                              key_path="name")  # fmt: skip
+        context = self.context.bytes if name == "device_used_peak" and self.context else 0
+        return figure_band(int(value), "traced", context)
+
     def replay(
         self,
         value: int,

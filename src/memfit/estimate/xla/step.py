@@ -133,6 +133,36 @@ class JaxEstimate:
     breakdown: tuple[tuple[str, int, str], ...] = ()
     first_call_bytes: int | None = None
 
+    #: The figures :meth:`band` knows.
+    FIGURES = (
+        "argument_bytes", "output_bytes", "temp_bytes", "executable_peak_bytes",
+        "peak_bytes_in_use", "device_used_bytes",
+    )  # fmt: skip
+
+    def band(self, name: str) -> tuple[int, int]:
+        """``(low, high)`` bytes around one figure (``"peak_bytes_in_use"``, ...): how far
+        XLA's compiled figures have been off on the project's GPU truth
+        (:mod:`memfit.core.bands`, basis ``compiled``); the CUDA context in
+        ``device_used_bytes`` takes the context's own band.
+
+        Raises:
+            ConfigError: When ``name`` is not one of :attr:`FIGURES` or this estimate has no
+                such figure (``peak_bytes_in_use`` without a GPU compile).
+        """
+        from memfit.core.bands import figure_band
+
+        if name not in self.FIGURES:
+            raise ConfigError(
+                f"name must be one of {', '.join(self.FIGURES)}, not {name!r}", key_path="name"
+            )
+        value = getattr(self, name)
+        if value is None:
+            raise ConfigError(f"this estimate has no {name}", key_path="name")
+        context = 0
+        if name == "device_used_bytes":
+            context = sum(b for t, b, _ in self.breakdown if t == "CUDA context")
+        return figure_band(int(value), "compiled", context)
+
     def to_dict(self) -> dict[str, Any]:
         """The estimate as plain data."""
         return {

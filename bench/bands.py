@@ -1,0 +1,479 @@
+"""Bands from evidence: how far each basis of a figure has been off on the truth corpus.
+
+Every figure memfit plans with says how it was obtained (its basis: compiled, traced,
+measured, recorded, fitted, analytic, assumed; :mod:`memfit.core.bands`). This script turns
+the project's truth corpus into evidence rows (one per case: the basis, the predicted and the
+true bytes, where the pair comes from), splits them deterministically into a calibration part
+and a validation part, derives each basis's band from the calibration part only and writes it
+to ``src/memfit/core/bands.json`` (what the planner reads), then reports, on the validation
+part only, how often the band covered the truth and how wide it was.
+
+    python bench/bands.py --collect traced,published,analytic,measured,fitted,compiled
+        # recompute evidence rows into tests/data/band_evidence.json (minutes: traces)
+    python bench/bands.py
+        # derive src/memfit/core/bands.json from the calibration rows; tables of both parts
+        # into bench/out/bands.md (docs/benchmarks.md shows them)
+
+Evidence, by basis:
+
+* ``traced``: the H100 entries of ``tests/data/gpu_truth/`` (memfit's trace of each torch
+  workload for the card against the caching allocator's real reserved peak), and the
+  published torch runs of ``tests/data/published_truth/*.yaml`` (the traced figure against
+  what the source measured).
+* ``compiled``: memfit's figure for XLA programs compiled for the H100 without the card,
+  against ``peak_bytes_in_use`` measured there (``tests/data/gpu_truth/jax_measured/``;
+  recomputing needs the ``jax-cuda12-plugin`` extra, else the stored rows stay).
+* ``measured``: the repeats of each published measured run against their median (a
+  measurement's own spread).
+* ``fitted``: the simulator figures (fitted on the readings marked ``calibration``) against
+  the readings, the part of the reading that is the simulator's.
+* ``analytic/ppo``: the PPO formula for Brax (a hand-written workload: ``env_state_bytes``
+  and the networks, no measurements) against the same workload planned from its recorded
+  measurements of Brax's compiled training step, over a grid of the knobs.
+
+A row's part is a hash of its case name (one in three to validation); a simulator reading
+the simulator figures were fitted on is in neither part.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common
+
+ROOT = Path(__file__).resolve().parent.parent
+EVIDENCE = ROOT / "tests" / "data" / "band_evidence.json"
+TABLE = ROOT / "src" / "memfit" / "core" / "bands.json"
+H100 = ROOT / "tests" / "data" / "gpu_truth" / "nvidia-h100-80gb-hbm3"
+KINDS = (
+    "traced", "published", "compiled", "compiled_recorded", "measured", "fitted", "analytic",
+    "context",
+)  # fmt: skip
+COMMAND = "python bench/bands.py"
+
+
+def part_of(case: str, role: str | None = None) -> str:
+    """``calibration`` or ``validation``: one case in three (by a hash of its name) to
+    validation. A reading a figure was fitted on (the simulator readings marked
+    ``calibration``) is ``fit``, in neither part: its error is the fit's residual, not how
+    far the figure is off elsewhere."""
+    if role == "calibration":
+        return "fit"
+    digest = hashlib.sha256(case.encode("utf-8")).digest()
+    return "validation" if digest[0] % 3 == 0 else "calibration"
+
+
+def _row(
+    case: str, basis: str, predicted: float, truth: float, source: str, *,
+    family: str | None = None, role: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    return {
+        "case": case,
+        "basis": basis,
+        "family": family,
+        "predicted": round(predicted),
+        "truth": round(truth),
+        "part": part_of(case, role),
+        "source": source,
+    }
+
+
+# --- evidence ----------------------------------------------------------------------------------
+
+
+def traced_rows() -> list[dict[str, Any]]:
+    """The H100 torch entries: memfit's traced reserved peak against the real one."""
+    import gpu_truth
+    from memfit.estimate.truth import load_entry
+
+    rows = []
+    for path in sorted(H100.glob("*.json.gz")):
+        entry = load_entry(path)
+        if entry.kind != "torch":
+            continue
+        pred = gpu_truth.predict(entry)
+        real = entry.peaks.get("max_reserved")
+        if not pred or pred.get("reserved_peak") is None or not real:
+            continue
+        rows.append(
+            _row(f"h100/{entry.name}", "traced", pred["reserved_peak"], real,
+                 "tests/data/gpu_truth/nvidia-h100-80gb-hbm3 (max_reserved)")
+        )  # fmt: skip
+        print(rows[-1], flush=True)
+    return rows
+
+
+def published_rows() -> list[dict[str, Any]]:
+    """The published torch runs: the traced figure against the source's reading."""
+    import published_truth
+
+    rows = []
+    for run in published_truth.load_runs():
+        out = published_truth.predict(run)
+        rows.append(
+            _row(f"{run.series}/{run.name}", "traced", out.predicted_bytes, run.measured_bytes,
+                 f"{run.source} ({run.quantity})")
+        )  # fmt: skip
+        print(rows[-1], flush=True)
+    return rows
+
+
+def compiled_rows() -> list[dict[str, Any]]:
+    """memfit's ``peak_bytes_in_use`` for each MLP step of the H100's floor probe, compiled
+    deviceless for the card (needs the jax-cuda12-plugin extra)."""
+    import xla_floor_probe
+
+    from memfit.estimate.xla.step import estimate_jax
+
+    stored = json.loads(xla_floor_probe.STORED.read_text(encoding="utf-8"))
+    rows = []
+    for row in stored["rows"]:
+        if "error" in row or not row["step"].startswith("mlp"):
+            continue
+        _, batch, width, depth = row["step"].split(":")
+        fn, shapes = xla_floor_probe.mlp_step(int(batch), int(width), int(depth))
+        est = estimate_jax(
+            fn, *shapes, gpu=stored["device"], jaxlib=stored["jax"],
+            environ={"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "XLA_FLAGS": row["xla_flags"]},
+        )  # fmt: skip
+        rows.append(
+            _row(f"h100/{row['step']}/{row['variant']}", "compiled", est.peak_bytes_in_use,
+                 row["after_step"]["peak_bytes_in_use"],
+                 "tests/data/gpu_truth/jax_measured (xla_floor_probe)")
+        )  # fmt: skip
+    return rows
+
+
+#: memfit's figures as docs/benchmarks.md records them ("On a real H100 (issue 30)"), where
+#: the ``jax-cuda12-plugin`` extra that recomputes them is not installed: the floor probe's
+#: four main variants (``python bench/xla_floor_probe.py --predict``, 2026-11-27 00:12 UTC)
+#: and the device-compile steps (``memfit after``, 84c3da1). MiB: (measured, memfit).
+COMPILED_RECORDED = {
+    "floor/64:64:2/default": (144.1, 160.1),
+    "floor/64:64:2/autotune_level=0": (0.1, 0.1),
+    "floor/64:64:2/triton_gemm=false": (128.1, 128.1),
+    "floor/64:64:2/redzone_padding=0": (64.1, 64.1),
+    "floor/4096:512:3/default": (156.0, 155.0),
+    "floor/4096:512:3/autotune_level=0": (76.0, 75.0),
+    "floor/4096:512:3/triton_gemm=false": (156.0, 155.0),
+    "floor/4096:512:3/redzone_padding=0": (140.0, 139.0),
+    "floor/16384:512:3/default": (292.0, 291.0),
+    "floor/16384:512:3/autotune_level=0": (292.0, 291.0),
+    "floor/16384:512:3/triton_gemm=false": (292.0, 291.0),
+    "floor/16384:512:3/redzone_padding=0": (292.0, 291.0),
+    "floor/65536:512:3/default": (725.0, 739.0),
+    "floor/65536:512:3/autotune_level=0": (645.0, 644.0),
+    "floor/65536:512:3/triton_gemm=false": (836.0, 739.0),
+    "floor/65536:512:3/redzone_padding=0": (677.0, 676.0),
+    "floor/4096:1024:6/default": (296.0, 296.0),
+    "floor/4096:1024:6/autotune_level=0": (168.0, 168.0),
+    "floor/4096:1024:6/triton_gemm=false": (296.0, 296.0),
+    "floor/4096:1024:6/redzone_padding=0": (296.0, 296.0),
+    "deviceless/mlp:4096": (156.0, 155.0),
+    "deviceless/mlp:65536": (725.0, 739.0),
+    "deviceless/mlp:262144": (2597.0, 2596.0),
+    "deviceless/matmul:8192": (1632.0, 1632.0),
+    "deviceless/permute:1048576": (212.0, 140.0),
+    "deviceless/conv:64": (728.0, 165.2),
+}
+
+
+def compiled_recorded_rows() -> list[dict[str, Any]]:
+    """:data:`COMPILED_RECORDED` as rows; a convolution and a sort are programs of their own
+    (cuDNN's autotuning, CUB's scratch) and get a band of their own."""
+    rows = []
+    for case, (measured, memfit) in COMPILED_RECORDED.items():
+        family = "conv" if ":" in case and "conv" in case else None
+        family = "sort" if "permute" in case else family
+        rows.append(
+            _row(f"h100/{case}", "compiled", memfit * 2**20, measured * 2**20,
+                 "docs/benchmarks.md, On a real H100 (issue 30): peak_bytes_in_use",
+                 family=family)
+        )  # fmt: skip
+    return rows
+
+
+def measured_rows() -> list[dict[str, Any]]:
+    """Each repeat of a published measured run against the run's figure (the median)."""
+    import yaml
+
+    rows = []
+    for path in sorted((ROOT / "tests" / "data" / "published_truth").glob("*.yaml")):
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        for item in data.get("runs") or []:
+            figure = item.get("measured_bytes")
+            for i, rep in enumerate(item.get("repeats") or []):
+                if figure:
+                    rows.append(
+                        _row(f"{path.stem}/{item['name']}#{i}", "measured", figure, rep,
+                             f"{data['source']['url']} (repeats)")
+                    )  # fmt: skip
+    return rows
+
+
+def fitted_rows() -> list[dict[str, Any]]:
+    """The simulator readings: the simulator's fitted terms against the reading less what
+    memfit plans besides them."""
+    import simulator_truth
+
+    import memfit
+
+    rows = []
+    for run in simulator_truth.load_runs():
+        workload = simulator_truth.workload_of(run)
+        plan = memfit.plan(
+            workload, gpu=simulator_truth.gpu_of(run), overrides=dict(workload.settings),
+            margin=0.0, runtime=run.runtime or None, measure="recorded",
+        )  # fmt: skip
+        fitted = sum(b for t, b in plan.breakdown.items() if plan.sources.get(t) == "fitted")
+        rest = plan.predicted_bytes - fitted
+        if fitted <= 0:
+            continue
+        rows.append(
+            _row(f"{run.series}/{run.name}", "fitted", fitted, run.measured_bytes - rest,
+                 f"{run.source} (device used, less memfit's other terms)",
+                 role=run.role)
+        )  # fmt: skip
+    return rows
+
+
+#: The knob grid of the PPO formula against Brax's recorded measurements (issue 41, item 3).
+PPO_GRID = {
+    "num_envs": (1024, 2048, 4096, 8192, 16384, 32768, 65536),
+    "batch_size": (256, 512, 1024, 2048),
+    "num_minibatches": (8, 16, 32),
+    "unroll_length": (10, 20, 30),
+}
+
+
+def analytic_rows() -> list[dict[str, Any]]:
+    """The ``ppo`` formula for Brax (the bundled workload without ``env:`` and
+    ``measurements:``) against the same workload from its recorded measurements, term sums
+    without context and workspace, over :data:`PPO_GRID` (valid points only)."""
+    import itertools
+
+    from memfit.core.constraints import check
+    from memfit.core.evaluate import evaluate
+    from memfit.core.workload import load_workload
+
+    measured = load_workload("brax_humanoid_ppo")
+    data = measured.model_dump(exclude_none=True)
+    for key in ("env", "backend", "measurements"):  # as docs/workload.md invites
+        data.pop(key, None)
+    analytic = type(measured).model_validate(data)
+    rows = []
+    names = list(PPO_GRID)
+    for combo in itertools.product(*(PPO_GRID[n] for n in names)):
+        values = {**measured.default_values(), **dict(zip(names, combo, strict=True))}
+        pins = {n: values[n] for n in measured.knobs}
+        if [v for v in check(measured, pins) if not v.rule.startswith("knobs.")]:
+            continue
+        a = evaluate(analytic, values)
+        m = evaluate(measured, values)
+        case = "brax_humanoid_ppo/" + ",".join(
+            f"{n}={v}" for n, v in zip(names, combo, strict=True)
+        )
+        rows.append(
+            _row(case, "analytic", a.reserved_bytes, m.reserved_bytes,
+                 "the bundled brax_humanoid_ppo's recorded measurements (memfit plan "
+                 "brax_humanoid_ppo --measure recorded)", family="ppo/brax")
+        )  # fmt: skip
+    return rows
+
+
+def context_rows() -> list[dict[str, Any]]:
+    """The CUDA context: memfit's figure for the H100 and each entry's runtime against what
+    NVML counted for the process beyond the caching allocator's reserved peak (one row per
+    workload: its entries share one figure)."""
+    import gzip
+
+    from memfit.hardware.catalog import gpu
+    from memfit.hardware.runtime import cuda_context, parse_runtime
+
+    rows = []
+    seen = set()
+    for path in sorted(H100.glob("*.json.gz")):
+        entry = json.loads(gzip.decompress(path.read_bytes()))
+        peaks, env = entry["peaks"], entry["environment"]
+        if entry["kind"] != "torch" or entry["workload"] in seen or "nvml_used" not in peaks:
+            continue
+        seen.add(entry["workload"])
+        runtime = parse_runtime(
+            {"torch": env["torch"].split("+")[0], "cuda": env["cuda"], "driver": env["driver"]}
+        )
+        predicted = cuda_context(gpu(env["gpu_name"]), runtime).bytes
+        rows.append(
+            _row(f"h100/context/{entry['workload']}", "fitted", predicted,
+                 peaks["nvml_used"] - peaks["max_reserved"],
+                 "tests/data/gpu_truth/nvidia-h100-80gb-hbm3 (nvml_used - max_reserved)",
+                 family="cuda_context")
+        )  # fmt: skip
+    return rows
+
+
+COLLECTORS = {
+    "context": context_rows,
+    "compiled_recorded": compiled_recorded_rows,
+    "traced": traced_rows,
+    "published": published_rows,
+    "compiled": compiled_rows,
+    "measured": measured_rows,
+    "fitted": fitted_rows,
+    "analytic": analytic_rows,
+}
+
+
+def load_evidence() -> dict[str, Any]:
+    if EVIDENCE.exists():
+        data: dict[str, Any] = json.loads(EVIDENCE.read_text(encoding="utf-8"))
+        return data
+    return {"collected": {}, "rows": []}
+
+
+def _write_evidence(evidence: dict[str, Any]) -> None:
+    """The evidence file, one row a line (small diffs when a kind is collected again)."""
+    rows = ",\n".join(json.dumps(r, sort_keys=True) for r in evidence["rows"])
+    collected = json.dumps(evidence["collected"], indent=1, sort_keys=True)
+    EVIDENCE.write_text(f'{{"collected": {collected},\n"rows": [\n{rows}\n]}}\n', encoding="utf-8")
+
+
+def collect(kinds: Iterable[str]) -> list[dict[str, Any]]:
+    """Recompute the rows of ``kinds`` and store them beside the others."""
+    for kind in kinds:
+        if kind not in COLLECTORS:
+            raise SystemExit(f"unknown evidence kind {kind!r}: one of {', '.join(KINDS)}")
+        fresh = COLLECTORS[kind]()
+        evidence = load_evidence()  # read again: another kind may have been stored since
+        evidence["rows"] = [r for r in evidence["rows"] if r.get("collector") != kind]
+        evidence["rows"].extend({**r, "collector": kind} for r in fresh)
+        evidence["collected"][kind] = (
+            f"{_common.utc_minute()}, python bench/bands.py --collect {kind}"
+        )
+        _write_evidence(evidence)
+    rows: list[dict[str, Any]] = load_evidence()["rows"]
+    return rows
+
+
+# --- bands -------------------------------------------------------------------------------------
+
+
+def _key(row: dict[str, Any]) -> str:
+    """``basis``, or ``basis/family`` for evidence of one family (the PPO formula, a
+    convolution's compile)."""
+    return f"{row['basis']}/{row['family']}" if row.get("family") else str(row["basis"])
+
+
+def derive(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each basis's band from the calibration rows: the lowest and highest ``truth /
+    predicted - 1`` seen (the estimate itself always inside: low <= 0 <= high)."""
+    groups: dict[str, list[float]] = {}
+    for row in rows:
+        if row["part"] != "calibration" or row["predicted"] <= 0:
+            continue
+        groups.setdefault(_key(row), []).append(row["truth"] / row["predicted"] - 1.0)
+    bands = {
+        key: {  # to 4 decimals, outwards: the band still covers every calibration case
+            "low": math.floor(min(0.0, *errs) * 1e4) / 1e4,
+            "high": math.ceil(max(0.0, *errs) * 1e4) / 1e4,
+            "cases": len(errs),
+        }
+        for key, errs in sorted(groups.items())
+    }
+    return bands
+
+
+def coverage(rows: list[dict[str, Any]], bands: dict[str, Any], part: str) -> list[dict[str, Any]]:
+    """Per basis on one part: cases, how many the band covered, its mean half-width."""
+    import memfit.core.bands as core_bands
+
+    table = core_bands.BandTable.from_dict({"bands": bands})
+    out: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        if row["part"] != part or row["predicted"] <= 0:
+            continue
+        key = _key(row)
+        family = row.get("family")
+        low, high = table.interval(row["predicted"], row["basis"], family)
+        cell = out.setdefault(key, {"basis": key, "cases": 0, "covered": 0, "widths": []})
+        cell["cases"] += 1
+        cell["covered"] += int(low <= row["truth"] <= high)
+        cell["widths"].append((high - low) / 2 / row["predicted"])
+    for cell in out.values():
+        widths = cell.pop("widths")
+        cell["half_width"] = sum(widths) / len(widths) if widths else math.nan
+    return [out[k] for k in sorted(out)]
+
+
+def markdown(cal: list[dict[str, Any]], val: list[dict[str, Any]], bands: dict[str, Any]) -> str:
+    lines = [
+        f"{_common.utc_minute()}, 2-core development VM, no GPU, `{COMMAND}` (evidence: "
+        "`tests/data/band_evidence.json`, each kind's command in its `collected`).\n",
+        "| basis | band (truth / estimate - 1) | calibration cases | covered | mean half-width "
+        "| validation cases | covered | mean half-width |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    vals = {c["basis"]: c for c in val}
+    for c in cal:
+        b = bands[c["basis"]]
+        v = vals.get(c["basis"], {"cases": 0, "covered": 0, "half_width": math.nan})
+        vcov = f"{v['covered'] / v['cases']:.0%}" if v["cases"] else "-"
+        vw = f"{v['half_width']:.1%}" if v["cases"] else "-"
+        lines.append(
+            f"| {c['basis']} | {b['low']:+.1%} .. {b['high']:+.1%} | {c['cases']} | "
+            f"{c['covered'] / c['cases']:.0%} | {c['half_width']:.1%} | {v['cases']} | {vcov} "
+            f"| {vw} |"
+        )
+    for key, v in vals.items():
+        if key not in bands:
+            lines.append(
+                f"| {key} | (no calibration case: the basis's band, else the widest) | 0 | - "
+                f"| - | {v['cases']} | "
+                f"{v['covered'] / v['cases']:.0%} | {v['half_width']:.1%} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument(
+        "--collect", help="recompute these evidence kinds first: " + ",".join(KINDS)
+    )
+    args = parser.parse_args(argv)
+    if args.collect:
+        collect(k.strip() for k in args.collect.split(",") if k.strip())
+    evidence = load_evidence()
+    rows = evidence["rows"]
+    bands = derive(rows)
+    TABLE.write_text(
+        json.dumps(
+            {
+                "command": COMMAND,
+                "derived": _common.utc_minute(),
+                "evidence": "tests/data/band_evidence.json (calibration rows only)",
+                "collected": evidence["collected"],
+                "bands": bands,
+            },
+            indent=1,
+        )
+        + "\n",
+        encoding="utf-8",
+    )
+    text = markdown(
+        coverage(rows, bands, "calibration"), coverage(rows, bands, "validation"), bands
+    )
+    _common.write_results("bands", {"bands": bands}, text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,62 @@
+"""Issue 41: an estimate's figures with their band (``TorchEstimate.band``,
+``JaxEstimate.band``), from the same table the planner uses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import memfit
+from memfit.core.bands import load_bands
+from memfit.errors import ConfigError
+
+
+def test_torch_estimate_band_is_the_traced_band_around_each_figure() -> None:
+    torch = pytest.importorskip("torch")
+    nn = torch.nn
+
+    def build() -> tuple[Any, Any]:
+        model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8))
+        return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(model: Any, opt: Any, batch: Any) -> None:
+        model(batch).sum().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    est = memfit.estimate_torch(
+        build, step, lambda n: torch.randn(n, 64), [4, 8], gpu="RTX 4070", kernel_scratch=False
+    )
+    point = est.points[-1]
+    assert est.band("reserved_peak") == load_bands().interval(point.reserved_peak, "traced")
+    low, high = est.band("allocated_peak", batch_size=4)
+    assert low <= est.points[0].allocated_peak <= high
+    assert point.device_used_peak is not None and est.context is not None
+    low, high = est.band("device_used_peak")
+    traced = load_bands().interval(point.device_used_peak - est.context.bytes, "traced")
+    context = load_bands().interval(est.context.bytes, "fitted", term="cuda_context")
+    assert (low, high) == (traced[0] + context[0], traced[1] + context[1])
+    with pytest.raises(ConfigError, match="name must be one of"):
+        est.band("peak")
+    with pytest.raises(ConfigError, match="batch_size 16 was not traced"):
+        est.band("reserved_peak", batch_size=16)
+
+
+def test_jax_estimate_band_is_the_compiled_band() -> None:
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+
+    def layer(x: Any, w: Any) -> Any:
+        return jnp.tanh(x @ w)
+
+    est = memfit.estimate_jax(
+        layer,
+        jax.ShapeDtypeStruct((128, 256), jnp.float32),
+        jax.ShapeDtypeStruct((256, 64), jnp.float32),
+    )
+    assert est.band("argument_bytes") == load_bands().interval(est.argument_bytes, "compiled")
+    with pytest.raises(ConfigError, match="no device_used_bytes"):
+        est.band("device_used_bytes")  # CPU backend, no GPU named
+    with pytest.raises(ConfigError, match="name must be one of"):
+        est.band("nope")
