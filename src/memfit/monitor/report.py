@@ -70,7 +70,11 @@ SERIES = (
     ("reserved_bytes", "reserved", "#ff7f0e"),
     ("peak_allocated_bytes", "peak allocated", "#9467bd"),
     ("device_used_bytes", "device used", "#7f7f7f"),
+    ("resident_bytes", "resident (host)", "#2ca02c"),
 )
+
+#: The sample series a leak is looked for in, first one present wins (as the Recorder).
+_LEAK_METRICS = ("allocated_bytes", "device_used_bytes", "resident_bytes")
 
 #: Byte figures a sample may carry: whole numbers from 0 to 16 EiB, or null.
 _BYTE_FIELDS = (
@@ -81,6 +85,7 @@ _BYTE_FIELDS = (
     "device_used_bytes",
     "total_bytes",
     "budget_bytes",
+    "resident_bytes",
 )
 
 #: Steps are whole numbers within a signed 64-bit counter.
@@ -441,6 +446,7 @@ def summarize(run: Run) -> dict[str, Any]:
     if run.samples:
         leak = run_leak(run)
         growth = leak.to_dict() if leak is not None else None
+    readable = any(s.get(key) is not None for s in run.samples for key in _LEAK_METRICS)
     frag = None
     for sample in reversed(run.samples):
         found = check_fragmentation(sample)
@@ -461,6 +467,7 @@ def summarize(run: Run) -> dict[str, Any]:
         "metrics": metrics,
         "median_step_seconds": statistics.median(step_seconds) if step_seconds else None,
         "growth": growth,
+        "growth_known": readable,
         "fragmentation": frag,
         "events": dict(Counter(str(e.get("kind")) for e in run.events)),
         "warnings": list(run.warnings),
@@ -525,7 +532,9 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     if summary["total_bytes"] is not None:
         rows.append(("device total", size_text(summary["total_bytes"])))
     growth = summary["growth"]
-    if growth is None:
+    if growth is None and not summary.get("growth_known", True):
+        rows.append(("growth", "cannot tell: no step sample carries a memory figure"))
+    elif growth is None:
         rows.append(("growth", "no steady growth found"))
     else:
         text = f"{size_text(growth['bytes_per_step'])}/step since step {growth['start_step']}"
@@ -559,9 +568,10 @@ def _signed(value: int) -> str:
 
 def run_leak(run: Run) -> Leak | None:
     samples = run.samples
-    metric = "allocated_bytes"
-    if not any(s.get(metric) is not None for s in samples):
-        metric = "device_used_bytes"
+    metric = next(
+        (m for m in _LEAK_METRICS if any(s.get(m) is not None for s in samples)),
+        "allocated_bytes",
+    )
     budget = last_value(samples, "budget_bytes")
     return detect_leak(
         [s.get("step") for s in samples],
