@@ -31,9 +31,11 @@ from memfit.core.plan_explain import (
     binding_of,
     breakdown_of,
     chosen_knobs,
+    grown_term,
     infeasible_error,
     next_best,
     range_note,
+    release_pins,
 )
 from memfit.core.simulator import simulator_notes
 from memfit.core.space import Limit, Space, ranked_order
@@ -174,8 +176,10 @@ def _single(space: Space, budget: Budget, gpu: GpuSpec) -> Plan:
     predicted = sum(breakdown.values())
     binding: str | None = None
     if not fits:
-        binding = budget.breaking_term or max(
-            sorted(ev.evaluation.terms), key=lambda n: ev.evaluation.terms[n]
+        binding = (
+            budget.breaking_term
+            or grown_term(space, ev)
+            or max(sorted(ev.evaluation.terms), key=lambda n: ev.evaluation.terms[n])
         )
         if fitted is None and not space.host_ok(ev.evaluation):
             binding = "host_memory"
@@ -200,10 +204,10 @@ def _single(space: Space, budget: Budget, gpu: GpuSpec) -> Plan:
 def _would_fit(space: Space, gpu: GpuSpec, budget: Budget) -> list[dict[str, Any]]:
     """The family's fallbacks, each planned: what fits when the request does not."""
     family = space.family
-    if family.fallbacks is None:
-        return []
+    options = family.fallbacks(space.workload) if family.fallbacks is not None else []
+    options += release_pins(space, options)
     out: list[dict[str, Any]] = []
-    for fallback in family.fallbacks(space.workload):
+    for fallback in options:
         data = deep_merge(space.workload.model_dump(exclude_none=True), fallback.changes)
         try:
             changed = Workload.model_validate(data)

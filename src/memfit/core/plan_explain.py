@@ -10,6 +10,7 @@ from memfit.allocator.xla_fraction import xla_fraction_variable
 from memfit.core._workload_load import command_ref
 from memfit.core.budget import Budget
 from memfit.core.evaluate import Evaluation, evaluate
+from memfit.core.families.registry import Fallback
 from memfit.core.space import Limit, Rank, Space, SpaceEval
 from memfit.errors import ConfigError, InfeasiblePlan
 from memfit.hardware.catalog import GpuSpec
@@ -32,6 +33,52 @@ def chosen_knobs(space: Space, config: tuple[int, ...], on_gpu: bool) -> dict[st
     if space.placement == "auto" and space.family.placement_knob is not None:
         knobs[space.family.placement_knob] = "gpu" if on_gpu else "host"
     return knobs
+
+
+def _smallest(spec: Any) -> int | None:
+    """A knob's smallest allowed value (``min``, or its smallest choice)."""
+    if spec.choices:
+        return int(min(spec.choices))
+    return int(spec.min) if spec.min is not None else None
+
+
+def grown_term(space: Space, at: SpaceEval) -> str | None:
+    """Of a pinned configuration that does not fit, the term that grew most from the pinned
+    knobs' smallest values to the pinned ones (what the pins made too big), or ``None``
+    when no term grew (the fixed costs alone are the problem): the largest term is then
+    the one to name."""
+    low: dict[str, int] = {}
+    for name, value in space.pinned.items():
+        spec = space.workload.knobs.get(name)
+        least = _smallest(spec) if spec is not None else None
+        if least is not None and least < value:
+            low[name] = least
+    if not low:
+        return None
+    values = {**space.values(tuple(space.domains[n][0] for n in space.search_order)), **low}
+    try:
+        before = evaluate(space.workload, values, measured=space.measured, on_device=at.on_gpu)
+    except (ConfigError, ValueError):
+        return None
+    after = at.evaluation
+    deltas = {n: after.terms[n] - before.terms.get(n, 0) for n in after.terms}
+    grown = max(sorted(deltas), key=lambda n: deltas[n], default=None)
+    return grown if grown is not None and deltas[grown] > 0 else None
+
+
+def release_pins(space: Space, given: list[Fallback]) -> list[Fallback]:
+    """For a pinned configuration that does not fit: each pinned knob released (the planner
+    then picks the best value of it that fits), unless a family's own fallback releases it
+    already."""
+    released = {name for fallback in given for name in fallback.unpin}
+    out: list[Fallback] = []
+    for name, value in space.pinned.items():
+        spec = space.workload.knobs.get(name)
+        least = _smallest(spec) if spec is not None else None
+        if name in released or least is None or least >= value:
+            continue
+        out.append(Fallback(f"a smaller {name} (pinned at {value})", unpin=(name,)))
+    return out
 
 
 def _growth(before: Evaluation, after: Evaluation) -> str:
