@@ -118,10 +118,36 @@ def binding_of(
         broken = space.broken_rule(space.values(bigger))
         if broken is not None:
             grown = _next_valid(space, config, chosen, limit, budget)
-            return grown if grown is not None else (f"rule: {broken.name}", None)
+            if grown is not None:
+                return grown
+            return f"rule: {broken.name}", _rule_note(space, config, name, broken)
         # it fits and keeps the rules but ranks lower (the objective falls): not a limit
     grown = _next_valid(space, config, chosen, limit, budget)
     return grown if grown is not None else ("knob ranges", None)
+
+
+def _rule_note(space: Space, config: tuple[int, ...], name: str, rule: Any) -> str:
+    """What to raise so that ``rule`` lets ``name`` grow: the other knobs it reads that sit
+    at the top of their ranges (``knobs.X.max``) or are pinned (``--set``)."""
+    values = space.values(config)
+    raise_max: list[str] = []
+    pinned: list[str] = []
+    for other in rule.names:
+        if other == name or other not in space.domains:
+            continue
+        if other in space.pinned:
+            pinned.append(f"{other}={values[other]}")
+        elif values[other] == space.domains[other][-1]:
+            raise_max.append(f"knobs.{other}.max")
+    head = f"limited by a rule, not memory: {name}={values[name]} is the most {rule.name} allows"
+    ways = []
+    if raise_max:
+        ways.append(f"raise {' or '.join(raise_max)} (at their maximum)")
+    if pinned:
+        ways.append(f"pin larger values than {', '.join(pinned)} (--set)")
+    if not ways:
+        return head
+    return f"{head}; to plan a larger {name}, {' or '.join(ways)}"
 
 
 def _next_valid(
