@@ -59,7 +59,7 @@ _TIER_NAMES: tuple[str, ...] = (
     "RTX 4060 Laptop",
     "RTX 3060 Ti",
     "RTX 3070",
-    "RTX 4060 Ti",
+    "RTX 4060 Ti 8GB",
     "RTX 3080",
     "RTX 5070",
     "RTX 4070",

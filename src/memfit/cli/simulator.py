@@ -116,7 +116,7 @@ def _show(card: str, as_json: bool) -> None:
 
 
 def simulator(
-    gpu: str = typer.Option(..., "--gpu", help="The card ('RTX 4090', '4060 Ti')."),
+    gpu: str = typer.Option(..., "--gpu", help="The card ('RTX 4090', '4060 Ti 16GB')."),
     reading: list[str] | None = typer.Option(
         None,
         "--reading",
