@@ -705,11 +705,23 @@ def _plan_command(
             f"{safe(result.gpu)} (limited by {safe(str(result.binding))}){safe(unwritten)}"
         )
         if result.binding in ("cuda_context", "jax_preallocation", "host_memory"):
-            hint = "use a GPU (or host) with more memory, or lower --margin"
+            hint = "use a GPU (or host) with more memory" + _margin_hint(result)
         else:
             hint = "drop some --set pins and let memfit choose"
         err_console.print(f"[bold]Hint:[/] {hint}")
         raise typer.Exit(1)
+
+
+def _margin_hint(result: Plan) -> str:
+    """``", or lower --margin"`` where the margin is as large as the gap (the device's, or
+    the host RAM's when that limits), else nothing."""
+    if result.binding == "host_memory" and result.host_budget_bytes is not None:
+        over = (result.host_bytes or 0) - result.host_budget_bytes
+        margin = (result.host_memory_bytes or 0) - result.host_budget_bytes
+    else:
+        over = result.predicted_bytes - result.budget_bytes
+        margin = (result.gpu_total_bytes or result.budget_bytes) - result.budget_bytes
+    return ", or lower --margin" if 0 < over <= margin else ""
 
 
 _FRAMEWORKS = {"brax_ppo": "Brax PPO", "rl_games": "rl_games", "cleanrl": "CleanRL"}

@@ -232,6 +232,13 @@ def no_valid_setting(space: Space) -> ConfigError:
     )
 
 
+def margin_hint(over_bytes: int, budget: Budget) -> str:
+    """``", or lower --margin"`` when giving up the safety margin could close a gap of
+    ``over_bytes`` (it is no larger than the margin), else nothing: 28 GiB over an 8 GB
+    card is no margin's doing."""
+    return ", or lower --margin" if 0 < over_bytes <= budget.margin_bytes else ""
+
+
 def infeasible_error(space: Space, budget: Budget, gpu: GpuSpec) -> InfeasiblePlan:
     name = space.workload.name
     if budget.breaking_term == "jax_preallocation":
@@ -245,7 +252,10 @@ def infeasible_error(space: Space, budget: Budget, gpu: GpuSpec) -> InfeasiblePl
                 smallest_bytes=budget.context_bytes + budget.workspace_bytes,
                 budget_bytes=budget.budget_bytes,
                 binding_term="cuda_context",
-                hint="use a GPU with more memory, or lower --margin",
+                hint="use a GPU with more memory"
+                + margin_hint(
+                    budget.context_bytes + budget.workspace_bytes - budget.budget_bytes, budget
+                ),
             )
         return InfeasiblePlan(
             f"JAX preallocates {format_bytes(budget.pool_bytes)} on {gpu.name}, more than the "
@@ -288,16 +298,22 @@ def infeasible_error(space: Space, budget: Budget, gpu: GpuSpec) -> InfeasiblePl
         if budget.pool_bytes is not None
         else f"a budget of {format_bytes(budget.budget_bytes)}"
     )
+    over = footprint - (
+        budget.pool_bytes + budget.context_bytes
+        if budget.pool_bytes is not None
+        else budget.budget_bytes
+    )
     if breaking == "cuda_context":
         size = breakdown.get("cuda_context", 0)
         what = "the CUDA context alone leaves no room"
-        hint = "use a GPU with more memory, or lower --margin"
+        hint = "use a GPU with more memory" + margin_hint(over, budget)
     else:
         size = terms.get(breaking, 0)
         what = f"the largest term is {breaking}"
+        lower = margin_hint(over, budget)
         hint = (
-            f"use a GPU with more memory, lower the smallest values of the knobs that drive "
-            f"{breaking}, or lower --margin"
+            f"use a GPU with more memory{',' if lower else ' or'} lower the smallest values of "
+            f"the knobs that drive {breaking}{lower}"
         )
     return InfeasiblePlan(
         f"{name} does not fit {gpu.name}: its smallest valid configuration ({knobs or 'fixed'}) "
