@@ -315,10 +315,19 @@ def infeasible_error(space: Space, budget: Budget, gpu: GpuSpec) -> InfeasiblePl
             f"use a GPU with more memory{',' if lower else ' or'} lower the smallest values of "
             f"the knobs that drive {breaking}{lower}"
         )
+    gui = ""
+    sim = space.workload.simulator
+    if sim is not None and not sim.headless and terms.get("viewport"):
+        from memfit.core.simulator_figures import viewport_on
+
+        gui = (
+            f"; the GUI's viewport counts {format_bytes(terms['viewport'])} of it (headless "
+            f"drops it): {viewport_on(sim.gpu)[1]}"
+        )
     return InfeasiblePlan(
         f"{name} does not fit {gpu.name}: its smallest valid configuration ({knobs or 'fixed'}) "
         f"needs {format_bytes(footprint)}, over {limit_text}; {what} "
-        f"({format_bytes(size)})",
+        f"({format_bytes(size)}){gui}",
         smallest_bytes=footprint,
         budget_bytes=budget.budget_bytes,
         binding_term=breaking,
