@@ -797,6 +797,10 @@ def _check_command(
         raise typer.Exit(1)
 
 
+#: The widest ``memfit examples``'s table is laid out when stdout is not a terminal.
+EXAMPLES_TABLE_WIDTH = 160
+
+
 def _examples_command(as_json: bool = JSON_OPTION) -> None:
     """List the workloads bundled with memfit."""
     rows: list[dict[str, Any]] = []
@@ -814,16 +818,22 @@ def _examples_command(as_json: bool = JSON_OPTION) -> None:
     if as_json:
         print_json({"examples": rows})
         return
-    table = Table(title="Bundled workloads (memfit plan NAME --gpu ...)", title_justify="left")
+    table = Table(
+        title="Bundled workloads (memfit plan NAME --gpu ...)",
+        title_justify="left",
+        width=None if out_console.is_terminal else EXAMPLES_TABLE_WIDTH,
+    )
     longest = max((len(row["name"]) for row in rows), default=4)
     table.add_column("name", no_wrap=True, min_width=longest)
     table.add_column("family", no_wrap=True)
-    table.add_column("knobs")
+    table.add_column("knobs", max_width=30)
+    table.add_column("description", overflow="fold", ratio=1)
     for row in rows:
         table.add_row(
             safe(row["name"]),
             f"{row['family']} ({row['framework']})",
             safe(", ".join(row["knobs"])),
+            safe(" ".join((row["description"] or "-").split())),
         )
     out_console.print(table)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from memfit._plain import deep_merge
 from memfit.allocator.settings import workload_settings
-from memfit.allocator.xla_fraction import DEFAULT_MARGIN, xla_fraction_variable
+from memfit.allocator.xla_fraction import DEFAULT_MARGIN, FRACTION_VARIABLES, xla_fraction_variable
 from memfit.core.budget import Budget, compose_budget
 from memfit.core.constraints import (
     check,
@@ -131,6 +131,16 @@ class Plan:
         if self.pool_bytes is not None:
             return self.breakdown.get("jax_pool_unused", 0)
         return self.budget_bytes - self.predicted_bytes
+
+    def __repr__(self) -> str:
+        """One line a person reads: the card, the verdict, the knobs, the figure and what
+        limits it (``to_dict()`` has every field)."""
+        knobs = ", ".join(f"{k}={v}" for k, v in self.knobs.items())
+        return (
+            f"Plan({self.gpu!r}, fits={self.fits}, {knobs or 'no knobs'}, "
+            f"needs {format_bytes(self.used_bytes)} of {format_bytes(self.budget_bytes)}, "
+            f"limited by {self.binding or '-'})"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The plan's fields and the two figures derived from them (``used_bytes``,
@@ -326,7 +336,9 @@ def _finish(space: Space, gpu: GpuSpec, budget: Budget, plan_: Plan) -> Plan:
                 f"recommends {advice.value} here ({advice.reason}); leave jax.mem_fraction "
                 "out to plan with it"
             )
-        notes.append(f"{fraction_name}: {fraction_why}")
+        if fraction_name != FRACTION_VARIABLES[0]:
+            # the documented name goes without saying; the older one needs its reason
+            notes.append(f"{fraction_name}: {fraction_why}")
     if workload.simulator is not None:
         notes.extend(simulator_notes(workload.simulator))
         notes.append(
