@@ -216,9 +216,12 @@ def _print_plan(workload: Workload, result: Plan) -> None:
         console.print("Next best:")
         for alt in result.alternatives:
             used = alt.get("used_bytes", alt["predicted_bytes"])
+            host = alt.get("host_bytes") or 0
+            needs = f"needs {format_bytes(used)}"
+            if host:  # state in host RAM: what each needs there is what tells them apart
+                needs = f"needs {format_bytes(host)} of host RAM, device {format_bytes(used)}"
             console.print(
-                f"  {safe(_knob_text(alt['knobs']))}  (needs {format_bytes(used)}, "
-                f"objective {alt['objective']:,.0f})",
+                f"  {safe(_knob_text(alt['knobs']))}  ({needs}, objective {alt['objective']:,.0f})",
                 soft_wrap=True,
             )
     if result.would_fit:

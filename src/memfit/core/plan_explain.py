@@ -364,6 +364,7 @@ def next_best(
                 "knobs": chosen_knobs(space, config, alt.on_gpu),
                 "predicted_bytes": predicted,
                 "used_bytes": used,
+                "host_bytes": alt.evaluation.host_bytes,
                 "objective": rank[0],
             }
         )
