@@ -609,7 +609,7 @@ def _plan_command(
     A file written with --write records what it was planned for (planned_for): without
     --gpu, it is planned for that again.
     """
-    if sum(x is not None and x is not False for x in (gpu, all_gpus or None, tiers)) > 1:
+    if (gpu is not None) + all_gpus + (tiers is not None) > 1:
         raise typer.BadParameter(
             "give exactly one of --gpu NAME|SIZE|local, --tiers and --all-gpus"
         )
