@@ -558,12 +558,15 @@ def shown_block(name: str) -> str:
 #: Timings and what follows from them: left out where an example's output is compared.
 _TIMING = re.compile(
     r"[+-]?\d+\.\d+(?!\d*\s*(?:[KMGT]i?B|GB|B\b))|\bfaster\b|\bslower\b|\(\d+\.\d s(; [a-z ]+)?\)"
+    # a CPU run's resident host memory (the Recorder's "host" source) varies run to run
+    r"|resident host memory \d+(?:\.\d+)? [KMGT]?i?B"
 )
 
 
 def normalise(text: str) -> str:
     """An example's output without what changes from run to run (timings, whether a
-    measurement came from the cache, and the width of a table's columns of timings)."""
+    measurement came from the cache, a CPU run's resident host memory, and the width of a
+    table's columns of timings)."""
     # a column of timings is as wide as its widest one: spaces between cells do not count
     return re.sub(r"[ \t]+", " ", _TIMING.sub("#", text))
 
