@@ -6,6 +6,8 @@ with ``Error:`` and the three nearest names.
 
 from __future__ import annotations
 
+import re
+
 import typer
 from rich.table import Table
 
@@ -94,11 +96,15 @@ def gpus(
     _print_list(specs, as_json, f"{len(specs)} known GPUs")
 
 
+_SIZE_TEXT = re.compile(r"[+-]?[\d.]+\s*([kmgt]i?b|[kmg]|b)?", re.IGNORECASE)
+
+
 def _matching(text: str) -> list[GpuSpec]:
     """The catalog's cards whose name or an alias holds every word of ``text`` (``laptop``,
     ``jetson orin``, ``4060 ti``): ``memfit gpus WORDS`` as a filter."""
     words = [w for w in (normalize_name(part) for part in text.split()) if w]
-    if not words:
+    # a bare number or a size is a card or nothing (the lookup's error says which), not words
+    if not any(c.isalpha() for w in words for c in w) or _SIZE_TEXT.fullmatch(text.strip()):
         return []
     out = []
     for spec in list_gpus():
