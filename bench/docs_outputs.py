@@ -335,9 +335,9 @@ BLOCKS: dict[str, Block] = {
     ),
     "guide-plan-act": Block(
         (
-            Run('memfit plan act_dual_camera --gpu "RTX 4060 Ti"'),
+            Run('memfit plan act_dual_camera --gpu "RTX 4060 Ti 8GB"'),
             Run(
-                'memfit plan act_dual_camera@no_sim --gpu "RTX 4060 Ti"',
+                'memfit plan act_dual_camera@no_sim --gpu "RTX 4060 Ti 8GB"',
                 keep=_first("^Limited by"),
             ),
         )
@@ -345,7 +345,7 @@ BLOCKS: dict[str, Block] = {
     "guide-plan-sac": Block(
         (
             Run(
-                'memfit plan sac_pixels_8gb --gpu "RTX 4060 Ti"          # {}',
+                'memfit plan sac_pixels_8gb --gpu "RTX 4060 Ti 8GB"          # {}',
                 keep=lambda _out: "",
                 comment=lambda out: (
                     f"{_buffer_size(out)} frames "
@@ -474,7 +474,7 @@ VALUES: dict[str, Callable[[_Plans], str]] = {
     "brax-4070-needs": lambda p: _bytes(p("brax_humanoid_ppo", "RTX 4070").used_bytes),
     "brax-4070-headroom": lambda p: _bytes(p("brax_humanoid_ppo", "RTX 4070").headroom_bytes),
     "brax-1650-envs": lambda p: str(p("brax_humanoid_ppo", "GTX 1650").knobs["num_envs"]),
-    "brax-8gb-envs": lambda p: str(p("brax_humanoid_ppo", "RTX 4060 Ti").knobs["num_envs"]),
+    "brax-8gb-envs": lambda p: str(p("brax_humanoid_ppo", "RTX 4060 Ti 8GB").knobs["num_envs"]),
     "dqn-host-buffer": lambda p: _n(
         p("dqn_fire_raster", "3.68GiB", host_memory_bytes=G16).knobs["buffer_size"]
     ),
@@ -490,18 +490,20 @@ VALUES: dict[str, Callable[[_Plans], str]] = {
     "dqn-device-3.68GiB": lambda p: _n(
         p("dqn_fire_raster@device_replay", "3.68GiB").knobs["buffer_size"]
     ),
-    "act-envs": lambda p: str(p("act_dual_camera", "RTX 4060 Ti").knobs["num_envs"]),
-    "act-no-sim-envs": lambda p: str(p("act_dual_camera@no_sim", "RTX 4060 Ti").knobs["num_envs"]),
+    "act-envs": lambda p: str(p("act_dual_camera", "RTX 4060 Ti 8GB").knobs["num_envs"]),
+    "act-no-sim-envs": lambda p: str(
+        p("act_dual_camera@no_sim", "RTX 4060 Ti 8GB").knobs["num_envs"]
+    ),
     "act-4090-envs": lambda p: str(p("act_dual_camera", "RTX 4090").knobs["num_envs"]),
     "act-warp-envs": lambda p: str(
-        p("act_dual_camera@newton_warp", "RTX 4060 Ti").knobs["num_envs"]
+        p("act_dual_camera@newton_warp", "RTX 4060 Ti 8GB").knobs["num_envs"]
     ),
     "sac-mjx-replay": lambda p: _n(p("brax_mjx_sac", "RTX 4090").knobs["max_replay_size"]),
     "sac-mjx-buffer": lambda p: _bytes(p("brax_mjx_sac", "RTX 4090").breakdown["replay_buffer"]),
-    "sac-pixels-host": lambda p: _n(p("sac_pixels_8gb", "RTX 4060 Ti").knobs["buffer_size"]),
-    "skrl-envs": lambda p: _n(p("skrl_isaaclab_ppo", "RTX 4060 Ti").knobs["num_envs"]),
-    "skrl-rollouts": lambda p: str(p("skrl_isaaclab_ppo", "RTX 4060 Ti").knobs["rollouts"]),
-    "skrl-binding": lambda p: str(p("skrl_isaaclab_ppo", "RTX 4060 Ti").binding),
+    "sac-pixels-host": lambda p: _n(p("sac_pixels_8gb", "RTX 4060 Ti 8GB").knobs["buffer_size"]),
+    "skrl-envs": lambda p: _n(p("skrl_isaaclab_ppo", "RTX 4060 Ti 8GB").knobs["num_envs"]),
+    "skrl-rollouts": lambda p: str(p("skrl_isaaclab_ppo", "RTX 4060 Ti 8GB").knobs["rollouts"]),
+    "skrl-binding": lambda p: str(p("skrl_isaaclab_ppo", "RTX 4060 Ti 8GB").binding),
 }
 
 
@@ -585,12 +587,15 @@ def shown_block(name: str) -> str:
 #: Timings and what follows from them: left out where an example's output is compared.
 _TIMING = re.compile(
     r"[+-]?\d+\.\d+(?!\d*\s*(?:[KMGT]i?B|GB|B\b))|\bfaster\b|\bslower\b|\(\d+\.\d s(; [a-z ]+)?\)"
+    # a CPU run's resident host memory (the Recorder's "host" source) varies run to run
+    r"|resident host memory \d+(?:\.\d+)? [KMGT]?i?B"
 )
 
 
 def normalise(text: str) -> str:
     """An example's output without what changes from run to run (timings, whether a
-    measurement came from the cache, and the width of a table's columns of timings)."""
+    measurement came from the cache, a CPU run's resident host memory, and the width of a
+    table's columns of timings)."""
     # a column of timings is as wide as its widest one: spaces between cells do not count
     return re.sub(r"[ \t]+", " ", _TIMING.sub("#", text))
 

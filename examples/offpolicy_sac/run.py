@@ -11,7 +11,7 @@ for 49.6 GiB at batch 32 (google-deepmind/mujoco#1431), planned on the CPU.
 3. with brax installed, the model's replay row is checked against Brax's own
    ``UniformSamplingQueue`` (``jax.eval_shape``: nothing is allocated).
 
-    python examples/offpolicy_sac/run.py [--gpu "RTX 4060 Ti"]
+    python examples/offpolicy_sac/run.py [--gpu "RTX 4060 Ti 8GB"]
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def _show(plan: memfit.Plan, knob: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--gpu", default="RTX 4060 Ti")
+    parser.add_argument("--gpu", default="RTX 4060 Ti 8GB")
     parser.add_argument("--host-memory", default="16GiB")
     args = parser.parse_args()
     host = memfit.units.parse_bytes(args.host_memory)

@@ -10,7 +10,7 @@
    ``act``, and the run is repeated without faults: the same transitions and the same
    parameters.
 
-    python examples/skrl_ppo/run.py [--gpu "RTX 4060 Ti"] [--timesteps 64] [--no-chaos]
+    python examples/skrl_ppo/run.py [--gpu "RTX 4060 Ti 8GB"] [--timesteps 64] [--no-chaos]
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def train(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--gpu", default="RTX 4060 Ti")
+    parser.add_argument("--gpu", default="RTX 4060 Ti 8GB")
     parser.add_argument("--timesteps", type=int, default=64)
     parser.add_argument("--envs", type=int, default=4)
     parser.add_argument("--no-chaos", dest="chaos", action="store_false")

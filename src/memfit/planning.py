@@ -50,13 +50,17 @@ __all__ = [
     "with_measurements",
 ]
 
-#: The cards of the tier table (``memfit plan --all-gpus``), by memory: a 4 GB laptop card,
-#: then every consumer card of the 8, 12, 16 and 24 GB tiers, then data-centre cards.
+#: The cards of the tier table (``memfit plan --all-gpus``), by memory: 4 GB cards (a
+#: desktop and a laptop one), then every consumer card of the 8, 12, 16 and 24 GB tiers with
+#: the common 8 GB laptop cards, then data-centre cards.
 _TIER_NAMES: tuple[str, ...] = (
     "GTX 1650",
+    "RTX 3050 Laptop",
+    "RTX 3070 Laptop",
+    "RTX 4060 Laptop",
     "RTX 3060 Ti",
     "RTX 3070",
-    "RTX 4060 Ti",
+    "RTX 4060 Ti 8GB",
     "RTX 3080",
     "RTX 5070",
     "RTX 4070",

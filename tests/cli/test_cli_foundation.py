@@ -199,7 +199,7 @@ def test_env_check_file(
 
 
 @pytest.mark.parametrize(
-    "args", [("env", "--for", "gaming"), ("env", "--shell", "tcsh"), ("gpus", "a100")]
+    "args", [("env", "--for", "gaming"), ("env", "--shell", "tcsh"), ("gpus", "zz9000")]
 )
 def test_user_mistakes_exit_1_without_traceback(
     capsys: pytest.CaptureFixture[str], clean_env: pytest.MonkeyPatch, args: tuple[str, ...]

@@ -189,10 +189,10 @@ def test_camera_workload_num_envs_takes_any_count(capsys: pytest.CaptureFixture[
     an 8 GB card were refused; Isaac Lab takes any count, and so does the workload."""
     w = load_workload("act_dual_camera")
     assert w.knobs["num_envs"].values() == tuple(range(1, 1025))
-    pinned = run_json(capsys, "plan", "act_dual_camera", "--gpu", "RTX 4060 Ti",
+    pinned = run_json(capsys, "plan", "act_dual_camera", "--gpu", "RTX 4060 Ti 8GB",
                       "--set", "num_envs=3", "--json")  # fmt: skip
     assert pinned["fits"] and pinned["knobs"]["num_envs"] == 3
-    best = run_json(capsys, "plan", "act_dual_camera", "--gpu", "RTX 4060 Ti", "--json")
+    best = run_json(capsys, "plan", "act_dual_camera", "--gpu", "RTX 4060 Ti 8GB", "--json")
     assert best["knobs"]["num_envs"] >= 3  # not held to 2 by the next power of two
 
 

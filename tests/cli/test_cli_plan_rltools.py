@@ -27,9 +27,9 @@ def test_sac_mistakes_are_user_errors(capsys: pytest.CaptureFixture[str], tmp_pa
         "settings: {batch_size: 256}\n",
         encoding="utf-8",
     )
-    code, _, err = run(capsys, "plan", str(path), "--gpu", "RTX 4060 Ti")
+    code, _, err = run(capsys, "plan", str(path), "--gpu", "RTX 4060 Ti 8GB")
     user_error(code, err)
     assert "trunk names 'nowhere'" in err
     path.write_text(path.read_text().replace("trunk: nowhere, ", ""), encoding="utf-8")
-    plan = run_json(capsys, "plan", str(path), "--gpu", "RTX 4060 Ti", "--json")
+    plan = run_json(capsys, "plan", str(path), "--gpu", "RTX 4060 Ti 8GB", "--json")
     assert plan["knobs"]["buffer_size"] == 10000

@@ -33,16 +33,20 @@ def test_workload_values_that_mean_nothing_are_refused(text: str, where: str) ->
 
 
 def test_an_option_given_twice_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run(capsys, "plan", "act_dual_camera", "--gpu", "RTX 4060 Ti", "--gpu", "A100")
+    code, _, err = run(
+        capsys, "plan", "act_dual_camera", "--gpu", "RTX 4060 Ti 8GB", "--gpu", "A100"
+    )
     user_error(code, err, "--gpu is given 2 times")
-    code, _, err = run(capsys, "plan", "act_dual_camera", "--gpu=RTX 4060 Ti", "--gpu", "A100")
+    code, _, err = run(capsys, "plan", "act_dual_camera", "--gpu=RTX 4060 Ti 8GB", "--gpu", "A100")
     user_error(code, err, "--gpu")
 
 
 def test_an_unknown_measure_mode_is_refused_for_any_workload(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code, _, err = run(capsys, "plan", "act_dual_camera", "--gpu", "RTX 4060 Ti", "--measure", "x")
+    code, _, err = run(
+        capsys, "plan", "act_dual_camera", "--gpu", "RTX 4060 Ti 8GB", "--measure", "x"
+    )
     user_error(code, err, "measure must be one of")
 
 
@@ -51,7 +55,7 @@ def test_write_to_a_name_ending_with_a_slash_is_refused(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     code, _, err = run(
-        capsys, "plan", "act_dual_camera", "--gpu", "RTX 4060 Ti", "--write", "newdir/"
+        capsys, "plan", "act_dual_camera", "--gpu", "RTX 4060 Ti 8GB", "--write", "newdir/"
     )
     user_error(code, err, "names a folder")
     assert not (tmp_path / "newdir").exists()

@@ -81,7 +81,7 @@ def test_a_lone_surrogate_in_a_name_is_a_user_error(
     path = tmp_path / "w.yaml"
     text = ACT.read_text(encoding="utf-8").replace("name: act_dual_camera", 'name: "a\\ud800b"')
     path.write_text(text, encoding="utf-8")
-    code, _, err = run(capsys, "plan", str(path), "--gpu", "RTX 4060 Ti")
+    code, _, err = run(capsys, "plan", str(path), "--gpu", "RTX 4060 Ti 8GB")
     user_error(code, err, "surrogate")
 
 
@@ -92,7 +92,7 @@ def test_an_integer_past_the_string_limit_is_a_user_error(
     huge = "9" * 5000
     text = ACT.read_text(encoding="utf-8").replace("{params: 52000000}", f"{{params: {huge}}}")
     path.write_text(text, encoding="utf-8")
-    code, _, err = run(capsys, "plan", str(path), "--gpu", "RTX 4060 Ti")
+    code, _, err = run(capsys, "plan", str(path), "--gpu", "RTX 4060 Ti 8GB")
     user_error(code, err, "5000 digits")
 
 

@@ -21,9 +21,9 @@ def test_it_shows_the_published_figures_of_a_card(
     assert data["gpu"] == CARD and data["measured"] is None
     assert data["published"]["base_bytes"] == CARD_FIGURES[CARD].base_bytes
     assert data["published"]["notes"] == []
-    unknown = run_json(capsys, "simulator", "--gpu", "RTX 4060 Ti", "--json")
+    unknown = run_json(capsys, "simulator", "--gpu", "RTX 4060 Ti 8GB", "--json")
     assert any("no reading of Isaac Sim" in n for n in unknown["published"]["notes"])
-    code, out, err = run(capsys, "simulator", "--gpu", "RTX 4060 Ti")
+    code, out, err = run(capsys, "simulator", "--gpu", "RTX 4060 Ti 8GB")
     assert code == 0 and "renderer base" in out and "note: no reading" in err
 
 

@@ -127,7 +127,7 @@ def test_trunks_that_loop_are_refused() -> None:
 def test_fallbacks_store_pixels_once_before_shrinking() -> None:
     w = load_workload("sac_pixels_8gb@sb3_buffer")
     p = plan_for_gpu(
-        w, gpu("RTX 4060 Ti"), overrides={"buffer_size": 250_000}, host_memory_bytes=2**30
+        w, gpu("RTX 4060 Ti 8GB"), overrides={"buffer_size": 250_000}, host_memory_bytes=2**30
     )
     assert not p.fits
     fits = {alt["change"]: alt["fits"] for alt in p.would_fit}
@@ -206,14 +206,16 @@ def test_new_workloads_never_need_less_when_a_knob_grows(data: st.DataObject, na
 def test_bundled_workloads_plan() -> None:
     """What docs/workload.md says of them."""
     pixels = plan_for_gpu(
-        load_workload("sac_pixels_8gb"), gpu("RTX 4060 Ti"), host_memory_bytes=16 * 2**30
+        load_workload("sac_pixels_8gb"), gpu("RTX 4060 Ti 8GB"), host_memory_bytes=16 * 2**30
     )
     assert pixels.knobs == {"buffer_size": 760_000, "replay_placement": "host"}
     sb3 = plan_for_gpu(
-        load_workload("sac_pixels_8gb@sb3_buffer"), gpu("RTX 4060 Ti"), host_memory_bytes=16 * 2**30
+        load_workload("sac_pixels_8gb@sb3_buffer"),
+        gpu("RTX 4060 Ti 8GB"),
+        host_memory_bytes=16 * 2**30,
     )
     assert sb3.knobs["buffer_size"] == 120_000
-    skrl = plan_for_gpu(load_workload("skrl_isaaclab_ppo"), gpu("RTX 4060 Ti"))
+    skrl = plan_for_gpu(load_workload("skrl_isaaclab_ppo"), gpu("RTX 4060 Ti 8GB"))
     assert skrl.knobs == {"num_envs": 8192, "rollouts": 64} and skrl.binding == "simulator_envs"
     # the Ant's 8 joints by the scene rule; no reading of this card: the largest base
     assert skrl.breakdown["simulator_envs"] == 8192 * SCENE_RULE.per_env(8)

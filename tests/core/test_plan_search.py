@@ -60,13 +60,13 @@ def test_reference_cases_from_the_issue() -> None:
     # the 8 GB GPU case: dual-camera ACT rollouts rendered by Isaac Sim in the same process:
     # the renderer, not the policy, limits them (issue 33: 8 envs, where the old figures
     # planned 2; the published readings put 8-16 within an 8 GB card)
-    act = plan_for_gpu(load_workload("act_dual_camera"), gpu("RTX 4060 Ti"))
+    act = plan_for_gpu(load_workload("act_dual_camera"), gpu("RTX 4060 Ti 8GB"))
     assert act.knobs == {"num_envs": 9}  # any count, as Isaac Lab takes (issue 32)
     assert act.binding == "renderer_cameras"
     envelope = card_figures(None)
     assert act.breakdown["simulator_base"] == envelope.base_bytes  # no reading of this card
     assert act.breakdown["renderer_base"] == envelope.render_base_bytes
-    no_sim = plan_for_gpu(load_workload("act_dual_camera@no_sim"), gpu("RTX 4060 Ti"))
+    no_sim = plan_for_gpu(load_workload("act_dual_camera@no_sim"), gpu("RTX 4060 Ti 8GB"))
     assert no_sim.knobs == {"num_envs": 203}
     assert no_sim.binding == "backbone_activations"
     # the README command: Brax humanoid (mjx) PPO from its measurements on an RTX 4070
@@ -277,7 +277,7 @@ def test_plan_many_matches_plan_and_is_deterministic() -> None:
 
 
 def test_plan_dict_has_exactly_the_plan_fields() -> None:
-    p = plan_for_gpu(load_workload("act_dual_camera"), gpu("RTX 4060 Ti"))
+    p = plan_for_gpu(load_workload("act_dual_camera"), gpu("RTX 4060 Ti 8GB"))
     assert list(p.to_dict()) == PLAN_FIELDS
     assert p.to_dict()["used_bytes"] == p.predicted_bytes  # torch: no pool
     assert p.to_dict()["headroom_bytes"] == p.budget_bytes - p.predicted_bytes

@@ -266,7 +266,7 @@ def test_the_plan_says_what_no_reading_sizes() -> None:
         "no reading of semantic_segmentation",
         "standard cameras: one reading",
         "ray casters: counted from Isaac Lab's source",
-        "viewport: one rough reading",
+        "viewport: one reading on another card",
     ):
         assert words in notes
     measured = SimulatorSpec(preset="isaac_sim", gpu=RTX4090, scene={"robot": "cartpole"})

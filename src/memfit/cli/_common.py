@@ -160,9 +160,10 @@ JSON_OPTION: bool = typer.Option(
 RUNTIME_OPTION: str | None = typer.Option(
     None,
     "--runtime",
-    help="The target's software, which sizes the CUDA context: "
-    "torch=1.10.0,cuda=11.2,driver=460.91.03,module_loading=eager (every key optional; "
-    "default: this machine's torch and its default module loading).",
+    help="The target's software, which sizes the CUDA context: KEY=VALUE items joined by "
+    "commas, from torch=2.5.1, cuda=12.1, driver=550.54, module_loading=lazy or eager "
+    "(e.g. --runtime torch=2.5.1,cuda=12.1; every key optional; default: this machine's "
+    "torch and its default module loading).",
 )
 
 #: Characters a terminal acts on instead of showing: C0 and C1 controls (ESC starts colour

@@ -49,6 +49,9 @@ from memfit.units import format_bytes
 #: The largest shell file ``env --check`` reads (a few lines of exports is the norm).
 MAX_SETTINGS_BYTES = 1 * 2**20
 
+#: The widest ``memfit env``'s table is laid out when stdout is not a terminal.
+ENV_TABLE_WIDTH = 120
+
 __all__ = ["env", "register"]
 
 
@@ -151,9 +154,13 @@ def env(
             }
         )
     else:
-        table = Table(title=f"memfit env --for {profile}", title_justify="left")
-        for column in ("variable / option", "value", "why"):
-            table.add_column(column)
+        # the reasons are sentences: fold them (at most 120 columns when piped, as a
+        # terminal of that width shows them) instead of one line of hundreds of columns
+        width = None if out_console.is_terminal else ENV_TABLE_WIDTH
+        table = Table(title=f"memfit env --for {profile}", title_justify="left", width=width)
+        table.add_column("variable / option", no_wrap=True)
+        table.add_column("value", overflow="fold")
+        table.add_column("why", overflow="fold", ratio=1)
         for key, value, reason in rec.options:
             table.add_row(f"torch {safe(key)}", safe(value), safe(reason))
         for setting in rec.settings:

@@ -8,6 +8,7 @@ the predicted peaks and the breakdown per batch size, and the fitted line.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import typer
@@ -158,15 +159,155 @@ def _slope_check(est: Any, trace: Any) -> dict[str, Any] | None:
     return out
 
 
+#: The share of the usable memory the largest fitting batch leaves free (as ``memfit fit``).
+_MARGIN = 0.05
+
+#: The largest batch searched for.
+_MAX_BATCH = 2**31
+
+
+def _target(gpu: str | None) -> tuple[str, int, str] | None:
+    """The device the answer is for: ``(name, total bytes, kind)``, kind ``"host"`` for
+    ``--gpu cpu`` (this machine's available RAM) or ``"gpu"``; ``None`` without ``--gpu``."""
+    if gpu is None:
+        return None
+    from memfit.planning import HOST_NAMES, host_memory
+
+    if gpu.strip().lower() in HOST_NAMES:
+        here = host_memory()
+        if here is None:
+            raise ConfigError(
+                "this operating system does not say how much RAM it has",
+                key_path="--gpu",
+                hint="give the RAM as a size instead, e.g. --gpu 16GiB",
+            )
+        return "CPU (host RAM available now)", here[1], "host"
+    from memfit.hardware.catalog import gpu as lookup_gpu
+
+    spec = lookup_gpu(gpu)
+    return spec.name, spec.total_bytes, "gpu"
+
+
+def _bisect(fits: Callable[[int], bool], low: int) -> int | None:
+    """The largest value from ``low`` up for which ``fits`` holds (taken to fall with the
+    value), or ``None`` when ``low`` does not fit."""
+    if not fits(low):
+        return None
+    lo, hi = low, low * 2
+    while hi <= _MAX_BATCH and fits(hi):
+        lo, hi = hi, hi * 2
+    if hi > _MAX_BATCH:
+        return lo
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def largest_batch(
+    est: Any, data: dict[str, Any], target: tuple[str, int, str]
+) -> dict[str, Any] | None:
+    """The largest batch size that fits ``target`` with :data:`_MARGIN` left free.
+
+    Torch on a GPU: the traced allocations replayed through the allocator model under the
+    card's memory less the CUDA context (``TorchEstimate.largest_fitting``); torch on the
+    CPU: the replay's allocated peak under the RAM available now; JAX: the fitted line of
+    the executable's peak under the pool JAX preallocates (or the card, on demand).
+
+    Returns:
+        ``{"device", "limit_bytes", "batch_size", "peak_bytes", "how"}`` (``batch_size``
+        ``None`` when even 1 does not fit), or ``None`` when the traces cannot say (one
+        batch size, or a step whose allocations change with the batch size).
+    """
+    name, total, kind = target
+    if data["framework"] == "torch":
+        sequence = getattr(est, "sequence", None)
+        if sequence is None:
+            return None
+        if kind == "host":
+            limit = total
+            usable = int(limit * (1 - _MARGIN))
+            best = _bisect(lambda v: sequence.replay(v).allocated_peak <= usable, 1)
+            peak = None if best is None else sequence.replay(best).allocated_peak
+            how = (
+                "the traced allocations replayed at each size, their peak under the RAM "
+                f"available now less {_MARGIN:.0%}"
+            )
+        else:
+            context = data["context"]["bytes"] if data.get("context") else 0
+            limit = total - context
+            usable = int(limit * (1 - _MARGIN))
+            got: Any = None
+
+            def fits(v: int) -> bool:
+                nonlocal got
+                one = sequence.replay(
+                    v,
+                    limit_bytes=limit,
+                    target_bytes=usable,
+                    expandable_segments=est.expandable_segments,
+                    max_split_size=est.max_split_size,
+                )
+                if one.fits:
+                    got = one if got is None or v > got.value else got
+                return bool(one.fits)
+
+            best = _bisect(fits, 1)
+            peak = None if got is None else got.reserved_peak
+            how = (
+                "the traced allocations replayed through the caching allocator model under "
+                f"the card's memory less the CUDA context, {_MARGIN:.0%} left free"
+            )
+    else:
+        fit = data.get("fit")
+        if fit is None or fit["slope"] <= 0:
+            return None
+        from memfit.estimate.xla.step import preallocation_from_env
+
+        policy = preallocation_from_env()
+        on_demand = kind == "host" or policy.platform_allocator or not policy.preallocate
+        limit = total if on_demand else int(total * policy.fraction)
+        usable = int(limit * (1 - _MARGIN))
+        room = usable - fit["intercept"]
+        best = int(room // fit["slope"]) if room >= fit["slope"] else None
+        best = min(best, _MAX_BATCH) if best is not None else None
+        peak = None if best is None else round(fit["intercept"] + fit["slope"] * best)
+        pool = "the card" if on_demand else f"JAX's preallocated pool ({policy.fraction:.0%})"
+        how = f"the fitted line of the executable's peak under {pool}, {_MARGIN:.0%} left free"
+    return {
+        "device": name,
+        "limit_bytes": limit,
+        "batch_size": best,
+        "peak_bytes": peak,
+        "how": how,
+    }
+
+
+def _largest_line(largest: dict[str, Any], knob: str) -> str:
+    if largest["batch_size"] is None:
+        return (
+            f"largest {knob} that fits on {largest['device']}: none (even 1 needs more than "
+            f"{format_bytes(largest['limit_bytes'])})"
+        )
+    return (
+        f"largest {knob} that fits on {largest['device']}: {largest['batch_size']:,} "
+        f"(peak {format_bytes(largest['peak_bytes'])} of {format_bytes(largest['limit_bytes'])}; "
+        f"{largest['how']})"
+    )
+
+
 def estimate_command(
     factory: str = typer.Argument(
-        ..., help="module:function returning memfit.estimate.TorchStep or JaxStep."
+        ..., help="module:function (or path/to/file.py:function) returning a TorchStep or JaxStep."
     ),
     batch: str = typer.Option(
         "32,64,128", "--batch", "-b", help="Batch sizes to trace, comma-separated."
     ),
     gpu: str | None = typer.Option(
-        None, "--gpu", help="GPU name or size for device-level figures (context, workspace)."
+        None,
+        "--gpu",
+        help="GPU name or size for device-level figures (context, workspace) and the largest "
+        "batch that fits; cpu: this machine's RAM.",
     ),
     framework: str | None = typer.Option(
         None, "--framework", help="torch or jax (default: what the factory returns)."
@@ -185,6 +326,9 @@ def estimate_command(
     from memfit.estimate.bridge import make_step
 
     sizes = parse_batch_sizes(batch)
+    target = _target(gpu)
+    trace_gpu = gpu if target is None or target[2] == "gpu" else None
+    est: Any = None
     if framework is not None and framework not in ("torch", "jax"):
         raise ConfigError(
             f"unknown framework {framework!r}", key_path="--framework", hint="use torch or jax"
@@ -221,7 +365,7 @@ def estimate_command(
                     step.step,
                     step.make_batch,
                     at,
-                    gpu=gpu,
+                    gpu=trace_gpu,
                     expandable_segments=expandable,
                     max_split_size=max_split,
                     batch_knob=step.batch_knob,
@@ -238,8 +382,14 @@ def estimate_command(
 
         with status(f"compiling {factory}", quiet=json_out) as say, user_code(factory):
             data = estimate_jax_sweep(
-                step.fn, step.make_args, sizes, gpu=gpu, batch_knob=step.batch_knob, progress=say
+                step.fn,
+                step.make_args,
+                sizes,
+                gpu=trace_gpu,
+                batch_knob=step.batch_knob,
+                progress=say,
             ).to_dict()
+    data["largest_fitting"] = None if target is None else largest_batch(est, data, target)
     if json_out:
         print_json(data)
         return
@@ -260,7 +410,7 @@ def estimate_command(
             out_console.print(
                 f"trace at {slope['from_value'] * 2:,} or more for the slope", soft_wrap=True
             )
-    if kind == "torch" and data.get("context") is not None:
+    if kind == "torch" and data.get("context") is not None and trace_gpu == gpu:
         out_console.print(safe(_context_line(data["context"])))
     if kind == "torch":
         note = _gradients_note(data["points"][-1])
@@ -279,6 +429,20 @@ def estimate_command(
     else:
         for note in data["points"][-1]["notes"]:
             err_console.print(f"note: {safe(note)}")
+    largest = data["largest_fitting"]
+    if target is None:
+        out_console.print(
+            "largest batch that fits: name the card with --gpu (a name, a size, or cpu)",
+            soft_wrap=True,
+        )
+    elif largest is None:
+        out_console.print(
+            f"largest {safe(data['batch_knob'])} that fits: cannot tell from these traces "
+            "(trace two or more batch sizes, e.g. --batch 32,64)",
+            soft_wrap=True,
+        )
+    else:
+        out_console.print(safe(_largest_line(largest, data["batch_knob"])), soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

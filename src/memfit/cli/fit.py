@@ -72,9 +72,18 @@ def _load(ref: str) -> tuple[str, Workload | None]:
     from memfit.core.workload import load_workload
 
     workload = load_workload(ref)
+    if workload.framework != "torch" and not workload.factory:
+        raise ConfigError(
+            f"memfit fit runs PyTorch steps; workload {workload.name!r} is a "
+            f"{workload.framework} workload",
+            key_path="factory",
+            hint=f"plan it with `memfit plan {ref} --gpu ...`; to confirm a JAX job on the "
+            "device, call memfit.fit(run, low=..., high=...) with your own probe function",
+        )
     if not workload.factory:
         raise ConfigError(
-            f"workload {workload.name!r} names no factory",
+            f"workload {workload.name!r} names no factory (memfit fit runs a PyTorch step "
+            "on the device)",
             key_path="factory",
             hint="add factory: module:function returning memfit.estimate.TorchStep, "
             "or pass module:function directly",

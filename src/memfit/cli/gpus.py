@@ -6,6 +6,8 @@ with ``Error:`` and the three nearest names.
 
 from __future__ import annotations
 
+import re
+
 import typer
 from rich.table import Table
 
@@ -18,7 +20,7 @@ from memfit.cli._common import (
     write_stdout,
 )
 from memfit.errors import ConfigError
-from memfit.hardware.catalog import GpuSpec, gpu, list_gpus, reading_note
+from memfit.hardware.catalog import GpuSpec, gpu, list_gpus, normalize_name, reading_note
 from memfit.units import format_bytes, format_mib
 
 __all__ = ["gpus", "register"]
@@ -33,8 +35,8 @@ def _cc(spec: GpuSpec) -> str:
 def gpus(
     name: str | None = typer.Argument(
         None,
-        help="A GPU name ('4090', 'RTX 4060 Laptop', 'H100 80GB') or a size with its unit "
-        "('12GiB'); all when left out.",
+        help="A GPU name ('4090', 'RTX 4060 Laptop', 'H100 80GB'), a size with its unit "
+        "('12GiB'), or words to filter the list by ('laptop', 'jetson'); all when left out.",
     ),
     as_json: bool = JSON_OPTION,
     target_config: bool = typer.Option(
@@ -52,7 +54,14 @@ def gpus(
             hint="memfit gpus 'RTX 4070' --target-config",
         )
     if name is not None:
-        spec = gpu(name)
+        try:
+            spec = gpu(name)
+        except ConfigError:
+            matching = [] if target_config else _matching(name)
+            if not matching:
+                raise
+            _print_list(matching, as_json, f"{len(matching)} known GPUs matching {name!r}")
+            return
         if target_config:
             from memfit.hardware.xla_target import target_config as make_config
 
@@ -91,10 +100,32 @@ def gpus(
         out_console.print(table)
         return
     specs = list_gpus()
+    _print_list(specs, as_json, f"{len(specs)} known GPUs")
+
+
+_SIZE_TEXT = re.compile(r"[+-]?[\d.]+\s*([kmgt]i?b|[kmg]|b)?", re.IGNORECASE)
+
+
+def _matching(text: str) -> list[GpuSpec]:
+    """The catalog's cards whose name or an alias holds every word of ``text`` (``laptop``,
+    ``jetson orin``, ``4060 ti``): ``memfit gpus WORDS`` as a filter."""
+    words = [w for w in (normalize_name(part) for part in text.split()) if w]
+    # a bare number or a size is a card or nothing (the lookup's error says which), not words
+    if not any(c.isalpha() for w in words for c in w) or _SIZE_TEXT.fullmatch(text.strip()):
+        return []
+    out = []
+    for spec in list_gpus():
+        names = [normalize_name(n) for n in (spec.name, *spec.aliases)]
+        if any(all(w in n for w in words) for n in names):
+            out.append(spec)
+    return out
+
+
+def _print_list(specs: list[GpuSpec], as_json: bool, title: str) -> None:
     if as_json:
         print_json({"gpus": [s.to_dict() for s in specs]})
         return
-    table = Table(title=f"memfit gpus: {len(specs)} known GPUs", title_justify="left")
+    table = Table(title=f"memfit gpus: {safe(title)}", title_justify="left")
     table.add_column("name")
     table.add_column("total (MiB)", justify="right")
     table.add_column("GiB", justify="right")

@@ -57,29 +57,31 @@ def _click_exception_types() -> tuple[
 _USAGE_ERRORS, _ABORTS, _EXITS, _CLICK_ERRORS = _click_exception_types()
 
 #: Every command: name -> (module under ``memfit.cli`` that registers it, its one-line help),
-#: in the order ``--help`` lists them. ``memfit --help`` lists this table without importing a
-#: command's module; a command's module is imported when the command runs (or shows its own
-#: help). Adding a command is one line here plus ``register(app)`` in its module; a test
-#: checks that each line's help is the first line of the command's own.
+#: in the order ``--help`` lists them: the order of the work (plan before the run, settle
+#: the knobs, set the allocator up, watch the run, look back at it). ``memfit --help``
+#: lists this table without importing a command's module; a command's module is imported
+#: when the command runs (or shows its own help). Adding a command is one line here plus
+#: ``register(app)`` in its module; a test checks that each line's help is the first line
+#: of the command's own.
 COMMANDS: dict[str, tuple[str, str]] = {
     # name: (module, help)
-    "devices": ("devices", "Show each GPU's memory and processes (NVML, else torch); no GPU "
-                "is not an error."),
-    "gpus": ("gpus", "List the known GPUs and the memory their driver reports, or show one."),
-    "env": ("env", "Recommend PyTorch/JAX allocator settings and validate the ones already set."),
-    "watch": ("watch", "Live view of GPU memory per device and per process (like `watch "
-              "nvidia-smi`)."),
-    "report": ("report", "Summarise a recorded run; draw it to a PNG or a self-contained HTML "
-               "page."),
-    "estimate": ("estimate", "Predict the peak GPU memory of a real PyTorch or JAX step, "
-                 "without a GPU."),
     "plan": ("plan", "Fit a workload to a GPU: the biggest knob values that fit and keep every "
              "rule."),
     "check": ("plan", "Check knob values against the workload's rules; exit 1 when one is broken."),
     "examples": ("plan", "List the workloads bundled with memfit."),
+    "show": ("show", "Print a bundled workload's YAML (with its variants) to copy and edit."),
+    "estimate": ("estimate", "Predict the peak GPU memory of a real PyTorch or JAX step, "
+                 "without a GPU."),
     "fit": ("fit", "Find the largest batch (knob value) that fits, confirmed on the device in a "
             "few probes."),
-    "show": ("show", "Print a bundled workload's YAML (with its variants) to copy and edit."),
+    "gpus": ("gpus", "List the known GPUs and the memory their driver reports, or show one."),
+    "env": ("env", "Recommend PyTorch/JAX allocator settings and validate the ones already set."),
+    "devices": ("devices", "Show each GPU's memory and processes (NVML, else torch); no GPU "
+                "is not an error."),
+    "watch": ("watch", "Live view of GPU memory per device and per process (like `watch "
+              "nvidia-smi`)."),
+    "report": ("report", "Summarise a recorded run; draw it to a PNG or a self-contained HTML "
+               "page."),
     "explain": ("explain", "Explain a CUDA memory snapshot: peaks, where the memory went, what "
                 "would help."),
     "simulator": ("simulator", "Show the simulator figures a plan uses on a card; fit and store "

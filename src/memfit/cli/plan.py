@@ -19,6 +19,7 @@ import typer
 import yaml
 from rich.table import Table
 
+from memfit._checks import parse_int
 from memfit.allocator.xla_fraction import DEFAULT_MARGIN, FRACTION_VARIABLES
 from memfit.cli._common import (
     JSON_OPTION,
@@ -231,9 +232,12 @@ def _print_plan(workload: Workload, result: Plan) -> None:
         console.print("Next best:")
         for alt in result.alternatives:
             used = alt.get("used_bytes", alt["predicted_bytes"])
+            host = alt.get("host_bytes") or 0
+            needs = f"needs {format_bytes(used)}"
+            if host:  # state in host RAM: what each needs there is what tells them apart
+                needs = f"needs {format_bytes(host)} of host RAM, device {format_bytes(used)}"
             console.print(
-                f"  {safe(_knob_text(alt['knobs']))}  (needs {format_bytes(used)}, "
-                f"objective {alt['objective']:,.0f})",
+                f"  {safe(_knob_text(alt['knobs']))}  ({needs}, objective {alt['objective']:,.0f})",
                 soft_wrap=True,
             )
     if result.would_fit:
@@ -359,6 +363,77 @@ def _infeasible_row(spec: GpuSpec, exc: InfeasiblePlan) -> dict[str, Any]:
     }
 
 
+#: ``--tiers 8,12``: the card each memory tier (GB) stands for (as examples/brax_ppo/run.py
+#: reads it); a tier not listed plans for an anonymous card of that many GB.
+TIER_CARDS: dict[int, str] = {
+    4: "GTX 1650",
+    8: "RTX 3060 Ti",
+    12: "RTX 4070",
+    16: "RTX 4080",
+    24: "RTX 4090",
+    32: "RTX 5090",
+    40: "A100 40GB",
+    80: "A100 80GB",
+}
+
+
+def tier_gpus(text: str) -> list[str]:
+    """``--tiers 8,12,16``: the card of each memory tier (:data:`TIER_CARDS`), ``NGB`` for
+    another tier.
+
+    Raises:
+        ConfigError: When an entry is not a whole number of GB from 1 to 4096.
+
+    >>> tier_gpus("8, 12,48")
+    ['RTX 3060 Ti', 'RTX 4070', '48GB']
+    """
+    out: list[str] = []
+    for part in text.split(","):
+        tier = parse_int(
+            "--tiers",
+            part.strip(),
+            lo=1,
+            hi=4096,
+            hint="give memory tiers in GB, comma-separated: --tiers 8,12,16,24",
+        )
+        out.append(TIER_CARDS.get(tier, f"{tier}GB"))
+    return out
+
+
+def _fraction_of(result: Plan) -> str:
+    """The XLA memory fraction a JAX plan sets (``"0.90"``), or ``"-"``."""
+    for name in FRACTION_VARIABLES:
+        if name in result.environment:
+            return str(result.environment[name])
+    return "-"
+
+
+def _raise_note(specs: list[GpuSpec], results: list[Any]) -> str | None:
+    """Where knob ranges or a rule (not memory) limit the plan: which knob maxima to raise,
+    and on which cards."""
+    import re
+
+    cards: list[str] = []
+    raise_what: list[str] = []
+    for spec, r in zip(specs, results, strict=True):
+        if isinstance(r, InfeasiblePlan) or r.binding is None:
+            continue
+        if r.binding != "knob ranges" and not r.binding.startswith("rule: "):
+            continue
+        found = [m for n in r.notes for m in re.findall(r"knobs\.[\w.]+?\.max", n)]
+        if not found:
+            continue
+        cards.append(_short_gpu(spec.name))
+        raise_what.extend(k for k in found if k not in raise_what)
+    if not cards:
+        return None
+    shown = ", ".join(cards[:4]) + (f" and {len(cards) - 4} more" if len(cards) > 4 else "")
+    return (
+        f"knob ranges or a rule, not memory, limit the plan on {shown}: raise "
+        f"{' or '.join(raise_what)} in the workload to plan more there"
+    )
+
+
 def _tiers(
     workload: Workload,
     overrides: dict[str, int],
@@ -366,24 +441,26 @@ def _tiers(
     as_json: bool,
     measure: str = "auto",
     runtime: str | None = None,
+    gpus: list[str] | None = None,
 ) -> None:
     from memfit.core.evaluate import family_for
     from memfit.planning import TIER_GPUS, plan_tiers, resolve_gpu
 
+    cards = list(TIER_GPUS) if gpus is None else gpus
     with (
-        status(f"planning {workload.name} for {len(TIER_GPUS)} GPUs", quiet=as_json) as say,
+        status(f"planning {workload.name} for {len(cards)} GPUs", quiet=as_json) as say,
         _factory_code(workload),
     ):
         results = plan_tiers(
             workload,
-            TIER_GPUS,
+            cards,
             overrides,
             margin,
             measure=measure,
             progress=say,
             runtime=runtime,
         )
-    specs = [resolve_gpu(g) for g in TIER_GPUS]
+    specs = [resolve_gpu(g) for g in cards]
     if as_json:
         rows = [
             _infeasible_row(spec, r) if isinstance(r, InfeasiblePlan) else r.to_dict()
@@ -414,6 +491,8 @@ def _tiers(
     table.add_column("knobs", justify="right", no_wrap=True)
     table.add_column("needs", justify="right", no_wrap=True)
     table.add_column("headroom", justify="right", no_wrap=True)
+    if pooled:
+        table.add_column("XLA frac", justify="right", no_wrap=True)
     table.add_column("limited by", overflow="fold")
     merged: list[tuple[list[str], tuple[str, ...]]] = []
     for spec, r in zip(specs, results, strict=True):
@@ -425,6 +504,7 @@ def _tiers(
                 "-",
                 f"[red]{smallest}[/]",
                 "[red]does not fit[/]",
+                *(("-",) if pooled else ()),
                 safe(r.binding_term or "-"),
             )
         else:
@@ -433,6 +513,7 @@ def _tiers(
                 "/".join(str(r.knobs.get(k, "-")) for k in knob_names),
                 format_bytes(r.used_bytes, precision=1),
                 format_bytes(r.headroom_bytes, precision=1),
+                *((_fraction_of(r),) if pooled else ()),
                 safe(_limited_text(r.binding)),
             )
         if merged and merged[-1][1] == cells:  # same memory, same plan: one row
@@ -446,6 +527,9 @@ def _tiers(
     common = [n for n in fitted[0].notes if all(n in r.notes for r in fitted)] if fitted else []
     for note in common:
         out_console.print(f"Note: {safe(note)}", soft_wrap=True)
+    raise_note = _raise_note(specs, results)
+    if raise_note is not None:
+        out_console.print(f"Note: {safe(raise_note)}", soft_wrap=True)
     _fail_if_none_fit(workload, results)
 
 
@@ -496,9 +580,17 @@ def _plan_command(
     gpu: str | None = typer.Option(
         None,
         "--gpu",
-        help="GPU name (RTX 4070), size (12GiB), local, or a count and a name (8xH100).",
+        help="GPU name (RTX 4070), size (12GiB), local or cpu; a count and a name (8xH100); "
+        "several, comma-separated (8GiB,12GiB), for a table.",
     ),
     all_gpus: bool = typer.Option(False, "--all-gpus", help="Plan for the tier table of GPUs."),
+    tiers: str | None = typer.Option(
+        None,
+        "--tiers",
+        metavar="GB,GB",
+        help="Plan for one card per memory tier, e.g. 8,12,16,24 (RTX 3060 Ti, RTX 4070, "
+        "RTX 4080, RTX 4090); a table.",
+    ),
     set_: list[str] = SET_OPTION,
     margin: str | None = typer.Option(
         None,
@@ -535,10 +627,24 @@ def _plan_command(
     A file written with --write records what it was planned for (planned_for): without
     --gpu, it is planned for that again.
     """
-    if gpu is not None and all_gpus:
-        raise typer.BadParameter("give exactly one of --gpu NAME|SIZE|local and --all-gpus")
+    if (gpu is not None) + all_gpus + (tiers is not None) > 1:
+        raise typer.BadParameter(
+            "give exactly one of --gpu NAME|SIZE|local, --tiers and --all-gpus"
+        )
+    table_gpus = tier_gpus(tiers) if tiers is not None else None
+    if gpu is not None and "," in gpu:
+        table_gpus = [g.strip() for g in gpu.split(",")]
+        if not all(table_gpus):
+            raise ConfigError(
+                f"an empty GPU name in {gpu!r}",
+                key_path="--gpu",
+                hint="separate GPU names or sizes with commas: --gpu 8GiB,12GiB",
+            )
+        gpu = None
+    if table_gpus is not None:
+        all_gpus = True
     if all_gpus and write is not None:
-        raise typer.BadParameter("--write needs one --gpu, not --all-gpus")
+        raise typer.BadParameter("--write needs one --gpu, not a table of GPUs")
     loaded = load_workload_arg(workload)
     recorded = loaded.planned_for if gpu is None and not all_gpus else None
     if gpu is None and not all_gpus:
@@ -575,7 +681,7 @@ def _plan_command(
     )
     host = _host_bytes(host_memory)
     if all_gpus:
-        _tiers(loaded, overrides, fraction, as_json, measure, runtime)
+        _tiers(loaded, overrides, fraction, as_json, measure, runtime, table_gpus)
         return
     from memfit.planning import plan
 
@@ -627,7 +733,7 @@ def _plan_command(
             f"{safe(result.gpu)} (limited by {safe(str(result.binding))}){safe(unwritten)}"
         )
         if result.binding in ("cuda_context", "jax_preallocation", "host_memory"):
-            hint = "use a GPU (or host) with more memory, or lower --margin"
+            hint = "use a GPU (or host) with more memory" + _margin_hint(result)
         else:
             hint = "drop some --set pins and let memfit choose"
         err_console.print(f"[bold]Hint:[/] {hint}")
@@ -725,6 +831,18 @@ def _print_devices(workload: Workload, result: Any) -> None:
         console.print(f"  note: {safe(note)}", soft_wrap=True)
 
 
+def _margin_hint(result: Plan) -> str:
+    """``", or lower --margin"`` where the margin is as large as the gap (the device's, or
+    the host RAM's when that limits), else nothing."""
+    if result.binding == "host_memory" and result.host_budget_bytes is not None:
+        over = (result.host_bytes or 0) - result.host_budget_bytes
+        margin = (result.host_memory_bytes or 0) - result.host_budget_bytes
+    else:
+        over = result.predicted_bytes - result.budget_bytes
+        margin = (result.gpu_total_bytes or result.budget_bytes) - result.budget_bytes
+    return ", or lower --margin" if 0 < over <= margin else ""
+
+
 _FRAMEWORKS = {"brax_ppo": "Brax PPO", "rl_games": "rl_games", "cleanrl": "CleanRL"}
 
 
@@ -798,6 +916,10 @@ def _check_command(
         raise typer.Exit(1)
 
 
+#: The widest ``memfit examples``'s table is laid out when stdout is not a terminal.
+EXAMPLES_TABLE_WIDTH = 160
+
+
 def _examples_command(as_json: bool = JSON_OPTION) -> None:
     """List the workloads bundled with memfit."""
     rows: list[dict[str, Any]] = []
@@ -815,16 +937,22 @@ def _examples_command(as_json: bool = JSON_OPTION) -> None:
     if as_json:
         print_json({"examples": rows})
         return
-    table = Table(title="Bundled workloads (memfit plan NAME --gpu ...)", title_justify="left")
+    table = Table(
+        title="Bundled workloads (memfit plan NAME --gpu ...)",
+        title_justify="left",
+        width=None if out_console.is_terminal else EXAMPLES_TABLE_WIDTH,
+    )
     longest = max((len(row["name"]) for row in rows), default=4)
     table.add_column("name", no_wrap=True, min_width=longest)
     table.add_column("family", no_wrap=True)
-    table.add_column("knobs")
+    table.add_column("knobs", max_width=30)
+    table.add_column("description", overflow="fold", ratio=1)
     for row in rows:
         table.add_row(
             safe(row["name"]),
             f"{row['family']} ({row['framework']})",
             safe(", ".join(row["knobs"])),
+            safe(" ".join((row["description"] or "-").split())),
         )
     out_console.print(table)
 

@@ -10,6 +10,7 @@ skipped with a warning.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import typer
@@ -19,7 +20,7 @@ from memfit.cli._common import JSON_OPTION, err_console, out_console, print_json
 from memfit.cli._files import FORCE_OPTION, STDIN, Output, read_input
 from memfit.cli._progress import status
 from memfit.errors import ConfigError
-from memfit.monitor.report import load_run, parse_run, summarize, summary_rows
+from memfit.monitor.report import Run, load_run, parse_run, summarize, summary_rows
 from memfit.monitor.report_html import event_rows, render_html, step_text
 from memfit.monitor.report_plot import png_bytes
 
@@ -44,6 +45,13 @@ def report(
     force: bool = FORCE_OPTION,
     title: str | None = typer.Option(
         None, "--title", help="Title of the figure and page (default: the run log's name)."
+    ),
+    run_number: int | None = typer.Option(
+        None,
+        "--run",
+        metavar="N",
+        help="Which run of a file several runs were appended to (1 is the first; default: "
+        "the last).",
     ),
     as_json: bool = JSON_OPTION,
 ) -> None:
@@ -70,10 +78,10 @@ def report(
         out.check()
     with status(f"reading {run_file}", quiet=as_json) as say:
         if run_file != STDIN:
-            run = load_run(run_file)
+            run = _with_option(lambda: load_run(run_file, run=run_number))
         else:
             data, source = read_input(run_file, what="the run log", hint=_HINT, stdin=True)
-            run = parse_run(data, source=source)
+            run = _with_option(lambda: parse_run(data, source=source, run=run_number))
         summary = summarize(run)
         if out is not None:
             say(f"drawing {out.path.name}")
@@ -110,6 +118,17 @@ def report(
             out_console.print(f"... and {len(rows) - _MAX_EVENTS_SHOWN} more events")
     if output is not None:
         err_console.print(f"wrote {safe(output)}")
+
+
+def _with_option(read: Callable[[], Run]) -> Run:
+    """``read()``, its ``run`` errors named as the ``--run`` option."""
+    try:
+        return read()
+    except ConfigError as exc:
+        if exc.key_path != "run":
+            raise
+        message = exc.message.removeprefix("run: ")
+        raise ConfigError(message, key_path="--run", hint=exc.hint) from None
 
 
 def register(app: typer.Typer) -> None:

@@ -168,13 +168,15 @@ def _show(card: str, as_json: bool, physics: str | None, renderer: str | None) -
 
 
 def simulator(
-    gpu: str = typer.Option(..., "--gpu", help="The card ('RTX 4090', '4060 Ti')."),
+    gpu: str = typer.Option(..., "--gpu", help="The card ('RTX 4090', '4060 Ti 16GB')."),
     reading: list[str] | None = typer.Option(
         None,
         "--reading",
-        help="A device reading while the simulator ran at one setting: "
-        "num_envs=N[,camera=[COUNTx]HxW][,standard=HxW]:USED (USED as nvidia-smi shows it, "
-        "e.g. 7.9GB); two or more fit this card's figures and store them.",
+        help="A device reading while the simulator ran at one setting: SETTINGS:USED, "
+        "SETTINGS being num_envs=N and optionally camera=HxW or COUNTxHxW (tiled) and "
+        "standard=HxW joined by commas, USED what nvidia-smi showed (e.g. --reading "
+        "num_envs=64:7.9GB, or 'num_envs=64, camera=2x128x128:9.1GB'); two or more fit this "
+        "card's figures and store them.",
     ),
     name: str = typer.Option("isaac_sim", "--simulator", help="What ran (the workload's preset)."),
     version: str | None = typer.Option(None, "--sim-version", help="The simulator's version."),

@@ -258,12 +258,14 @@ class NetworkSpec(_Strict):
 
 
 class RasterSpec(_Strict):
-    """A 2-D grid observation (fire-spread maps, occupancy grids): channels x height x width."""
+    """A 2-D grid observation (fire-spread maps, occupancy grids): channels x height x width,
+    ``frame_stack`` deep (the last frames stacked as channels, as ``VecFrameStack`` does)."""
 
     channels: int = Field(ge=1)
     height: int = Field(ge=1)
     width: int = Field(ge=1)
     dtype: Dtype = "float32"
+    frame_stack: int = Field(default=1, ge=1)
 
 
 class CameraSpec(_Strict):
@@ -288,12 +290,18 @@ class CameraSpec(_Strict):
 
 
 class Observations(_Strict):
-    """What one environment observes per step."""
+    """What one environment observes per step.
+
+    ``storage_dtype`` is the dtype a replay buffer or rollout storage keeps observations in
+    (``uint8`` frames, ``float16`` rasters), when it is not each part's own: the network
+    still reads them in their own dtype.
+    """
 
     vector: int = Field(default=0, ge=0)
     dtype: Dtype = "float32"
     raster: RasterSpec | None = None
     cameras: CameraSpec | None = None
+    storage_dtype: Dtype | None = None
 
 
 class DeviceSpec(_Strict):

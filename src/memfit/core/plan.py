@@ -20,7 +20,11 @@ from typing import Any
 
 from memfit._plain import deep_merge
 from memfit.allocator.settings import workload_settings
-from memfit.allocator.xla_fraction import DEFAULT_MARGIN, xla_fraction_variable
+from memfit.allocator.xla_fraction import (
+    DEFAULT_MARGIN,
+    FRACTION_VARIABLES,
+    xla_fraction_variable,
+)
 from memfit.core.bands import basis_summary, load_bands, plan_interval
 from memfit.core.budget import Budget, compose_budget
 from memfit.core.constraints import (
@@ -33,9 +37,11 @@ from memfit.core.plan_explain import (
     binding_of,
     breakdown_of,
     chosen_knobs,
+    grown_term,
     infeasible_error,
     next_best,
     range_note,
+    release_pins,
     sources_of,
 )
 from memfit.core.simulator import simulator_fallbacks, simulator_notes
@@ -177,6 +183,16 @@ class Plan:
             return self.breakdown.get("jax_pool_unused", 0)
         return self.budget_bytes - self.predicted_bytes
 
+    def __repr__(self) -> str:
+        """One line a person reads: the card, the verdict, the knobs, the figure and what
+        limits it (``to_dict()`` has every field)."""
+        knobs = ", ".join(f"{k}={v}" for k, v in self.knobs.items())
+        return (
+            f"Plan({self.gpu!r}, fits={self.fits}, {knobs or 'no knobs'}, "
+            f"needs {format_bytes(self.used_bytes)} of {format_bytes(self.budget_bytes)}, "
+            f"limited by {self.binding or '-'})"
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """The plan's fields and the two figures derived from them (``used_bytes``,
         ``headroom_bytes``), as plain data (the CLI's ``--json``)."""
@@ -226,8 +242,10 @@ def _single(space: Space, budget: Budget, gpu: GpuSpec) -> Plan:
     predicted = sum(breakdown.values())
     binding: str | None = None
     if not fits:
-        binding = budget.breaking_term or max(
-            sorted(ev.evaluation.terms), key=lambda n: ev.evaluation.terms[n]
+        binding = (
+            budget.breaking_term
+            or grown_term(space, ev)
+            or max(sorted(ev.evaluation.terms), key=lambda n: ev.evaluation.terms[n])
         )
         if fitted is None and not space.host_ok(ev.evaluation):
             binding = "host_memory"
@@ -253,13 +271,14 @@ def _single(space: Space, budget: Budget, gpu: GpuSpec) -> Plan:
 def _would_fit(space: Space, gpu: GpuSpec, budget: Budget) -> list[dict[str, Any]]:
     """The family's fallbacks, each planned: what fits when the request does not."""
     family = space.family
-    fallbacks = list(family.fallbacks(space.workload)) if family.fallbacks is not None else []
+    options = list(family.fallbacks(space.workload)) if family.fallbacks is not None else []
     if space.workload.simulator is not None:  # Isaac Lab 3: a lighter renderer
         sim = space.workload.simulator
         for label, changes in simulator_fallbacks(sim, space.workload.observations.cameras):
-            fallbacks.append(Fallback(label, changes))
+            options.append(Fallback(label, changes))
+    options += release_pins(space, options)
     out: list[dict[str, Any]] = []
-    for fallback in fallbacks:
+    for fallback in options:
         data = deep_merge(space.workload.model_dump(exclude_none=True), fallback.changes)
         try:
             changed = Workload.model_validate(data)
@@ -384,7 +403,9 @@ def _finish(space: Space, gpu: GpuSpec, budget: Budget, plan_: Plan) -> Plan:
                 f"recommends {advice.value} here ({advice.reason}); leave jax.mem_fraction "
                 "out to plan with it"
             )
-        notes.append(f"{fraction_name}: {fraction_why}")
+        if fraction_name != FRACTION_VARIABLES[0]:
+            # the documented name goes without saying; the older one needs its reason
+            notes.append(f"{fraction_name}: {fraction_why}")
     if workload.simulator is not None:
         notes.extend(simulator_notes(workload.simulator))
         notes.append(

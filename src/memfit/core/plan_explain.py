@@ -10,6 +10,7 @@ from memfit.allocator.xla_fraction import xla_fraction_variable
 from memfit.core._workload_load import command_ref
 from memfit.core.budget import Budget
 from memfit.core.evaluate import Evaluation, evaluate
+from memfit.core.families.registry import Fallback
 from memfit.core.space import Limit, Rank, Space, SpaceEval
 from memfit.errors import ConfigError, InfeasiblePlan
 from memfit.hardware.catalog import GpuSpec
@@ -51,6 +52,52 @@ def chosen_knobs(space: Space, config: tuple[int, ...], on_gpu: bool) -> dict[st
     return knobs
 
 
+def _smallest(spec: Any) -> int | None:
+    """A knob's smallest allowed value (``min``, or its smallest choice)."""
+    if spec.choices:
+        return int(min(spec.choices))
+    return int(spec.min) if spec.min is not None else None
+
+
+def grown_term(space: Space, at: SpaceEval) -> str | None:
+    """Of a pinned configuration that does not fit, the term that grew most from the pinned
+    knobs' smallest values to the pinned ones (what the pins made too big), or ``None``
+    when no term grew (the fixed costs alone are the problem): the largest term is then
+    the one to name."""
+    low: dict[str, int] = {}
+    for name, value in space.pinned.items():
+        spec = space.workload.knobs.get(name)
+        least = _smallest(spec) if spec is not None else None
+        if least is not None and least < value:
+            low[name] = least
+    if not low:
+        return None
+    values = {**space.values(tuple(space.domains[n][0] for n in space.search_order)), **low}
+    try:
+        before = evaluate(space.workload, values, measured=space.measured, on_device=at.on_gpu)
+    except (ConfigError, ValueError):
+        return None
+    after = at.evaluation
+    deltas = {n: after.terms[n] - before.terms.get(n, 0) for n in after.terms}
+    grown = max(sorted(deltas), key=lambda n: deltas[n], default=None)
+    return grown if grown is not None and deltas[grown] > 0 else None
+
+
+def release_pins(space: Space, given: list[Fallback]) -> list[Fallback]:
+    """For a pinned configuration that does not fit: each pinned knob released (the planner
+    then picks the best value of it that fits), unless a family's own fallback releases it
+    already."""
+    released = {name for fallback in given for name in fallback.unpin}
+    out: list[Fallback] = []
+    for name, value in space.pinned.items():
+        spec = space.workload.knobs.get(name)
+        least = _smallest(spec) if spec is not None else None
+        if name in released or least is None or least >= value:
+            continue
+        out.append(Fallback(f"a smaller {name} (pinned at {value})", unpin=(name,)))
+    return out
+
+
 def _growth(before: Evaluation, after: Evaluation) -> str:
     """The term that grows most from ``before`` to ``after``."""
     deltas = {name: after.terms.get(name, 0) - before.terms.get(name, 0) for name in after.terms}
@@ -88,10 +135,36 @@ def binding_of(
         broken = space.broken_rule(space.values(bigger))
         if broken is not None:
             grown = _next_valid(space, config, chosen, limit, budget)
-            return grown if grown is not None else (f"rule: {broken.name}", None)
+            if grown is not None:
+                return grown
+            return f"rule: {broken.name}", _rule_note(space, config, name, broken)
         # it fits and keeps the rules but ranks lower (the objective falls): not a limit
     grown = _next_valid(space, config, chosen, limit, budget)
     return grown if grown is not None else ("knob ranges", None)
+
+
+def _rule_note(space: Space, config: tuple[int, ...], name: str, rule: Any) -> str:
+    """What to raise so that ``rule`` lets ``name`` grow: the other knobs it reads that sit
+    at the top of their ranges (``knobs.X.max``) or are pinned (``--set``)."""
+    values = space.values(config)
+    raise_max: list[str] = []
+    pinned: list[str] = []
+    for other in rule.names:
+        if other == name or other not in space.domains:
+            continue
+        if other in space.pinned:
+            pinned.append(f"{other}={values[other]}")
+        elif values[other] == space.domains[other][-1]:
+            raise_max.append(f"knobs.{other}.max")
+    head = f"limited by a rule, not memory: {name}={values[name]} is the most {rule.name} allows"
+    ways = []
+    if raise_max:
+        ways.append(f"raise {' or '.join(raise_max)} (at their maximum)")
+    if pinned:
+        ways.append(f"pin larger values than {', '.join(pinned)} (--set)")
+    if not ways:
+        return head
+    return f"{head}; to plan a larger {name}, {' or '.join(ways)}"
 
 
 def _next_valid(
@@ -176,6 +249,13 @@ def no_valid_setting(space: Space) -> ConfigError:
     )
 
 
+def margin_hint(over_bytes: int, budget: Budget) -> str:
+    """``", or lower --margin"`` when giving up the safety margin could close a gap of
+    ``over_bytes`` (it is no larger than the margin), else nothing: 28 GiB over an 8 GB
+    card is no margin's doing."""
+    return ", or lower --margin" if 0 < over_bytes <= budget.margin_bytes else ""
+
+
 def infeasible_error(space: Space, budget: Budget, gpu: GpuSpec) -> InfeasiblePlan:
     name = space.workload.name
     if budget.breaking_term == "jax_preallocation":
@@ -189,7 +269,10 @@ def infeasible_error(space: Space, budget: Budget, gpu: GpuSpec) -> InfeasiblePl
                 smallest_bytes=budget.context_bytes + budget.workspace_bytes,
                 budget_bytes=budget.budget_bytes,
                 binding_term="cuda_context",
-                hint="use a GPU with more memory, or lower --margin",
+                hint="use a GPU with more memory"
+                + margin_hint(
+                    budget.context_bytes + budget.workspace_bytes - budget.budget_bytes, budget
+                ),
             )
         return InfeasiblePlan(
             f"JAX preallocates {format_bytes(budget.pool_bytes)} on {gpu.name}, more than the "
@@ -234,21 +317,36 @@ def infeasible_error(space: Space, budget: Budget, gpu: GpuSpec) -> InfeasiblePl
         if budget.pool_bytes is not None
         else f"a budget of {format_bytes(budget.budget_bytes)}"
     )
+    over = footprint - (
+        budget.pool_bytes + budget.context_bytes
+        if budget.pool_bytes is not None
+        else budget.budget_bytes
+    )
     if breaking == "cuda_context":
         size = breakdown.get("cuda_context", 0)
         what = "the CUDA context alone leaves no room"
-        hint = "use a GPU with more memory, or lower --margin"
+        hint = "use a GPU with more memory" + margin_hint(over, budget)
     else:
         size = terms.get(breaking, 0)
         what = f"the largest term is {breaking}"
+        lower = margin_hint(over, budget)
         hint = (
-            f"use a GPU with more memory, lower the smallest values of the knobs that drive "
-            f"{breaking}, or lower --margin"
+            f"use a GPU with more memory{',' if lower else ' or'} lower the smallest values of "
+            f"the knobs that drive {breaking}{lower}"
+        )
+    gui = ""
+    sim = space.workload.simulator
+    if sim is not None and not sim.headless and terms.get("viewport"):
+        from memfit.core.simulator_figures import viewport_on
+
+        gui = (
+            f"; the GUI's viewport counts {format_bytes(terms['viewport'])} of it (headless "
+            f"drops it): {viewport_on(sim.gpu)[1]}"
         )
     return InfeasiblePlan(
         f"{name} does not fit {gpu.name}: its smallest valid configuration ({knobs or 'fixed'}) "
         f"needs {format_bytes(footprint)}, over {limit_text}; {what} "
-        f"({format_bytes(size)})",
+        f"({format_bytes(size)}){gui}",
         smallest_bytes=footprint,
         budget_bytes=budget.budget_bytes,
         binding_term=breaking,
@@ -285,6 +383,7 @@ def next_best(
                 "knobs": chosen_knobs(space, config, alt.on_gpu),
                 "predicted_bytes": predicted,
                 "used_bytes": used,
+                "host_bytes": alt.evaluation.host_bytes,
                 "objective": rank[0],
             }
         )

@@ -66,6 +66,7 @@ from memfit.core.simulator_figures import (
     PhysicsFigures,
     card_figures,
     isaac_generation,
+    viewport_on,
 )
 from memfit.units import format_bytes, parse_bytes
 
@@ -411,7 +412,7 @@ class SimulatorSpec(_Model):
                     f"no reading of Isaac Sim on {self.gpu or 'this card'}: the conservative "
                     f"figures ({card.source}); measure yours with memfit.measure_simulator"
                 )
-            viewport = shared.viewport_bytes
+            viewport, _basis = viewport_on(self.gpu)
         elif self.preset == "isaac_nurec":
             base, render, pixel, scratch, viewport = _NUREC[0], 0, 0.0, 0.0, 0
         elif self.preset == "genesis":
@@ -866,5 +867,5 @@ def _unmeasured(spec: SimulatorSpec) -> list[str]:
             "ray casters: counted from Isaac Lab's source (float32 buffers per ray), no reading"
         )
     if not spec.headless:
-        out.append("the GUI's viewport: one rough reading sizes it (about 9 GB with one env)")
+        out.append(f"the GUI's viewport: {viewport_on(spec.gpu)[1]}")
     return out

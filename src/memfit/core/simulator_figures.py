@@ -46,6 +46,7 @@ __all__ = [
     "ROBOT_PER_ENV",
     "SCENE_RULE",
     "SHARED",
+    "VIEWPORT_CARD_BYTES",
     "Basis",
     "CardFigures",
     "PhysicsFigures",
@@ -54,6 +55,7 @@ __all__ = [
     "SharedFigures",
     "card_figures",
     "isaac_generation",
+    "viewport_on",
 ]
 
 
@@ -273,6 +275,56 @@ SHARED = SharedFigures(
     "camera: isaac_so_arm101 PR #84 (70 envs, one 640x480 camera, about 21 GB); the "
     "viewport: unitree_rl_lab #22 (one env with the GUI, about 9 GB on an RTX 3080)",
 )
+
+#: The card the viewport's one reading was taken on (an RTX 3080, 10 GB: 10240 MiB).
+VIEWPORT_CARD_BYTES = 10240 * 2**20
+
+
+def _card_total(card: str | None) -> int | None:
+    """A card's memory from its catalog name, or from an anonymous card's name (``GPU with
+    8192MiB``); ``None`` when neither says."""
+    if card is None:
+        return None
+    import re
+
+    from memfit.errors import ConfigError
+    from memfit.hardware.catalog import gpu
+
+    try:
+        return gpu(card).total_bytes
+    except ConfigError:
+        found = re.fullmatch(r"GPU with (\d+)MiB", card.strip())
+        return int(found.group(1)) * 2**20 if found else None
+
+
+def viewport_on(card: str | None) -> tuple[int, str]:
+    """The GUI viewport's bytes on ``card``, and what the figure rests on.
+
+    One reading sizes it (:data:`SHARED`: one env with the GUI on an RTX 3080, 10 GB). On a
+    card as large or larger the reading is used as it is. On a smaller card it is not a
+    fixed cost: the RTX renderer sizes its caches to the memory there is (the reading
+    filled nine tenths of its card), and NVIDIA lists an 8 GB RTX 3070 as Isaac Sim 4.x's
+    minimum card, GUI included; the figure is taken in proportion to the card's memory, an
+    assumption no reading on a smaller card checks.
+    """
+    total = _card_total(card)
+    reading = SHARED.viewport_bytes
+    basis = (
+        f"one reading on a larger card (unitree_rl_lab #22: one env with the GUI, about 9 GB "
+        f"in use on an RTX 3080, 10 GB): {reading / 2**30:.2f} GiB there"
+    )
+    if total is None or total >= VIEWPORT_CARD_BYTES:
+        if total is None:
+            return reading, basis
+        return reading, basis.replace("on a larger card", "on another card")
+    scaled = round(reading * total / VIEWPORT_CARD_BYTES)
+    return scaled, (
+        f"{basis}; taken in proportion to this card's memory ({scaled / 2**30:.2f} GiB), as "
+        "the renderer sizes its caches to the card (an assumption: no reading on a card this "
+        "small; NVIDIA lists the 8 GB RTX 3070 as Isaac Sim 4.x's minimum); measure yours "
+        "with memfit.measure_simulator, GUI on"
+    )
+
 
 #: Genesis (Go2 locomotion example, RSL-RL): base after the CUDA context, and per env.
 GENESIS = (1_585_291_000, 308_230)

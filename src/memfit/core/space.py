@@ -123,6 +123,15 @@ def _below(bound: float | None, bar: float | None) -> bool:
     return bound is not None and bar is not None and bound < bar
 
 
+#: The PPO layouts whose minibatch is the rollout divided by a count: that knob lowers
+#: memory as it grows (skrl's ``mini_batches``, the usual lever against ``num_envs``).
+_MINIBATCH_DIVISORS = {
+    "cleanrl": "num_minibatches",
+    "skrl": "mini_batches",
+    "rsl_rl": "num_mini_batches",
+}
+
+
 def _memory_monotone(
     workload: Workload, measured: MeasuredTerms | None, constants: Mapping[str, int]
 ) -> bool:
@@ -144,6 +153,11 @@ def _memory_monotone(
             return False
     if workload.simulator is not None and min(workload.simulator.resolved()[1:3]) < 0:
         return False
+    if workload.family == "ppo" and workload.ppo is not None:
+        # the minibatch is the rollout divided by this knob: more minibatches, less memory
+        divisor = _MINIBATCH_DIVISORS.get(workload.ppo.layout)
+        if divisor is not None and divisor in workload.knobs:
+            return False
     if workload.family == "custom":
         from memfit.core.families.custom import compile_terms
 

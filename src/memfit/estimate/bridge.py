@@ -24,26 +24,72 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["knob_trace_values", "load_factory", "make_step", "measure"]
 
 _FACTORY_HINT = (
-    "write factory: module:function, where module is importable from the current directory "
-    "(or PYTHONPATH) and function() returns memfit.estimate.TorchStep or JaxStep"
+    "write factory: module:function (or path/to/file.py:function), where module is importable "
+    "from the current directory (or PYTHONPATH) and function() returns "
+    "memfit.estimate.TorchStep or JaxStep"
 )
 
 
+def _import_file(path_text: str, key_path: str) -> Any:
+    """Import the Python file at ``path_text`` (``est/cnn84.py``) as a module of its own; its
+    folder goes first on ``sys.path`` so that it can import its neighbours."""
+    import hashlib
+    import importlib.util
+
+    path = os.path.abspath(path_text)
+    if not os.path.isfile(path):
+        raise ConfigError(
+            f"no such Python file: {path_text!r}", key_path=key_path, hint=_FACTORY_HINT
+        )
+    folder = os.path.dirname(path)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    stem = os.path.splitext(os.path.basename(path))[0]
+    digest = hashlib.sha1(path.encode("utf-8")).hexdigest()[:10]
+    name = f"_memfit_factory_{digest}_{stem}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(
+            f"cannot load {path_text!r} as Python", key_path=key_path, hint=_FACTORY_HINT
+        )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+def _is_file_spec(module_name: str) -> bool:
+    """``est/cnn84.py`` or ``cnn84.py``: a file, not a dotted module name."""
+    return module_name.endswith(".py") or "/" in module_name or os.sep in module_name
+
+
 def load_factory(spec: str, *, key_path: str = "factory") -> Callable[[], Any]:
-    """Import ``module:function`` (the current directory first on ``sys.path``).
+    """Import ``module:function`` (the current directory first on ``sys.path``), or
+    ``path/to/file.py:function``.
 
     Raises:
         ConfigError: When ``spec`` is not ``module:function``, the module cannot be imported,
             or it has no callable of that name.
     """
-    module_name, sep, func_name = spec.partition(":")
+    module_name, sep, func_name = spec.rpartition(":")
     if not sep or not module_name or not func_name:
         raise ConfigError(f"not module:function: {spec!r}", key_path=key_path, hint=_FACTORY_HINT)
     cwd = os.getcwd()
     if cwd not in sys.path:
         sys.path.insert(0, cwd)
     try:
-        module = importlib.import_module(module_name)
+        if _is_file_spec(module_name):
+            module = _import_file(module_name, key_path)
+        else:
+            module = importlib.import_module(module_name)
+    except MemfitError:
+        raise
     except ImportError as exc:
         raise ConfigError(
             f"cannot import module {module_name!r}: {exc}", key_path=key_path, hint=_FACTORY_HINT

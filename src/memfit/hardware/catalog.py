@@ -243,6 +243,93 @@ def _index() -> dict[str, tuple[GpuSpec, ...]]:
     return {k: tuple(v) for k, v in index.items()}
 
 
+_SIZE_WORD = re.compile(r"^\d+gi?b$", re.IGNORECASE)
+_SIZED_KEY = re.compile(r"^(.*?)(\d+)gb$")
+
+
+def _without_prefix(key: str) -> set[str]:
+    """``key`` and, for ``rtx4060ti``, ``4060ti``."""
+    out = {key}
+    for prefix in ("rtx", "gtx"):
+        if key.startswith(prefix) and len(key) > len(prefix):
+            out.add(key[len(prefix) :])
+    return out
+
+
+@functools.cache
+def _families() -> dict[str, tuple[GpuSpec, ...]]:
+    """Cards by their name without its memory size: ``"4060ti"`` -> the RTX 4060 Ti and the
+    RTX 4060 Ti 16GB (from names and aliases that end in a size word such as ``16GB``)."""
+    out: dict[str, list[GpuSpec]] = {}
+    for spec in _catalog():
+        for text in (spec.name, *spec.aliases):
+            words = [w for w in re.split(r"[\s_]+", text.strip()) if w]
+            if len(words) > 1 and _SIZE_WORD.match(words[-1]):
+                base = normalize_name(" ".join(words[:-1]))
+                for key in _without_prefix(base):
+                    bucket = out.setdefault(key, [])
+                    if spec not in bucket:
+                        bucket.append(spec)
+    return {k: tuple(v) for k, v in out.items()}
+
+
+@functools.cache
+def _by_name() -> dict[str, GpuSpec]:
+    """Each card by its full catalog name, lower case (``memfit plan --all-gpus`` rows, a
+    fitted file's ``planned_for``): a full name is never ambiguous."""
+    return {spec.name.lower(): spec for spec in _catalog()}
+
+
+def _alias_keys(spec: GpuSpec) -> set[str]:
+    keys: set[str] = set()
+    for alias in spec.aliases:
+        keys |= _without_prefix(normalize_name(alias))
+    return keys
+
+
+def _same_name_sizes(key: str, found: GpuSpec) -> list[GpuSpec]:
+    """The cards that share the name ``key`` with ``found`` but not its memory (the RTX 4060
+    Ti and the RTX 4060 Ti 16GB), unless ``key`` is one of ``found``'s own aliases (a
+    catalog's chosen default, such as ``"H100"`` for the 80 GB card)."""
+    if key in _alias_keys(found):
+        return []
+    family = _families().get(key, ())
+    return [s for s in family if s is not found and abs(s.total_bytes - found.total_bytes) > GiB]
+
+
+def _nominal_gb(spec: GpuSpec) -> int:
+    """The card's memory as sold, in GB (8188 MiB -> 8, 81559 MiB -> 80)."""
+    return round(spec.total_bytes / GiB)
+
+
+def _by_size(key: str) -> GpuSpec | None:
+    """``"3070laptop8gb"``: the card named without its size whose memory is that size."""
+    match = _SIZED_KEY.match(key)
+    if match is None:
+        return None
+    head, digits = match.group(1), match.group(2)
+    for cut in range(len(digits) - 1, -1, -1):  # "rtxa20006gb": "rtxa2000" and 6
+        base, size = head + digits[:cut], int(digits[cut:])
+        named = {*_index().get(base, ()), *_families().get(base, ())}
+        fitting = [s for s in named if _nominal_gb(s) == size]
+        if len(fitting) == 1:
+            return fitting[0]
+    return None
+
+
+def _ambiguous(text: str, specs: list[GpuSpec]) -> ConfigError:
+    """``text`` names several cards of different memory: ask which."""
+    shown = sorted(specs, key=lambda s: (s.total_bytes, s.name))
+    names = ", ".join(f"{s.name} ({format_mib(s.total_bytes)})" for s in shown[:6])
+    more = f" (and {len(shown) - 6} more)" if len(shown) > 6 else ""
+    return ConfigError(
+        f"{text!r} matches several GPUs with different memory: {names}{more}",
+        key_path="gpu",
+        hint="name the one you have, with its size where the name is shared (e.g. "
+        f"'{text} {_nominal_gb(shown[0])}GB'), or give the size itself, e.g. 8GiB",
+    )
+
+
 _BARE_NUMBER = re.compile(r"^\s*\d+(\.\d+)?\s*$")
 _SIZE_LIKE = re.compile(
     r"^\s*[+-]?\d+(\.\d+)?(e[+-]?\d+)?\s*([kmgt]i?b|[kmgt]|b)?\s*$", re.IGNORECASE
@@ -413,10 +500,20 @@ def gpu(name_or_size: str | int) -> GpuSpec:
             key_path="gpu",
             hint="give a GPU name such as 'RTX 4090' or a size such as 12GiB",
         )
+    exact = _by_name().get(name_or_size.strip().lower())
+    if exact is not None:
+        return exact
     key = normalize_name(name_or_size)
     found = _index().get(key, ())
     if len(found) == 1:
+        siblings = _same_name_sizes(key, found[0])
+        if siblings:
+            raise _ambiguous(name_or_size.strip(), [found[0], *siblings])
         return found[0]
+    if not found:
+        sized = _by_size(key)
+        if sized is not None:
+            return sized
     if len(found) > 1:
         names = ", ".join(s.name for s in found[:3])
         raise ConfigError(
@@ -436,9 +533,18 @@ def gpu(name_or_size: str | int) -> GpuSpec:
     if _SIZE_LIKE.match(name_or_size):
         return anonymous_gpu(name_or_size)
     prefixed = [s for s in _catalog() if key and any(k.startswith(key) for k in _keys_for(s))]
+    words = [normalize_name(w) for w in name_or_size.split()]
+    words = [w for w in words if w]
+    if len(words) > 1:  # "jetson orin": every card whose name has each word
+        prefixed += [
+            s
+            for s in _catalog()
+            if s not in prefixed and all(w in normalize_name(s.name) for w in words)
+        ]
     if len(prefixed) > 1:
-        names = ", ".join(s.name for s in prefixed[:3])
-        more = f" (and {len(prefixed) - 3} more)" if len(prefixed) > 3 else ""
+        shown = sorted(prefixed, key=lambda s: (s.total_bytes, s.name))
+        names = ", ".join(f"{s.name} ({format_mib(s.total_bytes)})" for s in shown[:6])
+        more = f" (and {len(shown) - 6} more)" if len(shown) > 6 else ""
         raise ConfigError(
             f"{name_or_size!r} matches several GPUs",
             key_path="gpu",

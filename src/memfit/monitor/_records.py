@@ -28,6 +28,7 @@ READING_FIELDS: tuple[str, ...] = (
     "device_used_bytes",
     "total_bytes",
     "budget_bytes",
+    "resident_bytes",
 )
 
 #: The fields of every sample, in the order they are written.

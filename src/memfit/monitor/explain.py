@@ -546,6 +546,7 @@ def explain(
         ),
         notes=tuple(notes),
         timeline=_thin(recorded, allocated),
+        simulated=simulated is not None,
     )
 
 

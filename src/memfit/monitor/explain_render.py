@@ -86,9 +86,15 @@ def render_text(e: Explanation) -> list[str]:
             lines.append(f"    {fb(row.bytes):>12} free beside {row.count} blocks of {row.name}")
     lines += ["", "4. What if (the same requests replayed)"]
     cap = f" under {fb(e.capacity_bytes)}" if e.capacity_bytes is not None else ""
+    if e.simulated:
+        lines.append(
+            "  (memfit.simulate_gpu counted allocated bytes only: the recorded run has no "
+            "caching allocator to compare with; the rows are a real card of that size)"
+        )
     for w in e.what_if:
-        fits = "" if w.fits is None else ("  fits" + cap if w.fits else f"  does not fit{cap}")
-        lines.append(f"  {w.name:<38} peak {fb(w.peak_reserved_bytes):>12}{fits}")
+        if e.simulated and w.name == "as recorded":
+            continue  # the model's own placement of a run that had no allocator
+        lines.append(f"  {w.name:<38} {_what_if_result(w, e.capacity_bytes, cap)}")
     lines += [f"  => {e.recommendation}", f"     {e.evidence}"]
     lines.append("  the replay cannot know: " + "; ".join(e.unknowns))
     lines += ["", "5. Leaks"]
@@ -103,6 +109,21 @@ def render_text(e: Explanation) -> list[str]:
     if e.notes:
         lines += ["", "Notes"] + [f"  {n}" for n in e.notes]
     return lines
+
+
+def _what_if_result(w: Any, capacity: int | None, cap: str) -> str:
+    """One what-if row's outcome in words: its peak and whether every request fit."""
+    fb = format_bytes
+    peak = f"peak {fb(w.peak_reserved_bytes):>12}"
+    if w.fits is None:
+        return peak
+    if w.fits:
+        return f"{peak}  fits{cap}"
+    if w.peak_reserved_bytes == 0:
+        return f"{'':>17}  its first request does not fit{cap}"
+    if capacity is not None and w.peak_reserved_bytes <= capacity:
+        return f"{peak}  then a request does not fit{cap}"
+    return f"{peak}  does not fit{cap}"
 
 
 def _figure(e: Explanation) -> Any:
@@ -124,29 +145,39 @@ def _figure(e: Explanation) -> Any:
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     xs = [t[0] for t in e.timeline]
-    reserved = [t[1] / MiB for t in e.timeline]
-    ax.plot(xs, reserved, color="#ff7f0e", label="reserved", linewidth=1.2)
-    ax.plot(xs, [t[2] / MiB for t in e.timeline], color="#1f77b4", label="allocated", linewidth=1)
-    peak_x = max(e.peak_reserved_event, 0)
+    allocated = [t[2] / MiB for t in e.timeline]
+    if e.simulated:
+        # a simulated GPU counts allocated bytes against its budget: no reserved line (the
+        # model's placement past the card would draw memory the run never held)
+        reserved = allocated
+        peak_bytes, peak_x = e.peak_allocated_bytes, max(e.peak_allocated_event, 0)
+        label = "allocated (memfit.simulate_gpu)"
+    else:
+        reserved = [t[1] / MiB for t in e.timeline]
+        ax.plot(xs, reserved, color="#ff7f0e", label="reserved", linewidth=1.2)
+        peak_bytes, peak_x = e.peak_reserved_bytes, max(e.peak_reserved_event, 0)
+        label = "allocated"
+    ax.plot(xs, allocated, color="#1f77b4", label=label, linewidth=1)
     ax.axvline(peak_x, color="#7f7f7f", linestyle=":", linewidth=1)
     ax.annotate(
-        f"peak {format_bytes(e.peak_reserved_bytes)}",
-        (peak_x, e.peak_reserved_bytes / MiB),
+        f"peak {format_bytes(peak_bytes)}",
+        (peak_x, peak_bytes / MiB),
         textcoords="offset points",
         xytext=(6, -12),
         fontsize=8,
     )
     if e.oom is not None:
+        at_oom = e.oom.allocated_bytes if e.simulated else e.oom.reserved_bytes
         ax.plot(
             [e.oom.event],
-            [e.oom.reserved_bytes / MiB],
+            [at_oom / MiB],
             marker="X",
             color=EVENT_COLOURS["oom"],
             markersize=10,
             linestyle="none",
             label="out of memory",
         )
-    if e.capacity_bytes is not None and e.capacity_bytes <= 1.5 * e.peak_reserved_bytes:
+    if e.capacity_bytes is not None and e.capacity_bytes <= 1.5 * peak_bytes:
         ax.axhline(
             e.capacity_bytes / MiB,
             color=EVENT_COLOURS["oom"],
@@ -172,7 +203,7 @@ def _figure(e: Explanation) -> Any:
         )
     ax.set_xlabel("trace event")
     ax.set_ylabel("MiB")
-    top = max(reserved, default=0.0)
+    top = max(max(reserved, default=0.0), (e.capacity_bytes or 0) / MiB if e.simulated else 0.0)
     ax.set_ylim(bottom=0, top=max(top * 1.25, 1.0))
     mib_ticks(ax, top)
     ax.legend(loc="lower right", fontsize=8)

@@ -195,6 +195,9 @@ class Explanation:
         unknowns: What the replay cannot know.
         notes: Anything else worth saying.
         timeline: ``(event, reserved, allocated)`` thinned to at most a few thousand points.
+        simulated: The snapshot comes from :func:`memfit.simulate_gpu`, which counts allocated
+            bytes against its budget: its reserved bytes are memfit's model's, and the
+            recorded run has no allocator of its own to compare settings with.
     """
 
     source: str
@@ -227,6 +230,7 @@ class Explanation:
     unknowns: tuple[str, ...]
     notes: tuple[str, ...]
     timeline: tuple[tuple[int, int, int], ...] = field(repr=False, default=())
+    simulated: bool = False
 
     def group(self, by: str) -> Group | None:
         """The group ``by`` (``"site"``, ``"module"``, ...), or ``None``."""

@@ -41,6 +41,7 @@ from typing import Any
 
 from memfit._checks import require, require_count, require_iterable
 from memfit.backends.live import (
+    HostReader,
     LiveReader,
     NoReader,
     ProbeReader,
@@ -74,7 +75,10 @@ __all__ = [
 
 logger = logging.getLogger("memfit")
 
-_SOURCES = ("auto", "torch", "jax", "simulated", "probe")
+_SOURCES = ("auto", "torch", "jax", "simulated", "probe", "host")
+
+#: The sample series a leak is looked for in, first one present wins.
+_LEAK_METRICS = ("allocated_bytes", "device_used_bytes", "resident_bytes")
 
 
 # -- where the numbers come from ------------------------------------------------------------
@@ -157,7 +161,9 @@ class Recorder:
         interval: Seconds between background samples (a daemon thread); ``None`` for none.
             The background thread samples ``device`` (default: the local NVML probe, else
             the same source as the steps).
-        source: ``"auto"``, or force ``"torch"``, ``"jax"``, ``"simulated"`` or ``"probe"``.
+        source: ``"auto"``, or force ``"torch"``, ``"jax"``, ``"simulated"``, ``"probe"`` or
+            ``"host"``. With ``"auto"`` and no device to read (a job on the CPU), the
+            process's resident host memory is recorded (``"host"``, ``resident_bytes``).
         budget: Budget the run must stay under (bytes or size text); ``None`` takes the
             simulated GPU's budget or JAX's ``bytes_limit`` where there is one.
         log_every: Log a line (and look for fragmentation) every this many steps.
@@ -356,7 +362,7 @@ class Recorder:
             )
         if self._started:
             return self
-        self._source = active_reader(self.source_kind, self.device, allow_cuda_init=True)
+        self._source = self._pick_source()
         if self.path is not None:
             self._open_file(self.path)
         self._started = True
@@ -386,11 +392,11 @@ class Recorder:
             budget = self.budget_bytes or reading.budget_bytes
             size += f", budget {format_bytes(budget)}" if budget is not None else ""
             back = f", background every {self.interval:g} s" if self.interval else ""
-            note = (
-                " (no device memory source: recording step times only)"
-                if self._source.name == "none"
-                else ""
-            )
+            note = ""
+            if self._source.name == "none":
+                note = " (no memory source: recording step times only; leaks cannot be told)"
+            elif self._source.name == "host":
+                note = " (no GPU memory source: recording the process's resident host memory)"
             logger.info(
                 "memfit: recording %s%s every %s%s%s%s",
                 self._source.name,
@@ -401,6 +407,14 @@ class Recorder:
                 note,
             )
         return self
+
+    def _pick_source(self) -> LiveReader:
+        if self.source_kind == "host":
+            return HostReader()
+        reader = active_reader(self.source_kind, self.device, allow_cuda_init=True)
+        if isinstance(reader, NoReader) and HostReader.available():
+            return HostReader()
+        return reader
 
     def _require_source(self) -> LiveReader:
         if self._source is None:
@@ -862,7 +876,10 @@ class Recorder:
     def leaks(self, **options: Any) -> list[Leak]:
         """Steady growth in the recorded step samples (see :func:`detect_leak`).
 
-        Looks at ``allocated_bytes`` where the source gives it, else ``device_used_bytes``.
+        Looks at ``allocated_bytes`` where the source gives it, else ``device_used_bytes``,
+        else the host's ``resident_bytes`` (a run on the CPU). Where no sample carries any
+        memory figure nothing can be told: a warning says so once, and :meth:`leak_verdict`
+        is ``"cannot tell"``.
 
         Args:
             **options: Passed to :func:`detect_leak` (``confidence``, ``min_growth_bytes``,
@@ -876,9 +893,16 @@ class Recorder:
             ConfigError: When an option is out of range.
         """
         samples = self.samples
-        metric = "allocated_bytes"
-        if not any(s.get(metric) is not None for s in samples):
-            metric = "device_used_bytes"
+        metric = _leak_metric(samples)
+        if metric is None:
+            if samples and "none" not in self._warned_leaks:
+                self._warned_leaks.add("none")
+                logger.warning(
+                    "memfit: cannot tell whether memory leaks: no sample carries a memory "
+                    "figure (source %s)",
+                    self.source,
+                )
+            return []
         leak = detect_leak(
             [s["step"] for s in samples],
             [s.get(metric) for s in samples],
@@ -887,6 +911,15 @@ class Recorder:
             **options,
         )
         return [leak] if leak is not None else []
+
+    def leak_verdict(self) -> str:
+        """In words: ``"leak"`` (steady growth found), ``"no leak"`` (memory was read and
+        does not grow steadily), or ``"cannot tell"`` (no sample carries a memory figure,
+        or there is no sample yet)."""
+        samples = self.samples
+        if _leak_metric(samples) is None:
+            return "cannot tell"
+        return "leak" if self.leaks() else "no leak"
 
     def fragmentation(self) -> Fragmentation | None:
         """Fragmentation seen in the latest step sample, or ``None``."""
@@ -902,14 +935,16 @@ class Recorder:
         if self.log:
             ms = last.get("step_seconds")
             timing = f", {ms * 1000:.1f} ms/step" if ms is not None else ""
+            if last.get("source") == "host":
+                figures = f"resident host memory {_fmt(last.get('resident_bytes'))}"
+            else:
+                figures = (
+                    f"allocated {_fmt(last.get('allocated_bytes'))}, "
+                    f"reserved {_fmt(last.get('reserved_bytes'))}, "
+                    f"peak {_fmt(last.get('peak_allocated_bytes'))}"
+                )
             logger.info(
-                "memfit: %sstep %s: allocated %s, reserved %s, peak %s%s",
-                "last " if final else "",
-                last["step"],
-                _fmt(last.get("allocated_bytes")),
-                _fmt(last.get("reserved_bytes")),
-                _fmt(last.get("peak_allocated_bytes")),
-                timing,
+                "memfit: %sstep %s: %s%s", "last " if final else "", last["step"], figures, timing
             )
         now = time.monotonic()
         if self.log and (final or now - self._last_leak_check >= self.leak_check_seconds):
@@ -929,6 +964,15 @@ class Recorder:
             f"Recorder(path={str(self.path) if self.path else None!r}, every={self.every}, "
             f"source={self.source!r}, samples={len(self._samples)})"
         )
+
+
+def _leak_metric(samples: Iterable[dict[str, Any]]) -> str | None:
+    """The first of :data:`_LEAK_METRICS` some sample carries, or ``None``."""
+    rows = list(samples)
+    for metric in _LEAK_METRICS:
+        if any(s.get(metric) is not None for s in rows):
+            return metric
+    return None
 
 
 def _limit(samples: Iterable[dict[str, Any]]) -> int | None:

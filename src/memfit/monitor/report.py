@@ -70,7 +70,11 @@ SERIES = (
     ("reserved_bytes", "reserved", "#ff7f0e"),
     ("peak_allocated_bytes", "peak allocated", "#9467bd"),
     ("device_used_bytes", "device used", "#7f7f7f"),
+    ("resident_bytes", "resident (host)", "#2ca02c"),
 )
+
+#: The sample series a leak is looked for in, first one present wins (as the Recorder).
+_LEAK_METRICS = ("allocated_bytes", "device_used_bytes", "resident_bytes")
 
 #: Byte figures a sample may carry: whole numbers from 0 to 16 EiB, or null.
 _BYTE_FIELDS = (
@@ -81,6 +85,7 @@ _BYTE_FIELDS = (
     "device_used_bytes",
     "total_bytes",
     "budget_bytes",
+    "resident_bytes",
 )
 
 #: Steps are whole numbers within a signed 64-bit counter.
@@ -98,6 +103,9 @@ class Run:
         events: Event records (``kind``, ``step``, ``source``, ``message``, ``data``, ``time``).
         meta: The ``start`` record, if there was one.
         warnings: What was skipped while reading (a cut-off last line), for the reader.
+        index: Which run of its file this is (1 for the first); a file several Recorders
+            appended to holds one run per ``start`` record.
+        count: How many runs the file holds.
     """
 
     path: Path | None = None
@@ -106,16 +114,25 @@ class Run:
     events: list[dict[str, Any]] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    index: int = 1
+    count: int = 1
+
+    def has_records(self) -> bool:
+        """Whether the run holds a sample or an event."""
+        return bool(self.samples or self.background or self.events)
 
 
-def load_run(path: str | Path) -> Run:
+def load_run(path: str | Path, *, run: int | None = None) -> Run:
     """Read a Recorder JSON-lines file (or a ``memfit watch --log`` file).
 
     Blank lines are skipped; ``start`` / ``end`` records fill :attr:`Run.meta`; a cut-off
-    last line is skipped with a warning (see :func:`parse_run`).
+    last line is skipped with a warning (see :func:`parse_run`). A file several runs were
+    appended to is split at their ``start`` records: the last run is returned unless ``run``
+    picks one.
 
     Args:
         path: The file.
+        run: Which run of the file (1 for the first); ``None`` for the last.
 
     Returns:
         The :class:`Run`.
@@ -130,9 +147,9 @@ def load_run(path: str | Path) -> Run:
     if _missing(source):
         raise ConfigError("no such file", key_path=str(source), hint=_HINT)
     data = read_user_bytes(source, what="the run log", hint=_HINT)
-    run = parse_run(data, source=str(source))
-    run.path = source
-    return run
+    loaded = parse_run(data, source=str(source), run=run)
+    loaded.path = source
+    return loaded
 
 
 def _missing(path: Path) -> bool:
@@ -147,48 +164,82 @@ def _missing(path: Path) -> bool:
     return False
 
 
-def parse_run(data: bytes | str, *, source: str = "<run>") -> Run:
+def parse_run(data: bytes | str, *, source: str = "<run>", run: int | None = None) -> Run:
     """Parse the bytes of a run log (see :func:`load_run`).
 
     A last line with no line break after it that is not a whole JSON object, after whole
     records, is the normal end of a log whose writer was stopped mid-line: it is skipped and
-    said so in :attr:`Run.warnings`. A bad line anywhere else is an error.
+    said so in :attr:`Run.warnings`. A bad line anywhere else is an error. Each ``start``
+    record after the first begins a new run (a Recorder appending to an existing file).
 
     Args:
         data: The log's content.
         source: Its name in messages (a path, or ``"<stdin>"``).
+        run: Which run of the file (1 for the first); ``None`` for the last.
 
     Returns:
-        The :class:`Run` (its ``path`` is ``None``).
+        The :class:`Run` (its ``path`` is ``None``), with :attr:`Run.index` and
+        :attr:`Run.count`.
 
     Raises:
-        ConfigError: As :func:`load_run` does, ``key_path`` ``SOURCE:LINE``.
+        ConfigError: As :func:`load_run` does, ``key_path`` ``SOURCE:LINE``; or when ``run``
+            is not one of the file's runs.
     """
+    if run is not None and (isinstance(run, bool) or not isinstance(run, int) or run < 1):
+        raise ConfigError(
+            f"run must be a whole number >= 1, not {run!r}",
+            key_path="run",
+            hint="pass 1 for the first run of the file; leave it out for the last",
+        )
     raw = data.encode("utf-8") if isinstance(data, str) else data
     lines = raw.split(b"\n")
     cut_off = len(lines) if not raw.endswith(b"\n") else None
-    run = Run()
+    runs = [Run()]
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         where = f"{source}:{number}"
+        current = runs[-1]
         try:
             record = _record(line, number, where)
         except ConfigError as exc:
-            whole_before = run.samples or run.background or run.events or run.meta
+            whole_before = any(r.has_records() or r.meta for r in runs)
             if number != cut_off or not whole_before:  # one bad line alone is no log
                 raise
-            run.warnings.append(
+            current.warnings.append(
                 f"{where}: the last line is cut off (its writer stopped mid-line); skipped "
                 f"it ({exc.message.removeprefix(where + ': ')})"
             )
             continue
-        _add_record(run, record, where)
-    if not run.samples and not run.background and not run.events:
+        if record.get("type") == "start" and (current.has_records() or current.meta):
+            current = Run()
+            runs.append(current)
+        _add_record(current, record, where)
+    if not any(r.has_records() for r in runs):
         raise ConfigError(
             "the file holds no memory samples and no events", key_path=source, hint=_HINT
         )
-    return run
+    for number, each in enumerate(runs, start=1):
+        each.index, each.count = number, len(runs)
+    if run is None:
+        chosen = next(r for r in reversed(runs) if r.has_records())
+    elif run > len(runs):
+        raise ConfigError(
+            f"the file holds {len(runs)} run(s), not {run}",
+            key_path="run",
+            hint=f"pick one of 1 to {len(runs)} (each Recorder start begins a run)",
+        )
+    else:
+        chosen = runs[run - 1]
+        if not chosen.has_records():
+            raise ConfigError(
+                f"run {run} of the file holds no memory samples and no events",
+                key_path="run",
+                hint=f"pick another of 1 to {len(runs)}",
+            )
+    if chosen is not runs[-1]:
+        chosen.warnings.extend(runs[-1].warnings)
+    return chosen
 
 
 def _record(line: bytes, number: int, where: str) -> dict[str, Any]:
@@ -441,6 +492,7 @@ def summarize(run: Run) -> dict[str, Any]:
     if run.samples:
         leak = run_leak(run)
         growth = leak.to_dict() if leak is not None else None
+    readable = any(s.get(key) is not None for s in run.samples for key in _LEAK_METRICS)
     frag = None
     for sample in reversed(run.samples):
         found = check_fragmentation(sample)
@@ -461,6 +513,9 @@ def summarize(run: Run) -> dict[str, Any]:
         "metrics": metrics,
         "median_step_seconds": statistics.median(step_seconds) if step_seconds else None,
         "growth": growth,
+        "growth_known": readable,
+        "run": run.index,
+        "runs": run.count,
         "fragmentation": frag,
         "events": dict(Counter(str(e.get("kind")) for e in run.events)),
         "warnings": list(run.warnings),
@@ -489,6 +544,14 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
         The rows.
     """
     rows: list[tuple[str, str]] = []
+    if summary.get("runs", 1) > 1:
+        rows.append(
+            (
+                "run",
+                f"{summary['run']} of {summary['runs']} in this file (each Recorder start "
+                "begins one; --run N shows another)",
+            )
+        )
     first, last = summary["first_step"], summary["last_step"]
     if first is not None:
         rows.append(("steps", f"{first} to {last} ({summary['samples']} samples)"))
@@ -525,7 +588,9 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     if summary["total_bytes"] is not None:
         rows.append(("device total", size_text(summary["total_bytes"])))
     growth = summary["growth"]
-    if growth is None:
+    if growth is None and not summary.get("growth_known", True):
+        rows.append(("growth", "cannot tell: no step sample carries a memory figure"))
+    elif growth is None:
         rows.append(("growth", "no steady growth found"))
     else:
         text = f"{size_text(growth['bytes_per_step'])}/step since step {growth['start_step']}"
@@ -559,9 +624,10 @@ def _signed(value: int) -> str:
 
 def run_leak(run: Run) -> Leak | None:
     samples = run.samples
-    metric = "allocated_bytes"
-    if not any(s.get(metric) is not None for s in samples):
-        metric = "device_used_bytes"
+    metric = next(
+        (m for m in _LEAK_METRICS if any(s.get(m) is not None for s in samples)),
+        "allocated_bytes",
+    )
     budget = last_value(samples, "budget_bytes")
     return detect_leak(
         [s.get("step") for s in samples],

@@ -32,7 +32,7 @@ from memfit.allocator.model import (
     round_size,
     segment_size,
 )
-from memfit.core._workload_schema import ConvLayer, NetworkSpec, Workload, dtype_bytes
+from memfit.core._workload_schema import ConvLayer, Dtype, NetworkSpec, Workload, dtype_bytes
 from memfit.core.families.registry import Term
 from memfit.errors import ConfigError
 
@@ -133,18 +133,26 @@ def camera_count(workload: Workload, values: Mapping[str, int]) -> int:
     return values[cams.count] if isinstance(cams.count, str) else cams.count
 
 
-def observation_bytes(workload: Workload, values: Mapping[str, int]) -> int:
-    """Bytes of one observation: vector, raster and stacked camera frames, each in its dtype."""
+def observation_bytes(
+    workload: Workload, values: Mapping[str, int], *, stored: bool = False
+) -> int:
+    """Bytes of one observation: vector, stacked raster and camera frames, each in its dtype;
+    with ``stored``, as a buffer keeps it (``observations.storage_dtype`` where given)."""
     obs = workload.observations
-    total = obs.vector * dtype_bytes(obs.dtype)
+    keep = obs.storage_dtype if stored else None
+
+    def size(dtype: Dtype) -> int:
+        return dtype_bytes(keep or dtype)
+
+    total = obs.vector * size(obs.dtype)
     if obs.raster is not None:
         r = obs.raster
-        total += r.channels * r.height * r.width * dtype_bytes(r.dtype)
+        total += r.channels * r.frame_stack * r.height * r.width * size(r.dtype)
     if obs.cameras is not None:
         c = obs.cameras
         h, w = camera_hw(workload, values)
         count = camera_count(workload, values)
-        total += count * h * w * c.channels * c.frame_stack * dtype_bytes(c.dtype)
+        total += count * h * w * c.channels * c.frame_stack * size(c.dtype)
     return total
 
 
@@ -218,7 +226,8 @@ def network_input(
                 hint="add observations: {raster: {channels, height, width}}, or set the "
                 "network's input:",
             )
-        return obs.raster.channels, obs.raster.height, obs.raster.width
+        r = obs.raster
+        return r.channels * r.frame_stack, r.height, r.width
     if kind == "camera":
         cams = obs.cameras
         if cams is None:

@@ -36,7 +36,7 @@ def replay_transition_bytes(workload: Workload, values: Mapping[str, int]) -> tu
     """Bytes per stored transition, field by field: obs, [next_obs], action, reward, done,
     timeout."""
     spec = workload.replay or OffPolicySpec()
-    obs = observation_bytes(workload, values)
+    obs = observation_bytes(workload, values, stored=True)
     action = workload.action_dim * dtype_bytes(spec.action_dtype)
     obs_fields = (obs,) if spec.optimize_memory_usage else (obs, obs)
     return (*obs_fields, action, _F32, _F32, _F32)

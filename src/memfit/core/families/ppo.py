@@ -130,7 +130,8 @@ def _cleanrl(workload: Workload, values: Mapping[str, int]) -> list[Term]:
     obs = observation_bytes(workload, values)
     act = workload.action_dim * _F32
     # obs, actions, logprobs, rewards, dones, values, advantages, returns
-    rollout = (steps * obs, steps * act, *(steps * _F32 for _ in range(6)))
+    stored = observation_bytes(workload, values, stored=True)
+    rollout = (steps * stored, steps * act, *(steps * _F32 for _ in range(6)))
     ab = activation_bytes(workload)
     minibatch_items = steps // values["num_minibatches"]
     train_act = minibatch_items * training_item_values(workload, values) * ab
@@ -173,7 +174,8 @@ def _rsl_rl(workload: Workload, values: Mapping[str, int]) -> list[Term]:
     act = workload.action_dim * _F32
     # observations, actions, mu, sigma, rewards, values, actions_log_prob, returns,
     # advantages (float32), dones (uint8)
-    storage = (steps * obs, *(steps * act for _ in range(3)), *(steps * _F32 for _ in range(5)))
+    stored = observation_bytes(workload, values, stored=True)
+    storage = (steps * stored, *(steps * act for _ in range(3)), *(steps * _F32 for _ in range(5)))
     storage += (steps,)
     minibatch = -(-steps // values["num_mini_batches"])
     # one minibatch indexed out: observations, actions, mu, sigma, values, advantages,
@@ -199,7 +201,8 @@ def _skrl(workload: Workload, values: Mapping[str, int]) -> list[Term]:
     act = workload.action_dim * _F32
     # observations, actions, rewards, terminated, truncated, log_prob, values, returns,
     # advantages (terminated and truncated are torch.bool)
-    memory = (steps * obs, steps * act, steps * _F32, steps, steps, *(steps * _F32,) * 4)
+    stored = observation_bytes(workload, values, stored=True)
+    memory = (steps * stored, steps * act, steps * _F32, steps, steps, *(steps * _F32,) * 4)
     # memory.sample(names, mini_batches=M): every minibatch indexed at once
     sampled = (steps * obs, steps * act, *(steps * _F32,) * 4)
     ab = activation_bytes(workload)

@@ -99,7 +99,7 @@ def replay_row_bytes(workload: Workload, values: Mapping[str, int]) -> tuple[int
     action = workload.action_dim * dtype_bytes(r.action_dtype)
     if r.storage == "frames":
         return (_frame_bytes(workload, values), action, _F32, _F32)
-    obs = observation_bytes(workload, values)
+    obs = observation_bytes(workload, values, stored=True)
     obs_fields = (obs,) if r.optimize_memory_usage else (obs, obs)
     return (*obs_fields, action, _F32, _F32, _F32)
 

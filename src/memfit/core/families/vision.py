@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping
+from typing import Any
 
 from memfit.core._workload_schema import CameraSpec, VisionSpec, Workload, dtype_bytes
 from memfit.core.families.common import (
@@ -35,7 +36,7 @@ from memfit.core.families.common import (
     conv_shapes,
     parameter_terms,
 )
-from memfit.core.families.registry import Family, device_terms, register
+from memfit.core.families.registry import Fallback, Family, device_terms, register
 from memfit.errors import ConfigError
 
 __all__ = ["FAMILY", "terms", "token_count"]
@@ -111,6 +112,32 @@ def terms(workload: Workload, values: Mapping[str, int]) -> list[Term]:
     return out
 
 
+def fallbacks(workload: Workload) -> list[Fallback]:
+    """What may fit when the requested rollout does not: cameras at half the resolution
+    (a quarter of the pixels, in the frames, the backbone and the renderer), when their size
+    is given as numbers. Fewer environments is tried for every family (a pinned knob
+    released)."""
+    cams = workload.observations.cameras
+    if cams is None or not isinstance(cams.height, int) or not isinstance(cams.width, int):
+        return []
+    if cams.height < 32 or cams.width < 32:
+        return []
+    h, w = cams.height // 2, cams.width // 2
+    changes: dict[str, Any] = {"observations": {"cameras": {"height": h, "width": w}}}
+    sim = workload.simulator
+    if sim is not None and sim.cameras:
+        if not all(isinstance(c.height, int) and isinstance(c.width, int) for c in sim.cameras):
+            return []
+        changes["simulator"] = {
+            "cameras": [
+                {**c.model_dump(exclude_none=True), "height": c.height // 2, "width": c.width // 2}
+                for c in sim.cameras
+                if isinstance(c.height, int) and isinstance(c.width, int)
+            ]
+        }
+    return [Fallback(f"smaller cameras: {h}x{w} instead of {cams.height}x{cams.width}", changes)]
+
+
 FAMILY = register(
     Family(
         name="vision_inference",
@@ -120,5 +147,6 @@ FAMILY = register(
         schema=None,
         requires=(("vision", "family vision_inference needs a vision: section"),),
         required_names=lambda _w: ("num_envs",),
+        fallbacks=fallbacks,
     )
 )
