@@ -785,8 +785,36 @@ def workspaces(entry: Any) -> list[int]:
     return out or [8_519_680, 33_554_432, 1_048_576]
 
 
+def cudnn_text(version: Any) -> str | None:
+    """``torch.backends.cudnn.version()`` as text: ``91900`` -> ``"9.19.0"`` (cuDNN 9's
+    ``major * 10000 + minor * 100 + patch``), ``8907`` -> ``"8.9.7"`` (cuDNN 8's
+    ``major * 1000 + minor * 100 + patch``)."""
+    if not isinstance(version, int) or version <= 0:
+        return None
+    if version >= 90000:
+        return f"{version // 10000}.{version % 10000 // 100}.{version % 100}"
+    return f"{version // 1000}.{version % 1000 // 100}.{version % 100}"
+
+
+def entry_runtime(entry: Any) -> dict[str, str] | None:
+    """The runtime an entry was captured with (torch, CUDA, cuDNN, driver), for
+    ``estimate_torch(runtime=...)``; ``None`` for a CPU entry."""
+    env = entry.environment
+    if entry.device != "cuda" or not env.get("torch"):
+        return None
+    out = {"torch": str(env["torch"]).split("+")[0]}
+    for key in ("cuda", "driver"):
+        if env.get(key):
+            out[key] = str(env[key])
+    cudnn = cudnn_text(env.get("cudnn"))
+    if cudnn is not None:
+        out["cudnn"] = cudnn
+    return out
+
+
 def predict(entry: Any) -> dict[str, int | None]:
-    """What the estimator predicts for ``entry`` (traced on this machine's CPU)."""
+    """What the estimator predicts for ``entry`` (traced on this machine's CPU, for the
+    entry's GPU and the runtime it was captured with)."""
     from memfit.estimate.torch_trace import estimate_torch
 
     found = factory_for(entry)
@@ -796,7 +824,13 @@ def predict(entry: Any) -> dict[str, int | None]:
     step = factory()
     gpu = _catalog_name(entry.gpu)
     point = estimate_torch(
-        step.build, step.step, step.make_batch, [batch], device="cpu", gpu=gpu
+        step.build,
+        step.step,
+        step.make_batch,
+        [batch],
+        device="cpu",
+        gpu=gpu,
+        runtime=entry_runtime(entry),
     ).points[0]
     return {
         "exact_peak": point.exact_peak,
