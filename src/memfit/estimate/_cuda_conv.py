@@ -45,8 +45,8 @@ What is modelled, with its basis:
   workspace of the size of NHWC copies of its operands: the median is exactly
   ``x + y + w`` bytes (the kernel's input, output and filter, in their dtypes), the layout
   transforms of the NCHW tensors. Each kernel's workspace is that sum times a factor
-  fitted on the corpus's calibration half (:data:`FITTED`: its 90th percentile, with the
-  band its spread), the validation half reported on its own in docs/benchmarks.md.
+  fitted on the corpus's calibration half (:data:`FITTED`: its 75th percentile, with the
+  band its 5th to 95th), the validation half reported on its own in docs/benchmarks.md.
 * **cuDNN 7, half precision, NCHW, sm70+**: pytorch#50990 (torch 1.7.1, CUDA 10.2, cuDNN
   7.6.5, V100) measured a float16 ``Conv2d(32, 32, 3)`` on a ``512x32x84x84`` input at
   671,933,440 B of workspace: the NHWC input plus the output in float32, to within 60 kB
@@ -67,6 +67,8 @@ from typing import Any
 
 import torch
 
+from memfit.hardware.cuda import CUDNN_FITTED, CUDNN_FITTED_SOURCE
+
 __all__ = [
     "CONV_FITTED_NOTE",
     "ELASTIC_NOTE",
@@ -79,15 +81,8 @@ __all__ = [
 
 _HALF = (torch.float16, torch.bfloat16)
 
-#: cuDNN 8/9 tensor-core engines: per kernel, (factor, band low, band high) on
-#: ``x + y + w`` bytes, fitted on the calibration half of the H100 corpus by
-#: ``bench/cudnn_workspace_fit.py`` (the factor is the calibration kernels' 90th percentile,
-#: the band their 5th and 95th; docs/benchmarks.md has the run and the validation half).
-FITTED: dict[str, tuple[float, float, float]] = {
-    "forward": (1.123, 0.0, 1.263),
-    "backward_data": (1.300, 0.99, 1.431),
-    "backward_filter": (1.659, 0.57, 1.806),
-}
+#: cuDNN 8/9 tensor-core engines' fitted factors (:data:`memfit.hardware.cuda.CUDNN_FITTED`).
+FITTED = CUDNN_FITTED
 
 #: What the plan assumes about the elastic workspace (see the module docstring).
 ELASTIC_NOTE = (
@@ -123,10 +118,8 @@ class ConvWorkspace:
 
 #: The estimate's note when a convolution's workspace was fitted.
 CONV_FITTED_NOTE = (
-    "cuDNN convolution workspaces (basis: fitted): each kernel's workspace is a fitted factor "
-    "times x + y + w bytes (its input, output and filter), from the calibration half of the "
-    "H100 corpus (torch 2.11, cuDNN 9.19; bench/cudnn_workspace_fit.py); which engine cuDNN's "
-    "heuristics choose is inside the closed library. " + ELASTIC_NOTE
+    f"cuDNN convolution workspaces (basis: fitted): {CUDNN_FITTED_SOURCE}; which engine "
+    "cuDNN's heuristics choose is inside the closed library. " + ELASTIC_NOTE
 )
 
 

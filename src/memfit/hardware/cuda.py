@@ -33,6 +33,8 @@ __all__ = [
     "CUBLAS_DEFAULT_CONFIG",
     "CUBLAS_HOPPER_CONFIG",
     "CUBLAS_SOURCE",
+    "CUDNN_FITTED",
+    "CUDNN_FITTED_SOURCE",
     "cublas_workspace_bytes",
     "cublaslt_workspace",
     "cuda_context_bytes",
@@ -228,6 +230,27 @@ def cublaslt_workspace(
     if flag not in ("0", "false", "off", "no") and cublas_bytes is not None:
         size = min(size, cublas_bytes)  # the size cap treats unset as unified
     return "persistent", size
+
+
+#: cuDNN 8/9 tensor-core convolution engines (half precision on sm70+, float32 with TF32 on
+#: sm80+): per kernel, ``(factor, band low, band high)`` on ``x + y + w`` bytes (the kernel's
+#: input, output and filter). Fitted on the calibration half of the project's H100 corpus
+#: (torch 2.11.0+cu130, cuDNN 9.19) by ``bench/cudnn_workspace_fit.py``: the factor is the
+#: calibration kernels' 75th percentile, the band their 5th and 95th (docs/benchmarks.md has
+#: the run and the validation half). Torch-free, so that the planner's families use it too.
+CUDNN_FITTED: dict[str, tuple[float, float, float]] = {
+    "forward": (1.0, 0.0, 1.263),
+    "backward_data": (1.014, 0.931, 1.431),
+    "backward_filter": (1.33, 1.0, 1.806),
+}
+
+#: Where :data:`CUDNN_FITTED` comes from, in one line.
+CUDNN_FITTED_SOURCE = (
+    "fitted on the calibration half of the H100 corpus (torch 2.11, cuDNN 9.19; "
+    "bench/cudnn_workspace_fit.py): each kernel's workspace is a factor times its input, "
+    "output and filter bytes; torch skips an engine whose workspace it cannot allocate "
+    "(Conv_v8.cpp try_configs), so on a small card the figure is an upper bound"
+)
 
 
 def cudnn_major(torch_version: tuple[int, int] | None, cuda_version: tuple[int, int] | None) -> int:
