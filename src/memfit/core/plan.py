@@ -26,6 +26,7 @@ from memfit.core.constraints import (
     check,
 )
 from memfit.core.evaluate import evaluate
+from memfit.core.families.common import CONV_WORKSPACE_BASIS, CONV_WORKSPACE_TERM
 from memfit.core.measured import MeasuredTerms
 from memfit.core.plan_explain import (
     binding_of,
@@ -329,6 +330,14 @@ def _finish(space: Space, gpu: GpuSpec, budget: Budget, plan_: Plan) -> Plan:
             "with the simulator in this process, call memfit.autoconfig after it starts to "
             "plan against what it really holds"
         )
+    if CONV_WORKSPACE_TERM in plan_.breakdown:
+        basis, source = CONV_WORKSPACE_BASIS
+        where = (
+            "on the host oneDNN's convolution scratch stands in for it, at cuDNN's size"
+            if gpu.arch == "cpu"
+            else f"planned as on a card with room, so an upper bound on this {gpu.name}"
+        )
+        notes.append(f"{CONV_WORKSPACE_TERM} (basis: {basis}): {source}; {where}")
     if gpu.arch == "cpu":
         notes.append(
             "planned for the host: the job trains on the CPU, everything (replay buffer "
