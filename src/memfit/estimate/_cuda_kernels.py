@@ -384,10 +384,8 @@ class CudaKernels:
         out.extend(self.older.notes())
         if any(use.bound for kernels in uses.values() for use in kernels):
             out.append(
-                "cuDNN's workspace for half-precision NCHW convolutions (cuDNN 8 and later) and "
-                "for cuDNN attention's backward is not published: counted as a bound (NHWC "
-                "copies of the kernel's input and output; a float32 dQ accumulator), which "
-                "the real heuristic may undercut"
+                "cuDNN attention's backward workspace is not published: counted as a bound "
+                "(a float32 dQ accumulator), which the real kernel may undercut"
             )
         if any(use.note.startswith("basis: fitted") for ks in uses.values() for use in ks):
             out.append(CONV_FITTED_NOTE)
