@@ -3,7 +3,7 @@
 #
 #   bash bench/gpu_session.sh OUTDIR [SECONDS]
 #
-# Seven lanes run side by side (each check measures its own process's allocator, so they do not
+# Eight lanes run side by side (each check measures its own process's allocator, so they do not
 # disturb each other's memory figures):
 #   A: pytest tests/gpu tests/runtime/test_fit_cuda.py
 #   B: python bench/accuracy.py --jobs 6
@@ -20,6 +20,11 @@
 #      deviceless for the same card, memory_stats() after compile and after steps)
 #   G: python bench/published_rerun_jax.py (issue 30: the published JAX programs run on this
 #      card, each in a fresh process, against memfit's deviceless prediction for this card)
+#   H: python bench/gpu_truth.py --limit-gib 8 --jobs 2 (issue 48: the same PyTorch workloads
+#      with the caching allocator capped at 8 GiB, torch.cuda.set_per_process_memory_fraction,
+#      into tests/data/gpu_truth/<gpu>-limit-8gib/: cuDNN's workspaces are elastic, torch
+#      skips an engine whose workspace it cannot allocate, so a small card's budget is where
+#      the workspaces users meet are measured; lane D's entries are the same runs uncapped)
 # then, alone on the card, python bench/seed_truth.py (issue 13: the seed systems at their
 # planned settings, which fill the card), then the timing benchmark, python
 # bench/guard_overhead.py (its DDP part runs two gloo processes on the CPU).
@@ -64,6 +69,9 @@ f=$!
 lane_g() { timeout $(( budget * 2 / 3 )) python3 bench/published_rerun_jax.py --jobs 6 --timeout 200; }
 lane_g >"$out/published_rerun_jax.log" 2>&1 &
 g=$!
+lane_h() { timeout $(( budget * 2 / 3 )) python3 bench/gpu_truth.py --limit-gib 8 --jobs 2; }
+lane_h >"$out/gpu_truth_8gib.log" 2>&1 &
+h=$!
 wait $a; echo "pytest rc=$?" >>"$out/summary.log"
 wait $b; echo "accuracy rc=$?" >>"$out/summary.log"
 wait $c; echo "fit/recorder rc=$?" >>"$out/summary.log"
@@ -71,6 +79,7 @@ wait $d; echo "gpu_truth rc=$?" >>"$out/summary.log"
 wait $e; echo "cuda_kernel_allocs rc=$?" >>"$out/summary.log"
 wait $f; echo "xla_deviceless rc=$?" >>"$out/summary.log"
 wait $g; echo "published_rerun_jax rc=$?" >>"$out/summary.log"
+wait $h; echo "gpu_truth 8 GiB rc=$?" >>"$out/summary.log"
 # --- issue 13: the seed systems at their planned settings, plan vs measured peak ------------
 # (Brax humanoid mjx, DQN fire rasters, ACT dual camera; writes bench/out/seed_truth.{json,md})
 t=$(left)

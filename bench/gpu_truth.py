@@ -345,6 +345,14 @@ def _torch_child(name: str, batch: int, traced: bool) -> dict[str, Any]:
 
     factory, _ = torch_workloads()[name]
     torch.cuda.init()
+    limit = int(os.environ.get(LIMIT_ENV) or 0)
+    if limit:
+        # A small card's budget on a large one: the caching allocator refuses to hold more
+        # than this fraction (an OOM past it, after freeing its cache), so the elastic
+        # workspaces (cuDNN skips an engine whose workspace it cannot allocate) are what
+        # a card of this size gives them.
+        total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total))
     if traced:
         torch.cuda.memory._record_memory_history(
             enabled="all", context="alloc", stacks="python", max_entries=MAX_ENTRIES
@@ -369,7 +377,7 @@ def _torch_child(name: str, batch: int, traced: bool) -> dict[str, Any]:
         "device_used": int(total - free),
         "nvml_used": _nvml_used_by_me(),
         "num_alloc_retries": int(torch.cuda.memory_stats().get("num_alloc_retries", 0)),
-        "environment": torch_environment(),
+        "environment": {**torch_environment(), "memory_limit_bytes": limit or None},
         "allocator": _allocator_settings(),
     }
     if traced:
@@ -565,9 +573,15 @@ def _store(folder: Path, got: dict[str, Any], **kw: Any) -> Any:
     return entry
 
 
-def _torch_case(folder: Path, name: str, batch: int) -> str:
-    clean = _run_child(["torch", name, str(batch), "0"])
-    traced = _run_child(["torch", name, str(batch), "1"])
+#: The environment variable that tells a torch child to cap its allocator (bytes): the
+#: small-card lane (``--limit-gib``).
+LIMIT_ENV = "MEMFIT_TRUTH_LIMIT_BYTES"
+
+
+def _torch_case(folder: Path, name: str, batch: int, limit: int | None = None) -> str:
+    env = {LIMIT_ENV: str(limit)} if limit else None
+    clean = _run_child(["torch", name, str(batch), "0"], env)
+    traced = _run_child(["torch", name, str(batch), "1"], env)
     if "error" in clean or "error" in traced:
         return f"{name}@{batch}: failed {clean.get('error') or traced['error']}"
     notes = list(traced.get("notes", []))
@@ -647,12 +661,21 @@ def _program_case(folder: Path, name: str) -> str:
     return f"{name}: {peaks}"
 
 
-def capture_cuda(root: Path, only: set[str] | None, jobs: int = 1, redo: bool = False) -> list[str]:
+def capture_cuda(
+    root: Path,
+    only: set[str] | None,
+    jobs: int = 1,
+    redo: bool = False,
+    limit_gib: float | None = None,
+) -> list[str]:
     """Capture every CUDA case into ``root/<gpu-slug>/``; return one line per case.
 
     Cases already stored are skipped unless ``redo`` (a capture cut short by a session's
     time limit goes on where it stopped). ``jobs`` cases run side by side: each child
     process measures its own allocator, so they do not disturb each other's figures.
+    ``limit_gib``: the PyTorch workloads only, each capped at that many GiB with
+    ``torch.cuda.set_per_process_memory_fraction`` (a small card's budget), into
+    ``root/<gpu-slug>-limit-<N>gib/``.
     """
     import concurrent.futures
 
@@ -661,11 +684,16 @@ def capture_cuda(root: Path, only: set[str] | None, jobs: int = 1, redo: bool = 
     if not torch.cuda.is_available():
         raise SystemExit("bench/gpu_truth.py needs a CUDA GPU (or run --cpu / --report)")
     folder = root / slug(torch.cuda.get_device_name(0))
+    limit = int(limit_gib * 2**30) if limit_gib else None
+    if limit:
+        folder = root / slug(f"{torch.cuda.get_device_name(0)} limit {limit_gib:g}gib")
     cases: list[tuple[str, Callable[[], str]]] = []
     for name, (_, sizes) in torch_workloads().items():
         for batch in sizes:
-            cases.append((f"{name}@{batch}", lambda n=name, b=batch: _torch_case(folder, n, b)))
-    for name, (_, sizes) in jax_workloads().items():
+            cases.append(
+                (f"{name}@{batch}", lambda n=name, b=batch: _torch_case(folder, n, b, limit))
+            )
+    for name, (_, sizes) in ({} if limit else jax_workloads()).items():
         for variant in ("", "_autotune0"):
             for batch in sizes:
                 cases.append(
@@ -674,7 +702,7 @@ def capture_cuda(root: Path, only: set[str] | None, jobs: int = 1, redo: bool = 
                         lambda n=name, v=variant, b=batch: _jax_case(folder, n, v, b),
                     )
                 )
-    for name in PROGRAMS:
+    for name in () if limit else PROGRAMS:
         cases.append((name, lambda n=name: _program_case(folder, n)))
     todo = [
         (key, run)
@@ -788,8 +816,36 @@ def workspaces(entry: Any) -> list[int]:
     return out or [8_519_680, 33_554_432, 1_048_576]
 
 
+def cudnn_text(version: Any) -> str | None:
+    """``torch.backends.cudnn.version()`` as text: ``91900`` -> ``"9.19.0"`` (cuDNN 9's
+    ``major * 10000 + minor * 100 + patch``), ``8907`` -> ``"8.9.7"`` (cuDNN 8's
+    ``major * 1000 + minor * 100 + patch``)."""
+    if not isinstance(version, int) or version <= 0:
+        return None
+    if version >= 90000:
+        return f"{version // 10000}.{version % 10000 // 100}.{version % 100}"
+    return f"{version // 1000}.{version % 1000 // 100}.{version % 100}"
+
+
+def entry_runtime(entry: Any) -> dict[str, str] | None:
+    """The runtime an entry was captured with (torch, CUDA, cuDNN, driver), for
+    ``estimate_torch(runtime=...)``; ``None`` for a CPU entry."""
+    env = entry.environment
+    if entry.device != "cuda" or not env.get("torch"):
+        return None
+    out = {"torch": str(env["torch"]).split("+")[0]}
+    for key in ("cuda", "driver"):
+        if env.get(key):
+            out[key] = str(env[key])
+    cudnn = cudnn_text(env.get("cudnn"))
+    if cudnn is not None:
+        out["cudnn"] = cudnn
+    return out
+
+
 def predict(entry: Any) -> dict[str, int | None]:
-    """What the estimator predicts for ``entry`` (traced on this machine's CPU)."""
+    """What the estimator predicts for ``entry`` (traced on this machine's CPU, for the
+    entry's GPU and the runtime it was captured with)."""
     from memfit.estimate.torch.trace import estimate_torch
 
     found = factory_for(entry)
@@ -799,7 +855,13 @@ def predict(entry: Any) -> dict[str, int | None]:
     step = factory()
     gpu = _catalog_name(entry.gpu)
     point = estimate_torch(
-        step.build, step.step, step.make_batch, [batch], device="cpu", gpu=gpu
+        step.build,
+        step.step,
+        step.make_batch,
+        [batch],
+        device="cpu",
+        gpu=gpu,
+        runtime=entry_runtime(entry),
     ).points[0]
     return {
         "exact_peak": point.exact_peak,
@@ -895,6 +957,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", help="comma-separated workload names")
     parser.add_argument("--jobs", type=int, default=1, help="CUDA cases side by side")
     parser.add_argument("--redo", action="store_true", help="recapture stored CUDA entries")
+    parser.add_argument(
+        "--limit-gib",
+        type=float,
+        help="capture the PyTorch workloads capped at this many GiB (a small card's budget)",
+    )
     parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -924,7 +991,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cpu:
         lines = capture_cpu(root, only)
     else:
-        lines = capture_cuda(root, only, jobs=args.jobs, redo=args.redo)
+        lines = capture_cuda(root, only, jobs=args.jobs, redo=args.redo, limit_gib=args.limit_gib)
     print("\n".join(lines))
     return 0
 

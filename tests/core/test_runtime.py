@@ -140,3 +140,17 @@ def test_the_feasible_space_of_a_sweep_takes_the_runtime_too() -> None:
     assert set(map(str, eager.configs)) <= set(map(str, lazy.configs))
     best = memfit.plan("dqn_fire_raster@device_replay", gpu="3.68GiB", runtime="cuda=11.2")
     assert best.knobs in eager.configs
+
+
+def test_the_cudnn_version_is_part_of_the_runtime_and_decides_the_conv_rules() -> None:
+    from memfit.estimate.torch._cuda_target import CudaTarget
+
+    rt = parse_runtime("torch=2.11.0,cuda=13.0,cudnn=9.19.0")
+    assert rt.cudnn == "9.19.0" and "cudnn" in rt.given
+    assert rt.describe().endswith("cuDNN 9.19.0") and rt.to_dict()["cudnn"] == "9.19.0"
+    assert parse_runtime({"torch": "2.11.0"}).cudnn is None
+    with pytest.raises(ConfigError, match="cudnn"):
+        parse_runtime("cudnn=nine")
+    # a given cuDNN wins over the one the torch wheels bundle (cuDNN 9 from torch 2.4)
+    assert CudaTarget(None, (2, 6), (12, 4), 0, cudnn_text="8.9.7").cudnn_major == 8
+    assert CudaTarget(None, (2, 6), (12, 4), 0).cudnn_major == 9

@@ -15,9 +15,11 @@ import torch
 from torch import nn
 
 import memfit
+from memfit.errors import ConfigError
 from memfit.estimate.torch._cuda_blas import cublaslt_policy
-from memfit.estimate.torch._cuda_conv import conv_workspace
+from memfit.estimate.torch._cuda_conv import FITTED, conv_workspace
 from memfit.estimate.torch._cuda_probe import read_rule
+from memfit.estimate.torch._cuda_reduce import reduce_buffer
 from memfit.estimate.torch._cuda_sdpa import backward_scratch, choose, run
 from memfit.estimate.torch._cuda_target import parse_version
 from memfit.estimate.torch.trace import trace_requests
@@ -385,20 +387,62 @@ def test_cudnn7_takes_the_nhwc_input_and_a_float32_output_for_half_convolutions(
     assert got.nbytes == args[0].numel() * 2 + out.numel() * 4 + w.numel() * 2
 
 
-def test_float32_and_channels_last_convolutions_take_no_workspace() -> None:
-    for dtype, cl in ((torch.float32, False), (torch.float16, True)):
+def test_float32_without_tf32_and_channels_last_convolutions_take_no_workspace() -> None:
+    cases = (
+        (torch.float32, False, (8, 0), False),  # TF32 off: filterEngineConfigs drops tensor cores
+        (torch.float32, False, (7, 0), True),  # no TF32 before Ampere
+        (torch.float16, True, (8, 0), True),  # already NHWC
+    )
+    for dtype, cl, cc, tf32 in cases:
         args, out, _ = _conv_args(dtype, cl)
         got = conv_workspace(
-            "aten.convolution.default", args, out, capability=(8, 0), cudnn_major=9
+            "aten.convolution.default", args, out, capability=cc, cudnn_major=9, allow_tf32=tf32
         )
-        assert got is not None and got.nbytes == 0
+        assert got is not None and got.nbytes == 0, (dtype, cl, cc, tf32)
 
 
-def test_cudnn8_and_later_half_convolutions_are_a_bound_and_said() -> None:
-    args, out, w = _conv_args(torch.bfloat16)
-    got = conv_workspace("aten.convolution.default", args, out, capability=(8, 0), cudnn_major=9)
-    assert got is not None and got.bound
-    assert got.nbytes == (args[0].numel() + out.numel() + w.numel()) * 2
+def test_cudnn9_workspaces_are_fitted_per_kernel_with_a_band() -> None:
+    for dtype in (torch.bfloat16, torch.float32):  # float32: TF32 tensor cores on sm80+
+        args, out, w = _conv_args(dtype)
+        got = conv_workspace(
+            "aten.convolution.default", args, out, capability=(8, 0), cudnn_major=9, allow_tf32=True
+        )
+        base = (args[0].numel() + out.numel() + w.numel()) * args[0].element_size()
+        assert got is not None and not got.bound and got.basis == "fitted"
+        assert got.nbytes == int(base * FITTED["forward"][0])
+        assert got.low <= got.nbytes <= got.high
+        assert got.kernels == (("forward", got.nbytes),)
+    # backward: the data kernel then the filter kernel, each with its own factor
+    x, w = torch.empty(8, 32, 84, 84), torch.empty(32, 32, 3, 3)
+    grad = torch.empty(8, 32, 82, 82)
+    bargs = (grad, x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1, [True, True, False])
+    got = conv_workspace(
+        "aten.convolution_backward.default", bargs, (x, w, None), capability=(9, 0),
+        cudnn_major=9, allow_tf32=True,
+    )  # fmt: skip
+    base = (x.numel() + grad.numel() + w.numel()) * 4
+    assert got is not None
+    assert [k for k, _ in got.kernels] == ["backward_data", "backward_filter"]
+    assert dict(got.kernels)["backward_filter"] == int(base * FITTED["backward_filter"][0])
+    assert got.nbytes == max(n for _, n in got.kernels)
+
+
+def test_reduction_staging_buffer_matches_the_h100_corpus() -> None:
+    """Reduce.cuh's global buffer for a bias gradient (sum over the batch): the H100 corpus's
+    aten.sum.dim_IntList allocations of ppo_mlp_large (1024 wide) and ppo_mlp_small (256)."""
+    cases = (
+        (16384, 1024, 128),
+        (4096, 1024, 32),
+        (1024, 1024, 8),
+        (16384, 256, 32),
+        (1024, 256, 2),
+    )
+    for rows, cols, mib in cases:
+        got = reduce_buffer("aten.sum.dim_IntList", (torch.empty(rows, cols), [0], True), sms=132)
+        assert got == mib * 2**20, (rows, cols)
+    # a reduction along the fastest dimension with many outputs needs no second pass
+    assert reduce_buffer("aten.sum.dim_IntList", (torch.empty(64, 1024), [1]), sms=132) == 0
+    assert reduce_buffer("aten.mm.default", (torch.empty(4, 4), torch.empty(4, 4))) == 0
 
 
 def test_a_conv_net_for_a_cuda_target_lists_cudnns_workspace() -> None:
@@ -429,11 +473,21 @@ def test_a_conv_net_for_a_cuda_target_lists_cudnns_workspace() -> None:
 # --- library versions ----------------------------------------------------------------------------
 
 
-def test_cublaslt_workspace_follows_the_targets_torch() -> None:
+def test_cublaslt_workspace_follows_the_targets_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert cublaslt_policy((1, 10)) == ("none", 0)
     assert cublaslt_policy((2, 6)) == ("transient", 1 << 20)
     assert cublaslt_policy((2, 9)) == ("persistent", 1 << 20)
-    assert cublaslt_policy((2, 11)) == ("unified", 0)
+    # torch 2.11 (the H100 corpus): its own 1 MiB unless the unified workspace is asked for
+    assert cublaslt_policy((2, 11)) == ("persistent", 1 << 20)
+    unified = {"TORCH_CUBLASLT_UNIFIED_WORKSPACE": "1"}
+    assert cublaslt_policy((2, 11), environ=unified) == ("unified", 0)
+    big = {"CUBLASLT_WORKSPACE_SIZE": "65536"}  # KiB; capped at cuBLAS's unless set false
+    assert cublaslt_policy((2, 11), environ=big, cublas_bytes=32 << 20) == ("persistent", 32 << 20)
+    off = {**big, "TORCH_CUBLASLT_UNIFIED_WORKSPACE": "0"}
+    assert cublaslt_policy((2, 11), environ=off, cublas_bytes=32 << 20) == ("persistent", 64 << 20)
+    with pytest.raises(ConfigError, match="CUBLASLT_WORKSPACE_SIZE"):
+        cublaslt_policy((2, 11), environ={"CUBLASLT_WORKSPACE_SIZE": "lots"})
+    monkeypatch.setenv("TORCH_CUBLASLT_UNIFIED_WORKSPACE", "1")
 
     def build() -> tuple[Any, Any]:
         return nn.Linear(64, 64), None

@@ -17,10 +17,10 @@ development VM) and, since 2026-11-26, CUDA entries from an H100 (torch 2.11.0+c
 reserved peak is worked out by hand from the allocator's rules.
 
 The CUDA entries' estimates, (c) on CUDA and the JAX entries, are in test_gpu_truth_cuda.py
-(its own file, so that pytest-xdist runs it beside this one). The H100 entries do not meet
-every goal yet; where they miss, the test is a strict xfail that
-states the measured figures (docs/benchmarks.md has the table): the tracer's CUDA kernels
-under-count cuDNN's convolution workspaces and cuBLAS's larger workspaces on this card.
+(its own file, so that pytest-xdist runs it beside this one). Since issue 48 the H100 entries
+meet the goals but for the misses that file names, each with why (docs/benchmarks.md has
+the table): cuDNN's convolution workspaces are fitted on the corpus's calibration half, the
+reductions' staging buffers and cuBLASLt's own workspace are read from torch's source.
 """
 
 from __future__ import annotations

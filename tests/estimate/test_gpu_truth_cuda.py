@@ -1,6 +1,6 @@
-"""The GPU truth corpus's CUDA entries against memfit's estimates (issue 12 (c), issue 30):
-the PyTorch entries' allocated and reserved peaks with the goals, and the JAX entries'
-``peak_bytes_in_use`` for their card. A file of its own so that pytest-xdist runs it beside
+"""The GPU truth corpus's CUDA entries against memfit's estimates (issue 12 (c), issue 30,
+issue 48): the PyTorch entries' allocated and reserved peaks with the goals, and the JAX
+entries' ``peak_bytes_in_use`` for their card. A file of its own so that pytest-xdist runs it beside
 the replay tests of tests/estimate/test_gpu_truth.py."""
 
 from __future__ import annotations
@@ -11,33 +11,72 @@ from truth_corpus import TruthEntry
 
 CUDA_TORCH = [e for e in ENTRIES if e.device == "cuda" and e.kind == "torch"]
 
+#: The goals per predicted field: (the real peak, mean |err|, worst |err|). No entry may be
+#: more than 3% under.
+GOALS = {
+    "allocated_peak": ("max_allocated", 0.03, 0.08),
+    "reserved_peak": ("max_reserved", 0.05, 0.10),
+}
+UNDER = -0.03
+
+#: Entries that still miss a goal, with why (figures of the 2026-11-29 01:15 UTC run, each
+#: entry traced for its GPU and the runtime it was captured with; docs/benchmarks.md). They
+#: are left out of the means and must still miss: one that meets the goals fails the test,
+#: so that the list only shrinks.
+MISSES: dict[tuple[str, str], str] = {
+    ("dqn_cnn_84@512", "allocated_peak"): (
+        "-17%: the backward-filter kernel of the 3x3 conv on 9x9 maps takes 150 MiB, 9.2x its "
+        "x + y + w (the calibration's largest ratio; 3.8x at batch 128, 1.1x at 256; the "
+        "fitted factor is 1.33x, the band's top 1.81x): an engine choice of cuDNN's "
+        "heuristics that no shape rule separates"
+    ),
+    ("dqn_cnn_84@512", "reserved_peak"): "-9%: the same 150 MiB workspace, in its own segment",
+    ("ppo_mlp_large@16384", "reserved_peak"): (
+        "-13% with the allocated peak exact: in the real run's second step two 64 MiB blocks "
+        "(tanh_backward, mm) take the cached 128 MiB segment of the first step's reduction "
+        "buffer and the next buffer gets a new one; the traced run frees in another order"
+    ),
+    ("dqn_cnn_128@128", "reserved_peak"): (
+        "+11% (over): the fitted backward-filter factor (1.33) is above this net's real "
+        "1.04-1.16, and the larger workspace takes a segment of its own"
+    ),
+    ("dqn_cnn_128@256", "reserved_peak"): "+18% (over): as dqn_cnn_128@128",
+    ("dqn_cnn_128@32", "reserved_peak"): (
+        "-4.5% (allocated -2.2%): the fitted workspaces pack into the cached blocks "
+        "differently from the real engines'"
+    ),
+    ("act_2cam_256@4", "reserved_peak"): "-3.5% (allocated -0.1%): as dqn_cnn_128@32",
+    ("resnet18_224@16", "reserved_peak"): "-3.0% (allocated +0.1%): as dqn_cnn_128@32",
+}
+
+
+def _rows(field: str) -> list[tuple[str, int, int]]:
+    peak = GOALS[field][0]
+    rows = [(e.name, int(e.peaks[peak] or 0), int(prediction(e.name)[field])) for e in CUDA_TORCH]
+    return [r for r in rows if r[1]]
+
 
 @pytest.mark.skipif(not CUDA_TORCH, reason=NO_CUDA_CORPUS)
-@pytest.mark.parametrize(
-    ("peak", "field", "mean_goal", "worst_goal"),
-    [
-        pytest.param(
-            "max_allocated", "allocated_peak", 0.03, 0.08,
-            marks=pytest.mark.xfail(strict=True, reason=(
-                "H100, 2026-11-26: mean |err| 4.9%, worst -30.3% (dqn_cnn_84@512: cuDNN "
-                "convolution workspaces the trace does not count)"
-            )),
-        ),
-        pytest.param(
-            "max_reserved", "reserved_peak", 0.05, 0.10,
-            marks=pytest.mark.xfail(strict=True, reason=(
-                "H100, 2026-11-26: mean |err| 16.8%, worst -37.5%, every miss under: cuDNN "
-                "workspaces of up to 3 GiB (act_2cam) and 256 MiB cuBLAS workspaces freed "
-                "into the cache"
-            )),
-        ),
-    ],
-)  # fmt: skip
-def test_gpu_truth_estimates_meet_the_goals_on_the_cuda_corpus(
-    peak: str, field: str, mean_goal: float, worst_goal: float
-) -> None:
-    rows = [(e.name, int(e.peaks[peak] or 0), prediction(e.name)[field]) for e in CUDA_TORCH]
-    goals([r for r in rows if r[1]], mean_goal, worst_goal)
+@pytest.mark.parametrize("field", ["allocated_peak", "reserved_peak"])
+def test_gpu_truth_estimates_meet_the_goals_on_the_cuda_corpus(field: str) -> None:
+    """The 22 H100 PyTorch entries, each traced for its GPU and the runtime it was captured
+    with (torch 2.11, CUDA 13.0, cuDNN 9.19): cuDNN's convolution workspaces (fitted on the
+    calibration half), the reductions' staging buffers, cuBLAS's and cuBLASLt's workspaces.
+    The goals hold on every entry but the named misses, which are stated and must still
+    miss."""
+    _, mean_goal, worst_goal = GOALS[field]
+    rows = _rows(field)
+    listed = {name for name, f in MISSES if f == field}
+    kept = [r for r in rows if r[0] not in listed]
+    goals(kept, mean_goal, worst_goal)
+    under = [(n, (p - r) / r) for n, r, p in kept if (p - r) / r < UNDER]
+    assert not under, f"more than 3% under: {under}"
+    for name, real, pred in rows:
+        if name in listed:
+            err = (pred - real) / real
+            assert abs(err) > worst_goal or err < UNDER, (
+                f"{name} now meets the goals ({err:+.1%}): take it out of MISSES"
+            )
 
 
 CUDA_JAX = [e for e in ENTRIES if e.device == "cuda" and e.kind == "jax"]

@@ -8,6 +8,7 @@ CPU allocator's own reports (``torch.profiler`` memory events), as in test_estim
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 from types import ModuleType
@@ -21,6 +22,7 @@ from memfit.errors import EstimateError
 from memfit.estimate import TorchStep, stand_in_scalars, stand_in_scalars_active
 from memfit.estimate.torch import _measured_scratch as kernels_mod
 from memfit.estimate.torch import _tracer
+from memfit.estimate.torch._cuda_blas import cublaslt_policy
 from memfit.estimate.torch.trace import estimate_torch
 from memfit.hardware.cuda import cublas_workspace_bytes
 from memfit.testing import real_cpu_peak
@@ -333,8 +335,12 @@ def test_the_gpu_figures_of_a_cpu_trace_count_a_cublas_workspace_per_pass() -> N
     )
     point = estimate_torch(step.build, step.step, step.make_batch, [8], gpu="a100 40gb").points[0]
     workspace = cublas_workspace_bytes(None, config=":4096:2:16:8")
+    # cuBLASLt's own workspace, kept per handle from torch 2.9 (the forward's addmm with a
+    # bias; TORCH_CUBLASLT_UNIFIED_WORKSPACE unset): the installed torch's rule
+    mode, lt_bytes = cublaslt_policy(None, environ=os.environ, cublas_bytes=workspace)
+    lt = lt_bytes if mode == "persistent" else 0
     # the forward matmuls' handle and the backward's (the autograd device thread's own)
-    assert point.breakdown["cublas_workspace"] == 2 * workspace
+    assert point.breakdown["cublas_workspace"] == 2 * workspace + lt
     inference = estimate_torch(
         lambda: (_Net(), None),
         lambda m, o, b: m(b),
@@ -342,9 +348,9 @@ def test_the_gpu_figures_of_a_cpu_trace_count_a_cublas_workspace_per_pass() -> N
         [8],
         gpu="a100 40gb",
     ).points[0]
-    assert inference.breakdown["cublas_workspace"] == workspace
+    assert inference.breakdown["cublas_workspace"] == workspace + lt
     hopper = estimate_torch(step.build, step.step, step.make_batch, [8], gpu="H100").points[0]
-    assert hopper.breakdown["cublas_workspace"] == 2 * 32 * 2**20
+    assert hopper.breakdown["cublas_workspace"] == 2 * 32 * 2**20 + lt
 
 
 def test_a_reduced_loss_holds_its_unreduced_buffer_on_every_device() -> None:

@@ -31,6 +31,7 @@ from memfit.core.constraints import (
     check,
 )
 from memfit.core.evaluate import evaluate
+from memfit.core.families.common import CONV_WORKSPACE_BASIS, CONV_WORKSPACE_TERM
 from memfit.core.families.registry import Fallback
 from memfit.core.measured import MeasuredTerms
 from memfit.core.plan_explain import (
@@ -419,6 +420,14 @@ def _finish(space: Space, gpu: GpuSpec, budget: Budget, plan_: Plan) -> Plan:
             "in host RAM (a replay buffer) are counted in one pool, against one budget; the "
             "OS and the job's own process take their share of it too"
         )
+    if CONV_WORKSPACE_TERM in plan_.breakdown:
+        basis, source = CONV_WORKSPACE_BASIS
+        where = (
+            "on the host oneDNN's convolution scratch stands in for it, at cuDNN's size"
+            if gpu.arch == "cpu"
+            else f"planned as on a card with room, so an upper bound on this {gpu.name}"
+        )
+        notes.append(f"{CONV_WORKSPACE_TERM} (basis: {basis}): {source}; {where}")
     if gpu.arch == "cpu":
         notes.append(
             "planned for the host: the job trains on the CPU, everything (replay buffer "

@@ -20,6 +20,7 @@ True
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 from memfit._checks import parse_int
 from memfit.errors import ConfigError
@@ -33,6 +34,8 @@ __all__ = [
     "CUBLAS_DEFAULT_CONFIG",
     "CUBLAS_HOPPER_CONFIG",
     "CUBLAS_SOURCE",
+    "CUDNN_FITTED",
+    "CUDNN_FITTED_SOURCE",
     "cublas_workspace_bytes",
     "cublaslt_workspace",
     "cuda_context_bytes",
@@ -164,25 +167,92 @@ CUBLASLT_WORKSPACE_BYTES = 1024 * KiB
 
 
 def cublaslt_workspace(
-    torch_version: tuple[int, int], cuda_version: tuple[int, int] | None = None
+    torch_version: tuple[int, int],
+    cuda_version: tuple[int, int] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    cublas_bytes: int | None = None,
 ) -> tuple[str, int]:
     """How a torch version gives cuBLASLt (``addmm`` with a bias) its workspace.
+
+    Args:
+        torch_version: The target's torch ``(major, minor)``.
+        cuda_version: Its CUDA runtime, or ``None``.
+        environ: The job's environment (``CUBLASLT_WORKSPACE_SIZE`` in KiB,
+            ``TORCH_CUBLASLT_UNIFIED_WORKSPACE``); ``None``: none set.
+        cublas_bytes: The cuBLAS workspace, which caps cuBLASLt's from torch 2.9 on
+            unless ``TORCH_CUBLASLT_UNIFIED_WORKSPACE`` is set false (``None``: no cap).
 
     Returns:
         ``("none", 0)``: ``addmm`` does not call cuBLASLt (before torch 1.12, or CUDA before
         11.4); ``("transient", bytes)``: each call allocates the workspace from the caching
         allocator and frees it after the kernel (torch 1.12 to 2.8; pytorch#73439; the
-        4 MiB of #120925 did not stay); ``("persistent", bytes)``: one per (handle, stream),
-        kept (torch 2.9 and 2.10; pytorch#156495); ``("unified", 0)``: cuBLASLt shares the
-        cuBLAS workspace of its stream (torch 2.11 on; pytorch#168175).
+        4 MiB of #120925 did not stay); ``("persistent", bytes)``: one per (handle,
+        stream), kept (torch 2.9 on; pytorch#156495); ``("unified", 0)``: cuBLASLt uses
+        the cuBLAS workspace of its handle and stream, only when
+        ``TORCH_CUBLASLT_UNIFIED_WORKSPACE`` is set true. ``CublasHandlePool.cpp``'s
+        ``getCUDABlasLtWorkspace`` shares the workspace only when that variable is
+        explicitly true (``check_env(...) == true``), while ``getCUDABlasLtWorkspaceSize``
+        treats an unset variable as unified for the size cap: an unset variable gives a
+        separate workspace of ``min(CUBLASLT_WORKSPACE_SIZE, cuBLAS workspace)``, 1 MiB by
+        default; the H100 corpus (torch 2.11.0+cu130) shows that 1 MiB, kept, in the first
+        ``addmm``.
+
+    Raises:
+        ConfigError: When ``CUBLASLT_WORKSPACE_SIZE`` is not a whole number of KiB.
 
     >>> cublaslt_workspace((2, 6))
     ('transient', 1048576)
     >>> cublaslt_workspace((2, 6), (11, 2))
     ('none', 0)
+    >>> cublaslt_workspace((2, 11))
+    ('persistent', 1048576)
+    >>> cublaslt_workspace((2, 11), environ={"TORCH_CUBLASLT_UNIFIED_WORKSPACE": "1"})
+    ('unified', 0)
     """
+    env = {} if environ is None else environ
     mode = str(rule("torch", "cublaslt.workspace", torch=torch_version, cuda=cuda_version))
-    return mode, CUBLASLT_WORKSPACE_BYTES if mode in ("transient", "persistent") else 0
+    if mode == "none":
+        return "none", 0
+    size = CUBLASLT_WORKSPACE_BYTES
+    text = env.get("CUBLASLT_WORKSPACE_SIZE")
+    if text is not None and text.strip():
+        size = (
+            parse_int(
+                "CUBLASLT_WORKSPACE_SIZE", text.strip(), lo=0, hint="a size in KiB, e.g. 1024"
+            )
+            * KiB
+        )
+    if mode == "transient":
+        return "transient", size
+    unified_text = env.get("TORCH_CUBLASLT_UNIFIED_WORKSPACE")
+    flag = None if unified_text is None else unified_text.strip().lower()
+    if flag in ("1", "true", "on", "yes"):
+        return "unified", 0
+    if flag not in ("0", "false", "off", "no") and cublas_bytes is not None:
+        size = min(size, cublas_bytes)  # the size cap treats unset as unified
+    return "persistent", size
+
+
+#: cuDNN 8/9 tensor-core convolution engines (half precision on sm70+, float32 with TF32 on
+#: sm80+): per kernel, ``(factor, band low, band high)`` on ``x + y + w`` bytes (the kernel's
+#: input, output and filter). Fitted on the calibration half of the project's H100 corpus
+#: (torch 2.11.0+cu130, cuDNN 9.19) by ``bench/cudnn_workspace_fit.py``: the factor is the
+#: calibration kernels' 75th percentile, the band their 5th and 95th (docs/benchmarks.md has
+#: the run and the validation half). Torch-free, so that the planner's families use it too.
+CUDNN_FITTED: dict[str, tuple[float, float, float]] = {
+    "forward": (1.0, 0.0, 1.263),
+    "backward_data": (1.014, 0.931, 1.431),
+    "backward_filter": (1.33, 1.0, 1.806),
+}
+
+#: Where :data:`CUDNN_FITTED` comes from, in one line.
+CUDNN_FITTED_SOURCE = (
+    "fitted on the calibration half of the H100 corpus (torch 2.11, cuDNN 9.19; "
+    "bench/cudnn_workspace_fit.py): each kernel's workspace is a factor times its input, "
+    "output and filter bytes; torch skips an engine whose workspace it cannot allocate "
+    "(Conv_v8.cpp try_configs), so on a small card the figure is an upper bound"
+)
 
 
 def cudnn_major(torch_version: tuple[int, int] | None, cuda_version: tuple[int, int] | None) -> int:

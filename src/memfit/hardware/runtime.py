@@ -59,7 +59,7 @@ __all__ = [
 ]
 
 #: The keys a runtime may name.
-RUNTIME_KEYS: tuple[str, ...] = ("torch", "cuda", "driver", "module_loading")
+RUNTIME_KEYS: tuple[str, ...] = ("torch", "cuda", "driver", "module_loading", "cudnn")
 
 _LOADING_NAMES = {"lazy": "lazy", "eager": "eager"}
 
@@ -157,6 +157,10 @@ class Runtime:
         given: The keys the caller gave (the rest are defaults).
         origin: Where the unnamed values came from (``"installed torch 2.13.0+cpu"``,
             ``"defaults"``).
+        cudnn: The cuDNN library's version (``"9.19.0"``; torch reports ``91900``), or
+            ``None``: the one the target's torch wheels bundle is assumed
+            (:func:`memfit.hardware.cuda.cudnn_major`). It decides the convolution rules of
+            :mod:`memfit.estimate.torch._cuda_conv`.
     """
 
     torch: str | None = None
@@ -166,6 +170,7 @@ class Runtime:
     loading_reason: str = ""
     given: tuple[str, ...] = ()
     origin: str = "defaults"
+    cudnn: str | None = None
 
     def describe(self) -> str:
         """One line: the loading mode and the versions it assumed.
@@ -180,6 +185,8 @@ class Runtime:
                 f"driver {self.driver or 'unknown'}",
             ]
         )
+        if self.cudnn is not None:
+            versions += f", cuDNN {self.cudnn}"
         return f"{self.module_loading} module loading; {versions}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -192,6 +199,7 @@ class Runtime:
             "loading_reason": self.loading_reason,
             "given": list(self.given),
             "origin": self.origin,
+            "cudnn": self.cudnn,
         }
 
 
@@ -225,6 +233,7 @@ def runtime_from_versions(
     *,
     given: tuple[str, ...] = (),
     origin: str = "defaults",
+    cudnn: str | None = None,
 ) -> Runtime:
     """A :class:`Runtime` with its loading mode decided from the versions.
 
@@ -242,7 +251,7 @@ def runtime_from_versions(
                 hint="CUDA_MODULE_LOADING=LAZY loads kernels on first use, EAGER at start",
             )
         loading = _LOADING_NAMES[module_loading.strip().lower()]
-    for key, value in (("torch", torch), ("cuda", cuda), ("driver", driver)):
+    for key, value in (("torch", torch), ("cuda", cuda), ("driver", driver), ("cudnn", cudnn)):
         if value is not None:
             parse_version(value, key)
     mode, reason = _loading(torch, cuda, driver, loading)
@@ -254,6 +263,7 @@ def runtime_from_versions(
         loading_reason=reason,
         given=given,
         origin=origin,
+        cudnn=cudnn,
     )
 
 
@@ -330,6 +340,7 @@ def parse_runtime(
         loading,
         given=tuple(k for k in RUNTIME_KEYS if k in given),
         origin="given" if names_versions or installed is None else installed_origin,
+        cudnn=given.get("cudnn", base.get("cudnn")),
     )
 
 

@@ -35,8 +35,11 @@ from memfit.allocator.model import (
 from memfit.core._workload_schema import ConvLayer, Dtype, NetworkSpec, Workload, dtype_bytes
 from memfit.core.families.registry import Term
 from memfit.errors import ConfigError
+from memfit.hardware.cuda import CUDNN_FITTED, CUDNN_FITTED_SOURCE
 
 __all__ = [
+    "CONV_WORKSPACE_BASIS",
+    "CONV_WORKSPACE_TERM",
     "MODEL_TERMS",
     "Term",
     "activation_bytes",
@@ -45,6 +48,7 @@ __all__ = [
     "camera_hw",
     "conv_shapes",
     "conv_weight_counts",
+    "conv_workspace_bytes",
     "ddp_terms",
     "fsdp_terms",
     "network_input",
@@ -69,6 +73,7 @@ MODEL_TERMS = frozenset(
         "fsdp_all_gather",
         "fsdp_reduce_scatter",
         "target_network",
+        "cudnn_conv_workspace",
     }
 )
 
@@ -204,6 +209,63 @@ def conv_weight_counts(channels: int, layers: Sequence[ConvLayer]) -> list[int]:
             counts.append(layer.out_channels)
             c = layer.out_channels
     return counts
+
+
+#: The term of cuDNN's convolution workspace in a plan (PyTorch workloads on CUDA).
+CONV_WORKSPACE_TERM = "cudnn_conv_workspace"
+
+#: How :data:`CONV_WORKSPACE_TERM` is obtained: ``(basis, source)``.
+CONV_WORKSPACE_BASIS = ("fitted", CUDNN_FITTED_SOURCE)
+
+
+def conv_workspace_bytes(
+    channels: int,
+    height: int,
+    width: int,
+    layers: Sequence[ConvLayer],
+    items: int,
+    act_bytes: int,
+    param_bytes: int,
+    *,
+    backward: bool,
+) -> int:
+    """The largest workspace cuDNN takes in one convolution kernel of a network (a transient,
+    one kernel at a time): a fitted factor times the kernel's input, output and filter bytes
+    (:data:`memfit.hardware.cuda.CUDNN_FITTED`; basis :data:`CONV_WORKSPACE_BASIS`), as a
+    card with room gives it.
+
+    Args:
+        channels, height, width: The network's input.
+        layers: Its convolution stack.
+        items: Images per call (batch x cameras).
+        act_bytes, param_bytes: Bytes per activation and per parameter.
+        backward: Whether the network trains (backward data and filter kernels too; the
+            first layer's input takes no gradient).
+
+    >>> conv_workspace_bytes(4, 84, 84, [ConvLayer(out_channels=32, kernel=8, stride=4)], 2, 4, 4,
+    ...                      backward=False)
+    360960
+    """
+    best = 0
+    c, h, w = channels, height, width
+    shapes = iter(conv_shapes(channels, height, width, layers))
+    weights = iter(conv_weight_counts(channels, layers))
+    first = True
+    for layer in layers:
+        for _ in range(layer.repeat):
+            oc, oh, ow = next(shapes)
+            if layer.kind == "conv":
+                weight = next(weights)
+                next(weights)  # the bias
+                base = items * (c * h * w + oc * oh * ow) * act_bytes + weight * param_bytes
+                kinds = ["forward"]
+                if backward:
+                    kinds += ["backward_filter"] if first else ["backward_data", "backward_filter"]
+                for kind in kinds:
+                    best = max(best, int(base * CUDNN_FITTED[kind][0]))
+                first = False
+            c, h, w = oc, oh, ow
+    return best
 
 
 def network_input(

@@ -10,7 +10,12 @@ planner choose the device when it fits and the host otherwise.
 
 Training keeps the Q-network's parameters, gradients and optimizer state, the target
 network's parameters, the sampled minibatch, and the activations of the online network
-(kept for backward) plus the target network's forward pass on the next observations.
+(kept for backward) plus the target network's forward pass on the next observations. A
+PyTorch workload with convolutions adds ``cudnn_conv_workspace``: the largest workspace cuDNN
+takes in one convolution kernel (forward, backward data, backward filter) at the minibatch,
+a transient on top of the rest (basis: fitted,
+:data:`memfit.core.families.common.CONV_WORKSPACE_BASIS`; elastic: on a small card an upper
+bound).
 """
 
 from __future__ import annotations
@@ -19,10 +24,14 @@ from collections.abc import Mapping
 
 from memfit.core._workload_schema import OffPolicySpec, Workload, dtype_bytes
 from memfit.core.families.common import (
+    CONV_WORKSPACE_TERM,
     Term,
     activation_bytes,
+    conv_workspace_bytes,
+    network_input,
     network_widths,
     observation_bytes,
+    param_bytes,
     parameter_terms,
 )
 from memfit.core.families.registry import Fallback, Family, register
@@ -78,6 +87,20 @@ def terms(
         Term("minibatch_data", (batch * obs, batch * obs, *(batch * f for f in fields[-4:]))),
         Term("activations", (batch * online * ab, batch * target * ab)),
     ]
+    if workload.framework == "torch":
+        ws = 0
+        for net in workload.networks.values():
+            if net.conv:
+                c, h, w = network_input(workload, net, values)
+                ws = max(
+                    ws,
+                    conv_workspace_bytes(
+                        c, h, w, net.conv, batch, ab, param_bytes(workload),
+                        backward=not net.target,
+                    ),
+                )  # fmt: skip
+        if ws:
+            out.append(Term(CONV_WORKSPACE_TERM, (ws,)))
     if on_device:
         out.insert(0, Term("replay_buffer", replay))
         return out, 0

@@ -16,7 +16,11 @@ ResNet-18 backbone per camera, a transformer with ``dim_model`` 512, action chun
 * ``action_queue``: ``num_envs x chunk_size x action_dim`` float32 (the queue of predicted
   actions ACT executes before it queries the policy again);
 * ``parameters`` (and their half copy under autocast); ``env_state`` when the simulator is on
-  the GPU.
+  the GPU;
+* ``cudnn_conv_workspace`` (PyTorch): the largest workspace cuDNN takes in one backbone
+  convolution, a transient on top of the layer's input and output (basis: fitted,
+  :data:`memfit.core.families.common.CONV_WORKSPACE_BASIS`; elastic: torch runs a smaller
+  engine where it cannot be allocated, so on a small card it is an upper bound).
 
 Autocast (``vision.autocast`` or precision bf16/fp16/amp) halves the activations.
 """
@@ -29,11 +33,14 @@ from typing import Any
 
 from memfit.core._workload_schema import CameraSpec, VisionSpec, Workload, dtype_bytes
 from memfit.core.families.common import (
+    CONV_WORKSPACE_TERM,
     Term,
     activation_bytes,
     camera_count,
     camera_hw,
     conv_shapes,
+    conv_workspace_bytes,
+    param_bytes,
     parameter_terms,
 )
 from memfit.core.families.registry import Fallback, Family, device_terms, register
@@ -109,6 +116,12 @@ def terms(workload: Workload, values: Mapping[str, int]) -> list[Term]:
         out.append(Term("transformer_activations", (envs * per_env * ab,)))
     queue = envs * vision.chunk_size * workload.action_dim * _F32
     out.append(Term("action_queue", (queue,)))
+    if workload.framework == "torch":
+        ws = conv_workspace_bytes(
+            channels, h, w, vision.backbone, images, ab, param_bytes(workload), backward=False
+        )
+        if ws:
+            out.append(Term(CONV_WORKSPACE_TERM, (ws,)))
     return out
 
 

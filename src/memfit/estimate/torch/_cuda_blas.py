@@ -9,8 +9,8 @@
 * **cuBLASLt** (``addmm`` with a 1-D bias, as ``nn.Linear`` calls it, and
   ``_addmm_activation``; CUDA 11.4 and later): its workspace changed with torch's versions
   (:func:`memfit.hardware.cuda.cublaslt_workspace`, with the sources): a 1 MiB transient per
-  call from torch 1.12, one kept per (handle, stream) in torch 2.9 and 2.10, shared with
-  cuBLAS's from torch 2.11.
+  call from torch 1.12, one kept per (handle, stream) from torch 2.9, shared with cuBLAS's
+  only under ``TORCH_CUBLASLT_UNIFIED_WORKSPACE=1``.
 
 On a CPU trace for a CUDA target everything runs on the calling thread, but the target runs
 the backward pass on the autograd device thread: there the pass (backward or not) tells the
@@ -48,7 +48,11 @@ _LT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
 def cublaslt_policy(
-    torch_version: tuple[int, int] | None, cuda_version: tuple[int, int] | None = None
+    torch_version: tuple[int, int] | None,
+    cuda_version: tuple[int, int] | None = None,
+    *,
+    environ: Any = None,
+    cublas_bytes: int | None = None,
 ) -> tuple[str, int]:
     """:func:`memfit.hardware.cuda.cublaslt_workspace` for the target's torch, the
     installed torch's rule when its version is unknown."""
@@ -58,7 +62,7 @@ def cublaslt_policy(
     if version is None:
         parts = torch.__version__.split("+")[0].split(".")
         version = (int(parts[0]), int(parts[1]))
-    return cublaslt_workspace(version, cuda_version)
+    return cublaslt_workspace(version, cuda_version, environ=environ, cublas_bytes=cublas_bytes)
 
 
 def _is_lt_call(name: str, args: tuple[Any, ...]) -> bool:
@@ -149,10 +153,10 @@ class BlasWorkspaces:
         elif self.lt_mode == "persistent":
             text += (
                 f"; cuBLASLt keeps {format_bytes(self.lt_bytes)} more per handle (torch 2.9 "
-                "and 2.10)"
+                "and later, TORCH_CUBLASLT_UNIFIED_WORKSPACE unset)"
             )
         elif self.lt_mode == "unified":
-            text += "; cuBLASLt shares it (torch 2.11 and later: unified workspaces)"
+            text += "; cuBLASLt shares it (TORCH_CUBLASLT_UNIFIED_WORKSPACE=1)"
         else:
             text += "; addmm does not use cuBLASLt before torch 1.12"
         return text

@@ -35,7 +35,7 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from memfit._plain import plain_fields
-from memfit.estimate.torch._cuda_conv import conv_workspace
+from memfit.estimate.torch._cuda_conv import CONV_FITTED_NOTE, conv_note, conv_workspace
 from memfit.estimate.torch._cuda_probe import (
     apply_rule,
     composite_op_names,
@@ -44,6 +44,7 @@ from memfit.estimate.torch._cuda_probe import (
     is_probing,
     rule_for,
 )
+from memfit.estimate.torch._cuda_reduce import DEFAULT_SMS, REDUCE_KERNEL, REDUCE_OPS, reduce_buffer
 from memfit.estimate.torch._cuda_sdpa import backward_scratch, choose, run
 from memfit.estimate.torch._older_formulas import OlderFormulas
 from memfit.hardware.rules import rule
@@ -160,6 +161,8 @@ class CudaKernels:
         self.trace: Any = None  # the trace this object serves (memfit.estimate.torch._tracer.Trace)
         self._names = frozenset(composite_op_names()) if emulate else frozenset()
         self.older = OlderFormulas(torch_version, version_text)
+        #: (multiprocessors, threads per multiprocessor) for reductions' staging buffers
+        self.reduce_sms: tuple[int, int] = (DEFAULT_SMS, 2048)
 
     # --- entering and leaving -------------------------------------------------------------
 
@@ -302,10 +305,18 @@ class CudaKernels:
             )
             if found is None:
                 return
-            if found.nbytes:
-                trace.add_transient(found.nbytes, "kernel_workspace", "cuda")
+            for _kind, size in found.kernels or ((found.kernel, found.nbytes),):
+                if size:  # each kernel's workspace, in the order the op runs them
+                    trace.add_transient(size, "kernel_workspace", "cuda")
             op = "aten.convolution" if name == _CONV[0] else "aten.convolution_backward"
-            self._use(op, found.kernel, 0, found.nbytes, None, bound=found.bound)
+            note = conv_note(found)
+            self._use(op, found.kernel, 0, found.nbytes, None, bound=found.bound, note=note)
+        elif name in REDUCE_OPS:
+            sms, threads = self.reduce_sms
+            size = reduce_buffer(name, args, sms=sms, threads_per_sm=threads)
+            if size:
+                trace.add_transient(size, "kernel_workspace", "cuda")
+                self._use(name.removesuffix(".default"), REDUCE_KERNEL, 0, size, None)
         elif name in _ATTENTION_BACKWARD:
             scratch = backward_scratch(name, args, legacy_flash=self.legacy_flash)
             if scratch:
@@ -374,11 +385,11 @@ class CudaKernels:
         out.extend(self.older.notes())
         if any(use.bound for kernels in uses.values() for use in kernels):
             out.append(
-                "cuDNN's workspace for half-precision NCHW convolutions (cuDNN 8 and later) and "
-                "for cuDNN attention's backward is not published: counted as a bound (NHWC "
-                "copies of the kernel's input and output; a float32 dQ accumulator), which "
-                "the real heuristic may undercut"
+                "cuDNN attention's backward workspace is not published: counted as a bound "
+                "(a float32 dQ accumulator), which the real kernel may undercut"
             )
+        if any(use.note.startswith("basis: fitted") for ks in uses.values() for use in ks):
+            out.append(CONV_FITTED_NOTE)
         if self.benchmark_seen:
             out.append(
                 "torch.backends.cudnn.benchmark=True: the first step's algorithm search may "

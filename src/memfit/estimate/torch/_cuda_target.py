@@ -37,6 +37,8 @@ class CudaTarget:
         cuda_version: The target's CUDA runtime ``(major, minor)``, or ``None``.
         cublas_bytes: One cuBLAS workspace on this GPU.
         torch_text: The target's torch version as given (``"2.1.0.dev20230623+cu118"``).
+        cudnn_text: The target's cuDNN version as given (``"9.19.0"``), or ``None``: the
+            one its torch wheels bundle.
     """
 
     spec: Any
@@ -44,6 +46,7 @@ class CudaTarget:
     cuda_version: tuple[int, int] | None
     cublas_bytes: int
     torch_text: str | None = None
+    cudnn_text: str | None = None
 
     @property
     def capability(self) -> tuple[int, int] | None:
@@ -58,24 +61,38 @@ class CudaTarget:
         """The cuDNN major version the target's torch bundles."""
         from memfit.hardware.cuda import cudnn_major
 
+        given = parse_version(self.cudnn_text)
+        if given is not None:
+            return given[0]
         return cudnn_major(self.torch_version, self.cuda_version)
 
     def blas_workspaces(self, device_type: str) -> Any:
         """The cuBLAS / cuBLASLt workspace model for one trace."""
+        import os
+
         from memfit.estimate.torch._cuda_blas import BlasWorkspaces, cublaslt_policy
 
-        mode, nbytes = cublaslt_policy(self.torch_version, self.cuda_version)
+        mode, nbytes = cublaslt_policy(
+            self.torch_version,
+            self.cuda_version,
+            environ=os.environ,
+            cublas_bytes=self.cublas_bytes,
+        )
         return BlasWorkspaces(self.cublas_bytes, mode, nbytes, device_type)
 
     def kernels(self, *, emulate: bool = True) -> Any:
         """The kernel model for one trace for this target (``emulate``: a CPU trace, which
         runs CUDA's choices itself; else a trace on fake CUDA tensors)."""
         from memfit.estimate.torch._cuda_kernels import CudaKernels
+        from memfit.estimate.torch._cuda_reduce import sm_count
 
-        return CudaKernels(
+        kernels = CudaKernels(
             self.capability,
             self.torch_version,
             self.cudnn_major,
             self.torch_text,
             emulate=emulate,
         )
+        sms, threads, _known = sm_count(self.spec)
+        kernels.reduce_sms = (sms, threads)
+        return kernels

@@ -536,4 +536,9 @@ def _cuda_target(gpu: str | None, runtime: Runtime | None) -> CudaTarget:
         spec = lookup_gpu(gpu)
     text = runtime.torch if runtime is not None else torch.__version__
     cuda_version = parse_version(runtime.cuda) if runtime is not None else None
-    return CudaTarget(spec, parse_version(text), cuda_version, cublas_workspace_bytes(spec), text)
+    import os
+
+    config = os.environ.get("CUBLAS_WORKSPACE_CONFIG") or None  # the job's, as torch reads it
+    cudnn = runtime.cudnn if runtime is not None else None
+    cublas = cublas_workspace_bytes(spec, config=config)
+    return CudaTarget(spec, parse_version(text), cuda_version, cublas, text, cudnn)
