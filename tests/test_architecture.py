@@ -399,3 +399,31 @@ def test_no_source_module_serves_only_bench_or_tests() -> None:
     """Code only bench scripts or tests call belongs in bench/ or tests/shared/."""
     unused = sorted(set(modules()) - used_modules())
     assert unused == [], "no entry point reaches these: move them to bench/ or tests/shared/"
+
+
+#: Classes that share a name on purpose or from before this rule, each with its reason; a
+#: new pair fails the test, and an entry that no longer applies must be taken off (the list
+#: only shrinks).
+SAME_NAME: dict[str, str] = {
+    "TrainGuard": "memfit.jax.TrainGuard is the JAX guard under the torch guard's name, by design",
+    "StepFit": "core.measured (a fit's plain data) and runtime.fit_step (its result): to rename",
+    "Limit": "allocator.replay (a trace's memory limit) and core.space (a search limit): to rename",
+    "Trace": "allocator.snapshot_records and estimate.torch._tracer (private there): to rename",
+    "Rule": "core._workload_schema (a user rule) and estimate.torch._cuda_probe: to rename",
+    "Request": "estimate.torch.trace (an allocation) and integrations.ray (a trial's): to rename",
+    "Fragmentation": "monitor.explanation (public) and monitor._leaks (private): to rename",
+    "Leak": "memfit.Leak (monitor._leaks) and monitor.explanation.Leak: to rename",
+}
+
+
+def test_distinct_things_have_distinct_names() -> None:
+    seen: dict[str, list[str]] = {}
+    for m, p in modules().items():
+        for node in ast.parse(p.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                seen.setdefault(node.name, []).append(m)
+    shared = {name: mods for name, mods in seen.items() if len(mods) > 1}
+    assert set(shared) - set(SAME_NAME) == set(), {
+        n: shared[n] for n in set(shared) - set(SAME_NAME)
+    }
+    assert set(SAME_NAME) - set(shared) == set(), "renamed: take it off SAME_NAME"

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from memfit.allocator.model import K_SMALL_BUFFER, AllocatorModel, round_size
-from memfit.allocator.snapshot import DeviceSnapshot, TraceEvent
+from memfit.allocator.snapshot import SnapshotDevice, TraceEvent
 from memfit.errors import ConfigError, OutOfMemory
 
 __all__ = [
@@ -96,13 +96,13 @@ def _inconsistent(what: str) -> ConfigError:
     )
 
 
-def _expandable(dev: DeviceSnapshot) -> bool:
+def _expandable(dev: SnapshotDevice) -> bool:
     return any(s.expandable for s in dev.segments) or any(
         e.action in ("segment_map", "segment_unmap") for e in dev.trace
     )
 
 
-def start_state(dev: DeviceSnapshot) -> StartState:
+def start_state(dev: SnapshotDevice) -> StartState:
     """The allocator's segments and live blocks at the trace's first event (see module).
 
     Raises:
@@ -183,7 +183,7 @@ def start_state(dev: DeviceSnapshot) -> StartState:
     )
 
 
-def recorded_start(dev: DeviceSnapshot) -> int:
+def recorded_start(dev: SnapshotDevice) -> int:
     """Reserved bytes at the first event: those at the end less what the trace's segment
     events added (``segment_alloc`` / ``segment_map`` add, ``segment_free`` / ``_unmap``
     give back)."""
@@ -196,7 +196,7 @@ def recorded_start(dev: DeviceSnapshot) -> int:
     return dev.reserved_bytes - net
 
 
-def recorded_curve(dev: DeviceSnapshot, start: StartState | None = None) -> list[int]:
+def recorded_curve(dev: SnapshotDevice, start: StartState | None = None) -> list[int]:
     """Reserved bytes after each event, from the trace's segment events (expandable
     segments' maps and unmaps included)."""
     reserved = start.reserved_bytes if start is not None else recorded_start(dev)
@@ -227,7 +227,7 @@ def _free_runs(trace: Sequence[TraceEvent]) -> list[tuple[int, int]]:
     return out
 
 
-def _classify(dev: DeviceSnapshot, start: StartState | None) -> tuple[list[int], Limit]:
+def _classify(dev: SnapshotDevice, start: StartState | None) -> tuple[list[int], Limit]:
     """The ``empty_cache()`` calls of the trace and the limit it implies.
 
     Every ``segment_alloc`` fitted under the limit, so the limit is at least the largest
@@ -264,7 +264,7 @@ def _classify(dev: DeviceSnapshot, start: StartState | None) -> tuple[list[int],
     return calls, Limit(low=low, high=high)
 
 
-def empty_cache_points(dev: DeviceSnapshot, start: StartState | None = None) -> list[int]:
+def empty_cache_points(dev: SnapshotDevice, start: StartState | None = None) -> list[int]:
     """Indices where the trace's ``torch.cuda.empty_cache()`` calls begin (runs of
     ``segment_free`` events no request needed; see :func:`implied_limit`)."""
     return _classify(dev, start)[0]
@@ -294,7 +294,7 @@ class Limit:
         return None if self.high is None else self.low
 
 
-def implied_limit(dev: DeviceSnapshot, start: StartState | None = None) -> Limit:
+def implied_limit(dev: SnapshotDevice, start: StartState | None = None) -> Limit:
     """The limit the real allocator met (see :func:`_classify`)."""
     return _classify(dev, start)[1]
 
@@ -353,7 +353,7 @@ class Curve:
 
 
 def replay(
-    dev: DeviceSnapshot,
+    dev: SnapshotDevice,
     *,
     expandable_segments: bool = False,
     max_split_size: int | None = None,

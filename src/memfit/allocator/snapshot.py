@@ -25,7 +25,7 @@ and runs of events of one layout are read by one regular expression at a time
 ``progress(done, total)`` reports long reads.
 
 Stack frames are interned: each event and block carries the index of its stack in
-:attr:`DeviceSnapshot.stacks` (a tuple of indices into :attr:`DeviceSnapshot.frames`,
+:attr:`SnapshotDevice.stacks` (a tuple of indices into :attr:`SnapshotDevice.frames`,
 innermost first as PyTorch records them), or ``-1`` when it has none.
 """
 
@@ -69,10 +69,10 @@ __all__ = [
     "MAX_SNAPSHOT_BYTES",
     "RECORD_HINT",
     "BlockInfo",
-    "DeviceSnapshot",
     "Frame",
     "SegmentInfo",
     "Snapshot",
+    "SnapshotDevice",
     "Trace",
     "TraceEvent",
     "load_snapshot",
@@ -103,7 +103,7 @@ Progress = Callable[[int, int], None]
 
 
 @dataclass(frozen=True)
-class DeviceSnapshot:
+class SnapshotDevice:
     """One device's segments (at the end) and trace (in order)."""
 
     device: int
@@ -136,7 +136,7 @@ class DeviceSnapshot:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """A whole snapshot: one :class:`DeviceSnapshot` per device that appears in it.
+    """A whole snapshot: one :class:`SnapshotDevice` per device that appears in it.
 
     Attributes:
         devices: By device index, ascending.
@@ -149,14 +149,14 @@ class Snapshot:
             writes it, empty lists when no history was recorded).
     """
 
-    devices: tuple[DeviceSnapshot, ...]
+    devices: tuple[SnapshotDevice, ...]
     settings: Mapping[str, Any] = field(default_factory=dict)
     source: str = "<data>"
     kind: str = "json"
     meta: Mapping[str, Any] = field(default_factory=dict)
     has_traces: bool = True
 
-    def device(self, index: int | None = None) -> DeviceSnapshot:
+    def device(self, index: int | None = None) -> SnapshotDevice:
         """The device ``index``; by default the one with an ``oom`` event, else the longest
         trace, else the most reserved memory.
 
@@ -418,7 +418,7 @@ def _convert(obj: Any, source: str, kind: str, devices: _Devices) -> Snapshot:
         frames = devices(device)
         segs = sorted(by_device.get(device, []), key=lambda s: s.address)
         out.append(
-            DeviceSnapshot(
+            SnapshotDevice(
                 device=device,
                 segments=tuple(segs),
                 trace=traces.get(device, Trace()),
@@ -498,7 +498,7 @@ def snapshot_to_data(
     """The snapshot as the plain data ``_snapshot()`` returns (JSON-ready), optionally
     without stack frames or times; :func:`snapshot_from_data` reads it back."""
 
-    def stack(dev: DeviceSnapshot, index: int) -> list[dict[str, Any]]:
+    def stack(dev: SnapshotDevice, index: int) -> list[dict[str, Any]]:
         if not frames or index < 0:
             return []
         return [

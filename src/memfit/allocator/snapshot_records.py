@@ -142,7 +142,7 @@ class BlockInfo:
         requested_size: Bytes the caller asked for (0 for a free block).
         state: ``"active_allocated"``, ``"active_pending_free"`` (freed, waiting on another
             stream's work) or ``"inactive"`` (free, cached).
-        stack: Index into :attr:`DeviceSnapshot.stacks`, ``-1`` without frames.
+        stack: Index into :attr:`SnapshotDevice.stacks`, ``-1`` without frames.
     """
 
     address: int
@@ -181,7 +181,7 @@ class TraceEvent:
             for ``segment_*``, the failed request for ``oom``.
         stream: The CUDA stream (as an integer handle).
         time_us: When, in microseconds, or ``None``.
-        stack: Index into :attr:`DeviceSnapshot.stacks`, ``-1`` without frames.
+        stack: Index into :attr:`SnapshotDevice.stacks`, ``-1`` without frames.
         device_free: For ``oom``: the driver's free memory at the failure, else ``None``.
     """
 

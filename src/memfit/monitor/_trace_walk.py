@@ -12,8 +12,8 @@ from memfit.allocator.replay import (
     StartState,
 )
 from memfit.allocator.snapshot import (
-    DeviceSnapshot,
     Frame,
+    SnapshotDevice,
 )
 from memfit.units import MiB
 
@@ -77,7 +77,7 @@ class LiveBlock:
 class TraceWalk:
     """Live blocks event by event (sizes rounded to 512 B, as the allocator's blocks)."""
 
-    def __init__(self, dev: DeviceSnapshot, start: StartState) -> None:
+    def __init__(self, dev: SnapshotDevice, start: StartState) -> None:
         self.dev = dev
         allocated_in_trace = {e.addr for e in dev.trace if e.action == "alloc"}
         end_stacks = {b.address: b.stack for s in dev.segments for b in s.blocks if b.live}
@@ -103,7 +103,7 @@ class TraceWalk:
             self.index += 1
 
 
-def site_name(dev: DeviceSnapshot, stack: int, cache: dict[int, str]) -> str:
+def site_name(dev: SnapshotDevice, stack: int, cache: dict[int, str]) -> str:
     got = cache.get(stack)
     if got is None:
         if stack < 0:
@@ -115,7 +115,7 @@ def site_name(dev: DeviceSnapshot, stack: int, cache: dict[int, str]) -> str:
     return got
 
 
-def module_name(dev: DeviceSnapshot, stack: int) -> str:
+def module_name(dev: SnapshotDevice, stack: int) -> str:
     if stack < 0:
         return "(unknown)"
     frame = _module_frame(dev.stack_frames(stack))

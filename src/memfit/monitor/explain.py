@@ -42,8 +42,8 @@ from memfit.allocator.replay import (
 )
 from memfit.allocator.snapshot import (
     RECORD_HINT,
-    DeviceSnapshot,
     Snapshot,
+    SnapshotDevice,
     load_snapshot,
     snapshot_from_data,
 )
@@ -80,7 +80,7 @@ __all__ = [
 # --- the walk ------------------------------------------------------------------------------------
 
 
-def _allocated_curve(dev: DeviceSnapshot, start: StartState) -> list[int]:
+def _allocated_curve(dev: SnapshotDevice, start: StartState) -> list[int]:
     walk = TraceWalk(dev, start)
     out = []
     for i in range(len(dev.trace)):
@@ -99,7 +99,7 @@ def _group(by: str, items: Mapping[str, tuple[int, int]]) -> Group:
     return Group(by, top, sum(b for _, (b, _c) in rest), sum(c for _, (_b, c) in rest))
 
 
-def _groups(dev: DeviceSnapshot, live: Mapping[int, LiveBlock]) -> tuple[Group, ...]:
+def _groups(dev: SnapshotDevice, live: Mapping[int, LiveBlock]) -> tuple[Group, ...]:
     def tally(key_of: Any) -> dict[str, tuple[int, int]]:
         out: dict[str, list[int]] = {}
         for block in live.values():
@@ -125,7 +125,7 @@ def _groups(dev: DeviceSnapshot, live: Mapping[int, LiveBlock]) -> tuple[Group, 
 
 
 def _step_starts(
-    dev: DeviceSnapshot, allocated: Sequence[int] = (), first_allocated: int = 0
+    dev: SnapshotDevice, allocated: Sequence[int] = (), first_allocated: int = 0
 ) -> list[int]:
     """Indices where each repetition of the step starts, or ``[]``.
 
@@ -178,7 +178,7 @@ def _grows_like_layers(starts: Sequence[int], allocated: Sequence[int], first: i
     return swing <= 0 or growth > swing / 2
 
 
-def _leaks(dev: DeviceSnapshot, start: StartState, starts: Sequence[int]) -> tuple[Leak, ...]:
+def _leaks(dev: SnapshotDevice, start: StartState, starts: Sequence[int]) -> tuple[Leak, ...]:
     if len(starts) < 3:
         return ()
     walk = TraceWalk(dev, start)
@@ -230,7 +230,7 @@ def _resolve(
     return load_snapshot(source, progress=progress)
 
 
-def _device(snapshot: Snapshot, device: int | None) -> DeviceSnapshot:
+def _device(snapshot: Snapshot, device: int | None) -> SnapshotDevice:
     if not snapshot.devices:
         raise ConfigError(
             "the snapshot holds no segment and no trace (nothing was allocated on the GPU "
@@ -270,7 +270,7 @@ def _peak(curve: Sequence[int], first: int) -> Peak:
     return Peak(best, at)
 
 
-def _point(at: str | int, dev: DeviceSnapshot, peak: Peak, ooms: list[int]) -> tuple[str, int, int]:
+def _point(at: str | int, dev: SnapshotDevice, peak: Peak, ooms: list[int]) -> tuple[str, int, int]:
     """``(at, event index, events applied)``."""
     n = len(dev.trace)
     if isinstance(at, str) and at.strip()[:1].isdigit():

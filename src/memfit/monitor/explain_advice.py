@@ -13,7 +13,7 @@ from memfit.allocator.replay import (
     replay,
 )
 from memfit.allocator.snapshot import (
-    DeviceSnapshot,
+    SnapshotDevice,
 )
 from memfit.monitor._trace_walk import TraceWalk, site_name
 from memfit.monitor.explanation import (
@@ -37,7 +37,7 @@ _MIN_SAVING = 64 * MiB
 
 
 def fragmentation(
-    dev: DeviceSnapshot,
+    dev: SnapshotDevice,
     state: ModelState,
     walk: TraceWalk,
     reserved: int,
@@ -91,7 +91,7 @@ def fragmentation(
 
 
 def what_ifs(
-    dev: DeviceSnapshot,
+    dev: SnapshotDevice,
     start: StartState,
     settings: Mapping[str, Any],
     gc_threshold: float | None,
