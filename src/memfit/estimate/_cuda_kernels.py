@@ -36,6 +36,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from memfit._plain import plain_fields
 from memfit.estimate._cuda_conv import conv_workspace
+from memfit.estimate._cuda_dispatch import OpDispatch, cuda_kernel_composites
 from memfit.estimate._cuda_probe import (
     apply_rule,
     composite_op_names,
@@ -157,7 +158,13 @@ class CudaKernels:
         self._lib: Any = None
         self.emulate = emulate
         self.trace: Any = None  # the trace this object serves (memfit.estimate._tracer.Trace)
-        self._names = frozenset(composite_op_names()) if emulate else frozenset()
+        # the composites CUDA decomposes, and those it runs whole (its own kernel)
+        whole = cuda_kernel_composites(composite_op_names()) if emulate else ()
+        self._whole = {d.name: d for d in whole}
+        self._names = (
+            frozenset(composite_op_names()) - frozenset(self._whole) if emulate else frozenset()
+        )
+        self.kept_whole: dict[str, int] = {}
         self.older = OlderFormulas(torch_version, version_text)
 
     # --- entering and leaving -------------------------------------------------------------
@@ -169,10 +176,19 @@ class CudaKernels:
         library: Any = torch.library.Library  # untyped in torch's stubs
         lib = library("aten", "IMPL")
         try:
-            for name in composite_op_names():
+            for name in self._names:
                 op = _overload(name)
                 if op is not None:
                     lib.impl(name.removeprefix("aten::"), self._kernel(op), "AutogradCPU")
+            for name, found in self._whole.items():
+                op = _overload(name)
+                if op is None:
+                    continue
+                keys = [] if found.cpu_kernel else ["AutogradCPU"]
+                if not torch.backends.cuda.is_built():  # no CUDA kernel here for the probes
+                    keys.append("AutogradCUDA")
+                for key in keys:
+                    lib.impl(name.removeprefix("aten::"), self._whole_kernel(op, found), key)
         except BaseException:
             lib._destroy()
             raise
@@ -199,6 +215,22 @@ class CudaKernels:
             if not _get_current_dispatch_mode_stack():  # another probe (autocast's)
                 return decompose(op, *args, **kwargs)
             return self.composite(op, args, kwargs)
+
+        return kernel
+
+    def _whole_kernel(self, op: Any, found: OpDispatch) -> Callable[..., Any]:
+        """Run ``op`` as one operator, as CUDA's dispatcher does for an operator with a
+        kernel of its own: its derivative formula (the ``Autograd`` kernel) above, the
+        operator itself below, where the trace's mode sees it."""
+        name = str(op)
+
+        def kernel(*args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() == self._thread and not is_probing():
+                self.kept_whole[name] = self.kept_whole.get(name, 0) + 1
+            if found.autograd_kernel:
+                return op._op_dk(torch._C.DispatchKey.Autograd, *args, **kwargs)
+            with torch._C._AutoDispatchBelowAutograd():
+                return op(*args, **kwargs)
 
         return kernel
 
