@@ -45,6 +45,7 @@ from memfit.estimate._cuda_probe import (
     is_probing,
     rule_for,
 )
+from memfit.estimate._cuda_scratch import kernel_scratch
 from memfit.estimate._cuda_sdpa import backward_scratch, choose, run
 from memfit.estimate._older_formulas import OlderFormulas
 from memfit.units import format_bytes
@@ -165,6 +166,7 @@ class CudaKernels:
             frozenset(composite_op_names()) - frozenset(self._whole) if emulate else frozenset()
         )
         self.kept_whole: dict[str, int] = {}
+        self.met: dict[str, int] = {}  # every operator the trace met, with its calls
         self.older = OlderFormulas(torch_version, version_text)
 
     # --- entering and leaving -------------------------------------------------------------
@@ -323,8 +325,16 @@ class CudaKernels:
         """Called by the tracer after each op: the workspace the target's kernel takes, and
         what an older torch's backward formula keeps."""
         name = str(func)
+        self.met[name] = self.met.get(name, 0) + 1
         if self.older.active:
             self.older.on_op(trace, name, args, out)
+        scratch = kernel_scratch(name, args)
+        if scratch is not None and scratch.nbytes:
+            # held at once, each its own block, and given back before the kernel returns
+            held = [trace.add(n, "kernel_workspace", None, "cuda") for n in scratch.blocks if n]
+            for record in held:
+                trace.release(record)
+            self._use(name.removesuffix(".default"), scratch.kernel, 0, scratch.nbytes, None)
         if name in _CONV:
             if torch.backends.cudnn.benchmark:
                 self.benchmark_seen = True

@@ -1,0 +1,88 @@
+"""What CUDA kernels allocate beyond their outputs, read from torch's CUDA sources.
+
+A fake tensor's kernel makes an operator's outputs; the CUDA kernel may also take tensors of
+its own from the caching allocator while it runs and give them back before it returns. They
+count in ``max_memory_allocated`` at that moment. Each rule here names the source it was
+read from and gives the blocks the kernel holds at once (each a separate allocation, rounded
+by the allocator on its own); :class:`memfit.estimate._cuda_kernels.CudaKernels` adds them to
+the trace at the operator, for the CUDA target.
+
+* ``native_group_norm_backward`` (``aten/src/ATen/native/cuda/group_norm_kernel.cu``,
+  ``GroupNormBackwardKernelImplInternal``, torch 1.9 to 2.10): ``ds`` and ``db``, ``(N, C)``
+  in the accumulation type (float32 for half, bfloat16 and float; float64 for double);
+  with the input's gradient, ``c2`` and ``c3`` ``(N, G)`` and, with a weight, ``c1``
+  ``(N, C)`` (a ``TensorIterator`` output resized from ``{0}`` to ``rstd * gamma``'s
+  broadcast shape). With ``HxW == 1`` only ``ds`` and ``db`` are taken before
+  ``GroupNorm1dBackward`` (whose own buffers are not read here: not counted).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["SCRATCH_RULES", "Scratch", "kernel_scratch"]
+
+
+@dataclass(frozen=True)
+class Scratch:
+    """The blocks one CUDA kernel call holds at once besides its outputs.
+
+    Attributes:
+        kernel: The kernel, as its source names it.
+        blocks: Bytes of each block (each its own allocation).
+        source: The file the rule was read from.
+    """
+
+    kernel: str
+    blocks: tuple[int, ...]
+    source: str
+
+    @property
+    def nbytes(self) -> int:
+        """All blocks together."""
+        return sum(self.blocks)
+
+
+def _acc_itemsize(dtype: torch.dtype) -> int:
+    """``acc_type<T, true>`` on CUDA: float for half, bfloat16 and float; double for double."""
+    return 8 if dtype == torch.float64 else 4
+
+
+def _group_norm_backward(args: tuple[Any, ...]) -> Scratch | None:
+    names = ("grad_out", "input", "mean", "rstd", "weight", "N", "C", "HxW", "group", "mask")
+    bound = dict(zip(names, args, strict=False))
+    x = bound.get("input")
+    if not isinstance(x, torch.Tensor):
+        return None
+    n, c, hxw, g = (int(bound[k]) for k in ("N", "C", "HxW", "group"))
+    if n == 0:
+        return None
+    acc = _acc_itemsize(x.dtype)
+    blocks = [n * c * acc, n * c * acc]  # ds, db
+    mask = bound.get("mask") or (True, True, True)
+    if hxw != 1 and mask[0]:
+        blocks += [n * g * acc, n * g * acc]  # c2, c3
+        if isinstance(bound.get("weight"), torch.Tensor):
+            blocks.append(n * c * acc)  # c1
+    return Scratch(
+        "GroupNormBackwardKernelImplInternal",
+        tuple(blocks),
+        "aten/src/ATen/native/cuda/group_norm_kernel.cu",
+    )
+
+
+#: The rules, by ATen operator.
+SCRATCH_RULES: dict[str, Callable[[tuple[Any, ...]], Scratch | None]] = {
+    "aten.native_group_norm_backward.default": _group_norm_backward,
+}
+
+
+def kernel_scratch(name: str, args: tuple[Any, ...]) -> Scratch | None:
+    """What the CUDA kernel of ``name`` takes inside for these arguments, or ``None``
+    (no rule, or nothing taken)."""
+    rule = SCRATCH_RULES.get(name)
+    return None if rule is None else rule(args)

@@ -1,0 +1,48 @@
+"""What CUDA kernels take beyond their outputs, from torch's CUDA sources (issue 42)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+import memfit
+from memfit.estimate._cuda_scratch import kernel_scratch
+
+B200 = "B200"
+
+
+def test_group_norm_backward_takes_float32_per_sample_and_channel_scratch() -> None:
+    x = torch.empty(128, 64, 512, dtype=torch.bfloat16)
+    w = torch.empty(64, dtype=torch.bfloat16)
+    stats = torch.empty(128, 16)
+    args = (x, x, stats, stats, w, 128, 64, 512, 16, [True, True, True])
+    found = kernel_scratch("aten.native_group_norm_backward.default", args)
+    assert found is not None
+    # ds, db and c1 (N, C); c2, c3 (N, G); float32 for a bfloat16 input
+    assert found.blocks == (128 * 64 * 4, 128 * 64 * 4, 128 * 16 * 4, 128 * 16 * 4, 128 * 64 * 4)
+    no_dx = kernel_scratch(
+        "aten.native_group_norm_backward.default", (*args[:9], [False, True, True])
+    )
+    assert no_dx is not None and no_dx.blocks == (128 * 64 * 4, 128 * 64 * 4)
+    assert kernel_scratch("aten.mm.default", (x, x)) is None
+
+
+def _group_norm(channels: int) -> Any:
+    def build() -> Any:
+        return nn.GroupNorm(channels // 4, channels), None
+
+    def make_batch(n: int) -> Any:
+        return torch.randn(n, channels, 512, requires_grad=True)
+
+    def step(model: Any, _opt: Any, x: Any) -> None:
+        model(x).sum().backward()
+
+    return build, step, make_batch
+
+
+def test_a_cuda_target_counts_group_norm_backward_scratch_and_reports_it() -> None:
+    b200 = memfit.estimate_torch(*_group_norm(1024), [128], gpu=B200, steps=1)
+    uses = b200.kernels["aten.native_group_norm_backward"]
+    assert uses[0].workspace_bytes == int(3.5 * 128 * 1024 * 4)
