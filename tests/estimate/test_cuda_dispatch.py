@@ -140,3 +140,26 @@ def test_silu_backward_is_one_kernel_for_a_cuda_target() -> None:
     tensor = 4096 * 11008 * 2
     assert plain.points[0].allocated_peak == a100.points[0].allocated_peak
     assert a100.points[0].allocated_peak < 4 * tensor + MiB
+
+
+def test_the_guide_shows_the_generated_op_table() -> None:
+    from pathlib import Path
+
+    from memfit.estimate._cuda_dispatch import op_table
+
+    guide = Path(__file__).resolve().parents[2] / "docs" / "guide.md"
+    text = guide.read_text()
+    start, end = "<!-- cuda-op-table:start -->\n", "<!-- cuda-op-table:end -->"
+    shown = text[text.index(start) + len(start) : text.index(end)]
+    assert shown == op_table(), "regenerate it: python bench/cuda_op_table.py --write"
+
+
+def test_coverage_counts_followed_and_assumed_operators() -> None:
+    from memfit.estimate._cuda_dispatch import coverage, known
+
+    assert known("aten.native_group_norm_backward.default")[0]
+    assert known("aten.mul.Tensor")[0]  # pointwise
+    assert known("aten.view.default", torch.ops.aten.view.default)[0]
+    assert not known("aten.sort.default")[0]
+    met = {"aten.mul.Tensor": 3, "aten.sort.default": 1, "aten.mm.default": 2}
+    assert coverage(met) == (2, 1)

@@ -60,6 +60,7 @@ _BACKEND_ALIASES = ("CompositeExplicitAutograd", "CompositeExplicitAutogradNonFu
 _FUNC = re.compile(r"^- func: ([A-Za-z0-9_.]+)\(")
 _LOCK = threading.Lock()
 _KEYS: dict[str, frozenset[str]] | None = None
+_TAGS: dict[str, frozenset[str]] = {}
 _SOURCE: str | None = None
 
 
@@ -74,9 +75,10 @@ def _yaml_path() -> str | None:
     return path if os.path.exists(path) else None
 
 
-def _parse(text: str) -> dict[str, frozenset[str]]:
+def _parse(text: str, tags: dict[str, frozenset[str]] | None = None) -> dict[str, frozenset[str]]:
     """Each operator's dispatch keys from ``native_functions.yaml`` (a reader of its few
-    fields: fast, where a YAML load of the file takes seconds)."""
+    fields: fast, where a YAML load of the file takes seconds); ``tags`` gets each operator's
+    tags (``pointwise``, ``core``, ...)."""
     raw: dict[str, set[str]] = {}
     delegate: dict[str, str] = {}
     current: str | None = None
@@ -109,6 +111,9 @@ def _parse(text: str) -> dict[str, frozenset[str]]:
             delegate[current] = line.split(":", 1)[1].strip()
         elif line.startswith("  manual_kernel_registration:"):
             manual = line.split(":", 1)[1].strip() == "True"
+        elif line.startswith("  tags:") and tags is not None:
+            value = line.split(":", 1)[1].strip().strip("[]")
+            tags[current] = frozenset(t.strip() for t in value.split(",") if t.strip())
         elif line.startswith("  ufunc_inner_loop:"):
             raw[current].update(("CPU", "CUDA"))  # the generated CPU and CUDA kernels
         elif line.startswith("  autogen:"):
@@ -135,7 +140,7 @@ def yaml_keys() -> dict[str, frozenset[str]]:
                 _KEYS, _SOURCE = {}, "the dispatcher registry"
             else:
                 with open(path, encoding="utf-8") as handle:
-                    _KEYS = _parse(handle.read())
+                    _KEYS = _parse(handle.read(), _TAGS)
                 _SOURCE = f"native_functions.yaml of torch {torch.__version__} and its registry"
         return _KEYS
 
@@ -195,3 +200,89 @@ def cuda_kernel_composites(names: tuple[str, ...]) -> tuple[OpDispatch, ...]:
     """Those of ``names`` (operators with a ``CompositeImplicitAutograd`` kernel) that CUDA
     runs whole all the same."""
     return tuple(d for d in (classify(n) for n in names) if d.cuda_whole)
+
+
+# --- what is known of each operator's CUDA kernel ------------------------------------------
+
+#: Operators whose CUDA kernel (or library path) the trace models from its source, besides
+#: the scratch rules of :mod:`memfit.estimate._cuda_scratch`.
+MODELLED: dict[str, str] = {
+    "aten.convolution.default": "cuDNN's workspace for the target (memfit.estimate._cuda_conv)",
+    "aten.convolution_backward.default": "cuDNN's workspace for the target",
+    "aten.native_dropout.default": "CUDA's fused dropout: a 1-byte mask (dropout runs it)",
+    "aten._scaled_dot_product_flash_attention.default": "FlashAttention: a float32 LSE",
+    "aten._scaled_dot_product_flash_attention_backward.default": "its dq accumulator",
+    "aten._scaled_dot_product_efficient_attention.default": "memory-efficient attention",
+    "aten._scaled_dot_product_efficient_attention_backward.default": "its accumulators",
+    "aten._scaled_dot_product_cudnn_attention_backward.default": "a float32 dQ (a bound)",
+    "aten.mm.default": "cuBLAS's workspace per handle (memfit.estimate._cuda_blas)",
+    "aten.addmm.default": "cuBLASLt's workspace per handle",
+    "aten.bmm.default": "cuBLAS's workspace per handle",
+    "aten.baddbmm.default": "cuBLAS's workspace per handle",
+}
+
+
+def known(name: str, func: object = None) -> tuple[bool, str]:
+    """``(followed from CUDA's source, what is known)`` of one operator's CUDA kernel, named
+    as the trace names it (``"aten.mul.Tensor"``)."""
+    from memfit.estimate._cuda_scratch import SCRATCH_RULES
+
+    if name in SCRATCH_RULES:
+        return True, "scratch beyond its outputs (memfit.estimate._cuda_scratch)"
+    if name in MODELLED:
+        return True, MODELLED[name]
+    op = name.removeprefix("aten.").removesuffix(".default")
+    yaml_keys()
+    if "pointwise" in _TAGS.get(op, frozenset()):
+        return True, "pointwise (TensorIterator): nothing beyond its outputs"
+    if getattr(func, "is_view", False):
+        return True, "a view: no memory of its own"
+    return False, "assumed: its outputs only"
+
+
+def coverage(met: dict[str, int], funcs: dict[str, object] | None = None) -> tuple[int, int]:
+    """``(followed, assumed)``: how many of the distinct operators ``met`` are followed
+    from CUDA's source and how many are assumed to take their outputs only."""
+    followed = sum(1 for n in met if known(n, (funcs or {}).get(n))[0])
+    return followed, len(met) - followed
+
+
+def op_table() -> str:
+    """The generated table of docs/guide.md: each class of operator the installed torch
+    registers, how many, and what a CUDA target's trace knows of its kernels' memory."""
+    from memfit.estimate._cuda_scratch import SCRATCH_RULES
+
+    names = [n for n in torch._C._dispatch_get_all_op_names() if n.startswith("aten::")]
+    found = [classify(n) for n in names]
+    counts = {kind: sum(1 for d in found if d.kind == kind) for kind in KINDS}
+    whole = sorted(d.name for d in found if d.composite and d.cuda_whole)
+    yaml_keys()
+    pointwise = sum(1 for n in names if "pointwise" in _TAGS.get(n.removeprefix("aten::"), ()))
+    rows = [
+        f"Operators of torch {torch.__version__} ({dispatch_source()}): {len(names):,}.",
+        "",
+        "| operators | how CUDA dispatches them | what the trace knows of the memory |",
+        "|---|---|---|",
+    ]
+    knows = {
+        "cuda_kernel": "its outputs, and what the rows below add",
+        "generic_kernel": "its outputs",
+        "composite": "its decomposition, traced (CUDA's branch where the probe finds one)",
+        "none": "not run for a CUDA target",
+    }
+    for kind, text in KINDS.items():
+        rows.append(f"| {counts[kind]:,} | {text} | {knows[kind]} |")
+    rows += [
+        f"| {len(whole)}: {', '.join(n.removeprefix('aten::') for n in whole)} | a CUDA "
+        "kernel and a composite formula | run whole, as CUDA does |",
+        f"| {pointwise:,} tagged pointwise | TensorIterator kernels | nothing beyond their "
+        "outputs |",
+    ]
+    for name in sorted({*SCRATCH_RULES, *MODELLED}):
+        text = "scratch read from torch's CUDA source" if name in SCRATCH_RULES else ""
+        rows.append(
+            f"| {name.removeprefix('aten.').removesuffix('.default')} | CUDA kernel | "
+            f"{text or MODELLED[name]} |"
+        )
+    rows.append("| every other operator | | assumed: its outputs only |")
+    return "\n".join(rows) + "\n"

@@ -36,7 +36,12 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from memfit._plain import plain_fields
 from memfit.estimate._cuda_conv import conv_workspace
-from memfit.estimate._cuda_dispatch import OpDispatch, cuda_kernel_composites
+from memfit.estimate._cuda_dispatch import (
+    OpDispatch,
+    coverage,
+    cuda_kernel_composites,
+    known,
+)
 from memfit.estimate._cuda_probe import (
     apply_rule,
     composite_op_names,
@@ -167,6 +172,7 @@ class CudaKernels:
         )
         self.kept_whole: dict[str, int] = {}
         self.met: dict[str, int] = {}  # every operator the trace met, with its calls
+        self._funcs: dict[str, Any] = {}
         self.older = OlderFormulas(torch_version, version_text)
 
     # --- entering and leaving -------------------------------------------------------------
@@ -325,7 +331,9 @@ class CudaKernels:
         """Called by the tracer after each op: the workspace the target's kernel takes, and
         what an older torch's backward formula keeps."""
         name = str(func)
-        self.met[name] = self.met.get(name, 0) + 1
+        if name.startswith("aten."):
+            self.met[name] = self.met.get(name, 0) + 1
+            self._funcs.setdefault(name, func)
         if self.older.active:
             self.older.on_op(trace, name, args, out)
         scratch = kernel_scratch(name, args)
@@ -388,9 +396,32 @@ class CudaKernels:
             )
         return {op: tuple(kernels) for op, kernels in out.items()}
 
+    def coverage(self) -> dict[str, int]:
+        """How many distinct operators of the trace are followed from CUDA's source and how
+        many assumed to take their outputs only (:func:`memfit.estimate._cuda_dispatch.known`)."""
+        followed, assumed = coverage(self.met, self._funcs)
+        return {"followed": followed, "assumed": assumed}
+
     def notes(self) -> list[str]:
         """What the trace assumed about CUDA's kernels, and what it could not know."""
         out: list[str] = []
+        if self.met:
+            unknown = sorted(_short(n) for n in self.met if not known(n, self._funcs.get(n))[0])
+            out.append(
+                f"CUDA kernels: {len(self.met) - len(unknown)} of the {len(self.met)} distinct "
+                "operators traced are followed from CUDA's source (est.kernel_coverage); the "
+                "others are assumed to take their outputs only"
+                + (": " + ", ".join(unknown[:12]) + (", ..." if len(unknown) > 12 else ""))
+                if unknown
+                else ""
+            )
+        if self.kept_whole:
+            out.append(
+                "run whole as CUDA's own kernel (a composite formula on the CPU): "
+                + ", ".join(
+                    f"{_short(n)} ({c} call(s))" for n, c in sorted(self.kept_whole.items())
+                )
+            )
         uses = self.uses()
         if uses:
             parts = []

@@ -107,6 +107,9 @@ class TorchEstimate:
     tensor_fit: AffineFit | None = None
     context: ContextEstimate | None = None
     kernels: dict[str, tuple[KernelUse, ...]] = field(default_factory=dict)
+    # distinct ATen operators of a CUDA target's trace (largest size): {"followed": ops whose
+    # CUDA kernel's memory is followed from its source, "assumed": outputs only assumed}
+    kernel_coverage: dict[str, int] = field(default_factory=dict)
 
     def replay(
         self,
@@ -170,6 +173,7 @@ class TorchEstimate:
             "reserved_fit": None if self.reserved_fit is None else self.reserved_fit.to_dict(),
             "context": None if self.context is None else self.context.to_dict(),
             "kernels": {op: [use.to_dict() for use in uses] for op, uses in self.kernels.items()},
+            "kernel_coverage": dict(self.kernel_coverage),
             "deviations": list(self.deviations),
         }
 
@@ -398,6 +402,7 @@ def estimate_torch(
     events: dict[int, list[tuple[bool, int, int]]] = {}
     kernel_notes: list[str] = []
     kernels: dict[str, tuple[KernelUse, ...]] = {}
+    coverage: dict[str, int] = {}
     for index, size in enumerate(sizes, 1):
         if progress is not None:
             progress(f"tracing {batch_knob}={size} ({index} of {len(sizes)})")
@@ -429,6 +434,7 @@ def estimate_torch(
         if size == max(sizes) and trace.cuda_kernels is not None:
             kernels = trace.cuda_kernels.uses()
             kernel_notes = trace.cuda_kernels.notes()
+            coverage = trace.cuda_kernels.coverage()
     if recorder is not None:
         deviations += recorder.notes()
     if steady:
@@ -481,6 +487,7 @@ def estimate_torch(
         tensor_fit=fit_affine(xs, [p.tensor_peak for p in points]),
         context=context_estimate,
         kernels=kernels,
+        kernel_coverage=coverage,
     )
 
 
