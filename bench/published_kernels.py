@@ -245,8 +245,12 @@ def liger_benchmark(settings: dict[str, Any]) -> Rebuilt:
     projections without bias, ``act(gate(x)) * up(x)``; ``dy = randn_like(y)`` made in each
     call), ``rms_norm`` (the script's own ``LlamaRMSNorm``: float32 weight, the input upcast),
     ``layer_norm`` / ``group_norm`` (``torch.nn.LayerNorm`` / ``GroupNorm``; ``dy`` made
-    once). The script also makes Liger's module, whose float32 weights (and biases) stay on
-    the GPU: counted.
+    once), ``cross_entropy`` (``nn.CrossEntropyLoss()`` on float32 logits, ``loss.backward()``),
+    ``kl_div`` (``nn.KLDivLoss(reduction="batchmean")`` on ``randn(...).log_softmax(-1)`` of a
+    leaf against a softmax target, ``backward(retain_graph=True)``), ``megatron_rms_norm``
+    (``torch.nn.RMSNorm`` in bfloat16 on ``[S, B, H]``, ``y.sum().backward()``). The norm
+    scripts also make Liger's module, whose float32 weights (and biases) stay on the GPU:
+    counted.
     """
     import torch
     import torch.nn.functional as F
@@ -311,6 +315,14 @@ def liger_benchmark(settings: dict[str, Any]) -> Rebuilt:
                 liger_params = 2 * n
                 self.layer = nn.LayerNorm(n, eps=eps)
                 shape = (int(settings["M"]), n)
+            elif kernel in ("cross_entropy", "kl_div"):
+                rows, vocab = int(settings["B"]) * int(settings["T"]), int(settings["V"])
+                self.layer = nn.Identity()
+                shape = (rows, vocab)
+            elif kernel == "megatron_rms_norm":
+                n = int(settings["N"])
+                self.layer = nn.RMSNorm(n, eps=eps).to(dtype)
+                shape = (int(settings["S"]), int(settings["B"]), n)
             elif kernel == "group_norm":
                 c = int(settings["C"])
                 liger_params = 2 * c
@@ -322,7 +334,16 @@ def liger_benchmark(settings: dict[str, Any]) -> Rebuilt:
             # Liger's module, made first in the script (its float32 weights stay on the GPU)
             self.liger = torch.empty(liger_params) if liger_params else None
             self.x = torch.randn(shape, dtype=dtype)
-            if kernel not in ("swiglu", "geglu"):
+            self.target: Any = None
+            if kernel == "cross_entropy":
+                self.x.requires_grad_(True)
+                self.target = torch.randint(shape[1], (shape[0], 1)).squeeze(1)
+                return
+            if kernel == "kl_div":  # the log-probabilities of a leaf, a softmax target
+                self.x = self.x.requires_grad_(True).log_softmax(dim=-1)
+                self.target = torch.randn(shape).softmax(dim=-1)
+                return
+            if kernel not in ("swiglu", "geglu", "megatron_rms_norm"):
                 self.dy = torch.randn_like(self.x)
             self.x.requires_grad_(True)
 
@@ -333,6 +354,16 @@ def liger_benchmark(settings: dict[str, Any]) -> Rebuilt:
         return None
 
     def step(bench: Any, _opt: Any, _batch: Any) -> None:
+        if kernel == "cross_entropy":  # torch.nn.CrossEntropyLoss(); loss.backward()
+            F.cross_entropy(bench.x, bench.target).backward()
+            return
+        if kernel == "kl_div":  # nn.KLDivLoss(reduction="batchmean"); retain_graph=True
+            F.kl_div(bench.x, bench.target, reduction="batchmean").backward(retain_graph=True)
+            return
+        if kernel == "megatron_rms_norm":  # y = layer(x); y.sum().backward() (y held)
+            y = bench.layer(bench.x)
+            y.sum().backward()
+            return
         y = bench.layer(bench.x)
         dy = bench.dy if bench.dy is not None else torch.randn_like(y)
         y.backward(dy, retain_graph=True)

@@ -46,3 +46,13 @@ def test_a_cuda_target_counts_group_norm_backward_scratch_and_reports_it() -> No
     b200 = memfit.estimate_torch(*_group_norm(1024), [128], gpu=B200, steps=1)
     uses = b200.kernels["aten.native_group_norm_backward"]
     assert uses[0].workspace_bytes == int(3.5 * 128 * 1024 * 4)
+
+
+def test_layer_norm_backward_copies_a_gradient_that_is_not_contiguous() -> None:
+    x = torch.empty(4096, 1024, dtype=torch.bfloat16)
+    expanded = torch.empty((), dtype=torch.bfloat16).expand(4096, 1024)
+    stats = torch.empty(4096, 1)
+    for name in ("aten.native_layer_norm_backward.default", "aten._fused_rms_norm_backward.default"):
+        found = kernel_scratch(name, (expanded, x, [1024], stats, stats))
+        assert found is not None and found.blocks == (4096 * 1024 * 2,)  # dY.contiguous()
+        assert kernel_scratch(name, (x, x, [1024], stats, stats)) is None  # nothing to copy

@@ -65,13 +65,13 @@ _SOURCE: str | None = None
 
 
 def _yaml_path() -> str | None:
-    try:
-        import torchgen
-    except ImportError:  # a torch without torchgen: the registry alone
+    import importlib.util
+
+    spec = importlib.util.find_spec("torchgen")
+    if spec is None or not spec.submodule_search_locations:  # the registry alone
         return None
-    path = os.path.join(
-        os.path.dirname(torchgen.__file__), "packaged", "ATen", "native", "native_functions.yaml"
-    )
+    root = list(spec.submodule_search_locations)[0]
+    path = os.path.join(root, "packaged", "ATen", "native", "native_functions.yaml")
     return path if os.path.exists(path) else None
 
 
@@ -101,8 +101,8 @@ def _parse(text: str, tags: dict[str, frozenset[str]] | None = None) -> dict[str
         if current is None or not line.strip() or line.lstrip().startswith("#"):
             continue
         if line.startswith("    ") and in_dispatch:
-            keys = line.strip().split(":", 1)[0]
-            raw[current].update(k.strip() for k in keys.split(",") if k.strip())
+            declared_keys = line.strip().split(":", 1)[0]
+            raw[current].update(k.strip() for k in declared_keys.split(",") if k.strip())
             continue
         in_dispatch = False
         if line.startswith("  dispatch:"):
@@ -225,8 +225,10 @@ MODELLED: dict[str, str] = {
 def known(name: str, func: object = None) -> tuple[bool, str]:
     """``(followed from CUDA's source, what is known)`` of one operator's CUDA kernel, named
     as the trace names it (``"aten.mul.Tensor"``)."""
-    from memfit.estimate._cuda_scratch import SCRATCH_RULES
+    from memfit.estimate._cuda_scratch import ASSUMED, SCRATCH_RULES
 
+    if name in ASSUMED:
+        return False, "assumed: " + ASSUMED[name]
     if name in SCRATCH_RULES:
         return True, "scratch beyond its outputs (memfit.estimate._cuda_scratch)"
     if name in MODELLED:
@@ -250,8 +252,6 @@ def coverage(met: dict[str, int], funcs: dict[str, object] | None = None) -> tup
 def op_table() -> str:
     """The generated table of docs/guide.md: each class of operator the installed torch
     registers, how many, and what a CUDA target's trace knows of its kernels' memory."""
-    from memfit.estimate._cuda_scratch import SCRATCH_RULES
-
     names = [n for n in torch._C._dispatch_get_all_op_names() if n.startswith("aten::")]
     found = [classify(n) for n in names]
     counts = {kind: sum(1 for d in found if d.kind == kind) for kind in KINDS}
@@ -278,11 +278,14 @@ def op_table() -> str:
         f"| {pointwise:,} tagged pointwise | TensorIterator kernels | nothing beyond their "
         "outputs |",
     ]
+    from memfit.estimate._cuda_scratch import SCRATCH_RULES
+
     for name in sorted({*SCRATCH_RULES, *MODELLED}):
-        text = "scratch read from torch's CUDA source" if name in SCRATCH_RULES else ""
+        followed, text = known(name)
+        if followed and name in SCRATCH_RULES:
+            text = "scratch read from torch's CUDA source (memfit.estimate._cuda_scratch)"
         rows.append(
-            f"| {name.removeprefix('aten.').removesuffix('.default')} | CUDA kernel | "
-            f"{text or MODELLED[name]} |"
+            f"| {name.removeprefix('aten.').removesuffix('.default')} | CUDA kernel | {text} |"
         )
     rows.append("| every other operator | | assumed: its outputs only |")
     return "\n".join(rows) + "\n"

@@ -193,7 +193,7 @@ class CudaKernels:
                 if op is None:
                     continue
                 keys = [] if found.cpu_kernel else ["AutogradCPU"]
-                if not torch.backends.cuda.is_built():  # no CUDA kernel here for the probes
+                if torch.version.cuda is None:  # a CPU build: no CUDA kernel for the probes
                     keys.append("AutogradCUDA")
                 for key in keys:
                     lib.impl(name.removeprefix("aten::"), self._whole_kernel(op, found), key)
@@ -336,13 +336,13 @@ class CudaKernels:
             self._funcs.setdefault(name, func)
         if self.older.active:
             self.older.on_op(trace, name, args, out)
-        scratch = kernel_scratch(name, args)
-        if scratch is not None and scratch.nbytes:
+        inside = kernel_scratch(name, args)
+        if inside is not None and inside.nbytes:
             # held at once, each its own block, and given back before the kernel returns
-            held = [trace.add(n, "kernel_workspace", None, "cuda") for n in scratch.blocks if n]
+            held = [trace.add(n, "kernel_workspace", None, "cuda") for n in inside.blocks if n]
             for record in held:
                 trace.release(record)
-            self._use(name.removesuffix(".default"), scratch.kernel, 0, scratch.nbytes, None)
+            self._use(name.removesuffix(".default"), inside.kernel, 0, inside.nbytes, None)
         if name in _CONV:
             if torch.backends.cudnn.benchmark:
                 self.benchmark_seen = True

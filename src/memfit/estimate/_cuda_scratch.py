@@ -14,6 +14,15 @@ the trace at the operator, for the CUDA target.
   ``(N, C)`` (a ``TensorIterator`` output resized from ``{0}`` to ``rstd * gamma``'s
   broadcast shape). With ``HxW == 1`` only ``ds`` and ``db`` are taken before
   ``GroupNorm1dBackward`` (whose own buffers are not read here: not counted).
+* ``native_layer_norm_backward`` (``aten/src/ATen/native/cuda/layer_norm_kernel.cu``,
+  ``layer_norm_backward_cuda`` and ``LayerNormBackwardKernelImpl``): the input is taken
+  ``expect_contiguous()`` (a copy when it is not contiguous) and the kernel is called with
+  ``dY.contiguous()``: a copy of the incoming gradient when it is not contiguous (the
+  expanded gradient of ``y.sum()``), held while the kernel runs.
+* ``_fused_rms_norm_backward`` (torch 2.8 and later): the fused RMS norm shares that file's
+  backward path (the layer-norm kernels templated for RMS norm), so the same two copies are
+  counted; the RMS entry point itself was not re-read in this session (an assumption, said
+  so in :data:`ASSUMED`).
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["SCRATCH_RULES", "Scratch", "kernel_scratch"]
+__all__ = ["ASSUMED", "SCRATCH_RULES", "Scratch", "kernel_scratch"]
 
 
 @dataclass(frozen=True)
@@ -75,9 +84,44 @@ def _group_norm_backward(args: tuple[Any, ...]) -> Scratch | None:
     )
 
 
+def _contiguous_copies(grad: Any, x: Any, kernel: str, source: str) -> Scratch | None:
+    blocks = tuple(
+        t.numel() * t.dtype.itemsize
+        for t in (x, grad)
+        if isinstance(t, torch.Tensor) and not t.is_contiguous()
+    )
+    return Scratch(kernel, blocks, source) if blocks else None
+
+
+def _layer_norm_backward(args: tuple[Any, ...]) -> Scratch | None:
+    return _contiguous_copies(
+        args[0] if args else None,
+        args[1] if len(args) > 1 else None,
+        "LayerNormBackwardKernelImpl (dY.contiguous(), X.expect_contiguous())",
+        "aten/src/ATen/native/cuda/layer_norm_kernel.cu",
+    )
+
+
+def _rms_norm_backward(args: tuple[Any, ...]) -> Scratch | None:
+    return _contiguous_copies(
+        args[0] if args else None,
+        args[1] if len(args) > 1 else None,
+        "fused RMS norm backward (dY.contiguous(), X.expect_contiguous())",
+        "aten/src/ATen/native/cuda/layer_norm_kernel.cu (layer norm's path, assumed)",
+    )
+
+
+#: Rules taken by analogy rather than read, with why.
+ASSUMED: dict[str, str] = {
+    "aten._fused_rms_norm_backward.default": "the layer-norm backward's copies, assumed for "
+    "the RMS variant of the same kernels (its entry point not read in this session)",
+}
+
 #: The rules, by ATen operator.
 SCRATCH_RULES: dict[str, Callable[[tuple[Any, ...]], Scratch | None]] = {
     "aten.native_group_norm_backward.default": _group_norm_backward,
+    "aten.native_layer_norm_backward.default": _layer_norm_backward,
+    "aten._fused_rms_norm_backward.default": _rms_norm_backward,
 }
 
 
