@@ -52,7 +52,8 @@ def test_layer_norm_backward_copies_a_gradient_that_is_not_contiguous() -> None:
     x = torch.empty(4096, 1024, dtype=torch.bfloat16)
     expanded = torch.empty((), dtype=torch.bfloat16).expand(4096, 1024)
     stats = torch.empty(4096, 1)
-    for name in ("aten.native_layer_norm_backward.default", "aten._fused_rms_norm_backward.default"):
+    names = ("aten.native_layer_norm_backward.default", "aten._fused_rms_norm_backward.default")
+    for name in names:
         found = kernel_scratch(name, (expanded, x, [1024], stats, stats))
         assert found is not None and found.blocks == (4096 * 1024 * 2,)  # dY.contiguous()
         assert kernel_scratch(name, (x, x, [1024], stats, stats)) is None  # nothing to copy

@@ -70,7 +70,7 @@ def _yaml_path() -> str | None:
     spec = importlib.util.find_spec("torchgen")
     if spec is None or not spec.submodule_search_locations:  # the registry alone
         return None
-    root = list(spec.submodule_search_locations)[0]
+    root = next(iter(spec.submodule_search_locations))
     path = os.path.join(root, "packaged", "ATen", "native", "native_functions.yaml")
     return path if os.path.exists(path) else None
 
