@@ -1,5 +1,7 @@
-"""The table of ATen operators in docs/guide.md: how CUDA dispatches each and what a CUDA
-target's trace knows of its kernel's memory (``memfit.estimate._cuda_dispatch.op_table``).
+"""The generated tables of docs/guide.md: the ATen operators, how CUDA dispatches each and
+what a CUDA target's trace knows of its kernel's memory (``memfit.estimate._cuda_dispatch.
+op_table``), and each dtype's hardware support by architecture (``memfit.estimate._cuda_arch.
+arch_table``).
 
     python bench/cuda_op_table.py            # print it
     python bench/cuda_op_table.py --write    # write it between the markers of docs/guide.md
@@ -12,27 +14,41 @@ import re
 from pathlib import Path
 
 GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guide.md"
-START, END = "<!-- cuda-op-table:start -->", "<!-- cuda-op-table:end -->"
+TABLES = ("cuda-op-table", "cuda-arch-table")
 
 
-def shown(text: str) -> str:
-    """The table docs/guide.md shows now."""
-    match = re.search(re.escape(START) + r"\n(.*?)" + re.escape(END), text, re.S)
+def shown(text: str, name: str = "cuda-op-table") -> str:
+    """The table docs/guide.md shows now between ``name``'s markers."""
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    match = re.search(re.escape(start) + r"\n(.*?)" + re.escape(end), text, re.S)
     return "" if match is None else match.group(1)
 
 
-def main(argv: list[str] | None = None) -> int:
+def generated(name: str) -> str:
+    """What the code makes for ``name``'s block."""
+    if name == "cuda-arch-table":
+        from memfit.estimate._cuda_arch import arch_table
+
+        return arch_table()
     from memfit.estimate._cuda_dispatch import op_table
 
+    return op_table()
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--write", action="store_true", help="write it into docs/guide.md")
+    parser.add_argument("--write", action="store_true", help="write them into docs/guide.md")
     args = parser.parse_args(argv)
-    table = op_table()
-    if not args.write:
-        print(table, end="")
-        return 0
     text = GUIDE.read_text()
-    GUIDE.write_text(text.replace(f"{START}\n{shown(text)}{END}", f"{START}\n{table}{END}"))
+    for name in TABLES:
+        table = generated(name)
+        if not args.write:
+            print(table)
+            continue
+        start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+        text = text.replace(f"{start}\n{shown(text, name)}{end}", f"{start}\n{table}{end}")
+    if args.write:
+        GUIDE.write_text(text)
     return 0
 
 

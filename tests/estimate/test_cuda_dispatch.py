@@ -142,16 +142,30 @@ def test_silu_backward_is_one_kernel_for_a_cuda_target() -> None:
     assert a100.points[0].allocated_peak < 4 * tensor + MiB
 
 
-def test_the_guide_shows_the_generated_op_table() -> None:
+@pytest.mark.parametrize("name", ["cuda-op-table", "cuda-arch-table"])
+def test_the_guide_shows_the_generated_tables(name: str) -> None:
     from pathlib import Path
 
+    from memfit.estimate._cuda_arch import arch_table
     from memfit.estimate._cuda_dispatch import op_table
 
     guide = Path(__file__).resolve().parents[2] / "docs" / "guide.md"
     text = guide.read_text()
-    start, end = "<!-- cuda-op-table:start -->\n", "<!-- cuda-op-table:end -->"
+    start, end = f"<!-- {name}:start -->\n", f"<!-- {name}:end -->"
     shown = text[text.index(start) + len(start) : text.index(end)]
-    assert shown == op_table(), "regenerate it: python bench/cuda_op_table.py --write"
+    made = arch_table() if name == "cuda-arch-table" else op_table()
+    assert shown == made, "regenerate them: python bench/cuda_op_table.py --write"
+
+
+def test_dtype_notes_name_what_an_older_gpu_lacks() -> None:
+    from memfit.estimate._cuda_arch import ARCH_DTYPES, dtype_notes
+
+    assert [r.tensor_cores_from for r in ARCH_DTYPES if r.dtype == "bfloat16"] == [(8, 0)]
+    t4 = dtype_notes((7, 5), {"bfloat16", "float16"})
+    assert len(t4) == 1 and t4[0].startswith("bfloat16 on sm_75")
+    assert dtype_notes((8, 0), {"bfloat16"}) == []
+    assert dtype_notes((6, 1), {"float16"})[0].startswith("float16 on sm_61")
+    assert dtype_notes(None, {"bfloat16"}) == []
 
 
 def test_coverage_counts_followed_and_assumed_operators() -> None:

@@ -33,8 +33,10 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+from torch.utils._pytree import tree_flatten
 
 from memfit._plain import plain_fields
+from memfit.estimate._cuda_arch import dtype_notes
 from memfit.estimate._cuda_conv import conv_workspace
 from memfit.estimate._cuda_dispatch import (
     OpDispatch,
@@ -173,6 +175,7 @@ class CudaKernels:
         self.kept_whole: dict[str, int] = {}
         self.met: dict[str, int] = {}  # every operator the trace met, with its calls
         self._funcs: dict[str, Any] = {}
+        self.dtypes: set[str] = set()  # the floating dtypes the trace's outputs had
         self.older = OlderFormulas(torch_version, version_text)
 
     # --- entering and leaving -------------------------------------------------------------
@@ -334,6 +337,9 @@ class CudaKernels:
         if name.startswith("aten."):
             self.met[name] = self.met.get(name, 0) + 1
             self._funcs.setdefault(name, func)
+            for item in tree_flatten(out)[0]:
+                if isinstance(item, torch.Tensor) and item.dtype.is_floating_point:
+                    self.dtypes.add(str(item.dtype).removeprefix("torch."))
         if self.older.active:
             self.older.on_op(trace, name, args, out)
         inside = kernel_scratch(name, args)
@@ -415,6 +421,7 @@ class CudaKernels:
                 if unknown
                 else ""
             )
+        out.extend(dtype_notes(self.capability, self.dtypes))
         if self.kept_whole:
             out.append(
                 "run whole as CUDA's own kernel (a composite formula on the CPU): "
