@@ -96,9 +96,7 @@ def arch_table() -> str:
     for rule in ARCH_DTYPES:
         major, minor = rule.tensor_cores_from
         name = ARCHITECTURES.get(rule.tensor_cores_from, "")
-        rows.append(
-            f"| {rule.dtype} | sm_{major}{minor} ({name}) | {rule.below} | {rule.source} |"
-        )
+        rows.append(f"| {rule.dtype} | sm_{major}{minor} ({name}) | {rule.below} | {rule.source} |")
     return "\n".join(rows) + "\n"
 
 
