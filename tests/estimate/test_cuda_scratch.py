@@ -57,3 +57,16 @@ def test_layer_norm_backward_copies_a_gradient_that_is_not_contiguous() -> None:
         found = kernel_scratch(name, (expanded, x, [1024], stats, stats))
         assert found is not None and found.blocks == (4096 * 1024 * 2,)  # dY.contiguous()
         assert kernel_scratch(name, (x, x, [1024], stats, stats)) is None  # nothing to copy
+
+
+def test_embedding_backward_sorts_above_3072_indices() -> None:
+    name = "aten.embedding_dense_backward.default"
+    grad = torch.empty(8, 1024, 768, dtype=torch.bfloat16)
+    many = torch.empty(8, 1024, dtype=torch.long)
+    found = kernel_scratch(name, (grad, many, 50257, -1, False))
+    assert found is not None
+    n = 8 * 1024
+    # six index-sized buffers, two counters, float32 per-segment sums
+    assert found.blocks == (*[n * 8] * 6, 8, 8, n * 768 * 4)
+    few = torch.empty(4, 512, dtype=torch.long)
+    assert kernel_scratch(name, (torch.empty(4, 512, 768), few, 30522, -1, False)) is None

@@ -23,6 +23,16 @@ the trace at the operator, for the CUDA target.
   backward path (the layer-norm kernels templated for RMS norm), so the same two copies are
   counted; the RMS entry point itself was not re-read in this session (an assumption, said
   so in :data:`ASSUMED`).
+* ``embedding_dense_backward`` (``aten/src/ATen/native/cuda/Embedding.cu``,
+  ``embedding_dense_backward_cuda``, and ``EmbeddingBackwardKernel.cu``,
+  ``embedding_backward_cuda_kernel``; torch 2.x): the gradient (and the indices) made
+  contiguous; up to 3072 indices without ``scale_grad_by_freq`` nothing else. Above that,
+  held at once when the per-segment sums are made: ``sorted_indices`` and ``orig_indices``
+  (the indices' size and type), ``count`` with ``scale_grad_by_freq``, ``segment_offsets``,
+  ``partials_per_segment``, ``partials_per_segment_offset`` and ``partial_segment_offset``
+  (the indices' size each), two 8-byte counters, and ``grad_weight_per_segment``
+  ``(num_indices, embedding_dim)`` in the accumulation type (float32 for half and
+  bfloat16).
 """
 
 from __future__ import annotations
@@ -111,6 +121,30 @@ def _rms_norm_backward(args: tuple[Any, ...]) -> Scratch | None:
     )
 
 
+def _embedding_backward(args: tuple[Any, ...]) -> Scratch | None:
+    names = ("grad", "indices", "num_weights", "padding_idx", "scale_grad_by_freq")
+    bound = dict(zip(names, args, strict=False))
+    grad, indices = bound.get("grad"), bound.get("indices")
+    if not isinstance(grad, torch.Tensor) or not isinstance(indices, torch.Tensor):
+        return None
+    blocks = [t.numel() * t.dtype.itemsize for t in (indices, grad) if not t.is_contiguous()]
+    n = indices.numel()
+    scale = bool(bound.get("scale_grad_by_freq", False))
+    if n > 3072 or scale:
+        idx = indices.dtype.itemsize
+        blocks += [n * idx] * (6 + int(scale))  # sorted, orig, (count), segment buffers
+        blocks += [8, 8]  # the segment counters
+        dim = grad.shape[-1] if grad.dim() else 1
+        blocks.append(n * dim * _acc_itemsize(grad.dtype))  # grad_weight_per_segment
+    if not blocks:
+        return None
+    return Scratch(
+        "embedding_backward_cuda_kernel (sorted indices, per-segment sums)",
+        tuple(blocks),
+        "aten/src/ATen/native/cuda/Embedding.cu, EmbeddingBackwardKernel.cu",
+    )
+
+
 #: Rules taken by analogy rather than read, with why.
 ASSUMED: dict[str, str] = {
     "aten._fused_rms_norm_backward.default": "the layer-norm backward's copies, assumed for "
@@ -122,6 +156,7 @@ SCRATCH_RULES: dict[str, Callable[[tuple[Any, ...]], Scratch | None]] = {
     "aten.native_group_norm_backward.default": _group_norm_backward,
     "aten.native_layer_norm_backward.default": _layer_norm_backward,
     "aten._fused_rms_norm_backward.default": _rms_norm_backward,
+    "aten.embedding_dense_backward.default": _embedding_backward,
 }
 
 
