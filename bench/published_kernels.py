@@ -231,7 +231,148 @@ def pytorch_50990_conv(settings: dict[str, Any]) -> Rebuilt:
     return Rebuilt(build, step, make_batch, batch)
 
 
+# --- linkedin/Liger-Kernel's kernel benchmarks: the plain PyTorch side ("huggingface") --------
+
+
+def liger_benchmark(settings: dict[str, Any]) -> Rebuilt:
+    """One memory benchmark of Liger-Kernel's ``benchmark/scripts/benchmark_<kernel>.py``, its
+    plain PyTorch provider: the module and input made on the GPU, then ``full()`` (forward,
+    ``y.backward(dy, retain_graph=True)``) run ten times, each after
+    ``reset_peak_memory_stats()``; the figure is the median ``max_memory_allocated()``: a
+    steady call (the input's and parameters' gradients from the call before kept).
+
+    ``kernel``: ``swiglu`` / ``geglu`` (transformers' ``LlamaMLP``: gate, up and down
+    projections without bias, ``act(gate(x)) * up(x)``; ``dy = randn_like(y)`` made in each
+    call), ``rms_norm`` (the script's own ``LlamaRMSNorm``: float32 weight, the input upcast),
+    ``layer_norm`` / ``group_norm`` (``torch.nn.LayerNorm`` / ``GroupNorm``; ``dy`` made
+    once), ``cross_entropy`` (``nn.CrossEntropyLoss()`` on float32 logits, ``loss.backward()``),
+    ``kl_div`` (``nn.KLDivLoss(reduction="batchmean")`` on ``randn(...).log_softmax(-1)`` of a
+    leaf against a softmax target, ``backward(retain_graph=True)``), ``megatron_rms_norm``
+    (``torch.nn.RMSNorm`` in bfloat16 on ``[S, B, H]``, ``y.sum().backward()``). The norm
+    scripts also make Liger's module, whose float32 weights (and biases) stay on the GPU:
+    counted.
+    """
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    kernel = str(settings["kernel"])
+    dtype = getattr(torch, str(settings.get("dtype", "float32")))
+
+    class LlamaMLP(nn.Module):  # transformers 4.44 modeling_llama.LlamaMLP (pretraining_tp 1)
+        def __init__(self, hidden: int, inter: int, act: str) -> None:
+            super().__init__()
+            self.gate_proj = nn.Linear(hidden, inter, bias=False)
+            self.up_proj = nn.Linear(hidden, inter, bias=False)
+            self.down_proj = nn.Linear(inter, hidden, bias=False)
+            self.act = act
+
+        def forward(self, x: Any) -> Any:
+            gate = self.gate_proj(x)
+            gate = F.silu(gate) if self.act == "silu" else F.gelu(gate, approximate="tanh")
+            return self.down_proj(gate * self.up_proj(x))
+
+    class LlamaRMSNorm(nn.Module):  # the benchmark script's copy of transformers' module
+        def __init__(self, hidden: int, eps: float) -> None:
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(hidden))
+            self.variance_epsilon = eps
+
+        def forward(self, hidden_states: Any) -> Any:
+            input_dtype = hidden_states.dtype
+            hidden_states = hidden_states.to(torch.float32)
+            variance = hidden_states.pow(2).mean(-1, keepdim=True)
+            hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+            return self.weight * hidden_states.to(input_dtype)
+
+    class Bench(nn.Module):
+        """The provider's module, Liger's weights and the benchmark's tensors."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            eps = float(settings.get("eps", 1e-6))
+            self.dy: Any = None
+            liger_params = 0
+            if kernel in ("swiglu", "geglu"):
+                self.layer: nn.Module = LlamaMLP(
+                    int(settings["hidden_size"]),
+                    int(settings["intermediate_size"]),
+                    "silu" if kernel == "swiglu" else "gelu_tanh",
+                )
+                self.layer = self.layer.to(dtype)
+                shape: tuple[int, ...] = (
+                    int(settings["B"]),
+                    int(settings["T"]),
+                    int(settings["hidden_size"]),
+                )
+            elif kernel == "rms_norm":
+                n = int(settings["N"])
+                liger_params = n
+                self.layer = LlamaRMSNorm(n, eps)
+                shape = (int(settings["M"]), n)
+            elif kernel == "layer_norm":
+                n = int(settings["N"])
+                liger_params = 2 * n
+                self.layer = nn.LayerNorm(n, eps=eps)
+                shape = (int(settings["M"]), n)
+            elif kernel in ("cross_entropy", "kl_div"):
+                rows, vocab = int(settings["B"]) * int(settings["T"]), int(settings["V"])
+                self.layer = nn.Identity()
+                shape = (rows, vocab)
+            elif kernel == "megatron_rms_norm":
+                n = int(settings["N"])
+                self.layer = nn.RMSNorm(n, eps=eps).to(dtype)
+                shape = (int(settings["S"]), int(settings["B"]), n)
+            elif kernel == "group_norm":
+                c = int(settings["C"])
+                liger_params = 2 * c
+                groups = c // int(settings["channels_per_group"])
+                self.layer = nn.GroupNorm(groups, c, eps=eps)
+                shape = (int(settings["M"]), c, int(settings["H"]))
+            else:
+                raise ValueError(f"unknown Liger benchmark kernel {kernel!r}")
+            # Liger's module, made first in the script (its float32 weights stay on the GPU)
+            self.liger = torch.empty(liger_params) if liger_params else None
+            self.x = torch.randn(shape, dtype=dtype)
+            self.target: Any = None
+            if kernel == "cross_entropy":
+                self.x.requires_grad_(True)
+                self.target = torch.randint(shape[1], (shape[0], 1)).squeeze(1)
+                return
+            if kernel == "kl_div":  # the log-probabilities of a leaf, a softmax target
+                self.x = self.x.requires_grad_(True).log_softmax(dim=-1)
+                self.target = torch.randn(shape).softmax(dim=-1)
+                return
+            if kernel not in ("swiglu", "geglu", "megatron_rms_norm"):
+                self.dy = torch.randn_like(self.x)
+            self.x.requires_grad_(True)
+
+    def build() -> tuple[Any, Any]:
+        return Bench(), None
+
+    def make_batch(_n: int) -> Any:
+        return None
+
+    def step(bench: Any, _opt: Any, _batch: Any) -> None:
+        if kernel == "cross_entropy":  # torch.nn.CrossEntropyLoss(); loss.backward()
+            F.cross_entropy(bench.x, bench.target).backward()
+            return
+        if kernel == "kl_div":  # nn.KLDivLoss(reduction="batchmean"); retain_graph=True
+            F.kl_div(bench.x, bench.target, reduction="batchmean").backward(retain_graph=True)
+            return
+        if kernel == "megatron_rms_norm":  # y = layer(x); y.sum().backward() (y held)
+            y = bench.layer(bench.x)
+            y.sum().backward()
+            return
+        y = bench.layer(bench.x)
+        dy = bench.dy if bench.dy is not None else torch.randn_like(y)
+        y.backward(dy, retain_graph=True)
+
+    return Rebuilt(build, step, make_batch, 1)
+
+
 WORKLOADS: dict[str, Callable[[dict[str, Any]], Rebuilt]] = {
     "rasbt_gpt2_speed": rasbt_gpt2_speed,
     "pytorch_50990_conv": pytorch_50990_conv,
+    "liger_benchmark": liger_benchmark,
 }

@@ -50,6 +50,9 @@ class Run:
     gpu: str | None
     runtime: dict[str, str]
     source: str
+    # "validation": no rule of memfit was derived from the figure (issue 42); "calibration":
+    # the runs the rules were studied on (every series without a ``part:``)
+    part: str = "calibration"
 
     @property
     def measured_bytes(self) -> float:
@@ -91,6 +94,7 @@ def load_runs(root: Path = DATA) -> list[Run]:
                     gpu=data.get("gpu"),
                     runtime=dict(data.get("runtime") or {}),
                     source=data["source"]["url"],
+                    part=str(data.get("part", "calibration")),
                 )
             )
     return runs
@@ -406,6 +410,17 @@ def outcomes(runs: list[Run]) -> Iterator[Outcome]:
         yield predict(run)
 
 
+def _summary(results: list[dict[str, Any]]) -> str:
+    errors = [r["error"] for r in results]
+    if not errors:
+        return "no runs"
+    return (
+        f"mean |err| {sum(abs(e) for e in errors) / len(errors):.1%}, worst "
+        f"{max(abs(e) for e in errors):.1%}, most under {min(errors):+.1%} over "
+        f"{len(errors)} runs"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--series", help="only this source file (its stem)")
@@ -427,13 +442,11 @@ def main(argv: list[str] | None = None) -> int:
             }
         )
         print(rows[-1], f"({outcome.seconds:.1f} s)", flush=True)
-    errors = [abs(r["error"]) for r in results]
-    summary = (
-        f"mean |err| {sum(errors) / len(errors):.1%}, worst {max(errors):.1%} over "
-        f"{len(errors)} runs"
-        if errors
-        else "no runs"
-    )
+    summary = _summary(results)
+    for part in ("calibration", "validation"):
+        mine = [r for r, o in zip(results, runs, strict=True) if o.part == part]
+        if mine and len(mine) < len(results):
+            summary += f"; {part}: {_summary(mine)}"
     header = (
         f"Published truth, {_common.utc_minute()} (`python bench/published_truth.py`)\n\n"
         "| source | run | quantity | measured MiB | predicted MiB | err |\n"

@@ -19,6 +19,8 @@ KNOWN_MISSES: dict[str, str] = {}
 SMI_SERIES = ("hf_bert_large_v100",)
 #: The series whose figures depend on the kernel CUDA runs rather than the CPU's (issue 29).
 KERNEL_SERIES = ("rasbt_gpt2_124m_a100", "pytorch_50990_conv_v100")
+#: The validation part (issue 42): series no rule was derived from.
+VALIDATION_SERIES = tuple(sorted({r.series for r in RUNS if r.part == "validation"}))
 
 _OUTCOMES: dict[str, Any] = {}
 
@@ -26,7 +28,9 @@ _OUTCOMES: dict[str, Any] = {}
 def runs_of(series: tuple[str, ...] | None) -> list[Any]:
     """The runs of these series (``None``: of every other series)."""
     if series is None:
-        return [r for r in RUNS if r.series not in (*SMI_SERIES, *KERNEL_SERIES)]
+        return [
+            r for r in RUNS if r.series not in (*SMI_SERIES, *KERNEL_SERIES, *VALIDATION_SERIES)
+        ]
     return [r for r in RUNS if r.series in series]
 
 

@@ -33,9 +33,17 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+from torch.utils._pytree import tree_flatten
 
 from memfit._plain import plain_fields
+from memfit.estimate.torch._cuda_arch import dtype_notes
 from memfit.estimate.torch._cuda_conv import CONV_FITTED_NOTE, conv_note, conv_workspace
+from memfit.estimate.torch._cuda_dispatch import (
+    OpDispatch,
+    coverage,
+    cuda_kernel_composites,
+    known,
+)
 from memfit.estimate.torch._cuda_probe import (
     apply_rule,
     composite_op_names,
@@ -45,6 +53,7 @@ from memfit.estimate.torch._cuda_probe import (
     rule_for,
 )
 from memfit.estimate.torch._cuda_reduce import DEFAULT_SMS, REDUCE_KERNEL, REDUCE_OPS, reduce_buffer
+from memfit.estimate.torch._cuda_scratch import kernel_scratch
 from memfit.estimate.torch._cuda_sdpa import backward_scratch, choose, run
 from memfit.estimate.torch._older_formulas import OlderFormulas
 from memfit.hardware.rules import rule
@@ -159,7 +168,16 @@ class CudaKernels:
         self._lib: Any = None
         self.emulate = emulate
         self.trace: Any = None  # the trace this object serves (memfit.estimate.torch._tracer.Trace)
-        self._names = frozenset(composite_op_names()) if emulate else frozenset()
+        # the composites CUDA decomposes, and those it runs whole (its own kernel)
+        whole = cuda_kernel_composites(composite_op_names()) if emulate else ()
+        self._whole = {d.name: d for d in whole}
+        self._names = (
+            frozenset(composite_op_names()) - frozenset(self._whole) if emulate else frozenset()
+        )
+        self.kept_whole: dict[str, int] = {}
+        self.met: dict[str, int] = {}  # every operator the trace met, with its calls
+        self._funcs: dict[str, Any] = {}
+        self.dtypes: set[str] = set()  # the floating dtypes the trace's outputs had
         self.older = OlderFormulas(torch_version, version_text)
         #: (multiprocessors, threads per multiprocessor) for reductions' staging buffers
         self.reduce_sms: tuple[int, int] = (DEFAULT_SMS, 2048)
@@ -173,10 +191,19 @@ class CudaKernels:
         library: Any = torch.library.Library  # untyped in torch's stubs
         lib = library("aten", "IMPL")
         try:
-            for name in composite_op_names():
+            for name in self._names:
                 op = _overload(name)
                 if op is not None:
                     lib.impl(name.removeprefix("aten::"), self._kernel(op), "AutogradCPU")
+            for name, found in self._whole.items():
+                op = _overload(name)
+                if op is None:
+                    continue
+                keys = [] if found.cpu_kernel else ["AutogradCPU"]
+                if torch.version.cuda is None:  # a CPU build: no CUDA kernel for the probes
+                    keys.append("AutogradCUDA")
+                for key in keys:
+                    lib.impl(name.removeprefix("aten::"), self._whole_kernel(op, found), key)
         except BaseException:
             lib._destroy()
             raise
@@ -203,6 +230,22 @@ class CudaKernels:
             if not _get_current_dispatch_mode_stack():  # another probe (autocast's)
                 return decompose(op, *args, **kwargs)
             return self.composite(op, args, kwargs)
+
+        return kernel
+
+    def _whole_kernel(self, op: Any, found: OpDispatch) -> Callable[..., Any]:
+        """Run ``op`` as one operator, as CUDA's dispatcher does for an operator with a
+        kernel of its own: its derivative formula (the ``Autograd`` kernel) above, the
+        operator itself below, where the trace's mode sees it."""
+        name = str(op)
+
+        def kernel(*args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() == self._thread and not is_probing():
+                self.kept_whole[name] = self.kept_whole.get(name, 0) + 1
+            if found.autograd_kernel:
+                return op._op_dk(torch._C.DispatchKey.Autograd, *args, **kwargs)
+            with torch._C._AutoDispatchBelowAutograd():
+                return op(*args, **kwargs)
 
         return kernel
 
@@ -295,8 +338,21 @@ class CudaKernels:
         """Called by the tracer after each op: the workspace the target's kernel takes, and
         what an older torch's backward formula keeps."""
         name = str(func)
+        if name.startswith("aten."):
+            self.met[name] = self.met.get(name, 0) + 1
+            self._funcs.setdefault(name, func)
+            for item in tree_flatten(out)[0]:
+                if isinstance(item, torch.Tensor) and item.dtype.is_floating_point:
+                    self.dtypes.add(str(item.dtype).removeprefix("torch."))
         if self.older.active:
             self.older.on_op(trace, name, args, out)
+        inside = kernel_scratch(name, args)
+        if inside is not None and inside.nbytes:
+            # held at once, each its own block, and given back before the kernel returns
+            held = [trace.add(n, "kernel_workspace", None, "cuda") for n in inside.blocks if n]
+            for record in held:
+                trace.release(record)
+            self._use(name.removesuffix(".default"), inside.kernel, 0, inside.nbytes, None)
         if name in _CONV:
             if torch.backends.cudnn.benchmark:
                 self.benchmark_seen = True
@@ -358,9 +414,34 @@ class CudaKernels:
             )
         return {op: tuple(kernels) for op, kernels in out.items()}
 
+    def coverage(self) -> dict[str, int]:
+        """How many distinct operators of the trace are followed from CUDA's source and how
+        many assumed to take their outputs only
+        (:func:`memfit.estimate.torch._cuda_dispatch.known`)."""
+        followed, assumed = coverage(self.met, self._funcs)
+        return {"followed": followed, "assumed": assumed}
+
     def notes(self) -> list[str]:
         """What the trace assumed about CUDA's kernels, and what it could not know."""
         out: list[str] = []
+        if self.met:
+            unknown = sorted(_short(n) for n in self.met if not known(n, self._funcs.get(n))[0])
+            out.append(
+                f"CUDA kernels: {len(self.met) - len(unknown)} of the {len(self.met)} distinct "
+                "operators traced are followed from CUDA's source (est.kernel_coverage); the "
+                "others are assumed to take their outputs only"
+                + (": " + ", ".join(unknown[:12]) + (", ..." if len(unknown) > 12 else ""))
+                if unknown
+                else ""
+            )
+        out.extend(dtype_notes(self.capability, self.dtypes))
+        if self.kept_whole:
+            out.append(
+                "run whole as CUDA's own kernel (a composite formula on the CPU): "
+                + ", ".join(
+                    f"{_short(n)} ({c} call(s))" for n, c in sorted(self.kept_whole.items())
+                )
+            )
         uses = self.uses()
         if uses:
             parts = []

@@ -108,6 +108,9 @@ class TorchEstimate:
     tensor_fit: AffineFit | None = None
     context: ContextEstimate | None = None
     kernels: dict[str, tuple[KernelUse, ...]] = field(default_factory=dict)
+    # distinct ATen operators of a CUDA target's trace (largest size): {"followed": ops whose
+    # CUDA kernel's memory is followed from its source, "assumed": outputs only assumed}
+    kernel_coverage: dict[str, int] = field(default_factory=dict)
 
     #: The figures :meth:`band` knows, on each point.
     FIGURES = ("allocated_peak", "reserved_peak", "device_used_peak", "exact_peak", "tensor_peak")
@@ -205,6 +208,7 @@ class TorchEstimate:
             "reserved_fit": None if self.reserved_fit is None else self.reserved_fit.to_dict(),
             "context": None if self.context is None else self.context.to_dict(),
             "kernels": {op: [use.to_dict() for use in uses] for op, uses in self.kernels.items()},
+            "kernel_coverage": dict(self.kernel_coverage),
             "deviations": list(self.deviations),
         }
 
@@ -434,6 +438,7 @@ def estimate_torch(
     events: dict[int, list[tuple[bool, int, int]]] = {}
     kernel_notes: list[str] = []
     kernels: dict[str, tuple[KernelUse, ...]] = {}
+    coverage: dict[str, int] = {}
     for index, size in enumerate(sizes, 1):
         if progress is not None:
             progress(f"tracing {batch_knob}={size} ({index} of {len(sizes)})")
@@ -465,6 +470,7 @@ def estimate_torch(
         if size == max(sizes) and trace.cuda_kernels is not None:
             kernels = trace.cuda_kernels.uses()
             kernel_notes = trace.cuda_kernels.notes()
+            coverage = trace.cuda_kernels.coverage()
     if recorder is not None:
         deviations += recorder.notes()
     if steady:
@@ -517,6 +523,7 @@ def estimate_torch(
         tensor_fit=fit_affine(xs, [p.tensor_peak for p in points]),
         context=context_estimate,
         kernels=kernels,
+        kernel_coverage=coverage,
     )
 
 
