@@ -9,11 +9,12 @@ whose operands are device buffers copied to the host and whose results are devic
 copied back; the host side holds no device memory.
 
 :func:`strip_callbacks` re-traces the step's jaxpr with every callback equation replaced:
-``debug_callback`` / ``debug_print`` (and checkify's ``check``) by nothing, ``io_callback`` / ``pure_callback`` by zeros of their result
-shapes and dtypes (so the rest of the program is the same). What the callbacks held on the
-device, their operands and results, is returned as bytes, to be added to the compile's
-buffers: every callback's, as if all were alive at once (an upper bound: a callback inside
-a loop body holds one iteration's operands; XLA may also have kept them alive anyway).
+``debug_callback`` / ``debug_print`` (and checkify's ``check``) by nothing, ``io_callback`` /
+``pure_callback`` by zeros of their result shapes and dtypes (so the rest of the program is
+the same). What the callbacks held on the device, their operands and results, is returned
+as bytes, to be added to the compile's buffers: every callback's, as if all were alive at
+once (an upper bound: a callback inside a loop body holds one iteration's operands; XLA may
+also have kept them alive anyway).
 
 Only sub-jaxprs that hold a callback are re-traced (scan, while, cond, jit, custom_jvp /
 custom_vjp calls, remat, shard_map: any parameter that is a jaxpr); the rest is bound as it
@@ -178,8 +179,7 @@ def _eval(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], counter: _Coun
                     continue
                 if isinstance(value, (tuple, list)):
                     params[key] = type(value)(
-                        _retrace(v, counter) if v in subs and has_callbacks(v) else v
-                        for v in value
+                        _retrace(v, counter) if v in subs and has_callbacks(v) else v for v in value
                     )
                 else:
                     params[key] = _retrace(value, counter)

@@ -381,15 +381,15 @@ def _export_fallback(
             )  # fmt: skip
         except Exception as exc:
             reasons.append(
-                f"with its {held.describe()} replaced it still failed "
-                f"({type(exc).__name__}: {exc})"
+                f"with its {held.describe()} replaced it still failed ({type(exc).__name__}: {exc})"
             )
     try:
         from jax._src.export import _export
 
-        lowered = jax.jit(flat).trace(*leaves).lower(lowering_platforms=("cuda",))
+        traced = jax.jit(flat).trace(*leaves)
+        lowered = traced.lower(lowering_platforms=("cuda",))
         exported = _export._export_lowered(
-            lowered, None, "memfit_step", disabled_checks=every_call
+            lowered, traced.jaxpr, "memfit_step", disabled_checks=every_call
         )
         donate = _donated(exported.mlir_module(), exported.module_kept_var_idx)
         return ExportedStep(
