@@ -23,6 +23,7 @@ was.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -185,7 +186,15 @@ def _eval(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], counter: _Coun
                     params[key] = _retrace(value, counter)
                 changed = True
             # the primitive's own effect rule reads the new sub-jaxprs' effects
-            result = eqn.primitive.bind(*invals, **(params if changed else eqn.params))
+            # as jax.core.eval_jaxpr binds: call-like primitives (custom_jvp_call, ...) take
+            # their jaxpr as a function
+            bind_params = eqn.primitive.get_bind_params(params if changed else eqn.params)
+            subfuns: tuple[Any, ...] = ()
+            if isinstance(bind_params, tuple):  # older JAX: (subfuns, params)
+                subfuns, bind_params = bind_params
+            ctx = getattr(getattr(eqn, "ctx", None), "manager", None)
+            with ctx if ctx is not None else contextlib.nullcontext():
+                result = eqn.primitive.bind(*subfuns, *invals, **bind_params)
             outs = list(result) if eqn.primitive.multiple_results else [result]
         for var, value in zip(eqn.outvars, outs, strict=True):
             env[var] = value
