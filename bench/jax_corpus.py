@@ -366,9 +366,10 @@ def purejaxrl_ppo_brax(config: dict[str, Any] | None = None) -> Program:
                         mean, log_std, value = net.apply(params, t.obs)
                         lp = log_prob(mean, log_std, t.action)
                         clipped = t.value + (value - t.value).clip(-c["CLIP_EPS"], c["CLIP_EPS"])
-                        v_loss = 0.5 * jnp.maximum(
-                            jnp.square(value - tgt), jnp.square(clipped - tgt)
-                        ).mean()
+                        v_loss = (
+                            0.5
+                            * jnp.maximum(jnp.square(value - tgt), jnp.square(clipped - tgt)).mean()
+                        )
                         ratio = jnp.exp(lp - t.log_prob)
                         g = (gae - gae.mean()) / (gae.std() + 1e-8)
                         pg = -jnp.minimum(
@@ -483,9 +484,9 @@ def purejaxrl_dqn(config: dict[str, Any] | None = None) -> Program:
             def learn(state: Any) -> Any:
                 batch = buffer.sample(buffer_state, k_b).experience
                 q_next = net.apply(state.target_network_params, batch.second["obs"])
-                target = batch.first["reward"] + (1 - batch.first["done"]) * c[
-                    "GAMMA"
-                ] * jnp.max(q_next, axis=-1)
+                target = batch.first["reward"] + (1 - batch.first["done"]) * c["GAMMA"] * jnp.max(
+                    q_next, axis=-1
+                )
 
                 def loss(params: Any) -> Any:
                     q = net.apply(params, batch.first["obs"])
@@ -668,9 +669,7 @@ def purejaxql_pqn(config: dict[str, Any] | None = None) -> Program:
             return (state, env_state, last_obs, rng), metrics
 
         rng, k = jax.random.split(rng)
-        runner, metrics = jax.lax.scan(
-            update, (state, env_state, obs, k), jnp.arange(num_updates)
-        )
+        runner, metrics = jax.lax.scan(update, (state, env_state, obs, k), jnp.arange(num_updates))
         return {"runner_state": runner, "metrics": metrics}
 
     return jax.jit(train), (jax.ShapeDtypeStruct((2,), jnp.uint32),)
@@ -701,7 +700,9 @@ def brax_ppo_train(config: dict[str, Any] | None = None) -> Program:
     from memfit.estimate import brax_measure as bm
 
     c = dict(BRAX_PPO_SMALL if config is None else config)
-    env = envs.get_environment(c["env"], **({} if c["env"] == "fast" else {"backend": "positional"}))
+    env = envs.get_environment(
+        c["env"], **({} if c["env"] == "fast" else {"backend": "positional"})
+    )
     measure = bm.measurement_config(
         policy_hidden_layer_sizes=(32,) * 4,
         value_hidden_layer_sizes=(256,) * 5,
@@ -731,9 +732,7 @@ def build(name: str, size: str = "small") -> Program:
     return builder(dict(small if size == "small" else default))
 
 
-def compile_corpus(
-    names: list[str], gpus: list[str], size: str = "small"
-) -> list[dict[str, Any]]:
+def compile_corpus(names: list[str], gpus: list[str], size: str = "small") -> list[dict[str, Any]]:
     """Every program exported once and compiled for each card (one child process per card):
     per (program, card) the estimate's figures and the compile's seconds."""
     from memfit.estimate.jax_xla import _from_gpu_compile, _leaf_sizes
