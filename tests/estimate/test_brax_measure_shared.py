@@ -64,6 +64,7 @@ def test_the_time_left_is_the_first_stage_scaled() -> None:
     assert bm.time_left(10.0, 1.0) == ""
 
 
+@pytest.mark.slow  # a fresh Python that imports JAX: about 10 s on the 2-core VM
 @pytest.mark.skipif(
     bool(xla_gpu.gpu_target_missing()), reason="the CUDA plugin (gpu-target extra) makes the noise"
 )
