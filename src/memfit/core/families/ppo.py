@@ -88,11 +88,15 @@ def _per_device(workload: Workload) -> int:
 
 def _brax_measured(workload: Workload, values: Mapping[str, int]) -> list[Term]:
     """Brax PPO from measurements of its real env and compiled training step
-    (:class:`memfit.core.measured.BraxMeasurements`)."""
+    (:class:`memfit.core.measured.BraxMeasurements`), with Brax's training loop (epochs and
+    evaluations) replayed through the BFC allocator model
+    (:meth:`~memfit.core.measured.BraxMeasurements.loop_terms`)."""
     assert workload.measurements is not None
     return [
         Term(name, (nbytes,))
-        for name, nbytes in workload.measurements.terms(values, _per_device(workload))
+        for name, nbytes in workload.measurements.loop_terms(
+            values, _per_device(workload), preallocate=workload.jax.preallocate
+        )
     ]
 
 
