@@ -732,6 +732,28 @@ def build(name: str, size: str = "small") -> Program:
     return builder(dict(small if size == "small" else default))
 
 
+def holds(name: str, size: str = "default") -> dict[str, int]:
+    """What the program's run holds at the end, from ``jax.eval_shape`` (nothing compiled):
+    bytes of each top-level part of its output (the carried runner state, the stacked
+    metrics), and ``"total"``."""
+    import jax
+    import numpy as np
+
+    fn, args = build(name, size)
+    out = jax.eval_shape(fn, *args)
+
+    def nbytes(tree: Any) -> int:
+        return sum(
+            int(np.prod(leaf.shape, dtype=np.int64)) * np.dtype(leaf.dtype).itemsize
+            for leaf in jax.tree_util.tree_leaves(tree)
+        )
+
+    parts = out.items() if isinstance(out, dict) else enumerate(out)
+    found = {str(key): nbytes(part) for key, part in parts}
+    found["total"] = sum(found.values())
+    return found
+
+
 def compile_corpus(names: list[str], gpus: list[str], size: str = "small") -> list[dict[str, Any]]:
     """Every program exported once and compiled for each card (one child process per card):
     per (program, card) the estimate's figures and the compile's seconds."""
@@ -780,12 +802,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu", action="append", default=[])
     ap.add_argument("--size", choices=("small", "default"), default="small")
     ap.add_argument("--program", action="append", default=[], choices=sorted(CORPUS))
+    ap.add_argument(
+        "--holds", action="store_true",
+        help="only what each program's run holds at the end (jax.eval_shape, no compile)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     command = "python bench/jax_corpus.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     from memfit.units import format_bytes
 
     gpus = args.gpu or ["RTX 4070", "A100 40GB"]
     names = args.program or list(CORPUS)
+    if args.holds:
+        table = [f"`{command}`", "", "| program | size | runner state | metrics | total |",
+                 "|---|---|---:|---:|---:|"]  # fmt: skip
+        found = {}
+        for name in names:
+            found[name] = h = holds(name, args.size)
+            table.append(
+                f"| {name} | {args.size} | {format_bytes(h.get('runner_state', 0))} | "
+                f"{format_bytes(h.get('metrics', 0))} | {format_bytes(h['total'])} |"
+            )
+            print(table[-1], flush=True)
+        OUT.mkdir(exist_ok=True)
+        stem = f"jax_corpus_holds_{args.size}"
+        (OUT / f"{stem}.json").write_text(json.dumps({"command": command, "holds": found}))
+        (OUT / f"{stem}.md").write_text("\n".join(table) + "\n")
+        return 0
     rows = compile_corpus(names, gpus, args.size)
     lines = [
         f"`{command}`",

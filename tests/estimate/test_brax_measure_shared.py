@@ -58,7 +58,7 @@ def test_a_damaged_share_is_built_again(tmp_path: Path) -> None:
 
 
 def test_the_time_left_is_the_first_stage_scaled() -> None:
-    assert bm.time_left(45.0, bm.ENV_STAGE_SHARE).startswith(" (about ")
+    assert bm.time_left(30.0, bm.ENV_STAGE_SHARE) == " (about 70 s left)"
     assert bm.time_left(60.0, 0.5) == " (about 60 s left)"
     assert bm.time_left(600.0, 0.5) == " (about 10 min left)"
     assert bm.time_left(10.0, 1.0) == ""

@@ -79,9 +79,10 @@ MEASURE_POINTS: tuple[tuple[int, int, int, int], ...] = (
 )
 
 #: The share of a measurement's time its first stage (the env step's compiles) takes: the
-#: humanoid measured on the 2-core development VM (docs/benchmarks.md, "Measuring a Brax
-#: env"); the status line's estimate of the time left is the first stage's time scaled by it.
-ENV_STAGE_SHARE = 0.25
+#: humanoid (mjx) measured on the 2-core development VM in 123.8 s, Brax's training step's
+#: three compiles about 25-30 s each of it (docs/benchmarks.md, "Brax PPO measured from the
+#: real env"); the status line's time left is the first stage's time scaled by it.
+ENV_STAGE_SHARE = 0.3
 
 
 def time_left(elapsed_s: float, done_share: float) -> str:
