@@ -754,9 +754,15 @@ def holds(name: str, size: str = "default") -> dict[str, int]:
     return found
 
 
-def compile_corpus(names: list[str], gpus: list[str], size: str = "small") -> list[dict[str, Any]]:
+def compile_corpus(
+    names: list[str],
+    gpus: list[str],
+    size: str = "small",
+    environ: dict[str, str] | None = None,
+) -> list[dict[str, Any]]:
     """Every program exported once and compiled for each card (one child process per card):
-    per (program, card) the estimate's figures and the compile's seconds."""
+    per (program, card) the estimate's figures and the compile's seconds. ``environ``: the
+    compile's environment (default none of this process's: JAX's defaults)."""
     from memfit.estimate.jax_xla import _from_gpu_compile, _leaf_sizes
     from memfit.estimate.xla_gpu import compile_exported, export_step
     from memfit.hardware.catalog import gpu as lookup_gpu
@@ -772,10 +778,10 @@ def compile_corpus(names: list[str], gpus: list[str], size: str = "small") -> li
         spec = lookup_gpu(card)
         target = target_config(spec)
         start = time.perf_counter()
-        results = compile_exported(exported, target, environ={})
+        results = compile_exported(exported, target, environ=environ or {})
         wall = time.perf_counter() - start
         for name, step, result, n in zip(names, exported, results, leaves, strict=True):
-            est = _from_gpu_compile(result, spec, target, n, {}, None)
+            est = _from_gpu_compile(result, spec, target, n, environ or {}, None)
             rows.append(
                 {
                     "program": name,
