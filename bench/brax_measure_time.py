@@ -60,9 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="memfit-bench-cache-") as shared:
         for gpu in (args.gpu, args.second_gpu):
-            rows.append(
-                _run(["plan", args.workload, "--gpu", gpu, "--measure", "fresh"], shared)
-            )
+            rows.append(_run(["plan", args.workload, "--gpu", gpu, "--measure", "fresh"], shared))
             print(json.dumps(rows[-1]), flush=True)
     if not args.skip_all_gpus:
         with tempfile.TemporaryDirectory(prefix="memfit-bench-cache-") as fresh:
