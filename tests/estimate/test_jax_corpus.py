@@ -28,6 +28,7 @@ def _corpus() -> Any:
     return load_bench("memfit_bench_jax_corpus", "jax_corpus.py")
 
 
+@pytest.mark.slow  # eager JAX ops, each compiled on first use (26 s on the loaded VM)
 def test_the_cartpole_steps_and_resets_as_gymnax_does() -> None:
     env = _corpus().CartPole()
     obs, state = env.reset(jax.random.PRNGKey(0))

@@ -514,10 +514,11 @@ def measure_ppo(
     require_arg("command", command, "str", optional=True)
     require_callable("progress", progress, optional=True)
     require_arg("gpu", gpu, "str", optional=True)
-    require("brax")
     from memfit.estimate._jax_quiet import quiet_jax_start
 
-    quiet_jax_start(brax=True)  # without the CUDA plugin's traceback and Brax's warp lines
+    if not missing_packages():  # JAX and Brax start here: without their start-up noise
+        quiet_jax_start(brax=True)
+    require("brax")
     jax: Any = require("jax")
     versions = installed_versions() or {}
     made, env_id, backend = _env_object(env, backend)
