@@ -12,6 +12,7 @@ import pytest
 
 from memfit.estimate import brax_measure as bm
 from memfit.estimate import xla_gpu
+from memfit.estimate._brax_exports import shared_exports
 
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
@@ -37,14 +38,14 @@ def test_exported_steps_are_written_once_and_read_back_for_the_next_card(
         calls.append(1)
         return _jobs(True), {"sizes": [{"training_state_bytes": 12}]}
 
-    first, extra = bm._shared_exports(build, folder)
+    first, extra = shared_exports(build, folder)
     assert calls == [1] and extra == {"sizes": [{"training_state_bytes": 12}]}
     assert first[0].route == "callbacks" and first[0].donate == (0,)
 
     def must_not_build() -> Any:
         raise AssertionError("the second card rebuilt the steps")
 
-    again, extra2 = bm._shared_exports(must_not_build, folder)
+    again, extra2 = shared_exports(must_not_build, folder)
     assert extra2 == extra
     assert again == first  # serialization, donations, mesh, callbacks' bytes: all kept
 
@@ -53,7 +54,7 @@ def test_a_damaged_share_is_built_again(tmp_path: Path) -> None:
     folder = tmp_path / "share"
     folder.mkdir()
     (folder / "meta.json").write_text("{not json", encoding="utf-8")
-    steps, _ = bm._shared_exports(lambda: (_jobs(False), {}), folder)
+    steps, _ = shared_exports(lambda: (_jobs(False), {}), folder)
     assert steps[0].route == "export"
 
 

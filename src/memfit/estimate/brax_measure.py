@@ -51,6 +51,7 @@ from memfit._lazy import require
 from memfit.core.measured import AffineLine, BraxMeasurements, Provenance, StepFit
 from memfit.core.workload import Workload
 from memfit.errors import BackendUnavailable, ConfigError, EstimateError
+from memfit.estimate import _brax_exports as _exports
 
 __all__ = [
     "ENV_STEP_SIZES",
@@ -602,7 +603,9 @@ def _measure(
         if target is None:
             memories = _compile_all(env_jobs()[0], target)
         else:
-            exported, _ = _shared_exports(env_jobs, None if share is None else share / "env")
+            exported, _ = _exports.shared_exports(
+                env_jobs, None if share is None else share / "env"
+            )
             memories = _compile_exported_all(exported, target)
         step_points = [[n, m[3]] for n, m in zip(ENV_STEP_SIZES, memories, strict=True)]
     except (TypeError, ValueError, jax.errors.JAXTypeError) as exc:
@@ -718,93 +721,6 @@ def _compile_exported_all(steps: Sequence[Any], target: Any) -> list[tuple[int, 
     return [(r.argument_bytes, r.output_bytes, r.alias_bytes, r.device_temp_bytes) for r in results]
 
 
-def _read_exports(folder: Path) -> tuple[list[Any], dict[str, Any]] | None:
-    """Exported steps written by :func:`_write_exports`, or ``None`` when absent or damaged."""
-    from memfit.estimate._jax_callbacks import HeldByCallbacks
-    from memfit.estimate.xla_gpu import ExportedStep
-
-    try:
-        meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
-        steps = []
-        for i, m in enumerate(meta["steps"]):
-            held = m.get("held")
-            steps.append(
-                ExportedStep(
-                    serialized=(folder / f"step{i}.bin").read_bytes(),
-                    donate=tuple(int(d) for d in m["donate"]),
-                    mesh=tuple((str(a), int(n)) for a, n in m["mesh"]),
-                    specs=tuple(None if x is None else tuple(x) for x in m["specs"]),
-                    held=None
-                    if held is None
-                    else HeldByCallbacks(
-                        count=int(held["count"]),
-                        operand_bytes=int(held["operand_bytes"]),
-                        result_bytes=int(held["result_bytes"]),
-                        kinds=tuple((str(k), int(n)) for k, n in held["kinds"]),
-                    ),
-                    route=str(m["route"]),
-                )
-            )
-        return steps, dict(meta["extra"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _write_exports(folder: Path, steps: Sequence[Any], extra: Mapping[str, Any]) -> None:
-    """Write exported steps (and ``extra``, plain data) atomically; a folder that cannot be
-    written is not an error."""
-    try:
-        tmp = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")
-        tmp.mkdir(parents=True, exist_ok=True)
-        meta = []
-        for i, step in enumerate(steps):
-            (tmp / f"step{i}.bin").write_bytes(step.serialized)
-            held = step.held
-            meta.append(
-                {
-                    "donate": list(step.donate),
-                    "mesh": [list(a) for a in step.mesh],
-                    "specs": [None if x is None else list(x) for x in step.specs],
-                    "route": step.route,
-                    "held": None
-                    if held is None
-                    else {
-                        "count": held.count,
-                        "operand_bytes": held.operand_bytes,
-                        "result_bytes": held.result_bytes,
-                        "kinds": [list(k) for k in held.kinds],
-                    },
-                }
-            )
-        payload = json.dumps({"steps": meta, "extra": dict(extra)})
-        (tmp / "meta.json").write_text(payload, encoding="utf-8")
-        if folder.exists():
-            return  # another process wrote it first: theirs stands
-        os.replace(tmp, folder)
-    except OSError:
-        return
-
-
-def _shared_exports(
-    build: Callable[[], tuple[list[tuple[Any, tuple[Any, ...]]], dict[str, Any]]],
-    share: Path | None,
-) -> tuple[list[Any], dict[str, Any]]:
-    """The steps ``build()`` makes, exported for CUDA; with ``share`` (a folder), read from
-    there when a measurement for another card wrote them (the program is the same for every
-    card: only XLA's compile for the card differs), else written there."""
-    from memfit.estimate.xla_gpu import export_step
-
-    if share is not None:
-        found = _read_exports(share)
-        if found is not None:
-            return found
-    jobs, extra = build()
-    steps = [export_step(fn, *args) for fn, args in jobs]
-    if share is not None:
-        _write_exports(share, steps, extra)
-    return steps, extra
-
-
 def _prepare_step(
     env: Any, factory: Any, config: Mapping[str, Any], num_envs: int, batch_size: int,
     num_minibatches: int, unroll_length: int, *, single_device_jit: bool,
@@ -892,7 +808,7 @@ def compile_steps(
             jobs, extra = build()
             memories = _compile_all(jobs, target)
         else:
-            steps, extra = _shared_exports(build, share)
+            steps, extra = _exports.shared_exports(build, share)
             memories = _compile_exported_all(steps, target)
     except (TypeError, ValueError, jax.errors.JAXTypeError) as exc:
         raise EstimateError(
