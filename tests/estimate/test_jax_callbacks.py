@@ -185,3 +185,22 @@ def test_the_issues_reproduction_gives_an_estimate_for_two_cards() -> None:
     assert a.executable_peak_bytes - b.executable_peak_bytes == held
     assert a.peak_bytes_in_use is not None and b.peak_bytes_in_use is not None
     assert abs(a.peak_bytes_in_use - b.peak_bytes_in_use) <= held
+
+
+@needs_extra
+def test_a_sweep_nothing_can_lower_warns_once_and_compiles_every_size_here(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from memfit.estimate import jax_xla
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise EstimateError("JAX could not export the step for CUDA: refused")
+
+    monkeypatch.setattr(xla_gpu, "export_step", refuse)
+    with pytest.warns(RuntimeWarning, match="not XLA's GPU compiler"):
+        sweep = jax_xla.estimate_jax_sweep(
+            _train(False), lambda b: (jax.ShapeDtypeStruct((b, b), jnp.float32),), [16, 32],
+            gpu="RTX 4090", environ={},
+        )  # fmt: skip
+    assert [p.compiled_for for p in sweep.points] == ["cpu", "cpu"]
+    assert sweep.points[1].argument_bytes == 32 * 32 * 4
