@@ -210,7 +210,16 @@ def with_measurements(
         return workload, []
     from memfit.estimate.brax_measure import resolve_measurements
 
-    return resolve_measurements(workload, measure, progress=progress, gpu=gpu)
+    resolved, notes = resolve_measurements(workload, measure, progress=progress, gpu=gpu)
+    if resolved.measurements is not None and resolved.framework == "jax":
+        notes = [
+            *notes,
+            "Brax's figure: its compiled training step and env step (measured) replayed "
+            "through JAX's BFC allocator over Brax's training loop (training epochs, each "
+            "followed by an evaluation with its own env state): terms eval_env_state and "
+            "allocator_loop (basis: replayed)",
+        ]
+    return resolved, notes
 
 
 def _measured(workload: Workload, gpu_name: str) -> MeasuredTerms | None:

@@ -14,11 +14,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["AffineLine", "BraxMeasurements", "MeasuredTerms", "Provenance", "StepFit"]
+__all__ = [
+    "AffineLine",
+    "BraxMeasurements",
+    "LoopReplay",
+    "MeasuredTerms",
+    "Provenance",
+    "StepFit",
+]
 
 
 @dataclass(frozen=True)
@@ -131,6 +138,35 @@ class Provenance(_Record):
     seconds: float | None = None
 
 
+#: Brax's evaluator's environments (``ppo.train``'s ``num_eval_envs`` default).
+NUM_EVAL_ENVS = 128
+
+#: Training epochs (with an evaluation after each) replayed. Brax's loop is the same call
+#: pattern every epoch (both states donated), so the replayed peak settles by the second
+#: epoch (checked in tests/core/test_brax_loop_replay.py against 30 epochs, pooled and grown
+#: on demand); a third is kept for margin.
+LOOP_ITERATIONS = 3
+
+
+@dataclass(frozen=True)
+class LoopReplay:
+    """Brax's training loop replayed through the BFC allocator model (bytes, per device).
+
+    Attributes:
+        peak_bytes_in_use: What ``memory_stats()["peak_bytes_in_use"]`` would show.
+        live_peak_bytes: The most the arrays (rounded to 256 B) need at once.
+        peak_at: Where the peak was reached (``"iteration 1, training epoch"``).
+        iterations: Epochs replayed, each followed by an evaluation.
+        num_eval_envs: The evaluator's environments.
+    """
+
+    peak_bytes_in_use: int
+    live_peak_bytes: int
+    peak_at: str
+    iterations: int
+    num_eval_envs: int
+
+
 class BraxMeasurements(_Record):
     """A Brax PPO workload measured from its real environment and Brax's own training step.
 
@@ -195,4 +231,110 @@ class BraxMeasurements(_Record):
             ("rollout_buffer", rollout),
             ("env_step_temporaries", env_step),
             ("sgd_temporaries", max(0, sgd - rollout - env_step)),
+        ]
+
+    #: How each term of :meth:`terms` and :meth:`loop_terms` is obtained, for a plan's
+    #: per-term basis: ``"compiled"`` (XLA's memory analysis of Brax's own compiled step or
+    #: env step, fitted over the measured settings), ``"traced"`` (``jax.eval_shape`` of the
+    #: real env and training state) or ``"replayed"`` (Brax's training loop replayed through
+    #: the BFC allocator model, :meth:`replay_loop`).
+    BASIS: ClassVar[dict[str, str]] = {
+        "training_state": "traced",
+        "env_state": "traced",
+        "rollout_buffer": "traced",
+        "env_step_temporaries": "compiled",
+        "sgd_temporaries": "compiled",
+        "eval_env_state": "traced",
+        "allocator_loop": "replayed",
+    }
+
+    def replay_loop(
+        self,
+        values: Mapping[str, int],
+        device_count: int = 1,
+        *,
+        preallocate: bool = True,
+        num_eval_envs: int = NUM_EVAL_ENVS,
+        iterations: int = LOOP_ITERATIONS,
+    ) -> LoopReplay:
+        """Brax's ``ppo.train`` loop replayed through JAX's BFC allocator
+        (:class:`memfit.allocator.bfc.BfcAllocator`) at these knob values, per device.
+
+        Held from the start: the training state, the env state and the evaluator's env state
+        (``num_eval_envs`` envs; Brax donates both states to each call, so the calls reuse
+        their buffers). Then, ``iterations`` times, as ``train`` runs them: a training epoch
+        (its metrics, then its temporaries: the rollout, the env step's and the SGD phase's
+        scratch, one allocation freed when it returns; the last epoch's metrics dropped) and
+        an evaluation (its metrics, then its temporaries: the env step at ``num_eval_envs``).
+        A chunk freed earlier and under twice a later request is handed out whole, so
+        ``peak_bytes_in_use`` may be above what the arrays need at any moment.
+
+        >>> m = BraxMeasurements(env="brax:x", provenance=Provenance(versions={}, platform="cpu",
+        ...     date="2026-01-01", command="test"), env_state_bytes=1000, transition_bytes=10,
+        ...     training_state_bytes=1 << 20, env_step=AffineLine(fixed_bytes=0, per_item_bytes=50),
+        ...     step=StepFit(fixed_bytes=0, per_transition_bytes=30, per_minibatch_item_bytes=5))
+        >>> r = m.replay_loop({"num_envs": 2048, "batch_size": 256, "num_minibatches": 8,
+        ...                    "unroll_length": 10})
+        >>> r.peak_bytes_in_use >= r.live_peak_bytes > (1 << 20) + 2048 * 1000
+        True
+        """
+        from memfit.allocator.bfc import BfcAllocator, round_up
+
+        terms = dict(self.terms(values, device_count))
+        envs = values["num_envs"] // device_count
+        epoch_temp = (
+            terms["rollout_buffer"] + terms["env_step_temporaries"] + terms["sgd_temporaries"]
+        )
+        eval_temp = self.env_step.at(num_eval_envs)
+        metrics = 256  # a few float32 means per call
+        pool = BfcAllocator(1 << 50, preallocate=preallocate)  # the plan checks the budget
+        live = 0
+        live_peak = 0
+        for size in (self.training_state_bytes, envs * self.env_state_bytes,
+                     num_eval_envs * self.env_state_bytes):  # fmt: skip
+            pool.allocate(size)
+            live += round_up(max(size, 1))
+        held_metrics: list[int] = []
+        peak_at = "start"
+        peak = pool.peak_bytes_in_use
+        for iteration in range(1, iterations + 1):
+            for phase, temp in (("training epoch", epoch_temp), ("evaluation", eval_temp)):
+                out = pool.allocate(metrics)
+                scratch = pool.allocate(temp) if temp > 0 else None
+                now = live + round_up(metrics) + (round_up(temp) if temp > 0 else 0)
+                live_peak = max(live_peak, now)
+                if pool.peak_bytes_in_use > peak:
+                    peak, peak_at = pool.peak_bytes_in_use, f"iteration {iteration}, {phase}"
+                if scratch is not None:
+                    pool.free(scratch)
+                for old in held_metrics:
+                    pool.free(old)
+                held_metrics = [out]
+        return LoopReplay(
+            peak_bytes_in_use=peak,
+            live_peak_bytes=max(live_peak, live),
+            peak_at=peak_at,
+            iterations=iterations,
+            num_eval_envs=num_eval_envs,
+        )
+
+    def loop_terms(
+        self,
+        values: Mapping[str, int],
+        device_count: int = 1,
+        *,
+        preallocate: bool = True,
+    ) -> list[tuple[str, int]]:
+        """:meth:`terms` and what Brax's loop adds (:meth:`replay_loop`): the evaluator's
+        env state, and ``allocator_loop``, what the replay's ``peak_bytes_in_use`` is above
+        the sum of the other terms (chunks handed out whole, the metrics, 256-byte rounding;
+        never below zero), so the terms sum to the replayed peak."""
+        terms = self.terms(values, device_count)
+        replay = self.replay_loop(values, device_count, preallocate=preallocate)
+        eval_state = replay.num_eval_envs * self.env_state_bytes
+        listed = sum(n for _, n in terms) + eval_state
+        return [
+            *terms,
+            ("eval_env_state", eval_state),
+            ("allocator_loop", max(0, replay.peak_bytes_in_use - listed)),
         ]

@@ -51,6 +51,7 @@ from memfit._lazy import require
 from memfit.core.measured import AffineLine, BraxMeasurements, Provenance, StepFit
 from memfit.core.workload import Workload
 from memfit.errors import BackendUnavailable, ConfigError, EstimateError
+from memfit.estimate import _brax_exports as _exports
 
 __all__ = [
     "ENV_STEP_SIZES",
@@ -77,6 +78,32 @@ MEASURE_POINTS: tuple[tuple[int, int, int, int], ...] = (
     (512, 128, 4, 10),
     (256, 64, 8, 10),
 )
+
+#: The share of a measurement's time its first stage (the env step's compiles) takes: the
+#: humanoid (mjx) measured on the 2-core development VM in 123.8 s, Brax's training step's
+#: three compiles about 25-30 s each of it (docs/benchmarks.md, "Brax PPO measured from the
+#: real env"); the status line's time left is the first stage's time scaled by it.
+ENV_STAGE_SHARE = 0.3
+
+
+def time_left(elapsed_s: float, done_share: float) -> str:
+    """``" (about 2 min left)"``: the time left when ``done_share`` of the work took
+    ``elapsed_s``; ``""`` when nothing is known yet.
+
+    >>> time_left(30.0, 0.25)
+    ' (about 90 s left)'
+    >>> time_left(100.0, 0.25)
+    ' (about 5 min left)'
+    >>> time_left(0.0, 0.25)
+    ''
+    """
+    if elapsed_s <= 0 or not 0 < done_share < 1:
+        return ""
+    left = elapsed_s * (1 - done_share) / done_share
+    if left < 120:
+        return f" (about {max(10, round(left / 10) * 10):.0f} s left)"
+    return f" (about {round(left / 60):.0f} min left)"
+
 
 #: Numbers of environments the wrapped, vmapped ``env.step`` is compiled at.
 ENV_STEP_SIZES: tuple[int, int] = (256, 1024)
@@ -488,6 +515,10 @@ def measure_ppo(
     require_arg("command", command, "str", optional=True)
     require_callable("progress", progress, optional=True)
     require_arg("gpu", gpu, "str", optional=True)
+    from memfit.estimate.xla._quiet import quiet_jax_start
+
+    if not missing_packages():  # JAX and Brax start here: without their start-up noise
+        quiet_jax_start(brax=True)
     require("brax")
     jax: Any = require("jax")
     versions = installed_versions() or {}
@@ -507,9 +538,19 @@ def measure_ppo(
         if found is not None:
             return found
     start = time.perf_counter()
-    record = _measure(
-        made, env_id, backend, config, versions, platform, command, progress, target=target
+    # the steps exported for CUDA are the same for every card: kept beside the cache so that
+    # measuring for another card only compiles (the child's XLA compile for the card)
+    share = (
+        _cache_path(_key(env_id, backend, config, versions, "exported"), directory).with_suffix(
+            ".exported"
+        )
+        if cache and target is not None
+        else None
     )
+    record = _measure(
+        made, env_id, backend, config, versions, platform, command, progress,
+        target=target, share=share,
+    )  # fmt: skip
     record = record.model_copy(
         update={
             "provenance": record.provenance.model_copy(
@@ -533,8 +574,10 @@ def _measure(
     progress: Callable[[str], None] | None = None,
     *,
     target: Any = None,
+    share: Path | None = None,
 ) -> BraxMeasurements:
     say = progress or (lambda _text: None)
+    started = time.perf_counter()
     jax: Any = require("jax")
     jnp: Any = require("jax.numpy")
     envs: Any = require("brax.envs")
@@ -548,12 +591,22 @@ def _measure(
         transition = _transition_bytes(state0, action_size, n0)
         step_points: list[list[int]] = []
         say(f"measuring {env_id}: compiling the env step at {len(ENV_STEP_SIZES)} sizes")
-        env_jobs = []
-        for n in ENV_STEP_SIZES:
-            states = state0 if n == n0 else jax.eval_shape(wrapped.reset, _keys(n))
-            actions = jax.ShapeDtypeStruct((n, action_size), jnp.float32)
-            env_jobs.append((jax.jit(wrapped.step), (states, actions)))
-        memories = _compile_all(env_jobs, target)
+
+        def env_jobs() -> tuple[list[tuple[Any, tuple[Any, ...]]], dict[str, Any]]:
+            jobs = []
+            for n in ENV_STEP_SIZES:
+                states = state0 if n == n0 else jax.eval_shape(wrapped.reset, _keys(n))
+                actions = jax.ShapeDtypeStruct((n, action_size), jnp.float32)
+                jobs.append((jax.jit(wrapped.step), (states, actions)))
+            return jobs, {}
+
+        if target is None:
+            memories = _compile_all(env_jobs()[0], target)
+        else:
+            exported, _ = _exports.shared_exports(
+                env_jobs, None if share is None else share / "env"
+            )
+            memories = _compile_exported_all(exported, target)
         step_points = [[n, m[3]] for n, m in zip(ENV_STEP_SIZES, memories, strict=True)]
     except (TypeError, ValueError, jax.errors.JAXTypeError) as exc:
         raise EstimateError(
@@ -569,8 +622,12 @@ def _measure(
     say(
         f"measuring {env_id}: compiling Brax's training step at {len(MEASURE_POINTS)} settings"
         + (f" for {target.compiled_for}" if target is not None else "")
+        + time_left(time.perf_counter() - started, ENV_STAGE_SHARE)
     )
-    steps = compile_steps(env, factory, config, MEASURE_POINTS, env_id=env_id, target=target)
+    steps = compile_steps(
+        env, factory, config, MEASURE_POINTS, env_id=env_id, target=target,
+        share=None if share is None else share / "train",
+    )  # fmt: skip
     for (n, batch, minis, unroll), compiled in zip(MEASURE_POINTS, steps, strict=True):
         training_state_bytes = compiled["training_state_bytes"]
         points.append(
@@ -649,12 +706,17 @@ def _compile_all(
     XLA's GPU compiler for ``target`` (all in one child process)."""
     if target is None:
         return [_memory(fn.lower(*args).compile()) for fn, args in jobs]
-    from memfit.estimate.xla.gpu import compile_exported, export_step
+    from memfit.estimate.xla.gpu import export_step
 
-    exported = [export_step(fn, *args) for fn, args in jobs]
+    return _compile_exported_all([export_step(fn, *args) for fn, args in jobs], target)
+
+
+def _compile_exported_all(steps: Sequence[Any], target: Any) -> list[tuple[int, int, int, int]]:
+    from memfit.estimate.xla.gpu import compile_exported
+
     # JAX's default allocator limit on the card: 75% of the memory CUDA reports
     results = compile_exported(
-        exported, target, memory_base_bytes=int(target.device_memory_size * 0.75)
+        steps, target, memory_base_bytes=int(target.device_memory_size * 0.75)
     )
     return [(r.argument_bytes, r.output_bytes, r.alias_bytes, r.device_temp_bytes) for r in results]
 
@@ -714,10 +776,12 @@ def compile_steps(
     *,
     env_id: str = "env",
     target: Any = None,
+    share: Path | None = None,
 ) -> list[dict[str, int]]:
     """Brax's own training step at each ``(num_envs, batch_size, num_minibatches,
     unroll_length)``, captured and compiled (nothing runs): here, or by XLA's GPU compiler
-    for ``target`` (a :class:`memfit.hardware.xla_target.TargetConfig`).
+    for ``target`` (a :class:`memfit.hardware.xla_target.TargetConfig`); ``share``: a folder
+    where the steps exported for CUDA are kept for other cards (read when present).
 
     Returns:
         Per setting ``{"peak_bytes", "training_state_bytes", "env_state_bytes",
@@ -727,20 +791,31 @@ def compile_steps(
         EstimateError: When the step cannot be captured or compiled.
     """
     jax: Any = require("jax")
-    jobs, sizes = [], []
-    for n, batch, minis, unroll in settings:
-        fn, args, found = _prepare_step(
-            env, factory, config, n, batch, minis, unroll, single_device_jit=target is not None
-        )
-        jobs.append((fn, args))
-        sizes.append(found)
+
+    def build() -> tuple[list[tuple[Any, tuple[Any, ...]]], dict[str, Any]]:
+        jobs, sizes = [], []
+        for n, batch, minis, unroll in settings:
+            fn, args, found = _prepare_step(
+                env, factory, config, n, batch, minis, unroll,
+                single_device_jit=target is not None,
+            )  # fmt: skip
+            jobs.append((fn, args))
+            sizes.append(found)
+        return jobs, {"sizes": sizes}
+
     try:
-        memories = _compile_all(jobs, target)
+        if target is None:
+            jobs, extra = build()
+            memories = _compile_all(jobs, target)
+        else:
+            steps, extra = _exports.shared_exports(build, share)
+            memories = _compile_exported_all(steps, target)
     except (TypeError, ValueError, jax.errors.JAXTypeError) as exc:
         raise EstimateError(
             f"could not compile Brax's training step for {env_id}: {exc}",
             hint="plan with the measurements recorded in the workload (--measure recorded)",
         ) from exc
+    sizes = [{k: int(v) for k, v in found.items()} for found in extra["sizes"]]
     return [
         {
             "peak_bytes": argument + output - alias + temp,

@@ -88,11 +88,17 @@ def _per_device(workload: Workload) -> int:
 
 def _brax_measured(workload: Workload, values: Mapping[str, int]) -> list[Term]:
     """Brax PPO from measurements of its real env and compiled training step
-    (:class:`memfit.core.measured.BraxMeasurements`)."""
+    (:class:`memfit.core.measured.BraxMeasurements`), with Brax's training loop (epochs and
+    evaluations) replayed through the BFC allocator model
+    (:meth:`~memfit.core.measured.BraxMeasurements.loop_terms`)."""
     assert workload.measurements is not None
     return [
-        Term(name, (nbytes,), basis="recorded")
-        for name, nbytes in workload.measurements.terms(values, _per_device(workload))
+        # stored in the workload (recorded); the loop's allocator term is XLA's buffers
+        # replayed through its BFC allocator model
+        Term(name, (nbytes,), basis="compiled" if name == "allocator_loop" else "recorded")
+        for name, nbytes in workload.measurements.loop_terms(
+            values, _per_device(workload), preallocate=workload.jax.preallocate
+        )
     ]
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from memfit.errors import BackendUnavailable, ConfigError, EstimateError
+from memfit.estimate.xla._callbacks import HeldByCallbacks
 from memfit.estimate.xla.runtime import (
     DEFAULT_WORKSPACE,
     HOPPER_WORKSPACE,
@@ -132,6 +133,9 @@ class GpuCompile:
             for any GEMM fusion (``xla_gpu_cublas_fallback``), and the fusion's fused operands
             then become buffers of their own; ``None`` when the step has no GEMM fusion or
             the flags rule cuBLAS out.
+        callbacks: What the step's host callbacks hold on the device (their operands and
+            results), compiled without them; ``None`` when it had none.
+        route: How the step was exported (:attr:`ExportedStep.route`).
     """
 
     argument_bytes: int
@@ -148,6 +152,8 @@ class GpuCompile:
     devices: int = 1
     collectives: tuple[tuple[str, int], ...] = ()
     cublas_temp_bytes: int | None = None
+    callbacks: HeldByCallbacks | None = None
+    route: str = "export"
 
     @property
     def device_temp_bytes(self) -> int:
@@ -168,12 +174,19 @@ class ExportedStep:
             ``()`` for a step on one device.
         specs: For each flat argument, its ``PartitionSpec`` entries (``None``, an axis
             name, or a list of axis names per dimension); ``()`` for one device.
+        held: What the step's host callbacks hold on the device, when they were replaced
+            for the export (``route="callbacks"``), else ``None``.
+        route: How it was exported: ``"export"`` (``jax.export`` as it is),
+            ``"callbacks"`` (its host callbacks replaced by what they hold) or ``"lowered"``
+            (``jax.export`` refused it; lowered for CUDA directly and wrapped).
     """
 
     serialized: bytes
     donate: tuple[int, ...] = field(default=())
     mesh: tuple[tuple[str, int], ...] = ()
     specs: tuple[tuple[Any, ...] | None, ...] = ()
+    held: HeldByCallbacks | None = None
+    route: str = "export"
 
     @property
     def devices(self) -> int:
@@ -323,13 +336,73 @@ def export_step(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> ExportedSt
         ) from exc
     except (TypeError, ValueError, NotImplementedError, jax.errors.JAXTypeError) as exc:
         # jax.export raises NotImplementedError for a primitive with no CUDA lowering (a
-        # host callback, a CPU-only custom call): the user's step, not an unfinished memfit
-        raise EstimateError(
-            f"JAX could not export the step for CUDA: {exc}",
-            hint="the step must be jit-able at these argument shapes; values that decide "
-            "control flow must be static",
-        ) from exc
+        # CPU-only custom call) and ValueError for a host callback (its lowering asks this
+        # process's CPU backend): the callbacks are taken out first, then the step is lowered
+        # for CUDA directly
+        return _export_fallback(flat, leaves, exc)
     return ExportedStep(serialized=serialized, donate=donate, mesh=mesh, specs=specs)
+
+
+def _export_fallback(
+    flat: Callable[..., Any], leaves: Sequence[Any], first: Exception
+) -> ExportedStep:
+    """The step exported after ``jax.export`` refused it (``first``): with its host callbacks
+    replaced (:mod:`memfit.estimate.xla._callbacks`) when it has any, else lowered for CUDA
+    directly (``jit(...).trace(...).lower(lowering_platforms=("cuda",))``) and wrapped as an
+    export.
+
+    Raises:
+        EstimateError: When neither route gives a CUDA export (the caller may compile on its
+            own backend instead).
+    """
+    import jax
+    from jax import export
+
+    from memfit.estimate.xla._callbacks import strip_callbacks
+
+    every_call = [export.DisabledSafetyCheck.custom_call("ALL")]
+    mesh, specs = _mesh_and_specs(leaves)
+    reasons = [f"{type(first).__name__}: {first}"]
+    try:
+        stripped = strip_callbacks(flat, leaves)
+    except Exception as exc:  # JAX's own re-trace failed: the direct lowering is next
+        stripped = None
+        reasons.append(f"replacing its host callbacks failed ({type(exc).__name__}: {exc})")
+    if stripped is not None:
+        run, donate, held = stripped
+        try:
+            exported = export.export(
+                jax.jit(run, donate_argnums=donate), platforms=("cuda",),
+                disabled_checks=every_call,
+            )(*leaves)  # fmt: skip
+            return ExportedStep(
+                serialized=bytes(exported.serialize()), donate=donate, mesh=mesh, specs=specs,
+                held=held, route="callbacks",
+            )  # fmt: skip
+        except Exception as exc:
+            reasons.append(
+                f"with its {held.describe()} replaced it still failed ({type(exc).__name__}: {exc})"
+            )
+    try:
+        from jax._src.export import _export
+
+        traced = jax.jit(flat).trace(*leaves)
+        lowered = traced.lower(lowering_platforms=("cuda",))
+        exported = _export._export_lowered(
+            lowered, traced.jaxpr, "memfit_step", disabled_checks=every_call
+        )
+        donate = _donated(exported.mlir_module(), exported.module_kept_var_idx)
+        return ExportedStep(
+            serialized=bytes(exported.serialize()), donate=donate, mesh=mesh, specs=specs,
+            route="lowered",
+        )  # fmt: skip
+    except Exception as exc:
+        reasons.append(f"lowering it for CUDA directly failed ({type(exc).__name__}: {exc})")
+    raise EstimateError(
+        "JAX could not export the step for CUDA: " + "; ".join(reasons),
+        hint="the step must be jit-able at these argument shapes; values that decide "
+        "control flow must be static",
+    ) from first
 
 
 def _child_env(environ: Mapping[str, str] | None) -> dict[str, str]:
@@ -468,7 +541,7 @@ def compile_exported(
                 "(compiler='cpu') still estimates",
             )
         logs = _split_log(done.stderr, len(jobs))
-        for line, log in zip(lines, logs, strict=True):
+        for step, line, log in zip(steps, lines, logs, strict=True):
             if not line["ok"]:
                 raise EstimateError(
                     f"XLA's GPU compiler rejected the step for {target.name}: {line['error']}",
@@ -504,6 +577,8 @@ def compile_exported(
                         (str(op), int(size)) for op, size in line.get("collectives", [])
                     ),
                     cublas_temp_bytes=_device_workspace(line.get("cublas_temp"), target),
+                    callbacks=step.held,
+                    route=step.route,
                 )
             )
     return results

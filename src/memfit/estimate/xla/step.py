@@ -407,8 +407,12 @@ def _from_gpu_compile(
     env = os.environ if environ is None else environ
     policy = preallocation_from_env(environ)
     argument, output, alias = result.argument_bytes, result.output_bytes, result.alias_bytes
-    temp = result.device_temp_bytes
-    fallback = temp - result.temp_bytes
+    # a host callback is a custom call on the card whose operands and results are device
+    # buffers among XLA's temporaries; the step was compiled without them
+    callbacks = getattr(result, "callbacks", None)
+    held = callbacks.held_bytes if callbacks is not None else 0
+    fallback = result.device_temp_bytes - result.temp_bytes
+    temp = result.device_temp_bytes + held
     buffers = argument + output - alias + temp
     installed = _jaxlib_version()
     rules = rt.autotune_rules(jaxlib or installed, tuple(target.compute_capability), installed)
@@ -430,8 +434,12 @@ def _from_gpu_compile(
     context = cuda_context_bytes(spec)
     bfc = "tsl/framework/bfc_allocator.cc"
     terms = [
-        ("XLA buffers (arguments + outputs - donated + temporaries)", buffers - fallback,
+        ("XLA buffers (arguments + outputs - donated + temporaries)", buffers - fallback - held,
          f"XLA:GPU's memory analysis, compiled for {target.compiled_for}"),
+        ("host callbacks' operands and results (device buffers the host reads and writes), "
+         "all counted as alive at once", held,
+         "jax/_src/callback.py (emit_python_callback: a custom call on the device); the "
+         "callbacks' shapes in the step's jaxpr"),
         ("GEMM fusions the autotuner may hand to cuBLAS: fused operands as buffers, workspace",
          fallback,
          "xla/service/gpu/autotuning/gemm_fusion_autotuner.cc (xla_gpu_cublas_fallback: the "
@@ -455,6 +463,14 @@ def _from_gpu_compile(
         "GPU running another jaxlib may fuse and buffer the step differently (published "
         "peaks of jaxlib 0.7.2 runs are compared in docs/benchmarks.md)",
     ]
+    if callbacks is not None:
+        notes.append(
+            f"{callbacks.describe()} in the step: compiled as what they hold on the card, "
+            f"{format_bytes(callbacks.operand_bytes)} of operands and "
+            f"{format_bytes(callbacks.result_bytes)} of results added to XLA's temporaries "
+            "(JAX cannot lower a host callback for CUDA without a GPU backend; the program "
+            "was compiled with them taken out, results as zeros of their shapes)"
+        )
     if result.cublas_temp_bytes is not None:
         notes.append(
             "XLA's autotuner picks Triton or cuBLAS for each GEMM on the device; the larger "
@@ -686,15 +702,60 @@ def estimate_jax(
         return _from_stats(
             stats, backend, compiled_for, gpu, environ, batch_size, notes + pmap_note
         )
-    from memfit.estimate.xla.gpu import compile_exported, export_step
+    from memfit.estimate.xla.gpu import compile_exported
 
-    step = export_step(fn, *args, **kwargs)
+    step = _export_or_fall_back(fn, args, kwargs, compiler, spec.name)
+    if step is None:
+        stats, backend, compiled_for = _compile_here(fn, args, kwargs)
+        notes = [*notes, *pmap_note, _cpu_fallback_note(spec.name)]
+        return _from_stats(stats, backend, compiled_for, gpu, environ, batch_size, notes)
     (result,) = compile_exported(
         [step], target, memory_base_bytes=_memory_base(target, environ), environ=environ
     )
     leaves = _leaf_sizes((args, kwargs))
     est = _from_gpu_compile(result, spec, target, leaves, environ, batch_size, jaxlib)
     return replace(est, notes=(*pmap_note, *est.notes)) if pmap_note else est
+
+
+def _cpu_fallback_note(card: str) -> str:
+    return (
+        f"compiled with this process's XLA backend, not XLA's GPU compiler for {card}: JAX "
+        "could not export the step for CUDA (the warning says why); GPU fusions, layouts and "
+        "rematerialization toward the card's memory are not seen"
+    )
+
+
+def _export_or_fall_back(
+    fn: Callable[..., Any], args: Any, kwargs: Any, compiler: str, card: str
+) -> Any:
+    """The step exported for CUDA (:func:`memfit.estimate.xla.gpu.export_step`: host
+    callbacks replaced by what they hold, else lowered for CUDA directly), or ``None`` with a
+    warning naming why when neither works and ``compiler="auto"`` (the caller then compiles
+    on this process's backend); ``compiler="gpu"`` raises instead."""
+    import warnings
+
+    from memfit.estimate.xla.gpu import export_step
+
+    try:
+        step = export_step(fn, *args, **kwargs)
+    except EstimateError as exc:
+        if compiler == "gpu":
+            raise
+        warnings.warn(
+            f"memfit: the step is compiled with this process's XLA backend, not XLA's GPU "
+            f"compiler for {card}: {exc}",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return None
+    if step.route == "lowered":
+        warnings.warn(
+            "memfit: jax.export refused the step; it was lowered for CUDA directly "
+            "(jit(...).trace(...).lower(lowering_platforms=('cuda',))) and compiled from that",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+    return step
 
 
 def _unpmap(
@@ -787,6 +848,18 @@ def estimate_jax_sweep(
     _check_jaxlib(jaxlib)
     spec, target, _notes = _gpu_target(gpu, compiler)
     points = []
+    exported, leaves, pmap_notes = [], [], []
+    if target is not None:
+        for b in sizes:
+            args = _call_make_args(make_args, b)
+            step, args, kwargs, pmap_note = _unpmap(fn, args, {}, sharded=True)
+            one = _export_or_fall_back(step, args, kwargs, compiler, spec.name)
+            if one is None:  # warned: every size on this process's backend
+                compiler, target = "cpu", None
+                break
+            exported.append(one)
+            leaves.append(_leaf_sizes((args, kwargs)))
+            pmap_notes.append(tuple(pmap_note))
     if target is None:
         for index, b in enumerate(sizes, 1):
             if progress is not None:
@@ -798,15 +871,8 @@ def estimate_jax_sweep(
                 )
             )  # fmt: skip
     else:
-        from memfit.estimate.xla.gpu import compile_exported, export_step
+        from memfit.estimate.xla.gpu import compile_exported
 
-        exported, leaves, pmap_notes = [], [], []
-        for b in sizes:
-            args = _call_make_args(make_args, b)
-            step, args, kwargs, pmap_note = _unpmap(fn, args, {}, sharded=True)
-            exported.append(export_step(step, *args, **kwargs))
-            leaves.append(_leaf_sizes((args, kwargs)))
-            pmap_notes.append(tuple(pmap_note))
         if progress is not None:
             progress(f"compiling {len(sizes)} sizes for {target.compiled_for}")
         results = compile_exported(
