@@ -93,7 +93,7 @@ def test_a_step_that_keeps_memory_is_named() -> None:
         opt.zero_grad(set_to_none=True)
 
     est = memfit.estimate_torch(_build, step, _batch, [64], gpu="V100", kernel_scratch=False)
-    note = next(d for d in est.deviations if "keeps" in d)
+    note = next(d for d in est.deviations if "keeps" in d and "cuBLAS" not in d)
     assert "128.00 KiB" in note
     # The replay runs the leak on: more is reserved than three steps hold.
     three = 3 * round_size(64 * WIDTH * 4)

@@ -183,7 +183,11 @@ print(json.dumps(out))
 def _run_child(request: dict[str, object]) -> dict[str, object]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
-        [str(Path(memfit.__file__).resolve().parents[1]), env.get("PYTHONPATH", "")]
+        [
+            str(Path(memfit.__file__).resolve().parents[1]),
+            str(ROOT / "tests" / "shared"),  # the autotune-cache tool
+            env.get("PYTHONPATH", ""),
+        ]
     )
     done = subprocess.run(
         [sys.executable, "-c", _CHILD, str(ROOT / "bench"), json.dumps(request)],
