@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import mmap
 from pathlib import Path
 
 import pytest
@@ -19,11 +20,15 @@ MiB = 2**20
 def test_a_cpu_run_records_resident_memory_and_finds_the_leak(tmp_path: Path) -> None:
     if live.resident_bytes() is None:
         pytest.skip("this platform gives no resident memory (no /proc, no psutil)")
-    keep: list[bytearray] = []
+    keep: list[mmap.mmap] = []
     path = tmp_path / "run.jsonl"
     with Recorder(path, log=False) as rec:
         for _ in range(24):
-            keep.append(bytearray(4 * MiB))  # zero-filled: resident at once
+            # a fresh anonymous mapping, every page written: resident at once, never memory
+            # the process already held (a freed heap block would not raise the resident size)
+            block = mmap.mmap(-1, 4 * MiB)
+            block.write(b"\x01" * (4 * MiB))
+            keep.append(block)
             rec.step()
     assert rec.source == "host"
     leaks = rec.leaks()
