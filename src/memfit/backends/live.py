@@ -391,19 +391,26 @@ class ProbeReader:
             reset()
 
 
+def _statm_resident() -> int | None:
+    """Resident bytes from ``/proc/self/statm`` (Linux); ``None`` where there is none."""
+    import os
+
+    try:
+        with open("/proc/self/statm", "rb") as handle:
+            fields = handle.read().split()
+        return int(fields[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
 def resident_bytes() -> int | None:
     """This process's resident host memory (RSS) now, or ``None`` where it cannot be read.
 
     Read from ``/proc/self/statm`` (Linux), else from ``psutil`` when it is installed.
     """
-    try:
-        with open("/proc/self/statm", "rb") as handle:
-            fields = handle.read().split()
-        import os
-
-        return int(fields[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError, AttributeError):
-        pass
+    statm = _statm_resident()
+    if statm is not None:
+        return statm
     try:
         import importlib
 

@@ -28,6 +28,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from memfit.errors import EstimateError
+
 __all__ = ["CALLBACK_PRIMITIVES", "HeldByCallbacks", "strip_callbacks"]
 
 #: The primitives whose lowering is a host callback (``emit_python_callback``):
@@ -147,7 +149,8 @@ def _retrace(jaxpr: Any, counter: _Counter) -> Any:
     if closed:
         return ClosedJaxpr(new, new_consts)
     if new_consts:
-        raise NotImplementedError("an open jaxpr gained constants when its callbacks went")
+        # the caller reports it among the export's reasons and lowers the step directly
+        raise EstimateError("an open jaxpr gained constants when its callbacks were replaced")
     return new
 
 
