@@ -427,3 +427,79 @@ def test_distinct_things_have_distinct_names() -> None:
         n: shared[n] for n in set(shared) - set(SAME_NAME)
     }
     assert set(SAME_NAME) - set(shared) == set(), "renamed: take it off SAME_NAME"
+
+
+#: "Memory now" has one record, :class:`memfit.backends.live.Reading`. A class that stores a
+#: free figure beside a total or a held one (allocated, reserved) is another such record; the
+#: ones below are other things, each with its reason (the list is exact).
+MEMORY_RECORD = ("memfit.backends.live", "Reading")
+NOT_MEMORY_NOW: dict[tuple[str, str], str] = {
+    ("memfit.backends.base", "DeviceSnapshot"): "a probe's saved view of a whole device "
+    "(processes, driver, utilisation) that plans load from JSON; ProbeReader reads it",
+    ("memfit.monitor.explanation", "OomInfo"): "the figures an out-of-memory message quoted",
+}
+FREE_FIGURE = re.compile(r"(^|_)free(_bytes)?$")
+OTHER_FIGURE = re.compile(r"(^|_)(total|capacity|allocated|reserved|in_use)(_bytes)?$")
+FIGURE = {"int", "float", "max", "min"}
+
+
+def stored_fields(cls: ast.ClassDef) -> set[str]:
+    """The names a class stores: annotated names in its body (a dataclass, a NamedTuple) and
+    ``self.name = value`` in its ``__init__`` (a value, not an object it builds: a call
+    other than a number's conversion is not a figure)."""
+    names = {
+        s.target.id
+        for s in cls.body
+        if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
+    }
+    for item in cls.body:
+        if isinstance(item, ast.FunctionDef) and item.name == "__init__":
+            for node in ast.walk(item):
+                targets = node.targets if isinstance(node, ast.Assign) else []
+                if isinstance(node, ast.AnnAssign):
+                    targets = [node.target]
+                value = getattr(node, "value", None)
+                if isinstance(value, ast.Call) and getattr(value.func, "id", "") not in FIGURE:
+                    continue
+                for t in targets:
+                    if isinstance(t, ast.Attribute) and getattr(t.value, "id", "") == "self":
+                        names.add(t.attr)
+    return names
+
+
+def memory_now_records(tree: ast.AST) -> list[str]:
+    """Classes that store a free figure beside a total or held one."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            fields = stored_fields(node)
+            if any(map(FREE_FIGURE.search, fields)) and any(map(OTHER_FIGURE.search, fields)):
+                found.append(node.name)
+    return found
+
+
+def test_memory_now_has_one_record() -> None:
+    found = {
+        (m, name)
+        for m, p in modules().items()
+        for name in memory_now_records(ast.parse(p.read_text(encoding="utf-8")))
+    }
+    assert MEMORY_RECORD in found
+    assert found - {MEMORY_RECORD} - set(NOT_MEMORY_NOW) == set(), (
+        "use memfit.backends.live.Reading for memory now"
+    )
+    assert set(NOT_MEMORY_NOW) - found == set(), "gone: take it off NOT_MEMORY_NOW"
+
+
+def test_the_memory_record_finder_sees_what_it_must() -> None:
+    source = (
+        "@dataclass\nclass A:\n    free_bytes: int\n    total_bytes: int\n"
+        "class B(NamedTuple):\n    device_free: int\n    reserved: int\n"
+        "class C:\n    def __init__(self):\n        self.free = 1\n"
+        "        self.allocated = int(a)\n"
+        "class G:\n    def __init__(self):\n        self.free = gauge()\n"
+        "        self.total = gauge()\n"
+        "class D:\n    now: Reading\n    @property\n    def free_bytes(self): ...\n"
+        "class E:\n    frees: int\n    total_bytes: int\n"
+    )
+    assert memory_now_records(ast.parse(source)) == ["A", "B", "C"]

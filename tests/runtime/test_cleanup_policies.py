@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import memfit
+from memfit.backends.live import Reading
 from memfit.errors import ConfigError
 from memfit.runtime import cleanup
 from memfit.runtime.cleanup import PressureReading
@@ -101,6 +102,40 @@ def test_on_pressure_cleans_only_past_a_threshold() -> None:
     assert policy.events[0].data["free_bytes"] == 5
 
 
+def test_on_pressure_weighs_the_one_reading_of_memory_now() -> None:
+    """The policy reads :class:`memfit.backends.live.Reading`: on a device the driver's free
+    memory (the allocator's cache counts as used), under a budget what the budget leaves."""
+    device = Reading(
+        "torch.cuda",
+        allocated_bytes=30,
+        reserved_bytes=40,
+        device_used_bytes=95,
+        total_bytes=100,
+        free_bytes=15,  # the process could still get 5 free + 10 cached
+    )
+    assert cleanup.pressure_figures(device) == {
+        "free_bytes": 5,
+        "total_bytes": 100,
+        "reserved_bytes": 40,
+        "allocated_bytes": 30,
+    }
+    budget = Reading(
+        "simulated", allocated_bytes=60, total_bytes=1000, budget_bytes=100, free_bytes=40
+    )
+    figures = cleanup.pressure_figures(budget)
+    assert figures["total_bytes"] == 100 and figures["free_bytes"] == 40
+    assert figures["reserved_bytes"] == 60  # no allocator read: what is held
+    policy = cleanup.on_pressure(0.1, 0.3, read=lambda: device)
+    assert policy() is True  # 5% free
+    data = policy.events[0].data
+    assert {k: data[k] for k in cleanup.pressure_figures(device)} == cleanup.pressure_figures(
+        device
+    )
+    assert PressureReading(100, 5, 90, 88) == Reading(
+        "given", total_bytes=100, free_bytes=5, reserved_bytes=90, allocated_bytes=88
+    )
+
+
 def test_on_pressure_reads_the_simulated_gpu() -> None:
     policy = cleanup.on_pressure(min_free=0.5)
     with simulate_gpu("64KiB"):
@@ -108,7 +143,7 @@ def test_on_pressure_reads_the_simulated_gpu() -> None:
         big = torch.zeros(12000)  # 48000 bytes: free drops under half
         assert policy() is True
         del big
-    assert cleanup.read_pressure() == PressureReading(None, None, None, None)
+    assert cleanup.read_pressure() == Reading("none")
     with pytest.raises(ConfigError, match="fraction"):
         cleanup.on_pressure(min_free=2.0)
 

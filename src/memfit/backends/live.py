@@ -86,6 +86,12 @@ class Reading:
     free_bytes: int | None = None
     resident_bytes: int | None = None
 
+    @property
+    def capacity_bytes(self) -> int | None:
+        """The most this process may hold: the budget where one is set, else the device's
+        total; ``None`` when neither is known."""
+        return self.budget_bytes if self.budget_bytes is not None else self.total_bytes
+
     def to_dict(self) -> dict[str, Any]:
         """The figures as a plain dict (the Recorder's sample fields)."""
         return plain_fields(self)

@@ -29,6 +29,7 @@ from typing import Any
 
 from memfit._checks import require, require_mapping, require_str_list
 from memfit.allocator.xla_fraction import DEFAULT_MARGIN, FRACTION_VARIABLES
+from memfit.backends.live import Reading
 from memfit.core.plan import Plan
 from memfit.core.plan import plan_for_gpu as core_plan
 from memfit.core.workload import JaxSettings, Workload, load_workload, require_workload
@@ -42,24 +43,39 @@ __all__ = ["AutoConfig", "DeviceReading", "autoconfig", "read_device"]
 
 @dataclass(frozen=True)
 class DeviceReading:
-    """What one device has, read now.
+    """What :func:`autoconfig` plans against: one device's memory now, held as the one
+    record of memory now (:class:`memfit.backends.live.Reading`), and what the plan must
+    know of it.
 
     Attributes:
-        name: The device's name.
-        total_bytes: Its total memory (for JAX: its pool, ``bytes_limit``).
-        free_bytes: What is free now.
-        source: Who said so: ``"simulated"``, ``"probe"``, ``"torch"``, ``"jax"``, ``"nvml"``.
+        now: The figures (its ``device`` is the device's name).
+        source: Who said so: ``"simulated"``, ``"probe"``, ``"torch"``, ``"jax"``, ``"nvml"``
+            (``"rank"`` for another rank's reading).
         context_counted: Whether this process's CUDA context is already in the used memory
             (the framework has started, or the device is simulated and has none).
         pool: For JAX: the reading is inside XLA's preallocated pool.
     """
 
-    name: str
-    total_bytes: int
-    free_bytes: int
+    now: Reading
     source: str
     context_counted: bool
     pool: bool = False
+
+    @property
+    def name(self) -> str:
+        """The device's name."""
+        return self.now.device or self.source
+
+    @property
+    def total_bytes(self) -> int:
+        """Its total memory: the budget where one is set (a simulated GPU's; for JAX: its
+        pool, ``bytes_limit``), else the device's."""
+        return self.now.capacity_bytes or 0
+
+    @property
+    def free_bytes(self) -> int:
+        """What is free now."""
+        return self.now.free_bytes or 0
 
 
 @dataclass(frozen=True)
@@ -120,7 +136,14 @@ def _from_snapshot(probe: Any, device: int, source: str) -> DeviceReading:
     used = dev.device_used_bytes if dev.device_used_bytes is not None else 0
     free = dev.free_bytes if dev.free_bytes is not None else total - used
     started = _torch_cuda_started() or _jax_gpu_started()
-    return DeviceReading(dev.name, total, free, source, started or source == "probe")
+    now = Reading(
+        source,
+        device=dev.name,
+        device_used_bytes=dev.device_used_bytes,
+        total_bytes=total,
+        free_bytes=free,
+    )
+    return DeviceReading(now, source, started or source == "probe")
 
 
 def _torch_cuda_started() -> bool:
@@ -155,13 +178,14 @@ def read_device(device: int = 0, *, probe: Any | None = None) -> DeviceReading:
         now = live.SimulatedReader().read()
         budget = now.budget_bytes if now.budget_bytes is not None else int(sim.budget_bytes)
         free = now.free_bytes if now.free_bytes is not None else budget
-        return DeviceReading(sim.device.name, budget, free, "simulated", True)
+        now = replace(now, device=sim.device.name, budget_bytes=budget, free_bytes=free)
+        return DeviceReading(now, "simulated", True)
     torch = live.torch_cuda()
     if torch is not None:
         now = live.TorchCudaReader(torch, device).read()
         name = str(torch.cuda.get_device_name(device))
         # What this process can still get: the driver's free memory and its own cache.
-        return DeviceReading(name, now.total_bytes or 0, now.free_bytes or 0, "torch", True)
+        return DeviceReading(replace(now, device=name), "torch", True)
     if _jax_gpu_started():
         jax = sys.modules["jax"]
         dev = jax.devices()[device]
@@ -169,7 +193,7 @@ def read_device(device: int = 0, *, probe: Any | None = None) -> DeviceReading:
         if now.budget_bytes:
             name = str(getattr(dev, "device_kind", "JAX GPU"))
             free = now.free_bytes if now.free_bytes is not None else now.budget_bytes
-            return DeviceReading(name, now.budget_bytes, free, "jax", True, pool=True)
+            return DeviceReading(replace(now, device=name, free_bytes=free), "jax", True, pool=True)
     from memfit.backends import local_probe
 
     nvml, reasons = local_probe(try_torch=False)
@@ -377,9 +401,16 @@ def _rank_readings(reading: DeviceReading, dist: Any) -> list[DeviceReading]:
         int(reading.pool),
     ]
     return [
-        DeviceReading(f"rank {r}", total, free, "rank", bool(counted), bool(pool))
+        DeviceReading(_rank_figures(r, total, free, bool(pool)), "rank", bool(counted), bool(pool))
         for r, (total, free, counted, pool) in enumerate(dist.gather_ints(own))
     ]
+
+
+def _rank_figures(rank: int, total: int, free: int, pool: bool) -> Reading:
+    """Another rank's figures as they came through the all-reduce (a pool is a budget)."""
+    if pool:
+        return Reading("rank", device=f"rank {rank}", budget_bytes=total, free_bytes=free)
+    return Reading("rank", device=f"rank {rank}", total_bytes=total, free_bytes=free)
 
 
 def _agree(

@@ -34,6 +34,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from memfit._checks import check_int_size, require, require_count
 from memfit._plain import plain_fields
+from memfit.backends.live import Reading, active_reader
 from memfit.errors import ConfigError
 from memfit.runtime.events import EventSink, MemoryEvent, emit
 from memfit.units import parse_fraction
@@ -48,6 +49,7 @@ __all__ = [
     "every",
     "full_reset",
     "on_pressure",
+    "pressure_figures",
     "read_pressure",
 ]
 
@@ -243,68 +245,65 @@ def every(
     return Every(n, empty_cache=empty_cache, gc_collect=gc_collect, reset=reset, on_event=on_event)
 
 
-@dataclass(frozen=True)
-class PressureReading:
-    """Memory now, as :class:`OnPressure` sees it (bytes; ``None`` where unknown).
+def PressureReading(
+    total_bytes: int | None,
+    free_bytes: int | None,
+    reserved_bytes: int | None,
+    allocated_bytes: int | None,
+) -> Reading:
+    """Figures given by hand, for :func:`on_pressure`'s ``read`` (bytes; ``None`` where
+    unknown): the one record of memory now, :class:`memfit.backends.live.Reading`, with
+    ``source="given"``.
 
-    Attributes:
-        total_bytes: What the device (or the simulated budget) offers.
-        free_bytes: What is still free.
-        reserved_bytes: Held by the caching allocator.
-        allocated_bytes: Held by live tensors.
+    >>> PressureReading(100, 5, 90, 88).free_bytes
+    5
     """
-
-    total_bytes: int | None
-    free_bytes: int | None
-    reserved_bytes: int | None
-    allocated_bytes: int | None
-
-    @property
-    def free_fraction(self) -> float | None:
-        """``free / total``, or ``None``."""
-        if self.total_bytes is None or self.free_bytes is None or self.total_bytes == 0:
-            return None
-        return self.free_bytes / self.total_bytes
-
-    @property
-    def fragmentation(self) -> float | None:
-        """Reserved but unallocated, as a fraction of reserved; ``None`` when unknown."""
-        if self.reserved_bytes is None or self.allocated_bytes is None:
-            return None
-        if self.reserved_bytes == 0:
-            return 0.0
-        return (self.reserved_bytes - self.allocated_bytes) / self.reserved_bytes
+    return Reading(
+        "given",
+        total_bytes=total_bytes,
+        free_bytes=free_bytes,
+        reserved_bytes=reserved_bytes,
+        allocated_bytes=allocated_bytes,
+    )
 
 
-def read_pressure() -> PressureReading:
+def pressure_figures(reading: Reading) -> dict[str, int | None]:
+    """What :class:`OnPressure` weighs in a reading (bytes; ``None`` where unknown).
+
+    ``total_bytes`` is what the process may hold (the budget where one is set, else the
+    device's total). ``free_bytes`` is what is still free: under a budget, the budget less
+    what the process holds; on a device whose used memory is known, the driver's free memory
+    (the allocator's cache counted as used: that is what a cleanup gives back); else the
+    reading's own ``free_bytes``. ``reserved_bytes`` is what the caching allocator holds
+    (what is allocated, where no allocator is read).
+    """
+    total = reading.capacity_bytes
+    free = reading.free_bytes
+    if reading.budget_bytes is None and reading.device_used_bytes is not None:
+        free = total - reading.device_used_bytes if total is not None else None
+    reserved = reading.reserved_bytes
+    return {
+        "free_bytes": free,
+        "total_bytes": total,
+        "reserved_bytes": reserved if reserved is not None else reading.allocated_bytes,
+        "allocated_bytes": reading.allocated_bytes,
+    }
+
+
+def _fraction(part: int | None, whole: int | None) -> float | None:
+    return part / whole if part is not None and whole else None
+
+
+def read_pressure() -> Reading:
     """Memory of the innermost :func:`memfit.simulate_gpu`, else of the current CUDA device
-    (through :func:`memfit.backends.live.active_reader`).
-
-    Under a budget (a simulated GPU) the total is the budget and free is what it leaves; on
-    a device, free is what the driver has free (the allocator's cache not counted: that is
-    what a cleanup gives back).
+    (through :func:`memfit.backends.live.active_reader`); :func:`pressure_figures` says
+    what the policy weighs in it.
 
     Returns:
-        The reading; every field ``None`` when there is neither.
+        The reading; with no figure (``Reading("none")``) when there is neither.
     """
-    from memfit.backends.live import active_reader
-
     now = active_reader().read()
-    if now.source == "simulated":
-        return PressureReading(
-            now.budget_bytes,
-            now.free_bytes,
-            now.reserved_bytes if now.reserved_bytes is not None else now.allocated_bytes,
-            now.allocated_bytes,
-        )
-    if now.source != "torch.cuda":
-        return PressureReading(None, None, None, None)
-    free = (
-        now.total_bytes - now.device_used_bytes
-        if now.total_bytes is not None and now.device_used_bytes is not None
-        else None
-    )
-    return PressureReading(now.total_bytes, free, now.reserved_bytes, now.allocated_bytes)
+    return now if now.source in ("simulated", "torch.cuda") else Reading("none")
 
 
 class OnPressure(_PerStep):
@@ -317,7 +316,7 @@ class OnPressure(_PerStep):
         max_fragmentation: float,
         gc_collect: bool,
         on_event: EventSink | None,
-        read: Callable[[], PressureReading],
+        read: Callable[[], Reading],
     ) -> None:
         super().__init__(
             "cleanup.on_pressure", empty_cache=True, gc_collect=gc_collect, on_event=on_event
@@ -328,22 +327,20 @@ class OnPressure(_PerStep):
 
     def _due(self) -> tuple[str, dict[str, Any]] | None:
         """Read memory; due when free memory or fragmentation crosses its threshold."""
-        reading = self.read()
+        figures = pressure_figures(self.read())
         reasons: list[str] = []
-        free = reading.free_fraction
-        frag = reading.fragmentation
+        free = _fraction(figures["free_bytes"], figures["total_bytes"])
+        reserved, allocated = figures["reserved_bytes"], figures["allocated_bytes"]
+        frag = None
+        if reserved is not None and allocated is not None:
+            frag = (reserved - allocated) / reserved if reserved else 0.0
         if free is not None and free < self.min_free:
             reasons.append(f"free {free:.1%} < {self.min_free:.1%}")
         if frag is not None and frag > self.max_fragmentation:
             reasons.append(f"fragmentation {frag:.1%} > {self.max_fragmentation:.1%}")
         if not reasons:
             return None
-        return "memory pressure: " + ", ".join(reasons), {
-            "free_bytes": reading.free_bytes,
-            "total_bytes": reading.total_bytes,
-            "reserved_bytes": reading.reserved_bytes,
-            "allocated_bytes": reading.allocated_bytes,
-        }
+        return "memory pressure: " + ", ".join(reasons), figures
 
 
 def on_pressure(
@@ -352,7 +349,7 @@ def on_pressure(
     *,
     gc_collect: bool = False,
     on_event: EventSink | None = None,
-    read: Callable[[], PressureReading] | None = None,
+    read: Callable[[], Reading] | None = None,
 ) -> OnPressure:
     """The default policy: ``empty_cache`` only when memory is short or fragmented.
 
@@ -363,7 +360,8 @@ def on_pressure(
             fraction of reserved memory.
         gc_collect: Also run ``gc.collect()`` when cleaning.
         on_event: Called with each cleanup's event.
-        read: Where the figures come from (default :func:`read_pressure`).
+        read: Where the figures come from: a function returning a
+            :class:`memfit.backends.live.Reading` (default :func:`read_pressure`).
 
     Returns:
         The policy: call it once per step; its ``stats`` say what it did and cost.
