@@ -406,13 +406,6 @@ def test_no_source_module_serves_only_bench_or_tests() -> None:
 #: only shrinks).
 SAME_NAME: dict[str, str] = {
     "TrainGuard": "memfit.jax.TrainGuard is the JAX guard under the torch guard's name, by design",
-    "StepFit": "core.measured (a fit's plain data) and runtime.fit_step (its result): to rename",
-    "Limit": "allocator.replay (a trace's memory limit) and core.space (a search limit): to rename",
-    "Trace": "allocator.snapshot_records and estimate.torch._tracer (private there): to rename",
-    "Rule": "core._workload_schema (a user rule) and estimate.torch._cuda_probe: to rename",
-    "Request": "estimate.torch.trace (an allocation) and integrations.ray (a trial's): to rename",
-    "Fragmentation": "monitor.explanation (public) and monitor._leaks (private): to rename",
-    "Leak": "memfit.Leak (monitor._leaks) and monitor.explanation.Leak: to rename",
 }
 
 

@@ -12,7 +12,7 @@ from torch import nn
 
 from memfit.errors import BackendUnavailable, ConfigError, InfeasiblePlan
 from memfit.estimate import JaxStep, TorchStep
-from memfit.runtime.fit_step import DEFAULT_HIGH, StepFit, fit_step
+from memfit.runtime.fit_step import DEFAULT_HIGH, FitStepResult, fit_step
 
 BUILT: list[tuple[nn.Module, torch.optim.Optimizer]] = []
 
@@ -41,7 +41,7 @@ TORCH_STEP = TorchStep(build=build, step=step, make_batch=make_batch, batch_knob
 def test_fit_step_finds_a_batch_and_restores_the_state() -> None:
     BUILT.clear()
     found = fit_step(TORCH_STEP, device="cpu", budget="2MiB", high=8192, prior=False, steps=2)
-    assert isinstance(found, StepFit)
+    assert isinstance(found, FitStepResult)
     result = found.result
     assert found.knob == "batch_size" and result.device == "simulated"
     assert result.peak_bytes is not None and result.peak_bytes <= 0.95 * 2 * 2**20

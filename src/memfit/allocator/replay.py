@@ -31,7 +31,7 @@ from memfit.errors import ConfigError, OutOfMemory
 
 __all__ = [
     "Curve",
-    "Limit",
+    "ImpliedLimit",
     "ModelState",
     "StartSegment",
     "StartState",
@@ -227,7 +227,7 @@ def _free_runs(trace: Sequence[TraceEvent]) -> list[tuple[int, int]]:
     return out
 
 
-def _classify(dev: SnapshotDevice, start: StartState | None) -> tuple[list[int], Limit]:
+def _classify(dev: SnapshotDevice, start: StartState | None) -> tuple[list[int], ImpliedLimit]:
     """The ``empty_cache()`` calls of the trace and the limit it implies.
 
     Every ``segment_alloc`` fitted under the limit, so the limit is at least the largest
@@ -261,7 +261,7 @@ def _classify(dev: SnapshotDevice, start: StartState | None) -> tuple[list[int],
             # The request failed after the cached segments were given back.
             need = before(i) + _segment_for(event.size)
             high = need if high is None else min(high, need)
-    return calls, Limit(low=low, high=high)
+    return calls, ImpliedLimit(low=low, high=high)
 
 
 def empty_cache_points(dev: SnapshotDevice, start: StartState | None = None) -> list[int]:
@@ -271,7 +271,7 @@ def empty_cache_points(dev: SnapshotDevice, start: StartState | None = None) -> 
 
 
 @dataclass(frozen=True)
-class Limit:
+class ImpliedLimit:
     """What the trace says of the most the allocator could reserve.
 
     Attributes:
@@ -294,7 +294,7 @@ class Limit:
         return None if self.high is None else self.low
 
 
-def implied_limit(dev: SnapshotDevice, start: StartState | None = None) -> Limit:
+def implied_limit(dev: SnapshotDevice, start: StartState | None = None) -> ImpliedLimit:
     """The limit the real allocator met (see :func:`_classify`)."""
     return _classify(dev, start)[1]
 

@@ -27,7 +27,7 @@ from memfit._plain import plain_fields
 from memfit.errors import ConfigError
 from memfit.units import MiB, format_bytes
 
-__all__ = ["Fragmentation", "Leak", "check_fragmentation", "detect_leak", "theil_sen"]
+__all__ = ["Leak", "UnusedReserve", "check_fragmentation", "detect_leak", "theil_sen"]
 
 
 # -- leak detection (pure) ------------------------------------------------------------------
@@ -352,7 +352,7 @@ def detect_leak(
 
 
 @dataclass(frozen=True)
-class Fragmentation:
+class UnusedReserve:
     """The caching allocator holds far more than the tensors ever needed at once.
 
     Attributes:
@@ -389,7 +389,7 @@ def check_fragmentation(
     *,
     min_slack_bytes: int = 512 * MiB,
     min_fraction: float = 0.3,
-) -> Fragmentation | None:
+) -> UnusedReserve | None:
     """Is reserved memory far above what the tensors needed, in this sample?
 
     Between steps, allocated memory is low and reserved memory stays at the step's peak: that
@@ -403,7 +403,7 @@ def check_fragmentation(
         min_fraction: Smallest unused share of the reserve that counts.
 
     Returns:
-        A :class:`Fragmentation`, or ``None`` (also when the sample lacks the figures).
+        A :class:`UnusedReserve`, or ``None`` (also when the sample lacks the figures).
     """
     reserved = sample.get("reserved_bytes")
     in_use = sample.get("peak_allocated_bytes")
@@ -416,7 +416,7 @@ def check_fragmentation(
     if slack < min_slack_bytes or fraction < min_fraction:
         return None
     step = sample.get("step")
-    return Fragmentation(
+    return UnusedReserve(
         step=step if isinstance(step, int) else None,
         reserved_bytes=int(reserved),
         in_use_bytes=int(in_use),

@@ -56,7 +56,7 @@ from memfit.monitor.explanation import (
     Explanation,
     Fragmentation,
     Group,
-    Leak,
+    GrowingSite,
     OomInfo,
     Peak,
     Site,
@@ -68,7 +68,7 @@ __all__ = [
     "Explanation",
     "Fragmentation",
     "Group",
-    "Leak",
+    "GrowingSite",
     "OomInfo",
     "Peak",
     "Site",
@@ -178,7 +178,9 @@ def _grows_like_layers(starts: Sequence[int], allocated: Sequence[int], first: i
     return swing <= 0 or growth > swing / 2
 
 
-def _leaks(dev: SnapshotDevice, start: StartState, starts: Sequence[int]) -> tuple[Leak, ...]:
+def _leaks(
+    dev: SnapshotDevice, start: StartState, starts: Sequence[int]
+) -> tuple[GrowingSite, ...]:
     if len(starts) < 3:
         return ()
     walk = TraceWalk(dev, start)
@@ -208,7 +210,7 @@ def _leaks(dev: SnapshotDevice, start: StartState, starts: Sequence[int]) -> tup
             and all(b > a for a, b in steps[1:])
             and sum(b > a for a, b in steps) >= 2
         ):
-            out.append(Leak(name, growth // (len(values) - 1), tuple(values)))
+            out.append(GrowingSite(name, growth // (len(values) - 1), tuple(values)))
     out.sort(key=lambda leak: (-leak.growth_per_step_bytes, leak.site))
     return tuple(out[:TOP])
 

@@ -147,7 +147,7 @@ class WhatIf:
 
 
 @dataclass(frozen=True)
-class Leak:
+class GrowingSite:
     """A site whose live bytes grow from one repetition of the step to the next."""
 
     site: str
@@ -226,7 +226,7 @@ class Explanation:
     evidence: str
     must_shrink_bytes: int | None
     steps: int
-    leaks: tuple[Leak, ...]
+    leaks: tuple[GrowingSite, ...]
     unknowns: tuple[str, ...]
     notes: tuple[str, ...]
     timeline: tuple[tuple[int, int, int], ...] = field(repr=False, default=())

@@ -50,8 +50,8 @@ from memfit.backends.live import (
 )
 from memfit.errors import ConfigError, MemfitError, OutOfMemory
 from memfit.monitor._leaks import (
-    Fragmentation,
     Leak,
+    UnusedReserve,
     check_fragmentation,
     detect_leak,
     theil_sen,
@@ -65,9 +65,9 @@ from memfit.units import format_bytes, parse_bytes
 
 __all__ = [
     "SAMPLE_FIELDS",
-    "Fragmentation",
     "Leak",
     "Recorder",
+    "UnusedReserve",
     "check_fragmentation",
     "detect_leak",
     "theil_sen",
@@ -921,7 +921,7 @@ class Recorder:
             return "cannot tell"
         return "leak" if self.leaks() else "no leak"
 
-    def fragmentation(self) -> Fragmentation | None:
+    def fragmentation(self) -> UnusedReserve | None:
         """Fragmentation seen in the latest step sample, or ``None``."""
         with self._lock:
             last = self._samples[-1] if self._samples else None

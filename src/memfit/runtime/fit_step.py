@@ -43,14 +43,14 @@ if TYPE_CHECKING:
     from memfit.estimate import TorchStep
     from memfit.estimate.torch.trace import TorchEstimate
 
-__all__ = ["DEFAULT_HIGH", "StepFit", "fit_step"]
+__all__ = ["DEFAULT_HIGH", "FitStepResult", "fit_step"]
 
 #: Largest value searched when the caller gives no ``high``.
 DEFAULT_HIGH = 65536
 
 
 @dataclass(frozen=True)
-class StepFit:
+class FitStepResult:
     """What :func:`fit_step` found.
 
     Attributes:
@@ -233,7 +233,7 @@ def fit_step(
     prior: bool = True,
     runtime: Mapping[str, str] | str | None = None,
     progress: Callable[[str], None] | None = None,
-) -> StepFit:
+) -> FitStepResult:
     """Find the largest batch of a PyTorch step that fits, confirmed on the device.
 
     Args:
@@ -258,7 +258,7 @@ def fit_step(
             line's updater); ``None``: silent.
 
     Returns:
-        The :class:`StepFit`; the model's and the optimizer's state are as before.
+        The :class:`FitStepResult`; the model's and the optimizer's state are as before.
 
     Raises:
         ConfigError: When the device, the budget, a bound or ``steps`` is invalid, no value
@@ -312,7 +312,7 @@ def fit_step(
         prior=estimate,
         progress=progress,
     )
-    return StepFit(result=result, knob=knob, prior=estimate, steps_per_probe=steps)
+    return FitStepResult(result=result, knob=knob, prior=estimate, steps_per_probe=steps)
 
 
 def _probe(

@@ -167,7 +167,7 @@ class CudaKernels:
         self._thread: int | None = None
         self._lib: Any = None
         self.emulate = emulate
-        self.trace: Any = None  # the trace this object serves (memfit.estimate.torch._tracer.Trace)
+        self.trace: Any = None  # the trace this object serves (_tracer.TracedRun)
         # the composites CUDA decomposes, and those it runs whole (its own kernel)
         whole = cuda_kernel_composites(composite_op_names()) if emulate else ()
         self._whole = {d.name: d for d in whole}

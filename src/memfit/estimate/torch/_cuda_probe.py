@@ -14,8 +14,8 @@ each one reaches are compared. Where they are the same (almost always) the call 
 it is. Where CUDA's decomposition is a single operator whose result is the call's result (or
 one of its outputs), the rule is to call that operator on the traced tensors: its fake
 kernel gives CUDA's shapes, and its derivative formula saves what CUDA's backward keeps.
-Any other difference is reported (:attr:`Rule.kind` ``"differs"``) and traced the CPU's
-way. No list of operators is copied here: a torch that changes a decomposition changes the
+Any other difference is reported (:attr:`CudaDecomposition.kind` ``"differs"``) and traced
+the CPU's way. No list of operators is copied here: a torch that changes a decomposition changes the
 rule. Rules are cached per operator and argument pattern for the process.
 
 What a torch built without CUDA cannot show: branches on libraries only CUDA builds link
@@ -39,7 +39,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from memfit.estimate.torch._autocast import METADATA_QUERIES
 
 __all__ = [
-    "Rule",
+    "CudaDecomposition",
     "apply_rule",
     "composite_op_names",
     "decompose",
@@ -53,8 +53,8 @@ __all__ = [
 
 _NAMES: tuple[str, ...] | None = None
 _PROBING = threading.local()
-# Rules read in this process: (operator, grad mode, argument pattern) -> Rule.
-_RULES: dict[tuple[Any, ...], Rule] = {}
+# Rules read in this process: (operator, grad mode, argument pattern) -> CudaDecomposition.
+_RULES: dict[tuple[Any, ...], CudaDecomposition] = {}
 _LOCK = threading.Lock()
 _QUERIES = METADATA_QUERIES | {"detach"}
 
@@ -85,7 +85,7 @@ def decompose(op: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 @dataclass(frozen=True)
-class Rule:
+class CudaDecomposition:
     """What a CUDA target does with one composite call pattern.
 
     Attributes:
@@ -299,30 +299,30 @@ def fill(value: Any, leaves: list[Any]) -> Any:
     return value
 
 
-def read_rule(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Rule:
+def read_rule(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CudaDecomposition:
     """Compare ``op``'s decomposition on fake CUDA and fake CPU tensors (see the module
     docstring) and return the rule for this call's pattern."""
     leaves, spec = tree_flatten((args, kwargs))
     try:
         cpu = _observe(op, leaves, spec, "cpu")
     except Exception:  # fake tensors cannot run it at all (it reads values): no device says
-        return Rule("same")
+        return CudaDecomposition("same")
     try:
         cuda = _observe(op, leaves, spec, "cuda")
     except Exception as exc:  # the CUDA path needs what a CPU build lacks
         if "not linked with support for cuda" in str(exc):
             # a device guard (moving data to the device the call names: ``.to(device)``),
             # not a kernel choice: both devices copy or return alike
-            return Rule("same")
-        return Rule("unread")
+            return CudaDecomposition("same")
+        return CudaDecomposition("unread")
     cuda_ops = tuple(name for name, _ in cuda.seen)
     cpu_ops = tuple(name for name, _ in cpu.seen)
     if cuda.seen == cpu.seen:
-        return Rule("same")
+        return CudaDecomposition("same")
     if torch.is_grad_enabled() and _observe(op, leaves, spec, "cpu", grad=False).seen == cuda.seen:
         # the CPU without gradient decomposes as CUDA did (which the probe runs without):
         # the difference is the gradient's (matmul folds differently), not the device's
-        return Rule("same")
+        return CudaDecomposition("same")
     if len(cuda.calls) == 1:
         func, call_args, call_kwargs, out = cuda.calls[0]
         result = cuda.result  # type: ignore[attr-defined]
@@ -331,7 +331,7 @@ def read_rule(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Rule:
             outs = out if isinstance(out, (tuple, list)) else (out,)
             index = next((i for i, o in enumerate(outs) if o is result), None)
             if index is None:
-                return Rule("differs", cuda_ops=cuda_ops, cpu_ops=cpu_ops)
+                return CudaDecomposition("differs", cuda_ops=cuda_ops, cpu_ops=cpu_ops)
         shadows = cuda.shadows  # type: ignore[attr-defined]
         ids = {id(v): i for i, v in enumerate(shadows) if isinstance(v, torch.Tensor)}
         try:
@@ -340,12 +340,12 @@ def read_rule(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Rule:
                 {k: _template(v, ids, shadows) for k, v in call_kwargs.items()},
             )
         except LookupError:
-            return Rule("differs", cuda_ops=cuda_ops, cpu_ops=cpu_ops)
-        return Rule("direct", func, template, index, cuda_ops, cpu_ops)
-    return Rule("differs", cuda_ops=cuda_ops, cpu_ops=cpu_ops)
+            return CudaDecomposition("differs", cuda_ops=cuda_ops, cpu_ops=cpu_ops)
+        return CudaDecomposition("direct", func, template, index, cuda_ops, cpu_ops)
+    return CudaDecomposition("differs", cuda_ops=cuda_ops, cpu_ops=cpu_ops)
 
 
-def rule_for(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Rule:
+def rule_for(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CudaDecomposition:
     """The rule for this call's pattern, read once per process."""
     leaves = tree_flatten((args, kwargs))[0]
     key = (str(op), torch.is_grad_enabled(), tuple(pattern(v) for v in leaves))
@@ -356,7 +356,9 @@ def rule_for(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Rule:
     return rule
 
 
-def apply_rule(op: Any, rule: Rule, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def apply_rule(
+    op: Any, rule: CudaDecomposition, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
     """Run the call as the rule says: CUDA's one operator (``"direct"``), else the
     composite's own decomposition. Returns ``(result, full output of the operator run)``."""
     if rule.kind != "direct":

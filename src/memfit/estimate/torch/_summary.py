@@ -1,6 +1,6 @@
 """The traced allocation sequence replayed through the allocator model: one estimate point.
 
-:func:`summarise` replays a :class:`memfit.estimate.torch._tracer.Trace` through
+:func:`summarise` replays a :class:`memfit.estimate.torch._tracer.TracedRun` through
 :class:`memfit.allocator.model.AllocatorModel` to get what ``torch.cuda.max_memory_allocated``
 and ``max_memory_reserved`` would read, and puts each storage in one category
 (:data:`CATEGORIES`) at the allocated peak. When the last traced step repeats the one before
@@ -18,7 +18,7 @@ from memfit._plain import plain_fields
 from memfit.allocator.model import AllocatorModel, round_size
 from memfit.estimate.torch._steady import STEADY_REPEATS, Program, run_steady
 from memfit.estimate.torch._steady import steady_program as _steady_program
-from memfit.estimate.torch._tracer import Trace
+from memfit.estimate.torch._tracer import TracedRun
 
 __all__ = [
     "CATEGORIES",
@@ -95,14 +95,14 @@ class EstimatePoint:
         )
 
 
-def steady_program(trace: Trace) -> Program | None:
+def steady_program(trace: TracedRun) -> Program | None:
     """The last step as a program, if it repeats the step before it
     (:func:`memfit.estimate.torch._steady.steady_program`: three steps suffice)."""
     return _steady_program(trace.events, trace.step_starts, trace.done_index)
 
 
 def summarise(
-    trace: Trace,
+    trace: TracedRun,
     batch_size: int,
     allocator: Callable[[], AllocatorModel],
     context_bytes: int | None,
@@ -174,7 +174,7 @@ def summarise(
     )
 
 
-def gpu_events(trace: Trace) -> list[tuple[bool, int, int]]:
+def gpu_events(trace: TracedRun) -> list[tuple[bool, int, int]]:
     """The trace's CUDA-side events as ``(is_alloc, record index, bytes)``."""
     index = {id(r): i for i, r in enumerate(trace.records)}
     return [

@@ -44,7 +44,7 @@ from memfit.estimate.torch._fake_compat import (
 )
 from memfit.estimate.torch._refusal import refusal
 
-__all__ = ["Storage", "Trace", "run_trace"]
+__all__ = ["Storage", "TracedRun", "run_trace"]
 
 
 @dataclass(eq=False)
@@ -63,7 +63,7 @@ class Storage:
 
 
 @dataclass
-class Trace:
+class TracedRun:
     """The allocation sequence of one traced run."""
 
     device_type: str
@@ -194,7 +194,7 @@ class Trace:
 class _TrackerMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Records the storage of every op output on the traced device."""
 
-    def __init__(self, trace: Trace, functions: TraceFunctionMode) -> None:
+    def __init__(self, trace: TracedRun, functions: TraceFunctionMode) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.trace = trace
         self.functions = functions
@@ -248,7 +248,7 @@ def _qualified_name(root: torch.nn.Module, name: str, mod: torch.nn.Module) -> s
 
 
 @contextmanager
-def _hooks(trace: Trace) -> Iterator[None]:
+def _hooks(trace: TracedRun) -> Iterator[None]:
     """Global module and optimizer hooks that tell the trace where it is."""
     from torch.nn.modules import module as module_mod
     from torch.optim import optimizer as optimizer_mod
@@ -313,7 +313,7 @@ def _no_distribution_validation() -> Iterator[None]:
         Distribution.set_default_validate_args(previous)
 
 
-def _phase_name(trace: Trace, steps: int) -> str:
+def _phase_name(trace: TracedRun, steps: int) -> str:
     if trace.phase == "build":
         return "build()"
     if trace.phase == "batch":
@@ -334,7 +334,7 @@ def run_trace(
     kernel_scratch: Any = None,
     cuda: Any = None,
     cuda_target: bool = False,
-) -> Trace:
+) -> TracedRun:
     """Build and run ``steps`` steps under fake tensors; return the allocation sequence.
 
     Args:
@@ -354,7 +354,7 @@ def run_trace(
 
     from memfit.estimate.torch._cuda_defaults import CudaDeviceDefaults
 
-    trace = Trace(device_type=torch.device(device).type, kernel_scratch=kernel_scratch)
+    trace = TracedRun(device_type=torch.device(device).type, kernel_scratch=kernel_scratch)
     functions = TraceFunctionMode(
         retarget_cuda=trace.device_type == "cpu", on_stand_in=trace.stand_in
     )
@@ -440,5 +440,5 @@ def run_trace(
     return trace
 
 
-def _tag_grad(trace: Trace, param: torch.Tensor) -> None:
+def _tag_grad(trace: TracedRun, param: torch.Tensor) -> None:
     trace.retag(param.grad, "gradients")

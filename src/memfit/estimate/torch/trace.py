@@ -57,9 +57,9 @@ from memfit.units import format_bytes
 __all__ = [
     "CATEGORIES",
     "AffineFit",
+    "AllocationRequest",
     "EstimatePoint",
     "KernelUse",
-    "Request",
     "TorchEstimate",
     "estimate_torch",
     "fit_affine",
@@ -242,7 +242,7 @@ class TorchEstimate:
 
 
 @dataclass(frozen=True)
-class Request:
+class AllocationRequest:
     """One allocation of a traced run, as the GPU truth corpus's traces list them.
 
     Attributes:
@@ -269,7 +269,7 @@ def trace_requests(
     gpu: str | None = None,
     steps: int = 2,
     kernel_scratch: bool = True,
-) -> list[Request]:
+) -> list[AllocationRequest]:
     """The allocation requests of one traced run (build and ``steps`` steps), in order.
 
     What :func:`estimate_torch` replays, for a diff against a real run's allocator trace
@@ -299,7 +299,7 @@ def trace_requests(
     if recorder is not None:
         recorder.measure()
     return [
-        Request(
+        AllocationRequest(
             r.nbytes,
             r.op,
             r.target,
