@@ -17,7 +17,8 @@ backward) are not seen; CPU backward passes run on the calling thread and are se
 
 On a CUDA machine ``device="cuda"`` (or ``"cuda:N"``) caps PyTorch's caching allocator with
 ``torch.cuda.set_per_process_memory_fraction(budget / total)`` and restores the previous
-fraction on exit; the figures then come from ``torch.cuda.memory_allocated``. The cap limits
+fraction on exit; the figures then come from the caching allocator's counters, read through
+:func:`memfit.backends.live.allocator_counts` like every other reading. The cap limits
 what the allocator *reserves* from the driver (new segments), not what it hands out of
 segments it already holds: a segment that holds a live tensor cannot be returned by
 ``empty_cache()``, and its free part would be used beyond the budget without a word. So the
