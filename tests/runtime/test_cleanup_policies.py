@@ -136,6 +136,16 @@ def test_on_pressure_weighs_the_one_reading_of_memory_now() -> None:
     )
 
 
+def test_a_reading_that_is_not_one_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="free_bytes must be an integer"):
+        PressureReading(100, "5", 90, 88)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"reading must be a memfit\.backends"):
+        cleanup.pressure_figures({"free_bytes": 5})  # type: ignore[arg-type]
+    policy = cleanup.on_pressure(read=lambda: 0.05)  # type: ignore[arg-type,return-value]
+    with pytest.raises(ConfigError, match=r"read\(\) must be a memfit\.backends"):
+        policy()
+
+
 def test_on_pressure_reads_the_simulated_gpu() -> None:
     policy = cleanup.on_pressure(min_free=0.5)
     with simulate_gpu("64KiB"):

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
-from memfit._checks import check_int_size, require, require_count
+from memfit._checks import check_int_size, require, require_count, require_object
 from memfit._plain import plain_fields
 from memfit.backends.live import Reading, active_reader
 from memfit.errors import ConfigError
@@ -255,9 +255,19 @@ def PressureReading(
     unknown): the one record of memory now, :class:`memfit.backends.live.Reading`, with
     ``source="given"``.
 
+    Raises:
+        ConfigError: When a figure is neither an integer nor ``None``.
+
     >>> PressureReading(100, 5, 90, 88).free_bytes
     5
     """
+    for name, value in (
+        ("total_bytes", total_bytes),
+        ("free_bytes", free_bytes),
+        ("reserved_bytes", reserved_bytes),
+        ("allocated_bytes", allocated_bytes),
+    ):
+        require(name, value, "int", optional=True)
     return Reading(
         "given",
         total_bytes=total_bytes,
@@ -276,7 +286,11 @@ def pressure_figures(reading: Reading) -> dict[str, int | None]:
     (the allocator's cache counted as used: that is what a cleanup gives back); else the
     reading's own ``free_bytes``. ``reserved_bytes`` is what the caching allocator holds
     (what is allocated, where no allocator is read).
+
+    Raises:
+        ConfigError: When ``reading`` is not a :class:`~memfit.backends.live.Reading`.
     """
+    _require_reading("reading", reading)
     total = reading.capacity_bytes
     free = reading.free_bytes
     if reading.budget_bytes is None and reading.device_used_bytes is not None:
@@ -288,6 +302,16 @@ def pressure_figures(reading: Reading) -> dict[str, int | None]:
         "reserved_bytes": reserved if reserved is not None else reading.allocated_bytes,
         "allocated_bytes": reading.allocated_bytes,
     }
+
+
+def _require_reading(name: str, value: object) -> None:
+    require_object(
+        name,
+        value,
+        attributes=("budget_bytes", "total_bytes", "device_used_bytes", "free_bytes"),
+        what="a memfit.backends.live.Reading",
+        hint="build one with memfit.cleanup.PressureReading(total, free, reserved, allocated)",
+    )
 
 
 def _fraction(part: int | None, whole: int | None) -> float | None:
@@ -327,7 +351,9 @@ class OnPressure(_PerStep):
 
     def _due(self) -> tuple[str, dict[str, Any]] | None:
         """Read memory; due when free memory or fragmentation crosses its threshold."""
-        figures = pressure_figures(self.read())
+        now = self.read()
+        _require_reading("read()", now)
+        figures = pressure_figures(now)
         reasons: list[str] = []
         free = _fraction(figures["free_bytes"], figures["total_bytes"])
         reserved, allocated = figures["reserved_bytes"], figures["allocated_bytes"]
