@@ -82,3 +82,30 @@ def test_no_device_says_how_to_rehearse(monkeypatch: pytest.MonkeyPatch) -> None
     assert info.value.hint is not None and "SimulatedDevice" in info.value.hint
     # a script that lets the error propagate shows str(exc) alone: the way out is there too
     assert "probe=memfit.backends.SimulatedDevice('8GiB')" in str(info.value)
+
+
+def test_the_reading_holds_the_one_record_of_memory_now() -> None:
+    from types import SimpleNamespace
+
+    from memfit.backends.live import Reading
+    from memfit.runtime.autoconfig import _rank_readings
+
+    device = SimulatedDevice("8GiB", name="NVIDIA GeForce RTX 3070", used_by_others=3 * GiB)
+    reading = read_device(probe=device)
+    assert isinstance(reading.now, Reading) and reading.now.device == reading.name
+    assert reading.now.free_bytes == reading.free_bytes == 5 * GiB
+    assert reading.now.device_used_bytes == 3 * GiB and reading.total_bytes == 8 * GiB
+    with memfit.simulate_gpu("2GiB"):
+        sim = read_device()
+    assert sim.source == "simulated" and sim.now.budget_bytes == sim.total_bytes == 2 * GiB
+    # another rank's JAX pool comes back as a budget, the plan's total all the same
+    dist = SimpleNamespace(gather_ints=lambda own: [own, [6 * GiB, GiB, 1, 1]])
+    mine, pool = _rank_readings(reading, dist)
+    assert (mine.name, mine.total_bytes, mine.free_bytes, mine.pool) == (
+        "rank 0",
+        8 * GiB,
+        5 * GiB,
+        False,
+    )
+    assert pool.now.budget_bytes == pool.total_bytes == 6 * GiB and pool.now.total_bytes is None
+    assert pool.pool and pool.context_counted and pool.source == "rank"
