@@ -418,6 +418,17 @@ BLOCKS: dict[str, Block] = {
         (Run("python examples/dqn_fire/run.py --host-memory 16GiB"),), examples=True
     ),
     "guide-example-act": Block((Run("python examples/act_dual_camera/run.py"),), examples=True),
+    # the rehearsal prints the DQN lines, then the ACT ones: each guide section shows its own
+    "guide-example-autoconfig-dqn": Block(
+        (Run("python examples/autoconfig_rehearsal.py"),),
+        examples=True,
+        drop=(r"^\{'num_envs'", r"^note: "),
+    ),
+    "guide-example-autoconfig-act": Block(
+        (Run("python examples/autoconfig_rehearsal.py"),),
+        examples=True,
+        drop=(r"^\{'buffer_size'",),
+    ),
 }
 
 
