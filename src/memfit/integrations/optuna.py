@@ -99,7 +99,7 @@ def _require_position(position: Any, positions: int, *, key_path: str) -> int:
             key_path=key_path,
             hint="the trial's suggest_int must return a value in the range it was asked for",
         )
-    return position
+    return int(position)
 
 
 def position_to_index(position: int, positions: int, options: int) -> int:
