@@ -17,7 +17,6 @@ from typing import Any
 
 import yaml
 
-
 DATA = Path(__file__).resolve().parents[2] / "tests" / "data" / "published_truth"
 
 

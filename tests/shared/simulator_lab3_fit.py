@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import simulator_readings as truth
 
-
 DATA = truth.DATA / "isaaclab3"
 
 
