@@ -14,7 +14,6 @@ Writes ``bench/out/public_replay.json`` and ``.md`` and prints the markdown tabl
 
 from __future__ import annotations
 
-import os
 import platform
 import sys
 from pathlib import Path
@@ -22,30 +21,15 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+# the corpus's location lives with the tests' shared support code
+sys.path.insert(0, str(HERE.parent / "tests" / "shared"))
 
 from _common import utc_minute, write_results  # noqa: E402
+from public_snapshots import corpus_dir  # noqa: E402
 
 from memfit.allocator.replay import implied_limit, recorded_curve, replay, start_state  # noqa: E402
 from memfit.allocator.snapshot import load_snapshot  # noqa: E402
 from memfit.errors import ConfigError  # noqa: E402
-
-#: Where the corpus's sources, commits and licences are listed (the files themselves are data
-#: taken from public repositories, which developers do not commit: they live in the steering
-#: repository's shared/ folder, beside this checkout).
-SOURCES = HERE.parent / "tests" / "data" / "gpu_truth" / "public_sources.md"
-
-
-def corpus_dir() -> Path | None:
-    """The reduced public corpus: ``$MEMFIT_PUBLIC_SNAPSHOTS``, else ``shared/gpu_truth/public``
-    beside this checkout (as CI lays it out); ``None`` when neither holds any snapshot."""
-    env = os.environ.get("MEMFIT_PUBLIC_SNAPSHOTS")
-    for candidate in ([Path(env)] if env else []) + [
-        HERE.parent.parent / "shared" / "gpu_truth" / "public"
-    ]:
-        if candidate.is_dir() and any(candidate.glob("*.json.gz")):
-            return candidate
-    return None
-
 
 CORPUS = corpus_dir()
 MiB = 2**20

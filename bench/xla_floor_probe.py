@@ -31,8 +31,11 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# the probe's step lives with the tests' shared support code
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "shared"))
 
 import _common
+from xla_probe_step import mlp_step
 
 #: name -> XLA_FLAGS added to the process's own
 VARIANTS: dict[str, str] = {
@@ -153,28 +156,6 @@ STORED = (
     Path(__file__).resolve().parents[1]
     / "tests/data/gpu_truth/jax_measured/h100_jaxlib0.11.2_floor_probe.json"
 )
-
-
-def mlp_step(batch: int, width: int, depth: int) -> tuple[Any, tuple[Any, ...]]:
-    """The probe's MLP step with abstract arguments, for a deviceless compile."""
-    import jax
-    import jax.numpy as jnp
-
-    def loss(params: Any, x: Any) -> Any:
-        h = x
-        for w in params:
-            h = jnp.tanh(h @ w)
-        return jnp.mean(h**2)
-
-    def step(params: Any, x: Any) -> Any:
-        grads = jax.grad(loss)(params, x)
-        return [p - 1e-3 * g for p, g in zip(params, grads, strict=True)]
-
-    params = [jax.ShapeDtypeStruct((width, width), jnp.float32)] * depth
-    return jax.jit(step, donate_argnums=(0,)), (
-        params,
-        jax.ShapeDtypeStruct((batch, width), jnp.float32),
-    )
 
 
 def predict(path: Path) -> int:

@@ -14,7 +14,7 @@ import operator
 import os
 import re
 import unicodedata
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from memfit.errors import ConfigError
@@ -30,10 +30,13 @@ __all__ = [
     "require_callable",
     "require_choice",
     "require_count",
+    "require_instance",
     "require_int_list",
     "require_items",
     "require_iterable",
+    "require_list",
     "require_mapping",
+    "require_number_in",
     "require_object",
     "require_positive_int",
     "require_str_list",
@@ -235,6 +238,50 @@ def require_iterable(name: str, value: object) -> list[Any]:
     return list(value)
 
 
+def require_list(
+    name: str,
+    value: object,
+    *,
+    what: str,
+    exclude: tuple[type, ...] = (),
+    sequence: bool = False,
+    nonempty: bool = False,
+    key_path: str | None = None,
+    hint: str | None = None,
+) -> list[Any]:
+    """Check that ``value`` is a list (an iterable; with ``sequence``, a sequence) that is
+    not a string nor one of ``exclude`` (one item where a list of them is wanted), and with
+    ``nonempty`` that it holds something; return its items. ``what`` says what the list
+    holds (``"a list of settings"``).
+
+    Raises:
+        ConfigError: Otherwise, with ``key_path`` (default ``name``) as the key path.
+
+    >>> require_list("points", ({"num_envs": 16},), what="a list of settings")
+    [{'num_envs': 16}]
+    >>> require_list("points", "16", what="a list of settings")
+    Traceback (most recent call last):
+    ...
+    memfit.errors.ConfigError: points: points must be a list of settings, not str ('16')
+    """
+    kind = Sequence if sequence else Iterable
+    if isinstance(value, (str, bytes, *exclude)) or not isinstance(value, kind):
+        shown = f" ({value!r:.60})" if isinstance(value, (str, bytes)) else ""
+        raise ConfigError(
+            f"{name} must be {what}, not {type(value).__name__}{shown}",
+            key_path=key_path or name,
+            hint=hint,
+        )
+    items = list(value)
+    if nonempty and not items:
+        raise ConfigError(
+            f"{name} must be {what}, not an empty {type(value).__name__}",
+            key_path=key_path or name,
+            hint=hint,
+        )
+    return items
+
+
 def require_object(
     name: str,
     value: object,
@@ -357,9 +404,11 @@ def require_count(
     what: str = "a whole number",
     key_path: str | None = None,
     hint: str | None = None,
+    optional: bool = False,
 ) -> int:
     """Return ``value`` when it is an ``int`` (not a ``bool``) of at least ``lo`` and under
-    2**63: a count that can be real (steps, retries, events, splits).
+    2**63: a count that can be real (steps, retries, events, splits); with ``optional``,
+    ``None`` passes too (and is returned as ``lo``: callers test for ``None`` first).
 
     Raises:
         ConfigError: Otherwise, with ``key_path`` (default ``name``) as the key path.
@@ -372,12 +421,85 @@ def require_count(
     memfit.errors.ConfigError: every: every is a number of about 41 digits; ...
     """
     where = key_path or name
+    if value is None and optional:
+        return lo
     if isinstance(value, bool) or not isinstance(value, int) or value < lo:
         shown = repr(value)
         shown = shown if len(shown) <= 60 else shown[:57] + "..."
-        raise ConfigError(f"{name} must be {what} >= {lo}, not {shown}", key_path=where, hint=hint)
+        what = f"{what} >= {lo}" + (" or None" if optional else "")
+        raise ConfigError(f"{name} must be {what}, not {shown}", key_path=where, hint=hint)
     if not -INT_LIMIT < value < INT_LIMIT:
         check_int_size(where, value, hint=hint)
+    return value
+
+
+def require_instance(
+    name: str,
+    value: object,
+    cls: type | tuple[type, ...],
+    *,
+    what: str,
+    optional: bool = False,
+    key_path: str | None = None,
+    hint: str | None = None,
+) -> None:
+    """Check that ``value`` is an instance of ``cls`` (a class, or a tuple of classes), said
+    to the user as ``what`` (``"a memfit Plan (what memfit.plan returns)"``); ``None`` passes
+    when ``optional``. For the objects memfit itself makes (a plan, a workload, a step):
+    what an object from elsewhere must have is :func:`require_object`'s check.
+
+    Raises:
+        ConfigError: Otherwise, with ``key_path`` (default ``name``) as the key path.
+
+    >>> require_instance("plan", 3, str, what="a memfit Plan")
+    Traceback (most recent call last):
+    ...
+    memfit.errors.ConfigError: plan: plan must be a memfit Plan, not int
+    """
+    if (value is None and optional) or isinstance(value, cls):
+        return
+    what = what + (" or None" if optional else "")
+    raise ConfigError(
+        f"{name} must be {what}, not {type(value).__name__}", key_path=key_path or name, hint=hint
+    )
+
+
+def require_number_in(
+    name: str,
+    value: object,
+    *,
+    low: float,
+    high: float,
+    low_open: bool = False,
+    what: str,
+    key_path: str | None = None,
+    hint: str | None = None,
+) -> float:
+    """Return ``value`` when it is a finite number (an ``int`` or a ``float``, not a
+    ``bool``) from ``low`` (excluded when ``low_open``) to ``high``: a fraction, a
+    probability, a share. ``what`` says the range to the user (``"a probability in [0, 1]"``).
+
+    Raises:
+        ConfigError: Otherwise, with ``key_path`` (default ``name``) as the key path.
+
+    >>> require_number_in("share", 0.5, low=0, high=1, low_open=True, what="a fraction in (0, 1]")
+    0.5
+    >>> require_number_in("rate", 2, low=0, high=1, what="a probability in [0, 1]")
+    Traceback (most recent call last):
+    ...
+    memfit.errors.ConfigError: rate: rate must be a probability in [0, 1], not 2
+    """
+    ok = _is_number(value)
+    if ok:
+        assert isinstance(value, (int, float))
+        ok = (low < value if low_open else low <= value) and value <= high
+    if not ok:
+        shown = repr(value)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        raise ConfigError(
+            f"{name} must be {what}, not {shown}", key_path=key_path or name, hint=hint
+        )
+    assert isinstance(value, (int, float))
     return value
 
 

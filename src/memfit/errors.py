@@ -140,35 +140,17 @@ class OutOfMemory(MemfitError):
         hint: str | None = None,
     ) -> None:
         super().__init__(message, hint=hint)
-        if isinstance(tried, (str, bytes)) or not isinstance(tried, Iterable):
-            raise ConfigError(
-                f"tried must be a list of what was tried, not {type(tried).__name__}",
-                key_path="tried",
-                hint='OutOfMemory("...", tried=["retry", "split x2"])',
-            )
-        for name, value in (
-            ("requested_bytes", requested_bytes),
-            ("free_bytes", free_bytes),
-            ("peak_bytes", peak_bytes),
-            ("budget_bytes", budget_bytes),
-        ):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise ConfigError(
-                    f"{name} must be a number of bytes (an int) or None, not "
-                    f"{type(value).__name__}",
-                    key_path=name,
-                )
-        if device is not None and not isinstance(device, str):
-            raise ConfigError(
-                f"device must be a name (str) or None, not {type(device).__name__}",
-                key_path="device",
-            )
-        self.device = device
-        self.requested_bytes = requested_bytes
-        self.free_bytes = free_bytes
-        self.peak_bytes = peak_bytes
-        self.budget_bytes = budget_bytes
-        self.tried = list(tried)
+        # An exception's constructor never raises: the framework (or a user's handler) may
+        # build one from whatever it has at the worst moment, and an error raised here would
+        # hide the out-of-memory. Odd values are kept as well as they can be: a number of
+        # bytes that is not a whole number is unknown (None), a device that is not a name is
+        # named by str(), one item of what was tried is a list of one.
+        self.device = _text_or_none(device)
+        self.requested_bytes = _bytes_or_none(requested_bytes)
+        self.free_bytes = _bytes_or_none(free_bytes)
+        self.peak_bytes = _bytes_or_none(peak_bytes)
+        self.budget_bytes = _bytes_or_none(budget_bytes)
+        self.tried = _tried_list(tried)
 
     def to_dict(self) -> dict[str, Any]:
         data = super().to_dict()
@@ -181,6 +163,59 @@ class OutOfMemory(MemfitError):
             tried=list(self.tried),
         )
         return data
+
+
+def _text_or_none(value: object) -> str | None:
+    """``value`` as a name: itself when a ``str``, else its ``str()`` (``torch.device``),
+    else ``None``."""
+    if value is None or isinstance(value, str):
+        return value
+    try:
+        return str(value)
+    except Exception:  # a __str__ that fails: the device is unknown
+        return None
+
+
+def _bytes_or_none(value: object) -> int | None:
+    """``value`` as a whole number of bytes (a numpy integer too), or ``None`` (unknown)."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int):
+        return value
+    index = getattr(type(value), "__index__", None)
+    if index is None:
+        return None
+    try:
+        return int(index(value))
+    except Exception:  # an __index__ that fails: unknown
+        return None
+
+
+def _items(values: Iterable[object]) -> list[object]:
+    """The items of ``values``; of an iterable that fails part way, the ones it gave."""
+    out: list[object] = []
+    try:
+        for item in values:
+            out.append(item)
+    except Exception:  # a generator that fails part way: what it gave
+        return out
+    return out
+
+
+def _tried_list(tried: object) -> list[str]:
+    """What was tried, as a list of text: one string is one item, a non-iterable is one
+    item, an iterable that fails part way keeps what it gave."""
+    if isinstance(tried, (str, bytes)) or not isinstance(tried, Iterable):
+        items: list[object] = [] if tried is None else [tried]
+    else:
+        items = _items(tried)
+    out: list[str] = []
+    for item in items:
+        if isinstance(item, bytes):
+            out.append(item.decode("utf-8", "replace"))
+        else:
+            out.append(_text_or_none(item) or "?")
+    return out
 
 
 # --------------------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from memfit._checks import require, require_int_list, require_str_list
+from memfit._checks import require, require_int_list, require_number_in, require_str_list
 from memfit.errors import ConfigError
 from memfit.runtime.oom import in_no_alloc_section
 
@@ -101,12 +101,14 @@ def _writes_only_into_inputs(func: Any) -> bool:
 
 
 def _check(rate: float, where: Sequence[str], limit: int | None) -> tuple[str, ...]:
-    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate <= 1:
-        raise ConfigError(
-            f"rate must be a probability in [0, 1], not {rate!r}",
-            key_path="rate",
-            hint="use a small rate such as 0.01 (one operation in a hundred)",
-        )
+    require_number_in(
+        "rate",
+        rate,
+        low=0,
+        high=1,
+        what="a probability in [0, 1]",
+        hint="use a small rate such as 0.01 (one operation in a hundred)",
+    )
     if isinstance(where, str):
         where = (where,)
     phases = tuple(require_str_list("where", where))

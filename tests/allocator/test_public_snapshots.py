@@ -17,15 +17,13 @@ segments obtained must match to the byte.
 from __future__ import annotations
 
 import pytest
-from _bench_scripts import load_bench
+from public_snapshots import SOURCES, corpus_dir
 
 from memfit.allocator.replay import implied_limit, recorded_curve, replay, start_state
 from memfit.allocator.snapshot import Snapshot, load_snapshot, snapshot_from_data, snapshot_to_data
 
-_bench = load_bench("public_replay", "public_replay.py")
-PUBLIC = _bench.corpus_dir()
+PUBLIC = corpus_dir()
 FILES = sorted(PUBLIC.glob("*.json.gz")) if PUBLIC is not None else []
-SOURCES = _bench.SOURCES
 _MISSING = (
     "the public snapshot corpus is not here: it is data from public repositories, kept in the "
     "steering repository's shared/gpu_truth/public/ (or set MEMFIT_PUBLIC_SNAPSHOTS); "

@@ -4,9 +4,7 @@ part."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,13 +18,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bench() -> object:
-    sys.path.insert(0, str(ROOT / "bench"))
-    spec = importlib.util.spec_from_file_location("bands_bench", ROOT / "bench" / "bands.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    import band_derivation
+
+    return band_derivation
 
 
 @pytest.mark.parametrize("name", bundled_names())

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import sys
 from pathlib import Path
 
 import pytest
@@ -204,10 +203,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bench() -> object:
-    sys.path.insert(0, str(ROOT / "bench"))
-    import simulator_lab3
+    import simulator_lab3_fit
 
-    return simulator_lab3
+    return simulator_lab3_fit
 
 
 def test_the_figures_are_what_the_calibration_readings_give() -> None:
@@ -222,7 +220,8 @@ def test_the_held_out_readings() -> None:
     """PhysX within its band; Newton over, never under: memfit's CUDA context for torch 2.10
     (532 MiB with cuBLAS) is more than the whole Newton process at 256 envs (304 MiB)."""
     bench = _bench()
-    truth = sys.modules["simulator_truth"]
+    import simulator_readings as truth
+
     held = [r for r in bench.load_runs() if r.role == "held_out"]  # type: ignore[attr-defined]
     assert len(held) == 6
     for run in held:

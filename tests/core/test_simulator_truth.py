@@ -12,9 +12,8 @@ meets the goal must leave the list).
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import statistics
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -26,15 +25,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bench(name: str) -> ModuleType:
-    if name in sys.modules:
-        return sys.modules[name]
-    sys.path.insert(0, str(ROOT / "bench"))
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    """The tests/shared module of what bench/<name>.py writes."""
+    shared = {"simulator_truth": "simulator_readings", "simulator_fit": "simulator_fit_figures"}
+    return importlib.import_module(shared[name])
 
 
 truth = _bench("simulator_truth")

@@ -1,5 +1,5 @@
 """What the GPU truth corpus tests share (tests/estimate/test_gpu_truth*.py): the corpus, the
-bench script that captured it, its predictions and the goals' table."""
+replay of its entries (tests/shared/gpu_truth_replay.py), its predictions and the goals' table."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 import torch
-from _bench_scripts import load_bench
 from truth_corpus import TruthEntry, load_corpus
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,7 +24,9 @@ ENTRIES = load_corpus(CORPUS)
 
 
 def bench() -> ModuleType:
-    return load_bench("memfit_bench_gpu_truth", "gpu_truth.py")
+    import gpu_truth_replay
+
+    return gpu_truth_replay
 
 
 def params(entries: list[TruthEntry], none_reason: str) -> list[Any]:

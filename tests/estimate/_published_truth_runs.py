@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import published_runs as published
 import pytest
-from _bench_scripts import load_bench
 
-published = load_bench("published_truth", "published_truth.py")
 RUNS: list[Any] = published.load_runs()
 
 #: Reserved-peak runs memfit still misses by more than 8%, and why.

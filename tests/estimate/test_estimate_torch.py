@@ -14,18 +14,15 @@ from __future__ import annotations
 import resource
 from typing import Any
 
+import accuracy_workloads as W
 import pytest
 import torch
-from _bench_scripts import load_bench
 
 from memfit.allocator.model import round_size
 from memfit.errors import ConfigError, EstimateError
 from memfit.estimate import TorchStep
 from memfit.estimate.torch.trace import CATEGORIES, estimate_torch, fit_affine
 from memfit.testing import real_cpu_peak
-
-W = load_bench("memfit_bench_estimate_workloads", "estimate_workloads.py")
-
 
 CASES: list[tuple[str, Any, int, float]] = [
     # name, factory, batch size, relative tolerance

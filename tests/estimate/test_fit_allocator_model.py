@@ -17,13 +17,14 @@ import itertools
 from types import ModuleType
 
 import pytest
-from _bench_scripts import load_bench
 
 MiB = 2**20
 
 
 def _fit_bench() -> ModuleType:
-    return load_bench("memfit_bench_fit_search", "fit_search.py")
+    import fit_replay
+
+    return fit_replay
 
 
 #: Cases the fit misses since the trace counts cuBLASLt's own 1 MiB workspace, kept from the

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from _bench_scripts import load_bench
 
 from memfit.estimate.xla import gpu as xla_gpu
 
@@ -25,7 +24,9 @@ CARDS = ("RTX 4070", "A100 40GB")
 
 
 def _corpus() -> Any:
-    return load_bench("memfit_bench_jax_corpus", "jax_corpus.py")
+    import jax_rl_corpus
+
+    return jax_rl_corpus
 
 
 @pytest.mark.slow  # eager JAX ops, each compiled on first use (26 s on the loaded VM)

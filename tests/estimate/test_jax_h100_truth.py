@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 
 import pytest
-from _bench_scripts import load_bench
+from xla_probe_step import mlp_step
 
 from memfit.estimate.xla import gpu as xla_gpu
 
@@ -57,8 +57,7 @@ def test_peak_bytes_in_use_on_the_h100_within_twelve_percent(
     from memfit.estimate.xla.step import estimate_jax
 
     _, batch, width, depth = step.split(":")
-    probe = load_bench("memfit_bench_xla_floor_probe", "xla_floor_probe.py")
-    fn, shapes = probe.mlp_step(int(batch), int(width), int(depth))  # the probe's own step
+    fn, shapes = mlp_step(int(batch), int(width), int(depth))  # the probe's own step
     est = estimate_jax(
         fn,
         *shapes,

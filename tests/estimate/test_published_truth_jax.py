@@ -15,16 +15,16 @@ from __future__ import annotations
 import functools
 
 import pytest
-from _bench_scripts import load_bench
 
 from memfit.hardware.catalog import gpu as lookup_gpu
 
 pytest.importorskip("flax", reason="the published PPO programs are rebuilt with Flax Linen")
 pytest.importorskip("optax", reason="the published PPO programs use optax's Adam")
 
+import published_runs_jax as published
+
 from memfit.estimate.xla import gpu as xla_gpu
 
-published = load_bench("published_truth_jax", "published_truth_jax.py")
 RUNS = published.load_runs()
 BY_KEY = {run.key: run for run in RUNS}
 

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 import torch
-from _bench_scripts import load_bench
 
 from memfit.errors import EstimateError
 from memfit.estimate import TorchStep, stand_in_scalars, stand_in_scalars_active
@@ -40,7 +39,9 @@ def _adam_step(model: Any, opt: Any, batch: Any) -> None:
 def _third_party() -> ModuleType:
     pytest.importorskip("transformers")
     pytest.importorskip("stable_baselines3")
-    return load_bench("memfit_bench_estimate_third_party", "estimate_third_party.py")
+    import third_party_workloads
+
+    return third_party_workloads
 
 
 @pytest.mark.parametrize(

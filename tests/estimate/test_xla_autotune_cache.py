@@ -135,9 +135,8 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 import jax
 from jax.experimental import topologies
 from jax.sharding import NamedSharding, PartitionSpec
-sys.path.insert(0, sys.argv[1])
-from xla_floor_probe import mlp_step
-request = json.loads(sys.argv[2])
+from xla_probe_step import mlp_step
+request = json.loads(sys.argv[1])
 for config in request["configs"]:
     try:
         topology = topologies.get_topology_desc(
@@ -185,12 +184,12 @@ def _run_child(request: dict[str, object]) -> dict[str, object]:
     env["PYTHONPATH"] = os.pathsep.join(
         [
             str(Path(memfit.__file__).resolve().parents[1]),
-            str(ROOT / "tests" / "shared"),  # the autotune-cache tool
+            str(ROOT / "tests" / "shared"),  # the autotune-cache tool, the probe's step
             env.get("PYTHONPATH", ""),
         ]
     )
     done = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(ROOT / "bench"), json.dumps(request)],
+        [sys.executable, "-c", _CHILD, json.dumps(request)],
         capture_output=True, text=True, env=env, timeout=600, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]

@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 import pytest
-from _bench_scripts import load_bench
+from xla_probe_step import mlp_step
 
 from memfit.errors import BackendUnavailable, ConfigError, EstimateError
 from memfit.estimate.xla import gpu as xla_gpu
@@ -35,15 +35,11 @@ needs_extra = pytest.mark.skipif(not READY, reason="the gpu-target extra is not 
 
 def _mlp_step() -> Any:
     """The floor probe's tanh MLP step (3 x 512), jitted with its weights donated."""
-    return _probe().mlp_step(1, 512, 3)[0]
+    return mlp_step(1, 512, 3)[0]
 
 
 def _args(batch: int) -> tuple[Any, Any]:
-    return tuple(_probe().mlp_step(batch, 512, 3)[1])  # type: ignore[return-value]
-
-
-def _probe() -> Any:
-    return load_bench("memfit_bench_xla_floor_probe", "xla_floor_probe.py")
+    return tuple(mlp_step(batch, 512, 3)[1])  # type: ignore[return-value]
 
 
 # -- target configs, for every CUDA card of the catalog ----------------------------------------

@@ -47,10 +47,9 @@ def _real(kind: str, name: str, batch: int) -> dict[str, int]:
 
 
 def _workloads():  # type: ignore[no-untyped-def]
-    sys.path.insert(0, str(ROOT / "bench"))
-    import estimate_workloads
+    import accuracy_workloads
 
-    return estimate_workloads
+    return accuracy_workloads
 
 
 @pytest.mark.parametrize(("name", "batch"), CASES)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -15,14 +13,9 @@ DATA = ROOT / "tests" / "data" / "published_truth" / "multi_gpu" / "readings.yam
 
 
 def _bench() -> ModuleType:
-    sys.path.insert(0, str(ROOT / "bench"))
-    spec = importlib.util.spec_from_file_location(
-        "multi_gpu_truth", ROOT / "bench" / "multi_gpu_truth.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    import multi_gpu_readings
+
+    return multi_gpu_readings
 
 
 DOC = yaml.safe_load(DATA.read_text(encoding="utf-8"))

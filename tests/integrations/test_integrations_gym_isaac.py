@@ -69,7 +69,7 @@ def test_wrapper_refuses_non_env() -> None:
     pytest.importorskip("gymnasium")
     from memfit.integrations.gymnasium import MemoryWrapper
 
-    with pytest.raises(ConfigError, match="not a Gymnasium environment"):
+    with pytest.raises(ConfigError, match="env must be a Gymnasium environment, not"):
         MemoryWrapper(object())
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _bench_scripts import load_bench
+from public_snapshots import corpus_dir
 
 import memfit
 from memfit.allocator.replay import recorded_curve, start_state
@@ -23,7 +23,7 @@ from memfit.monitor.explain_render import png_bytes, render_html, render_text
 MiB = 2**20
 # The public corpus is data from public repositories, kept outside the repository
 # (bench/public_replay.py's corpus_dir): without it these cases are not collected.
-PUBLIC = load_bench("public_replay", "public_replay.py").corpus_dir()
+PUBLIC = corpus_dir()
 PUBLIC_FILES = sorted(PUBLIC.glob("*.json.gz"))[:6] if PUBLIC is not None else []
 BATCH = [("/home/me/train.py", 5, "load_batch")]
 

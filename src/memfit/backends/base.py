@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from memfit._checks import require_instance
 from memfit._plain import plain_fields
 from memfit._userfiles import file_error, read_user_text
 from memfit.errors import BackendUnavailable, ConfigError
@@ -394,12 +395,7 @@ class DeviceProbe(Protocol):
 
 
 def _require_mapping(data: object, where: str) -> None:
-    if not isinstance(data, Mapping):
-        raise ConfigError(
-            f"expected an object, got {type(data).__name__}",
-            key_path=where,
-            hint=_SNAPSHOT_HINT,
-        )
+    require_instance(where, data, Mapping, what="an object", hint=_SNAPSHOT_HINT)
 
 
 def import_framework(module: Any | None, name: str, label: str) -> Any:

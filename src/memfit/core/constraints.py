@@ -31,7 +31,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from memfit._checks import parse_int, require_mapping, require_positive_int
+from memfit._checks import parse_int, require_instance, require_mapping, require_positive_int
 from memfit._plain import plain_fields
 from memfit.core.workload import Rule as RuleSpec
 from memfit.core.workload import Workload, load_workload, require_workload
@@ -287,12 +287,13 @@ def parse_expr(text: str, *, key_path: str | None = None) -> Expr:
         ConfigError: On a syntax error or a construct that is not allowed (calls, attributes,
             subscripts, lambdas, strings, ...).
     """
-    if not isinstance(text, str):
-        raise ConfigError(
-            f"an expression must be text, not {type(text).__name__}",
-            key_path=key_path,
-            hint="write it as Python arithmetic over knob names, e.g. batch_size % 8 == 0",
-        )
+    require_instance(
+        key_path or "expression",
+        text,
+        str,
+        what="an expression written as text",
+        hint="write it as Python arithmetic over knob names, e.g. batch_size % 8 == 0",
+    )
     if len(text) > MAX_EXPR_CHARS:
         raise ConfigError(
             f"an expression of {len(text):,} characters; memfit reads at most {MAX_EXPR_CHARS:,}",

@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from memfit._checks import require_instance
 from memfit.core._workload_load import parse_workload
 from memfit.core.workload import Workload
 from memfit.errors import ConfigError
@@ -34,12 +35,13 @@ def workload_from_yaml(
     Raises:
         ConfigError: As for a file: the key path says where.
     """
-    if not isinstance(text, str):
-        raise ConfigError(
-            f"text must be YAML text, not {type(text).__name__}",
-            key_path="text",
-            hint="pass the YAML as a str; a dict goes to workload_from_dict",
-        )
+    require_instance(
+        "text",
+        text,
+        str,
+        what="YAML text",
+        hint="pass the YAML as a str; a dict goes to workload_from_dict",
+    )
     return parse_workload(text, source="<yaml text>", variant=variant, default_name=name)
 
 
@@ -51,12 +53,13 @@ def workload_from_dict(
     Raises:
         ConfigError: When ``data`` is not a mapping of plain values, or as for a file.
     """
-    if not isinstance(data, Mapping):
-        raise ConfigError(
-            f"data must be a mapping, not {type(data).__name__}",
-            key_path="data",
-            hint="pass {'family': 'ppo', ...} with a workload file's keys",
-        )
+    require_instance(
+        "data",
+        data,
+        Mapping,
+        what="a mapping",
+        hint="pass {'family': 'ppo', ...} with a workload file's keys",
+    )
     try:
         text = yaml.safe_dump(dict(data), sort_keys=False)
     except yaml.YAMLError as exc:

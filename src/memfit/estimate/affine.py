@@ -5,10 +5,11 @@ Kept apart from the estimators so that using one framework's estimator never imp
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from memfit._checks import require_list
 from memfit._plain import plain_fields
 from memfit.errors import ConfigError
 
@@ -26,19 +27,7 @@ def check_batch_sizes(batch_sizes: Sequence[int]) -> list[int]:
     [32, 64]
     """
     hint = "give positive integers, e.g. [32, 64, 128] (--batch 32,64,128)"
-    if isinstance(batch_sizes, (str, bytes)):
-        raise ConfigError(
-            f"batch sizes must be a list of integers, not the text {batch_sizes!r}",
-            key_path="batch_sizes",
-            hint=hint,
-        )
-    if not isinstance(batch_sizes, Iterable):
-        raise ConfigError(
-            f"batch sizes must be a list of integers, not {type(batch_sizes).__name__}",
-            key_path="batch_sizes",
-            hint=hint,
-        )
-    sizes = list(batch_sizes)
+    sizes = require_list("batch_sizes", batch_sizes, what="a list of integers", hint=hint)
     if not sizes:
         raise ConfigError("no batch sizes to trace", key_path="batch_sizes", hint=hint)
     for size in sizes:

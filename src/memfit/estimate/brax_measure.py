@@ -46,7 +46,13 @@ from pathlib import Path
 from typing import Any
 
 from memfit._checks import require as require_arg
-from memfit._checks import require_callable, require_items, require_object, require_positive_int
+from memfit._checks import (
+    require_callable,
+    require_instance,
+    require_items,
+    require_object,
+    require_positive_int,
+)
 from memfit._lazy import require
 from memfit.core.measured import AffineLine, BraxMeasurements, Provenance, StepFit
 from memfit.core.workload import Workload
@@ -907,12 +913,13 @@ def resolve_measurements(
         BackendUnavailable: For ``"fresh"`` without brax or jax.
         EstimateError: When measuring fails.
     """
-    if not isinstance(workload, Workload):
-        raise ConfigError(
-            f"workload must be a loaded memfit Workload, not {type(workload).__name__}",
-            key_path="workload",
-            hint="memfit.load_workload('brax_humanoid_ppo') gives one",
-        )
+    require_instance(
+        "workload",
+        workload,
+        Workload,
+        what="a loaded memfit Workload",
+        hint="memfit.load_workload('brax_humanoid_ppo') gives one",
+    )
     require_arg("directory", directory, "path", optional=True)
     require_callable("progress", progress, optional=True)
     require_arg("gpu", gpu, "str", optional=True)

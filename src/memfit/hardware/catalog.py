@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memfit._checks import require
+from memfit._checks import require, require_count
 from memfit.errors import ConfigError
 from memfit.units import MAX_BYTES, GiB, MiB, format_bytes, format_mib, parse_bytes
 
@@ -384,12 +384,14 @@ def host_device(total_bytes: int, *, source: str = "host RAM") -> GpuSpec:
     >>> host_device(16 * 2**30).name, host_device(16 * 2**30).is_host
     ('CPU (host RAM)', True)
     """
-    if isinstance(total_bytes, bool) or total_bytes <= 0:
-        raise ConfigError(
-            f"host memory must be a positive size, not {total_bytes!r}",
-            key_path="--host-memory",
-            hint="give the RAM to plan for, e.g. --host-memory 16GiB",
-        )
+    require_count(
+        "host memory",
+        total_bytes,
+        lo=1,
+        what="a size in bytes",
+        key_path="--host-memory",
+        hint="give the RAM to plan for, e.g. --host-memory 16GiB",
+    )
     return GpuSpec(
         name="CPU (host RAM)",
         total_bytes=int(total_bytes),

@@ -39,7 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from memfit._checks import parse_int
+from memfit._checks import parse_int, require_instance
 from memfit.errors import ConfigError
 from memfit.hardware.catalog import GpuSpec
 from memfit.units import MiB, format_bytes
@@ -119,13 +119,13 @@ def parse_version(text: str, key: str) -> tuple[int, ...]:
     >>> parse_version("2.4.1+cu121", "torch"), parse_version("460.91.03", "driver")
     ((2, 4, 1), (460, 91, 3))
     """
-    if not isinstance(text, str):
-        raise ConfigError(
-            f"runtime.{key} must be a version string such as '11.2', not "
-            f"{type(text).__name__} {text!r}",
-            key_path=f"runtime.{key}",
-            hint="write versions as text: torch=2.4.1, cuda=12.1, driver=535.104.05",
-        )
+    require_instance(
+        f"runtime.{key}",
+        text,
+        str,
+        what="a version string such as '11.2'",
+        hint="write versions as text: torch=2.4.1, cuda=12.1, driver=535.104.05",
+    )
     match = _VERSION_RE.match(text.strip())
     if match is None:
         raise ConfigError(
@@ -242,13 +242,15 @@ def runtime_from_versions(
     """
     loading = None
     if module_loading is not None:
-        if not isinstance(module_loading, str) or (
-            module_loading.strip().lower() not in _LOADING_NAMES
-        ):
+        hint = "CUDA_MODULE_LOADING=LAZY loads kernels on first use, EAGER at start"
+        require_instance(
+            "runtime.module_loading", module_loading, str, what="'lazy' or 'eager'", hint=hint
+        )
+        if module_loading.strip().lower() not in _LOADING_NAMES:
             raise ConfigError(
                 f"runtime.module_loading must be 'lazy' or 'eager', not {module_loading!r}",
                 key_path="runtime.module_loading",
-                hint="CUDA_MODULE_LOADING=LAZY loads kernels on first use, EAGER at start",
+                hint=hint,
             )
         loading = _LOADING_NAMES[module_loading.strip().lower()]
     for key, value in (("torch", torch), ("cuda", cuda), ("driver", driver), ("cudnn", cudnn)):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from memfit._checks import require_object, require_positive_int
+from memfit._checks import require_choice, require_object, require_positive_int
 from memfit.errors import ConfigError, InfeasiblePlan
 from memfit.units import format_bytes, require_size
 
@@ -52,10 +52,7 @@ def batch_size_from_estimate(
     limit = require_size("budget", budget)
     for name, value in (("low", low), ("high", high), ("multiple_of", multiple_of)):
         require_positive_int(name, value)
-    if not isinstance(level, str) or level not in ("allocated", "reserved"):
-        raise ConfigError(
-            f"unknown level {level!r:.40}", key_path="level", hint="allocated or reserved"
-        )
+    require_choice("level", level, ("allocated", "reserved"))
     if low < 1 or high < low or multiple_of < 1:
         raise ConfigError(
             f"need 1 <= low <= high and multiple_of >= 1, got low={low}, high={high}, "

@@ -38,7 +38,7 @@ from typing import Any
 import yaml
 
 from memfit._checks import require as require_arg
-from memfit._checks import require_mapping, require_object, require_positive_int
+from memfit._checks import require_instance, require_mapping, require_object, require_positive_int
 from memfit._lazy import require
 from memfit.allocator.xla_fraction import (
     FRACTION_VARIABLES,
@@ -134,12 +134,9 @@ PpoViolation = Violation
 
 def describe(violation: Violation) -> str:
     """A violation and its nearest fixes in one line."""
-    if not isinstance(violation, Violation):
-        raise ConfigError(
-            f"violation must be a memfit Violation (from ppo_violations), not "
-            f"{type(violation).__name__}",
-            key_path="violation",
-        )
+    require_instance(
+        "violation", violation, Violation, what="a memfit Violation (from ppo_violations)"
+    )
     if not violation.suggestions:
         return violation.message
     fixes = " or ".join(
@@ -206,12 +203,9 @@ def require_env(env: Any, *, name: str = "env") -> None:
 
 
 def _require_plan(plan: Any) -> None:
-    if not isinstance(plan, Plan):
-        raise ConfigError(
-            f"plan must be a memfit Plan (what plan_ppo or memfit.plan returns), not "
-            f"{type(plan).__name__}",
-            key_path="plan",
-        )
+    require_instance(
+        "plan", plan, Plan, what="a memfit Plan (what plan_ppo or memfit.plan returns)"
+    )
 
 
 def _device_count(
@@ -516,12 +510,13 @@ def ppo_workload(
     require_positive_int("device_count", device_count)
     require_arg("jax_preallocate", jax_preallocate, "bool")
     require_arg("name", name, "str")
-    if measurements is not None and not isinstance(measurements, BraxMeasurements):
-        raise ConfigError(
-            f"measurements must be BraxMeasurements (from measure_ppo), not "
-            f"{type(measurements).__name__}",
-            key_path="measurements",
-        )
+    require_instance(
+        "measurements",
+        measurements,
+        BraxMeasurements,
+        what="BraxMeasurements (from measure_ppo)",
+        optional=True,
+    )
     require_mapping("settings", settings, values="int", optional=True)
     policy = _widths(policy_hidden_layer_sizes, "policy_hidden_layer_sizes")
     value = _widths(value_hidden_layer_sizes, "value_hidden_layer_sizes")
@@ -651,12 +646,13 @@ def plan_ppo(
     require_arg("jax_preallocate", jax_preallocate, "bool")
     require_arg("state_bytes", state_bytes, "int", optional=True)
     require_arg("measure", measure, "bool")
-    if measurements is not None and not isinstance(measurements, BraxMeasurements):
-        raise ConfigError(
-            f"measurements must be BraxMeasurements (from measure_ppo), not "
-            f"{type(measurements).__name__}",
-            key_path="measurements",
-        )
+    require_instance(
+        "measurements",
+        measurements,
+        BraxMeasurements,
+        what="BraxMeasurements (from measure_ppo)",
+        optional=True,
+    )
     policy = _widths(
         ppo_kwargs.get("policy_hidden_layer_sizes", (32,) * 4), "policy_hidden_layer_sizes"
     )

@@ -35,7 +35,7 @@ import warnings
 from typing import Any
 
 from memfit._checks import require as require_arg
-from memfit._checks import require_callable, require_object, require_positive_int
+from memfit._checks import require_callable, require_instance, require_object, require_positive_int
 from memfit._lazy import require
 from memfit.errors import ConfigError
 from memfit.runtime.events import EventSink
@@ -106,12 +106,13 @@ def guard_mode(env: Any, guard: bool | str = "auto") -> str:
 
 
 def _require_env(gym: Any, env: Any) -> None:
-    if not isinstance(env, (gym.Env, gym.vector.VectorEnv)):
-        raise ConfigError(
-            f"not a Gymnasium environment: {type(env).__name__}",
-            key_path="env",
-            hint="pass gymnasium.make(...) or a gymnasium.vector env",
-        )
+    require_instance(
+        "env",
+        env,
+        (gym.Env, gym.vector.VectorEnv),
+        what="a Gymnasium environment",
+        hint="pass gymnasium.make(...) or a gymnasium.vector env",
+    )
 
 
 @functools.cache

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 from memfit._checks import require as require_arg
-from memfit._checks import require_callable, require_object, require_positive_int
+from memfit._checks import require_callable, require_instance, require_object, require_positive_int
 from memfit._lazy import require
 from memfit.errors import ConfigError
 from memfit.integrations._batch import (
@@ -217,11 +217,7 @@ class LightningGuard:
         _require_module(pl_module)
         from memfit.runtime.guard import TrainGuard
 
-        if not isinstance(train_guard, TrainGuard):
-            raise ConfigError(
-                f"train_guard must be a memfit.TrainGuard, not {type(train_guard).__name__}",
-                key_path="train_guard",
-            )
+        require_instance("train_guard", train_guard, TrainGuard, what="a memfit.TrainGuard")
         require_positive_int("accumulate", accumulate)
         self.pl_module = pl_module
         self.train_guard = train_guard

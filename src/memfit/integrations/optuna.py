@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from memfit._checks import require as require_arg
 from memfit._checks import require_callable, require_object, require_positive_int
 from memfit._lazy import require
 from memfit.allocator.xla_fraction import DEFAULT_MARGIN
@@ -90,12 +91,7 @@ def _require_trial(trial: Any, *, suggests: bool = True) -> None:
 def _require_position(position: Any, positions: int, *, key_path: str) -> int:
     """A position ``0 .. positions - 1`` (an Optuna sampler's answer, checked: a trial
     whose ``suggest_int`` returns anything else is not one memfit can map)."""
-    if isinstance(position, bool) or not isinstance(position, int):
-        raise ConfigError(
-            f"{key_path} must be an integer position, not {type(position).__name__}",
-            key_path=key_path,
-            hint=_TRIAL_HINT,
-        )
+    require_arg(key_path, position, "any_int", hint=_TRIAL_HINT)
     if not 0 <= position < positions:
         raise ConfigError(
             f"{key_path} {position if abs(position) < 10**18 else 'of many digits'} is not "
@@ -103,7 +99,7 @@ def _require_position(position: Any, positions: int, *, key_path: str) -> int:
             key_path=key_path,
             hint="the trial's suggest_int must return a value in the range it was asked for",
         )
-    return position
+    return int(position)
 
 
 def position_to_index(position: int, positions: int, options: int) -> int:

@@ -31,7 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from memfit._checks import require as require_arg
-from memfit._checks import require_mapping, require_object, require_str_list
+from memfit._checks import (
+    require_instance,
+    require_list,
+    require_mapping,
+    require_number_in,
+    require_object,
+    require_str_list,
+)
 from memfit._lazy import require
 from memfit.allocator.xla_fraction import (
     DEFAULT_MARGIN,
@@ -130,12 +137,14 @@ def _require_cpu(cpu: Any) -> float:
 
 
 def _cards(cards: Sequence[Card | str | int | GpuSpec]) -> list[Card]:
-    if isinstance(cards, (str, bytes, Card, GpuSpec)) or not isinstance(cards, Sequence):
-        raise ConfigError(
-            f"cards must be a list of the cluster's GPU types, not {type(cards).__name__}",
-            key_path="cards",
-            hint='cards=["A100", Card("RTX 4090", label="4090")]',
-        )
+    require_list(
+        "cards",
+        cards,
+        what="a list of the cluster's GPU types",
+        exclude=(Card, GpuSpec),
+        sequence=True,
+        hint='cards=["A100", Card("RTX 4090", label="4090")]',
+    )
     out: list[Card] = []
     for i, c in enumerate(cards):
         if isinstance(c, Card):
@@ -387,12 +396,15 @@ def trial_autoconfig(
     margin_value = parse_fraction(margin)
     notes: list[str] = []
     if share is not None:
-        if isinstance(share, bool) or not 0 < share <= 1:
-            raise ConfigError(
-                f"share must be a GPU fraction in (0, 1], not {share!r}",
-                key_path="share",
-                hint="pass the trial's fraction: Request.gpu",
-            )
+        require_number_in(
+            "share",
+            share,
+            low=0,
+            high=1,
+            low_open=True,
+            what="a GPU fraction in (0, 1]",
+            hint="pass the trial's fraction: Request.gpu",
+        )
         if loaded.framework == "jax" and loaded.jax.preallocate:
             from memfit.runtime.allocator_env import jax_gpu_started
 
@@ -421,12 +433,14 @@ def trial_autoconfig(
 
 
 def _events(events: Any) -> list[MemoryEvent]:
-    if isinstance(events, (str, bytes, MemoryEvent)) or not isinstance(events, Sequence):
-        raise ConfigError(
-            f"events must be a list of memfit events, not {type(events).__name__}",
-            key_path="events",
-            hint="pass an EventLog's .events or a guard's / Recorder's .events",
-        )
+    require_list(
+        "events",
+        events,
+        what="a list of memfit events",
+        exclude=(MemoryEvent,),
+        sequence=True,
+        hint="pass an EventLog's .events or a guard's / Recorder's .events",
+    )
     for i, event in enumerate(events):
         if not isinstance(event, MemoryEvent):
             raise ConfigError(
@@ -475,12 +489,13 @@ def metrics(
     """
     events = _events(events)
     require_arg("peak_bytes", peak_bytes, "int", optional=True)
-    if cfg is not None and not isinstance(cfg, AutoConfig):
-        raise ConfigError(
-            f"cfg must be a memfit AutoConfig (what trial_autoconfig returns), not "
-            f"{type(cfg).__name__}",
-            key_path="cfg",
-        )
+    require_instance(
+        "cfg",
+        cfg,
+        AutoConfig,
+        what="a memfit AutoConfig (what trial_autoconfig returns)",
+        optional=True,
+    )
     out: dict[str, Any] = {}
     for event in events:
         name = f"memfit/{event.kind}"

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from memfit._checks import require_callable, require_positive_int
+from memfit._checks import require_callable, require_choice, require_count, require_positive_int
 from memfit._lazy import require
 from memfit._plain import plural
 from memfit.errors import ConfigError, OutOfMemory
@@ -247,15 +247,8 @@ def train(
             (it would shrink the effective batch behind memfit's back).
         BackendUnavailable: When transformers is not installed.
     """
-    if isinstance(max_halvings, bool) or not isinstance(max_halvings, int) or max_halvings < 0:
-        raise ConfigError(
-            f"max_halvings must be a whole number >= 0, not {max_halvings!r}",
-            key_path="max_halvings",
-        )
-    if not isinstance(restart, str) or restart not in ("auto", "checkpoint"):
-        raise ConfigError(
-            f"restart must be 'auto' or 'checkpoint', not {restart!r:.40}", key_path="restart"
-        )
+    require_count("max_halvings", max_halvings)
+    require_choice("restart", restart, ("auto", "checkpoint"))
     require_callable("on_event", on_event, optional=True)
     require("transformers")
     if not callable(getattr(trainer, "train", None)):

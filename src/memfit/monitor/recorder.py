@@ -503,10 +503,7 @@ class Recorder:
         Raises:
             ConfigError: When ``step`` is not a whole number, or the recorder was closed.
         """
-        if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
-            raise ConfigError(
-                f"step must be a whole number or None, not {step!r}", key_path="Recorder.step"
-            )
+        require("step", step, "int", optional=True)
         if not self._started:
             self.start()
         n = self._count if step is None else step

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from memfit._checks import require_count
 from memfit._userfiles import file_error, read_user_bytes
 from memfit.errors import ConfigError
 from memfit.monitor._leaks import Leak, check_fragmentation, detect_leak
@@ -185,12 +186,13 @@ def parse_run(data: bytes | str, *, source: str = "<run>", run: int | None = Non
         ConfigError: As :func:`load_run` does, ``key_path`` ``SOURCE:LINE``; or when ``run``
             is not one of the file's runs.
     """
-    if run is not None and (isinstance(run, bool) or not isinstance(run, int) or run < 1):
-        raise ConfigError(
-            f"run must be a whole number >= 1, not {run!r}",
-            key_path="run",
-            hint="pass 1 for the first run of the file; leave it out for the last",
-        )
+    require_count(
+        "run",
+        run,
+        lo=1,
+        optional=True,
+        hint="pass 1 for the first run of the file; leave it out for the last",
+    )
     raw = data.encode("utf-8") if isinstance(data, str) else data
     lines = raw.split(b"\n")
     cut_off = len(lines) if not raw.endswith(b"\n") else None

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from memfit._checks import require_count
 from memfit._userfiles import file_error, file_kind, not_a_file_error
 from memfit.backends.base import DeviceProbe, DeviceSnapshot, SystemSnapshot
 from memfit.errors import ConfigError
@@ -153,11 +154,7 @@ class Watcher:
                 key_path="--imbalance",
                 hint="use --imbalance 0.2 to flag a GPU 20% above the others",
             )
-        if isinstance(history, bool) or not isinstance(history, int) or history < 1:
-            raise ConfigError(
-                f"history must be a whole number >= 1, not {history!r}",
-                key_path="history",
-            )
+        require_count("history", history, lo=1)
         self.probe = probe
         self.history_length = history
         self.pids = frozenset(pids) if pids else frozenset()

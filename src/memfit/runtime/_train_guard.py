@@ -13,7 +13,12 @@ import math
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from memfit._checks import require_callable, require_iterable, require_positive_int
+from memfit._checks import (
+    require_callable,
+    require_instance,
+    require_iterable,
+    require_positive_int,
+)
 from memfit._plain import plural
 from memfit.core import ladder
 from memfit.errors import ConfigError, MemfitError, OutOfMemory
@@ -137,11 +142,7 @@ class TrainGuard(MicroBatches, GuardedStep):
 
         require_positive_int("max_splits", max_splits, hint="use a power of two such as 64")
         require_positive_int("grow_back_after", grow_back_after)
-        if model is not None and not isinstance(model, torch.nn.Module):
-            raise ConfigError(
-                f"model must be a torch.nn.Module or None, not {type(model).__name__}",
-                key_path="model",
-            )
+        require_instance("model", model, torch.nn.Module, what="a torch.nn.Module", optional=True)
         if scaler is not None and not all(
             callable(getattr(scaler, a, None)) for a in ("scale", "unscale_", "step", "update")
         ):

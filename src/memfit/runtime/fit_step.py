@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from memfit._checks import require_count
 from memfit.errors import BackendUnavailable, ConfigError, InfeasiblePlan
 from memfit.runtime.fit import FitResult, fit, trace_prior
 from memfit.units import format_bytes, parse_bytes
@@ -272,8 +273,7 @@ def fit_step(
     from memfit.core.search import valid_values
 
     dev = _device_name(device)
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ConfigError(f"steps must be a whole number >= 1, not {steps!r}", key_path="steps")
+    require_count("steps", steps, lo=1)
     budget_bytes = parse_bytes(budget) if budget is not None else None
     if budget_bytes is not None and budget_bytes <= 0:
         raise ConfigError(

@@ -43,7 +43,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from memfit._checks import parse_int, require, require_iterable
+from memfit._checks import parse_int, require, require_iterable, require_list
 from memfit.backends.live import torch_device_memory
 from memfit.core.simulator import MeasuredSimulator, SimCamera, SimFigures, camera_bytes
 from memfit.core.simulator_figures import SHARED
@@ -513,12 +513,14 @@ def measure_simulator(
     check_backend(physics, renderer)
     if probe is not None and not callable(getattr(probe, "snapshot", None)):
         require("probe", probe, "callable")  # a DeviceProbe has snapshot()
-    if isinstance(points, (str, bytes)) or not isinstance(points, Sequence) or not points:
-        raise ConfigError(
-            f"points must be a list of settings, not {type(points).__name__}",
-            key_path="points",
-            hint='give two or three settings: [{"num_envs": 16}, {"num_envs": 64}]',
-        )
+    require_list(
+        "points",
+        points,
+        what="a list of settings",
+        sequence=True,
+        nonempty=True,
+        hint='give two or three settings: [{"num_envs": 16}, {"num_envs": 64}]',
+    )
     directory = Path(directory) if directory is not None else None
     for i, point in enumerate(points):
         require(f"points[{i}]", point, "mapping", hint='give each point as {"num_envs": N}')

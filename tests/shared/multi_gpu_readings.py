@@ -1,0 +1,74 @@
+"""memfit's figure for each published multi-GPU reading
+(``tests/data/published_truth/multi_gpu/readings.yaml``) and its error: ``bench/multi_gpu_truth.py``
+writes the table, tests/hardware/test_multi_gpu_truth.py checks it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memfit.core.multi_gpu import device_terms
+from memfit.hardware.catalog import gpu
+from memfit.hardware.cuda import cuda_context_bytes
+from memfit.hardware.nccl import nccl_memory
+from memfit.hardware.runtime import parse_runtime
+
+MiB = 2**20
+
+
+def predict(reading: dict[str, Any]) -> int:
+    """memfit's figure for what the reading measured, in bytes."""
+    setup = reading["setup"]
+    spec = gpu(setup["gpu"])
+    quantity = reading["quantity"]
+    if quantity == "nccl_per_communicator":
+        est = nccl_memory(
+            setup["ranks"],
+            setup["topology"],
+            nccl=setup["nccl"],
+            capability=spec.compute_capability,
+        )
+        return est.total_bytes
+    if quantity == "nccl_p2p_buffers":
+        est = nccl_memory(
+            setup["ranks"],
+            setup["topology"],
+            nccl=setup["nccl"],
+            capability=spec.compute_capability,
+            all_to_all=True,
+        )
+        return next(t.bytes for t in est.terms if t.name == "nccl_p2p_buffers")
+    if quantity == "stray_cuda_context":
+        return cuda_context_bytes(spec, runtime=parse_runtime(setup["runtime"]))
+    if quantity == "device_used":
+        terms, _ = device_terms(
+            spec,
+            setup["ranks"],
+            framework=setup["framework"],
+            strategy="pmap",
+            topology=setup["topology"],
+            nccl=setup["nccl"],
+        )
+        return int(reading["single_device_plan_mib"]) * MiB + sum(
+            t.bytes for t in terms if not t.device0_only
+        )
+    raise ValueError(f"unknown quantity {quantity!r}")
+
+
+def rows(part: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each reading with its prediction and error."""
+    out = []
+    for reading in part:
+        real = round(float(reading["value"]) * int(reading["unit_bytes"]))
+        pred = predict(reading)
+        err = (pred - real) / real if real else None  # as bench/_common.rel_err
+        out.append(
+            {
+                "id": reading["id"],
+                "quantity": reading["quantity"],
+                "measured_mib": real / MiB,
+                "predicted_mib": pred / MiB,
+                "error": err,
+                "source": reading["source"].get("url") or "primary source not located",
+            }
+        )
+    return out
