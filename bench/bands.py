@@ -84,7 +84,7 @@ def _row(
 def traced_rows() -> list[dict[str, Any]]:
     """The H100 torch entries: memfit's traced reserved peak against the real one."""
     import gpu_truth
-    from memfit.estimate.truth import load_entry
+    from truth_corpus import load_entry
 
     rows = []
     for path in sorted(H100.glob("*.json.gz")):

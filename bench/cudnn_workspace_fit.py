@@ -31,6 +31,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tests" / "shared"))
 from _common import write_results  # noqa: E402
 
 CORPUS = HERE.parent / "tests" / "data" / "gpu_truth"
@@ -167,7 +168,7 @@ def summary(values: list[float]) -> dict[str, float]:
 
 
 def main() -> int:
-    from memfit.estimate.truth import load_corpus
+    from truth_corpus import load_corpus
 
     from memfit.estimate.torch._cuda_conv import FITTED
 
