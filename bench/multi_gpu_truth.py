@@ -59,7 +59,7 @@ def predict(reading: dict[str, Any]) -> int:
             all_to_all=True,
         )
         return next(t.bytes for t in est.terms if t.name == "nccl_p2p_buffers")
-    if quantity == "stray_cuda_context":
+    if quantity in ("stray_cuda_context", "cuda_context"):
         return cuda_context_bytes(spec, runtime=parse_runtime(setup["runtime"]))
     if quantity == "device_used":
         terms, _ = device_terms(
@@ -105,7 +105,9 @@ def markdown(parts: dict[str, list[dict[str, Any]]], command: str) -> str:
         f"({platform.machine()}, Python {platform.python_version()}), with `{command}`. "
         "The readings and their sources: `tests/data/published_truth/multi_gpu/readings.yaml`. "
         "Calibration: what the rules were derived from (`nccl_comm_base` was fitted on "
-        "`nccl964_two_ranks`); validation: nothing was fitted to it.",
+        "`nccl964_two_ranks`; the eager CUDA context by build, `rules_torch.json` "
+        "`context.eager_mib`, on the `cuda_context` readings); validation: nothing was "
+        "fitted to it.",
         "",
     ]
     for name, part in parts.items():

@@ -25,7 +25,7 @@ from memfit.errors import ConfigError
 from memfit.hardware.catalog import GpuSpec
 from memfit.hardware.cuda import cuda_context_bytes
 from memfit.hardware.nccl import NcclEstimate, recommend_tight
-from memfit.planning import plan, resolve_gpu
+from memfit.planning import _target_runtime, plan, resolve_gpu
 from memfit.units import format_bytes, parse_fraction
 
 __all__ = ["MultiPlan", "plan_devices"]
@@ -171,8 +171,9 @@ def plan_devices(
         nccl_env=dev.nccl_env,
         set_device=dev.set_device,
         all_to_all=dev.all_to_all,
-        context_bytes=cuda_context_bytes(spec),
+        context_bytes=cuda_context_bytes(spec, runtime=_target_runtime(loaded, runtime)),
         device0_state_bytes=state,
+        communicators=dev.communicators,
     )
     worst = sum(t.bytes for t in terms)
     if worst >= spec.total_bytes:

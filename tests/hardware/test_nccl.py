@@ -53,14 +53,29 @@ def test_channel_buffers_by_topology(
     assert _terms(est)["nccl_comm_base"] == COMM_BASE_BYTES
 
 
-def test_nvls_follows_the_version() -> None:
-    old = _terms(nccl_memory(8, "nvswitch", capability=(9, 0), nccl="2.21"))["nccl_nvls"]
-    # 24 x 2 x 6 MiB x 8 = 2304 MiB, in 512 MiB multicast granules
-    assert old == 2560 * MiB
-    new = _terms(nccl_memory(8, "nvswitch", capability=(9, 0), nccl="2.26"))["nccl_nvls"]
-    assert new == 16 * 2 * 1 * 8 * MiB  # 128 KiB chunk x 8 steps
-    v219 = _terms(nccl_memory(4, "nvswitch", capability=(9, 0), nccl="2.19.3"))["nccl_nvls"]
-    assert v219 == 1024 * MiB  # the 1073741824-byte bind of NVIDIA/nccl-tests#216
+@pytest.mark.parametrize(
+    ("nccl", "ranks", "capability", "expected_mib"),
+    [
+        # 2.17-2.19: NVLS channels (16) x 2 x (NCCL_BUFFSIZE + 2 MiB) x ranks, in 512 MiB:
+        # the 1073741824-byte bind of NVIDIA/nccl-tests#216 (2.19.3, 4 ranks)
+        ("2.19.3", 4, (9, 0), 1024),
+        # 2.20: the collective channels (24) size them: vllm#9699's 2415919104 B, rounded up
+        ("2.20.5", 8, (9, 0), 2560),
+        # 2.21: 128 KiB chunk x 8 steps + 2 MiB, still the collective channels
+        ("2.21.5", 8, (9, 0), 1536),
+        # 2.22-2.25: 16 x 2 x 1 MiB x 8 = 256 MiB in 512 MiB granules, + a 2 MiB credit granule
+        ("2.23", 8, (9, 0), 512 + 2),
+        # 2.26 on: 2 MiB granules (the 268435456-byte bind of the later 8 x H100 log)
+        ("2.26", 8, (9, 0), 256 + 2),
+        # Blackwell from 2.26: 32 NVLS channels
+        ("2.26", 8, (10, 0), 512 + 2),
+    ],
+)
+def test_nvls_follows_the_version(
+    nccl: str, ranks: int, capability: tuple[int, int], expected_mib: int
+) -> None:
+    est = nccl_memory(ranks, "nvswitch", capability=capability, nccl=nccl)
+    assert _terms(est)["nccl_nvls"] == expected_mib * MiB
 
 
 @pytest.mark.parametrize(
@@ -91,22 +106,35 @@ def test_variables_change_the_figures() -> None:
     raised = nccl_memory(4, "pcie", env={"NCCL_MIN_NCHANNELS": "8"})
     assert raised.channels == 8
     small = nccl_memory(
-        8, "nvswitch", capability=(9, 0), nccl="2.21", env={"NCCL_BUFFSIZE": str(1 * MiB)}
+        8, "nvswitch", capability=(9, 0), nccl="2.20", env={"NCCL_BUFFSIZE": str(1 * MiB)}
     )
-    # 512 KiB + 4,915,200 B + 1 MiB in 2 MiB granules = 8 MiB; NVLS 24 x 2 x 3 MiB x 8
+    # 512 KiB + 4,915,200 B + 1 MiB in 2 MiB granules = 8 MiB; NVLS (2.20) 24 x 2 x 3 MiB x 8
     assert _terms(small)["nccl_channel_buffers"] == 24 * 2 * (8 + 2) * MiB
     assert _terms(small)["nccl_nvls"] == 1536 * MiB
-    assert _terms(small)["nccl_nvls"] < _terms(base)["nccl_nvls"]
+    assert (
+        _terms(small)["nccl_nvls"]
+        < _terms(nccl_memory(8, "nvswitch", capability=(9, 0), nccl="2.20"))["nccl_nvls"]
+    )
+    # from 2.21 NCCL_BUFFSIZE no longer sizes NVLS
+    later = nccl_memory(
+        8, "nvswitch", capability=(9, 0), nccl="2.21", env={"NCCL_BUFFSIZE": str(1 * MiB)}
+    )
+    assert _terms(later)["nccl_nvls"] == _terms(base)["nccl_nvls"]
     nocumem = nccl_memory(4, "pcie", nccl="2.21", env={"NCCL_CUMEM_ENABLE": "0"})
     assert _terms(nocumem)["nccl_channel_buffers"] == 2 * 2 * 10 * MiB
     chunk = nccl_memory(
         8, "nvswitch", capability=(9, 0), nccl="2.26", env={"NCCL_NVLS_CHUNKSIZE": "262144"}
     )
-    assert _terms(chunk)["nccl_nvls"] == 16 * 2 * 2 * 8 * MiB
+    assert _terms(chunk)["nccl_nvls"] == (16 * 2 * 2 * 8 + 2) * MiB
     nch = nccl_memory(
         8, "nvswitch", capability=(9, 0), nccl="2.26", env={"NCCL_NVLS_NCHANNELS": "8"}
     )
-    assert _terms(nch)["nccl_nvls"] == 8 * 2 * 1 * 8 * MiB
+    assert _terms(nch)["nccl_nvls"] == (8 * 2 * 1 * 8 + 2) * MiB
+    # 2.21 sizes NVLS by the collective channels, raised to at least NCCL_NVLS_NCHANNELS
+    more = nccl_memory(
+        8, "nvswitch", capability=(9, 0), nccl="2.21", env={"NCCL_NVLS_NCHANNELS": "32"}
+    )
+    assert _terms(more)["nccl_nvls"] == 1536 * MiB  # 32 x 2 x 3 MiB x 8 = 1536 MiB
 
 
 def test_shm_and_net_keep_the_buffers_off_the_gpu() -> None:

@@ -38,6 +38,7 @@ __all__ = [
     "DevicePlan",
     "DeviceTerm",
     "compose",
+    "default_communicators",
     "default_topology",
     "device_terms",
     "parse_gpu_count",
@@ -76,6 +77,35 @@ def default_topology(spec: GpuSpec, count: int) -> str:
     if not sxm:
         return "pcie"
     return "nvswitch" if count > 2 else "nvlink"
+
+
+def default_communicators(framework: str, strategy: str) -> tuple[int, str]:
+    """How many NCCL communicators each device joins, and why, when the workload does not say
+    (``devices.communicators``).
+
+    * JAX (``pmap``, ``jit`` with shardings): XLA keeps one NCCL clique per device group
+      **and stream**: ``GpuCliqueKey`` compares devices and stream id, and
+      ``GetCollectiveStreamId`` gives synchronous collectives stream 0 and asynchronous ones
+      (all-reduce-start/done, on by default) stream 1 (openxla/xla
+      ``xla/backends/gpu/collectives/gpu_clique_key.cc``; ``operator>`` "acquire sync cliques
+      before async ones"). A training step with several all-reduces (gradients, running
+      statistics, metrics) keeps some asynchronous, overlapped with other work, while XLA's
+      ``ConvertAsyncCollectivesToSync`` turns those with nothing to overlap synchronous: two
+      communicators over the same devices. A sharded program whose collectives run over
+      sub-groups of the mesh (one axis of a 2-D mesh) has more: give the count.
+    * torch (DDP, FSDP): ``ProcessGroupNCCL`` keeps one communicator per device and process
+      group, and DDP and FSDP use the default group: one.
+
+    >>> default_communicators("jax", "pmap")[0], default_communicators("torch", "ddp")[0]
+    (2, 1)
+    """
+    if framework == "jax":
+        return 2, (
+            "XLA keys its NCCL cliques by devices and stream: synchronous collectives on "
+            "stream 0, asynchronous ones on stream 1 (openxla/xla gpu_clique_key.cc "
+            "GetCollectiveStreamId); a training step has both"
+        )
+    return 1, "torch's ProcessGroupNCCL: one communicator per device for the default group"
 
 
 @dataclass(frozen=True)
@@ -123,6 +153,7 @@ def device_terms(
     all_to_all: bool = False,
     context_bytes: int = 0,
     device0_state_bytes: int = 0,
+    communicators: int | None = None,
 ) -> tuple[list[DeviceTerm], NcclEstimate | None]:
     """The terms ``count`` devices add beyond a single device's plan.
 
@@ -139,6 +170,8 @@ def device_terms(
         context_bytes: One CUDA context on this card (for the stray contexts on device 0).
         device0_state_bytes: For JAX: the state a single-controller program builds on its
             default device before replicating it.
+        communicators: NCCL communicators per device (``None``:
+            :func:`default_communicators`); NCCL's terms are per communicator, times this.
 
     Returns:
         The terms, and NCCL's estimate (``None`` for one device).
@@ -159,7 +192,24 @@ def device_terms(
         all_to_all=all_to_all,
         env=nccl_env,
     )
-    terms = [DeviceTerm(t.name, t.bytes, t.basis, t.detail, t.source) for t in est.terms]
+    if communicators is None:
+        comms, why = default_communicators(framework, strategy)
+    else:
+        comms = parse_int("communicators", communicators, lo=1, hi=64)
+        why = "devices.communicators (given)"
+    if comms == 1:
+        terms = [DeviceTerm(t.name, t.bytes, t.basis, t.detail, t.source) for t in est.terms]
+    else:
+        terms = [
+            DeviceTerm(
+                t.name,
+                comms * t.bytes,
+                t.basis,
+                f"{comms} communicators ({why}) x [{t.detail}]",
+                t.source,
+            )
+            for t in est.terms
+        ]
     if framework == "torch" and not set_device:
         terms.append(
             DeviceTerm(

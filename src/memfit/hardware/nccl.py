@@ -15,8 +15,10 @@ A communicator holds, on every GPU it spans (NVIDIA/nccl ``src/init.cc``,
   peer access over PCIe) they are in host memory.
 * **NVLS** (``nccl_nvls``): on NVSwitch systems of Hopper and newer, the multicast buffers of
   NVLink SHARP: ``channels x 2 x buffer x local ranks``, where buffer is ``NCCL_BUFFSIZE + 2
-  MiB`` (2.17 to 2.22) or ``NCCL_NVLS_CHUNKSIZE x 8`` steps (later), rounded up to the
-  multicast granularity.
+  MiB`` (2.17 to 2.20), ``NCCL_NVLS_CHUNKSIZE x 8 steps + 2 MiB`` (2.21) or ``NCCL_NVLS_CHUNKSIZE
+  x 8 steps`` (2.22 on), and channels are the NVLS channels (16; 32 on Blackwell from 2.26)
+  except in 2.20-2.21, which size them by the collective channels (24 on 8 x H100); rounded
+  up to the multicast granularity (512 MiB on H100) before 2.26, to 2 MiB from 2.26.
 * **point-to-point** (``nccl_p2p_buffers``): send/recv and all-to-all connect every peer over
   its own channels, lazily, at the first such call.
 * **the communicator's base** (``nccl_comm_base``): what a communicator holds besides its
@@ -88,7 +90,7 @@ _COMM_BASE_SOURCE = (
 #: Every NCCL variable the model reads, and what it changes.
 ENV_EFFECTS: dict[str, str] = {
     "NCCL_BUFFSIZE": "Simple protocol buffer per connection (default 4 MiB); also the NVLS "
-    "buffer of 2.17-2.22. A smaller one saves the difference per channel and connection, "
+    "buffer of 2.17-2.20. A smaller one saves the difference per channel and connection, "
     "at some bandwidth.",
     "NCCL_LL_BUFFSIZE": "LL protocol buffer per connection (default 512 KiB).",
     "NCCL_LL128_BUFFSIZE": "LL128 protocol buffer per connection (default 4,915,200 B; keep it "
@@ -98,8 +100,9 @@ ENV_EFFECTS: dict[str, str] = {
     "NCCL_MIN_NCHANNELS": "raises the collective channel count to at least this.",
     "NCCL_NVLS_ENABLE": "0 turns NVLink SHARP off: no multicast buffers (NeMo-Framework-Launcher "
     "sets it for memory).",
-    "NCCL_NVLS_NCHANNELS": "NVLS channels (default 16; 24 in 2.21-2.22 on H200).",
-    "NCCL_NVLS_CHUNKSIZE": "NVLS step size of the later layout (default 128 KiB).",
+    "NCCL_NVLS_NCHANNELS": "NVLS channels (default 16; 32 on Blackwell from 2.26); in 2.20-2.21 "
+    "the NVLS buffers follow the collective channels, raised to at least this.",
+    "NCCL_NVLS_CHUNKSIZE": "NVLS step size from 2.21 (default 128 KiB; 8 steps per buffer).",
     "NCCL_P2P_DISABLE": "1 sends intra-node traffic through host shared memory (SHM): the "
     "buffers leave the GPU, bandwidth drops.",
     "NCCL_SHM_DISABLE": "1 with P2P unavailable falls back to the network transport (sockets): "
@@ -261,6 +264,57 @@ def _transport(topology: str, p2p: bool | None, settings: NcclSettings) -> str:
     return "P2P"
 
 
+def _nvls_term(
+    version: tuple[int, ...],
+    capability: tuple[int, int] | None,
+    channels: int,
+    local: int,
+    simple: int,
+    settings: NcclSettings,
+) -> NcclTerm:
+    """NVLS's multicast buffers per rank, as ``src/transport/nvls.cc`` of ``version`` sizes
+    them (``rules_nccl.json``'s ``nvls.*`` rows)."""
+    nvls_channels = settings.nvls_nchannels or int(
+        rule("nccl", "nvls.channels", nccl=version, capability=capability)
+    )
+    # NCCL clamps the NVLS channels to [NCCL_MIN_NCHANNELS, NCCL_MAX_NCHANNELS] (minCTAs..maxCTAs)
+    if settings.max_nchannels is not None:
+        nvls_channels = min(nvls_channels, settings.max_nchannels)
+    if settings.min_nchannels is not None:
+        nvls_channels = max(nvls_channels, settings.min_nchannels)
+    if rule("nccl", "nvls.channels_from", nccl=version) == "collective":
+        count = max(channels, nvls_channels)
+        which = f"{count} collective channels (at least the {nvls_channels} NVLS channels)"
+    else:
+        count = nvls_channels
+        which = f"{count} NVLS channels"
+    chunk = settings.nvls_chunksize or NVLS_CHUNK_BYTES
+    formula = rule("nccl", "nvls.buffer_formula", nccl=version)
+    if formula == "chunk":
+        buff = chunk * STEPS
+        how = f"{chunk} B chunk x {STEPS} steps"
+    elif formula == "chunk_and_align":
+        buff = chunk * STEPS + NVLS_ALIGN_BYTES
+        how = f"{chunk} B chunk x {STEPS} steps + 2 MiB"
+    else:
+        buff = simple + NVLS_ALIGN_BYTES
+        how = f"NCCL_BUFFSIZE {simple} B + 2 MiB"
+    raw = count * 2 * buff * local
+    gran = int(rule("nccl", "nvls.multicast_granularity", nccl=version))
+    credit = int(rule("nccl", "nvls.credit_bytes", nccl=version))
+    tail = f" + {credit // MiB} MiB of credits" if credit else ""
+    return NcclTerm(
+        "nccl_nvls",
+        _round_up(raw, gran) + credit,
+        "analytic",
+        f"{which} x 2 x ({how}) x {local} local ranks = {raw // MiB} MiB, in "
+        f"{gran // MiB} MiB granules{tail} (NCCL {'.'.join(str(p) for p in version)})",
+        "NVIDIA/nccl src/transport/nvls.cc (ncclNvlsSetup, ncclNvlsBufferSetup, "
+        "nvlsAllocateMem) of each release; vllm-project/vllm#9699, NVIDIA/nccl-tests#216 "
+        "(NVLS INFO lines)",
+    )
+
+
 def nccl_memory(
     ranks: int,
     topology: str,
@@ -354,28 +408,7 @@ def nccl_memory(
     )
     nvls_on = settings.nvls_enable is not False and topology == "nvswitch" and local > 2
     if nvls_on and bool(rule("nccl", "nvls.available", nccl=version, capability=capability)):
-        nvls_channels = settings.nvls_nchannels or int(
-            rule("nccl", "nvls.channels", nccl=version, capability=capability)
-        )
-        if rule("nccl", "nvls.buffer_formula", nccl=version) == "chunk":
-            buff = (settings.nvls_chunksize or NVLS_CHUNK_BYTES) * STEPS
-            how = f"{settings.nvls_chunksize or NVLS_CHUNK_BYTES} B chunk x {STEPS} steps"
-        else:
-            buff = simple + NVLS_ALIGN_BYTES
-            how = f"NCCL_BUFFSIZE {simple} B + 2 MiB"
-        raw = nvls_channels * 2 * buff * local
-        gran = int(rule("nccl", "nvls.multicast_granularity", nccl=version))
-        terms.append(
-            NcclTerm(
-                "nccl_nvls",
-                _round_up(raw, gran),
-                "analytic",
-                f"{nvls_channels} NVLS channels x 2 x ({how}) x {local} local ranks = "
-                f"{raw // MiB} MiB, in {gran // MiB} MiB multicast granules",
-                "NVIDIA/nccl src/transport/nvls.cc ncclNvlsBufferSetup; vllm-project/vllm#9699, "
-                "NVIDIA/nccl-tests#216 (NVLS INFO lines)",
-            )
-        )
+        terms.append(_nvls_term(version, capability, channels, local, simple, settings))
     elif topology == "nvswitch" and settings.nvls_enable is False:
         notes.append("NCCL_NVLS_ENABLE=0: no NVLS multicast buffers")
     if all_to_all and on_device:
