@@ -116,7 +116,7 @@ def test_eager_context_is_the_published_v100_figure_and_lazy_the_arch_table() ->
     [
         # torch 1.7.1 without CUDA: its default wheel is the CUDA 10.2 build
         ("V100", "torch=1.7.1", 880),
-        ("GTX 1080", "torch=1.8.2,cuda=10.1", 880),
+        ("GTX 1080", "torch=1.8.2,cuda=10.1", 720),
         ("V100", "torch=1.10.0,cuda=11.2", 1341),
         ("RTX 3090", "torch=1.8.2,cuda=11.1", 1690),
         # nothing known of the build: the V100 CUDA 11.2 figure
