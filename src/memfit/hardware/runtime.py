@@ -79,8 +79,9 @@ CONTEXT_SOURCES: dict[str, str] = {
         "(total - free) for an eager torch 1.13 with a 20 MiB segment, i.e. 616 MiB: the "
         "sources disagree by about 2x (different torch builds: the context holds torch's "
         "kernels, which grow with each release), and memfit takes the larger figure; CUDA 10 "
-        "builds (720 MiB on Pascal, 880 MiB on Volta and Turing) and CUDA 11 builds on Ampere and newer (1,690 MiB) have rows of their "
-        "own (rules_torch.json context.eager_mib: pytorch#49877, #55277)"
+        "builds (720 MiB on Pascal, 880 MiB on Volta and Turing) and CUDA 11 builds on "
+        "Ampere and newer (1,690 MiB) have rows of their own (rules_torch.json "
+        "context.eager_mib: pytorch#49877, #55277)"
     ),
     "lazy": (
         "pytorch PR #86509: 287,047,680 B (total - free) with lazy loading, of which 20 MiB "
