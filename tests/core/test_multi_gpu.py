@@ -87,3 +87,28 @@ def test_a_workload_may_say_gpus() -> None:
     assert (wl.devices.count, wl.devices.topology) == (4, "nvlink")
     with pytest.raises(ConfigError, match=r"gpus\.count"):
         parse_workload(text.replace("family: offpolicy", "family: offpolicy\ngpus: {count: 0}", 1))
+
+
+def test_jax_joins_two_communicators_torch_one() -> None:
+    from memfit.core.multi_gpu import default_communicators
+
+    assert default_communicators("jax", "pmap")[0] == 2
+    assert default_communicators("torch", "fsdp")[0] == 1
+    h100 = gpu("H100")
+    jax_terms, est = device_terms(h100, 8, framework="jax", strategy="pmap")
+    torch_terms, _ = device_terms(h100, 8, framework="torch", strategy="ddp")
+    assert est is not None
+    for j, t in zip(jax_terms, torch_terms, strict=True):
+        assert j.name == t.name and j.bytes == 2 * t.bytes
+        assert j.detail.startswith("2 communicators (XLA's clique")
+    given, _ = device_terms(h100, 8, framework="jax", strategy="pmap", communicators=3)
+    assert given[0].bytes == 3 * torch_terms[0].bytes
+    assert "devices.communicators (given)" in given[0].detail
+
+
+def test_the_workload_may_give_the_communicators() -> None:
+    from memfit.core.workload import DeviceSpec
+
+    assert DeviceSpec(count=8, strategy="pmap", communicators=4).communicators == 4
+    with pytest.raises(ValueError, match="communicators"):
+        DeviceSpec(count=8, strategy="pmap", communicators=0)

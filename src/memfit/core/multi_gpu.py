@@ -100,12 +100,8 @@ def default_communicators(framework: str, strategy: str) -> tuple[int, str]:
     (2, 1)
     """
     if framework == "jax":
-        return 2, (
-            "XLA keys its NCCL cliques by devices and stream: synchronous collectives on "
-            "stream 0, asynchronous ones on stream 1 (openxla/xla gpu_clique_key.cc "
-            "GetCollectiveStreamId); a training step has both"
-        )
-    return 1, "torch's ProcessGroupNCCL: one communicator per device for the default group"
+        return 2, "XLA's clique for synchronous and for asynchronous collectives"
+    return 1, "ProcessGroupNCCL's one per device"
 
 
 @dataclass(frozen=True)
