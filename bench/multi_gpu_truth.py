@@ -50,6 +50,14 @@ def predict(reading: dict[str, Any]) -> int:
             capability=spec.compute_capability,
         )
         return est.total_bytes
+    if quantity == "nccl_nvls":
+        est = nccl_memory(
+            setup["ranks"],
+            setup["topology"],
+            nccl=setup["nccl"],
+            capability=spec.compute_capability,
+        )
+        return next(t.bytes for t in est.terms if t.name == "nccl_nvls")
     if quantity == "nccl_p2p_buffers":
         est = nccl_memory(
             setup["ranks"],
@@ -90,7 +98,9 @@ def rows(part: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "measured_mib": real / MiB,
                 "predicted_mib": pred / MiB,
                 "error": err,
-                "source": reading["source"].get("url") or "primary source not located",
+                "source": reading["source"].get("url")
+                or reading["source"].get("where")
+                or "primary source not located",
             }
         )
     return out
