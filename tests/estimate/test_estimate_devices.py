@@ -140,3 +140,55 @@ def test_estimate_cli_names_the_terms(
     assert "per device on 4 x RTX 4090 (pcie, ddp)" in out
     assert "nccl_comm_base (fitted, every device): 384.00 MiB" in out
     assert "in host memory (SHM transport)" in out
+
+
+def _jax_prior(gpu: str) -> object:
+    from memfit.estimate.xla.step import JaxEstimate
+
+    return JaxEstimate(
+        argument_bytes=0,
+        output_bytes=0,
+        alias_bytes=0,
+        temp_bytes=0,
+        generated_code_bytes=0,
+        peak_bytes=None,
+        executable_peak_bytes=1024,
+        device_used_bytes=None,
+        backend="cpu",
+        batch_size=8,
+        collectives=collectives(gpu, framework="jax"),
+    )
+
+
+def test_fit_leaves_the_collectives_share_of_the_default_budget() -> None:
+    from memfit.errors import InfeasiblePlan
+    from memfit.runtime.fit import _less_collectives
+
+    several = collectives("4xRTX 4090", framework="torch")
+    assert several is not None
+    share = several.every_device_bytes
+    assert _less_collectives(2048 * MiB, _jax_prior("4xRTX 4090")) == 2048 * MiB - 2 * share
+    assert _less_collectives(2048 * MiB, _jax_prior("RTX 4090")) == 2048 * MiB
+    with pytest.raises(InfeasiblePlan, match="collective terms of 4 GPUs"):
+        _less_collectives(share, _jax_prior("4xRTX 4090"))
+
+
+@pytest.mark.slow  # two simulated fits (8 s each on the loaded VM)
+def test_fit_runs_under_the_budget_less_the_collectives() -> None:
+    import torch
+
+    import memfit
+
+    several = collectives("4xRTX 4090", framework="torch")
+    assert several is not None
+    share = several.every_device_bytes
+
+    def run(batch: int) -> None:
+        (torch.ones(batch, 256) * 2).sum()
+
+    with memfit.simulate_gpu("2GiB"):
+        plain = memfit.fit(run, low=1, high=2, margin=0.0, max_probes=1)
+        shared = memfit.fit(
+            run, low=1, high=2, margin=0.0, max_probes=1, prior=_jax_prior("4xRTX 4090")
+        )
+    assert shared.budget_bytes == plain.budget_bytes - 2 * share
