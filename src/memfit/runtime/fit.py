@@ -526,9 +526,9 @@ def _less_collectives(budget_bytes: int, prior: Any) -> int:
     Raises:
         InfeasiblePlan: When the collectives alone take the whole budget.
     """
-    several = getattr(prior, "collectives", None)
+    several: Any = getattr(prior, "collectives", None)
     share = int(getattr(several, "every_device_bytes", 0) or 0)
-    if share <= 0:
+    if several is None or share <= 0:
         return budget_bytes
     if share >= budget_bytes:
         raise InfeasiblePlan(
