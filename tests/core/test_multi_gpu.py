@@ -89,21 +89,36 @@ def test_a_workload_may_say_gpus() -> None:
         parse_workload(text.replace("family: offpolicy", "family: offpolicy\ngpus: {count: 0}", 1))
 
 
-def test_jax_joins_two_communicators_torch_one() -> None:
+@pytest.mark.parametrize(
+    ("jaxlib", "expected"),
+    [
+        # XLA kept a clique per stream (sync, async) until per-stream comms went off
+        ("0.4.13", 2),
+        ("0.4.29", 2),
+        # from 0.4.30 one clique per device group; unknown: the current XLA's one
+        ("0.4.30", 1),
+        ("0.7.2", 1),
+        (None, 1),
+    ],
+)
+def test_jax_communicators_follow_the_jaxlib(jaxlib: str | None, expected: int) -> None:
     from memfit.core.multi_gpu import default_communicators
 
-    assert default_communicators("jax", "pmap")[0] == 2
-    assert default_communicators("torch", "fsdp")[0] == 1
+    assert default_communicators("jax", "pmap", jaxlib)[0] == expected
+    assert default_communicators("torch", "fsdp", jaxlib)[0] == 1
     h100 = gpu("H100")
-    jax_terms, est = device_terms(h100, 8, framework="jax", strategy="pmap")
+    jax_terms, est = device_terms(h100, 8, framework="jax", strategy="pmap", jaxlib=jaxlib)
     torch_terms, _ = device_terms(h100, 8, framework="torch", strategy="ddp")
     assert est is not None
     for j, t in zip(jax_terms, torch_terms, strict=True):
-        assert j.name == t.name and j.bytes == 2 * t.bytes
-        assert j.detail.startswith("2 communicators (XLA's clique")
+        assert j.name == t.name and j.bytes == expected * t.bytes
+        if expected > 1:
+            assert j.detail.startswith("2 communicators (XLA's per-stream cliques of jaxlib")
     given, _ = device_terms(h100, 8, framework="jax", strategy="pmap", communicators=3)
     assert given[0].bytes == 3 * torch_terms[0].bytes
     assert "devices.communicators (given)" in given[0].detail
+    with pytest.raises(ConfigError, match="jaxlib"):
+        default_communicators("jax", "pmap", "zero.four")
 
 
 def test_the_workload_may_give_the_communicators() -> None:

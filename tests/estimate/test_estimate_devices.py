@@ -61,13 +61,16 @@ def test_each_topology_gives_its_terms(
     assert any(topology in line for line in several.notes())
 
 
-def test_jax_counts_two_communicators_and_devices_overrides() -> None:
+def test_jax_communicators_follow_the_jaxlib_and_devices_overrides() -> None:
+    old = collectives("8xH100", framework="jax", jaxlib="0.4.25")
     jax8 = collectives("8xH100", framework="jax")
-    torch8 = collectives("8xH100", framework="torch")
-    one = collectives("8xH100", framework="jax", devices={"communicators": 1})
-    assert jax8 is not None and torch8 is not None and one is not None
-    assert jax8.every_device_bytes == 2 * torch8.every_device_bytes
-    assert one.every_device_bytes == torch8.every_device_bytes
+    torch8 = collectives("8xH100", framework="torch", jaxlib="0.4.25")
+    three = collectives("8xH100", framework="jax", devices={"communicators": 3})
+    assert old is not None and jax8 is not None and torch8 is not None and three is not None
+    # XLA's per-stream cliques before jaxlib 0.4.30; one clique per device group after
+    assert old.every_device_bytes == 2 * torch8.every_device_bytes
+    assert jax8.every_device_bytes == torch8.every_device_bytes
+    assert three.every_device_bytes == 3 * torch8.every_device_bytes
     off = collectives("8xH100", framework="torch", devices={"nccl_env": {"NCCL_NVLS_ENABLE": "0"}})
     assert off is not None and "nccl_nvls" not in [t.name for t in off.terms]
 
@@ -167,7 +170,7 @@ def test_fit_leaves_the_collectives_share_of_the_default_budget() -> None:
     several = collectives("4xRTX 4090", framework="torch")
     assert several is not None
     share = several.every_device_bytes
-    assert _less_collectives(2048 * MiB, _jax_prior("4xRTX 4090")) == 2048 * MiB - 2 * share
+    assert _less_collectives(2048 * MiB, _jax_prior("4xRTX 4090")) == 2048 * MiB - share
     assert _less_collectives(2048 * MiB, _jax_prior("RTX 4090")) == 2048 * MiB
     with pytest.raises(InfeasiblePlan, match="collective terms of 4 GPUs"):
         _less_collectives(share, _jax_prior("4xRTX 4090"))

@@ -146,6 +146,50 @@ def test_shm_and_net_keep_the_buffers_off_the_gpu() -> None:
     assert net.transport == "NET"
 
 
+def test_p2p_level_below_the_path_moves_the_buffers_to_host_memory() -> None:
+    # NVL allows P2P over NVLink only: PCIe cards go through SHM, NVLink ones keep P2P
+    pcie = nccl_memory(4, "pcie", env={"NCCL_P2P_LEVEL": "NVL"})
+    assert pcie.transport == "SHM" and _terms(pcie)["nccl_channel_buffers"] == 0
+    nvl = nccl_memory(4, "nvlink", env={"NCCL_P2P_LEVEL": "nvl"})
+    assert nvl.transport == "P2P" and _terms(nvl)["nccl_channel_buffers"] > 0
+    assert nccl_memory(4, "nvlink", env={"NCCL_P2P_LEVEL": "0"}).transport == "SHM"
+    # a level as far as the CPU keeps P2P (memfit's upper bound on PCIe)
+    assert nccl_memory(4, "pcie", env={"NCCL_P2P_LEVEL": "SYS"}).transport == "P2P"
+    with pytest.raises(ConfigError, match="NCCL_P2P_LEVEL"):
+        nccl_memory(4, "pcie", env={"NCCL_P2P_LEVEL": "FAR"})
+
+
+# a setup in which each variable changes the device memory, and the value that does
+_CHANGES = {
+    "NCCL_BUFFSIZE": ((8, "nvswitch", "2.20"), str(1 * MiB)),
+    "NCCL_LL_BUFFSIZE": ((4, "pcie", "2.21"), str(64 * MiB)),
+    "NCCL_LL128_BUFFSIZE": ((4, "pcie", "2.21"), str(120 * 2**16)),
+    "NCCL_MAX_NCHANNELS": ((8, "nvswitch", "2.21"), "4"),
+    "NCCL_MIN_NCHANNELS": ((4, "pcie", "2.21"), "8"),
+    "NCCL_NVLS_ENABLE": ((8, "nvswitch", "2.21"), "0"),
+    "NCCL_NVLS_NCHANNELS": ((8, "nvswitch", "2.26"), "8"),
+    "NCCL_NVLS_CHUNKSIZE": ((8, "nvswitch", "2.26"), str(256 * 1024)),
+    "NCCL_P2P_DISABLE": ((4, "nvlink", "2.21"), "1"),
+    "NCCL_P2P_LEVEL": ((4, "pcie", "2.21"), "NVL"),
+    "NCCL_SHM_DISABLE": ((4, "pcie", "2.21"), "1"),
+    "NCCL_CUMEM_ENABLE": ((4, "pcie", "2.21"), "0"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ENV_EFFECTS))
+def test_every_explained_variable_is_honoured(name: str) -> None:
+    (ranks, topology, version), value = _CHANGES[name]
+    env = {name: value}
+    if name == "NCCL_SHM_DISABLE":  # it matters only where P2P is off
+        env["NCCL_P2P_DISABLE"] = "1"
+        base = nccl_memory(ranks, topology, nccl=version, env={"NCCL_P2P_DISABLE": "1"})
+        assert nccl_memory(ranks, topology, nccl=version, env=env).transport != base.transport
+        return
+    base = nccl_memory(ranks, topology, capability=(9, 0), nccl=version)
+    changed = nccl_memory(ranks, topology, capability=(9, 0), nccl=version, env=env)
+    assert changed.total_bytes != base.total_bytes
+
+
 def test_point_to_point_connects_every_peer() -> None:
     est = nccl_memory(8, "nvswitch", capability=(9, 0), nccl="2.21", all_to_all=True)
     assert _terms(est)["nccl_p2p_buffers"] == 7 * 32 * 12 * MiB

@@ -328,8 +328,9 @@ class DeviceSpec(_Strict):
     #: The job calls send/recv or all-to-all (NCCL connects every peer).
     all_to_all: bool = False
     #: NCCL communicators each device joins (``None``: by framework and strategy, see
-    #: :func:`memfit.core.multi_gpu.default_communicators`: 2 for JAX, whose XLA keeps a
-    #: clique per device group and stream, 1 for torch's process group).
+    #: :func:`memfit.core.multi_gpu.default_communicators`: 1 per device group for JAX
+    #: (2 for jaxlib before 0.4.30, whose XLA kept a clique per stream), 1 for torch's
+    #: process group).
     communicators: int | None = Field(default=None, ge=1, le=64)
 
     @model_validator(mode="after")

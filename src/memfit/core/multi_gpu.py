@@ -33,6 +33,7 @@ from memfit._checks import parse_int
 from memfit.errors import ConfigError
 from memfit.hardware.catalog import GpuSpec
 from memfit.hardware.nccl import NcclEstimate, nccl_memory
+from memfit.hardware.rules import rule
 
 __all__ = [
     "DevicePlan",
@@ -79,29 +80,51 @@ def default_topology(spec: GpuSpec, count: int) -> str:
     return "nvswitch" if count > 2 else "nvlink"
 
 
-def default_communicators(framework: str, strategy: str) -> tuple[int, str]:
+def default_communicators(
+    framework: str, strategy: str, jaxlib: str | tuple[int, ...] | None = None
+) -> tuple[int, str]:
     """How many NCCL communicators each device joins, and why, when the workload does not say
     (``devices.communicators``).
 
-    * JAX (``pmap``, ``jit`` with shardings): XLA keeps one NCCL clique per device group
-      **and stream**: ``GpuCliqueKey`` compares devices and stream id, and
-      ``GetCollectiveStreamId`` gives synchronous collectives stream 0 and asynchronous ones
-      (all-reduce-start/done, on by default) stream 1 (openxla/xla
-      ``xla/backends/gpu/collectives/gpu_clique_key.cc``; ``operator>`` "acquire sync cliques
-      before async ones"). A training step with several all-reduces (gradients, running
-      statistics, metrics) keeps some asynchronous, overlapped with other work, while XLA's
-      ``ConvertAsyncCollectivesToSync`` turns those with nothing to overlap synchronous: two
-      communicators over the same devices. A sharded program whose collectives run over
-      sub-groups of the mesh (one axis of a 2-D mesh) has more: give the count.
+    * JAX (``pmap``, ``jit`` with shardings): by the jaxlib's XLA
+      (``rules_jaxlib.json`` ``xla.communicators_per_group``). XLA before jaxlib 0.4.30 keyed
+      a clique by its devices **and stream** (per-stream communicators,
+      ``--xla_gpu_enable_nccl_per_stream_comms``, on by default until openxla/xla#10965): a
+      training step with synchronous and asynchronous all-reduces joins two communicators
+      over the same devices. From 0.4.30 the flag is off and later XLA drops the stream from
+      ``GpuCliqueKey``: one communicator per device group (send/recv gets its own). A
+      program whose collectives run over sub-groups of the mesh has more: give the count.
+      Unknown jaxlib: the current XLA's one.
     * torch (DDP, FSDP): ``ProcessGroupNCCL`` keeps one communicator per device and process
       group, and DDP and FSDP use the default group: one.
 
-    >>> default_communicators("jax", "pmap")[0], default_communicators("torch", "ddp")[0]
+    >>> default_communicators("jax", "pmap", "0.4.25")[0], default_communicators("jax", "pmap")[0]
     (2, 1)
+    >>> default_communicators("torch", "ddp")[0]
+    1
     """
     if framework == "jax":
-        return 2, "XLA's clique for synchronous and for asynchronous collectives"
+        version = _jaxlib_version(jaxlib)
+        count = int(rule("jaxlib", "xla.communicators_per_group", jaxlib=version))
+        which = "jaxlib " + ".".join(str(p) for p in version) if version else "a current jaxlib"
+        if count > 1:
+            return count, f"XLA's per-stream cliques of {which}: sync and async collectives"
+        return count, f"XLA's one clique per device group ({which})"
     return 1, "ProcessGroupNCCL's one per device"
+
+
+def _jaxlib_version(jaxlib: str | tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """``"0.4.25"`` -> ``(0, 4, 25)``; ``None`` stays unknown.
+
+    Raises:
+        ConfigError: For text that is not a version.
+    """
+    if jaxlib is None or isinstance(jaxlib, tuple):
+        return jaxlib
+    parts = str(jaxlib).strip().split("+")[0].split(".")
+    return tuple(
+        parse_int("jaxlib", p, lo=0, hint="write the jaxlib version as 0.4.30") for p in parts
+    )
 
 
 @dataclass(frozen=True)
@@ -150,6 +173,7 @@ def device_terms(
     context_bytes: int = 0,
     device0_state_bytes: int = 0,
     communicators: int | None = None,
+    jaxlib: str | tuple[int, ...] | None = None,
 ) -> tuple[list[DeviceTerm], NcclEstimate | None]:
     """The terms ``count`` devices add beyond a single device's plan.
 
@@ -168,6 +192,8 @@ def device_terms(
             default device before replicating it.
         communicators: NCCL communicators per device (``None``:
             :func:`default_communicators`); NCCL's terms are per communicator, times this.
+        jaxlib: For JAX: the jaxlib version the job runs (its XLA decides the
+            communicators per device group); ``None``: a current one.
 
     Returns:
         The terms, and NCCL's estimate (``None`` for one device).
@@ -189,7 +215,7 @@ def device_terms(
         env=nccl_env,
     )
     if communicators is None:
-        comms, why = default_communicators(framework, strategy)
+        comms, why = default_communicators(framework, strategy, jaxlib)
     else:
         comms = parse_int("communicators", communicators, lo=1, hi=64)
         why = "devices.communicators (given)"

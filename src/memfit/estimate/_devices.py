@@ -144,6 +144,7 @@ def collectives(
     framework: str,
     devices: Mapping[str, Any] | None = None,
     runtime: Runtime | None = None,
+    jaxlib: str | None = None,
 ) -> Collectives | None:
     """The collective terms of ``gpu`` (``"4xRTX 4090"``), or ``None`` for one card.
 
@@ -154,6 +155,8 @@ def collectives(
             ``nccl_env``, ``communicators``, ``set_device``, ``all_to_all`` (the rest are
             the framework's own settings).
         runtime: The target's runtime (sizes the stray contexts on device 0).
+        jaxlib: For JAX, the jaxlib the GPU runs: its XLA decides how many communicators
+            a device group joins (:func:`memfit.core.multi_gpu.default_communicators`).
 
     Raises:
         ConfigError: For a bad count, card or ``devices`` key (named).
@@ -183,6 +186,7 @@ def collectives(
         all_to_all=dev.all_to_all,
         context_bytes=cuda_context_bytes(spec, runtime=runtime),
         communicators=dev.communicators,
+        jaxlib=jaxlib if framework == "jax" else None,
     )
     topology = est.topology if est is not None else (dev.topology or "pcie")
     return Collectives(card, count, topology, dev.strategy, tuple(terms), est)

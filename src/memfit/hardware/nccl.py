@@ -105,6 +105,11 @@ ENV_EFFECTS: dict[str, str] = {
     "NCCL_NVLS_CHUNKSIZE": "NVLS step size from 2.21 (default 128 KiB; 8 steps per buffer).",
     "NCCL_P2P_DISABLE": "1 sends intra-node traffic through host shared memory (SHM): the "
     "buffers leave the GPU, bandwidth drops.",
+    "NCCL_P2P_LEVEL": "the farthest path P2P may take (LOC, NVL, PIX, PXB, PHB, SYS); LOC, or NVL "
+    "between PCIe cards, sends intra-node traffic through SHM: the buffers leave the GPU. "
+    "Without it NCCL's default is SYS on AMD hosts, PXB on Arm and current Intel hosts "
+    "(src/graph/paths.cc ncclTopoCheckP2p), so PCIe cards that meet only through an Intel "
+    "CPU already use SHM; memfit counts P2P on PCIe unless told, an upper bound.",
     "NCCL_SHM_DISABLE": "1 with P2P unavailable falls back to the network transport (sockets): "
     "buffers in host memory.",
     "NCCL_CUMEM_ENABLE": "1 (default from 2.19) makes each send connection a 2 MiB granule.",
@@ -145,6 +150,7 @@ class NcclSettings:
     nvls_nchannels: int | None = None
     nvls_chunksize: int | None = None
     p2p_disable: bool = False
+    p2p_level: int | None = None
     shm_disable: bool = False
     cumem_enable: bool | None = None
 
@@ -178,6 +184,7 @@ class NcclSettings:
             nvls_nchannels=num("NCCL_NVLS_NCHANNELS", 1),
             nvls_chunksize=num("NCCL_NVLS_CHUNKSIZE", 1),
             p2p_disable=bool(flag("NCCL_P2P_DISABLE")),
+            p2p_level=_p2p_level(env.get("NCCL_P2P_LEVEL")),
             shm_disable=bool(flag("NCCL_SHM_DISABLE")),
             cumem_enable=flag("NCCL_CUMEM_ENABLE"),
         )
@@ -254,12 +261,37 @@ class NcclEstimate:
         }
 
 
+#: NCCL's path types, nearest first (src/graph/topo.h: PATH_LOC 0, PATH_NVL 1, PATH_PIX 3,
+#: PATH_PXB 4, PATH_PHB 6, PATH_SYS 7 in current releases; NCCL_P2P_LEVEL takes the names,
+#: or the older numbers 0-5 in this order).
+P2P_LEVELS = ("LOC", "NVL", "PIX", "PXB", "PHB", "SYS")
+
+
+def _p2p_level(value: str | None) -> int | None:
+    """``NCCL_P2P_LEVEL`` as an index of :data:`P2P_LEVELS` (``None``: unset).
+
+    Raises:
+        ConfigError: For a value that is neither a level's name nor 0-5.
+    """
+    if value is None:
+        return None
+    text = value.strip().upper()
+    if text in P2P_LEVELS:
+        return P2P_LEVELS.index(text)
+    return parse_int(
+        "NCCL_P2P_LEVEL", text, lo=0, hi=len(P2P_LEVELS) - 1, hint="one of " + ", ".join(P2P_LEVELS)
+    )
+
+
 def _round_up(n: int, granule: int) -> int:
     return -(-n // granule) * granule
 
 
 def _transport(topology: str, p2p: bool | None, settings: NcclSettings) -> str:
-    if settings.p2p_disable or (p2p is False and topology == "pcie"):
+    level = settings.p2p_level
+    # LOC: no P2P at all; NVL: P2P over NVLink only, so PCIe cards go through SHM
+    below = level is not None and (level == 0 or (level == 1 and topology == "pcie"))
+    if settings.p2p_disable or below or (p2p is False and topology == "pcie"):
         return "NET" if settings.shm_disable else "SHM"
     return "P2P"
 

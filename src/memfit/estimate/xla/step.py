@@ -587,6 +587,12 @@ def _from_gpu_compile(
     )
 
 
+def _target_jaxlib(jaxlib: str | None) -> str | None:
+    """The jaxlib the GPU runs: the one given, else the installed one (``None``: neither)."""
+    installed = _jaxlib_version()
+    return jaxlib or (None if installed == "?" else installed)
+
+
 def _jaxlib_version() -> str:
     from importlib import metadata
 
@@ -675,7 +681,7 @@ def estimate_jax(
         gpu: GPU name or size for the device-level prediction (context, preallocation).
             With a count (``"8xH100"``) the step is one device's of a job on that many cards
             (``pmap`` by default): ``device_used_bytes`` adds the collective terms every
-            device holds (NCCL's communicators; XLA keeps two per device), in the breakdown
+            device holds (NCCL's communicators: one per device group, two for jaxlib before 0.4.30), in the breakdown
             with their basis and in :attr:`JaxEstimate.collectives`.
         environ: Environment to read JAX's allocator settings from (default ``os.environ``).
         batch_size: Recorded in the result, for sweeps.
@@ -708,7 +714,7 @@ def estimate_jax(
         require_positive_int("batch_size", batch_size, hint="the batch the step runs, e.g. 64")
     require("compiler", compiler, "str")
     _check_jaxlib(jaxlib)
-    several = collectives(gpu, framework="jax", devices=devices)
+    several = collectives(gpu, framework="jax", devices=devices, jaxlib=_target_jaxlib(jaxlib))
     est = _estimate_one(fn, args, kwargs, split_gpu(gpu)[0], environ, batch_size, compiler, jaxlib)
     return est if several is None else _with_collectives(est, several)
 
@@ -894,7 +900,7 @@ def estimate_jax_sweep(
     sizes = check_batch_sizes(batch_sizes)
     require("compiler", compiler, "str")
     _check_jaxlib(jaxlib)
-    several = collectives(gpu, framework="jax", devices=devices)
+    several = collectives(gpu, framework="jax", devices=devices, jaxlib=_target_jaxlib(jaxlib))
     gpu = split_gpu(gpu)[0]
     spec, target, _notes = _gpu_target(gpu, compiler)
     points = []
