@@ -681,8 +681,8 @@ def estimate_jax(
         gpu: GPU name or size for the device-level prediction (context, preallocation).
             With a count (``"8xH100"``) the step is one device's of a job on that many cards
             (``pmap`` by default): ``device_used_bytes`` adds the collective terms every
-            device holds (NCCL's communicators: one per device group, two for jaxlib before 0.4.30), in the breakdown
-            with their basis and in :attr:`JaxEstimate.collectives`.
+            device holds (NCCL's communicators: one per device group, two for jaxlib before
+            0.4.30), in the breakdown with their basis and in :attr:`JaxEstimate.collectives`.
         environ: Environment to read JAX's allocator settings from (default ``os.environ``).
         batch_size: Recorded in the result, for sweeps.
         compiler: ``"auto"`` (XLA's GPU compiler for ``gpu`` where it can), ``"gpu"``
