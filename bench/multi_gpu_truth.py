@@ -77,6 +77,7 @@ def predict(reading: dict[str, Any]) -> int:
             strategy="pmap",
             topology=setup["topology"],
             nccl=setup["nccl"],
+            jaxlib=setup.get("jaxlib"),
         )
         return int(reading["single_device_plan_mib"]) * MiB + sum(
             t.bytes for t in terms if not t.device0_only
