@@ -82,3 +82,22 @@ def test_env_advises_nccl_settings_for_several_cards(capsys: pytest.CaptureFixtu
     assert advice["NCCL_NVLS_ENABLE"]["saves_bytes"] == 1536 * 2**20
     assert main(["env", "--gpu", "H100", "--json"]) in (0, 1)
     assert "nccl" not in json.loads(capsys.readouterr().out)
+
+
+def test_env_advice_on_pcie_names_what_each_setting_saves(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from memfit.hardware.nccl import nccl_memory
+
+    assert main(["env", "--gpu", "4xL40S", "--json"]) in (0, 1)
+    data = json.loads(capsys.readouterr().out)["nccl"]
+    assert data["estimate"]["topology"] == "pcie" and data["estimate"]["transport"] == "P2P"
+    advice = {s["variable"]: s for s in data["settings"]}
+    # PCIe: 2 channels x 2 connections x (10 MiB + 2 MiB) move to host memory over SHM
+    assert advice["NCCL_P2P_DISABLE"]["saves_bytes"] == 48 * 2**20
+    assert "NCCL_NVLS_ENABLE" not in advice and "NCCL_MAX_NCHANNELS" not in advice
+    base = nccl_memory(4, "pcie", capability=(8, 9)).total_bytes
+    for name, item in advice.items():
+        after = nccl_memory(4, "pcie", capability=(8, 9), env={name: item["value"]})
+        assert item["saves_bytes"] == base - after.total_bytes > 0
+        assert item["why"]

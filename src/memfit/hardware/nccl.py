@@ -479,6 +479,8 @@ def recommend_tight(estimate: NcclEstimate) -> dict[str, str]:
 
     >>> sorted(recommend_tight(nccl_memory(8, "nvswitch", capability=(9, 0))))
     ['NCCL_BUFFSIZE', 'NCCL_MAX_NCHANNELS', 'NCCL_NVLS_ENABLE']
+    >>> sorted(recommend_tight(nccl_memory(4, "pcie")))
+    ['NCCL_BUFFSIZE', 'NCCL_P2P_DISABLE']
     """
     out: dict[str, str] = {}
     names = {t.name for t in estimate.terms if t.bytes}
@@ -488,4 +490,7 @@ def recommend_tight(estimate: NcclEstimate) -> dict[str, str]:
         out["NCCL_MAX_NCHANNELS"] = str(max(2, estimate.channels // 2))
     if "nccl_channel_buffers" in names:
         out["NCCL_BUFFSIZE"] = str(2 * MiB)
+    if "nccl_channel_buffers" in names and estimate.topology == "pcie":
+        # over PCIe the buffers may live in host memory instead (SHM), at bandwidth
+        out["NCCL_P2P_DISABLE"] = "1"
     return out
