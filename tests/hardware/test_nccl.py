@@ -153,8 +153,10 @@ def test_p2p_level_below_the_path_moves_the_buffers_to_host_memory() -> None:
     nvl = nccl_memory(4, "nvlink", env={"NCCL_P2P_LEVEL": "nvl"})
     assert nvl.transport == "P2P" and _terms(nvl)["nccl_channel_buffers"] > 0
     assert nccl_memory(4, "nvlink", env={"NCCL_P2P_LEVEL": "0"}).transport == "SHM"
-    # a level as far as the CPU keeps P2P (memfit's upper bound on PCIe)
+    # a level as far as the CPU keeps P2P (memfit's upper bound on PCIe, which it notes)
     assert nccl_memory(4, "pcie", env={"NCCL_P2P_LEVEL": "SYS"}).transport == "P2P"
+    assert any("upper bound" in n for n in nccl_memory(4, "pcie").notes)
+    assert not any("upper bound" in n for n in pcie.notes)
     with pytest.raises(ConfigError, match="NCCL_P2P_LEVEL"):
         nccl_memory(4, "pcie", env={"NCCL_P2P_LEVEL": "FAR"})
 

@@ -425,6 +425,12 @@ def nccl_memory(
             f"the channel buffers are in host memory: the {transport} transport "
             + ("(GeForce cards refuse peer access over PCIe)" if p2p is False else "")
         )
+    if on_device and topology == "pcie" and settings.p2p_level is None:
+        notes.append(
+            "P2P assumed between the PCIe cards, an upper bound: on an Intel or Arm host NCCL "
+            "uses P2P only through a shared PCIe switch (PXB), else SHM, which keeps the "
+            "channel buffers in host memory (NCCL_P2P_LEVEL=NVL plans that)"
+        )
     terms.append(
         NcclTerm(
             "nccl_channel_buffers",
