@@ -114,6 +114,9 @@ def test_jax_communicators_follow_the_jaxlib(jaxlib: str | None, expected: int) 
         assert j.name == t.name and j.bytes == expected * t.bytes
         if expected > 1:
             assert j.detail.startswith("2 communicators (XLA's per-stream cliques of jaxlib")
+        else:
+            assert j.detail.startswith("1 communicator (XLA's one clique per device group")
+        assert not t.detail.startswith("1 communicator")
     given, _ = device_terms(h100, 8, framework="jax", strategy="pmap", communicators=3)
     assert given[0].bytes == 3 * torch_terms[0].bytes
     assert "devices.communicators (given)" in given[0].detail

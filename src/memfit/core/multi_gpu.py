@@ -109,7 +109,7 @@ def default_communicators(
         which = "jaxlib " + ".".join(str(p) for p in version) if version else "a current jaxlib"
         if count > 1:
             return count, f"XLA's per-stream cliques of {which}: sync and async collectives"
-        return count, f"XLA's one clique per device group ({which})"
+        return count, f"XLA's one clique per device group, {which}"
     return 1, "ProcessGroupNCCL's one per device"
 
 
@@ -219,15 +219,16 @@ def device_terms(
     else:
         comms = parse_int("communicators", communicators, lo=1, hi=64)
         why = "devices.communicators (given)"
-    if comms == 1:
+    if comms == 1 and framework != "jax" and communicators is None:
         terms = [DeviceTerm(t.name, t.bytes, t.basis, t.detail, t.source) for t in est.terms]
-    else:
+    else:  # JAX's count follows its jaxlib: say which
+        noun = "communicator" if comms == 1 else "communicators"
         terms = [
             DeviceTerm(
                 t.name,
                 comms * t.bytes,
                 t.basis,
-                f"{comms} communicators ({why}) x [{t.detail}]",
+                f"{comms} {noun} ({why}) x [{t.detail}]",
                 t.source,
             )
             for t in est.terms
