@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common
 
-from memfit.core.multi_gpu import device_terms
+from memfit.core.multi_gpu import device_terms, stray_context
 from memfit.hardware.catalog import gpu
 from memfit.hardware.cuda import cuda_context_bytes
 from memfit.hardware.nccl import nccl_memory
@@ -67,8 +67,11 @@ def predict(reading: dict[str, Any]) -> int:
             all_to_all=True,
         )
         return next(t.bytes for t in est.terms if t.name == "nccl_p2p_buffers")
-    if quantity in ("stray_cuda_context", "cuda_context"):
+    if quantity == "cuda_context":
         return cuda_context_bytes(spec, runtime=parse_runtime(setup["runtime"]))
+    if quantity == "stray_cuda_context":
+        init = setup.get("stray_init", "unknown")
+        return stray_context(spec, parse_runtime(setup["runtime"]), init)[0]
     if quantity == "device_used":
         terms, _ = device_terms(
             spec,

@@ -40,6 +40,17 @@ def test_stray_contexts_land_on_device_0() -> None:
     assert "stray_cuda_contexts" not in rest.breakdown
 
 
+def test_stray_cause_and_tensors_from_the_workload() -> None:
+    wl = load_workload("dqn_fire_raster@ddp")
+    update = {"set_device": False, "stray_init": "nccl", "stray_bytes": "1GiB"}
+    devices = type(wl.devices).model_validate({**wl.devices.model_dump(), **update})
+    wl = wl.model_copy(update={"devices": devices})
+    zero = plan_devices(wl, "RTX 4090", runtime="torch=2.0.0").devices[0]
+    # eager (NCCL started CUDA), a CUDA 11 build on Ada: 1,690 MiB
+    assert zero.breakdown["stray_cuda_contexts"] == 3 * 1690 * 2**20
+    assert zero.breakdown["stray_tensors"] == 3 * 2**30
+
+
 def test_bad_counts_are_refused() -> None:
     with pytest.raises(ConfigError, match="count"):
         plan_devices("dqn_fire_raster", "4xRTX 4090", count=2)

@@ -5,9 +5,18 @@ from __future__ import annotations
 import pytest
 
 from memfit.core.families.common import ddp_terms, fsdp_terms
-from memfit.core.multi_gpu import compose, default_topology, device_terms, parse_gpu_count
+from memfit.core.multi_gpu import (
+    compose,
+    default_topology,
+    device_terms,
+    parse_gpu_count,
+    stray_context,
+)
 from memfit.errors import ConfigError
 from memfit.hardware.catalog import gpu
+from memfit.hardware.runtime import parse_runtime
+
+MiB = 2**20
 
 
 def test_gpu_counts() -> None:
@@ -130,3 +139,46 @@ def test_the_workload_may_give_the_communicators() -> None:
     assert DeviceSpec(count=8, strategy="pmap", communicators=4).communicators == 4
     with pytest.raises(ValueError, match="communicators"):
         DeviceSpec(count=8, strategy="pmap", communicators=0)
+
+
+@pytest.mark.parametrize(
+    ("runtime", "init", "mib"),
+    [
+        # torch 2.0 (a CUDA 11.7 wheel): NCCL starts CUDA before torch sets LAZY -> eager
+        ("torch=2.0.0", "nccl", 1341),
+        ("torch=2.0.0", "unknown", 1341),  # unknown: the larger
+        ("torch=2.0.0", "torch", 300),  # torch's own lazy init first
+        ("torch=2.0.0,module_loading=lazy", "nccl", 300),  # the variable set beforehand
+        ("torch=2.0.0,cuda=12.2", "nccl", 300),  # CUDA 12.2's default is lazy
+        ("torch=2.6.0", "nccl", 300),  # its default wheel is CUDA 12.4
+        ("torch=1.7.1", "torch", 880),  # before 1.13 every context is eager
+    ],
+)
+def test_stray_context_follows_what_started_cuda(runtime: str, init: str, mib: int) -> None:
+    size, why = stray_context(gpu("V100"), parse_runtime(runtime), init)
+    assert size == mib * MiB
+    assert ("larger" in why) == (init == "unknown" and mib == 1341)
+
+
+def test_stray_context_refuses_an_unknown_cause() -> None:
+    with pytest.raises(ConfigError) as info:
+        stray_context(gpu("V100"), None, "barrier")
+    assert info.value.key_path == "devices.stray_init"
+
+
+def test_stray_tensors_are_per_other_process_in_segments() -> None:
+    terms, _ = device_terms(
+        gpu("V100"),
+        4,
+        framework="torch",
+        strategy="ddp",
+        set_device=False,
+        context_bytes=300 * MiB,
+        context_detail="lazy",
+        stray_bytes=3 * MiB + 1,
+    )
+    by = {t.name: t for t in terms}
+    assert by["stray_tensors"].bytes == 3 * 4 * MiB and by["stray_tensors"].device0_only
+    assert by["stray_cuda_contexts"].detail.endswith(": lazy")
+    none, _ = device_terms(gpu("V100"), 4, framework="torch", strategy="ddp", set_device=False)
+    assert "stray_tensors" not in {t.name for t in none}

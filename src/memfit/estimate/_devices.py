@@ -23,11 +23,10 @@ from typing import Any
 import pydantic
 
 from memfit._checks import require, require_mapping
-from memfit.core.multi_gpu import DeviceTerm, device_terms, parse_gpu_count
+from memfit.core.multi_gpu import DeviceTerm, device_terms, parse_gpu_count, stray_context
 from memfit.core.workload import DeviceSpec
 from memfit.errors import ConfigError
 from memfit.hardware.catalog import gpu as lookup_gpu
-from memfit.hardware.cuda import cuda_context_bytes
 from memfit.hardware.nccl import NcclEstimate
 from memfit.hardware.runtime import Runtime
 from memfit.units import format_bytes
@@ -152,8 +151,8 @@ def collectives(
         gpu: A catalog card with a count.
         framework: ``torch`` or ``jax`` (the default strategy: DDP, pmap).
         devices: A workload's ``devices:`` keys: ``strategy``, ``topology``, ``nccl``,
-            ``nccl_env``, ``communicators``, ``set_device``, ``all_to_all`` (the rest are
-            the framework's own settings).
+            ``nccl_env``, ``communicators``, ``set_device``, ``stray_init``, ``stray_bytes``,
+            ``all_to_all`` (the rest are the framework's own settings).
         runtime: The target's runtime (sizes the stray contexts on device 0).
         jaxlib: For JAX, the jaxlib the GPU runs: its XLA decides how many communicators
             a device group joins (:func:`memfit.core.multi_gpu.default_communicators`).
@@ -174,6 +173,7 @@ def collectives(
         return None
     spec = lookup_gpu(card)
     dev = _device_spec(count, framework, devices)
+    stray = stray_context(spec, runtime, dev.stray_init)
     terms, est = device_terms(
         spec,
         count,
@@ -184,7 +184,9 @@ def collectives(
         nccl_env=dev.nccl_env,
         set_device=dev.set_device,
         all_to_all=dev.all_to_all,
-        context_bytes=cuda_context_bytes(spec, runtime=runtime),
+        context_bytes=stray[0],
+        context_detail=stray[1],
+        stray_bytes=dev.stray_bytes,
         communicators=dev.communicators,
         jaxlib=jaxlib if framework == "jax" else None,
     )
