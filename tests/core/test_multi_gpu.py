@@ -116,7 +116,9 @@ def test_jax_communicators_follow_the_jaxlib(jaxlib: str | None, expected: int) 
     assert default_communicators("jax", "pmap", jaxlib)[0] == expected
     assert default_communicators("torch", "fsdp", jaxlib)[0] == 1
     h100 = gpu("H100")
-    jax_terms, est = device_terms(h100, 8, framework="jax", strategy="pmap", jaxlib=jaxlib)
+    jax_terms, est = device_terms(
+        h100, 8, framework="jax", strategy="pmap", jaxlib=jaxlib, nccl="2.21.5"
+    )
     torch_terms, _ = device_terms(h100, 8, framework="torch", strategy="ddp")
     assert est is not None
     for j, t in zip(jax_terms, torch_terms, strict=True):

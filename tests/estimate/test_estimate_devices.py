@@ -62,10 +62,11 @@ def test_each_topology_gives_its_terms(
 
 
 def test_jax_communicators_follow_the_jaxlib_and_devices_overrides() -> None:
-    old = collectives("8xH100", framework="jax", jaxlib="0.4.25")
-    jax8 = collectives("8xH100", framework="jax")
+    v = {"nccl": "2.21.5"}
+    old = collectives("8xH100", framework="jax", jaxlib="0.4.25", devices=v)
+    jax8 = collectives("8xH100", framework="jax", devices=v)
     torch8 = collectives("8xH100", framework="torch", jaxlib="0.4.25")
-    three = collectives("8xH100", framework="jax", devices={"communicators": 3})
+    three = collectives("8xH100", framework="jax", devices={"communicators": 3, **v})
     assert old is not None and jax8 is not None and torch8 is not None and three is not None
     # XLA's per-stream cliques before jaxlib 0.4.30; one clique per device group after
     assert old.every_device_bytes == 2 * torch8.every_device_bytes
@@ -73,6 +74,17 @@ def test_jax_communicators_follow_the_jaxlib_and_devices_overrides() -> None:
     assert three.every_device_bytes == 3 * torch8.every_device_bytes
     off = collectives("8xH100", framework="torch", devices={"nccl_env": {"NCCL_NVLS_ENABLE": "0"}})
     assert off is not None and "nccl_nvls" not in [t.name for t in off.terms]
+
+
+def test_jax_without_an_nccl_version_takes_the_largest_release() -> None:
+    unknown = collectives("8xH100", framework="jax")
+    pinned = collectives("8xH100", framework="jax", devices={"nccl": "2.20.5"})
+    newer = collectives("8xH100", framework="jax", devices={"nccl": "2.27.3"})
+    assert unknown is not None and pinned is not None and newer is not None
+    # jax[cuda12] leaves NCCL open: 2.20's NVLS (by the 24 collective channels) is the largest
+    assert unknown.every_device_bytes == pinned.every_device_bytes > newer.every_device_bytes
+    assert unknown.nccl is not None and unknown.nccl.nccl == (2, 20, 5)
+    assert any("nvidia-nccl-cu12>=2.18.1" in note for note in unknown.nccl.notes)
 
 
 def test_stray_contexts_follow_the_runtime() -> None:

@@ -34,7 +34,7 @@ from typing import Any
 from memfit._checks import parse_int
 from memfit.errors import ConfigError
 from memfit.hardware.catalog import GpuSpec
-from memfit.hardware.nccl import NcclEstimate, nccl_memory
+from memfit.hardware.nccl import NcclEstimate, largest_nccl_memory, nccl_memory
 from memfit.hardware.rules import rule
 from memfit.hardware.runtime import Runtime, cuda_context, parse_version, runtime_from_versions
 
@@ -270,7 +270,9 @@ def device_terms(
         framework: ``torch`` or ``jax``.
         strategy: ``devices.strategy`` (``ddp``, ``fsdp``, ``pmap``, ``single``).
         topology: ``pcie``, ``nvlink`` or ``nvswitch`` (default :func:`default_topology`).
-        nccl: NCCL's version.
+        nccl: NCCL's version (``None``: torch's default, or for JAX, whose ``jax[cuda12]``
+            leaves it open, the largest figure of the releases it may install,
+            :func:`memfit.hardware.nccl.largest_nccl_memory`).
         nccl_env: The job's ``NCCL_*`` variables.
         set_device: Every torch process selects its device before touching CUDA.
         all_to_all: The job calls send/recv or all-to-all.
@@ -296,15 +298,16 @@ def device_terms(
         return [], None
     topo = topology or default_topology(spec, count)
     geforce = "geforce" in spec.name.lower()
-    est = nccl_memory(
-        count,
-        topo,
-        nccl=nccl,
-        capability=spec.compute_capability,
-        p2p=False if (geforce and topo == "pcie") else None,
-        all_to_all=all_to_all,
-        env=nccl_env,
-    )
+    settings: dict[str, Any] = {
+        "capability": spec.compute_capability,
+        "p2p": False if (geforce and topo == "pcie") else None,
+        "all_to_all": all_to_all,
+        "env": nccl_env,
+    }
+    if nccl is None and framework == "jax":  # jax[cuda12] leaves NCCL's version open
+        est = largest_nccl_memory(count, topo, **settings)
+    else:
+        est = nccl_memory(count, topo, nccl=nccl, **settings)
     if communicators is None:
         comms, why = default_communicators(framework, strategy, jaxlib)
     else:

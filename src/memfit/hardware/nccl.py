@@ -49,6 +49,7 @@ __all__ = [
     "COMM_BASE_BYTES",
     "ENV_EFFECTS",
     "GRANULE",
+    "JAX_NCCL_RELEASES",
     "NCCL_DEFAULT_VERSION",
     "TOPOLOGIES",
     "NcclEstimate",
@@ -63,6 +64,20 @@ __all__ = [
 TOPOLOGIES = ("pcie", "nvlink", "nvswitch")
 #: The NCCL version assumed where none is given (torch 2.5 to 2.7's wheels).
 NCCL_DEFAULT_VERSION = (2, 21)
+#: NCCL releases a ``jax[cuda12]`` install may hold: JAX's CUDA plugin asks for
+#: ``nvidia-nccl-cu12>=2.18.1`` with no upper bound (``jax_plugins/cuda/plugin_setup.py``,
+#: ``with-cuda`` extra), so pip takes the newest release at install time; torch's wheels
+#: pin one instead. One release per minor line published as ``nvidia-nccl-cu12`` wheels.
+JAX_NCCL_RELEASES: tuple[tuple[int, ...], ...] = (
+    (2, 18, 3),
+    (2, 19, 3),
+    (2, 20, 5),
+    (2, 21, 5),
+    (2, 23, 4),
+    (2, 25, 1),
+    (2, 26, 2),
+    (2, 27, 3),
+)
 #: The device-memory granule of cuMem allocations (and of the driver's large pages).
 GRANULE = 2 * MiB
 #: Default LL buffer: NCCL_LL_LINES_PER_THREAD x NCCL_LL_MAX_NTHREADS x NCCL_STEPS x 16 B.
@@ -477,6 +492,45 @@ def nccl_memory(
             "first use: the figure counts rings, trees and NVLS all, an upper bound"
         )
     return NcclEstimate(ranks, topology, version, transport, channels, tuple(terms), tuple(notes))
+
+
+def largest_nccl_memory(
+    ranks: int,
+    topology: str,
+    releases: tuple[tuple[int, ...], ...] = JAX_NCCL_RELEASES,
+    **kwargs: Any,
+) -> NcclEstimate:
+    """:func:`nccl_memory` for an unknown NCCL: the largest figure among ``releases`` (the
+    safe side: under-prediction is an OOM), with a note naming the release taken.
+
+    On 8 x H100 that is NCCL 2.20, whose NVLS buffers follow the 24 collective channels at
+    ``NCCL_BUFFSIZE`` + 2 MiB each (2,560 MiB against 2.21's 1,536 MiB).
+
+    >>> largest_nccl_memory(8, "nvswitch", capability=(9, 0)).nccl
+    (2, 20, 5)
+
+    Raises:
+        ConfigError: As :func:`nccl_memory`.
+    """
+    if "nccl" in kwargs:
+        raise ConfigError("largest_nccl_memory takes no NCCL version", key_path="nccl")
+    estimates = [nccl_memory(ranks, topology, nccl=v, **kwargs) for v in releases]
+    worst = max(estimates, key=lambda e: e.total_bytes)
+    low, high = (".".join(str(p) for p in v[:2]) for v in (releases[0], releases[-1]))
+    taken = ".".join(str(p) for p in worst.nccl)
+    note = (
+        f"NCCL's version unknown (jax[cuda12] asks for nvidia-nccl-cu12>=2.18.1, no upper "
+        f"bound): the largest figure of NCCL {low}-{high}, {taken}'s; give devices.nccl"
+    )
+    return NcclEstimate(
+        worst.ranks,
+        worst.topology,
+        worst.nccl,
+        worst.transport,
+        worst.channels,
+        worst.terms,
+        (*worst.notes, note),
+    )
 
 
 def recommend_tight(estimate: NcclEstimate) -> dict[str, str]:
