@@ -423,10 +423,11 @@ def eager_context(spec: GpuSpec | None, runtime: Runtime) -> tuple[int, str]:
     ``context.eager_mib``), and how the CUDA version was known.
 
     The context holds every kernel the process links for the GPU's architecture, so it grows
-    with the build: a CUDA 10 build of torch 1.6-1.8 takes 720-880 MiB, a CUDA 11 build 1,341
-    MiB on a V100 and up to 1,690 MiB on Ampere (their sources are the rows'). A runtime that
-    names torch but not CUDA takes the CUDA of torch's default wheel (``wheel.cuda``: 10.2 for
-    torch 1.5 to 1.12).
+    with the build: a CUDA 10 build of torch 1.6-1.8 takes 720-880 MiB, a CUDA 11.0-11.6 build
+    1,341 MiB on a V100 and up to 1,690 MiB on Ampere, a CUDA 11.7 or later build (torch 1.13
+    on) 900 MiB (their sources are the rows'). A runtime that names torch but not CUDA takes
+    the CUDA of torch's default wheel (``wheel.cuda``: 10.2 for torch 1.5 to 1.12, 11.7 for
+    1.13-2.0, 12.1 and later after).
 
     >>> eager_context(None, parse_runtime("torch=1.7.1"))[0] == 880 * MiB
     True
