@@ -216,3 +216,19 @@ def test_recommendations_for_a_tight_card() -> None:
     assert int(tight["NCCL_MAX_NCHANNELS"]) < 24
     applied = nccl_memory(8, "nvswitch", capability=(9, 0), env=tight)
     assert applied.total_bytes < nccl_memory(8, "nvswitch", capability=(9, 0)).total_bytes / 3
+
+
+def test_an_unknown_nccl_takes_the_largest_release() -> None:
+    from memfit.hardware.nccl import JAX_NCCL_RELEASES, largest_nccl_memory
+
+    worst = largest_nccl_memory(8, "nvswitch", capability=(9, 0))
+    each = [nccl_memory(8, "nvswitch", nccl=v, capability=(9, 0)) for v in JAX_NCCL_RELEASES]
+    assert worst.total_bytes == max(e.total_bytes for e in each)
+    assert worst.nccl == (2, 20, 5) and "2.20.5's" in worst.notes[-1]
+    # on PCIe NVLS is absent: the largest is a release whose send connections take granules
+    pcie = largest_nccl_memory(4, "pcie")
+    assert pcie.total_bytes == max(
+        nccl_memory(4, "pcie", nccl=v).total_bytes for v in JAX_NCCL_RELEASES
+    )
+    with pytest.raises(ConfigError, match="no NCCL version"):
+        largest_nccl_memory(8, "nvswitch", nccl="2.21")
