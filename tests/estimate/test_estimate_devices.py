@@ -206,4 +206,6 @@ def test_fit_runs_under_the_budget_less_the_collectives() -> None:
         shared = memfit.fit(
             run, low=1, high=2, margin=0.0, max_probes=1, prior=_jax_prior("4xRTX 4090")
         )
-    assert shared.budget_bytes == plain.budget_bytes - 2 * share
+    jax = collectives("4xRTX 4090", framework="jax")  # the prior's: one communicator per group
+    assert jax is not None and jax.every_device_bytes == share  # SHM: the base alone
+    assert shared.budget_bytes == plain.budget_bytes - jax.every_device_bytes
