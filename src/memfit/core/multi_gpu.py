@@ -61,7 +61,7 @@ _STRAY_SOURCE = (
     "aten/src/ATen/cuda/detail/CUDAHooks.cpp (initCUDA sets CUDA_MODULE_LOADING=LAZY when "
     "unset), ProcessGroupNCCL.cpp (its constructor checks at::cuda::getNumGPUs() first), "
     "pytorch/pytorch#85692 (the variable must be set before CUDA starts), #113326 "
-    "(cudaGetDeviceCount before the first tensor: the eager footprint)"
+    "(cudaGetDeviceCount before the first tensor: the eager host footprint)"
 )
 
 _COUNT_RE = re.compile(r"^\s*(\d{1,4})\s*[xX\u00d7]\s*(\S.*)$")
