@@ -18,14 +18,20 @@ from typing import Any
 
 from memfit._checks import require, require_mapping
 from memfit.allocator.xla_fraction import DEFAULT_MARGIN, FRACTION_VARIABLES
-from memfit.core.multi_gpu import DevicePlan, DeviceTerm, compose, device_terms, parse_gpu_count
+from memfit.core.multi_gpu import (
+    DevicePlan,
+    DeviceTerm,
+    compose,
+    device_terms,
+    parse_gpu_count,
+    stray_context,
+)
 from memfit.core.plan import Plan
 from memfit.core.workload import Workload, load_workload, require_workload
 from memfit.errors import ConfigError
 from memfit.hardware.catalog import GpuSpec
-from memfit.hardware.cuda import cuda_context_bytes
 from memfit.hardware.nccl import NcclEstimate, recommend_tight
-from memfit.planning import plan, resolve_gpu
+from memfit.planning import _target_runtime, plan, resolve_gpu
 from memfit.units import format_bytes, parse_fraction
 
 __all__ = ["MultiPlan", "plan_devices"]
@@ -161,6 +167,7 @@ def plan_devices(
     dev = loaded.devices
     fraction = parse_fraction(margin)
     state = loaded.measurements.training_state_bytes if loaded.measurements else 0
+    stray = stray_context(spec, _target_runtime(loaded, runtime), dev.stray_init)
     terms, est = device_terms(
         spec,
         n,
@@ -171,8 +178,11 @@ def plan_devices(
         nccl_env=dev.nccl_env,
         set_device=dev.set_device,
         all_to_all=dev.all_to_all,
-        context_bytes=cuda_context_bytes(spec),
+        context_bytes=stray[0],
+        context_detail=stray[1],
+        stray_bytes=dev.stray_bytes,
         device0_state_bytes=state,
+        communicators=dev.communicators,
     )
     worst = sum(t.bytes for t in terms)
     if worst >= spec.total_bytes:

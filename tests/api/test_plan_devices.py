@@ -40,6 +40,17 @@ def test_stray_contexts_land_on_device_0() -> None:
     assert "stray_cuda_contexts" not in rest.breakdown
 
 
+def test_stray_cause_and_tensors_from_the_workload() -> None:
+    wl = load_workload("dqn_fire_raster@ddp")
+    update = {"set_device": False, "stray_init": "nccl", "stray_bytes": "1GiB"}
+    devices = type(wl.devices).model_validate({**wl.devices.model_dump(), **update})
+    wl = wl.model_copy(update={"devices": devices})
+    zero = plan_devices(wl, "RTX 4090", runtime="torch=2.0.0").devices[0]
+    # eager (NCCL started CUDA), a CUDA 11.7 build: 900 MiB
+    assert zero.breakdown["stray_cuda_contexts"] == 3 * 900 * 2**20
+    assert zero.breakdown["stray_tensors"] == 3 * 2**30
+
+
 def test_bad_counts_are_refused() -> None:
     with pytest.raises(ConfigError, match="count"):
         plan_devices("dqn_fire_raster", "4xRTX 4090", count=2)
@@ -78,6 +89,26 @@ def test_env_advises_nccl_settings_for_several_cards(capsys: pytest.CaptureFixtu
     data = json.loads(capsys.readouterr().out)
     advice = {s["variable"]: s for s in data["nccl"]["settings"]}
     assert advice["NCCL_NVLS_ENABLE"]["value"] == "0"
-    assert advice["NCCL_NVLS_ENABLE"]["saves_bytes"] > 2 * 2**30
+    # NCCL 2.21 on 8 x H100: 24 x 2 x 3 MiB x 8 = 1,152 MiB in 512 MiB granules
+    assert advice["NCCL_NVLS_ENABLE"]["saves_bytes"] == 1536 * 2**20
     assert main(["env", "--gpu", "H100", "--json"]) in (0, 1)
     assert "nccl" not in json.loads(capsys.readouterr().out)
+
+
+def test_env_advice_on_pcie_names_what_each_setting_saves(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from memfit.hardware.nccl import nccl_memory
+
+    assert main(["env", "--gpu", "4xL40S", "--json"]) in (0, 1)
+    data = json.loads(capsys.readouterr().out)["nccl"]
+    assert data["estimate"]["topology"] == "pcie" and data["estimate"]["transport"] == "P2P"
+    advice = {s["variable"]: s for s in data["settings"]}
+    # PCIe: 2 channels x 2 connections x (10 MiB + 2 MiB) move to host memory over SHM
+    assert advice["NCCL_P2P_DISABLE"]["saves_bytes"] == 48 * 2**20
+    assert "NCCL_NVLS_ENABLE" not in advice and "NCCL_MAX_NCHANNELS" not in advice
+    base = nccl_memory(4, "pcie", capability=(8, 9)).total_bytes
+    for name, item in advice.items():
+        after = nccl_memory(4, "pcie", capability=(8, 9), env={name: item["value"]})
+        assert item["saves_bytes"] == base - after.total_bytes > 0
+        assert item["why"]

@@ -59,7 +59,9 @@ def test_plan_tiers_take_the_runtime(capsys: pytest.CaptureFixture[str]) -> None
         capsys, "plan", "dqn_fire_raster", "--all-gpus", "--json", "--runtime", "cuda=11.2"
     )
     contexts = [p["breakdown"]["cuda_context"] for p in data["plans"] if "error" not in p]
-    assert contexts and all(c == EAGER_CONTEXT_BYTES for c in contexts)
+    # a CUDA 11 build's eager context: 1,341 MiB before Ampere, 1,690 MiB from Ampere on
+    assert contexts and all(c in (EAGER_CONTEXT_BYTES, 1690 * 2**20) for c in contexts)
+    assert 1690 * 2**20 in contexts and EAGER_CONTEXT_BYTES in contexts
 
 
 @pytest.mark.parametrize(

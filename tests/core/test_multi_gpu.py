@@ -5,9 +5,18 @@ from __future__ import annotations
 import pytest
 
 from memfit.core.families.common import ddp_terms, fsdp_terms
-from memfit.core.multi_gpu import compose, default_topology, device_terms, parse_gpu_count
+from memfit.core.multi_gpu import (
+    compose,
+    default_topology,
+    device_terms,
+    parse_gpu_count,
+    stray_context,
+)
 from memfit.errors import ConfigError
 from memfit.hardware.catalog import gpu
+from memfit.hardware.runtime import parse_runtime
+
+MiB = 2**20
 
 
 def test_gpu_counts() -> None:
@@ -87,3 +96,91 @@ def test_a_workload_may_say_gpus() -> None:
     assert (wl.devices.count, wl.devices.topology) == (4, "nvlink")
     with pytest.raises(ConfigError, match=r"gpus\.count"):
         parse_workload(text.replace("family: offpolicy", "family: offpolicy\ngpus: {count: 0}", 1))
+
+
+@pytest.mark.parametrize(
+    ("jaxlib", "expected"),
+    [
+        # XLA kept a clique per stream (sync, async) until per-stream comms went off
+        ("0.4.13", 2),
+        ("0.4.29", 2),
+        # from 0.4.30 one clique per device group; unknown: the current XLA's one
+        ("0.4.30", 1),
+        ("0.7.2", 1),
+        (None, 1),
+    ],
+)
+def test_jax_communicators_follow_the_jaxlib(jaxlib: str | None, expected: int) -> None:
+    from memfit.core.multi_gpu import default_communicators
+
+    assert default_communicators("jax", "pmap", jaxlib)[0] == expected
+    assert default_communicators("torch", "fsdp", jaxlib)[0] == 1
+    h100 = gpu("H100")
+    jax_terms, est = device_terms(
+        h100, 8, framework="jax", strategy="pmap", jaxlib=jaxlib, nccl="2.21.5"
+    )
+    torch_terms, _ = device_terms(h100, 8, framework="torch", strategy="ddp")
+    assert est is not None
+    for j, t in zip(jax_terms, torch_terms, strict=True):
+        assert j.name == t.name and j.bytes == expected * t.bytes
+        if expected > 1:
+            assert j.detail.startswith("2 communicators (XLA's per-stream cliques of jaxlib")
+        else:
+            assert j.detail.startswith("1 communicator (XLA's one clique per device group")
+        assert not t.detail.startswith("1 communicator")
+    given, _ = device_terms(h100, 8, framework="jax", strategy="pmap", communicators=3)
+    assert given[0].bytes == 3 * torch_terms[0].bytes
+    assert "devices.communicators (given)" in given[0].detail
+    with pytest.raises(ConfigError, match="jaxlib"):
+        default_communicators("jax", "pmap", "zero.four")
+
+
+def test_the_workload_may_give_the_communicators() -> None:
+    from memfit.core.workload import DeviceSpec
+
+    assert DeviceSpec(count=8, strategy="pmap", communicators=4).communicators == 4
+    with pytest.raises(ValueError, match="communicators"):
+        DeviceSpec(count=8, strategy="pmap", communicators=0)
+
+
+@pytest.mark.parametrize(
+    ("runtime", "init", "mib"),
+    [
+        # torch 2.0 (a CUDA 11.7 wheel): NCCL starts CUDA before torch sets LAZY -> eager
+        ("torch=2.0.0", "nccl", 900),
+        ("torch=2.0.0", "unknown", 900),  # unknown: the larger
+        ("torch=2.0.0", "torch", 300),  # torch's own lazy init first
+        ("torch=2.0.0,module_loading=lazy", "nccl", 300),  # the variable set beforehand
+        ("torch=2.0.0,cuda=12.2", "nccl", 300),  # CUDA 12.2's default is lazy
+        ("torch=2.6.0", "nccl", 300),  # its default wheel is CUDA 12.4
+        ("torch=1.7.1", "torch", 880),  # before 1.13 every context is eager
+    ],
+)
+def test_stray_context_follows_what_started_cuda(runtime: str, init: str, mib: int) -> None:
+    size, why = stray_context(gpu("V100"), parse_runtime(runtime), init)
+    assert size == mib * MiB
+    assert ("larger" in why) == (init == "unknown" and mib == 900)
+
+
+def test_stray_context_refuses_an_unknown_cause() -> None:
+    with pytest.raises(ConfigError) as info:
+        stray_context(gpu("V100"), None, "barrier")
+    assert info.value.key_path == "devices.stray_init"
+
+
+def test_stray_tensors_are_per_other_process_in_segments() -> None:
+    terms, _ = device_terms(
+        gpu("V100"),
+        4,
+        framework="torch",
+        strategy="ddp",
+        set_device=False,
+        context_bytes=300 * MiB,
+        context_detail="lazy",
+        stray_bytes=3 * MiB + 1,
+    )
+    by = {t.name: t for t in terms}
+    assert by["stray_tensors"].bytes == 3 * 4 * MiB and by["stray_tensors"].device0_only
+    assert by["stray_cuda_contexts"].detail.endswith(": lazy")
+    none, _ = device_terms(gpu("V100"), 4, framework="torch", strategy="ddp", set_device=False)
+    assert "stray_tensors" not in {t.name for t in none}

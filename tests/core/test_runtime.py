@@ -101,12 +101,32 @@ def test_eager_context_is_the_published_v100_figure_and_lazy_the_arch_table() ->
     lazy = cuda_context(v100, parse_runtime("torch=2.4.1,cuda=12.1"))
     assert eager.bytes == EAGER_CONTEXT_BYTES == 1341 * MiB
     assert lazy.bytes == LAZY_CONTEXT_BYTES["volta"]
-    assert eager.source == CONTEXT_SOURCES["eager"] and "V100" in eager.source
+    assert eager.source.endswith(CONTEXT_SOURCES["eager"]) and "V100" in eager.source
+    assert "CUDA 11.2 (given) build: 1,341 MiB" in eager.source
     assert "#86509" in lazy.source and eager.unknowns
     # Where the sources disagree, the larger (conservative) figure is taken.
     assert "takes the larger" in CONTEXT_SOURCES["eager"]
-    assert cuda_context(gpu("H100"), eager.runtime).bytes == EAGER_CONTEXT_BYTES
+    # a CUDA 11 build on Ampere and newer carries more kernels (pytorch#55277: 1,685 MiB)
+    assert cuda_context(gpu("H100"), eager.runtime).bytes == 1690 * MiB
     assert cuda_context(memfit.hardware.catalog.host_device(2**34), eager.runtime).bytes == 0
+
+
+@pytest.mark.parametrize(
+    ("card", "runtime", "mib"),
+    [
+        # torch 1.7.1 without CUDA: its default wheel is the CUDA 10.2 build
+        ("V100", "torch=1.7.1", 880),
+        ("GTX 1080", "torch=1.8.2,cuda=10.1", 720),
+        ("V100", "torch=1.10.0,cuda=11.2", 1341),
+        ("RTX 3090", "torch=1.8.2,cuda=11.1", 1690),
+        # nothing known of the build: the V100 CUDA 11.2 figure
+        ("V100", "module_loading=eager", 1341),
+    ],
+)
+def test_the_eager_context_follows_the_build(card: str, runtime: str, mib: int) -> None:
+    est = cuda_context(gpu(card), parse_runtime(runtime))
+    assert est.bytes == mib * MiB
+    assert f"{mib:,} MiB" in est.source
 
 
 def test_the_budget_and_the_plan_carry_the_runtime_they_assumed() -> None:

@@ -53,14 +53,29 @@ def test_channel_buffers_by_topology(
     assert _terms(est)["nccl_comm_base"] == COMM_BASE_BYTES
 
 
-def test_nvls_follows_the_version() -> None:
-    old = _terms(nccl_memory(8, "nvswitch", capability=(9, 0), nccl="2.21"))["nccl_nvls"]
-    # 24 x 2 x 6 MiB x 8 = 2304 MiB, in 512 MiB multicast granules
-    assert old == 2560 * MiB
-    new = _terms(nccl_memory(8, "nvswitch", capability=(9, 0), nccl="2.26"))["nccl_nvls"]
-    assert new == 16 * 2 * 1 * 8 * MiB  # 128 KiB chunk x 8 steps
-    v219 = _terms(nccl_memory(4, "nvswitch", capability=(9, 0), nccl="2.19.3"))["nccl_nvls"]
-    assert v219 == 1024 * MiB  # the 1073741824-byte bind of NVIDIA/nccl-tests#216
+@pytest.mark.parametrize(
+    ("nccl", "ranks", "capability", "expected_mib"),
+    [
+        # 2.17-2.19: NVLS channels (16) x 2 x (NCCL_BUFFSIZE + 2 MiB) x ranks, in 512 MiB:
+        # the 1073741824-byte bind of NVIDIA/nccl-tests#216 (2.19.3, 4 ranks)
+        ("2.19.3", 4, (9, 0), 1024),
+        # 2.20: the collective channels (24) size them: vllm#9699's 2415919104 B, rounded up
+        ("2.20.5", 8, (9, 0), 2560),
+        # 2.21: 128 KiB chunk x 8 steps + 2 MiB, still the collective channels
+        ("2.21.5", 8, (9, 0), 1536),
+        # 2.22-2.25: 16 x 2 x 1 MiB x 8 = 256 MiB in 512 MiB granules, + a 2 MiB credit granule
+        ("2.23", 8, (9, 0), 512 + 2),
+        # 2.26 on: 2 MiB granules (the 268435456-byte bind of the later 8 x H100 log)
+        ("2.26", 8, (9, 0), 256 + 2),
+        # Blackwell from 2.26: 32 NVLS channels
+        ("2.26", 8, (10, 0), 512 + 2),
+    ],
+)
+def test_nvls_follows_the_version(
+    nccl: str, ranks: int, capability: tuple[int, int], expected_mib: int
+) -> None:
+    est = nccl_memory(ranks, "nvswitch", capability=capability, nccl=nccl)
+    assert _terms(est)["nccl_nvls"] == expected_mib * MiB
 
 
 @pytest.mark.parametrize(
@@ -91,22 +106,35 @@ def test_variables_change_the_figures() -> None:
     raised = nccl_memory(4, "pcie", env={"NCCL_MIN_NCHANNELS": "8"})
     assert raised.channels == 8
     small = nccl_memory(
-        8, "nvswitch", capability=(9, 0), nccl="2.21", env={"NCCL_BUFFSIZE": str(1 * MiB)}
+        8, "nvswitch", capability=(9, 0), nccl="2.20", env={"NCCL_BUFFSIZE": str(1 * MiB)}
     )
-    # 512 KiB + 4,915,200 B + 1 MiB in 2 MiB granules = 8 MiB; NVLS 24 x 2 x 3 MiB x 8
+    # 512 KiB + 4,915,200 B + 1 MiB in 2 MiB granules = 8 MiB; NVLS (2.20) 24 x 2 x 3 MiB x 8
     assert _terms(small)["nccl_channel_buffers"] == 24 * 2 * (8 + 2) * MiB
     assert _terms(small)["nccl_nvls"] == 1536 * MiB
-    assert _terms(small)["nccl_nvls"] < _terms(base)["nccl_nvls"]
+    assert (
+        _terms(small)["nccl_nvls"]
+        < _terms(nccl_memory(8, "nvswitch", capability=(9, 0), nccl="2.20"))["nccl_nvls"]
+    )
+    # from 2.21 NCCL_BUFFSIZE no longer sizes NVLS
+    later = nccl_memory(
+        8, "nvswitch", capability=(9, 0), nccl="2.21", env={"NCCL_BUFFSIZE": str(1 * MiB)}
+    )
+    assert _terms(later)["nccl_nvls"] == _terms(base)["nccl_nvls"]
     nocumem = nccl_memory(4, "pcie", nccl="2.21", env={"NCCL_CUMEM_ENABLE": "0"})
     assert _terms(nocumem)["nccl_channel_buffers"] == 2 * 2 * 10 * MiB
     chunk = nccl_memory(
         8, "nvswitch", capability=(9, 0), nccl="2.26", env={"NCCL_NVLS_CHUNKSIZE": "262144"}
     )
-    assert _terms(chunk)["nccl_nvls"] == 16 * 2 * 2 * 8 * MiB
+    assert _terms(chunk)["nccl_nvls"] == (16 * 2 * 2 * 8 + 2) * MiB
     nch = nccl_memory(
         8, "nvswitch", capability=(9, 0), nccl="2.26", env={"NCCL_NVLS_NCHANNELS": "8"}
     )
-    assert _terms(nch)["nccl_nvls"] == 8 * 2 * 1 * 8 * MiB
+    assert _terms(nch)["nccl_nvls"] == (8 * 2 * 1 * 8 + 2) * MiB
+    # 2.21 sizes NVLS by the collective channels, raised to at least NCCL_NVLS_NCHANNELS
+    more = nccl_memory(
+        8, "nvswitch", capability=(9, 0), nccl="2.21", env={"NCCL_NVLS_NCHANNELS": "32"}
+    )
+    assert _terms(more)["nccl_nvls"] == 1536 * MiB  # 32 x 2 x 3 MiB x 8 = 1536 MiB
 
 
 def test_shm_and_net_keep_the_buffers_off_the_gpu() -> None:
@@ -116,6 +144,52 @@ def test_shm_and_net_keep_the_buffers_off_the_gpu() -> None:
     assert disabled.transport == "SHM" and _terms(disabled)["nccl_channel_buffers"] == 0
     net = nccl_memory(4, "pcie", env={"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"})
     assert net.transport == "NET"
+
+
+def test_p2p_level_below_the_path_moves_the_buffers_to_host_memory() -> None:
+    # NVL allows P2P over NVLink only: PCIe cards go through SHM, NVLink ones keep P2P
+    pcie = nccl_memory(4, "pcie", env={"NCCL_P2P_LEVEL": "NVL"})
+    assert pcie.transport == "SHM" and _terms(pcie)["nccl_channel_buffers"] == 0
+    nvl = nccl_memory(4, "nvlink", env={"NCCL_P2P_LEVEL": "nvl"})
+    assert nvl.transport == "P2P" and _terms(nvl)["nccl_channel_buffers"] > 0
+    assert nccl_memory(4, "nvlink", env={"NCCL_P2P_LEVEL": "0"}).transport == "SHM"
+    # a level as far as the CPU keeps P2P (memfit's upper bound on PCIe, which it notes)
+    assert nccl_memory(4, "pcie", env={"NCCL_P2P_LEVEL": "SYS"}).transport == "P2P"
+    assert any("upper bound" in n for n in nccl_memory(4, "pcie").notes)
+    assert not any("upper bound" in n for n in pcie.notes)
+    with pytest.raises(ConfigError, match="NCCL_P2P_LEVEL"):
+        nccl_memory(4, "pcie", env={"NCCL_P2P_LEVEL": "FAR"})
+
+
+# a setup in which each variable changes the device memory, and the value that does
+_CHANGES = {
+    "NCCL_BUFFSIZE": ((8, "nvswitch", "2.20"), str(1 * MiB)),
+    "NCCL_LL_BUFFSIZE": ((4, "pcie", "2.21"), str(64 * MiB)),
+    "NCCL_LL128_BUFFSIZE": ((4, "pcie", "2.21"), str(120 * 2**16)),
+    "NCCL_MAX_NCHANNELS": ((8, "nvswitch", "2.21"), "4"),
+    "NCCL_MIN_NCHANNELS": ((4, "pcie", "2.21"), "8"),
+    "NCCL_NVLS_ENABLE": ((8, "nvswitch", "2.21"), "0"),
+    "NCCL_NVLS_NCHANNELS": ((8, "nvswitch", "2.26"), "8"),
+    "NCCL_NVLS_CHUNKSIZE": ((8, "nvswitch", "2.26"), str(256 * 1024)),
+    "NCCL_P2P_DISABLE": ((4, "nvlink", "2.21"), "1"),
+    "NCCL_P2P_LEVEL": ((4, "pcie", "2.21"), "NVL"),
+    "NCCL_SHM_DISABLE": ((4, "pcie", "2.21"), "1"),
+    "NCCL_CUMEM_ENABLE": ((4, "pcie", "2.21"), "0"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ENV_EFFECTS))
+def test_every_explained_variable_is_honoured(name: str) -> None:
+    (ranks, topology, version), value = _CHANGES[name]
+    env = {name: value}
+    if name == "NCCL_SHM_DISABLE":  # it matters only where P2P is off
+        env["NCCL_P2P_DISABLE"] = "1"
+        base = nccl_memory(ranks, topology, nccl=version, env={"NCCL_P2P_DISABLE": "1"})
+        assert nccl_memory(ranks, topology, nccl=version, env=env).transport != base.transport
+        return
+    base = nccl_memory(ranks, topology, capability=(9, 0), nccl=version)
+    changed = nccl_memory(ranks, topology, capability=(9, 0), nccl=version, env=env)
+    assert changed.total_bytes != base.total_bytes
 
 
 def test_point_to_point_connects_every_peer() -> None:
@@ -142,3 +216,19 @@ def test_recommendations_for_a_tight_card() -> None:
     assert int(tight["NCCL_MAX_NCHANNELS"]) < 24
     applied = nccl_memory(8, "nvswitch", capability=(9, 0), env=tight)
     assert applied.total_bytes < nccl_memory(8, "nvswitch", capability=(9, 0)).total_bytes / 3
+
+
+def test_an_unknown_nccl_takes_the_largest_release() -> None:
+    from memfit.hardware.nccl import JAX_NCCL_RELEASES, largest_nccl_memory
+
+    worst = largest_nccl_memory(8, "nvswitch", capability=(9, 0))
+    each = [nccl_memory(8, "nvswitch", nccl=v, capability=(9, 0)) for v in JAX_NCCL_RELEASES]
+    assert worst.total_bytes == max(e.total_bytes for e in each)
+    assert worst.nccl == (2, 20, 5) and "2.20.5's" in worst.notes[-1]
+    # on PCIe NVLS is absent: the largest is a release whose send connections take granules
+    pcie = largest_nccl_memory(4, "pcie")
+    assert pcie.total_bytes == max(
+        nccl_memory(4, "pcie", nccl=v).total_bytes for v in JAX_NCCL_RELEASES
+    )
+    with pytest.raises(ConfigError, match="no NCCL version"):
+        largest_nccl_memory(8, "nvswitch", nccl="2.21")

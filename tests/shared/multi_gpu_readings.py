@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memfit.core.multi_gpu import device_terms
+from memfit.core.multi_gpu import device_terms, stray_context
 from memfit.hardware.catalog import gpu
 from memfit.hardware.cuda import cuda_context_bytes
 from memfit.hardware.nccl import nccl_memory
@@ -28,6 +28,14 @@ def predict(reading: dict[str, Any]) -> int:
             capability=spec.compute_capability,
         )
         return est.total_bytes
+    if quantity == "nccl_nvls":
+        est = nccl_memory(
+            setup["ranks"],
+            setup["topology"],
+            nccl=setup["nccl"],
+            capability=spec.compute_capability,
+        )
+        return next(t.bytes for t in est.terms if t.name == "nccl_nvls")
     if quantity == "nccl_p2p_buffers":
         est = nccl_memory(
             setup["ranks"],
@@ -37,8 +45,11 @@ def predict(reading: dict[str, Any]) -> int:
             all_to_all=True,
         )
         return next(t.bytes for t in est.terms if t.name == "nccl_p2p_buffers")
-    if quantity == "stray_cuda_context":
+    if quantity == "cuda_context":
         return cuda_context_bytes(spec, runtime=parse_runtime(setup["runtime"]))
+    if quantity == "stray_cuda_context":
+        init = setup.get("stray_init", "unknown")
+        return stray_context(spec, parse_runtime(setup["runtime"]), init)[0]
     if quantity == "device_used":
         terms, _ = device_terms(
             spec,
@@ -47,6 +58,7 @@ def predict(reading: dict[str, Any]) -> int:
             strategy="pmap",
             topology=setup["topology"],
             nccl=setup["nccl"],
+            jaxlib=setup.get("jaxlib"),
         )
         return int(reading["single_device_plan_mib"]) * MiB + sum(
             t.bytes for t in terms if not t.device0_only
@@ -68,7 +80,9 @@ def rows(part: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "measured_mib": real / MiB,
                 "predicted_mib": pred / MiB,
                 "error": err,
-                "source": reading["source"].get("url") or "primary source not located",
+                "source": reading["source"].get("url")
+                or reading["source"].get("where")
+                or "primary source not located",
             }
         )
     return out

@@ -223,8 +223,10 @@ def _nccl_advice(spec: GpuSpec, count: int) -> dict[str, Any]:
 def _print_nccl_advice(advice: dict[str, Any]) -> None:
     est = advice["estimate"]
     out_console.print(
-        f"# NCCL on {advice['count']} x {safe(advice['gpu'])} ({est['topology']}, "
-        f"{est['transport']}): about {format_bytes(est['total_bytes'])} per GPU; on a tight card:",
+        f"# NCCL {est['nccl']} on {advice['count']} x {safe(advice['gpu'])} ({est['topology']}, "
+        f"{est['transport']}): about {format_bytes(est['total_bytes'])} per GPU and "
+        "communicator (torch's process group: one; JAX: one per device group, two before "
+        "jaxlib 0.4.30); on a tight card:",
         soft_wrap=True,
     )
     if not advice["settings"]:

@@ -182,9 +182,10 @@ def _target(gpu: str | None) -> tuple[str, int, str] | None:
                 hint="give the RAM as a size instead, e.g. --gpu 16GiB",
             )
         return "CPU (host RAM available now)", here[1], "host"
+    from memfit.estimate._devices import split_gpu
     from memfit.hardware.catalog import gpu as lookup_gpu
 
-    spec = lookup_gpu(gpu)
+    spec = lookup_gpu(split_gpu(gpu)[0] or gpu)  # "4xRTX 4090": per device
     return spec.name, spec.total_bytes, "gpu"
 
 
@@ -235,7 +236,8 @@ def largest_batch(
             )
         else:
             context = data["context"]["bytes"] if data.get("context") else 0
-            limit = total - context
+            several = data.get("collectives")  # --gpu 4xRTX 4090: NCCL's share of each card
+            limit = total - context - (several["every_device_bytes"] if several else 0)
             usable = int(limit * (1 - _MARGIN))
             got: Any = None
 
@@ -267,6 +269,9 @@ def largest_batch(
         policy = preallocation_from_env()
         on_demand = kind == "host" or policy.platform_allocator or not policy.preallocate
         limit = total if on_demand else int(total * policy.fraction)
+        several = _collectives(data)
+        if several and on_demand:  # --gpu 8xH100: NCCL's share of each card
+            limit -= several["every_device_bytes"]
         usable = int(limit * (1 - _MARGIN))
         room = usable - fit["intercept"]
         best = int(room // fit["slope"]) if room >= fit["slope"] else None
@@ -281,6 +286,33 @@ def largest_batch(
         "peak_bytes": peak,
         "how": how,
     }
+
+
+def _collectives(data: dict[str, Any]) -> dict[str, Any] | None:
+    """The collective terms of an estimate's plain data (``--gpu 4xRTX 4090``), or ``None``."""
+    if data.get("collectives"):
+        return dict(data["collectives"])
+    points = data.get("points") or []
+    first = points[0] if points else {}
+    return dict(first["collectives"]) if first.get("collectives") else None
+
+
+def _collective_lines(data: dict[str, Any]) -> list[str]:
+    """One line per collective term: name, basis, bytes, where."""
+    several = _collectives(data)
+    if several is None:
+        return []
+    lines = [
+        f"per device on {several['count']} x {several['card']} ({several['topology']}, "
+        f"{several['strategy']}): the collective terms below are in the device figures"
+    ]
+    for term in several["terms"]:
+        where = "device 0 only" if term["device0_only"] else "every device"
+        lines.append(
+            f"  {term['name']} ({term['basis']}, {where}): {format_bytes(term['bytes'])}: "
+            f"{term['detail']}"
+        )
+    return lines
 
 
 def _largest_line(largest: dict[str, Any], knob: str) -> str:
@@ -396,6 +428,8 @@ def estimate_command(
     tables = _torch_tables(data) if kind == "torch" else (_jax_table(data),)
     for table in tables:
         out_console.print(table)
+    for line in _collective_lines(data):
+        out_console.print(safe(line))
     out_console.print(safe(_fit_line(data["fit"], data["batch_knob"])))
     slope = data.get("slope")
     if slope is not None:

@@ -325,8 +325,23 @@ class DeviceSpec(_Strict):
     #: Every process calls ``torch.cuda.set_device(local_rank)`` before touching CUDA (else
     #: each leaves a CUDA context on device 0).
     set_device: bool = True
+    #: With ``set_device: false``, what first started CUDA in those processes: ``nccl``
+    #: (``init_process_group("nccl")`` first: an eager context), ``torch`` (a torch CUDA
+    #: call first: the runtime's loading), ``unknown`` (the larger); see
+    #: :func:`memfit.core.multi_gpu.stray_context`.
+    stray_init: Literal["unknown", "nccl", "torch"] = "unknown"
+    #: With ``set_device: false``, what each other process allocates on device 0 besides its
+    #: context (``"1.5GiB"``: a checkpoint ``torch.load`` restores to ``cuda:0``).
+    stray_bytes: int = Field(default=0, ge=0)
     #: The job calls send/recv or all-to-all (NCCL connects every peer).
     all_to_all: bool = False
+    #: NCCL communicators each device joins (``None``: by framework and strategy, see
+    #: :func:`memfit.core.multi_gpu.default_communicators`: 1 per device group for JAX
+    #: (2 for jaxlib before 0.4.30, whose XLA kept a clique per stream), 1 for torch's
+    #: process group).
+    communicators: int | None = Field(default=None, ge=1, le=64)
+
+    _stray_size = field_validator("stray_bytes", mode="before")(_size)
 
     @model_validator(mode="after")
     def _single(self) -> DeviceSpec:

@@ -9,9 +9,11 @@ the framework's allocator that only a multi-GPU job has:
   buffers, NVLS on NVSwitch systems, point-to-point buffers;
 * on device 0 only: a CUDA context for each other process that touches CUDA before calling
   ``torch.cuda.set_device(local_rank)`` (pytorch/pytorch#49481: 871 MiB per other process
-  on device 0; pytorch/examples#1142 adds the call), and for JAX, arrays a single-controller
-  program leaves on its default device (the unreplicated training state Brax builds before
-  ``jax.device_put_replicated``).
+  on device 0; pytorch/examples#1142 adds the call), sized by what started it
+  (:func:`stray_context`), plus what such a process allocates there (``devices.stray_bytes``:
+  a checkpoint ``torch.load`` puts back on ``cuda:0`` without ``map_location``); and for
+  JAX, arrays a single-controller program leaves on its default device (the unreplicated
+  training state Brax builds before ``jax.device_put_replicated``).
 
 :func:`device_terms` gives those terms with their basis; :func:`compose` adds them to a
 single-device plan's breakdown, device by device.
@@ -26,22 +28,41 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from memfit._checks import parse_int
 from memfit.errors import ConfigError
 from memfit.hardware.catalog import GpuSpec
-from memfit.hardware.nccl import NcclEstimate, nccl_memory
+from memfit.hardware.nccl import NcclEstimate, largest_nccl_memory, nccl_memory
+from memfit.hardware.rules import rule
+from memfit.hardware.runtime import Runtime, cuda_context, parse_version, runtime_from_versions
 
 __all__ = [
     "DevicePlan",
     "DeviceTerm",
     "compose",
+    "default_communicators",
     "default_topology",
     "device_terms",
     "parse_gpu_count",
+    "stray_context",
 ]
+
+#: What first started CUDA in a process that leaves a context on device 0
+#: (``devices.stray_init``): see :func:`stray_context`.
+STRAY_INITS = ("unknown", "nccl", "torch")
+#: The caching allocator's rounding of a large block (``kRoundLarge``, 2 MiB).
+_SEGMENT_BYTES = 2 * 2**20
+_STRAY_SOURCE = (
+    "pytorch/pytorch#49481 (871 MiB per other process on GPU 0), #98763 (torch 2.0: "
+    "barrier() without set_device, about 900 MB per process on GPU 0 of 8 x V100), "
+    "pytorch/examples#1142 (call torch.cuda.set_device(local_rank) first); the loading mode: "
+    "aten/src/ATen/cuda/detail/CUDAHooks.cpp (initCUDA sets CUDA_MODULE_LOADING=LAZY when "
+    "unset), ProcessGroupNCCL.cpp (its constructor checks at::cuda::getNumGPUs() first), "
+    "pytorch/pytorch#85692 (the variable must be set before CUDA starts), #113326 "
+    "(cudaGetDeviceCount before the first tensor: the eager host footprint)"
+)
 
 _COUNT_RE = re.compile(r"^\s*(\d{1,4})\s*[xX\u00d7]\s*(\S.*)$")
 #: The most GPUs a plan takes (one NCCL communicator of up to this many ranks).
@@ -76,6 +97,119 @@ def default_topology(spec: GpuSpec, count: int) -> str:
     if not sxm:
         return "pcie"
     return "nvswitch" if count > 2 else "nvlink"
+
+
+def default_communicators(
+    framework: str, strategy: str, jaxlib: str | tuple[int, ...] | None = None
+) -> tuple[int, str]:
+    """How many NCCL communicators each device joins, and why, when the workload does not say
+    (``devices.communicators``).
+
+    * JAX (``pmap``, ``jit`` with shardings): by the jaxlib's XLA
+      (``rules_jaxlib.json`` ``xla.communicators_per_group``). XLA before jaxlib 0.4.30 keyed
+      a clique by its devices **and stream** (per-stream communicators,
+      ``--xla_gpu_enable_nccl_per_stream_comms``, on by default until openxla/xla#10965): a
+      training step with synchronous and asynchronous all-reduces joins two communicators
+      over the same devices. From 0.4.30 the flag is off and later XLA drops the stream from
+      ``GpuCliqueKey``: one communicator per device group (send/recv gets its own). A
+      program whose collectives run over sub-groups of the mesh has more: give the count.
+      Unknown jaxlib: the current XLA's one.
+    * torch (DDP, FSDP): ``ProcessGroupNCCL`` keeps one communicator per device and process
+      group, and DDP and FSDP use the default group: one.
+
+    >>> default_communicators("jax", "pmap", "0.4.25")[0], default_communicators("jax", "pmap")[0]
+    (2, 1)
+    >>> default_communicators("torch", "ddp")[0]
+    1
+    """
+    if framework == "jax":
+        version = _jaxlib_version(jaxlib)
+        count = int(rule("jaxlib", "xla.communicators_per_group", jaxlib=version))
+        which = "jaxlib " + ".".join(str(p) for p in version) if version else "a current jaxlib"
+        if count > 1:
+            return count, f"XLA's per-stream cliques of {which}: sync and async collectives"
+        return count, f"XLA's one clique per device group, {which}"
+    return 1, "ProcessGroupNCCL's one per device"
+
+
+def _jaxlib_version(jaxlib: str | tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """``"0.4.25"`` -> ``(0, 4, 25)``; ``None`` stays unknown.
+
+    Raises:
+        ConfigError: For text that is not a version.
+    """
+    if jaxlib is None or isinstance(jaxlib, tuple):
+        return jaxlib
+    parts = str(jaxlib).strip().split("+")[0].split(".")
+    return tuple(
+        parse_int("jaxlib", p, lo=0, hint="write the jaxlib version as 0.4.30") for p in parts
+    )
+
+
+def stray_context(
+    spec: GpuSpec, runtime: Runtime | None = None, init: str = "unknown"
+) -> tuple[int, str]:
+    """The CUDA context one process that never selected its device leaves on device 0, and
+    why that size.
+
+    Its module loading is fixed when CUDA starts (the driver reads ``CUDA_MODULE_LOADING``
+    then), and torch sets ``CUDA_MODULE_LOADING=LAZY`` only in its own lazy init
+    (``CUDAHooks::initCUDA``, torch 1.13+). What started CUDA decides (``init``):
+
+    * ``torch``: a torch CUDA call (a tensor ``.cuda()`` without an index,
+      ``torch.cuda.current_device()``) started it: the runtime's own loading mode.
+    * ``nccl``: ``dist.init_process_group("nccl")`` before any torch CUDA call:
+      ``ProcessGroupNCCL``'s constructor counts the GPUs (``at::cuda::getNumGPUs``,
+      ``cudaGetDeviceCount``, which starts CUDA) before torch sets the variable, so the
+      process loads eagerly unless the variable was set beforehand or the build's CUDA is
+      12.2 or newer (lazy by default); ``barrier()`` then puts that context on device 0
+      (torch 2.0's dispatch tensor on the current device, pytorch/pytorch#98763, #149119).
+    * ``unknown``: the larger of the two (the eager context), noted.
+
+    >>> from memfit.hardware.catalog import gpu
+    >>> from memfit.hardware.runtime import parse_runtime
+    >>> torch20 = parse_runtime("torch=2.0.0")
+    >>> stray_context(gpu("V100"), torch20, "torch")[0] // 2**20
+    300
+    >>> stray_context(gpu("V100"), torch20, "nccl")[0] // 2**20
+    900
+    >>> stray_context(gpu("V100"), parse_runtime("torch=2.4.1,cuda=12.4"))[0] // 2**20
+    300
+    >>> stray_context(gpu("V100"), parse_runtime("torch=2.6.0"))[0] // 2**20  # a CUDA 12.4 wheel
+    300
+
+    Raises:
+        ConfigError: For an ``init`` not in :data:`STRAY_INITS`.
+    """
+    if init not in STRAY_INITS:
+        raise ConfigError(
+            f"devices.stray_init must be one of {', '.join(STRAY_INITS)}, not {init!r}",
+            key_path="devices.stray_init",
+            hint="nccl: the process group started CUDA; torch: a torch CUDA call did",
+        )
+    rt = runtime if runtime is not None else runtime_from_versions()
+    own = cuda_context(spec, rt)
+    if init == "torch" or rt.module_loading == "eager":
+        return own.bytes, f"{rt.module_loading} loading ({rt.loading_reason})"
+    if "module_loading" in rt.given:
+        return own.bytes, f"{rt.loading_reason}, set before CUDA starts"
+    cuda, whose = rt.cuda, "the build's"
+    if cuda is None and rt.torch is not None:
+        wheel = rule("torch", "wheel.cuda", torch=parse_version(rt.torch, "torch"))
+        cuda, whose = (None, whose) if wheel is None else (str(wheel), "its default wheel's")
+    if cuda is not None and parse_version(cuda, "cuda") >= (12, 2):
+        return own.bytes, f"lazy loading, {whose} CUDA {cuda}'s default (from 12.2)"
+    eager = cuda_context(spec, replace(rt, module_loading="eager"))
+    why = (
+        "eager loading: ProcessGroupNCCL starts CUDA (cudaGetDeviceCount) before torch sets "
+        "CUDA_MODULE_LOADING=LAZY"
+    )
+    if init == "unknown":
+        why += (
+            " (what started CUDA is not known, devices.stray_init: the larger context; "
+            f"a torch CUDA call first would leave {own.bytes // 2**20:,} MiB)"
+        )
+    return eager.bytes, why
 
 
 @dataclass(frozen=True)
@@ -122,7 +256,11 @@ def device_terms(
     set_device: bool = True,
     all_to_all: bool = False,
     context_bytes: int = 0,
+    context_detail: str = "",
+    stray_bytes: int = 0,
     device0_state_bytes: int = 0,
+    communicators: int | None = None,
+    jaxlib: str | tuple[int, ...] | None = None,
 ) -> tuple[list[DeviceTerm], NcclEstimate | None]:
     """The terms ``count`` devices add beyond a single device's plan.
 
@@ -132,13 +270,23 @@ def device_terms(
         framework: ``torch`` or ``jax``.
         strategy: ``devices.strategy`` (``ddp``, ``fsdp``, ``pmap``, ``single``).
         topology: ``pcie``, ``nvlink`` or ``nvswitch`` (default :func:`default_topology`).
-        nccl: NCCL's version.
+        nccl: NCCL's version (``None``: torch's default, or for JAX, whose ``jax[cuda12]``
+            leaves it open, the largest figure of the releases it may install,
+            :func:`memfit.hardware.nccl.largest_nccl_memory`).
         nccl_env: The job's ``NCCL_*`` variables.
         set_device: Every torch process selects its device before touching CUDA.
         all_to_all: The job calls send/recv or all-to-all.
-        context_bytes: One CUDA context on this card (for the stray contexts on device 0).
+        context_bytes: The CUDA context each other process leaves on device 0 when
+            ``set_device`` is false (:func:`stray_context`).
+        context_detail: How that context was sized.
+        stray_bytes: What each such process allocates on device 0 besides (a checkpoint
+            loaded without ``map_location``), rounded up to the caching allocator's 2 MiB.
         device0_state_bytes: For JAX: the state a single-controller program builds on its
             default device before replicating it.
+        communicators: NCCL communicators per device (``None``:
+            :func:`default_communicators`); NCCL's terms are per communicator, times this.
+        jaxlib: For JAX: the jaxlib version the job runs (its XLA decides the
+            communicators per device group); ``None``: a current one.
 
     Returns:
         The terms, and NCCL's estimate (``None`` for one device).
@@ -150,28 +298,62 @@ def device_terms(
         return [], None
     topo = topology or default_topology(spec, count)
     geforce = "geforce" in spec.name.lower()
-    est = nccl_memory(
-        count,
-        topo,
-        nccl=nccl,
-        capability=spec.compute_capability,
-        p2p=False if (geforce and topo == "pcie") else None,
-        all_to_all=all_to_all,
-        env=nccl_env,
-    )
-    terms = [DeviceTerm(t.name, t.bytes, t.basis, t.detail, t.source) for t in est.terms]
+    settings: dict[str, Any] = {
+        "capability": spec.compute_capability,
+        "p2p": False if (geforce and topo == "pcie") else None,
+        "all_to_all": all_to_all,
+        "env": nccl_env,
+    }
+    if nccl is None and framework == "jax":  # jax[cuda12] leaves NCCL's version open
+        est = largest_nccl_memory(count, topo, **settings)
+    else:
+        est = nccl_memory(count, topo, nccl=nccl, **settings)
+    if communicators is None:
+        comms, why = default_communicators(framework, strategy, jaxlib)
+    else:
+        comms = parse_int("communicators", communicators, lo=1, hi=64)
+        why = "devices.communicators (given)"
+    if comms == 1 and framework != "jax" and communicators is None:
+        terms = [DeviceTerm(t.name, t.bytes, t.basis, t.detail, t.source) for t in est.terms]
+    else:  # JAX's count follows its jaxlib: say which
+        noun = "communicator" if comms == 1 else "communicators"
+        terms = [
+            DeviceTerm(
+                t.name,
+                comms * t.bytes,
+                t.basis,
+                f"{comms} {noun} ({why}) x [{t.detail}]",
+                t.source,
+            )
+            for t in est.terms
+        ]
     if framework == "torch" and not set_device:
         terms.append(
             DeviceTerm(
                 "stray_cuda_contexts",
                 (count - 1) * context_bytes,
                 "analytic",
-                f"{count - 1} other processes x one CUDA context each on device 0",
-                "pytorch/pytorch#49481 (871 MiB per other process on GPU 0), "
-                "pytorch/examples#1142 (call torch.cuda.set_device(local_rank) first)",
+                f"{count - 1} other processes x one CUDA context each on device 0"
+                + (f": {context_detail}" if context_detail else ""),
+                _STRAY_SOURCE,
                 device0_only=True,
             )
         )
+        extra = parse_int("stray_bytes", stray_bytes, lo=0)
+        if extra:
+            rounded = -(-extra // _SEGMENT_BYTES) * _SEGMENT_BYTES
+            terms.append(
+                DeviceTerm(
+                    "stray_tensors",
+                    (count - 1) * rounded,
+                    "analytic",
+                    f"{count - 1} other processes x {rounded // 2**20:,} MiB each on device 0 "
+                    "(devices.stray_bytes, in 2 MiB segments)",
+                    "torch.load without map_location restores tensors to the device they were "
+                    "saved from (torch/serialization.py); CUDACachingAllocator.cpp kRoundLarge",
+                    device0_only=True,
+                )
+            )
     if framework == "jax" and device0_state_bytes > 0:
         terms.append(
             DeviceTerm(

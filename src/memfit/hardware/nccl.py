@@ -15,8 +15,10 @@ A communicator holds, on every GPU it spans (NVIDIA/nccl ``src/init.cc``,
   peer access over PCIe) they are in host memory.
 * **NVLS** (``nccl_nvls``): on NVSwitch systems of Hopper and newer, the multicast buffers of
   NVLink SHARP: ``channels x 2 x buffer x local ranks``, where buffer is ``NCCL_BUFFSIZE + 2
-  MiB`` (2.17 to 2.22) or ``NCCL_NVLS_CHUNKSIZE x 8`` steps (later), rounded up to the
-  multicast granularity.
+  MiB`` (2.17 to 2.20), ``NCCL_NVLS_CHUNKSIZE x 8 steps + 2 MiB`` (2.21) or ``NCCL_NVLS_CHUNKSIZE
+  x 8 steps`` (2.22 on), and channels are the NVLS channels (16; 32 on Blackwell from 2.26)
+  except in 2.20-2.21, which size them by the collective channels (24 on 8 x H100); rounded
+  up to the multicast granularity (512 MiB on H100) before 2.26, to 2 MiB from 2.26.
 * **point-to-point** (``nccl_p2p_buffers``): send/recv and all-to-all connect every peer over
   its own channels, lazily, at the first such call.
 * **the communicator's base** (``nccl_comm_base``): what a communicator holds besides its
@@ -47,6 +49,7 @@ __all__ = [
     "COMM_BASE_BYTES",
     "ENV_EFFECTS",
     "GRANULE",
+    "JAX_NCCL_RELEASES",
     "NCCL_DEFAULT_VERSION",
     "TOPOLOGIES",
     "NcclEstimate",
@@ -61,6 +64,20 @@ __all__ = [
 TOPOLOGIES = ("pcie", "nvlink", "nvswitch")
 #: The NCCL version assumed where none is given (torch 2.5 to 2.7's wheels).
 NCCL_DEFAULT_VERSION = (2, 21)
+#: NCCL releases a ``jax[cuda12]`` install may hold: JAX's CUDA plugin asks for
+#: ``nvidia-nccl-cu12>=2.18.1`` with no upper bound (``jax_plugins/cuda/plugin_setup.py``,
+#: ``with-cuda`` extra), so pip takes the newest release at install time; torch's wheels
+#: pin one instead. One release per minor line published as ``nvidia-nccl-cu12`` wheels.
+JAX_NCCL_RELEASES: tuple[tuple[int, ...], ...] = (
+    (2, 18, 3),
+    (2, 19, 3),
+    (2, 20, 5),
+    (2, 21, 5),
+    (2, 23, 4),
+    (2, 25, 1),
+    (2, 26, 2),
+    (2, 27, 3),
+)
 #: The device-memory granule of cuMem allocations (and of the driver's large pages).
 GRANULE = 2 * MiB
 #: Default LL buffer: NCCL_LL_LINES_PER_THREAD x NCCL_LL_MAX_NTHREADS x NCCL_STEPS x 16 B.
@@ -88,7 +105,7 @@ _COMM_BASE_SOURCE = (
 #: Every NCCL variable the model reads, and what it changes.
 ENV_EFFECTS: dict[str, str] = {
     "NCCL_BUFFSIZE": "Simple protocol buffer per connection (default 4 MiB); also the NVLS "
-    "buffer of 2.17-2.22. A smaller one saves the difference per channel and connection, "
+    "buffer of 2.17-2.20. A smaller one saves the difference per channel and connection, "
     "at some bandwidth.",
     "NCCL_LL_BUFFSIZE": "LL protocol buffer per connection (default 512 KiB).",
     "NCCL_LL128_BUFFSIZE": "LL128 protocol buffer per connection (default 4,915,200 B; keep it "
@@ -98,10 +115,16 @@ ENV_EFFECTS: dict[str, str] = {
     "NCCL_MIN_NCHANNELS": "raises the collective channel count to at least this.",
     "NCCL_NVLS_ENABLE": "0 turns NVLink SHARP off: no multicast buffers (NeMo-Framework-Launcher "
     "sets it for memory).",
-    "NCCL_NVLS_NCHANNELS": "NVLS channels (default 16; 24 in 2.21-2.22 on H200).",
-    "NCCL_NVLS_CHUNKSIZE": "NVLS step size of the later layout (default 128 KiB).",
+    "NCCL_NVLS_NCHANNELS": "NVLS channels (default 16; 32 on Blackwell from 2.26); in 2.20-2.21 "
+    "the NVLS buffers follow the collective channels, raised to at least this.",
+    "NCCL_NVLS_CHUNKSIZE": "NVLS step size from 2.21 (default 128 KiB; 8 steps per buffer).",
     "NCCL_P2P_DISABLE": "1 sends intra-node traffic through host shared memory (SHM): the "
     "buffers leave the GPU, bandwidth drops.",
+    "NCCL_P2P_LEVEL": "the farthest path P2P may take (LOC, NVL, PIX, PXB, PHB, SYS); LOC, or NVL "
+    "between PCIe cards, sends intra-node traffic through SHM: the buffers leave the GPU. "
+    "Without it NCCL's default is SYS on AMD hosts, PXB on Arm and current Intel hosts "
+    "(src/graph/paths.cc ncclTopoCheckP2p), so PCIe cards that meet only through an Intel "
+    "CPU already use SHM; memfit counts P2P on PCIe unless told, an upper bound.",
     "NCCL_SHM_DISABLE": "1 with P2P unavailable falls back to the network transport (sockets): "
     "buffers in host memory.",
     "NCCL_CUMEM_ENABLE": "1 (default from 2.19) makes each send connection a 2 MiB granule.",
@@ -142,6 +165,7 @@ class NcclSettings:
     nvls_nchannels: int | None = None
     nvls_chunksize: int | None = None
     p2p_disable: bool = False
+    p2p_level: int | None = None
     shm_disable: bool = False
     cumem_enable: bool | None = None
 
@@ -175,6 +199,7 @@ class NcclSettings:
             nvls_nchannels=num("NCCL_NVLS_NCHANNELS", 1),
             nvls_chunksize=num("NCCL_NVLS_CHUNKSIZE", 1),
             p2p_disable=bool(flag("NCCL_P2P_DISABLE")),
+            p2p_level=_p2p_level(env.get("NCCL_P2P_LEVEL")),
             shm_disable=bool(flag("NCCL_SHM_DISABLE")),
             cumem_enable=flag("NCCL_CUMEM_ENABLE"),
         )
@@ -251,14 +276,90 @@ class NcclEstimate:
         }
 
 
+#: NCCL's path types, nearest first (src/graph/topo.h: PATH_LOC 0, PATH_NVL 1, PATH_PIX 3,
+#: PATH_PXB 4, PATH_PHB 6, PATH_SYS 7 in current releases; NCCL_P2P_LEVEL takes the names,
+#: or the older numbers 0-5 in this order).
+P2P_LEVELS = ("LOC", "NVL", "PIX", "PXB", "PHB", "SYS")
+
+
+def _p2p_level(value: str | None) -> int | None:
+    """``NCCL_P2P_LEVEL`` as an index of :data:`P2P_LEVELS` (``None``: unset).
+
+    Raises:
+        ConfigError: For a value that is neither a level's name nor 0-5.
+    """
+    if value is None:
+        return None
+    text = value.strip().upper()
+    if text in P2P_LEVELS:
+        return P2P_LEVELS.index(text)
+    return parse_int(
+        "NCCL_P2P_LEVEL", text, lo=0, hi=len(P2P_LEVELS) - 1, hint="one of " + ", ".join(P2P_LEVELS)
+    )
+
+
 def _round_up(n: int, granule: int) -> int:
     return -(-n // granule) * granule
 
 
 def _transport(topology: str, p2p: bool | None, settings: NcclSettings) -> str:
-    if settings.p2p_disable or (p2p is False and topology == "pcie"):
+    level = settings.p2p_level
+    # LOC: no P2P at all; NVL: P2P over NVLink only, so PCIe cards go through SHM
+    below = level is not None and (level == 0 or (level == 1 and topology == "pcie"))
+    if settings.p2p_disable or below or (p2p is False and topology == "pcie"):
         return "NET" if settings.shm_disable else "SHM"
     return "P2P"
+
+
+def _nvls_term(
+    version: tuple[int, ...],
+    capability: tuple[int, int] | None,
+    channels: int,
+    local: int,
+    simple: int,
+    settings: NcclSettings,
+) -> NcclTerm:
+    """NVLS's multicast buffers per rank, as ``src/transport/nvls.cc`` of ``version`` sizes
+    them (``rules_nccl.json``'s ``nvls.*`` rows)."""
+    nvls_channels = settings.nvls_nchannels or int(
+        rule("nccl", "nvls.channels", nccl=version, capability=capability)
+    )
+    # NCCL clamps the NVLS channels to [NCCL_MIN_NCHANNELS, NCCL_MAX_NCHANNELS] (minCTAs..maxCTAs)
+    if settings.max_nchannels is not None:
+        nvls_channels = min(nvls_channels, settings.max_nchannels)
+    if settings.min_nchannels is not None:
+        nvls_channels = max(nvls_channels, settings.min_nchannels)
+    if rule("nccl", "nvls.channels_from", nccl=version) == "collective":
+        count = max(channels, nvls_channels)
+        which = f"{count} collective channels (at least the {nvls_channels} NVLS channels)"
+    else:
+        count = nvls_channels
+        which = f"{count} NVLS channels"
+    chunk = settings.nvls_chunksize or NVLS_CHUNK_BYTES
+    formula = rule("nccl", "nvls.buffer_formula", nccl=version)
+    if formula == "chunk":
+        buff = chunk * STEPS
+        how = f"{chunk} B chunk x {STEPS} steps"
+    elif formula == "chunk_and_align":
+        buff = chunk * STEPS + NVLS_ALIGN_BYTES
+        how = f"{chunk} B chunk x {STEPS} steps + 2 MiB"
+    else:
+        buff = simple + NVLS_ALIGN_BYTES
+        how = f"NCCL_BUFFSIZE {simple} B + 2 MiB"
+    raw = count * 2 * buff * local
+    gran = int(rule("nccl", "nvls.multicast_granularity", nccl=version))
+    credit = int(rule("nccl", "nvls.credit_bytes", nccl=version))
+    tail = f" + {credit // MiB} MiB of credits" if credit else ""
+    return NcclTerm(
+        "nccl_nvls",
+        _round_up(raw, gran) + credit,
+        "analytic",
+        f"{which} x 2 x ({how}) x {local} local ranks = {raw // MiB} MiB, in "
+        f"{gran // MiB} MiB granules{tail} (NCCL {'.'.join(str(p) for p in version)})",
+        "NVIDIA/nccl src/transport/nvls.cc (ncclNvlsSetup, ncclNvlsBufferSetup, "
+        "nvlsAllocateMem) of each release; vllm-project/vllm#9699, NVIDIA/nccl-tests#216 "
+        "(NVLS INFO lines)",
+    )
 
 
 def nccl_memory(
@@ -339,6 +440,12 @@ def nccl_memory(
             f"the channel buffers are in host memory: the {transport} transport "
             + ("(GeForce cards refuse peer access over PCIe)" if p2p is False else "")
         )
+    if on_device and topology == "pcie" and settings.p2p_level is None:
+        notes.append(
+            "P2P assumed between the PCIe cards, an upper bound: on an Intel or Arm host NCCL "
+            "uses P2P only through a shared PCIe switch (PXB), else SHM, which keeps the "
+            "channel buffers in host memory (NCCL_P2P_LEVEL=NVL plans that)"
+        )
     terms.append(
         NcclTerm(
             "nccl_channel_buffers",
@@ -354,28 +461,7 @@ def nccl_memory(
     )
     nvls_on = settings.nvls_enable is not False and topology == "nvswitch" and local > 2
     if nvls_on and bool(rule("nccl", "nvls.available", nccl=version, capability=capability)):
-        nvls_channels = settings.nvls_nchannels or int(
-            rule("nccl", "nvls.channels", nccl=version, capability=capability)
-        )
-        if rule("nccl", "nvls.buffer_formula", nccl=version) == "chunk":
-            buff = (settings.nvls_chunksize or NVLS_CHUNK_BYTES) * STEPS
-            how = f"{settings.nvls_chunksize or NVLS_CHUNK_BYTES} B chunk x {STEPS} steps"
-        else:
-            buff = simple + NVLS_ALIGN_BYTES
-            how = f"NCCL_BUFFSIZE {simple} B + 2 MiB"
-        raw = nvls_channels * 2 * buff * local
-        gran = int(rule("nccl", "nvls.multicast_granularity", nccl=version))
-        terms.append(
-            NcclTerm(
-                "nccl_nvls",
-                _round_up(raw, gran),
-                "analytic",
-                f"{nvls_channels} NVLS channels x 2 x ({how}) x {local} local ranks = "
-                f"{raw // MiB} MiB, in {gran // MiB} MiB multicast granules",
-                "NVIDIA/nccl src/transport/nvls.cc ncclNvlsBufferSetup; vllm-project/vllm#9699, "
-                "NVIDIA/nccl-tests#216 (NVLS INFO lines)",
-            )
-        )
+        terms.append(_nvls_term(version, capability, channels, local, simple, settings))
     elif topology == "nvswitch" and settings.nvls_enable is False:
         notes.append("NCCL_NVLS_ENABLE=0: no NVLS multicast buffers")
     if all_to_all and on_device:
@@ -408,12 +494,53 @@ def nccl_memory(
     return NcclEstimate(ranks, topology, version, transport, channels, tuple(terms), tuple(notes))
 
 
+def largest_nccl_memory(
+    ranks: int,
+    topology: str,
+    releases: tuple[tuple[int, ...], ...] = JAX_NCCL_RELEASES,
+    **kwargs: Any,
+) -> NcclEstimate:
+    """:func:`nccl_memory` for an unknown NCCL: the largest figure among ``releases`` (the
+    safe side: under-prediction is an OOM), with a note naming the release taken.
+
+    On 8 x H100 that is NCCL 2.20, whose NVLS buffers follow the 24 collective channels at
+    ``NCCL_BUFFSIZE`` + 2 MiB each (2,560 MiB against 2.21's 1,536 MiB).
+
+    >>> largest_nccl_memory(8, "nvswitch", capability=(9, 0)).nccl
+    (2, 20, 5)
+
+    Raises:
+        ConfigError: As :func:`nccl_memory`.
+    """
+    if "nccl" in kwargs:
+        raise ConfigError("largest_nccl_memory takes no NCCL version", key_path="nccl")
+    estimates = [nccl_memory(ranks, topology, nccl=v, **kwargs) for v in releases]
+    worst = max(estimates, key=lambda e: e.total_bytes)
+    low, high = (".".join(str(p) for p in v[:2]) for v in (releases[0], releases[-1]))
+    taken = ".".join(str(p) for p in worst.nccl)
+    note = (
+        f"NCCL's version unknown (jax[cuda12] asks for nvidia-nccl-cu12>=2.18.1, no upper "
+        f"bound): the largest figure of NCCL {low}-{high}, {taken}'s; give devices.nccl"
+    )
+    return NcclEstimate(
+        worst.ranks,
+        worst.topology,
+        worst.nccl,
+        worst.transport,
+        worst.channels,
+        worst.terms,
+        (*worst.notes, note),
+    )
+
+
 def recommend_tight(estimate: NcclEstimate) -> dict[str, str]:
     """NCCL settings that shrink a communicator's device memory on a tight card, each with
     what it costs (bandwidth), for ``memfit env``-style advice.
 
     >>> sorted(recommend_tight(nccl_memory(8, "nvswitch", capability=(9, 0))))
     ['NCCL_BUFFSIZE', 'NCCL_MAX_NCHANNELS', 'NCCL_NVLS_ENABLE']
+    >>> sorted(recommend_tight(nccl_memory(4, "pcie")))
+    ['NCCL_BUFFSIZE', 'NCCL_P2P_DISABLE']
     """
     out: dict[str, str] = {}
     names = {t.name for t in estimate.terms if t.bytes}
@@ -423,4 +550,7 @@ def recommend_tight(estimate: NcclEstimate) -> dict[str, str]:
         out["NCCL_MAX_NCHANNELS"] = str(max(2, estimate.channels // 2))
     if "nccl_channel_buffers" in names:
         out["NCCL_BUFFSIZE"] = str(2 * MiB)
+    if "nccl_channel_buffers" in names and estimate.topology == "pcie":
+        # over PCIe the buffers may live in host memory instead (SHM), at bandwidth
+        out["NCCL_P2P_DISABLE"] = "1"
     return out

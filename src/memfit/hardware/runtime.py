@@ -42,6 +42,7 @@ from typing import Any
 from memfit._checks import parse_int, require_instance
 from memfit.errors import ConfigError
 from memfit.hardware.catalog import GpuSpec
+from memfit.hardware.rules import rule
 from memfit.units import MiB, format_bytes
 
 __all__ = [
@@ -53,6 +54,7 @@ __all__ = [
     "ContextEstimate",
     "Runtime",
     "cuda_context",
+    "eager_context",
     "parse_runtime",
     "parse_version",
     "runtime_from_versions",
@@ -76,7 +78,10 @@ CONTEXT_SOURCES: dict[str, str] = {
         "'Efficient training on a single GPU', 2022). pytorch PR #86509 measured 666,632,192 B "
         "(total - free) for an eager torch 1.13 with a 20 MiB segment, i.e. 616 MiB: the "
         "sources disagree by about 2x (different torch builds: the context holds torch's "
-        "kernels, which grow with each release), and memfit takes the larger figure"
+        "kernels, which grow with each release), and memfit takes the larger figure; CUDA 10 "
+        "builds (720 MiB on Pascal, 880 MiB on Volta and Turing) and CUDA 11 builds on "
+        "Ampere and newer (1,690 MiB) have rows of their own (rules_torch.json "
+        "context.eager_mib: pytorch#49877, #55277)"
     ),
     "lazy": (
         "pytorch PR #86509: 287,047,680 B (total - free) with lazy loading, of which 20 MiB "
@@ -415,6 +420,39 @@ _LIBRARY_UNKNOWNS = (
 )
 
 
+def eager_context(spec: GpuSpec | None, runtime: Runtime) -> tuple[int, str]:
+    """The eager context's bytes by the build's CUDA and the GPU (``rules_torch.json``,
+    ``context.eager_mib``), and how the CUDA version was known.
+
+    The context holds every kernel the process links for the GPU's architecture, so it grows
+    with the build: a CUDA 10 build of torch 1.6-1.8 takes 720-880 MiB, a CUDA 11.0-11.6 build
+    1,341 MiB on a V100 and up to 1,690 MiB on Ampere, a CUDA 11.7 or later build (torch 1.13
+    on) 900 MiB (their sources are the rows'). A runtime that names torch but not CUDA takes
+    the CUDA of torch's default wheel (``wheel.cuda``: 10.2 for torch 1.5 to 1.12, 11.7 for
+    1.13-2.0, 12.1 and later after).
+
+    >>> eager_context(None, parse_runtime("torch=1.7.1"))[0] == 880 * MiB
+    True
+    >>> eager_context(None, parse_runtime("torch=1.10.0,cuda=11.2"))[0] == EAGER_CONTEXT_BYTES
+    True
+    """
+    cuda = runtime.cuda
+    how = f"CUDA {cuda} (given)" if cuda is not None else "CUDA unknown"
+    if cuda is None and runtime.torch is not None:
+        wheel = rule("torch", "wheel.cuda", torch=parse_version(runtime.torch, "torch"))
+        if wheel is not None:
+            cuda = str(wheel)
+            how = f"CUDA {cuda} (torch {runtime.torch}'s default wheel)"
+    capability = None if spec is None else spec.compute_capability
+    mib = rule(
+        "torch",
+        "context.eager_mib",
+        cuda=None if cuda is None else parse_version(cuda, "cuda"),
+        capability=capability,
+    )
+    return int(mib) * MiB, f"eager context of a {how} build: {int(mib):,} MiB"
+
+
 def cuda_context(spec: GpuSpec | None, runtime: Runtime | None = None) -> ContextEstimate:
     """The CUDA context a process takes on ``spec`` with ``runtime``.
 
@@ -437,11 +475,12 @@ def cuda_context(spec: GpuSpec | None, runtime: Runtime | None = None) -> Contex
         return ContextEstimate(0, rt, arch, "planning for the host: no CUDA context")
     lazy = LAZY_CONTEXT_BYTES.get(arch or "", LAZY_CONTEXT_UNKNOWN_BYTES)
     if rt.module_loading == "eager":
+        eager, how = eager_context(spec, rt)
         return ContextEstimate(
-            max(lazy, EAGER_CONTEXT_BYTES),
+            max(lazy, eager),
             rt,
             arch,
-            CONTEXT_SOURCES["eager"],
+            f"{how}; {CONTEXT_SOURCES['eager']}",
             [_LIBRARY_UNKNOWNS],
         )
     return ContextEstimate(lazy, rt, arch, CONTEXT_SOURCES["lazy"], [_LIBRARY_UNKNOWNS])

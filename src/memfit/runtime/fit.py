@@ -517,6 +517,31 @@ def _run_probe(
     return Probe(value=value, peak_bytes=peak, ok=not failed)
 
 
+def _less_collectives(budget_bytes: int, prior: Any) -> int:
+    """The device's budget less what the collectives of a prior made for several GPUs
+    (``estimate_torch(..., gpu="4xRTX 4090")``) hold on every device: torch makes its NCCL
+    communicator at the first collective, after a fit run before training, and XLA at the
+    first step that has one, so the default budget leaves their share free.
+
+    Raises:
+        InfeasiblePlan: When the collectives alone take the whole budget.
+    """
+    several: Any = getattr(prior, "collectives", None)
+    share = int(getattr(several, "every_device_bytes", 0) or 0)
+    if several is None or share <= 0:
+        return budget_bytes
+    if share >= budget_bytes:
+        raise InfeasiblePlan(
+            f"the collective terms of {several.count} GPUs take {format_bytes(share)}, the "
+            f"whole budget of {format_bytes(budget_bytes)}",
+            smallest_bytes=share,
+            budget_bytes=budget_bytes,
+            binding_term="nccl",
+            hint="see memfit env --gpu NxCARD for NCCL settings that shrink them",
+        )
+    return budget_bytes - share
+
+
 def _allocated_budget(prior: Any, cap: int, target: int, low: int, high: int) -> int:
     """On CUDA: the allocated peak the search aims at, from the prior's allocator replay
     under the same cap (its allocated peak at its largest fitting value), else the target."""
@@ -551,7 +576,9 @@ def fit(
         low: The smallest value allowed (at least 1).
         high: The largest value allowed.
         budget: The memory the job may use (bytes or a size text); ``None`` takes what the
-            device offers (the simulated GPU's budget; on CUDA free plus already reserved).
+            device offers (the simulated GPU's budget; on CUDA free plus already reserved),
+            less the collective terms of a prior made for several GPUs (its
+            ``collectives``: NCCL's communicators, made after the fit).
         margin: The fraction of the budget the chosen value must leave free.
         multiple_of: Values must be multiples of this.
         constraint: An extra rule a value must keep, or ``None``.
@@ -599,6 +626,8 @@ def fit(
     meter = _choose_meter(device)
     search_prior = prior_from(prior, knob=knob, tensors=isinstance(meter, _SimulatedMeter))
     budget_bytes = parse_bytes(budget) if budget is not None else meter.default_budget()
+    if budget is None:
+        budget_bytes = _less_collectives(budget_bytes, prior)
     target = target_bytes(budget_bytes, margin)
     cuda = isinstance(meter, _CudaMeter)
     reserved_target = math.floor(target) if cuda else None

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -37,6 +37,7 @@ from memfit._checks import require
 from memfit.allocator.model import AllocatorModel
 from memfit.core.measured import MeasuredTerms
 from memfit.errors import ConfigError, EstimateError
+from memfit.estimate._devices import Collectives, collectives, split_gpu
 from memfit.estimate.affine import AffineFit, check_batch_sizes, fit_affine
 from memfit.estimate.torch._cuda_kernels import KernelUse
 from memfit.estimate.torch._cuda_target import CudaTarget, parse_version
@@ -111,6 +112,8 @@ class TorchEstimate:
     # distinct ATen operators of a CUDA target's trace (largest size): {"followed": ops whose
     # CUDA kernel's memory is followed from its source, "assumed": outputs only assumed}
     kernel_coverage: dict[str, int] = field(default_factory=dict)
+    # gpu="4xRTX 4090": what the other cards add to each device's device_used_peak
+    collectives: Collectives | None = None
 
     #: The figures :meth:`band` knows, on each point.
     FIGURES = ("allocated_peak", "reserved_peak", "device_used_peak", "exact_peak", "tensor_peak")
@@ -209,6 +212,7 @@ class TorchEstimate:
             "context": None if self.context is None else self.context.to_dict(),
             "kernels": {op: [use.to_dict() for use in uses] for op, uses in self.kernels.items()},
             "kernel_coverage": dict(self.kernel_coverage),
+            "collectives": None if self.collectives is None else self.collectives.to_dict(),
             "deviations": list(self.deviations),
         }
 
@@ -325,6 +329,7 @@ def estimate_torch(
     kernel_scratch: bool | None = None,
     runtime: Runtime | Mapping[str, str] | str | None = None,
     progress: Callable[[str], None] | None = None,
+    devices: Mapping[str, Any] | None = None,
 ) -> TorchEstimate:
     """Predict the peak GPU memory of a PyTorch step by tracing it with fake tensors.
 
@@ -336,6 +341,10 @@ def estimate_torch(
         batch_sizes: Batch sizes to trace (each traced from a fresh build).
         gpu: GPU name or size for the device-level figures (CUDA context, cuBLAS workspace
             by architecture), looked up in :mod:`memfit.hardware.catalog`; ``None`` for defaults.
+            With a count (``"4xRTX 4090"``) the step is one process's of a job on that many
+            cards (DDP by default): each point's ``device_used_peak`` adds the collective
+            terms every device holds (NCCL's communicator), listed with their basis in
+            :attr:`TorchEstimate.collectives` and the deviations.
         device: ``"cuda"`` or ``"cpu"``; by default ``"cuda"`` where torch has CUDA, else
             ``"cpu"`` (with the deviations listed in the result).
         expandable_segments: Replay the allocator with ``expandable_segments:True``.
@@ -358,6 +367,9 @@ def estimate_torch(
             default loading mode (:func:`memfit.backends.software.target_runtime`).
         progress: Called with a short sentence as each batch size's trace starts, for a
             status line; ``None``: silent.
+        devices: With a count in ``gpu``: a workload's ``devices:`` keys (``strategy``,
+            ``topology``, ``nccl``, ``nccl_env``, ``communicators``, ``set_device``,
+            ``all_to_all``).
 
     Returns:
         A :class:`TorchEstimate` with one point per batch size and the affine fit.
@@ -403,6 +415,8 @@ def estimate_torch(
     from memfit.hardware.runtime import cuda_context
 
     target = target_runtime(runtime)
+    several = collectives(gpu, framework="torch", devices=devices, runtime=target)
+    gpu = split_gpu(gpu)[0]
     cuda = _cuda_target(gpu, target)
     context_estimate = cuda_context(cuda.spec, target)
     context = context_estimate.bytes
@@ -504,6 +518,14 @@ def estimate_torch(
     if trace.device_defaults is not None:
         deviations += trace.device_defaults.notes()
     deviations += kernel_notes
+    if several is not None:
+        points = [
+            replace(p, device_used_peak=p.device_used_peak + several.every_device_bytes)
+            if p.device_used_peak is not None
+            else p
+            for p in points
+        ]
+        deviations += several.notes()
     xs = [p.batch_size for p in points]
     sequence = None
     if len(events) >= 2:
@@ -524,6 +546,7 @@ def estimate_torch(
         context=context_estimate,
         kernels=kernels,
         kernel_coverage=coverage,
+        collectives=several,
     )
 
 

@@ -24,6 +24,7 @@ from typing import Any
 from memfit._checks import require, require_choice, require_mapping, require_positive_int
 from memfit._plain import plain_fields
 from memfit.errors import BackendUnavailable, ConfigError, EstimateError, MemfitError
+from memfit.estimate._devices import Collectives, collectives, split_gpu
 from memfit.estimate.affine import AffineFit, check_batch_sizes, fit_affine
 
 __all__ = [
@@ -132,6 +133,8 @@ class JaxEstimate:
     xla_reduced_to_bytes: int | None = None
     breakdown: tuple[tuple[str, int, str], ...] = ()
     first_call_bytes: int | None = None
+    #: gpu="8xH100": what the other cards add to ``device_used_bytes`` (NCCL's communicators)
+    collectives: Collectives | None = None
 
     #: The figures :meth:`band` knows.
     FIGURES = (
@@ -168,7 +171,10 @@ class JaxEstimate:
         return {
             "framework": "jax",
             **plain_fields(
-                self, notes=list(self.notes), breakdown=[list(t) for t in self.breakdown]
+                self,
+                notes=list(self.notes),
+                breakdown=[list(t) for t in self.breakdown],
+                collectives=None if self.collectives is None else self.collectives.to_dict(),
             ),
         }
 
@@ -581,6 +587,12 @@ def _from_gpu_compile(
     )
 
 
+def _target_jaxlib(jaxlib: str | None) -> str | None:
+    """The jaxlib the GPU runs: the one given, else the installed one (``None``: neither)."""
+    installed = _jaxlib_version()
+    return jaxlib or (None if installed == "?" else installed)
+
+
 def _jaxlib_version() -> str:
     from importlib import metadata
 
@@ -649,6 +661,7 @@ def estimate_jax(
     batch_size: int | None = None,
     compiler: str = "auto",
     jaxlib: str | None = None,
+    devices: Mapping[str, Any] | None = None,
     **kwargs: Any,
 ) -> JaxEstimate:
     """Compile ``fn`` for ``args`` and read XLA's memory analysis, without running it.
@@ -666,6 +679,10 @@ def estimate_jax(
             ``AbstractMesh``) are compiled, with the GPU compiler, for that many devices:
             every figure is then per device (device 0's, which also holds the autotuning).
         gpu: GPU name or size for the device-level prediction (context, preallocation).
+            With a count (``"8xH100"``) the step is one device's of a job on that many cards
+            (``pmap`` by default): ``device_used_bytes`` adds the collective terms every
+            device holds (NCCL's communicators: one per device group, two for jaxlib before
+            0.4.30), in the breakdown with their basis and in :attr:`JaxEstimate.collectives`.
         environ: Environment to read JAX's allocator settings from (default ``os.environ``).
         batch_size: Recorded in the result, for sweeps.
         compiler: ``"auto"`` (XLA's GPU compiler for ``gpu`` where it can), ``"gpu"``
@@ -675,8 +692,10 @@ def estimate_jax(
             ``peak_bytes_in_use``, follows that version's XLA
             (:func:`memfit.estimate.xla.runtime.autotune_rules`); the compile stays this
             jaxlib's. ``None``: the installed one.
+        devices: With a count in ``gpu``: a workload's ``devices:`` keys (``topology``,
+            ``nccl``, ``nccl_env``, ``communicators``, ...).
         **kwargs: Keyword arguments of ``fn`` (``gpu``, ``environ``, ``batch_size``,
-            ``compiler`` and ``jaxlib`` are taken by this function).
+            ``compiler``, ``jaxlib`` and ``devices`` are taken by this function).
 
     Returns:
         A :class:`JaxEstimate`.
@@ -695,6 +714,39 @@ def estimate_jax(
         require_positive_int("batch_size", batch_size, hint="the batch the step runs, e.g. 64")
     require("compiler", compiler, "str")
     _check_jaxlib(jaxlib)
+    several = collectives(gpu, framework="jax", devices=devices, jaxlib=_target_jaxlib(jaxlib))
+    est = _estimate_one(fn, args, kwargs, split_gpu(gpu)[0], environ, batch_size, compiler, jaxlib)
+    return est if several is None else _with_collectives(est, several)
+
+
+def _with_collectives(est: JaxEstimate, several: Collectives) -> JaxEstimate:
+    """``est`` as one device's of ``several.count``: the collective terms every device holds
+    added to ``device_used_bytes`` and its breakdown, with their basis."""
+    every = [t for t in several.terms if not t.device0_only]
+    used = est.device_used_bytes
+    return replace(
+        est,
+        device_used_bytes=None if used is None else used + several.every_device_bytes,
+        breakdown=(
+            *est.breakdown,
+            *((t.name, t.bytes, f"{t.basis}: {t.detail}") for t in every),
+        ),
+        notes=(*est.notes, *several.notes()),
+        collectives=several,
+    )
+
+
+def _estimate_one(
+    fn: Callable[..., Any],
+    args: Any,
+    kwargs: Any,
+    gpu: str | None,
+    environ: Mapping[str, str] | None,
+    batch_size: int | None,
+    compiler: str,
+    jaxlib: str | None,
+) -> JaxEstimate:
+    """:func:`estimate_jax` on one card."""
     spec, target, notes = _gpu_target(gpu, compiler)
     fn, args, kwargs, pmap_note = _unpmap(fn, args, kwargs, sharded=target is not None)
     if target is None:
@@ -834,10 +886,12 @@ def estimate_jax_sweep(
     progress: Callable[[str], None] | None = None,
     compiler: str = "auto",
     jaxlib: str | None = None,
+    devices: Mapping[str, Any] | None = None,
 ) -> JaxSweep:
     """:func:`estimate_jax` at each batch size (``fn(*make_args(b))``) and the affine fit;
     ``progress`` (a status line's updater) hears each batch size as its compile starts.
-    Compiled for a GPU, every batch size goes to one child process.
+    Compiled for a GPU, every batch size goes to one child process. ``gpu`` and ``devices``
+    as :func:`estimate_jax` takes them (``"8xH100"``: each point adds the collective terms).
 
     Raises:
         ConfigError: When ``batch_sizes`` is empty or holds a non-positive value.
@@ -846,6 +900,8 @@ def estimate_jax_sweep(
     sizes = check_batch_sizes(batch_sizes)
     require("compiler", compiler, "str")
     _check_jaxlib(jaxlib)
+    several = collectives(gpu, framework="jax", devices=devices, jaxlib=_target_jaxlib(jaxlib))
+    gpu = split_gpu(gpu)[0]
     spec, target, _notes = _gpu_target(gpu, compiler)
     points = []
     exported, leaves, pmap_notes = [], [], []
@@ -881,6 +937,8 @@ def estimate_jax_sweep(
         for r, n, b, extra in zip(results, leaves, sizes, pmap_notes, strict=True):
             est = _from_gpu_compile(r, spec, target, n, environ, b, jaxlib)
             points.append(replace(est, notes=(*extra, *est.notes)))
+    if several is not None:
+        points = [_with_collectives(p, several) for p in points]
     fit = fit_affine(sizes, [p.executable_peak_bytes for p in points])
     return JaxSweep(points=points, fit=fit, batch_knob=batch_knob)
 
