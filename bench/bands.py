@@ -50,6 +50,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common
 
+from memfit.core.bands import MIN_CASES, PROGRAM_CLASSES, BandTable
+
 ROOT = Path(__file__).resolve().parent.parent
 EVIDENCE = ROOT / "tests" / "data" / "band_evidence.json"
 TABLE = ROOT / "src" / "memfit" / "core" / "bands.json"
@@ -90,39 +92,96 @@ def _row(
 # --- evidence ----------------------------------------------------------------------------------
 
 
-def traced_rows() -> list[dict[str, Any]]:
-    """The H100 torch entries: memfit's traced reserved peak against the real one."""
-    import gpu_truth
-    from memfit.estimate.truth import load_entry
+def _program(kernels: Iterable[str]) -> str:
+    """The program class of a traced step, from the ops whose CUDA kernel the trace
+    followed (:func:`memfit.core.bands.traced_family`)."""
+    from memfit.core.bands import program_class
 
+    return program_class(kernels)
+
+
+def h100_split() -> tuple[set[str], set[str]]:
+    """The H100 torch entries as issue 48's cuDNN fit split them (within each workload the
+    entries sorted by batch alternate, calibration first: ``bench/cudnn_workspace_fit.py``):
+    the convolution workspaces were fitted on the calibration entries, so their validation
+    entries are validation here too."""
+    import cudnn_workspace_fit
+
+    names = [p.name.removesuffix(".json.gz") for p in H100.glob("*.json.gz")]
+    return cudnn_workspace_fit.split(names)
+
+
+def traced_rows() -> list[dict[str, Any]]:
+    """The H100 torch entries: memfit's traced allocated and reserved peaks against the
+    caching allocator's real ones (one trace per entry, two rows)."""
+    import gpu_truth  # puts tests/shared (the corpus format) on sys.path
+    from truth_corpus import load_entry
+
+    from memfit.estimate.torch.trace import estimate_torch
+
+    calibration, _ = h100_split()
     rows = []
     for path in sorted(H100.glob("*.json.gz")):
         entry = load_entry(path)
-        if entry.kind != "torch":
+        found = gpu_truth.factory_for(entry)
+        if entry.kind != "torch" or found is None:
             continue
-        pred = gpu_truth.predict(entry)
-        real = entry.peaks.get("max_reserved")
-        if not pred or pred.get("reserved_peak") is None or not real:
-            continue
-        rows.append(
-            _row(f"h100/{entry.name}", "traced", pred["reserved_peak"], real,
-                 "tests/data/gpu_truth/nvidia-h100-80gb-hbm3 (max_reserved)")
+        factory, batch = found
+        step = factory()
+        est = estimate_torch(
+            step.build, step.step, step.make_batch, [batch], device="cpu",
+            gpu=gpu_truth._catalog_name(entry.gpu), runtime=gpu_truth.entry_runtime(entry),
         )  # fmt: skip
-        print(rows[-1], flush=True)
+        point = est.points[0]
+        part = "calibration" if entry.name in calibration else "validation"
+        program = _program(est.kernels)
+        for quantity, pred, real in (
+            ("allocated", point.allocated_peak, entry.peaks.get("max_allocated")),
+            ("reserved", point.reserved_peak, entry.peaks.get("max_reserved")),
+        ):
+            if not pred or not real:
+                continue
+            row = _row(f"h100/{entry.name}", "traced", pred, real,
+                       f"tests/data/gpu_truth/nvidia-h100-80gb-hbm3 (max_{quantity})",
+                       family=f"{quantity}/{program}")  # fmt: skip
+            row["part"] = part
+            rows.append(row)
+            print(rows[-1], flush=True)
     return rows
 
 
+#: A published run's quantity as the band's (``device_used`` counts the CUDA context).
+QUANTITY = {"allocated_peak": "allocated", "reserved_peak": "reserved", "device_used": "device"}
+
+
 def published_rows() -> list[dict[str, Any]]:
-    """The published torch runs: the traced figure against the source's reading."""
+    """The published torch runs: the traced figure against the source's reading, in the
+    part its series names (``part:`` of its data file: the rules were studied on the
+    calibration series; the validation series never touched them)."""
     import published_truth
+
+    import memfit
 
     rows = []
     for run in published_truth.load_runs():
-        out = published_truth.predict(run)
-        rows.append(
-            _row(f"{run.series}/{run.name}", "traced", out.predicted_bytes, run.measured_bytes,
-                 f"{run.source} ({run.quantity})")
+        workload = published_truth.WORKLOADS[run.workload](run.settings)
+        est = memfit.estimate_torch(
+            workload.build, workload.step, workload.make_batch, [workload.batch],
+            gpu=run.gpu, device="cpu", runtime=run.runtime, kernel_scratch=False,
         )  # fmt: skip
+        point = est.points[0]
+        figure = {
+            "device_used": point.device_used_peak,
+            "reserved_peak": point.reserved_peak,
+            "allocated_peak": point.allocated_peak,
+        }[run.quantity]
+        if not figure:
+            continue
+        row = _row(f"{run.series}/{run.name}", "traced", figure, run.measured_bytes,
+                   f"{run.source} ({run.quantity})",
+                   family=f"{QUANTITY[run.quantity]}/{_program(est.kernels)}")  # fmt: skip
+        row["part"] = run.part
+        rows.append(row)
         print(rows[-1], flush=True)
     return rows
 
@@ -368,19 +427,42 @@ def collect(kinds: Iterable[str]) -> list[dict[str, Any]]:
 
 def _key(row: dict[str, Any]) -> str:
     """``basis``, or ``basis/family`` for evidence of one family (the PPO formula, a
-    convolution's compile)."""
+    convolution's compile, a trace's reserved peak of a convolution step)."""
     return f"{row['basis']}/{row['family']}" if row.get("family") else str(row["basis"])
 
 
+#: Bands that do not roll up into their basis's: a term of its own (the CUDA context) and
+#: the compiled program classes known to differ (:data:`memfit.core.bands.PROGRAM_CLASSES`).
+SEPARATE = frozenset({"fitted/cuda_context", *PROGRAM_CLASSES})
+
+
+def _keys(row: dict[str, Any]) -> list[str]:
+    """Every band a row is evidence for: its family's and each parent's up to the basis
+    (``traced/reserved/conv``, ``traced/reserved``, ``traced``), unless it stands apart
+    (:data:`SEPARATE`)."""
+    key = _key(row)
+    if key in SEPARATE:
+        return [key]
+    parts = key.split("/")
+    return ["/".join(parts[:n]) for n in range(len(parts), 0, -1)]
+
+
+def _error(row: dict[str, Any]) -> float:
+    return float(row["truth"]) / float(row["predicted"]) - 1.0
+
+
 def derive(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Each basis's band from the calibration rows: the lowest and highest ``truth /
-    predicted - 1`` seen (the estimate itself always inside: low <= 0 <= high)."""
+    """Each band from the calibration rows: the lowest and highest ``truth / predicted - 1``
+    seen under it (the estimate itself always inside: low <= 0 <= high). A program class of
+    :data:`memfit.core.bands.PROGRAM_CLASSES` that no calibration row covers gets the widest
+    band of the rest, with ``cases: 0`` (no evidence: wide by rule, never its basis's)."""
     groups: dict[str, list[float]] = {}
     for row in rows:
         if row["part"] != "calibration" or row["predicted"] <= 0:
             continue
-        groups.setdefault(_key(row), []).append(row["truth"] / row["predicted"] - 1.0)
-    bands = {
+        for key in _keys(row):
+            groups.setdefault(key, []).append(_error(row))
+    bands: dict[str, Any] = {
         key: {  # to 4 decimals, outwards: the band still covers every calibration case
             "low": math.floor(min(0.0, *errs) * 1e4) / 1e4,
             "high": math.ceil(max(0.0, *errs) * 1e4) / 1e4,
@@ -388,25 +470,37 @@ def derive(rows: list[dict[str, Any]]) -> dict[str, Any]:
         }
         for key, errs in sorted(groups.items())
     }
-    return bands
+    widest = BandTable.from_dict({"bands": bands}).widest
+    for key in sorted(PROGRAM_CLASSES):
+        if key not in bands:
+            bands[key] = {"low": widest.low, "high": widest.high, "cases": 0}
+    return dict(sorted(bands.items()))
 
 
 def coverage(rows: list[dict[str, Any]], bands: dict[str, Any], part: str) -> list[dict[str, Any]]:
-    """Per basis on one part: cases, how many the band covered, its mean half-width."""
-    import memfit.core.bands as core_bands
-
-    table = core_bands.BandTable.from_dict({"bands": bands})
+    """Per band on one part: the rows under it (:func:`_keys`), how many its band covered,
+    its mean half-width; and per basis (``<basis>, by family``) the same with each row's
+    own band, the one a figure that knows its family gets
+    (:meth:`memfit.core.bands.BandTable.band`)."""
+    table = BandTable.from_dict({"bands": bands})
     out: dict[str, dict[str, Any]] = {}
-    for row in rows:
-        if row["part"] != part or row["predicted"] <= 0:
-            continue
-        key = _key(row)
-        family = row.get("family")
-        low, high = table.interval(row["predicted"], row["basis"], family)
+
+    def count(key: str, row: dict[str, Any], low: int, high: int) -> None:
         cell = out.setdefault(key, {"basis": key, "cases": 0, "covered": 0, "widths": []})
         cell["cases"] += 1
         cell["covered"] += int(low <= row["truth"] <= high)
         cell["widths"].append((high - low) / 2 / row["predicted"])
+
+    for row in rows:
+        if row["part"] != part or row["predicted"] <= 0:
+            continue
+        keys = [k for k in _keys(row) if k in bands] or [str(row["basis"])]
+        for key in keys:
+            band = table.bands.get(key) or table.band(row["basis"], row.get("family"))
+            count(key, row, *band.interval(row["predicted"]))
+        if row.get("family") and _key(row) not in SEPARATE:
+            own = table.interval(row["predicted"], row["basis"], row["family"])
+            count(f"{row['basis']}, by family", row, *own)
     for cell in out.values():
         widths = cell.pop("widths")
         cell["half_width"] = sum(widths) / len(widths) if widths else math.nan
@@ -414,31 +508,46 @@ def coverage(rows: list[dict[str, Any]], bands: dict[str, Any], part: str) -> li
 
 
 def markdown(cal: list[dict[str, Any]], val: list[dict[str, Any]], bands: dict[str, Any]) -> str:
+    """Both parts' coverage per band, a line a band (and ``<basis>, by family``: each row by
+    its own family's band)."""
     lines = [
         f"{_common.utc_minute()}, 2-core development VM, no GPU, `{COMMAND}` (evidence: "
         "`tests/data/band_evidence.json`, each kind's command in its `collected`).\n",
-        "| basis | band (truth / estimate - 1) | calibration cases | covered | mean half-width "
+        "| band | truth / estimate - 1 | calibration cases | covered | mean half-width "
         "| validation cases | covered | mean half-width |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
+    empty = {"cases": 0, "covered": 0, "half_width": math.nan}
+    cals = {c["basis"]: c for c in cal}
     vals = {c["basis"]: c for c in val}
-    for c in cal:
-        b = bands[c["basis"]]
-        v = vals.get(c["basis"], {"cases": 0, "covered": 0, "half_width": math.nan})
-        vcov = f"{v['covered'] / v['cases']:.0%}" if v["cases"] else "-"
-        vw = f"{v['half_width']:.1%}" if v["cases"] else "-"
+
+    def cells(c: dict[str, Any]) -> str:
+        if not c["cases"]:
+            return "0 | - | -"
+        return f"{c['cases']} | {c['covered'] / c['cases']:.0%} | {c['half_width']:.1%}"
+
+    leaves: dict[str, set[str]] = {}  # basis -> its families with a band of their own
+    for key in bands:
+        basis, _, family = key.partition("/")
+        if family and not any(k.startswith(f"{key}/") for k in bands):
+            leaves.setdefault(basis, set()).add(family)
+    for key in sorted({*bands, *cals, *vals}):
+        if key.endswith(", by family") and len(leaves.get(key.split(",")[0], ())) < 2:
+            continue  # one family: its own line says it
+        b = bands.get(key)
+        if key.endswith(", by family"):
+            text = "each row by its family's band"
+        elif b is None:
+            text = "(no band: its basis's)"
+        elif b["cases"] == 0:
+            text = f"{b['low']:+.1%} .. {b['high']:+.1%} (no calibration case: the widest, by rule)"
+        elif b["cases"] < MIN_CASES:
+            text = f"{b['low']:+.1%} .. {b['high']:+.1%} (under {MIN_CASES} cases: its parent's)"
+        else:
+            text = f"{b['low']:+.1%} .. {b['high']:+.1%}"
         lines.append(
-            f"| {c['basis']} | {b['low']:+.1%} .. {b['high']:+.1%} | {c['cases']} | "
-            f"{c['covered'] / c['cases']:.0%} | {c['half_width']:.1%} | {v['cases']} | {vcov} "
-            f"| {vw} |"
+            f"| {key} | {text} | {cells(cals.get(key, empty))} | {cells(vals.get(key, empty))} |"
         )
-    for key, v in vals.items():
-        if key not in bands:
-            lines.append(
-                f"| {key} | (no calibration case: the basis's band, else the widest) | 0 | - "
-                f"| - | {v['cases']} | "
-                f"{v['covered'] / v['cases']:.0%} | {v['half_width']:.1%} |"
-            )
     return "\n".join(lines) + "\n"
 
 
