@@ -10,6 +10,8 @@ part only, how often the band covered the truth and how wide it was.
 
     python bench/bands.py --collect traced,published,analytic,measured,fitted,compiled
         # recompute evidence rows into tests/data/band_evidence.json (minutes: traces)
+    python bench/bands.py --collect "published:hf_bert_*+liger_*"
+        # only these published series (shell patterns): parts can run side by side
     python bench/bands.py
         # derive src/memfit/core/bands.json from the calibration rows; tables of both parts
         # into bench/out/bands.md (docs/benchmarks.md shows them)
@@ -17,9 +19,13 @@ part only, how often the band covered the truth and how wide it was.
 Evidence, by basis:
 
 * ``traced``: the H100 entries of ``tests/data/gpu_truth/`` (memfit's trace of each torch
-  workload for the card against the caching allocator's real reserved peak), and the
-  published torch runs of ``tests/data/published_truth/*.yaml`` (the traced figure against
-  what the source measured).
+  workload for the card against the caching allocator's real allocated and reserved peaks,
+  two rows per entry), and the published torch runs of ``tests/data/published_truth/*.yaml``
+  (the traced figure against what the source measured). Each row's family is what the
+  figure counts (``allocated``, ``reserved``, ``device``: the CUDA context included) and the
+  step's program class (``conv`` where cuDNN convolutions run, whose workspaces an engine
+  choice inside the library sizes; ``other``): ``traced/reserved/conv``. A family's band
+  covers every calibration row below it, so ``traced/reserved`` and ``traced`` hold too.
 * ``compiled``: memfit's figure for XLA programs compiled for the H100 without the card,
   against ``peak_bytes_in_use`` measured there (``tests/data/gpu_truth/jax_measured/``;
   recomputing needs the ``jax-cuda12-plugin`` extra, else the stored rows stay).
@@ -31,13 +37,16 @@ Evidence, by basis:
   and the networks, no measurements) against the same workload planned from its recorded
   measurements of Brax's compiled training step, over a grid of the knobs.
 
-A row's part is a hash of its case name (one in three to validation); a simulator reading
-the simulator figures were fitted on is in neither part.
+A row's part is a hash of its case name (one in three to validation), except where the
+corpus has a split of its own: the H100 entries follow issue 48's cuDNN fit (its validation
+entries never touched the workspace factors), a published run its series' ``part:``; a
+simulator reading the simulator figures were fitted on is in neither part.
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import hashlib
 import json
 import math
@@ -154,16 +163,22 @@ def traced_rows() -> list[dict[str, Any]]:
 QUANTITY = {"allocated_peak": "allocated", "reserved_peak": "reserved", "device_used": "device"}
 
 
-def published_rows() -> list[dict[str, Any]]:
-    """The published torch runs: the traced figure against the source's reading, in the
-    part its series names (``part:`` of its data file: the rules were studied on the
-    calibration series; the validation series never touched them)."""
+def published_rows(series: Iterable[str] = ("*",)) -> list[dict[str, Any]]:
+    """The published torch runs (of the series matching ``series``: shell patterns): the
+    traced figure against the source's reading, in the part its series names (``part:`` of
+    its data file: the rules were studied on the calibration series; the validation series
+    never touched them)."""
+    import fnmatch
+
     import published_truth
 
     import memfit
 
+    patterns = list(series)
     rows = []
     for run in published_truth.load_runs():
+        if not any(fnmatch.fnmatch(run.series, p) for p in patterns):
+            continue
         workload = published_truth.WORKLOADS[run.workload](run.settings)
         est = memfit.estimate_torch(
             workload.build, workload.step, workload.make_batch, [workload.batch],
@@ -405,17 +420,32 @@ def _write_evidence(evidence: dict[str, Any]) -> None:
     EVIDENCE.write_text(f'{{"collected": {collected},\n"rows": [\n{rows}\n]}}\n', encoding="utf-8")
 
 
+def _mine(row: dict[str, Any], kind: str, patterns: list[str]) -> bool:
+    """Whether ``row`` is one that collecting ``kind`` (of these series) recomputes."""
+    series = str(row["case"]).split("/")[0]
+    return row.get("collector") == kind and (
+        kind != "published" or any(fnmatch.fnmatch(series, p) for p in patterns)
+    )
+
+
 def collect(kinds: Iterable[str]) -> list[dict[str, Any]]:
-    """Recompute the rows of ``kinds`` and store them beside the others."""
-    for kind in kinds:
-        if kind not in COLLECTORS:
-            raise SystemExit(f"unknown evidence kind {kind!r}: one of {', '.join(KINDS)}")
-        fresh = COLLECTORS[kind]()
+    """Recompute the rows of ``kinds`` and store them beside the others. ``published:P+Q``
+    recomputes only the published series matching the shell patterns ``P`` and ``Q`` (the
+    traces take minutes each: the series can be collected in parts, side by side)."""
+    for spec in kinds:
+        kind, _, chosen = spec.partition(":")
+        if kind not in COLLECTORS or (chosen and kind != "published"):
+            raise SystemExit(f"unknown evidence kind {spec!r}: one of {', '.join(KINDS)}")
+        patterns = chosen.split("+") if chosen else ["*"]
+
+        fresh = published_rows(patterns) if kind == "published" else COLLECTORS[kind]()
         evidence = load_evidence()  # read again: another kind may have been stored since
-        evidence["rows"] = [r for r in evidence["rows"] if r.get("collector") != kind]
+        evidence["rows"] = [r for r in evidence["rows"] if not _mine(r, kind, patterns)]
         evidence["rows"].extend({**r, "collector": kind} for r in fresh)
-        evidence["collected"][kind] = (
-            f"{_common.utc_minute()}, python bench/bands.py --collect {kind}"
+        if kind == "published" and chosen:
+            evidence["collected"].pop(kind, None)  # the parts say when each was collected
+        evidence["collected"][spec] = (
+            f"{_common.utc_minute()}, python bench/bands.py --collect {spec}"
         )
         _write_evidence(evidence)
     rows: list[dict[str, Any]] = load_evidence()["rows"]

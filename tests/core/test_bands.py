@@ -248,3 +248,15 @@ def test_coverage_counts_what_the_band_covers() -> None:
     ]  # fmt: skip
     cov = bench.coverage(rows, {"traced": {"low": 0.0, "high": 0.2, "cases": 3}}, "validation")  # type: ignore[attr-defined]
     assert cov == [{"basis": "traced", "cases": 2, "covered": 1, "half_width": pytest.approx(0.1)}]
+
+
+def test_collecting_some_published_series_keeps_the_others() -> None:
+    bench = _bench()
+    mine = bench._mine  # type: ignore[attr-defined]
+    bert = {"case": "hf_bert_large_v100/fp16", "collector": "published"}
+    vit = {"case": "rasbt_vit_l16/01 fp32 batch 64", "collector": "published"}
+    h100 = {"case": "h100/act_2cam_256@4", "collector": "traced"}
+    assert mine(bert, "published", ["hf_bert_*", "liger_*"])
+    assert not mine(vit, "published", ["hf_bert_*", "liger_*"])
+    assert mine(vit, "published", ["*"]) and not mine(h100, "published", ["*"])
+    assert mine(h100, "traced", ["*"])
