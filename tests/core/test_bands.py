@@ -260,3 +260,38 @@ def test_collecting_some_published_series_keeps_the_others() -> None:
     assert not mine(vit, "published", ["hf_bert_*", "liger_*"])
     assert mine(vit, "published", ["*"]) and not mine(h100, "published", ["*"])
     assert mine(h100, "traced", ["*"])
+
+
+def test_a_plans_traced_terms_take_the_traces_family_band(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan from a trace: its traced terms are at the allocated level, and a step with
+    cuDNN convolutions takes the convolution band, not the MLPs' exact one."""
+    from memfit.core.measured import MeasuredTerms
+    from memfit.core.workload import parse_workload
+
+    w = parse_workload(
+        "family: offpolicy\nestimator: torch\nfactory: my_model:make_step\n"
+        "observations: {vector: 16}\nnetworks: {q: {layers: [64, 4]}}\n"
+        "knobs:\n  buffer_size: {choices: [1000]}\n  batch_size: {choices: [256]}\n"
+    )
+    plans = {}
+    for family in ("allocated/conv", "allocated/other"):
+        terms = MeasuredTerms(
+            knob="batch_size", fixed_bytes={"parameters": 10 * 2**20},
+            per_item_bytes=64 * 1024, source="torch fake-tensor trace", family=family,
+        )  # fmt: skip
+        monkeypatch.setattr("memfit.estimate.bridge.measure", lambda *_a, t=terms, **_k: t)
+        plans[family] = memfit.plan(w, gpu="RTX 4090")
+    conv, other = plans["allocated/conv"], plans["allocated/other"]
+    assert conv.sources["activations"] == "traced" and conv.breakdown == other.breakdown
+    table = load_bands()
+    for p, family in ((conv, "allocated/conv"), (other, "allocated/other")):
+        expected = plan_interval(p.breakdown, p.sources, "offpolicy",
+                                 basis_families={"traced": family})  # fmt: skip
+        assert p.band == expected
+    diff = sum(
+        table.interval(n, "traced", "allocated/conv")[1]
+        - table.interval(n, "traced", "allocated/other")[1]
+        for t, n in conv.breakdown.items()
+        if conv.sources[t] == "traced"
+    )
+    assert conv.band[1] - other.band[1] == diff > 0  # the convolutions' band is the wider

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -62,7 +63,15 @@ def test_jax_estimate_band_is_the_compiled_band() -> None:
         jax.ShapeDtypeStruct((128, 256), jnp.float32),
         jax.ShapeDtypeStruct((256, 64), jnp.float32),
     )
+    assert est.program is None  # an MLP's compile: the compiled band
     assert est.band("argument_bytes") == load_bands().interval(est.argument_bytes, "compiled")
+    # a compile with cuDNN convolutions is a program class of its own (its scratch is
+    # autotuned on the device): its band, the widest without calibration cases
+    conv = replace(est, program="conv")
+    assert conv.band("argument_bytes") == load_bands().interval(
+        est.argument_bytes, "compiled", "conv"
+    )
+    assert conv.band("argument_bytes")[1] > est.band("argument_bytes")[1]
     with pytest.raises(ConfigError, match="no device_used_bytes"):
         est.band("device_used_bytes")  # CPU backend, no GPU named
     with pytest.raises(ConfigError, match="name must be one of"):
