@@ -10,6 +10,8 @@ part only, how often the band covered the truth and how wide it was.
 
     python bench/bands.py --collect traced,published,analytic,measured,fitted,compiled
         # recompute evidence rows into tests/data/band_evidence.json (minutes: traces)
+    python bench/bands.py --collect "published:hf_bert_*+liger_*"
+        # only these published series (shell patterns): parts can run side by side
     python bench/bands.py
         # derive src/memfit/core/bands.json from the calibration rows; tables of both parts
         # into bench/out/bands.md (docs/benchmarks.md shows them)
@@ -17,9 +19,13 @@ part only, how often the band covered the truth and how wide it was.
 Evidence, by basis:
 
 * ``traced``: the H100 entries of ``tests/data/gpu_truth/`` (memfit's trace of each torch
-  workload for the card against the caching allocator's real reserved peak), and the
-  published torch runs of ``tests/data/published_truth/*.yaml`` (the traced figure against
-  what the source measured).
+  workload for the card against the caching allocator's real allocated and reserved peaks,
+  two rows per entry), and the published torch runs of ``tests/data/published_truth/*.yaml``
+  (the traced figure against what the source measured). Each row's family is what the
+  figure counts (``allocated``, ``reserved``, ``device``: the CUDA context included) and the
+  step's program class (``conv`` where cuDNN convolutions run, whose workspaces an engine
+  choice inside the library sizes; ``other``): ``traced/reserved/conv``. A family's band
+  covers every calibration row below it, so ``traced/reserved`` and ``traced`` hold too.
 * ``compiled``: memfit's figure for XLA programs compiled for the H100 without the card,
   against ``peak_bytes_in_use`` measured there (``tests/data/gpu_truth/jax_measured/``;
   recomputing needs the ``jax-cuda12-plugin`` extra, else the stored rows stay).
@@ -31,13 +37,16 @@ Evidence, by basis:
   and the networks, no measurements) against the same workload planned from its recorded
   measurements of Brax's compiled training step, over a grid of the knobs.
 
-A row's part is a hash of its case name (one in three to validation); a simulator reading
-the simulator figures were fitted on is in neither part.
+A row's part is a hash of its case name (one in three to validation), except where the
+corpus has a split of its own: the H100 entries follow issue 48's cuDNN fit (its validation
+entries never touched the workspace factors), a published run its series' ``part:``; a
+simulator reading the simulator figures were fitted on is in neither part.
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import math
 import sys
@@ -50,7 +59,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "shared"))
 
 import _common
-from band_derivation import coverage, derive, part_of
+from band_derivation import _mine, coverage, derive, part_of
+
+from memfit.core.bands import MIN_CASES
 
 ROOT = Path(__file__).resolve().parent.parent
 EVIDENCE = ROOT / "tests" / "data" / "band_evidence.json"
@@ -81,39 +92,101 @@ def _row(
 # --- evidence ----------------------------------------------------------------------------------
 
 
+def _program(kernels: Iterable[str]) -> str:
+    """The program class of a traced step, from the ops whose CUDA kernel the trace
+    followed (:func:`memfit.core.bands.traced_family`)."""
+    from memfit.core.bands import program_class
+
+    return program_class(kernels)
+
+
+def h100_split() -> tuple[set[str], set[str]]:
+    """The H100 torch entries as issue 48's cuDNN fit split them (within each workload the
+    entries sorted by batch alternate, calibration first: ``bench/cudnn_workspace_fit.py``):
+    the convolution workspaces were fitted on the calibration entries, so their validation
+    entries are validation here too."""
+    import cudnn_workspace_fit
+
+    names = [p.name.removesuffix(".json.gz") for p in H100.glob("*.json.gz")]
+    return cudnn_workspace_fit.split(names)
+
+
 def traced_rows() -> list[dict[str, Any]]:
-    """The H100 torch entries: memfit's traced reserved peak against the real one."""
-    import gpu_truth
+    """The H100 torch entries: memfit's traced allocated and reserved peaks against the
+    caching allocator's real ones (one trace per entry, two rows)."""
+    import gpu_truth  # puts tests/shared (the corpus format) on sys.path
     from truth_corpus import load_entry
 
+    from memfit.estimate.torch.trace import estimate_torch
+
+    calibration, _ = h100_split()
     rows = []
     for path in sorted(H100.glob("*.json.gz")):
         entry = load_entry(path)
-        if entry.kind != "torch":
+        found = gpu_truth.factory_for(entry)
+        if entry.kind != "torch" or found is None:
             continue
-        pred = gpu_truth.predict(entry)
-        real = entry.peaks.get("max_reserved")
-        if not pred or pred.get("reserved_peak") is None or not real:
-            continue
-        rows.append(
-            _row(f"h100/{entry.name}", "traced", pred["reserved_peak"], real,
-                 "tests/data/gpu_truth/nvidia-h100-80gb-hbm3 (max_reserved)")
+        factory, batch = found
+        step = factory()
+        est = estimate_torch(
+            step.build, step.step, step.make_batch, [batch], device="cpu",
+            gpu=gpu_truth._catalog_name(entry.gpu), runtime=gpu_truth.entry_runtime(entry),
         )  # fmt: skip
-        print(rows[-1], flush=True)
+        point = est.points[0]
+        part = "calibration" if entry.name in calibration else "validation"
+        program = _program(est.kernels)
+        for quantity, pred, real in (
+            ("allocated", point.allocated_peak, entry.peaks.get("max_allocated")),
+            ("reserved", point.reserved_peak, entry.peaks.get("max_reserved")),
+        ):
+            if not pred or not real:
+                continue
+            row = _row(f"h100/{entry.name}", "traced", pred, real,
+                       f"tests/data/gpu_truth/nvidia-h100-80gb-hbm3 (max_{quantity})",
+                       family=f"{quantity}/{program}")  # fmt: skip
+            row["part"] = part
+            rows.append(row)
+            print(rows[-1], flush=True)
     return rows
 
 
-def published_rows() -> list[dict[str, Any]]:
-    """The published torch runs: the traced figure against the source's reading."""
+#: A published run's quantity as the band's (``device_used`` counts the CUDA context).
+QUANTITY = {"allocated_peak": "allocated", "reserved_peak": "reserved", "device_used": "device"}
+
+
+def published_rows(series: Iterable[str] = ("*",)) -> list[dict[str, Any]]:
+    """The published torch runs (of the series matching ``series``: shell patterns): the
+    traced figure against the source's reading, in the part its series names (``part:`` of
+    its data file: the rules were studied on the calibration series; the validation series
+    never touched them)."""
+
     import published_truth
 
+    import memfit
+
+    patterns = list(series)
     rows = []
     for run in published_truth.load_runs():
-        out = published_truth.predict(run)
-        rows.append(
-            _row(f"{run.series}/{run.name}", "traced", out.predicted_bytes, run.measured_bytes,
-                 f"{run.source} ({run.quantity})")
+        if not any(fnmatch.fnmatch(run.series, p) for p in patterns):
+            continue
+        workload = published_truth.WORKLOADS[run.workload](run.settings)
+        est = memfit.estimate_torch(
+            workload.build, workload.step, workload.make_batch, [workload.batch],
+            gpu=run.gpu, device="cpu", runtime=run.runtime, kernel_scratch=False,
         )  # fmt: skip
+        point = est.points[0]
+        figure = {
+            "device_used": point.device_used_peak,
+            "reserved_peak": point.reserved_peak,
+            "allocated_peak": point.allocated_peak,
+        }[run.quantity]
+        if not figure:
+            continue
+        row = _row(f"{run.series}/{run.name}", "traced", figure, run.measured_bytes,
+                   f"{run.source} ({run.quantity})",
+                   family=f"{QUANTITY[run.quantity]}/{_program(est.kernels)}")  # fmt: skip
+        row["part"] = run.part
+        rows.append(row)
         print(rows[-1], flush=True)
     return rows
 
@@ -338,16 +411,23 @@ def _write_evidence(evidence: dict[str, Any]) -> None:
 
 
 def collect(kinds: Iterable[str]) -> list[dict[str, Any]]:
-    """Recompute the rows of ``kinds`` and store them beside the others."""
-    for kind in kinds:
-        if kind not in COLLECTORS:
-            raise SystemExit(f"unknown evidence kind {kind!r}: one of {', '.join(KINDS)}")
-        fresh = COLLECTORS[kind]()
+    """Recompute the rows of ``kinds`` and store them beside the others. ``published:P+Q``
+    recomputes only the published series matching the shell patterns ``P`` and ``Q`` (the
+    traces take minutes each: the series can be collected in parts, side by side)."""
+    for spec in kinds:
+        kind, _, chosen = spec.partition(":")
+        if kind not in COLLECTORS or (chosen and kind != "published"):
+            raise SystemExit(f"unknown evidence kind {spec!r}: one of {', '.join(KINDS)}")
+        patterns = chosen.split("+") if chosen else ["*"]
+
+        fresh = published_rows(patterns) if kind == "published" else COLLECTORS[kind]()
         evidence = load_evidence()  # read again: another kind may have been stored since
-        evidence["rows"] = [r for r in evidence["rows"] if r.get("collector") != kind]
+        evidence["rows"] = [r for r in evidence["rows"] if not _mine(r, kind, patterns)]
         evidence["rows"].extend({**r, "collector": kind} for r in fresh)
-        evidence["collected"][kind] = (
-            f"{_common.utc_minute()}, python bench/bands.py --collect {kind}"
+        if kind == "published" and chosen:
+            evidence["collected"].pop(kind, None)  # the parts say when each was collected
+        evidence["collected"][spec] = (
+            f"{_common.utc_minute()}, python bench/bands.py --collect {spec}"
         )
         _write_evidence(evidence)
     rows: list[dict[str, Any]] = load_evidence()["rows"]
@@ -358,31 +438,46 @@ def collect(kinds: Iterable[str]) -> list[dict[str, Any]]:
 
 
 def markdown(cal: list[dict[str, Any]], val: list[dict[str, Any]], bands: dict[str, Any]) -> str:
+    """Both parts' coverage per band, a line a band (and ``<basis>, by family``: each row by
+    its own family's band)."""
     lines = [
         f"{_common.utc_minute()}, 2-core development VM, no GPU, `{COMMAND}` (evidence: "
         "`tests/data/band_evidence.json`, each kind's command in its `collected`).\n",
-        "| basis | band (truth / estimate - 1) | calibration cases | covered | mean half-width "
+        "| band | truth / estimate - 1 | calibration cases | covered | mean half-width "
         "| validation cases | covered | mean half-width |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
+    empty = {"cases": 0, "covered": 0, "half_width": math.nan}
+    cals = {c["basis"]: c for c in cal}
     vals = {c["basis"]: c for c in val}
-    for c in cal:
-        b = bands[c["basis"]]
-        v = vals.get(c["basis"], {"cases": 0, "covered": 0, "half_width": math.nan})
-        vcov = f"{v['covered'] / v['cases']:.0%}" if v["cases"] else "-"
-        vw = f"{v['half_width']:.1%}" if v["cases"] else "-"
+
+    def cells(c: dict[str, Any]) -> str:
+        if not c["cases"]:
+            return "0 | - | -"
+        return f"{c['cases']} | {c['covered'] / c['cases']:.0%} | {c['half_width']:.1%}"
+
+    leaves: dict[str, set[str]] = {}  # basis -> its families with a band of their own
+    for key in bands:
+        basis, _, family = key.partition("/")
+        if family and not any(k.startswith(f"{key}/") for k in bands):
+            leaves.setdefault(basis, set()).add(family)
+    for key in sorted({*bands, *cals, *vals}):
+        if key.endswith(", by family") and len(leaves.get(key.split(",")[0], ())) < 2:
+            continue  # one family: its own line says it
+        b = bands.get(key)
+        if key.endswith(", by family"):
+            text = "each row by its family's band"
+        elif b is None:
+            text = "(no band: its basis's)"
+        elif b["cases"] == 0:
+            text = f"{b['low']:+.1%} .. {b['high']:+.1%} (no calibration case: the widest, by rule)"
+        elif b["cases"] < MIN_CASES:
+            text = f"{b['low']:+.1%} .. {b['high']:+.1%} (under {MIN_CASES} cases: its parent's)"
+        else:
+            text = f"{b['low']:+.1%} .. {b['high']:+.1%}"
         lines.append(
-            f"| {c['basis']} | {b['low']:+.1%} .. {b['high']:+.1%} | {c['cases']} | "
-            f"{c['covered'] / c['cases']:.0%} | {c['half_width']:.1%} | {v['cases']} | {vcov} "
-            f"| {vw} |"
+            f"| {key} | {text} | {cells(cals.get(key, empty))} | {cells(vals.get(key, empty))} |"
         )
-    for key, v in vals.items():
-        if key not in bands:
-            lines.append(
-                f"| {key} | (no calibration case: the basis's band, else the widest) | 0 | - "
-                f"| - | {v['cases']} | "
-                f"{v['covered'] / v['cases']:.0%} | {v['half_width']:.1%} |"
-            )
     return "\n".join(lines) + "\n"
 
 

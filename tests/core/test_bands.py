@@ -11,7 +11,17 @@ import pytest
 
 import memfit
 from memfit.core._workload_load import bundled_names
-from memfit.core.bands import BASES, Band, BandTable, basis_summary, load_bands, plan_interval
+from memfit.core.bands import (
+    BASES,
+    MIN_CASES,
+    PROGRAM_CLASSES,
+    Band,
+    BandTable,
+    basis_summary,
+    load_bands,
+    plan_interval,
+    program_class,
+)
 from memfit.core.workload import load_workload
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,6 +123,81 @@ def test_bands_table_lookups() -> None:
     assert (low, high) == (100 + 990, 160 + 1500)  # the pool's free part is not needed
 
 
+def test_a_family_band_is_the_most_specific_with_enough_cases() -> None:
+    table = BandTable(
+        bands={
+            "traced": Band(-0.1, 0.2, 40),
+            "traced/reserved": Band(-0.1, 0.2, 20),
+            "traced/reserved/conv": Band(-0.1, 0.2, 12),
+            "traced/reserved/other": Band(-0.01, 0.01, 8),
+            "traced/allocated": Band(-0.05, 0.05, 20),
+            "traced/allocated/other": Band(0.0, 0.0, MIN_CASES - 1),
+            "compiled": Band(-0.1, 0.02, 10),
+            "compiled/conv": Band(-0.2, 0.5, 0),  # a program class, no evidence: the widest
+        }
+    )
+    assert table.band("traced", "reserved/other") == Band(-0.01, 0.01, 8)
+    assert table.band("traced", "reserved/conv") == Band(-0.1, 0.2, 12)
+    # too few cases of its own: the parent's band, which covers them too
+    assert table.band("traced", "allocated/other") == Band(-0.05, 0.05, 20)
+    assert table.band("traced", "device/other") == table.bands["traced"]
+    assert table.band("traced") == table.bands["traced"]
+    # a compiled convolution is not a compiled MLP: never the basis's narrow band
+    assert table.band("compiled", "conv") == Band(-0.2, 0.5, 0)
+    assert table.band("compiled") == Band(-0.1, 0.02, 10)
+    assert "compiled/conv" in PROGRAM_CLASSES
+    # a plan's traced terms take the trace's family, its other terms the workload's
+    low, high = plan_interval(
+        {"activations": 1000, "slack": 100},
+        {"activations": "traced", "slack": "compiled"},
+        family="vision",
+        table=table,
+        basis_families={"traced": "reserved/other"},
+    )
+    assert (low, high) == (990 + 90, 1010 + 102)
+
+
+def test_program_class_follows_the_traced_ops() -> None:
+    assert program_class(["aten.convolution_backward", "aten.mm"]) == "conv"
+    assert program_class(["aten.addmm", "aten._scaled_dot_product_flash_attention"]) == "other"
+    assert program_class([]) == "other"
+
+
+def test_derive_rolls_families_up_and_widens_a_program_class_without_evidence() -> None:
+    bench = _bench()
+
+    def row(case: str, family: str | None, predicted: int, truth: int, part: str = "calibration",
+            basis: str = "traced") -> dict[str, object]:  # fmt: skip
+        return {"case": case, "basis": basis, "family": family, "predicted": predicted,
+                "truth": truth, "part": part}  # fmt: skip
+
+    rows = [
+        row("a", "reserved/conv", 100, 120),
+        row("b", "reserved/conv", 100, 95),
+        row("c", "reserved/other", 100, 101),
+        row("d", "allocated/other", 100, 100),
+        row("v", "reserved/conv", 100, 300, part="validation"),  # never moves a band
+        row("e", "cuda_context", 100, 150, basis="fitted"),
+        row("f", None, 100, 90, basis="fitted"),
+        row("g", None, 100, 102, basis="compiled"),
+    ]
+    bands = bench.derive(rows)  # type: ignore[attr-defined]
+    near = pytest.approx  # to 4 decimals, rounded outwards
+    assert bands["traced/reserved/conv"] == near({"low": -0.05, "high": 0.2, "cases": 2}, abs=2e-4)
+    assert bands["traced/reserved"] == near({"low": -0.05, "high": 0.2, "cases": 3}, abs=2e-4)
+    assert bands["traced"] == near({"low": -0.05, "high": 0.2, "cases": 4}, abs=2e-4)
+    # the context is a term of its own: the simulators' fitted band does not take it
+    assert bands["fitted"] == near({"low": -0.1, "high": 0.0, "cases": 1}, abs=2e-4)
+    assert bands["fitted/cuda_context"]["high"] == near(0.5, abs=2e-4)
+    # no compiled convolution among the calibration rows: the widest band, by rule
+    assert bands["compiled/conv"] == near({"low": -0.1, "high": 0.5, "cases": 0}, abs=2e-4)
+    assert bands["compiled"]["cases"] == 1
+    cov = bench.coverage(rows, bands, "validation")  # type: ignore[attr-defined]
+    assert {c["basis"]: c["covered"] for c in cov} == {
+        "traced": 0, "traced/reserved": 0, "traced/reserved/conv": 0, "traced, by family": 0,
+    }  # fmt: skip
+
+
 def test_basis_summary_orders_by_share() -> None:
     assert basis_summary({"a": 1, "b": 999}, {"a": "analytic", "b": "compiled"}) == (
         "basis: 100% compiled, <1% analytic"
@@ -157,3 +242,50 @@ def test_coverage_counts_what_the_band_covers() -> None:
     ]  # fmt: skip
     cov = bench.coverage(rows, {"traced": {"low": 0.0, "high": 0.2, "cases": 3}}, "validation")  # type: ignore[attr-defined]
     assert cov == [{"basis": "traced", "cases": 2, "covered": 1, "half_width": pytest.approx(0.1)}]
+
+
+def test_collecting_some_published_series_keeps_the_others() -> None:
+    bench = _bench()
+    mine = bench._mine  # type: ignore[attr-defined]
+    bert = {"case": "hf_bert_large_v100/fp16", "collector": "published"}
+    vit = {"case": "rasbt_vit_l16/01 fp32 batch 64", "collector": "published"}
+    h100 = {"case": "h100/act_2cam_256@4", "collector": "traced"}
+    assert mine(bert, "published", ["hf_bert_*", "liger_*"])
+    assert not mine(vit, "published", ["hf_bert_*", "liger_*"])
+    assert mine(vit, "published", ["*"]) and not mine(h100, "published", ["*"])
+    assert mine(h100, "traced", ["*"])
+
+
+def test_a_plans_traced_terms_take_the_traces_family_band(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan from a trace: its traced terms are at the allocated level, and a step with
+    cuDNN convolutions takes the convolution band, not the MLPs' exact one."""
+    from memfit.core.measured import MeasuredTerms
+    from memfit.core.workload import parse_workload
+
+    w = parse_workload(
+        "family: offpolicy\nestimator: torch\nfactory: my_model:make_step\n"
+        "observations: {vector: 16}\nnetworks: {q: {layers: [64, 4]}}\n"
+        "knobs:\n  buffer_size: {choices: [1000]}\n  batch_size: {choices: [256]}\n"
+    )
+    plans = {}
+    for family in ("allocated/conv", "allocated/other"):
+        terms = MeasuredTerms(
+            knob="batch_size", fixed_bytes={"parameters": 10 * 2**20},
+            per_item_bytes=64 * 1024, source="torch fake-tensor trace", family=family,
+        )  # fmt: skip
+        monkeypatch.setattr("memfit.estimate.bridge.measure", lambda *_a, t=terms, **_k: t)
+        plans[family] = memfit.plan(w, gpu="RTX 4090")
+    conv, other = plans["allocated/conv"], plans["allocated/other"]
+    assert conv.sources["activations"] == "traced" and conv.breakdown == other.breakdown
+    table = load_bands()
+    for p, family in ((conv, "allocated/conv"), (other, "allocated/other")):
+        expected = plan_interval(p.breakdown, p.sources, "offpolicy",
+                                 basis_families={"traced": family})  # fmt: skip
+        assert p.band == expected
+    diff = sum(
+        table.interval(n, "traced", "allocated/conv")[1]
+        - table.interval(n, "traced", "allocated/other")[1]
+        for t, n in conv.breakdown.items()
+        if conv.sources[t] == "traced"
+    )
+    assert conv.band[1] - other.band[1] == diff > 0  # the convolutions' band is the wider

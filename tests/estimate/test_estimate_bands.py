@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -29,12 +30,19 @@ def test_torch_estimate_band_is_the_traced_band_around_each_figure() -> None:
         build, step, lambda n: torch.randn(n, 64), [4, 8], gpu="RTX 4070", kernel_scratch=False
     )
     point = est.points[-1]
-    assert est.band("reserved_peak") == load_bands().interval(point.reserved_peak, "traced")
+    # the band of the figure's family: the reserved peak of a step without convolutions
+    assert est.band_family("reserved_peak") == "reserved/other"
+    assert est.band("reserved_peak") == load_bands().interval(
+        point.reserved_peak, "traced", "reserved/other"
+    )
+    assert est.to_measured().family == "allocated/other"
     low, high = est.band("allocated_peak", batch_size=4)
     assert low <= est.points[0].allocated_peak <= high
     assert point.device_used_peak is not None and est.context is not None
     low, high = est.band("device_used_peak")
-    traced = load_bands().interval(point.device_used_peak - est.context.bytes, "traced")
+    traced = load_bands().interval(
+        point.device_used_peak - est.context.bytes, "traced", "reserved/other"
+    )
     context = load_bands().interval(est.context.bytes, "fitted", term="cuda_context")
     assert (low, high) == (traced[0] + context[0], traced[1] + context[1])
     with pytest.raises(ConfigError, match="name must be one of"):
@@ -55,7 +63,15 @@ def test_jax_estimate_band_is_the_compiled_band() -> None:
         jax.ShapeDtypeStruct((128, 256), jnp.float32),
         jax.ShapeDtypeStruct((256, 64), jnp.float32),
     )
+    assert est.program is None  # an MLP's compile: the compiled band
     assert est.band("argument_bytes") == load_bands().interval(est.argument_bytes, "compiled")
+    # a compile with cuDNN convolutions is a program class of its own (its scratch is
+    # autotuned on the device): its band, the widest without calibration cases
+    conv = replace(est, program="conv")
+    assert conv.band("argument_bytes") == load_bands().interval(
+        est.argument_bytes, "compiled", "conv"
+    )
+    assert conv.band("argument_bytes")[1] > est.band("argument_bytes")[1]
     with pytest.raises(ConfigError, match="no device_used_bytes"):
         est.band("device_used_bytes")  # CPU backend, no GPU named
     with pytest.raises(ConfigError, match="name must be one of"):

@@ -4,9 +4,12 @@ the committed table (src/memfit/core/bands.json) is what the committed evidence 
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import math
 from typing import Any
+
+from memfit.core.bands import PROGRAM_CLASSES, BandTable
 
 
 def part_of(case: str, role: str | None = None) -> str:
@@ -22,19 +25,42 @@ def part_of(case: str, role: str | None = None) -> str:
 
 def _key(row: dict[str, Any]) -> str:
     """``basis``, or ``basis/family`` for evidence of one family (the PPO formula, a
-    convolution's compile)."""
+    convolution's compile, a trace's reserved peak of a convolution step)."""
     return f"{row['basis']}/{row['family']}" if row.get("family") else str(row["basis"])
 
 
+#: Bands that do not roll up into their basis's: a term of its own (the CUDA context) and
+#: the compiled program classes known to differ (:data:`memfit.core.bands.PROGRAM_CLASSES`).
+SEPARATE = frozenset({"fitted/cuda_context", *PROGRAM_CLASSES})
+
+
+def _keys(row: dict[str, Any]) -> list[str]:
+    """Every band a row is evidence for: its family's and each parent's up to the basis
+    (``traced/reserved/conv``, ``traced/reserved``, ``traced``), unless it stands apart
+    (:data:`SEPARATE`)."""
+    key = _key(row)
+    if key in SEPARATE:
+        return [key]
+    parts = key.split("/")
+    return ["/".join(parts[:n]) for n in range(len(parts), 0, -1)]
+
+
+def _error(row: dict[str, Any]) -> float:
+    return float(row["truth"]) / float(row["predicted"]) - 1.0
+
+
 def derive(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Each basis's band from the calibration rows: the lowest and highest ``truth /
-    predicted - 1`` seen (the estimate itself always inside: low <= 0 <= high)."""
+    """Each band from the calibration rows: the lowest and highest ``truth / predicted - 1``
+    seen under it (the estimate itself always inside: low <= 0 <= high). A program class of
+    :data:`memfit.core.bands.PROGRAM_CLASSES` that no calibration row covers gets the widest
+    band of the rest, with ``cases: 0`` (no evidence: wide by rule, never its basis's)."""
     groups: dict[str, list[float]] = {}
     for row in rows:
         if row["part"] != "calibration" or row["predicted"] <= 0:
             continue
-        groups.setdefault(_key(row), []).append(row["truth"] / row["predicted"] - 1.0)
-    bands = {
+        for key in _keys(row):
+            groups.setdefault(key, []).append(_error(row))
+    bands: dict[str, Any] = {
         key: {  # to 4 decimals, outwards: the band still covers every calibration case
             "low": math.floor(min(0.0, *errs) * 1e4) / 1e4,
             "high": math.ceil(max(0.0, *errs) * 1e4) / 1e4,
@@ -42,26 +68,46 @@ def derive(rows: list[dict[str, Any]]) -> dict[str, Any]:
         }
         for key, errs in sorted(groups.items())
     }
-    return bands
+    widest = BandTable.from_dict({"bands": bands}).widest
+    for key in sorted(PROGRAM_CLASSES):
+        if key not in bands:
+            bands[key] = {"low": widest.low, "high": widest.high, "cases": 0}
+    return dict(sorted(bands.items()))
 
 
 def coverage(rows: list[dict[str, Any]], bands: dict[str, Any], part: str) -> list[dict[str, Any]]:
-    """Per basis on one part: cases, how many the band covered, its mean half-width."""
-    import memfit.core.bands as core_bands
-
-    table = core_bands.BandTable.from_dict({"bands": bands})
+    """Per band on one part: the rows under it (:func:`_keys`), how many its band covered,
+    its mean half-width; and per basis (``<basis>, by family``) the same with each row's
+    own band, the one a figure that knows its family gets
+    (:meth:`memfit.core.bands.BandTable.band`)."""
+    table = BandTable.from_dict({"bands": bands})
     out: dict[str, dict[str, Any]] = {}
-    for row in rows:
-        if row["part"] != part or row["predicted"] <= 0:
-            continue
-        key = _key(row)
-        family = row.get("family")
-        low, high = table.interval(row["predicted"], row["basis"], family)
+
+    def count(key: str, row: dict[str, Any], low: int, high: int) -> None:
         cell = out.setdefault(key, {"basis": key, "cases": 0, "covered": 0, "widths": []})
         cell["cases"] += 1
         cell["covered"] += int(low <= row["truth"] <= high)
         cell["widths"].append((high - low) / 2 / row["predicted"])
+
+    for row in rows:
+        if row["part"] != part or row["predicted"] <= 0:
+            continue
+        keys = [k for k in _keys(row) if k in bands] or [str(row["basis"])]
+        for key in keys:
+            band = table.bands.get(key) or table.band(row["basis"], row.get("family"))
+            count(key, row, *band.interval(row["predicted"]))
+        if row.get("family") and _key(row) not in SEPARATE:
+            own = table.interval(row["predicted"], row["basis"], row["family"])
+            count(f"{row['basis']}, by family", row, *own)
     for cell in out.values():
         widths = cell.pop("widths")
         cell["half_width"] = sum(widths) / len(widths) if widths else math.nan
     return [out[k] for k in sorted(out)]
+
+
+def _mine(row: dict[str, Any], kind: str, patterns: list[str]) -> bool:
+    """Whether ``row`` is one that collecting ``kind`` (of these series) recomputes."""
+    series = str(row["case"]).split("/")[0]
+    return row.get("collector") == kind and (
+        kind != "published" or any(fnmatch.fnmatch(series, p) for p in patterns)
+    )

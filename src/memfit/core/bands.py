@@ -20,9 +20,13 @@ The band of a basis is how far its figures have been off on the project's truth 
 lowest and highest ``truth / estimate - 1`` seen on the corpus's calibration part, derived by
 ``python bench/bands.py`` into ``bands.json`` beside this module (with the command and the
 date); the validation part is reported in ``docs/benchmarks.md`` and never used here. A basis
-may have a band per family (``analytic/ppo``: the PPO formula against Brax's compiled
-measurements) where the evidence differs. A basis with no evidence gets the widest band seen
-on any basis (``assumed`` always does).
+may have a band per family where the evidence differs: ``analytic/ppo/brax`` (the PPO formula
+against Brax's compiled measurements), ``traced/reserved/conv`` (a trace's reserved peak of a
+step with cuDNN convolutions). A family is a path: its band covers every calibration case
+below it, and a lookup takes the most specific band with at least :data:`MIN_CASES` cases,
+else its parent's (``traced/reserved/conv``, ``traced/reserved``, ``traced``). A basis with no
+evidence gets the widest band seen on any basis (``assumed`` always does); so does a program
+class known to differ (:data:`PROGRAM_CLASSES`) that no calibration case covers.
 
 >>> table = load_bands()
 >>> low, high = table.interval(1000, "assumed")
@@ -33,7 +37,7 @@ True
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -41,12 +45,16 @@ from typing import Any
 
 __all__ = [
     "BASES",
+    "MIN_CASES",
+    "PROGRAM_CLASSES",
     "Band",
     "BandTable",
     "basis_summary",
     "figure_band",
     "load_bands",
     "plan_interval",
+    "program_class",
+    "traced_family",
     "weakest",
 ]
 
@@ -63,6 +71,41 @@ BASES: tuple[str, ...] = (
 
 #: Terms that are not what the job needs (the unused part of JAX's preallocated pool).
 NOT_NEEDED: frozenset[str] = frozenset({"jax_pool_unused"})
+
+#: A family band needs this many calibration cases to stand on its own; with fewer, its
+#: parent's band (which covers them too) is used.
+MIN_CASES = 3
+
+#: Compiled programs whose scratch a closed library sizes on the device, known to be off in
+#: their own way: each is a family band of its own, and without calibration cases it gets
+#: the widest band (``bench/bands.py`` writes it so), never its basis's; its band is not
+#: counted in :attr:`BandTable.widest`.
+PROGRAM_CLASSES: dict[str, str] = {
+    "compiled/conv": "XLA autotunes cuDNN convolutions on the device (scratch it allocates)",
+    "compiled/sort": "CUB's sort scratch, sized by the library at run time",
+}
+
+
+def program_class(ops: Iterable[str]) -> str:
+    """``"conv"`` for a step that runs a convolution (cuDNN's workspaces: an engine the
+    library picks), else ``"other"`` (matmuls, attention, elementwise: sized from torch's
+    source), from the ATen ops of a trace.
+
+    >>> program_class(["aten.convolution", "aten.mm"]), program_class(["aten.mm"])
+    ('conv', 'other')
+    """
+    return "conv" if any("convolution" in op for op in ops) else "other"
+
+
+def traced_family(quantity: str, ops: Iterable[str]) -> str:
+    """The family of a traced figure: what it counts (``allocated``: tensors and kernels'
+    scratch; ``reserved``: the caching allocator's segments besides; ``device``: the
+    device's use, the CUDA context included) and the step's :func:`program_class`.
+
+    >>> traced_family("reserved", ["aten.convolution_backward"])
+    'reserved/conv'
+    """
+    return f"{quantity}/{program_class(ops)}"
 
 
 def weakest(a: str, b: str) -> str:
@@ -112,10 +155,9 @@ class BandTable:
 
     @property
     def widest(self) -> Band:
-        """The widest band seen on any basis (for a basis without evidence). A band of one
-        kind of compiled program (``compiled/conv``: cuDNN's autotuning of a convolution,
-        which no planned family compiles) is left out."""
-        kept = [b for k, b in self.bands.items() if not k.startswith("compiled/")]
+        """The widest band seen on any basis (for a basis without evidence). The bands of
+        :data:`PROGRAM_CLASSES` are left out (without evidence they are this band)."""
+        kept = [b for k, b in self.bands.items() if k not in PROGRAM_CLASSES]
         kept = kept or list(self.bands.values())
         if not kept:
             return Band(0.0, 0.0)
@@ -123,14 +165,22 @@ class BandTable:
 
     def band(self, basis: str, family: str | None = None, term: str | None = None) -> Band:
         """The band of ``basis``: the term's own (``fitted/cuda_context``) or the family's
-        (``analytic/ppo/brax``) where the evidence has one, else the basis's, else the
+        where the evidence has one (the most specific with :data:`MIN_CASES` cases:
+        ``traced/reserved/conv``, else ``traced/reserved``), else the basis's, else the
         widest of the basis's family bands (a formula checked for one family stands for
         the unchecked ones); a basis without any evidence (and ``assumed``) gets the widest
         band seen. A ``recorded`` figure is a compile stored with the workload: without
         evidence of its own it takes the ``compiled`` band."""
-        for key in (f"{basis}/{term}", f"{basis}/{family}"):
-            if key in self.bands and (term is not None or family is not None):
-                return self.bands[key]
+        keys = [f"{basis}/{term}"] if term is not None else []
+        if family is not None:
+            parts = family.split("/")
+            keys += [f"{basis}/{'/'.join(parts[:n])}" for n in range(len(parts), 0, -1)]
+        for key in keys:
+            found = self.bands.get(key)
+            if found is not None and (
+                found.cases >= MIN_CASES or (found.cases == 0 and key in PROGRAM_CLASSES)
+            ):
+                return found
         if basis in self.bands and basis != "assumed":
             return self.bands[basis]
         if basis == "recorded" and "compiled" in self.bands:
@@ -159,26 +209,36 @@ def plan_interval(
     sources: Mapping[str, str],
     family: str | None = None,
     table: BandTable | None = None,
+    basis_families: Mapping[str, str] | None = None,
 ) -> tuple[int, int]:
     """``(low, high)`` bytes for what the job needs: each term's band by its basis, added
     up (the worst case of each term at once), the unused part of a preallocated pool left
-    out. A term without a basis counts as ``assumed``."""
+    out. A term without a basis counts as ``assumed``. ``basis_families`` names the family
+    of one basis's terms where it is not the workload's ``family`` (a trace's terms:
+    ``{"traced": "allocated/conv"}``)."""
     table = table or load_bands()
     low = high = 0
     for name, nbytes in breakdown.items():
         if name in NOT_NEEDED:
             continue
-        lo, hi = table.interval(nbytes, sources.get(name, "assumed"), family, name)
+        basis = sources.get(name, "assumed")
+        own = (basis_families or {}).get(basis, family)
+        lo, hi = table.interval(nbytes, basis, own, name)
         low += lo
         high += hi
     return low, high
 
 
 def figure_band(
-    nbytes: int, basis: str, context_bytes: int = 0, table: BandTable | None = None
+    nbytes: int,
+    basis: str,
+    context_bytes: int = 0,
+    table: BandTable | None = None,
+    family: str | None = None,
 ) -> tuple[int, int]:
-    """``(low, high)`` around one figure of an estimate made by ``basis``, of which
-    ``context_bytes`` are the CUDA context (``fitted``, with the context's own band).
+    """``(low, high)`` around one figure of an estimate made by ``basis`` (of ``family``:
+    :func:`traced_family`), of which ``context_bytes`` are the CUDA context (``fitted``, with
+    the context's own band).
 
     >>> low, high = figure_band(2**30, "traced")
     >>> low <= 2**30 <= high
@@ -186,7 +246,7 @@ def figure_band(
     """
     table = table or load_bands()
     context = max(0, min(context_bytes, nbytes))
-    lo, hi = table.interval(nbytes - context, basis)
+    lo, hi = table.interval(nbytes - context, basis, family)
     clo, chi = table.interval(context, "fitted", term="cuda_context")
     return lo + clo, hi + chi
 

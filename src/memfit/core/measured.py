@@ -39,6 +39,9 @@ class MeasuredTerms:
         per_item_bytes: Bytes per unit of the knob (activations and temporaries at the peak).
         residual_bytes: Largest absolute error of the affine fit over the traced points.
         source: What measured it (``"torch fake-tensor trace"``, ``"xla memory_analysis"``).
+        family: The family of the band these terms take (a trace for a CUDA target:
+            ``"allocated/conv"`` or ``"allocated/other"``,
+            :func:`memfit.core.bands.traced_family`), or ``None`` (the basis's band).
     """
 
     knob: str
@@ -47,6 +50,7 @@ class MeasuredTerms:
     residual_bytes: int = 0
     source: str = "trace"
     notes: tuple[str, ...] = field(default_factory=tuple)
+    family: str | None = None
 
     @property
     def basis(self) -> str:

@@ -468,7 +468,13 @@ def _finish(space: Space, gpu: GpuSpec, budget: Budget, plan_: Plan) -> Plan:
         torch_version=_target_torch(budget),
     )
     measured = workload.measurements if workload.framework == "jax" else None
-    low, high = plan_interval(plan_.breakdown, plan_.sources, space.family.family_key(workload))
+    traced = space.measured.family if space.measured is not None else None
+    low, high = plan_interval(
+        plan_.breakdown,
+        plan_.sources,
+        space.family.family_key(workload),
+        basis_families={"traced": traced} if traced else None,
+    )
     plan_ = replace(plan_, predicted_low_bytes=low, predicted_high_bytes=high)
     if plan_.fits and not plan_.high_fits:
         notes.append(

@@ -118,11 +118,28 @@ class TorchEstimate:
     #: The figures :meth:`band` knows, on each point.
     FIGURES = ("allocated_peak", "reserved_peak", "device_used_peak", "exact_peak", "tensor_peak")
 
+    def band_family(self, name: str) -> str | None:
+        """The family of the band figure ``name`` takes (:func:`memfit.core.bands.traced_family`):
+        what it counts (``allocated`` for the tensor-level figures, ``reserved`` for the
+        allocator's and the device's) and whether the step runs cuDNN convolutions, for a
+        CUDA target; ``None`` without one (the ``traced`` band).
+
+        >>> TorchEstimate([], None, None, "cpu", "RTX 4070", []).band_family("reserved_peak")
+        'reserved/other'
+        """
+        from memfit.core.bands import traced_family
+
+        if self.gpu is None:
+            return None
+        quantity = "reserved" if name in ("reserved_peak", "device_used_peak") else "allocated"
+        return traced_family(quantity, self.kernels)
+
     def band(self, name: str, batch_size: int | None = None) -> tuple[int, int]:
         """``(low, high)`` bytes around one figure (``"reserved_peak"``, ...) of the point
         at ``batch_size`` (default: the largest traced): how far a trace has been off on the
-        project's GPU truth (:mod:`memfit.core.bands`, basis ``traced``); the CUDA context
-        in ``device_used_peak`` takes the context's own band.
+        project's GPU truth (:mod:`memfit.core.bands`, basis ``traced``, the band of the
+        figure's family: :meth:`band_family`); the CUDA context in ``device_used_peak``
+        takes the context's own band.
 
         Raises:
             ConfigError: When ``name`` is not one of :attr:`FIGURES`, the point has no such
@@ -147,7 +164,7 @@ class TorchEstimate:
             raise ConfigError(f"this estimate has no {name} (no GPU to size it for)",
                               key_path="name")  # fmt: skip
         context = self.context.bytes if name == "device_used_peak" and self.context else 0
-        return figure_band(int(value), "traced", context)
+        return figure_band(int(value), "traced", context, family=self.band_family(name))
 
     def replay(
         self,
@@ -242,6 +259,7 @@ class TorchEstimate:
             residual_bytes=math.ceil(self.fit.residual),
             source=f"torch fake-tensor trace on {self.device}",
             notes=tuple(self.deviations),
+            family=self.band_family("allocated_peak"),
         )
 
 

@@ -113,6 +113,9 @@ class JaxEstimate:
             arrays already in use (:func:`memfit.estimate.xla.runtime.autotune_bytes`), or
             ``None`` when the step was not compiled for a GPU; a program of several steps
             (:mod:`memfit.estimate.xla.program`) adds it to what its other arrays hold.
+        program: ``"conv"`` when XLA compiled cuDNN convolutions for the GPU, ``"sort"``
+            when a sort's CUB scratch was sized without the device, else ``None``: the
+            program class whose band :meth:`band` takes (:mod:`memfit.core.bands`).
     """
 
     argument_bytes: int
@@ -135,6 +138,7 @@ class JaxEstimate:
     first_call_bytes: int | None = None
     #: gpu="8xH100": what the other cards add to ``device_used_bytes`` (NCCL's communicators)
     collectives: Collectives | None = None
+    program: str | None = None
 
     #: The figures :meth:`band` knows.
     FIGURES = (
@@ -145,7 +149,9 @@ class JaxEstimate:
     def band(self, name: str) -> tuple[int, int]:
         """``(low, high)`` bytes around one figure (``"peak_bytes_in_use"``, ...): how far
         XLA's compiled figures have been off on the project's GPU truth
-        (:mod:`memfit.core.bands`, basis ``compiled``); the CUDA context in
+        (:mod:`memfit.core.bands`, basis ``compiled``; a program that XLA compiled with
+        cuDNN convolutions or a CUB sort, whose scratch the library sizes on the device,
+        takes its class's band: ``compiled/conv``, ``compiled/sort``); the CUDA context in
         ``device_used_bytes`` takes the context's own band.
 
         Raises:
@@ -164,7 +170,7 @@ class JaxEstimate:
         context = 0
         if name == "device_used_bytes":
             context = sum(b for t, b, _ in self.breakdown if t == "CUDA context")
-        return figure_band(int(value), "compiled", context)
+        return figure_band(int(value), "compiled", context, family=self.program)
 
     def to_dict(self) -> dict[str, Any]:
         """The estimate as plain data."""
@@ -549,6 +555,7 @@ def _from_gpu_compile(
         terms.append(_other_devices_term(result.devices, buffers + rounding, in_use))
         notes.extend(_several_devices_notes(result))
     convolutions = any(g.kind == "cudnn" for g in result.gemm_buffers)
+    sort = any(w.startswith("a sort was compiled without CUB") for w in result.warnings)
     notes.append(
         "not counted: cuDNN convolution autotuning beyond its buffers"
         + (
@@ -584,6 +591,7 @@ def _from_gpu_compile(
         xla_reduced_to_bytes=reduced,
         breakdown=tuple((name, int(n), src) for name, n, src in terms),
         first_call_bytes=autotune,
+        program="conv" if convolutions else ("sort" if sort else None),
     )
 
 
