@@ -24,7 +24,7 @@ plus the arrays the loop holds beside it.
     python bench/published_truth_jax.py --no-before --store  # and writes jax_phase_buffers.json
     python bench/published_truth_jax.py --sensitivity  # no compile: assumptions changed
 
-``tests/estimate/test_published_truth_jax.py`` runs a few of the same comparisons in CI.
+``tests/estimate/xla/test_published_truth_jax.py`` runs a few of the same comparisons in CI.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""What the GPU truth corpus tests share (tests/estimate/test_gpu_truth*.py): the corpus, the
-replay of its entries (tests/shared/gpu_truth_replay.py), its predictions and the goals' table."""
+"""What the GPU truth corpus tests share (tests/estimate/test_gpu_truth.py and
+torch/test_gpu_truth_cuda.py): the corpus, the replay of its entries
+(tests/shared/gpu_truth_replay.py), its predictions and the goals' table."""
 
 from __future__ import annotations
 

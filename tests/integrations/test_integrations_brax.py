@@ -312,7 +312,7 @@ def test_resolve_measurements_modes(
     assert notes[0].startswith("measurements cached for this installation")
     # a card known by its size alone: no XLA GPU target to compile for, so the plan takes
     # this installation's measurement (a named card, with the gpu-target extra, is compiled
-    # for: tests/estimate/test_xla_gpu_target.py)
+    # for: tests/estimate/xla/test_xla_gpu_target.py)
     p = memfit.plan(bare, gpu="12GiB")
     assert p.breakdown["training_state"] == fast_measured.training_state_bytes
     assert any("cached for this installation" in n for n in p.notes)

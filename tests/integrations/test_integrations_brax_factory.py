@@ -87,7 +87,7 @@ def test_factory_env_is_measured_like_the_registered_one(
     w = parse_workload(WORKLOAD)
     # a card known by its size alone: no XLA GPU target to compile for, so the plan takes
     # this installation's measurement (a named card, with the gpu-target extra, is compiled
-    # for: tests/estimate/test_xla_gpu_target.py)
+    # for: tests/estimate/xla/test_xla_gpu_target.py)
     p = memfit.plan(w, gpu="12GiB")
     assert p.breakdown["training_state"] == mine.training_state_bytes
     assert any("cached for this installation" in n for n in p.notes)

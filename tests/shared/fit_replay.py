@@ -1,7 +1,7 @@
 """The workloads of ``bench/fit_search.py`` and its replayed-allocator comparison: ``memfit.fit``
 against the allocator model under a cap, with what a fake-tensor trace does not see on a real
 GPU added on purpose. ``bench/fit_search.py --replayed`` runs every case and writes the table;
-tests/estimate/test_fit_allocator_model.py runs a few."""
+tests/estimate/torch/test_fit_allocator_model.py runs a few."""
 
 from __future__ import annotations
 

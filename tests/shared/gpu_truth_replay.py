@@ -1,8 +1,9 @@
 """What ``bench/gpu_truth.py`` shares with the tests of the GPU truth corpus
-(tests/estimate/test_gpu_truth*.py): the accuracy workloads each entry names, the op tags the
-capture puts on the allocator's stacks and the compression of a snapshot's trace into stored
-columns, and the replay of a stored entry (its real and traced requests, the estimator's
-prediction for the entry's GPU and the runtime it was captured with)."""
+(tests/estimate/test_gpu_truth.py, tests/estimate/torch/test_gpu_truth_cuda.py): the accuracy
+workloads each entry names, the op tags the capture puts on the allocator's stacks and the
+compression of a snapshot's trace into stored columns, and the replay of a stored entry (its
+real and traced requests, the estimator's prediction for the entry's GPU and the runtime it was
+captured with)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Published real-GPU measurements of PyTorch runs (``tests/data/published_truth/*.yaml``),
 rebuilt from their text and traced by memfit: the runs, the workloads that rebuild them and the
 comparison. ``bench/published_truth.py`` runs every one and writes the table;
-``tests/estimate/test_published_truth*.py`` run the same comparison in CI.
+``tests/estimate/torch/test_published_truth*.py`` run the same comparison in CI.
 
 No weights are loaded: memory does not depend on their values, and the models are built from
 their configurations (``from_pretrained`` only adds the download).

@@ -2,7 +2,7 @@
 ``framework: jax``), rebuilt from their text and predicted by memfit: the runs, the programs
 that rebuild them (each jitted function as the source jitted it), the loop replay and the
 comparison. ``bench/published_truth_jax.py`` runs every one and writes the table (its docstring
-says how each figure is obtained); ``tests/estimate/test_published_truth_jax.py`` runs a few of
+says how each figure is obtained); ``tests/estimate/xla/test_published_truth_jax.py`` runs a few of
 the same comparisons in CI.
 """
 

@@ -53,7 +53,7 @@ KINDS: dict[str, str] = {
 
 #: Operators with a CUDA kernel and a composite that a CPU trace may still decompose, with why.
 #: Empty in torch 2.13: every such operator is kept whole
-#: (``tests/estimate/test_cuda_dispatch.py`` walks them all).
+#: (``tests/estimate/torch/test_cuda_dispatch.py`` walks them all).
 MAY_DECOMPOSE: dict[str, str] = {}
 
 _BACKEND_ALIASES = ("CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional")

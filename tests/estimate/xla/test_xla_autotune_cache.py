@@ -21,7 +21,7 @@ import memfit
 from memfit.estimate.xla import gpu as xla_gpu
 
 MiB = 1 << 20
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DATA = ROOT / "tests" / "data" / "gpu_truth" / "jax_measured"
 
 TRITON = (

@@ -149,7 +149,7 @@ def test_the_guide_shows_the_generated_tables(name: str) -> None:
     from memfit.estimate.torch._cuda_arch import arch_table
     from memfit.estimate.torch._cuda_dispatch import op_table
 
-    guide = Path(__file__).resolve().parents[2] / "docs" / "guide.md"
+    guide = Path(__file__).resolve().parents[3] / "docs" / "guide.md"
     text = guide.read_text()
     start, end = f"<!-- {name}:start -->\n", f"<!-- {name}:end -->"
     shown = text[text.index(start) + len(start) : text.index(end)]

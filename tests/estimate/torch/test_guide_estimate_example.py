@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guide.md"
+GUIDE = Path(__file__).resolve().parents[3] / "docs" / "guide.md"
 
 
 def test_the_guides_estimate_torch_example_runs(capsys: pytest.CaptureFixture[str]) -> None:

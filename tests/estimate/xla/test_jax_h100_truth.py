@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(
     bool(xla_gpu.gpu_target_missing()), reason="the gpu-target extra is not installed"
 )
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "gpu_truth" / "jax_measured"
+DATA = Path(__file__).resolve().parents[2] / "data" / "gpu_truth" / "jax_measured"
 PROBE = json.loads((DATA / "h100_jaxlib0.11.2_floor_probe.json").read_text(encoding="utf-8"))
 #: Every flag variant of the tiny step (the floor), the default of the two larger ones (the
 #: autotuner's chunks, the temporaries' whole region); docs/benchmarks.md has all 20 rows.
