@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
 import os
 import platform
 import sys
@@ -1020,7 +1021,12 @@ def replayed_case(workload: Workload, kind: str, at: int, margin: float) -> dict
     )
     assert base.sequence is not None
     gpu = perturbed(base.sequence, kind)
-    budget = int(gpu.replay(at).reserved_peak / (1 - margin))
+    # the budget at which ``at`` just keeps the margin (rounded up: rounded down, ``at``
+    # itself would break the margin by a byte and sit on the edge of a segment step)
+    reserved = gpu.replay(at).reserved_peak
+    budget = math.ceil(reserved / (1 - margin))
+    while math.floor(budget * (1 - margin)) < reserved:
+        budget += 1
     truth = replayed_true_max(gpu, budget, margin)
     prior = trace_prior(step, low=1, high=HIGH, budget=budget, margin=margin, device="cuda")
     meter = ReplayedCuda(gpu, budget)
