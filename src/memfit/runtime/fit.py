@@ -21,7 +21,12 @@ Where the peak comes from, in this order:
   own largest fitting value under the same cap and margin (``TorchEstimate.largest_fitting``:
   a traced prior's allocations replayed at any batch size), or at the target without one,
   and never below a probe that fitted; a prior traced near the answer (``trace_prior``)
-  gives the slope. The budget defaults to what this process can
+  gives the slope. Reserved memory need not grow with the knob (a block crossing the 1 MiB
+  line leaves the small pool for room in a large segment already there), so a failure
+  whose allocated peak is below the aim is the allocator's packing: one probe goes to the
+  model's largest fitting value, de-rated as the first guess is, above it
+  (:func:`memfit.core.search.island_probe`), and a failure below a value that fitted bounds
+  nothing above that value. The budget defaults to what this process can
   still reach (free memory plus what its allocator already holds, within a cap already set
   on the allocator such as ``simulate_gpu(budget, device="cuda")``);
 * JAX on a GPU: ``peak_bytes_in_use`` from ``device.memory_stats()``. JAX cannot reset that
