@@ -185,3 +185,24 @@ def test_module_doctest_runs() -> None:
 
     result = doctest.testmod(search)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_an_island_probe_follows_a_packing_failure_below_the_aim() -> None:
+    """A failure with its allocated peak below the aim is the reserved peak's steps: one probe
+    at the model's largest fitting value, de-rated, above it; none after a fit, a failure at
+    or above the aim, or without the model's value."""
+    from memfit.core.search import island_probe
+
+    def valid(v: int) -> bool:
+        return True
+
+    failed = [Probe(3840, 85_000_000, False)]
+    assert island_probe(failed, aim=90_000_000, value=4818, valid=valid) == 4577
+    assert island_probe(failed, aim=90_000_000, value=4818, valid=valid, multiple_of=64) == 4544
+    assert island_probe(failed, aim=80_000_000, value=4818, valid=valid) is None
+    assert island_probe(failed, aim=90_000_000, value=None, valid=valid) is None
+    assert island_probe(failed, aim=90_000_000, value=4000, valid=valid) is None  # not above
+    fitted = [Probe(3840, 85_000_000, True)]
+    assert island_probe(fitted, aim=90_000_000, value=4818, valid=valid) is None
+    again = [*failed, Probe(4577, 88_000_000, False)]
+    assert island_probe(again, aim=90_000_000, value=4818, valid=valid) is None  # probed

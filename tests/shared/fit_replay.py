@@ -5,6 +5,7 @@ tests/estimate/torch/test_fit_allocator_model.py runs a few."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -249,7 +250,12 @@ def replayed_case(workload: Workload, kind: str, at: int, margin: float) -> dict
     )
     assert base.sequence is not None
     gpu = perturbed(base.sequence, kind)
-    budget = int(gpu.replay(at).reserved_peak / (1 - margin))
+    # the budget at which ``at`` just keeps the margin (rounded up: rounded down, ``at``
+    # itself would break the margin by a byte and sit on the edge of a segment step)
+    reserved = gpu.replay(at).reserved_peak
+    budget = math.ceil(reserved / (1 - margin))
+    while math.floor(budget * (1 - margin)) < reserved:
+        budget += 1
     truth = replayed_true_max(gpu, budget, margin)
     prior = trace_prior(step, low=1, high=HIGH, budget=budget, margin=margin, device="cuda")
     meter = ReplayedCuda(gpu, budget)

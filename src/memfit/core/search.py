@@ -67,6 +67,7 @@ __all__ = [
     "best_probe",
     "ceiling_value",
     "fit_model",
+    "island_probe",
     "next_probe",
     "target_bytes",
     "valid_values",
@@ -521,5 +522,43 @@ def next_probe(
     if candidate is None or candidate in probed:
         return None
     if best is not None and candidate <= best.value * (1.0 + tolerance):
+        return None
+    return candidate
+
+
+def island_probe(
+    history: Sequence[Probe],
+    *,
+    aim: float,
+    value: int | None,
+    valid: Callable[[int], bool],
+    multiple_of: int = 1,
+    uncertainty: float = 0.05,
+) -> int | None:
+    """A value above a failure, where the search may still find one that fits, or ``None``.
+
+    On CUDA the search follows the allocated peak and aims it at ``aim``: the allocated peak
+    the allocator model reaches at its own largest fitting value ``value``. Whether a value
+    fits is a matter of the reserved peak, a step function of the request sizes that need
+    not be monotone in the knob (a block crossing the 1 MiB line leaves the small pool's
+    segments for room in a large one already there), so a value can fit above one that did
+    not, and the model's largest fitting value can lie above a run that does not fit. When
+    the last probe failed with its allocated peak below the aim, the failure is the
+    allocator's packing, not the allocated peak: this returns the model's largest fitting
+    value de-rated by ``uncertainty`` (as the first guess is), when it lies above the failure
+    and was not probed.
+
+    >>> history = [Probe(3840, 85_900_000, False)]
+    >>> island_probe(history, aim=90_400_000, value=4818, valid=lambda v: True)
+    4577
+    """
+    if not history or value is None:
+        return None
+    last = history[-1]
+    if last.ok or last.peak_bytes is None or last.peak_bytes >= aim:
+        return None
+    goal = math.floor(value * (1.0 - uncertainty))
+    candidate = _largest_valid_at_most(goal, last.value, valid, multiple_of)
+    if candidate is None or candidate in {p.value for p in history}:
         return None
     return candidate

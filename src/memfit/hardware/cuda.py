@@ -39,7 +39,9 @@ __all__ = [
     "cublas_workspace_bytes",
     "cublaslt_workspace",
     "cuda_context_bytes",
+    "cudnn_conv_workspace",
     "cudnn_major",
+    "cudnn_tensor_core_dtypes",
     "parse_cublas_workspace_config",
 ]
 
@@ -234,25 +236,46 @@ def cublaslt_workspace(
     return "persistent", size
 
 
+def _cudnn_fitted() -> tuple[dict[str, tuple[float, float, float]], str]:
+    """The ``cudnn.conv.fitted`` row of the torch rules table: the factors and their source."""
+    from memfit.hardware.rules import rows
+
+    value = rule("torch", "cudnn.conv.fitted")
+    source = next(r.source for r in rows("torch") if r.rule == "cudnn.conv.fitted")
+    factors = {str(k): (float(v[0]), float(v[1]), float(v[2])) for k, v in value.items()}
+    return factors, source
+
+
 #: cuDNN 8/9 tensor-core convolution engines (half precision on sm70+, float32 with TF32 on
 #: sm80+): per kernel, ``(factor, band low, band high)`` on ``x + y + w`` bytes (the kernel's
-#: input, output and filter). Fitted on the calibration half of the project's H100 corpus
-#: (torch 2.11.0+cu130, cuDNN 9.19) by ``bench/cudnn_workspace_fit.py``: the factor is the
-#: calibration kernels' 75th percentile, the band their 5th and 95th (docs/benchmarks.md has
-#: the run and the validation half). Torch-free, so that the planner's families use it too.
-CUDNN_FITTED: dict[str, tuple[float, float, float]] = {
-    "forward": (1.0, 0.0, 1.263),
-    "backward_data": (1.014, 0.931, 1.431),
-    "backward_filter": (1.33, 1.0, 1.806),
-}
+#: input, output and filter). The ``cudnn.conv.fitted`` row of ``rules_torch.json``, fitted on
+#: the calibration half of the project's H100 corpus (torch 2.11.0+cu130, cuDNN 9.19) by
+#: ``bench/cudnn_workspace_fit.py``: the factor is the calibration kernels' 75th percentile,
+#: the band their 5th and 95th (docs/benchmarks.md has the run and the validation half).
+#: Torch-free, so that the planner's families use it too. ``CUDNN_FITTED_SOURCE``: where it
+#: comes from, in one line (the row's source).
+CUDNN_FITTED, CUDNN_FITTED_SOURCE = _cudnn_fitted()
 
-#: Where :data:`CUDNN_FITTED` comes from, in one line.
-CUDNN_FITTED_SOURCE = (
-    "fitted on the calibration half of the H100 corpus (torch 2.11, cuDNN 9.19; "
-    "bench/cudnn_workspace_fit.py): each kernel's workspace is a factor times its input, "
-    "output and filter bytes; torch skips an engine whose workspace it cannot allocate "
-    "(Conv_v8.cpp try_configs), so on a small card the figure is an upper bound"
-)
+
+def cudnn_conv_workspace(cudnn_version: tuple[int, ...]) -> str:
+    """How cuDNN's convolution workspace is modelled for a cuDNN version (the
+    ``cudnn.conv.workspace`` rule): ``"nhwc_fp32"`` (cuDNN 7's algorithms, analytic from
+    pytorch#50990) or ``"fitted"`` (cuDNN 8/9's frontend engines, :data:`CUDNN_FITTED`).
+
+    >>> cudnn_conv_workspace((7,)), cudnn_conv_workspace((9, 19))
+    ('nhwc_fp32', 'fitted')
+    """
+    return str(rule("torch", "cudnn.conv.workspace", cudnn=cudnn_version))
+
+
+def cudnn_tensor_core_dtypes(capability: tuple[int, int]) -> tuple[str, ...]:
+    """The dtypes cuDNN runs on tensor-core engines on a GPU of this compute capability
+    (the ``cudnn.conv.tensor_core_dtypes`` rule; float32 only while TF32 is allowed).
+
+    >>> cudnn_tensor_core_dtypes((9, 0)), cudnn_tensor_core_dtypes((6, 1))
+    (('float16', 'bfloat16', 'float32'), ())
+    """
+    return tuple(rule("torch", "cudnn.conv.tensor_core_dtypes", capability=capability))
 
 
 def cudnn_major(torch_version: tuple[int, int] | None, cuda_version: tuple[int, int] | None) -> int:

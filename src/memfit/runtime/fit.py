@@ -21,7 +21,12 @@ Where the peak comes from, in this order:
   own largest fitting value under the same cap and margin (``TorchEstimate.largest_fitting``:
   a traced prior's allocations replayed at any batch size), or at the target without one,
   and never below a probe that fitted; a prior traced near the answer (``trace_prior``)
-  gives the slope. The budget defaults to what this process can
+  gives the slope. Reserved memory need not grow with the knob (a block crossing the 1 MiB
+  line leaves the small pool for room in a large segment already there), so a failure
+  whose allocated peak is below the aim is the allocator's packing: one probe goes to the
+  model's largest fitting value, de-rated as the first guess is, above it
+  (:func:`memfit.core.search.island_probe`), and a failure below a value that fitted bounds
+  nothing above that value. The budget defaults to what this process can
   still reach (free memory plus what its allocator already holds, within a cap already set
   on the allocator such as ``simulate_gpu(budget, device="cuda")``);
 * JAX on a GPU: ``peak_bytes_in_use`` from ``device.memory_stats()``. JAX cannot reset that
@@ -61,6 +66,7 @@ from memfit.core.search import (
     Probe,
     best_probe,
     fit_model,
+    island_probe,
     next_probe,
     target_bytes,
     valid_values,
@@ -542,15 +548,28 @@ def _less_collectives(budget_bytes: int, prior: Any) -> int:
     return budget_bytes - share
 
 
-def _allocated_budget(prior: Any, cap: int, target: int, low: int, high: int) -> int:
+def _allocated_budget(
+    prior: Any, cap: int, target: int, low: int, high: int
+) -> tuple[int, int | None]:
     """On CUDA: the allocated peak the search aims at, from the prior's allocator replay
-    under the same cap (its allocated peak at its largest fitting value), else the target."""
+    under the same cap (its allocated peak at its largest fitting value), else the target;
+    and that largest fitting value (``None`` without a replay)."""
     largest = getattr(prior, "largest_fitting", None)
     if callable(largest):
         got = largest(cap, low=low, high=high, target_bytes=target)
         if got is not None and getattr(got, "allocated_peak", 0) > 0:
-            return int(got.allocated_peak)
-    return target
+            return int(got.allocated_peak), int(got.value)
+    return target, None
+
+
+def _above_best(history: list[Probe], budget: int, margin: float) -> list[Probe]:
+    """The probes the search rule reads: a failure below a value that fitted is the caching
+    allocator's packing (its reserved peak need not grow with the knob), not a ceiling for
+    the values above that one; it is left out."""
+    best = best_probe(history, budget=budget, margin=margin)
+    if best is None:
+        return history
+    return [p for p in history if p.ok or p.value > best.value]
 
 
 def fit(
@@ -632,13 +651,16 @@ def fit(
     cuda = isinstance(meter, _CudaMeter)
     reserved_target = math.floor(target) if cuda else None
     aim = math.floor(target)
+    model_value = None  # the allocator model's largest fitting value (CUDA, traced prior)
     if cuda:
-        aim = _allocated_budget(prior, budget_bytes, aim, low, high)
+        aim, model_value = _allocated_budget(prior, budget_bytes, aim, low, high)
         if search_prior is not None and getattr(prior, "sequence", None) is not None:
             # traced near the answer (trace_prior): its slope is the one to extrapolate with
             search_prior = dataclasses.replace(search_prior, local=True)
     history: list[Probe] = []
     looking, settled = False, aim
+    islands = 0  # probes above a failure the allocator's packing made (island_probe)
+    valid = valid_values(low=low, high=high, multiple_of=multiple_of, constraint=constraint)
 
     def search_budget() -> tuple[int, float]:
         """(budget, margin) the rule reads: on CUDA, the allocated-level aim (whether a
@@ -650,9 +672,24 @@ def fit(
 
     with meter.capped(budget_bytes):
         while len(history) < max_probes:
+            if cuda and not islands:
+                # A failure below the aim is the reserved peak's steps, not the allocated
+                # peak: one probe where the allocated line reaches the aim, above it.
+                island = island_probe(
+                    history,
+                    aim=aim,
+                    value=model_value,
+                    valid=valid,
+                    multiple_of=multiple_of,
+                    uncertainty=search_prior.uncertainty if search_prior is not None else 0.05,
+                )
+                if island is not None:
+                    islands += 1
+                    history.append(_run_probe(run, island, meter, reserved_target))
+                    continue
             rule_budget, rule_margin = search_budget()
             value = next_probe(
-                history,
+                _above_best(history, rule_budget, rule_margin),
                 low=low,
                 high=high,
                 budget=rule_budget,

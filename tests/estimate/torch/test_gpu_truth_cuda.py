@@ -19,35 +19,40 @@ GOALS = {
 }
 UNDER = -0.03
 
-#: Entries that still miss a goal, with why (figures of the 2026-11-29 01:15 UTC run, each
-#: entry traced for its GPU and the runtime it was captured with; docs/benchmarks.md). They
-#: are left out of the means and must still miss: one that meets the goals fails the test,
-#: so that the list only shrinks.
-MISSES: dict[tuple[str, str], str] = {
+#: Entries that still miss a goal: ``(entry, field) -> (error, why)``, the error as the
+#: 2026-11-29 run gave it (each entry traced for its GPU and the runtime it was captured with;
+#: docs/benchmarks.md, issue 48). They are left out of the means; each must still miss, by
+#: its stated error to within :data:`MISS_TOLERANCE`, so that the list says exactly what
+#: misses and by how much, and only shrinks.
+MISSES: dict[tuple[str, str], tuple[float, str]] = {
     ("dqn_cnn_84@512", "allocated_peak"): (
-        "-17%: the backward-filter kernel of the 3x3 conv on 9x9 maps takes 150 MiB, 9.2x its "
+        -0.1699,
+        "the backward-filter kernel of the 3x3 conv on 9x9 maps takes 150 MiB, 9.2x its "
         "x + y + w (the calibration's largest ratio; 3.8x at batch 128, 1.1x at 256; the "
         "fitted factor is 1.33x, the band's top 1.81x): an engine choice of cuDNN's "
-        "heuristics that no shape rule separates"
+        "heuristics that no shape rule separates",
     ),
-    ("dqn_cnn_84@512", "reserved_peak"): "-9%: the same 150 MiB workspace, in its own segment",
-    ("ppo_mlp_large@16384", "reserved_peak"): (
-        "-13% with the allocated peak exact: in the real run's second step two 64 MiB blocks "
-        "(tanh_backward, mm) take the cached 128 MiB segment of the first step's reduction "
-        "buffer and the next buffer gets a new one; the traced run frees in another order"
+    ("dqn_cnn_84@512", "reserved_peak"): (
+        -0.0917,
+        "the same 150 MiB workspace, in its own segment",
+    ),
+    ("dqn_cnn_128@32", "reserved_peak"): (
+        -0.0455,
+        "allocated -2.2%: the real forward kernels of this net take no workspace (the fitted "
+        "factor gives each x + y + w) and the first layer's backward-filter kernel takes "
+        "19.8 MiB (1.68x, the fit 1.33x): the real one takes a 20 MiB segment of its own in "
+        "the second step, the fitted one fits a cached 18 MiB block",
     ),
     ("dqn_cnn_128@128", "reserved_peak"): (
-        "+11% (over): the fitted backward-filter factor (1.33) is above this net's real "
-        "1.04-1.16, and the larger workspace takes a segment of its own"
+        0.1118,
+        "over: the fitted backward-filter factor (1.33) is above this net's real 1.04-1.16, "
+        "and the larger workspace takes a segment of its own",
     ),
-    ("dqn_cnn_128@256", "reserved_peak"): "+18% (over): as dqn_cnn_128@128",
-    ("dqn_cnn_128@32", "reserved_peak"): (
-        "-4.5% (allocated -2.2%): the fitted workspaces pack into the cached blocks "
-        "differently from the real engines'"
-    ),
-    ("act_2cam_256@4", "reserved_peak"): "-3.5% (allocated -0.1%): as dqn_cnn_128@32",
-    ("resnet18_224@16", "reserved_peak"): "-3.0% (allocated +0.1%): as dqn_cnn_128@32",
+    ("dqn_cnn_128@256", "reserved_peak"): (0.1755, "over: as dqn_cnn_128@128"),
 }
+
+#: How far a listed miss may move from its stated error (a fraction: 1 percentage point).
+MISS_TOLERANCE = 0.01
 
 
 def _rows(field: str) -> list[tuple[str, int, int]]:
@@ -74,6 +79,11 @@ def test_gpu_truth_estimates_meet_the_goals_on_the_cuda_corpus(field: str) -> No
     for name, real, pred in rows:
         if name in listed:
             err = (pred - real) / real
+            stated = MISSES[name, field][0]
+            assert abs(err - stated) <= MISS_TOLERANCE, (
+                f"{name} {field}: {err:+.2%}, MISSES states {stated:+.2%}: update it "
+                "(or take it out when it meets the goals)"
+            )
             assert abs(err) > worst_goal or err < UNDER, (
                 f"{name} now meets the goals ({err:+.1%}): take it out of MISSES"
             )

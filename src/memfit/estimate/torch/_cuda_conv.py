@@ -58,6 +58,11 @@ What is modelled, with its basis:
 
 Depthwise convolutions (``groups == channels``) run PyTorch's own CUDA kernels and take no
 workspace.
+
+The version and capability gates and the fitted factors are rows of
+``memfit/hardware/rules_torch.json`` with their sources (``cudnn.conv.workspace``,
+``cudnn.conv.fitted``, ``cudnn.conv.tensor_core_dtypes``; read through
+:mod:`memfit.hardware.rules`), so a new cuDNN release is a new row.
 """
 
 from __future__ import annotations
@@ -67,7 +72,12 @@ from typing import Any
 
 import torch
 
-from memfit.hardware.cuda import CUDNN_FITTED, CUDNN_FITTED_SOURCE
+from memfit.hardware.cuda import (
+    CUDNN_FITTED,
+    CUDNN_FITTED_SOURCE,
+    cudnn_conv_workspace,
+    cudnn_tensor_core_dtypes,
+)
 
 __all__ = [
     "CONV_FITTED_NOTE",
@@ -183,12 +193,13 @@ def workspace_base(kind: str, inp: Any, weight: Any, out_or_grad: Any) -> int:
 
 
 def _tensor_cores(dtype: Any, capability: tuple[int, int] | None, allow_tf32: bool) -> bool:
-    """Whether cuDNN's tensor-core engines may run the kernel (``filterEngineConfigs``)."""
+    """Whether cuDNN's tensor-core engines may run the kernel (``filterEngineConfigs``; the
+    ``cudnn.conv.tensor_core_dtypes`` rule of ``rules_torch.json``)."""
     if capability is None:
         return True  # unknown GPU: the larger figure
-    if dtype in _HALF:
-        return capability >= (7, 0)
-    return dtype == torch.float32 and allow_tf32 and capability >= (8, 0)
+    if dtype == torch.float32 and not allow_tf32:
+        return False
+    return str(dtype).removeprefix("torch.") in cudnn_tensor_core_dtypes(capability)
 
 
 def conv_workspace(
@@ -232,7 +243,7 @@ def conv_workspace(
     if not nchw or not _tensor_cores(inp.dtype, capability, allow_tf32):
         return ConvWorkspace(0, "cuDNN implicit GEMM (no workspace)", bound=False)
     output = out[0] if isinstance(out, (tuple, list)) else out
-    if cudnn_major < 8:
+    if cudnn_conv_workspace((cudnn_major,)) == "nhwc_fp32":
         if inp.dtype not in _HALF:
             return ConvWorkspace(0, "cuDNN implicit GEMM (no workspace)", bound=False)
         itemsize = inp.element_size()

@@ -124,6 +124,19 @@ def _summary(ops: tuple[str, ...]) -> str | None:
     return ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
 
 
+def _conv_outputs(trace: Any, name: str, out: Any) -> dict[str, Any]:
+    """The trace records of a convolution's outputs, by the kernel that writes them:
+    ``forward`` its output, ``backward_data`` ``grad_input``, ``backward_filter``
+    ``grad_weight`` (a kernel's workspace is taken after its output is allocated)."""
+    items = list(out) if isinstance(out, (tuple, list)) else [out]
+    kinds = ("forward",) if name == _CONV[0] else ("backward_data", "backward_filter")
+    found: dict[str, Any] = {}
+    for kind, item in zip(kinds, items, strict=False):
+        if isinstance(item, torch.Tensor):
+            found[kind] = trace.live.get(id(item.untyped_storage()))
+    return found
+
+
 def _overload(name: str) -> Any:
     base, _, overload = name.removeprefix("aten::").partition(".")
     packet = getattr(torch.ops.aten, base, None)
@@ -361,9 +374,13 @@ class CudaKernels:
             )
             if found is None:
                 return
-            for _kind, size in found.kernels or ((found.kernel, found.nbytes),):
+            outputs = _conv_outputs(trace, name, out)
+            for kind, size in found.kernels or ((found.kernel, found.nbytes),):
                 if size:  # each kernel's workspace, in the order the op runs them
-                    trace.add_transient(size, "kernel_workspace", "cuda")
+                    # (cudnn_convolution_backward: grad_input and its kernel, then
+                    # grad_weight and its kernel; the corpus's order)
+                    after = outputs.get(kind)
+                    trace.add_transient_after(after, size, "kernel_workspace", "cuda")
             op = "aten.convolution" if name == _CONV[0] else "aten.convolution_backward"
             note = conv_note(found)
             self._use(op, found.kernel, 0, found.nbytes, None, bound=found.bound, note=note)

@@ -19,7 +19,12 @@ from dataclasses import dataclass
 from memfit.allocator.model import AllocatorModel
 from memfit.errors import OutOfMemory
 
-__all__ = ["Fit", "SequenceModel"]
+__all__ = ["ISLAND_SAMPLES", "Fit", "SequenceModel"]
+
+#: Batches :meth:`SequenceModel.largest_fitting` samples above the bisection's first failure,
+#: looking for a fitting run the reserved peak's steps leave there (a replay takes
+#: milliseconds; the runs the corpus's workloads show are a few percent of the batch wide).
+ISLAND_SAMPLES = 32
 
 
 @dataclass(frozen=True)
@@ -138,8 +143,18 @@ class SequenceModel:
         expandable_segments: bool = False,
         max_split_size: int | None = None,
     ) -> Fit | None:
-        """The largest batch in ``[low, high]`` whose replay fits (bisection: fitting is
-        taken to fall with the batch), or ``None`` when ``low`` does not fit."""
+        """The largest batch in ``[low, high]`` whose replay fits, or ``None`` when ``low``
+        does not fit.
+
+        Whether a batch fits is not monotone in the batch: the reserved peak is a step
+        function of the request sizes, and it can fall as they grow (a block crossing the
+        1 MiB line leaves the small pool's 2 MiB segments for room in a large segment that
+        is already there; a different split of a cached block). So a bisection finds the top
+        of the first fitting run only. Above its first failure, the search looks for fitting
+        runs up to the largest batch whose *allocated* peak (monotone in the batch) still fits
+        the target: :data:`ISLAND_SAMPLES` batches evenly spread there, then a bisection
+        between the largest that fits and the next one sampled.
+        """
 
         def run(v: int) -> Fit:
             return self.replay(
@@ -150,18 +165,52 @@ class SequenceModel:
                 max_split_size=max_split_size,
             )
 
+        def bisect(lo: int, hi: int, best: Fit) -> tuple[Fit, int]:
+            """``lo`` fits (``best``), ``hi`` does not: the top of ``lo``'s run, and the
+            failure above it."""
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                got = run(mid)
+                if got.fits:
+                    lo, best = mid, got
+                else:
+                    hi = mid
+            return best, hi
+
         best = run(low)
         if not best.fits:
             return None
         top = run(high)
         if top.fits:
             return top
-        lo, hi = low, high  # lo fits, hi does not
+        best, fail = bisect(low, high, best)
+        ceiling = self._allocated_ceiling(fail, high, target_bytes or limit_bytes)
+        if ceiling <= fail:
+            return best
+        step = max(1, (ceiling - fail) // ISLAND_SAMPLES)
+        samples = sorted({*range(ceiling, fail, -step), ceiling})
+        for i in range(len(samples) - 1, -1, -1):
+            got = run(samples[i])
+            if got.fits:
+                above = samples[i + 1] if i + 1 < len(samples) else high + 1
+                if above > high:
+                    return got
+                island, _ = bisect(samples[i], above, got)
+                return island
+        return best
+
+    def _allocated_ceiling(self, low: int, high: int, target: int) -> int:
+        """The largest batch in ``[low, high]`` whose allocated peak (without a cap) is at
+        most ``target`` (``low`` when none): no batch above it can fit."""
+        if self.replay(high).allocated_peak <= target:
+            return high
+        if self.replay(low).allocated_peak > target:
+            return low
+        lo, hi = low, high
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            got = run(mid)
-            if got.fits:
-                lo, best = mid, got
+            if self.replay(mid).allocated_peak <= target:
+                lo = mid
             else:
                 hi = mid
-        return best
+        return lo

@@ -119,6 +119,31 @@ class TracedRun:
         self.events.append((record, False))
         return record
 
+    def add_transient_after(
+        self, after: Storage | None, nbytes: int, category: str, target: str
+    ) -> Storage:
+        """A transient (:meth:`add_transient`) taken right after ``after`` was allocated, when
+        ``after`` is an output of the op being recorded (its kernel allocates that output,
+        then runs with its workspace, then allocates the next output); else at the end."""
+        tail = self.events[after.alloc_index + 1 :] if after is not None else []
+        inside = (
+            after is not None
+            and after.free_index is None
+            and after.op == self.current_op
+            and self.events[after.alloc_index][0] is after
+            and all(is_alloc and r.op == self.current_op for r, is_alloc in tail)
+        )
+        if not inside or after is None:
+            return self.add_transient(nbytes, category, target)
+        at = after.alloc_index + 1
+        record = Storage(nbytes, category, None, alloc_index=at, target=target, op=self.current_op)
+        record.free_index = at + 1
+        self.records.append(record)
+        self.events[at:at] = [(record, True), (record, False)]
+        for moved, _ in tail:  # the op's later outputs, each allocated once
+            moved.alloc_index += 2
+        return record
+
     def on_free(self, key: int, _ref: object) -> None:
         if self.closed:
             return
@@ -173,12 +198,13 @@ class TracedRun:
 
     def on_op(self, func: Any, args: tuple[Any, ...], out: Any) -> None:
         self.current_op = str(func)
-        if self.blas is not None:
-            self.blas.on_op(self, func, args)
         for item in tree_flatten(out)[0]:
             if isinstance(item, torch.Tensor):
                 self.see(item)
         if self.blas is not None:
+            # After the outputs: the kernel allocates its result, then the cuBLAS call gets
+            # the handle, which takes its workspace on first use (the corpus's order).
+            self.blas.on_op(self, func, args)
             self.blas.after_op(self, func, args)
         if self.cuda_kernels is not None:
             self.cuda_kernels.on_op(self, func, args, out)
