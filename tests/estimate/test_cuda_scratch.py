@@ -70,3 +70,81 @@ def test_embedding_backward_sorts_above_3072_indices() -> None:
     assert found.blocks == (*[n * 8] * 6, 8, 8, n * 768 * 4)
     few = torch.empty(4, 512, dtype=torch.long)
     assert kernel_scratch(name, (torch.empty(4, 512, 768), few, 30522, -1, False)) is None
+
+
+def test_sort_takes_cub_buffers_above_4096_per_row_by_segment_count() -> None:
+    from memfit.estimate.torch._cuda_scratch import cub_sort_pairs_temp
+
+    # up to 4096 per row: in place in shared memory
+    assert kernel_scratch("aten.sort.default", (torch.empty(64, 4096), 1)) is None
+    # many rows: segmented_sort_pairs, an int64 index and CUB's segmented storage
+    many = kernel_scratch("aten.sort.default", (torch.empty(256, 8192), 1))
+    n = 256 * 8192
+    assert many is not None and many.blocks == (n * 8, cub_sort_pairs_temp(n, 4, 8))
+    # under 128 rows: the full sort's two int2 buffers, a keys output and CUB's storage
+    few = kernel_scratch("aten.sort.stable", (torch.empty(8, 8192, dtype=torch.half),), {"dim": 1})
+    m = 8 * 8192
+    assert few is not None and few.blocks == (m * 8, m * 8, m * 2, cub_sort_pairs_temp(m, 2, 8))
+    # one row: an index row and one CUB call's storage
+    one = kernel_scratch("aten.sort.default", (torch.empty(100_000),))
+    assert one is not None and one.blocks == (100_000 * 8, cub_sort_pairs_temp(100_000, 4, 8))
+    # sorting along a dimension that is not innermost copies the input and sorts into
+    # temporaries first
+    cols = kernel_scratch("aten.sort.default", (torch.empty(8192, 256), 0))
+    assert cols is not None and cols.blocks[:3] == (n * 4, n * 4, n * 8)
+    # CUB's alternates are the dominant part: keys and values once more
+    assert n * 12 <= cub_sort_pairs_temp(n, 4, 8) <= n * 12 + n // 2 + 2**14
+
+
+def test_index_put_with_accumulate_sorts_its_linear_index() -> None:
+    from memfit.estimate.torch._cuda_scratch import cub_sort_pairs_temp
+
+    grad = torch.empty(50_000, 512)
+    idx = torch.empty(8192, dtype=torch.long)
+    values = torch.empty(8192, 512)
+    name = "aten.index_put.default"
+    found = kernel_scratch(name, (grad, [idx], values, True))
+    assert found is not None
+    # linear index, sorted, original positions, the arange, CUB's storage: nothing for
+    # the values, which are already contiguous in the indexed shape
+    assert found.blocks == (*[8192 * 8] * 4, cub_sort_pairs_temp(8192, 8, 8))
+    assert kernel_scratch(name, (grad, [idx], values, False)) is None  # TensorIterator kernel
+    # a broadcast value is expanded and made contiguous
+    scalar = torch.empty(()).expand(8192, 512)
+    expanded = kernel_scratch("aten.index_put_.default", (grad, [idx], scalar, True))
+    assert expanded is not None and expanded.blocks[0] == 8192 * 512 * 4
+
+
+def test_batch_norm_channels_last_training_stages_partial_sums() -> None:
+    x = torch.empty(64, 256, 56, 56).to(memory_format=torch.channels_last)
+    w = torch.empty(256)
+    found = kernel_scratch("aten.native_batch_norm.default", (x, w, w, w, w, True, 0.1, 1e-5))
+    # flexible_launch_configs(64*56*56, 256): block 32 x 16, grid 8 x 128 (capped)
+    assert found is not None and found.blocks == (4 * 256 * 128 * 4, 8 * 4)
+    nchw = torch.empty(64, 256, 56, 56)
+    assert kernel_scratch("aten.native_batch_norm.default", (nchw, w, w, w, w, True, 0.1, 1e-5)) is None
+    assert kernel_scratch("aten.native_batch_norm.default", (x, w, w, w, w, False, 0.1, 1e-5)) is None
+
+
+def test_foreach_and_fused_optimizers_are_followed_with_nothing_beyond_outputs() -> None:
+    from memfit.estimate.torch._cuda_dispatch import known
+
+    for name in ("aten._foreach_addcmul_.Scalar", "aten._fused_adamw_.default"):
+        followed, text = known(name)
+        assert followed and "MultiTensorApply.cuh" in text
+    assert not known("aten.cumsum.default")[0]
+
+
+def test_a_cuda_target_counts_the_backward_of_indexing() -> None:
+    def build() -> Any:
+        return nn.Linear(512, 512), None
+
+    def make_batch(n: int) -> Any:
+        return torch.randint(0, 4096, (n,))
+
+    def step(model: Any, _opt: Any, idx: Any) -> None:
+        model.weight[idx % 512].sum().backward()
+
+    est = memfit.estimate_torch(build, step, make_batch, [8192], gpu="A100-SXM4-80GB", steps=1)
+    uses = est.kernels["aten.index_put"]
+    assert uses[0].workspace_bytes >= 8192 * 8 * 4

@@ -33,6 +33,43 @@ the trace at the operator, for the CUDA target.
   (the indices' size each), two 8-byte counters, and ``grad_weight_per_segment``
   ``(num_indices, embedding_dim)`` in the accumulation type (float32 for half and
   bfloat16).
+* ``sort`` (``aten/src/ATen/native/cuda/Sort.cpp``, ``sort_cuda_kernel``; ``SortStable.cu``,
+  ``launch_stable_sort_kernel``; ``aten/src/ATen/cuda/cub.cuh`` and CUB's
+  ``dispatch_radix_sort.cuh``): up to 4096 elements along the sorted dimension the
+  key-value pairs are sorted in place in shared memory (``should_use_small_sort``, torch 2.1
+  and later): nothing. Above it CUB's radix sort runs: the input copied with the sorted
+  dimension innermost when it is not already (and the outputs sorted into temporaries when
+  their strides differ), then by the number of segments (rows): one segment, or 10^6
+  elements or more per row, ``segmented_sort_large_segments`` (an index row of ``nsort``
+  int64 and each row's CUB temporary storage); under 128 rows
+  ``segmented_sort_pairs_by_full_sort`` (two ``(n,)`` int2 buffers, a keys output CUB
+  sorts into and the CUB temporary storage); otherwise ``segmented_sort_pairs`` (an
+  ``(n,)`` int64 index and CUB's segmented temporary storage). CUB's temporary storage for
+  ``SortPairs`` into separate outputs is an alternate keys and values buffer (``num_items
+  * sizeof``, when more than one digit pass) plus bins, lookback and counters
+  (``allocation_sizes`` of ``InvokeOnesweep``), counted here as a bound of 256 x 8 bytes per
+  pass and 1 KiB per 2,048 items.
+* ``index_put`` with ``accumulate=True`` (``aten/src/ATen/native/cuda/Indexing.cu``,
+  ``index_put_with_sort_kernel``; the backward of advanced indexing, ``x[idx]``): the
+  linear index (int64, one per indexed position), ``sorted_indices``, ``orig_indices`` and
+  the ``arange`` it sorts (int64 each), CUB's ``radix_sort_pairs`` temporary storage
+  (int64 keys and values), the values expanded and made contiguous when they are not
+  already, and copies of ``self`` when it is not contiguous or the indexed dimensions are
+  not adjacent (the transposed source made contiguous). Without ``accumulate`` (and without
+  deterministic algorithms) CUDA's ``index_put`` is a TensorIterator kernel: nothing.
+* ``native_batch_norm`` in training on a channels-last input
+  (``aten/src/ATen/native/cuda/Normalization.cuh``,
+  ``batch_norm_stats_channels_last_cuda_template`` and ``flexible_launch_configs``):
+  when the reduction is split over 8 or more block rows, a staging buffer of
+  ``4 * C * grid.y`` values of the accumulation type and ``grid.x`` int32 semaphores.
+  The contiguous (NCHW) kernels keep their sums in shared memory: nothing. cuDNN's batch
+  norm (float and half with cuDNN on) takes a workspace cuDNN sizes itself: not published,
+  so :data:`ASSUMED` says so.
+* ``_foreach_*`` and the fused optimizers (``_fused_adam_``, ``_fused_adamw_``,
+  ``_fused_sgd_``, ``_fused_adagrad_``): ``aten/src/ATen/native/cuda/MultiTensorApply.cuh``
+  hands each launch its tensor list (``TensorListMetadata``: addresses, sizes, the block
+  to tensor and chunk maps) by value as the kernel's argument, in chunks of 65,536
+  elements per block: no device memory beyond the outputs (:data:`NO_SCRATCH`).
 """
 
 from __future__ import annotations
@@ -43,7 +80,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["ASSUMED", "SCRATCH_RULES", "Scratch", "kernel_scratch"]
+__all__ = ["ASSUMED", "NO_SCRATCH", "SCRATCH_RULES", "Scratch", "kernel_scratch", "no_scratch"]
 
 
 @dataclass(frozen=True)
@@ -145,23 +182,234 @@ def _embedding_backward(args: tuple[Any, ...]) -> Scratch | None:
     )
 
 
+# --- sorts (CUB radix sort) ---------------------------------------------------------------
+
+#: ``should_use_small_sort`` (``aten/src/ATen/native/cuda/SortStable.h``, torch 2.1 on):
+#: rows this long or shorter are sorted in place in shared memory.
+SMALL_SORT = 4096
+#: ``segmented_sort_large_segments`` above this many elements per row (``SortStable.cu``).
+LARGE_SEGMENT = 1_000_000
+#: ``segmented_sort_pairs_by_full_sort`` below this many rows (``SortStable.cu``).
+FULL_SORT_SEGMENTS = 128
+
+
+def cub_sort_pairs_temp(n: int, key_bytes: int, value_bytes: int, key_bits: int | None = None) -> int:
+    """Bytes of CUB's temporary storage for ``DeviceRadixSort::SortPairs`` of ``n`` pairs into
+    separate outputs (CUB's ``dispatch_radix_sort.cuh``, ``InvokeOnesweep``'s
+    ``allocation_sizes``): the alternate keys and values buffers when more than one 8-bit
+    digit pass runs, and a bound on the bins, lookback and counters."""
+    if n <= 0:
+        return 0
+    bits = key_bytes * 8 if key_bits is None else max(1, key_bits)
+    passes = -(-bits // 8)
+    alternates = n * (key_bytes + value_bytes) if passes > 1 else 0
+    small = passes * 256 * 8 + -(-n // 2048) * 1024 + passes * 8
+    return alternates + small
+
+
+def _dim(x: torch.Tensor, dim: Any) -> int:
+    d = int(dim) if isinstance(dim, int) else -1
+    return d + x.dim() if d < 0 else d
+
+
+def _sort(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Scratch | None:
+    x = args[0] if args else None
+    if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.numel() == 0:
+        return None
+    dim = _dim(x, kwargs.get("dim", args[1] if len(args) > 1 else -1))
+    nsort = int(x.shape[dim])
+    if nsort <= SMALL_SORT:
+        return None
+    n, isz = x.numel(), x.dtype.itemsize
+    blocks: list[int] = []
+    if not (_dense(x) and x.stride(dim) == 1):
+        # self_ with the sorted dimension innermost; the outputs keep self's (dense)
+        # strides, so the sort goes into temporaries copied back after
+        blocks += [n * isz, n * isz, n * 8]
+    nsegments = n // nsort
+    if nsegments == 1 or nsort >= LARGE_SEGMENT:
+        blocks += [nsort * 8, cub_sort_pairs_temp(nsort, isz, 8)]
+        kernel = "segmented_sort_large_segments (CUB radix sort per row)"
+    elif nsegments < FULL_SORT_SEGMENTS:
+        # indices_and_segment, indices_and_segment2 (int2), the keys output, CUB's storage
+        blocks += [n * 8, n * 8, n * isz, cub_sort_pairs_temp(n, isz, 8)]
+        kernel = "segmented_sort_pairs_by_full_sort (CUB radix sort)"
+    else:
+        blocks += [n * 8, cub_sort_pairs_temp(n, isz, 8)]
+        kernel = "segmented_sort_pairs (CUB segmented radix sort)"
+    return Scratch(
+        kernel,
+        tuple(blocks),
+        "aten/src/ATen/native/cuda/Sort.cpp, SortStable.cu; aten/src/ATen/cuda/cub.cuh; "
+        "CUB dispatch_radix_sort.cuh",
+    )
+
+
+def _dense(x: torch.Tensor) -> bool:
+    """``is_non_overlapping_and_dense``: some permutation of the dimensions is contiguous."""
+    expected = 1
+    for size, stride in sorted(zip(x.shape, x.stride(), strict=True), key=lambda p: p[1]):
+        if size == 1:
+            continue
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+# --- index_put with accumulate (sort-based) ------------------------------------------------
+
+
+def _index_put(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Scratch | None:
+    names = ("self", "indices", "values", "accumulate", "unsafe")
+    bound = {**dict(zip(names, args, strict=False)), **kwargs}
+    x, indices, values = bound.get("self"), bound.get("indices"), bound.get("values")
+    if not bound.get("accumulate", False) or not isinstance(x, torch.Tensor):
+        return None
+    if not isinstance(values, torch.Tensor) or not isinstance(indices, list | tuple):
+        return None
+    used = [(i, t) for i, t in enumerate(indices) if isinstance(t, torch.Tensor)]
+    if not used or x.numel() == 0:
+        return None
+    shapes = []
+    indexed = 0
+    for _, t in used:
+        if t.dtype == torch.bool:  # a mask: nonzero's count is data-dependent; its size bounds it
+            shapes.append(torch.Size([t.numel()]))
+            indexed += t.dim()
+        else:
+            shapes.append(t.shape)
+            indexed += 1
+    try:
+        num_indices = torch.broadcast_shapes(*shapes).numel()
+    except RuntimeError:
+        return None
+    if num_indices == 0:
+        return None
+    rest = 1
+    for d in range(indexed, x.dim()):
+        rest *= int(x.shape[d])
+    isz = x.dtype.itemsize
+    blocks: list[int] = []
+    if not x.is_contiguous():
+        blocks.append(x.numel() * isz)  # self.contiguous()
+    positions = [i for i, _ in used]
+    if positions != list(range(positions[0], positions[0] + len(positions))):
+        blocks.append(x.numel() * isz)  # the transposed source made contiguous
+    vals = num_indices * rest
+    if values.numel() != vals or not values.is_contiguous():
+        blocks.append(vals * values.dtype.itemsize)  # expandedValue.contiguous()
+    # linearIndex, sorted_indices, orig_indices, the arange; CUB's storage (int64 pairs)
+    blocks += [num_indices * 8] * 4
+    blocks.append(cub_sort_pairs_temp(num_indices, 8, 8))
+    return Scratch(
+        "index_put_with_sort_kernel (CUB radix sort of the linear index)",
+        tuple(blocks),
+        "aten/src/ATen/native/cuda/Indexing.cu (index_put_with_sort_kernel)",
+    )
+
+
+# --- batch norm -----------------------------------------------------------------------------
+
+
+def _last_pow2(n: int) -> int:
+    return 1 << (max(1, n).bit_length() - 1)
+
+
+def _batch_norm_stats(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Scratch | None:
+    names = ("input", "weight", "bias", "running_mean", "running_var", "training")
+    bound = {**dict(zip(names, args, strict=False)), **kwargs}
+    x = bound.get("input")
+    if not isinstance(x, torch.Tensor) or not bound.get("training") or x.dim() < 2:
+        return None
+    channels_last = (
+        (x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last))
+        or (x.dim() == 5 and x.is_contiguous(memory_format=torch.channels_last_3d))
+        or (x.is_contiguous() and x.stride(1) == 1)
+    )
+    if not channels_last or x.numel() == 0:
+        return None
+    stride = int(x.shape[1])
+    reduction = x.numel() // stride
+    # flexible_launch_configs(reduction, stride, coop_flag=true), Normalization.cuh
+    block_x = min(_last_pow2(stride), 32)
+    block_y = min(_last_pow2(-(-reduction // 16)), 512 // block_x)
+    if block_x * block_y != 512:
+        block_x = min(_last_pow2(stride), 512 // block_y)
+    grid_x = -(-stride // block_x)
+    grid_y = min(-(-reduction // (block_y * 16)), 128)
+    if grid_y < 8:
+        return None
+    acc = _acc_itemsize(x.dtype)
+    return Scratch(
+        "batch_norm_stats_channels_last_cuda_template (staging data, semaphores)",
+        (4 * stride * grid_y * acc, grid_x * 4),
+        "aten/src/ATen/native/cuda/Normalization.cuh",
+    )
+
+
+#: Classes of operators whose CUDA kernels take nothing beyond their outputs, by name
+#: prefix, with the source read.
+NO_SCRATCH: tuple[tuple[str, str], ...] = (
+    (
+        "aten._foreach_",
+        "aten/src/ATen/native/cuda/MultiTensorApply.cuh: the tensor lists go to each launch "
+        "by value (TensorListMetadata as the kernel argument), 65,536 elements per block",
+    ),
+    ("aten._fused_adam", "MultiTensorApply.cuh via fused_adam_impl.cu: no device memory"),
+    ("aten._fused_adamw", "MultiTensorApply.cuh via fused_adamw_impl.cu: no device memory"),
+    ("aten._fused_sgd", "MultiTensorApply.cuh via FusedSgdKernel.cu: no device memory"),
+    ("aten._fused_adagrad", "MultiTensorApply.cuh via FusedAdagradKernel.cu: no device memory"),
+)
+
+
+def no_scratch(name: str) -> str | None:
+    """The source saying that ``name``'s CUDA kernel takes nothing beyond its outputs, or
+    ``None``."""
+    for prefix, source in NO_SCRATCH:
+        if name.startswith(prefix):
+            return source
+    return None
+
+
 #: Rules taken by analogy rather than read, with why.
 ASSUMED: dict[str, str] = {
     "aten._fused_rms_norm_backward.default": "the layer-norm backward's copies, assumed for "
     "the RMS variant of the same kernels (its entry point not read in this session)",
+    "aten.native_batch_norm.default": "the native kernels' staging buffer (channels-last "
+    "training) is read from Normalization.cuh; where torch runs cuDNN's batch norm instead "
+    "(float or half, cuDNN on) cuDNN sizes its own workspace, which is not published",
+    "aten.native_batch_norm_backward.default": "the contiguous kernel reduces in shared "
+    "memory (Normalization.cuh); the channels-last backward's staging buffer and cuDNN's "
+    "backward workspace were not read: nothing counted",
 }
 
 #: The rules, by ATen operator.
-SCRATCH_RULES: dict[str, Callable[[tuple[Any, ...]], Scratch | None]] = {
-    "aten.native_group_norm_backward.default": _group_norm_backward,
-    "aten.native_layer_norm_backward.default": _layer_norm_backward,
-    "aten._fused_rms_norm_backward.default": _rms_norm_backward,
-    "aten.embedding_dense_backward.default": _embedding_backward,
+_Rule = Callable[[tuple[Any, ...], dict[str, Any]], Scratch | None]
+
+
+def _positional(rule: Callable[[tuple[Any, ...]], Scratch | None]) -> _Rule:
+    return lambda args, _kwargs: rule(args)
+
+
+SCRATCH_RULES: dict[str, _Rule] = {
+    "aten.native_group_norm_backward.default": _positional(_group_norm_backward),
+    "aten.native_layer_norm_backward.default": _positional(_layer_norm_backward),
+    "aten._fused_rms_norm_backward.default": _positional(_rms_norm_backward),
+    "aten.embedding_dense_backward.default": _positional(_embedding_backward),
+    "aten.sort.default": _sort,
+    "aten.sort.stable": _sort,
+    "aten.index_put.default": _index_put,
+    "aten.index_put_.default": _index_put,
+    "aten._index_put_impl_.default": _index_put,
+    "aten.native_batch_norm.default": _batch_norm_stats,
 }
 
 
-def kernel_scratch(name: str, args: tuple[Any, ...]) -> Scratch | None:
+def kernel_scratch(
+    name: str, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None
+) -> Scratch | None:
     """What the CUDA kernel of ``name`` takes inside for these arguments, or ``None``
     (no rule, or nothing taken)."""
     rule = SCRATCH_RULES.get(name)
-    return None if rule is None else rule(args)
+    return None if rule is None else rule(args, kwargs or {})

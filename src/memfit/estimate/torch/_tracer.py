@@ -171,7 +171,9 @@ class Trace:
                 "of memfit.estimate.stand_in_scalars()",
             )
 
-    def on_op(self, func: Any, args: tuple[Any, ...], out: Any) -> None:
+    def on_op(
+        self, func: Any, args: tuple[Any, ...], out: Any, kwargs: dict[str, Any] | None = None
+    ) -> None:
         self.current_op = str(func)
         if self.blas is not None:
             self.blas.on_op(self, func, args)
@@ -181,7 +183,7 @@ class Trace:
         if self.blas is not None:
             self.blas.after_op(self, func, args)
         if self.cuda_kernels is not None:
-            self.cuda_kernels.on_op(self, func, args, out)
+            self.cuda_kernels.on_op(self, func, args, out, kwargs)
         if self.kernel_scratch is not None:
             self.kernel_scratch.on_op(self, func, args, out)
         self.current_op = None
@@ -217,7 +219,7 @@ class _TrackerMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
             out = kernels.composite(func, tuple(args), dict(kwargs or {}))
         else:
             out = func(*args, **(kwargs or {}))
-        self.trace.on_op(func, args, out)
+        self.trace.on_op(func, args, out, kwargs)
         return out
 
 
