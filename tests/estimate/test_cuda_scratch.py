@@ -99,7 +99,7 @@ def test_sort_takes_cub_buffers_above_4096_per_row_by_segment_count() -> None:
 def test_index_put_with_accumulate_sorts_its_linear_index() -> None:
     from memfit.estimate.torch._cuda_scratch import cub_sort_pairs_temp
 
-    grad = torch.empty(50_000, 512)
+    grad = torch.empty(50_000, 512, device="meta")
     idx = torch.empty(8192, dtype=torch.long)
     values = torch.empty(8192, 512)
     name = "aten.index_put.default"
@@ -116,14 +116,15 @@ def test_index_put_with_accumulate_sorts_its_linear_index() -> None:
 
 
 def test_batch_norm_channels_last_training_stages_partial_sums() -> None:
-    x = torch.empty(64, 256, 56, 56).to(memory_format=torch.channels_last)
+    x = torch.empty(64, 256, 56, 56, device="meta").to(memory_format=torch.channels_last)
     w = torch.empty(256)
     found = kernel_scratch("aten.native_batch_norm.default", (x, w, w, w, w, True, 0.1, 1e-5))
     # flexible_launch_configs(64*56*56, 256): block 32 x 16, grid 8 x 128 (capped)
     assert found is not None and found.blocks == (4 * 256 * 128 * 4, 8 * 4)
-    nchw = torch.empty(64, 256, 56, 56)
-    assert kernel_scratch("aten.native_batch_norm.default", (nchw, w, w, w, w, True, 0.1, 1e-5)) is None
-    assert kernel_scratch("aten.native_batch_norm.default", (x, w, w, w, w, False, 0.1, 1e-5)) is None
+    nchw = torch.empty(64, 256, 56, 56, device="meta")
+    name = "aten.native_batch_norm.default"
+    assert kernel_scratch(name, (nchw, w, w, w, w, True, 0.1, 1e-5)) is None
+    assert kernel_scratch(name, (x, w, w, w, w, False, 0.1, 1e-5)) is None  # eval
 
 
 def test_foreach_and_fused_optimizers_are_followed_with_nothing_beyond_outputs() -> None:

@@ -193,7 +193,9 @@ LARGE_SEGMENT = 1_000_000
 FULL_SORT_SEGMENTS = 128
 
 
-def cub_sort_pairs_temp(n: int, key_bytes: int, value_bytes: int, key_bits: int | None = None) -> int:
+def cub_sort_pairs_temp(
+    n: int, key_bytes: int, value_bytes: int, key_bits: int | None = None
+) -> int:
     """Bytes of CUB's temporary storage for ``DeviceRadixSort::SortPairs`` of ``n`` pairs into
     separate outputs (CUB's ``dispatch_radix_sort.cuh``, ``InvokeOnesweep``'s
     ``allocation_sizes``): the alternate keys and values buffers when more than one 8-bit
