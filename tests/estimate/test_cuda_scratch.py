@@ -133,7 +133,7 @@ def test_foreach_and_fused_optimizers_are_followed_with_nothing_beyond_outputs()
     for name in ("aten._foreach_addcmul_.Scalar", "aten._fused_adamw_.default"):
         followed, text = known(name)
         assert followed and "MultiTensorApply.cuh" in text
-    assert not known("aten.cumsum.default")[0]
+    assert not known("aten._unique2.default")[0]
 
 
 def test_a_cuda_target_counts_the_backward_of_indexing() -> None:
@@ -149,3 +149,51 @@ def test_a_cuda_target_counts_the_backward_of_indexing() -> None:
     est = memfit.estimate_torch(build, step, make_batch, [8192], gpu="A100-SXM4-80GB", steps=1)
     uses = est.kernels["aten.index_put"]
     assert uses[0].workspace_bytes >= 8192 * 8 * 4
+
+
+def test_batch_norm_channels_last_backward_keeps_sums_and_staging() -> None:
+    x = torch.empty(64, 256, 56, 56, device="meta").to(memory_format=torch.channels_last)
+    c = torch.empty(256)
+    name = "aten.native_batch_norm_backward.default"
+    found = kernel_scratch(name, (x, x, c, c, c, c, c, True, 1e-5, [True, True, True]))
+    # sumn_dy, sum_dy_xmu; 2 x C x grid.y staging values and grid.x semaphores
+    assert found is not None and found.blocks == (256 * 4, 256 * 4, 2 * 256 * 128 * 4, 8 * 4)
+    nchw = torch.empty(64, 256, 56, 56, device="meta")
+    assert kernel_scratch(name, (nchw, nchw, c, c, c, c, c, True, 1e-5, [True] * 3)) is None
+
+
+def test_cumsum_of_a_mask_converts_it_and_one_row_takes_cub_storage() -> None:
+    from memfit.estimate.torch._cuda_scratch import cub_scan_temp
+
+    mask = torch.empty(64, 4096, dtype=torch.bool, device="meta")
+    found = kernel_scratch("aten.cumsum.default", (mask, 1))
+    assert found is not None and found.blocks == (64 * 4096 * 8,)  # self.to(int64)
+    row = torch.empty(1_000_000, device="meta")
+    one = kernel_scratch("aten.cumsum.default", (row, 0))
+    assert one is not None and one.blocks == (cub_scan_temp(1_000_000, 4),)
+    assert cub_scan_temp(1_000_000, 4) < 1_000_000 * 4 // 10  # tile states: a few percent
+    assert kernel_scratch("aten.cumsum.default", (torch.empty(64, 4096, device="meta"), 1)) is None
+    half = torch.empty(64, 4096, dtype=torch.half, device="meta")
+    wide = kernel_scratch("aten.cumsum.default", (half, 1), {"dtype": torch.float32})
+    assert wide is not None and wide.blocks == (64 * 4096 * 4,)
+
+
+def test_topk_sorts_a_few_long_rows_whole() -> None:
+    x = torch.empty(4, 200_000, device="meta")
+    found = kernel_scratch("aten.topk.default", (x, 10))
+    n = 4 * 200_000
+    sort = kernel_scratch("aten.sort.default", (x, 1))
+    assert found is not None and sort is not None
+    assert found.blocks == (n * 4, n * 8, *sort.blocks)
+    assert kernel_scratch("aten.topk.default", (torch.empty(4096, 1000, device="meta"), 10)) is None
+
+
+def test_kernels_that_take_inputs_contiguous_copy_those_that_are_not() -> None:
+    logits = torch.empty(1000, 512, device="meta").t()  # (512, 1000), not contiguous
+    for name in ("aten._softmax.default", "aten._log_softmax.default"):
+        found = kernel_scratch(name, (logits, 1, False))
+        assert found is not None and found.blocks == (512 * 1000 * 4,)
+        assert kernel_scratch(name, (logits.contiguous(), 1, False)) is None
+    target = torch.empty(512, dtype=torch.long, device="meta")
+    found = kernel_scratch("aten.nll_loss_forward.default", (logits, target, None, 1, -100))
+    assert found is not None and found.blocks == (512 * 1000 * 4,)

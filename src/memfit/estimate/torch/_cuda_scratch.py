@@ -65,6 +65,28 @@ the trace at the operator, for the CUDA target.
   The contiguous (NCHW) kernels keep their sums in shared memory: nothing. cuDNN's batch
   norm (float and half with cuDNN on) takes a workspace cuDNN sizes itself: not published,
   so :data:`ASSUMED` says so.
+* ``native_batch_norm_backward`` in training on a channels-last input
+  (``batch_norm_backward_reduce_cuda_channels_last_template``, ``Normalization.cuh``):
+  ``sumn_dy`` and ``sum_dy_xmu`` (``C`` each, accumulation type) and, split over 8 or more
+  block rows, ``2 * C * grid.y`` staging values and ``grid.x`` semaphores. The contiguous
+  backward kernel reduces in shared memory: nothing.
+* ``cumsum`` and ``cumprod`` (``aten/src/ATen/native/ReduceOps.cpp``, ``impl_func_cum_ops``;
+  ``aten/src/ATen/native/cuda/ScanUtils.cuh``, ``scan_dim``): the input converted to the
+  result's type when it differs (``self.to(result.scalar_type())``: a bool or integer mask
+  summed into int64), made contiguous when it is not, and, when the tensor is one row, CUB's
+  ``inclusive_scan`` temporary storage (its tile states, bounded here).
+* ``topk`` (``aten/src/ATen/native/cuda/TensorTopK.cpp``): at most 10 rows of 100,000 or
+  more, the whole input sorted (its values, int64 indices and the sort's own buffers);
+  otherwise, with ``sorted`` and ``k`` above 4096, the selected values sorted into new
+  tensors with the sort's buffers. The multi-block radix select's own buffers were not read
+  (:data:`ASSUMED`).
+* Inputs a kernel takes ``.contiguous()``: ``_softmax``/``_log_softmax`` (``SoftMax.cu``,
+  ``host_softmax``), ``nll_loss_forward`` and ``nll_loss_backward`` (``Loss.cu``: input,
+  target, weight and the incoming gradient): a copy of each that is not contiguous. Their
+  reductions run in shared memory: nothing else. (``cross_entropy`` is ``log_softmax`` and
+  ``nll_loss``; ``kl_div`` is a composite of pointwise ops and a sum; ``mse_loss`` and the
+  other reduced losses build the unreduced loss in device-generic code,
+  :mod:`memfit.estimate.torch._measured_scratch`.)
 * ``_foreach_*`` and the fused optimizers (``_fused_adam_``, ``_fused_adamw_``,
   ``_fused_sgd_``, ``_fused_adagrad_``): ``aten/src/ATen/native/cuda/MultiTensorApply.cuh``
   hands each launch its tensor list (``TensorListMetadata``: addresses, sizes, the block
@@ -101,6 +123,10 @@ class Scratch:
     def nbytes(self) -> int:
         """All blocks together."""
         return sum(self.blocks)
+
+
+#: A rule: the op's positional and keyword arguments -> what its kernel takes, or ``None``.
+_Rule = Callable[[tuple[Any, ...], dict[str, Any]], Scratch | None]
 
 
 def _acc_itemsize(dtype: torch.dtype) -> int:
@@ -318,29 +344,38 @@ def _last_pow2(n: int) -> int:
     return 1 << (max(1, n).bit_length() - 1)
 
 
+def _channels_last(x: torch.Tensor) -> bool:
+    """``batch_norm_use_channels_last_kernels`` (``Normalization.cu``)."""
+    return (
+        (x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last))
+        or (x.dim() == 5 and x.is_contiguous(memory_format=torch.channels_last_3d))
+        or (x.is_contiguous() and x.stride(1) == 1)
+    )
+
+
+def _flexible_grid(reduction: int, stride: int) -> tuple[int, int]:
+    """``(grid.x, grid.y)`` of ``flexible_launch_configs(reduction, stride, coop_flag=true)``
+    (``Normalization.cuh``: 512 threads, 16 elements per thread, at most 128 block rows, no
+    grid reduction under 8)."""
+    block_x = min(_last_pow2(stride), 32)
+    block_y = min(_last_pow2(-(-reduction // 16)), 512 // block_x)
+    if block_x * block_y != 512:
+        block_x = min(_last_pow2(stride), 512 // block_y)
+    grid_y = min(-(-reduction // (block_y * 16)), 128)
+    return -(-stride // block_x), (1 if grid_y < 8 else grid_y)
+
+
 def _batch_norm_stats(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Scratch | None:
     names = ("input", "weight", "bias", "running_mean", "running_var", "training")
     bound = {**dict(zip(names, args, strict=False)), **kwargs}
     x = bound.get("input")
     if not isinstance(x, torch.Tensor) or not bound.get("training") or x.dim() < 2:
         return None
-    channels_last = (
-        (x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last))
-        or (x.dim() == 5 and x.is_contiguous(memory_format=torch.channels_last_3d))
-        or (x.is_contiguous() and x.stride(1) == 1)
-    )
-    if not channels_last or x.numel() == 0:
+    if not _channels_last(x) or x.numel() == 0:
         return None
     stride = int(x.shape[1])
-    reduction = x.numel() // stride
-    # flexible_launch_configs(reduction, stride, coop_flag=true), Normalization.cuh
-    block_x = min(_last_pow2(stride), 32)
-    block_y = min(_last_pow2(-(-reduction // 16)), 512 // block_x)
-    if block_x * block_y != 512:
-        block_x = min(_last_pow2(stride), 512 // block_y)
-    grid_x = -(-stride // block_x)
-    grid_y = min(-(-reduction // (block_y * 16)), 128)
-    if grid_y < 8:
+    grid_x, grid_y = _flexible_grid(x.numel() // stride, stride)
+    if grid_y == 1:
         return None
     acc = _acc_itemsize(x.dtype)
     return Scratch(
@@ -348,6 +383,112 @@ def _batch_norm_stats(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Scratch 
         (4 * stride * grid_y * acc, grid_x * 4),
         "aten/src/ATen/native/cuda/Normalization.cuh",
     )
+
+
+def _batch_norm_backward(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Scratch | None:
+    names = ("grad_out", "input", "weight", "running_mean", "running_var", "save_mean",
+             "save_invstd", "train")  # fmt: skip
+    bound = {**dict(zip(names, args, strict=False)), **kwargs}
+    x = bound.get("input")
+    if not isinstance(x, torch.Tensor) or not bound.get("train") or x.dim() < 2:
+        return None
+    if not _channels_last(x) or x.numel() == 0:
+        return None
+    stride = int(x.shape[1])
+    grid_x, grid_y = _flexible_grid(x.numel() // stride, stride)
+    acc = _acc_itemsize(x.dtype)
+    blocks = [stride * acc, stride * acc]  # sumn_dy, sum_dy_xmu
+    if grid_y > 1:
+        blocks += [2 * stride * grid_y * acc, grid_x * 4]  # staging data, semaphores
+    return Scratch(
+        "batch_norm_backward_reduce_cuda_channels_last_template (sums, staging data)",
+        tuple(blocks),
+        "aten/src/ATen/native/cuda/Normalization.cuh",
+    )
+
+
+# --- inputs made contiguous inside the kernel ----------------------------------------------
+
+
+def _contiguous_inputs(positions: tuple[int, ...], kernel: str, source: str) -> _Rule:
+    """A rule for a kernel that takes the tensors at ``positions`` ``.contiguous()`` (or
+    ``expect_contiguous()``): a copy of each one that is not, held while it runs."""
+
+    def rule(args: tuple[Any, ...], _kwargs: dict[str, Any]) -> Scratch | None:
+        blocks = tuple(
+            t.numel() * t.dtype.itemsize
+            for t in (args[i] for i in positions if i < len(args))
+            if isinstance(t, torch.Tensor) and not t.is_contiguous()
+        )
+        return Scratch(kernel, blocks, source) if blocks else None
+
+    return rule
+
+
+# --- scans ---------------------------------------------------------------------------------
+
+
+def cub_scan_temp(n: int, itemsize: int) -> int:
+    """A bound on CUB's temporary storage for ``DeviceScan::InclusiveScan`` of ``n`` items:
+    the tile states (``ScanTileState``: a status and the partial and inclusive values per
+    tile, 32 tiles of padding), counted with at least 512 items per tile."""
+    return (-(-n // 512) + 32) * (2 * max(itemsize, 4) + 8) if n > 0 else 0
+
+
+def _cumulative(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Scratch | None:
+    x = args[0] if args else None
+    if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.numel() == 0:
+        return None
+    dim = _dim(x, kwargs.get("dim", args[1] if len(args) > 1 else 0))
+    dtype = kwargs.get("dtype", args[2] if len(args) > 2 else None)
+    if not isinstance(dtype, torch.dtype):
+        integral = not (x.dtype.is_floating_point or x.dtype.is_complex)
+        dtype = torch.int64 if integral else x.dtype
+    n, size = x.numel(), dtype.itemsize
+    blocks = []
+    if dtype != x.dtype:
+        blocks.append(n * size)  # self.to(result.scalar_type()) (ReduceOps.cpp)
+    if not x.is_contiguous():
+        blocks.append(n * size)  # self.expect_contiguous() (ScanUtils.cuh, scan_dim)
+    if n == int(x.shape[dim]):
+        blocks.append(cub_scan_temp(n, size))  # one row: cub::inclusive_scan
+    if not blocks:
+        return None
+    return Scratch(
+        "scan_dim (CUB inclusive scan for one row; the input converted and made contiguous)",
+        tuple(blocks),
+        "aten/src/ATen/native/ReduceOps.cpp (impl_func_cum_ops); "
+        "aten/src/ATen/native/cuda/ScanUtils.cuh (scan_dim), ScanKernels.cpp",
+    )
+
+
+# --- topk ----------------------------------------------------------------------------------
+
+
+def _topk(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Scratch | None:
+    names = ("self", "k", "dim", "largest", "sorted")
+    bound = {**dict(zip(names, args, strict=False)), **kwargs}
+    x = bound.get("self")
+    if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.numel() == 0:
+        return None
+    dim = _dim(x, bound.get("dim", -1))
+    k, size = int(bound.get("k", 1)), int(x.shape[dim])
+    slices = x.numel() // size if size else 0
+    isz = x.dtype.itemsize
+    source = "aten/src/ATen/native/cuda/TensorTopK.cpp (should_use_sort, topk_out_cuda)"
+    if x.dtype != torch.bool and slices <= 10 and size >= 100_000:
+        # topk_out_with_sort: the whole input sorted, its values and indices, then narrowed
+        inner = _sort((x, dim), {}) if size > SMALL_SORT else None
+        blocks = (x.numel() * isz, x.numel() * 8, *(inner.blocks if inner else ()))
+        return Scratch("topk_out_with_sort (a full sort)", blocks, source)
+    m = k * slices
+    if bound.get("sorted", True) and m > 1 and k > SMALL_SORT:
+        # the selection's values sorted into new tensors, then gathered back
+        values = torch.empty((slices, k), dtype=x.dtype, device="meta")
+        inner = _sort((values, 1), {})
+        blocks = (m * 8, m * isz, *(inner.blocks if inner else ()))
+        return Scratch("topk: sort of the selected values (sort_outf)", blocks, source)
+    return None
 
 
 #: Classes of operators whose CUDA kernels take nothing beyond their outputs, by name
@@ -381,15 +522,15 @@ ASSUMED: dict[str, str] = {
     "aten.native_batch_norm.default": "the native kernels' staging buffer (channels-last "
     "training) is read from Normalization.cuh; where torch runs cuDNN's batch norm instead "
     "(float or half, cuDNN on) cuDNN sizes its own workspace, which is not published",
-    "aten.native_batch_norm_backward.default": "the contiguous kernel reduces in shared "
-    "memory (Normalization.cuh); the channels-last backward's staging buffer and cuDNN's "
-    "backward workspace were not read: nothing counted",
+    "aten.native_batch_norm_backward.default": "the native kernels' sums and staging "
+    "buffer are read from Normalization.cuh; cuDNN's backward workspace (where torch runs "
+    "cuDNN's batch norm) is not published",
+    "aten.topk.default": "the sort paths are read from TensorTopK.cpp; the multi-block radix "
+    "select's own buffers (TensorTopK.cu) were not read: not counted",
 }
 
+
 #: The rules, by ATen operator.
-_Rule = Callable[[tuple[Any, ...], dict[str, Any]], Scratch | None]
-
-
 def _positional(rule: Callable[[tuple[Any, ...]], Scratch | None]) -> _Rule:
     return lambda args, _kwargs: rule(args)
 
@@ -405,6 +546,26 @@ SCRATCH_RULES: dict[str, _Rule] = {
     "aten.index_put_.default": _index_put,
     "aten._index_put_impl_.default": _index_put,
     "aten.native_batch_norm.default": _batch_norm_stats,
+    "aten.native_batch_norm_backward.default": _batch_norm_backward,
+    "aten.cumsum.default": _cumulative,
+    "aten.cumprod.default": _cumulative,
+    "aten.topk.default": _topk,
+    "aten._softmax.default": _contiguous_inputs(
+        (0,), "host_softmax (input.contiguous())", "aten/src/ATen/native/cuda/SoftMax.cu"
+    ),
+    "aten._log_softmax.default": _contiguous_inputs(
+        (0,), "host_softmax (input.contiguous())", "aten/src/ATen/native/cuda/SoftMax.cu"
+    ),
+    "aten.nll_loss_forward.default": _contiguous_inputs(
+        (0, 1, 2),
+        "nll_loss_forward_out_cuda_template (input, target, weight made contiguous)",
+        "aten/src/ATen/native/cuda/Loss.cu",
+    ),
+    "aten.nll_loss_backward.default": _contiguous_inputs(
+        (0, 1, 2, 3),
+        "nll_loss_backward_out_cuda_template (grad_output, input, target, weight made contiguous)",
+        "aten/src/ATen/native/cuda/Loss.cu",
+    ),
 }
 
 
