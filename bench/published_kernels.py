@@ -248,7 +248,9 @@ def liger_benchmark(settings: dict[str, Any]) -> Rebuilt:
     once), ``cross_entropy`` (``nn.CrossEntropyLoss()`` on float32 logits, ``loss.backward()``),
     ``kl_div`` (``nn.KLDivLoss(reduction="batchmean")`` on ``randn(...).log_softmax(-1)`` of a
     leaf against a softmax target, ``backward(retain_graph=True)``), ``megatron_rms_norm``
-    (``torch.nn.RMSNorm`` in bfloat16 on ``[S, B, H]``, ``y.sum().backward()``). The norm
+    (``torch.nn.RMSNorm`` in bfloat16 on ``[S, B, H]``, ``y.sum().backward()``),
+    ``sparsemax`` (the script's ``torch_sparsemax`` on ``[B * T, V]``: ``torch.sort``,
+    ``torch.cumsum``, the support and threshold; ``dy`` made once). The norm
     scripts also make Liger's module, whose float32 weights (and biases) stay on the GPU:
     counted.
     """
@@ -284,6 +286,23 @@ def liger_benchmark(settings: dict[str, Any]) -> Rebuilt:
             variance = hidden_states.pow(2).mean(-1, keepdim=True)
             hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
             return self.weight * hidden_states.to(input_dtype)
+
+    class Sparsemax(nn.Module):  # benchmark_sparsemax.py's torch_sparsemax (liger 0.5.8)
+        def forward(self, x: Any) -> Any:
+            dim = x.dim() - 1
+            input_sorted, _ = torch.sort(x, dim=dim, descending=True)
+            cumsum_input = torch.cumsum(input_sorted, dim=dim)
+            size = x.size(dim)
+            range_tensor = torch.arange(1, size + 1, device=x.device, dtype=x.dtype)
+            shape = [1] * x.dim()
+            shape[dim] = size
+            range_tensor = range_tensor.view(shape)
+            k_bound = 1 + range_tensor * input_sorted
+            support = k_bound > cumsum_input
+            k = support.sum(dim=dim, keepdim=True).clamp(min=1)
+            support_sum = (input_sorted * support).sum(dim=dim, keepdim=True)
+            tau = (support_sum - 1) / k
+            return torch.clamp(x - tau, min=0)
 
     class Bench(nn.Module):
         """The provider's module, Liger's weights and the benchmark's tensors."""
@@ -323,6 +342,9 @@ def liger_benchmark(settings: dict[str, Any]) -> Rebuilt:
                 n = int(settings["N"])
                 self.layer = nn.RMSNorm(n, eps=eps).to(dtype)
                 shape = (int(settings["S"]), int(settings["B"]), n)
+            elif kernel == "sparsemax":
+                self.layer = Sparsemax()
+                shape = (int(settings["B"]) * int(settings["T"]), int(settings["V"]))
             elif kernel == "group_norm":
                 c = int(settings["C"])
                 liger_params = 2 * c

@@ -193,6 +193,7 @@ def test_coverage_counts_followed_and_assumed_operators() -> None:
     assert known("aten.mul.Tensor")[0]  # pointwise
     assert known("aten.view.default", torch.ops.aten.view.default)[0]
     assert known("aten.sort.default")[0]  # CUB radix sort
+    assert known("aten.sum.dim_IntList")[0]  # gpu_reduce_kernel (_cuda_reduce)
     assert not known("aten._unique2.default")[0]
     met = {"aten.mul.Tensor": 3, "aten._unique2.default": 1, "aten.mm.default": 2}
     assert coverage(met) == (2, 1)

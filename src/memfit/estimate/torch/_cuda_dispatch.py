@@ -238,6 +238,10 @@ def known(name: str, func: object = None) -> tuple[bool, str]:
         return True, "scratch beyond its outputs (memfit.estimate.torch._cuda_scratch)"
     if name in MODELLED:
         return True, MODELLED[name]
+    from memfit.estimate.torch._cuda_reduce import REDUCE_OPS
+
+    if name in REDUCE_OPS:
+        return True, "gpu_reduce_kernel's staging buffer (memfit.estimate.torch._cuda_reduce)"
     op = name.removeprefix("aten.").removesuffix(".default")
     yaml_keys()
     if "pointwise" in _TAGS.get(op, frozenset()):
