@@ -45,10 +45,11 @@ the trace at the operator, for the CUDA target.
   ``segmented_sort_pairs_by_full_sort`` (two ``(n,)`` int2 buffers, a keys output CUB
   sorts into and the CUB temporary storage); otherwise ``segmented_sort_pairs`` (an
   ``(n,)`` int64 index and CUB's segmented temporary storage). CUB's temporary storage for
-  ``SortPairs`` into separate outputs is an alternate keys and values buffer (``num_items
-  * sizeof``, when more than one digit pass) plus bins, lookback and counters
-  (``allocation_sizes`` of ``InvokeOnesweep``), counted here as a bound of 256 x 8 bytes per
-  pass and 1 KiB per 2,048 items.
+  ``DeviceRadixSort::SortPairs`` into separate outputs is an alternate keys and values
+  buffer (``num_items * sizeof``, when more than one digit pass) plus bins, lookback and
+  counters (``allocation_sizes`` of ``InvokeOnesweep``), counted here as a bound of 256 x 8
+  bytes per pass and 1 KiB per 2,048 items; ``DeviceSegmentedRadixSort``'s is the third keys
+  and values buffer alone (``DispatchSegmentedRadixSort::InvokePasses``).
 * ``index_put`` with ``accumulate=True`` (``aten/src/ATen/native/cuda/Indexing.cu``,
   ``index_put_with_sort_kernel``; the backward of advanced indexing, ``x[idx]``): the
   linear index (int64, one per indexed position), ``sorted_indices``, ``orig_indices`` and
@@ -235,6 +236,13 @@ def cub_sort_pairs_temp(
     return alternates + small
 
 
+def cub_segmented_sort_pairs_temp(n: int, key_bytes: int, value_bytes: int) -> int:
+    """Bytes of CUB's temporary storage for ``DeviceSegmentedRadixSort::SortPairs`` into
+    separate outputs (``DispatchSegmentedRadixSort::InvokePasses``: a third keys and values
+    buffer, nothing else)."""
+    return max(0, n) * (key_bytes + value_bytes)
+
+
 def _dim(x: torch.Tensor, dim: Any) -> int:
     d = int(dim) if isinstance(dim, int) else -1
     return d + x.dim() if d < 0 else d
@@ -263,7 +271,7 @@ def _sort(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Scratch | None:
         blocks += [n * 8, n * 8, n * isz, cub_sort_pairs_temp(n, isz, 8)]
         kernel = "segmented_sort_pairs_by_full_sort (CUB radix sort)"
     else:
-        blocks += [n * 8, cub_sort_pairs_temp(n, isz, 8)]
+        blocks += [n * 8, cub_segmented_sort_pairs_temp(n, isz, 8)]
         kernel = "segmented_sort_pairs (CUB segmented radix sort)"
     return Scratch(
         kernel,

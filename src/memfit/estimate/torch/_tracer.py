@@ -62,6 +62,27 @@ class Storage:
     op: str | None = None  # the ATen op whose output (or kernel) this is; None in build glue
 
 
+#: Functional ops an autograd formula calls on a zeros tensor it just made, where the real run
+#: calls the in-place twin: ``torch/csrc/autograd/FunctionsManual.cpp`` takes the out-of-place
+#: branch when ``areAnyTensorSubclassLike`` holds, which it does for the trace's fake tensors
+#: (``value_selecting_reduction_backward``: ``zeros.scatter_`` for sort, topk, max/min(dim),
+#: median, kthvalue; ``gather_backward``: ``new_zeros.scatter_add_``; ``index_backward``:
+#: ``_index_put_impl_`` into ``zeros_like(self)``). The real kernels write into the zeros
+#: tensor: one tensor where the trace made two.
+SUBCLASS_FUNCTIONAL_TWINS = frozenset(
+    {
+        "aten.scatter.src",
+        "aten.scatter.value",
+        "aten.scatter_add.default",
+        "aten.index_put.default",
+    }
+)
+#: The ops those formulas make their zeros tensor with.
+ZEROS_MAKERS = frozenset(
+    {"aten.zeros.default", "aten.new_zeros.default", "aten.zeros_like.default"}
+)
+
+
 @dataclass
 class Trace:
     """The allocation sequence of one traced run."""
@@ -127,6 +148,26 @@ class Trace:
         if record is not None:
             record.free_index = len(self.events)
             self.events.append((record, False))
+
+    def adopt_in_place(self, func: Any, args: tuple[Any, ...]) -> None:
+        """Before an autograd formula's functional op on the zeros tensor it has just made
+        (:data:`SUBCLASS_FUNCTIONAL_TWINS`): that tensor's storage is given back here, so the
+        op's output stands for it, as in the real run's in-place call. Only when the zeros
+        tensor is the trace's last allocation, made in this backward pass."""
+        if str(func) not in SUBCLASS_FUNCTIONAL_TWINS or not self.in_backward() or not args:
+            return
+        target = args[0]
+        if not isinstance(target, torch.Tensor) or target.device.type != self.device_type:
+            return
+        key = id(target.untyped_storage())
+        record = self.live.get(key)
+        if record is None or record.op not in ZEROS_MAKERS or not self.events:
+            return
+        if self.events[-1] != (record, True):
+            return
+        self.live.pop(key, None)
+        self.refs.pop(key, None)
+        self.release(record)
 
     def category_now(self) -> tuple[str, str | None]:
         if self.phase == "build":
@@ -219,6 +260,7 @@ class _TrackerMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
             out = kernels.composite(func, tuple(args), dict(kwargs or {}))
         else:
             out = func(*args, **(kwargs or {}))
+        self.trace.adopt_in_place(func, tuple(args))
         self.trace.on_op(func, args, out, kwargs)
         return out
 
