@@ -247,7 +247,9 @@ def liger_benchmark(settings: dict[str, Any]) -> Rebuilt:
     ``layer_norm`` / ``group_norm`` (``torch.nn.LayerNorm`` / ``GroupNorm``; ``dy`` made
     once), ``cross_entropy`` (``nn.CrossEntropyLoss()`` on float32 logits, ``loss.backward()``),
     ``kl_div`` (``nn.KLDivLoss(reduction="batchmean")`` on ``randn(...).log_softmax(-1)`` of a
-    leaf against a softmax target, ``backward(retain_graph=True)``), ``megatron_rms_norm``
+    leaf against a softmax target, ``backward(retain_graph=True)``), ``tvd`` (the script's
+    ``TorchTVDLoss("batchmean")``, ``abs(p - q) / 2`` summed over the batch, on the softmax of
+    a leaf against a softmax target, ``backward(retain_graph=True)``), ``megatron_rms_norm``
     (``torch.nn.RMSNorm`` in bfloat16 on ``[S, B, H]``, ``y.sum().backward()``),
     ``sparsemax`` (the script's ``torch_sparsemax`` on ``[B * T, V]``: ``torch.sort``,
     ``torch.cumsum``, the support and threshold; ``dy`` made once). The norm
@@ -334,7 +336,7 @@ def liger_benchmark(settings: dict[str, Any]) -> Rebuilt:
                 liger_params = 2 * n
                 self.layer = nn.LayerNorm(n, eps=eps)
                 shape = (int(settings["M"]), n)
-            elif kernel in ("cross_entropy", "kl_div"):
+            elif kernel in ("cross_entropy", "kl_div", "tvd"):
                 rows, vocab = int(settings["B"]) * int(settings["T"]), int(settings["V"])
                 self.layer = nn.Identity()
                 shape = (rows, vocab)
@@ -365,9 +367,17 @@ def liger_benchmark(settings: dict[str, Any]) -> Rebuilt:
                 self.x = self.x.requires_grad_(True).log_softmax(dim=-1)
                 self.target = torch.randn(shape).softmax(dim=-1)
                 return
+            if kernel == "tvd":  # the probabilities of a leaf, a softmax target
+                self.x = self.x.requires_grad_(True).softmax(dim=-1)
+                self.target = torch.randn(shape).softmax(dim=-1)
+                return
             if kernel not in ("swiglu", "geglu", "megatron_rms_norm"):
                 self.dy = torch.randn_like(self.x)
             self.x.requires_grad_(True)
+
+    def tvd_loss(p: Any, q: Any) -> Any:  # TorchTVDLoss.forward: tvd is freed on return
+        tvd = torch.abs(p - q) / 2.0
+        return torch.sum(tvd) / p.size(0)
 
     def build() -> tuple[Any, Any]:
         return Bench(), None
@@ -381,6 +391,9 @@ def liger_benchmark(settings: dict[str, Any]) -> Rebuilt:
             return
         if kernel == "kl_div":  # nn.KLDivLoss(reduction="batchmean"); retain_graph=True
             F.kl_div(bench.x, bench.target, reduction="batchmean").backward(retain_graph=True)
+            return
+        if kernel == "tvd":  # TorchTVDLoss("batchmean"); y.backward(retain_graph=True)
+            tvd_loss(bench.x, bench.target).backward(retain_graph=True)
             return
         if kernel == "megatron_rms_norm":  # y = layer(x); y.sum().backward() (y held)
             y = bench.layer(bench.x)
