@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 
@@ -249,7 +250,9 @@ def liger_benchmark(settings: dict[str, Any]) -> Rebuilt:
     ``kl_div`` (``nn.KLDivLoss(reduction="batchmean")`` on ``randn(...).log_softmax(-1)`` of a
     leaf against a softmax target, ``backward(retain_graph=True)``), ``tvd`` (the script's
     ``TorchTVDLoss("batchmean")``, ``abs(p - q) / 2`` summed over the batch, on the softmax of
-    a leaf against a softmax target, ``backward(retain_graph=True)``), ``megatron_rms_norm``
+    a leaf against a softmax target, ``backward(retain_graph=True)``), ``jsd`` (the script's
+    ``TorchJSD``: two ``KLDivLoss("batchmean", log_target=True)`` against the log of the
+    mixture, on log-softmax inputs), ``megatron_rms_norm``
     (``torch.nn.RMSNorm`` in bfloat16 on ``[S, B, H]``, ``y.sum().backward()``),
     ``sparsemax`` (the script's ``torch_sparsemax`` on ``[B * T, V]``: ``torch.sort``,
     ``torch.cumsum``, the support and threshold; ``dy`` made once). The norm
@@ -336,7 +339,7 @@ def liger_benchmark(settings: dict[str, Any]) -> Rebuilt:
                 liger_params = 2 * n
                 self.layer = nn.LayerNorm(n, eps=eps)
                 shape = (int(settings["M"]), n)
-            elif kernel in ("cross_entropy", "kl_div", "tvd"):
+            elif kernel in ("cross_entropy", "kl_div", "tvd", "jsd"):
                 rows, vocab = int(settings["B"]) * int(settings["T"]), int(settings["V"])
                 self.layer = nn.Identity()
                 shape = (rows, vocab)
@@ -371,6 +374,10 @@ def liger_benchmark(settings: dict[str, Any]) -> Rebuilt:
                 self.x = self.x.requires_grad_(True).softmax(dim=-1)
                 self.target = torch.randn(shape).softmax(dim=-1)
                 return
+            if kernel == "jsd":  # the log-probabilities of a leaf and of a target
+                self.x = self.x.requires_grad_(True).log_softmax(dim=-1)
+                self.target = torch.randn(shape).log_softmax(dim=-1)
+                return
             if kernel not in ("swiglu", "geglu", "megatron_rms_norm"):
                 self.dy = torch.randn_like(self.x)
             self.x.requires_grad_(True)
@@ -378,6 +385,12 @@ def liger_benchmark(settings: dict[str, Any]) -> Rebuilt:
     def tvd_loss(p: Any, q: Any) -> Any:  # TorchTVDLoss.forward: tvd is freed on return
         tvd = torch.abs(p - q) / 2.0
         return torch.sum(tvd) / p.size(0)
+
+    def jsd_loss(log_p: Any, log_q: Any) -> Any:  # benchmark_jsd.py's TorchJSD.forward
+        m = 0.5 * (torch.exp(log_p) + torch.exp(log_q))
+        log_m = torch.log(m)
+        kl = partial(F.kl_div, reduction="batchmean", log_target=True)
+        return 0.5 * (kl(log_m, log_p) + kl(log_m, log_q))
 
     def build() -> tuple[Any, Any]:
         return Bench(), None
@@ -391,6 +404,9 @@ def liger_benchmark(settings: dict[str, Any]) -> Rebuilt:
             return
         if kernel == "kl_div":  # nn.KLDivLoss(reduction="batchmean"); retain_graph=True
             F.kl_div(bench.x, bench.target, reduction="batchmean").backward(retain_graph=True)
+            return
+        if kernel == "jsd":  # TorchJSD(); y.backward(retain_graph=True)
+            jsd_loss(bench.x, bench.target).backward(retain_graph=True)
             return
         if kernel == "tvd":  # TorchTVDLoss("batchmean"); y.backward(retain_graph=True)
             tvd_loss(bench.x, bench.target).backward(retain_graph=True)

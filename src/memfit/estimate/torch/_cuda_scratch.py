@@ -317,7 +317,7 @@ def _index_put(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Scratch | None:
             shapes.append(t.shape)
             indexed += 1
     try:
-        num_indices = torch.broadcast_shapes(*shapes).numel()
+        num_indices = torch.broadcast_shapes(*shapes).numel()  # type: ignore[no-untyped-call]
     except RuntimeError:
         return None
     if num_indices == 0:

@@ -113,6 +113,8 @@ class Trace:
     autocast: CudaAutocast = field(default_factory=lambda: CudaAutocast(active=False))
     current_op: str | None = None
     closed: bool = False
+    # the last gradient sum of the backward pass: (its output's record, its operands' records)
+    last_sum: tuple[Storage, tuple[Storage, ...]] | None = None
 
     def add(self, nbytes: int, category: str, module: str | None, target: str = "all") -> Storage:
         record = Storage(
@@ -146,8 +148,48 @@ class Trace:
         record = self.live.pop(key, None)
         self.refs.pop(key, None)
         if record is not None:
+            if self._sum_in_place(record):
+                return
             record.free_index = len(self.events)
             self.events.append((record, False))
+
+    def note_sum(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> None:
+        """Before a backward ``aten.add.Tensor`` of two tensors: remember its operands, for
+        :meth:`_sum_in_place`."""
+        self.last_sum = None
+        if str(func) != "aten.add.Tensor" or kwargs or len(args) != 2 or not self.in_backward():
+            return
+        found = []
+        for arg in args:
+            if not isinstance(arg, torch.Tensor) or arg.device.type != self.device_type:
+                return
+            record = self.live.get(id(arg.untyped_storage()))
+            if record is not None:
+                found.append(record)
+        if found and self.events:
+            out = self.events[-1][0]
+            if self.events[-1][1] and out.op == "aten.add.Tensor":
+                self.last_sum = (out, tuple(found))
+
+    def _sum_in_place(self, record: Storage) -> bool:
+        """The autograd engine sums two gradients for one input (``InputBuffer::accumulate``,
+        ``torch/csrc/autograd/input_buffer.cpp``) in place (``old_var.add_(var)``) when it
+        holds the last reference, unless a tensor is a subclass, which the trace's fake
+        tensors are: it runs ``old_var + var`` and drops ``old_var`` at once. An operand of
+        the last backward ``add`` freed right after it is moved before the sum's output, so
+        the two share one size, as the real in-place sum's do. Returns whether it was."""
+        last, self.last_sum = self.last_sum, None
+        if last is None or not self.events:
+            return False
+        out, operands = last
+        if record not in operands or record.nbytes != out.nbytes or self.events[-1] != (out, True):
+            return False
+        index = len(self.events) - 1
+        self.events[index] = (record, False)
+        record.free_index = index
+        out.alloc_index = len(self.events)
+        self.events.append((out, True))
+        return True
 
     def adopt_in_place(self, func: Any, args: tuple[Any, ...]) -> None:
         """Before an autograd formula's functional op on the zeros tensor it has just made
@@ -262,6 +304,7 @@ class _TrackerMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
             out = func(*args, **(kwargs or {}))
         self.trace.adopt_in_place(func, tuple(args))
         self.trace.on_op(func, args, out, kwargs)
+        self.trace.note_sum(func, tuple(args), kwargs)
         return out
 
 
