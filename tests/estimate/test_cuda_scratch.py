@@ -219,3 +219,23 @@ def test_backward_formulas_write_into_their_zeros_tensor_as_the_real_run_does() 
     x = rows * cols * 4
     # the input, its gradient (the zeros tensor written in place) and the small index
     assert 2 * x <= est.points[0].tensor_peak < 2 * x + x // 4
+
+
+def test_gradients_of_a_tensor_used_twice_are_summed_in_place() -> None:
+    # the autograd engine sums the two gradients x receives in place (InputBuffer::accumulate,
+    # old_var.add_(var)); with fake tensors it runs old_var + var, one tensor more
+    n = 1 << 20
+
+    def build() -> Any:
+        return nn.Linear(1, 1), None
+
+    def make_batch(size: int) -> Any:
+        return torch.randn(size, requires_grad=True)
+
+    def step(_model: Any, _opt: Any, x: Any) -> None:
+        ((x * 2).sum() + (x * 3).sum()).backward()
+
+    est = memfit.estimate_torch(build, step, make_batch, [n], steps=1, kernel_scratch=False)
+    x = n * 4
+    # the input and the two gradients, summed into one of them
+    assert 3 * x <= est.points[0].tensor_peak < 3 * x + x // 4
