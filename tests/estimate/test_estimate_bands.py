@@ -30,11 +30,12 @@ def test_torch_estimate_band_is_the_traced_band_around_each_figure() -> None:
         build, step, lambda n: torch.randn(n, 64), [4, 8], gpu="RTX 4070", kernel_scratch=False
     )
     point = est.points[-1]
-    # the band of the figure's family: the reserved peak of a step without convolutions
+    # the band of the figure's family: the reserved peak of a step without convolutions,
+    # its high side widened by the share of operators whose kernels are assumed
     assert est.band_family("reserved_peak") == "reserved/other"
-    assert est.band("reserved_peak") == load_bands().interval(
-        point.reserved_peak, "traced", "reserved/other"
-    )
+    low, high = load_bands().interval(point.reserved_peak, "traced", "reserved/other")
+    widen = round((high - point.reserved_peak) * est.assumed_share)
+    assert est.band("reserved_peak") == (low, high + widen)
     assert est.to_measured().family == "allocated/other"
     low, high = est.band("allocated_peak", batch_size=4)
     assert low <= est.points[0].allocated_peak <= high
@@ -44,7 +45,8 @@ def test_torch_estimate_band_is_the_traced_band_around_each_figure() -> None:
         point.device_used_peak - est.context.bytes, "traced", "reserved/other"
     )
     context = load_bands().interval(est.context.bytes, "fitted", term="cuda_context")
-    assert (low, high) == (traced[0] + context[0], traced[1] + context[1])
+    widen = round((traced[1] - (point.device_used_peak - est.context.bytes)) * est.assumed_share)
+    assert (low, high) == (traced[0] + context[0], traced[1] + context[1] + widen)
     with pytest.raises(ConfigError, match="name must be one of"):
         est.band("peak")
     with pytest.raises(ConfigError, match="batch_size 16 was not traced"):
@@ -76,3 +78,27 @@ def test_jax_estimate_band_is_the_compiled_band() -> None:
         est.band("device_used_bytes")  # CPU backend, no GPU named
     with pytest.raises(ConfigError, match="name must be one of"):
         est.band("nope")
+
+
+def test_torch_estimate_band_widens_with_the_share_of_assumed_kernels() -> None:
+    torch = pytest.importorskip("torch")
+    from dataclasses import replace
+
+    def build() -> tuple[Any, Any]:
+        return torch.nn.Linear(64, 64), None
+
+    def step(model: Any, _opt: Any, batch: Any) -> None:
+        model(batch).sum().backward()
+
+    est = memfit.estimate_torch(
+        build, step, lambda n: torch.randn(n, 64), [8], gpu="RTX 4070", kernel_scratch=False
+    )
+    peak = est.points[-1].reserved_peak
+    low, high = load_bands().interval(peak, "traced", est.band_family("reserved_peak"))
+    followed = replace(est, kernel_coverage={"followed": 10, "assumed": 0})
+    half = replace(est, kernel_coverage={"followed": 5, "assumed": 5})
+    assumed = replace(est, kernel_coverage={"followed": 0, "assumed": 10})
+    assert followed.band("reserved_peak") == (low, high)
+    assert half.band("reserved_peak") == (low, high + round((high - peak) * 0.5))
+    assert assumed.band("reserved_peak") == (low, 2 * high - peak)  # twice the high side
+    assert est.kernel_coverage["assumed"] > 0 and est.band("reserved_peak")[1] > high

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 
@@ -247,8 +248,14 @@ def liger_benchmark(settings: dict[str, Any]) -> Rebuilt:
     ``layer_norm`` / ``group_norm`` (``torch.nn.LayerNorm`` / ``GroupNorm``; ``dy`` made
     once), ``cross_entropy`` (``nn.CrossEntropyLoss()`` on float32 logits, ``loss.backward()``),
     ``kl_div`` (``nn.KLDivLoss(reduction="batchmean")`` on ``randn(...).log_softmax(-1)`` of a
-    leaf against a softmax target, ``backward(retain_graph=True)``), ``megatron_rms_norm``
-    (``torch.nn.RMSNorm`` in bfloat16 on ``[S, B, H]``, ``y.sum().backward()``). The norm
+    leaf against a softmax target, ``backward(retain_graph=True)``), ``tvd`` (the script's
+    ``TorchTVDLoss("batchmean")``, ``abs(p - q) / 2`` summed over the batch, on the softmax of
+    a leaf against a softmax target, ``backward(retain_graph=True)``), ``jsd`` (the script's
+    ``TorchJSD``: two ``KLDivLoss("batchmean", log_target=True)`` against the log of the
+    mixture, on log-softmax inputs), ``megatron_rms_norm``
+    (``torch.nn.RMSNorm`` in bfloat16 on ``[S, B, H]``, ``y.sum().backward()``),
+    ``sparsemax`` (the script's ``torch_sparsemax`` on ``[B * T, V]``: ``torch.sort``,
+    ``torch.cumsum``, the support and threshold; ``dy`` made once). The norm
     scripts also make Liger's module, whose float32 weights (and biases) stay on the GPU:
     counted.
     """
@@ -285,6 +292,23 @@ def liger_benchmark(settings: dict[str, Any]) -> Rebuilt:
             hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
             return self.weight * hidden_states.to(input_dtype)
 
+    class Sparsemax(nn.Module):  # benchmark_sparsemax.py's torch_sparsemax (liger 0.5.8)
+        def forward(self, x: Any) -> Any:
+            dim = x.dim() - 1
+            input_sorted, _ = torch.sort(x, dim=dim, descending=True)
+            cumsum_input = torch.cumsum(input_sorted, dim=dim)
+            size = x.size(dim)
+            range_tensor = torch.arange(1, size + 1, device=x.device, dtype=x.dtype)
+            shape = [1] * x.dim()
+            shape[dim] = size
+            range_tensor = range_tensor.view(shape)
+            k_bound = 1 + range_tensor * input_sorted
+            support = k_bound > cumsum_input
+            k = support.sum(dim=dim, keepdim=True).clamp(min=1)
+            support_sum = (input_sorted * support).sum(dim=dim, keepdim=True)
+            tau = (support_sum - 1) / k
+            return torch.clamp(x - tau, min=0)
+
     class Bench(nn.Module):
         """The provider's module, Liger's weights and the benchmark's tensors."""
 
@@ -315,7 +339,7 @@ def liger_benchmark(settings: dict[str, Any]) -> Rebuilt:
                 liger_params = 2 * n
                 self.layer = nn.LayerNorm(n, eps=eps)
                 shape = (int(settings["M"]), n)
-            elif kernel in ("cross_entropy", "kl_div"):
+            elif kernel in ("cross_entropy", "kl_div", "tvd", "jsd"):
                 rows, vocab = int(settings["B"]) * int(settings["T"]), int(settings["V"])
                 self.layer = nn.Identity()
                 shape = (rows, vocab)
@@ -323,6 +347,9 @@ def liger_benchmark(settings: dict[str, Any]) -> Rebuilt:
                 n = int(settings["N"])
                 self.layer = nn.RMSNorm(n, eps=eps).to(dtype)
                 shape = (int(settings["S"]), int(settings["B"]), n)
+            elif kernel == "sparsemax":
+                self.layer = Sparsemax()
+                shape = (int(settings["B"]) * int(settings["T"]), int(settings["V"]))
             elif kernel == "group_norm":
                 c = int(settings["C"])
                 liger_params = 2 * c
@@ -343,9 +370,27 @@ def liger_benchmark(settings: dict[str, Any]) -> Rebuilt:
                 self.x = self.x.requires_grad_(True).log_softmax(dim=-1)
                 self.target = torch.randn(shape).softmax(dim=-1)
                 return
+            if kernel == "tvd":  # the probabilities of a leaf, a softmax target
+                self.x = self.x.requires_grad_(True).softmax(dim=-1)
+                self.target = torch.randn(shape).softmax(dim=-1)
+                return
+            if kernel == "jsd":  # the log-probabilities of a leaf and of a target
+                self.x = self.x.requires_grad_(True).log_softmax(dim=-1)
+                self.target = torch.randn(shape).log_softmax(dim=-1)
+                return
             if kernel not in ("swiglu", "geglu", "megatron_rms_norm"):
                 self.dy = torch.randn_like(self.x)
             self.x.requires_grad_(True)
+
+    def tvd_loss(p: Any, q: Any) -> Any:  # TorchTVDLoss.forward: tvd is freed on return
+        tvd = torch.abs(p - q) / 2.0
+        return torch.sum(tvd) / p.size(0)
+
+    def jsd_loss(log_p: Any, log_q: Any) -> Any:  # benchmark_jsd.py's TorchJSD.forward
+        m = 0.5 * (torch.exp(log_p) + torch.exp(log_q))
+        log_m = torch.log(m)
+        kl = partial(F.kl_div, reduction="batchmean", log_target=True)
+        return 0.5 * (kl(log_m, log_p) + kl(log_m, log_q))
 
     def build() -> tuple[Any, Any]:
         return Bench(), None
@@ -359,6 +404,12 @@ def liger_benchmark(settings: dict[str, Any]) -> Rebuilt:
             return
         if kernel == "kl_div":  # nn.KLDivLoss(reduction="batchmean"); retain_graph=True
             F.kl_div(bench.x, bench.target, reduction="batchmean").backward(retain_graph=True)
+            return
+        if kernel == "jsd":  # TorchJSD(); y.backward(retain_graph=True)
+            jsd_loss(bench.x, bench.target).backward(retain_graph=True)
+            return
+        if kernel == "tvd":  # TorchTVDLoss("batchmean"); y.backward(retain_graph=True)
+            tvd_loss(bench.x, bench.target).backward(retain_graph=True)
             return
         if kernel == "megatron_rms_norm":  # y = layer(x); y.sum().backward() (y held)
             y = bench.layer(bench.x)

@@ -2,7 +2,8 @@
 
 Each backend has one table, a JSON file beside this module (``rules_torch.json`` for torch
 and the CUDA libraries it bundles, ``rules_jaxlib.json`` for jaxlib's XLA, ``rules_nccl.json``
-for NCCL's device memory), read on first use
+for NCCL's device memory, ``rules_cuda_arch.json`` for the dtypes each compute capability runs
+natively), read on first use
 as the GPU catalog is. A row says what one rule is under some conditions, and where that was
 read::
 
@@ -38,7 +39,7 @@ from memfit.errors import ConfigError
 __all__ = ["FACTS", "TABLES", "Row", "rows", "rule"]
 
 #: The tables, by backend.
-TABLES = ("torch", "jaxlib", "nccl")
+TABLES = ("torch", "jaxlib", "nccl", "cuda_arch")
 #: The facts a row may test.
 FACTS = ("torch", "cuda", "cudnn", "jaxlib", "nccl", "capability")
 
@@ -139,7 +140,7 @@ def rule(table: str, name: str, **facts: tuple[int, ...] | None) -> Any:
     """The value of rule ``name`` of ``table`` for the given facts.
 
     Args:
-        table: ``"torch"``, ``"jaxlib"`` or ``"nccl"``.
+        table: ``"torch"``, ``"jaxlib"``, ``"nccl"`` or ``"cuda_arch"``.
         name: The rule.
         **facts: ``torch=(2, 5)``, ``cuda=(12, 4)``, ``cudnn=(9, 1)``, ``jaxlib=(0, 9, 2)``,
             ``nccl=(2, 21)``,

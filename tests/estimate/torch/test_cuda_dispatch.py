@@ -168,12 +168,32 @@ def test_dtype_notes_name_what_an_older_gpu_lacks() -> None:
     assert dtype_notes(None, {"bfloat16"}) == []
 
 
+def test_the_dtype_rules_are_data_with_volta_and_turing_bf16_rows() -> None:
+    from memfit.estimate.torch._cuda_arch import arch_name, dtype_rule
+    from memfit.hardware.rules import rows
+
+    t4, v100, a100 = (dtype_rule("bfloat16", c) for c in ((7, 5), (7, 0), (8, 0)))
+    assert t4 is not None and v100 is not None and a100 is not None
+    assert a100["native"] and not t4["native"] and not v100["native"]
+    assert "cublasGemmEx" in t4["matmul"] and "assumed" in v100["matmul"]
+    assert "math path" in t4["attention"]  # no fused attention for bf16 before sm_80
+    # no row read so far allocates beyond a newer GPU's tensors
+    assert all(
+        r.value["extra_bytes"] == 0 for r in rows("cuda_arch") if r.rule.startswith("dtype.")
+    )
+    assert any("pytorch#57773" in r.source for r in rows("cuda_arch"))
+    assert arch_name((7, 5)).startswith("Turing") and arch_name((7, 2)) == ""
+    assert dtype_rule("float32", (7, 5)) is None
+
+
 def test_coverage_counts_followed_and_assumed_operators() -> None:
     from memfit.estimate.torch._cuda_dispatch import coverage, known
 
     assert known("aten.native_group_norm_backward.default")[0]
     assert known("aten.mul.Tensor")[0]  # pointwise
     assert known("aten.view.default", torch.ops.aten.view.default)[0]
-    assert not known("aten.sort.default")[0]
-    met = {"aten.mul.Tensor": 3, "aten.sort.default": 1, "aten.mm.default": 2}
+    assert known("aten.sort.default")[0]  # CUB radix sort
+    assert known("aten.sum.dim_IntList")[0]  # gpu_reduce_kernel (_cuda_reduce)
+    assert not known("aten._unique2.default")[0]
+    met = {"aten.mul.Tensor": 3, "aten._unique2.default": 1, "aten.mm.default": 2}
     assert coverage(met) == (2, 1)

@@ -227,14 +227,21 @@ MODELLED: dict[str, str] = {
 def known(name: str, func: object = None) -> tuple[bool, str]:
     """``(followed from CUDA's source, what is known)`` of one operator's CUDA kernel, named
     as the trace names it (``"aten.mul.Tensor"``)."""
-    from memfit.estimate.torch._cuda_scratch import ASSUMED, SCRATCH_RULES
+    from memfit.estimate.torch._cuda_scratch import ASSUMED, SCRATCH_RULES, no_scratch
 
     if name in ASSUMED:
         return False, "assumed: " + ASSUMED[name]
+    source = no_scratch(name)
+    if source is not None:
+        return True, "nothing beyond its outputs (" + source + ")"
     if name in SCRATCH_RULES:
         return True, "scratch beyond its outputs (memfit.estimate.torch._cuda_scratch)"
     if name in MODELLED:
         return True, MODELLED[name]
+    from memfit.estimate.torch._cuda_reduce import REDUCE_OPS
+
+    if name in REDUCE_OPS:
+        return True, "gpu_reduce_kernel's staging buffer (memfit.estimate.torch._cuda_reduce)"
     op = name.removeprefix("aten.").removesuffix(".default")
     yaml_keys()
     if "pointwise" in _TAGS.get(op, frozenset()):
@@ -280,8 +287,11 @@ def op_table() -> str:
         f"| {pointwise:,} tagged pointwise | TensorIterator kernels | nothing beyond their "
         "outputs |",
     ]
-    from memfit.estimate.torch._cuda_scratch import SCRATCH_RULES
+    from memfit.estimate.torch._cuda_scratch import NO_SCRATCH, SCRATCH_RULES
 
+    for prefix, source in NO_SCRATCH:
+        rows.append(f"| {prefix.removeprefix('aten.')}* | CUDA kernel | nothing beyond its "
+                    f"outputs: {source} |")  # fmt: skip
     for name in sorted({*SCRATCH_RULES, *MODELLED}):
         followed, text = known(name)
         if followed and name in SCRATCH_RULES:

@@ -347,7 +347,14 @@ class CudaKernels:
 
     # --- what kernels take inside -----------------------------------------------------------
 
-    def on_op(self, trace: Any, func: Any, args: tuple[Any, ...], out: Any) -> None:
+    def on_op(
+        self,
+        trace: Any,
+        func: Any,
+        args: tuple[Any, ...],
+        out: Any,
+        kwargs: dict[str, Any] | None = None,
+    ) -> None:
         """Called by the tracer after each op: the workspace the target's kernel takes, and
         what an older torch's backward formula keeps."""
         name = str(func)
@@ -359,7 +366,7 @@ class CudaKernels:
                     self.dtypes.add(str(item.dtype).removeprefix("torch."))
         if self.older.active:
             self.older.on_op(trace, name, args, out)
-        inside = kernel_scratch(name, args)
+        inside = kernel_scratch(name, args, kwargs)
         if inside is not None and inside.nbytes:
             # held at once, each its own block, and given back before the kernel returns
             held = [trace.add(n, "kernel_workspace", None, "cuda") for n in inside.blocks if n]

@@ -62,6 +62,27 @@ class Storage:
     op: str | None = None  # the ATen op whose output (or kernel) this is; None in build glue
 
 
+#: Functional ops an autograd formula calls on a zeros tensor it just made, where the real run
+#: calls the in-place twin: ``torch/csrc/autograd/FunctionsManual.cpp`` takes the out-of-place
+#: branch when ``areAnyTensorSubclassLike`` holds, which it does for the trace's fake tensors
+#: (``value_selecting_reduction_backward``: ``zeros.scatter_`` for sort, topk, max/min(dim),
+#: median, kthvalue; ``gather_backward``: ``new_zeros.scatter_add_``; ``index_backward``:
+#: ``_index_put_impl_`` into ``zeros_like(self)``). The real kernels write into the zeros
+#: tensor: one tensor where the trace made two.
+SUBCLASS_FUNCTIONAL_TWINS = frozenset(
+    {
+        "aten.scatter.src",
+        "aten.scatter.value",
+        "aten.scatter_add.default",
+        "aten.index_put.default",
+    }
+)
+#: The ops those formulas make their zeros tensor with.
+ZEROS_MAKERS = frozenset(
+    {"aten.zeros.default", "aten.new_zeros.default", "aten.zeros_like.default"}
+)
+
+
 @dataclass
 class TracedRun:
     """The allocation sequence of one traced run."""
@@ -92,6 +113,8 @@ class TracedRun:
     autocast: CudaAutocast = field(default_factory=lambda: CudaAutocast(active=False))
     current_op: str | None = None
     closed: bool = False
+    # the last gradient sum of the backward pass: (its output's record, its operands' records)
+    last_sum: tuple[Storage, tuple[Storage, ...]] | None = None
 
     def add(self, nbytes: int, category: str, module: str | None, target: str = "all") -> Storage:
         record = Storage(
@@ -150,8 +173,68 @@ class TracedRun:
         record = self.live.pop(key, None)
         self.refs.pop(key, None)
         if record is not None:
+            if self._sum_in_place(record):
+                return
             record.free_index = len(self.events)
             self.events.append((record, False))
+
+    def note_sum(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> None:
+        """Before a backward ``aten.add.Tensor`` of two tensors: remember its operands, for
+        :meth:`_sum_in_place`."""
+        self.last_sum = None
+        if str(func) != "aten.add.Tensor" or kwargs or len(args) != 2 or not self.in_backward():
+            return
+        found = []
+        for arg in args:
+            if not isinstance(arg, torch.Tensor) or arg.device.type != self.device_type:
+                return
+            record = self.live.get(id(arg.untyped_storage()))
+            if record is not None:
+                found.append(record)
+        if found and self.events:
+            out = self.events[-1][0]
+            if self.events[-1][1] and out.op == "aten.add.Tensor":
+                self.last_sum = (out, tuple(found))
+
+    def _sum_in_place(self, record: Storage) -> bool:
+        """The autograd engine sums two gradients for one input (``InputBuffer::accumulate``,
+        ``torch/csrc/autograd/input_buffer.cpp``) in place (``old_var.add_(var)``) when it
+        holds the last reference, unless a tensor is a subclass, which the trace's fake
+        tensors are: it runs ``old_var + var`` and drops ``old_var`` at once. An operand of
+        the last backward ``add`` freed right after it is moved before the sum's output, so
+        the two share one size, as the real in-place sum's do. Returns whether it was."""
+        last, self.last_sum = self.last_sum, None
+        if last is None or not self.events:
+            return False
+        out, operands = last
+        if record not in operands or record.nbytes != out.nbytes or self.events[-1] != (out, True):
+            return False
+        index = len(self.events) - 1
+        self.events[index] = (record, False)
+        record.free_index = index
+        out.alloc_index = len(self.events)
+        self.events.append((out, True))
+        return True
+
+    def adopt_in_place(self, func: Any, args: tuple[Any, ...]) -> None:
+        """Before an autograd formula's functional op on the zeros tensor it has just made
+        (:data:`SUBCLASS_FUNCTIONAL_TWINS`): that tensor's storage is given back here, so the
+        op's output stands for it, as in the real run's in-place call. Only when the zeros
+        tensor is the trace's last allocation, made in this backward pass."""
+        if str(func) not in SUBCLASS_FUNCTIONAL_TWINS or not self.in_backward() or not args:
+            return
+        target = args[0]
+        if not isinstance(target, torch.Tensor) or target.device.type != self.device_type:
+            return
+        key = id(target.untyped_storage())
+        record = self.live.get(key)
+        if record is None or record.op not in ZEROS_MAKERS or not self.events:
+            return
+        if self.events[-1] != (record, True):
+            return
+        self.live.pop(key, None)
+        self.refs.pop(key, None)
+        self.release(record)
 
     def category_now(self) -> tuple[str, str | None]:
         if self.phase == "build":
@@ -196,7 +279,9 @@ class TracedRun:
                 "of memfit.estimate.stand_in_scalars()",
             )
 
-    def on_op(self, func: Any, args: tuple[Any, ...], out: Any) -> None:
+    def on_op(
+        self, func: Any, args: tuple[Any, ...], out: Any, kwargs: dict[str, Any] | None = None
+    ) -> None:
         self.current_op = str(func)
         for item in tree_flatten(out)[0]:
             if isinstance(item, torch.Tensor):
@@ -207,7 +292,7 @@ class TracedRun:
             self.blas.on_op(self, func, args)
             self.blas.after_op(self, func, args)
         if self.cuda_kernels is not None:
-            self.cuda_kernels.on_op(self, func, args, out)
+            self.cuda_kernels.on_op(self, func, args, out, kwargs)
         if self.kernel_scratch is not None:
             self.kernel_scratch.on_op(self, func, args, out)
         self.current_op = None
@@ -243,7 +328,9 @@ class _TrackerMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
             out = kernels.composite(func, tuple(args), dict(kwargs or {}))
         else:
             out = func(*args, **(kwargs or {}))
-        self.trace.on_op(func, args, out)
+        self.trace.adopt_in_place(func, tuple(args))
+        self.trace.on_op(func, args, out, kwargs)
+        self.trace.note_sum(func, tuple(args), kwargs)
         return out
 
 

@@ -134,18 +134,29 @@ class TorchEstimate:
         quantity = "reserved" if name in ("reserved_peak", "device_used_peak") else "allocated"
         return traced_family(quantity, self.kernels)
 
+    @property
+    def assumed_share(self) -> float:
+        """The share of the distinct operators of a CUDA target's trace whose kernels are
+        assumed to take their outputs only (:attr:`kernel_coverage`; 0 without one)."""
+        followed = self.kernel_coverage.get("followed", 0)
+        assumed = self.kernel_coverage.get("assumed", 0)
+        return assumed / (followed + assumed) if followed + assumed else 0.0
+
     def band(self, name: str, batch_size: int | None = None) -> tuple[int, int]:
         """``(low, high)`` bytes around one figure (``"reserved_peak"``, ...) of the point
         at ``batch_size`` (default: the largest traced): how far a trace has been off on the
         project's GPU truth (:mod:`memfit.core.bands`, basis ``traced``, the band of the
         figure's family: :meth:`band_family`); the CUDA context in ``device_used_peak``
-        takes the context's own band.
+        takes the context's own band. The traced part's high side widens with
+        :attr:`assumed_share`: by that share of its own width (twice the width when every
+        operator's kernel is assumed), since a kernel assumed to take its outputs only can
+        take more, never less.
 
         Raises:
             ConfigError: When ``name`` is not one of :attr:`FIGURES`, the point has no such
                 figure, or ``batch_size`` was not traced.
         """
-        from memfit.core.bands import figure_band
+        from memfit.core.bands import figure_band, load_bands
 
         if name not in self.FIGURES:
             raise ConfigError(
@@ -164,7 +175,11 @@ class TorchEstimate:
             raise ConfigError(f"this estimate has no {name} (no GPU to size it for)",
                               key_path="name")  # fmt: skip
         context = self.context.bytes if name == "device_used_peak" and self.context else 0
-        return figure_band(int(value), "traced", context, family=self.band_family(name))
+        family = self.band_family(name)
+        low, high = figure_band(int(value), "traced", context, family=family)
+        traced = max(0, int(value) - min(context, int(value)))
+        _, traced_high = load_bands().interval(traced, "traced", family)
+        return low, high + round(max(0, traced_high - traced) * self.assumed_share)
 
     def replay(
         self,
