@@ -5,6 +5,7 @@ part."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,10 @@ def test_every_bundled_plan_has_a_basis_per_term_and_a_band_around_what_it_needs
     assert data["sources"] == plan.sources
     assert data["predicted_low_bytes"] <= data["used_bytes"] <= data["predicted_high_bytes"]
     assert data["basis"].startswith("basis: ")
+    # a note that names a term's basis says what the table says
+    for note in plan.notes:
+        if (said := re.match(r"(\w+) \(basis: (\w+)\)", note)) and said[1] in plan.sources:
+            assert plan.sources[said[1]] == said[2], note
 
 
 def test_terms_carry_the_basis_of_what_made_them() -> None:

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 
 from memfit.core._workload_schema import OffPolicySpec, Workload, dtype_bytes
 from memfit.core.families.common import (
+    CONV_WORKSPACE_BASIS,
     CONV_WORKSPACE_TERM,
     Term,
     activation_bytes,
@@ -100,7 +101,7 @@ def terms(
                     ),
                 )  # fmt: skip
         if ws:
-            out.append(Term(CONV_WORKSPACE_TERM, (ws,)))
+            out.append(Term(CONV_WORKSPACE_TERM, (ws,), basis=CONV_WORKSPACE_BASIS[0]))
     if on_device:
         out.insert(0, Term("replay_buffer", replay))
         return out, 0

@@ -33,6 +33,7 @@ from typing import Any
 
 from memfit.core._workload_schema import CameraSpec, VisionSpec, Workload, dtype_bytes
 from memfit.core.families.common import (
+    CONV_WORKSPACE_BASIS,
     CONV_WORKSPACE_TERM,
     Term,
     activation_bytes,
@@ -121,7 +122,7 @@ def terms(workload: Workload, values: Mapping[str, int]) -> list[Term]:
             channels, h, w, vision.backbone, images, ab, param_bytes(workload), backward=False
         )
         if ws:
-            out.append(Term(CONV_WORKSPACE_TERM, (ws,)))
+            out.append(Term(CONV_WORKSPACE_TERM, (ws,), basis=CONV_WORKSPACE_BASIS[0]))
     return out
 
 
