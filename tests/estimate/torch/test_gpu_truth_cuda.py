@@ -43,6 +43,13 @@ MISSES: dict[tuple[str, str], tuple[float, str]] = {
         "19.8 MiB (1.68x, the fit 1.33x): the real one takes a 20 MiB segment of its own in "
         "the second step, the fitted one fits a cached 18 MiB block",
     ),
+    ("act_2cam_256@4", "reserved_peak"): (
+        -0.0315,
+        "allocated is exact (+0.04%); the real allocator holds one 20 MiB segment more "
+        "(664.8 MiB against 643.8): the segment layout of act_2cam_384@4's replay miss (a cuDNN "
+        "workspace freed and re-requested across streams), since the trace writes autograd's "
+        "in-place gradient sums in place (-2.84% before)",
+    ),
     ("dqn_cnn_128@128", "reserved_peak"): (
         0.1118,
         "over: the fitted backward-filter factor (1.33) is above this net's real 1.04-1.16, "
