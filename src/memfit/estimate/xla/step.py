@@ -26,6 +26,7 @@ from memfit._plain import plain_fields
 from memfit.errors import BackendUnavailable, ConfigError, EstimateError, MemfitError
 from memfit.estimate._devices import Collectives, collectives, split_gpu
 from memfit.estimate.affine import AffineFit, check_batch_sizes, fit_affine
+from memfit.estimate.xla.tree_bytes import env_state_bytes, tree_nbytes
 
 __all__ = [
     "COMPILERS",
@@ -949,54 +950,3 @@ def estimate_jax_sweep(
         points = [_with_collectives(p, several) for p in points]
     fit = fit_affine(sizes, [p.executable_peak_bytes for p in points])
     return JaxSweep(points=points, fit=fit, batch_knob=batch_knob)
-
-
-def tree_nbytes(tree: Any) -> int:
-    """Bytes of every array-like leaf (anything with ``shape`` and ``dtype``) of a pytree."""
-    import jax
-    import numpy as np
-
-    total = 0
-    for leaf in jax.tree_util.tree_leaves(tree):
-        shape = getattr(leaf, "shape", None)
-        dtype = getattr(leaf, "dtype", None)
-        if shape is None or dtype is None:
-            continue
-        total += int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-    return total
-
-
-def env_state_bytes(env: Any, key: Any = None) -> int:
-    """Bytes of one environment state, from ``jax.eval_shape(env.reset, key)`` (Brax helper).
-
-    Works with any object whose ``reset(key)`` returns a pytree of arrays (Brax, gymnax,
-    MJX); nothing is run or allocated. For a batched env (``num_envs`` in the shapes) this is
-    the whole batch.
-
-    Args:
-        env: The environment.
-        key: A PRNG key (or its ``ShapeDtypeStruct``); default ``jax.random.PRNGKey(0)``.
-
-    Raises:
-        ConfigError: When ``env`` has no callable ``reset``.
-        EstimateError: When ``reset`` cannot be traced abstractly.
-    """
-    import jax
-
-    reset = getattr(env, "reset", None)
-    if not callable(reset):
-        raise ConfigError(
-            f"{type(env).__name__} has no reset(key) method",
-            key_path="env",
-            hint="pass a JAX environment (Brax, gymnax, MJX) whose reset(key) returns its state",
-        )
-    if key is None:
-        key = jax.random.PRNGKey(0)
-    try:
-        state = jax.eval_shape(reset, key)
-    except (TypeError, ValueError, jax.errors.JAXTypeError) as exc:
-        raise EstimateError(
-            f"could not trace {type(env).__name__}.reset abstractly: {exc}",
-            hint="reset must be a pure JAX function of the key",
-        ) from exc
-    return tree_nbytes(state)
