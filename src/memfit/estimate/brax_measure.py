@@ -66,6 +66,7 @@ __all__ = [
     "measurement_config",
     "network_factory",
     "resolve_measurements",
+    "traced_once",
 ]
 
 #: The three settings Brax's training step is compiled at: ``(num_envs, batch_size,
@@ -377,6 +378,38 @@ def _env_object(env: Any, backend: str | None) -> tuple[Any, str, str | None]:
     return env, env_id, backend or (str(found) if found else None)
 
 
+def traced_once(env: Any) -> Any:
+    """``env`` with its ``step`` and ``reset`` each behind one ``jax.jit``, kept for the
+    measurement: JAX traces a jitted function once per abstract signature and reuses the
+    trace, so the env's physics (the humanoid's MJX step: seconds of Python per trace) is
+    traced once for every program that holds it (the env step at each size, Brax's training
+    step at each setting: each vmaps the same one-env step), not once per program. The
+    programs are the same: a nested ``jit`` is inlined when the step is lowered.
+
+    An env already wrapped is returned as it is.
+    """
+    if getattr(env, "_memfit_traced_once", False):
+        return env
+    jax: Any = require("jax")
+    envs: Any = require("brax.envs")
+
+    class _TracedOnce(envs.Wrapper):  # type: ignore[misc]
+        _memfit_traced_once = True
+
+        def __init__(self, inner: Any) -> None:
+            super().__init__(inner)
+            self._step = jax.jit(inner.step)
+            self._reset = jax.jit(inner.reset)
+
+        def reset(self, rng: Any) -> Any:
+            return self._reset(rng)
+
+        def step(self, state: Any, action: Any) -> Any:
+            return self._step(state, action)
+
+    return _TracedOnce(env)
+
+
 def _jax_proxy(jax: Any, captured: dict[str, Any]) -> types.ModuleType:
     """``jax`` as Brax's train module sees it while we capture its training step: every name
     is JAX's own except ``pmap`` (the training epoch is captured, anything else is evaluated
@@ -548,7 +581,7 @@ def measure_ppo(
         else None
     )
     record = _measure(
-        made, env_id, backend, config, versions, platform, command, progress,
+        traced_once(made), env_id, backend, config, versions, platform, command, progress,
         target=target, share=share,
     )  # fmt: skip
     record = record.model_copy(
