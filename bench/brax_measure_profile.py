@@ -6,7 +6,9 @@ Stages, each timed on its own (wall seconds, this process's and the child's CPU)
 
 * ``make``: importing Brax and making the env;
 * ``export env``: tracing and exporting the wrapped, vmapped ``env.step`` for CUDA at
-  :data:`memfit.estimate.brax_measure.ENV_STEP_SIZES`;
+  :data:`memfit.estimate.brax_measure.ENV_STEP_SIZES` (the env's step and reset behind one
+  ``jax.jit`` each, as a measurement has them,
+  :func:`memfit.estimate.brax_measure.traced_once`; ``--plain-env``: not);
 * ``export train``: capturing Brax's training step and exporting it at each of
   :data:`memfit.estimate.brax_measure.MEASURE_POINTS`;
 * ``compile``: XLA's GPU compile of each exported program for the card, one child per
@@ -61,6 +63,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="skip the cuBLAS variant compile (XLA_FLAGS turn it off)",
     )
+    ap.add_argument(
+        "--plain-env",
+        action="store_true",
+        help="trace the env's step in every program (before traced_once)",
+    )
     args = ap.parse_args(argv)
     command = "python bench/brax_measure_profile.py " + shlex.join(
         sys.argv[1:] if argv is None else argv
@@ -84,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     from memfit.estimate.xla.gpu import compile_exported
 
     env, _env_id, _backend = bm._env_object(f"brax:{args.env}", args.backend)
+    env = env if args.plain_env else bm.traced_once(env)
     envs: Any = __import__("brax.envs", fromlist=["training"])
     config = bm.measurement_config()
     stage("make", t, c)

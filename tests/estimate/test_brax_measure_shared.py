@@ -121,3 +121,30 @@ def test_the_env_is_traced_once_for_every_program_and_compiles_the_same() -> Non
 
     # the nested jit is inlined: XLA's buffers are the same
     assert [env_step_memory(once, n) for n in (8, 16)] == [env_step_memory(raw, n) for n in (8, 16)]
+
+
+def test_the_compiles_for_a_card_are_spread_over_child_processes_in_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import types
+
+    calls: list[list[int]] = []
+
+    def fake(steps: list[int], target: Any, *, memory_base_bytes: int) -> list[Any]:
+        calls.append(list(steps))
+        assert memory_base_bytes == 750
+        return [
+            types.SimpleNamespace(
+                argument_bytes=s, output_bytes=2 * s, alias_bytes=0, device_temp_bytes=3 * s
+            )
+            for s in steps
+        ]
+
+    monkeypatch.setattr(xla_gpu, "compile_exported", fake)
+    monkeypatch.setattr(bm.os, "cpu_count", lambda: 2)
+    target = types.SimpleNamespace(device_memory_size=1000)
+    got = bm._compile_exported_all([1, 2, 3, 4, 5], target)
+    assert got == [(s, 2 * s, 0, 3 * s) for s in (1, 2, 3, 4, 5)]
+    assert sorted(calls) == [[1, 3, 5], [2, 4]]  # two children side by side, on 2 cores
+    assert bm.compile_children(5, 1) == 1 and bm.compile_children(2, 64) == 2
+    assert bm.compile_children(9, 64) == bm.MAX_COMPILE_CHILDREN

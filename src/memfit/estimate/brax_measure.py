@@ -56,7 +56,9 @@ from memfit.estimate import _brax_exports as _exports
 __all__ = [
     "ENV_STEP_SIZES",
     "MEASURE_POINTS",
+    "MAX_COMPILE_CHILDREN",
     "cache_dir",
+    "compile_children",
     "compile_step",
     "compile_steps",
     "gpu_target_for",
@@ -744,13 +746,44 @@ def _compile_all(
     return _compile_exported_all([export_step(fn, *args) for fn, args in jobs], target)
 
 
+#: The most child processes a measurement's compiles for a card are spread over (one per
+#: CPU core up to this): XLA's GPU compile of one program keeps about one core busy, and the
+#: humanoid's programs take about a minute of CPU each (docs/benchmarks.md, "Where the
+#: humanoid's measurement time goes").
+MAX_COMPILE_CHILDREN = 4
+
+
+def compile_children(jobs: int, cpus: int | None = None) -> int:
+    """How many child processes compile ``jobs`` programs side by side: one per core of
+    ``cpus`` (default this machine's), at most :data:`MAX_COMPILE_CHILDREN` and ``jobs``.
+
+    >>> compile_children(5, 2), compile_children(5, 16), compile_children(1, 16)
+    (2, 4, 1)
+    """
+    found = os.cpu_count() if cpus is None else cpus
+    return max(1, min(jobs, found or 1, MAX_COMPILE_CHILDREN))
+
+
 def _compile_exported_all(steps: Sequence[Any], target: Any) -> list[tuple[int, int, int, int]]:
+    """The steps compiled for ``target``, spread over :func:`compile_children` child
+    processes that run side by side (each compiles its share one after another)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from memfit.estimate.xla.gpu import compile_exported
 
-    # JAX's default allocator limit on the card: 75% of the memory CUDA reports
-    results = compile_exported(
-        steps, target, memory_base_bytes=int(target.device_memory_size * 0.75)
-    )
+    def one(share: Sequence[Any]) -> list[Any]:
+        # JAX's default allocator limit on the card: 75% of the memory CUDA reports
+        return compile_exported(
+            share, target, memory_base_bytes=int(target.device_memory_size * 0.75)
+        )
+
+    children = compile_children(len(steps))
+    shares = [list(steps[i::children]) for i in range(children)]
+    with ThreadPoolExecutor(max_workers=children) as pool:
+        done = list(pool.map(one, shares))
+    results: list[Any] = [None] * len(steps)
+    for i, part in enumerate(done):
+        results[i::children] = part
     return [(r.argument_bytes, r.output_bytes, r.alias_bytes, r.device_temp_bytes) for r in results]
 
 
