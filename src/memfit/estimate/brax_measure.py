@@ -55,8 +55,8 @@ from memfit.estimate import _brax_exports as _exports
 
 __all__ = [
     "ENV_STEP_SIZES",
-    "MEASURE_POINTS",
     "MAX_COMPILE_CHILDREN",
+    "MEASURE_POINTS",
     "cache_dir",
     "compile_children",
     "compile_step",
