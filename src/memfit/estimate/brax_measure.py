@@ -52,6 +52,7 @@ from memfit.core.measured import AffineLine, BraxMeasurements, Provenance, StepF
 from memfit.core.workload import Workload
 from memfit.errors import BackendUnavailable, ConfigError, EstimateError
 from memfit.estimate import _brax_exports as _exports
+from memfit.estimate._brax_exports import MAX_COMPILE_CHILDREN, compile_children, traced_once
 
 __all__ = [
     "ENV_STEP_SIZES",
@@ -378,38 +379,6 @@ def _env_object(env: Any, backend: str | None) -> tuple[Any, str, str | None]:
     names = [name for name, cls in registry.items() if cls is kind]
     env_id = f"brax:{names[0]}" if names else f"brax:{kind.__module__}.{kind.__qualname__}"
     return env, env_id, backend or (str(found) if found else None)
-
-
-def traced_once(env: Any) -> Any:
-    """``env`` with its ``step`` and ``reset`` each behind one ``jax.jit``, kept for the
-    measurement: JAX traces a jitted function once per abstract signature and reuses the
-    trace, so the env's physics (the humanoid's MJX step: seconds of Python per trace) is
-    traced once for every program that holds it (the env step at each size, Brax's training
-    step at each setting: each vmaps the same one-env step), not once per program. The
-    programs are the same: a nested ``jit`` is inlined when the step is lowered.
-
-    An env already wrapped is returned as it is.
-    """
-    if getattr(env, "_memfit_traced_once", False):
-        return env
-    jax: Any = require("jax")
-    envs: Any = require("brax.envs")
-
-    class _TracedOnce(envs.Wrapper):  # type: ignore[misc]
-        _memfit_traced_once = True
-
-        def __init__(self, inner: Any) -> None:
-            super().__init__(inner)
-            self._step = jax.jit(inner.step)
-            self._reset = jax.jit(inner.reset)
-
-        def reset(self, rng: Any) -> Any:
-            return self._reset(rng)
-
-        def step(self, state: Any, action: Any) -> Any:
-            return self._step(state, action)
-
-    return _TracedOnce(env)
 
 
 def _jax_proxy(jax: Any, captured: dict[str, Any]) -> types.ModuleType:
@@ -746,45 +715,8 @@ def _compile_all(
     return _compile_exported_all([export_step(fn, *args) for fn, args in jobs], target)
 
 
-#: The most child processes a measurement's compiles for a card are spread over (one per
-#: CPU core up to this): XLA's GPU compile of one program keeps about one core busy, and the
-#: humanoid's programs take about a minute of CPU each (docs/benchmarks.md, "Where the
-#: humanoid's measurement time goes").
-MAX_COMPILE_CHILDREN = 4
-
-
-def compile_children(jobs: int, cpus: int | None = None) -> int:
-    """How many child processes compile ``jobs`` programs side by side: one per core of
-    ``cpus`` (default this machine's), at most :data:`MAX_COMPILE_CHILDREN` and ``jobs``.
-
-    >>> compile_children(5, 2), compile_children(5, 16), compile_children(1, 16)
-    (2, 4, 1)
-    """
-    found = os.cpu_count() if cpus is None else cpus
-    return max(1, min(jobs, found or 1, MAX_COMPILE_CHILDREN))
-
-
 def _compile_exported_all(steps: Sequence[Any], target: Any) -> list[tuple[int, int, int, int]]:
-    """The steps compiled for ``target``, spread over :func:`compile_children` child
-    processes that run side by side (each compiles its share one after another)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from memfit.estimate.xla.gpu import compile_exported
-
-    def one(share: Sequence[Any]) -> list[Any]:
-        # JAX's default allocator limit on the card: 75% of the memory CUDA reports
-        return compile_exported(
-            share, target, memory_base_bytes=int(target.device_memory_size * 0.75)
-        )
-
-    children = compile_children(len(steps))
-    shares = [list(steps[i::children]) for i in range(children)]
-    with ThreadPoolExecutor(max_workers=children) as pool:
-        done = list(pool.map(one, shares))
-    results: list[Any] = [None] * len(steps)
-    for i, part in enumerate(done):
-        results[i::children] = part
-    return [(r.argument_bytes, r.output_bytes, r.alias_bytes, r.device_temp_bytes) for r in results]
+    return _exports.compile_exported_all(steps, target)
 
 
 def _prepare_step(
