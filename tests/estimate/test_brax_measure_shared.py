@@ -148,3 +148,16 @@ def test_the_compiles_for_a_card_are_spread_over_child_processes_in_order(
     assert sorted(calls) == [[1, 3, 5], [2, 4]]  # two children side by side, on 2 cores
     assert bm.compile_children(5, 1) == 1 and bm.compile_children(2, 64) == 2
     assert bm.compile_children(9, 64) == bm.MAX_COMPILE_CHILDREN
+
+
+def test_brax_s_maintenance_notice_is_kept_out_and_nothing_else() -> None:
+    import warnings
+
+    from memfit.estimate.xla._quiet import BRAX_NOTICE, quiet_brax_notices
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        quiet_brax_notices()
+        warnings.warn(BRAX_NOTICE + ". Please see MJX ...", UserWarning, stacklevel=1)
+        warnings.warn("the user's own warning", UserWarning, stacklevel=1)
+    assert [str(w.message) for w in seen] == ["the user's own warning"]
