@@ -86,3 +86,78 @@ def test_jax_starts_without_the_cuda_plugins_noise() -> None:
     for noise in ("Unable to load CUDA", "cudart_stub", "absl::InitializeLog"):
         assert noise not in done.stderr, done.stderr
     assert "kept" in done.stderr  # what comes after the start is left alone
+
+
+@pytest.mark.slow  # imports Brax, compiles its fast env four times (1 min on the loaded VM)
+def test_the_env_is_traced_once_for_every_program_and_compiles_the_same() -> None:
+    pytest.importorskip("brax")
+    from brax import envs
+
+    raw = envs.get_environment("fast")
+    calls = {"step": 0}
+    plain_step = raw.step
+
+    def counted(state: Any, action: Any) -> Any:
+        calls["step"] += 1
+        return plain_step(state, action)
+
+    raw.step = counted  # type: ignore[method-assign]
+    once = bm.traced_once(raw)
+    assert bm.traced_once(once) is once
+    assert once.action_size == raw.action_size and isinstance(once, envs.Env)
+
+    for n in (8, 16, 32):
+        wrapped = envs.training.wrap(once, episode_length=100, action_repeat=1)
+        states = jax.eval_shape(wrapped.reset, bm._keys(n))
+        jax.eval_shape(wrapped.step, states, jax.ShapeDtypeStruct((n, 1), jnp.float32))
+    # the one-env step is traced once: vmapping it at each size reuses the trace
+    assert calls["step"] == 1
+
+    def env_step_memory(env: Any, n: int) -> tuple[int, int, int, int]:
+        wrapped = envs.training.wrap(env, episode_length=100, action_repeat=1)
+        states = jax.eval_shape(wrapped.reset, bm._keys(n))
+        actions = jax.ShapeDtypeStruct((n, env.action_size), jnp.float32)
+        return bm._memory(jax.jit(wrapped.step).lower(states, actions).compile())
+
+    # the nested jit is inlined: XLA's buffers are the same
+    assert [env_step_memory(once, n) for n in (8, 16)] == [env_step_memory(raw, n) for n in (8, 16)]
+
+
+def test_the_compiles_for_a_card_are_spread_over_child_processes_in_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import types
+
+    calls: list[list[int]] = []
+
+    def fake(steps: list[int], target: Any, *, memory_base_bytes: int) -> list[Any]:
+        calls.append(list(steps))
+        assert memory_base_bytes == 750
+        return [
+            types.SimpleNamespace(
+                argument_bytes=s, output_bytes=2 * s, alias_bytes=0, device_temp_bytes=3 * s
+            )
+            for s in steps
+        ]
+
+    monkeypatch.setattr(xla_gpu, "compile_exported", fake)
+    monkeypatch.setattr(bm.os, "cpu_count", lambda: 2)
+    target = types.SimpleNamespace(device_memory_size=1000)
+    got = bm._compile_exported_all([1, 2, 3, 4, 5], target)
+    assert got == [(s, 2 * s, 0, 3 * s) for s in (1, 2, 3, 4, 5)]
+    assert sorted(calls) == [[1, 3, 5], [2, 4]]  # two children side by side, on 2 cores
+    assert bm.compile_children(5, 1) == 1 and bm.compile_children(2, 64) == 2
+    assert bm.compile_children(9, 64) == bm.MAX_COMPILE_CHILDREN
+
+
+def test_brax_s_maintenance_notice_is_kept_out_and_nothing_else() -> None:
+    import warnings
+
+    from memfit.estimate.xla._quiet import BRAX_NOTICE, quiet_brax_notices
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        quiet_brax_notices()
+        warnings.warn(BRAX_NOTICE + ". Please see MJX ...", UserWarning, stacklevel=1)
+        warnings.warn("the user's own warning", UserWarning, stacklevel=1)
+    assert [str(w.message) for w in seen] == ["the user's own warning"]

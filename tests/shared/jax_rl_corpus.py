@@ -24,6 +24,14 @@ builder returns ``(jitted, args)``; ``args`` are ``jax.ShapeDtypeStruct``, so no
   captured as :mod:`memfit.estimate.brax_measure` captures it. Default: ant (positional),
   Brax's published ant settings (4096 envs, batch 2048, 32 minibatches, unroll 5, 4 updates
   per batch).
+- ``brax_sac_train``: Brax's own ``sac.train`` training epoch (google/brax, Apache-2.0),
+  captured the same way (the env's reset and the replay buffer's init evaluated abstractly).
+  Default: hopper (positional), Brax's published hopper SAC settings (128 envs, batch 512,
+  64 gradient updates per step, a replay buffer of 1,048,576 transitions).
+- ``jumanji_a2c_snake``: jumanji's A2C on its Snake (instadeepai/jumanji 1.1.2, Apache-2.0):
+  the installed env, the training rebuilt in flax from jumanji's ``training/`` (its haiku
+  and rlax are not installed). Default: jumanji's Snake config (128 envs x 20 steps, 500
+  learner steps per epoch, 32-channel convolutions).
 
 ``--size small`` shrinks every count (and uses Brax's ``fast`` env) so that CI compiles the
 whole corpus for two cards; ``default`` is each source's own configuration. Writes JSON and a
@@ -710,12 +718,257 @@ def brax_ppo_train(config: dict[str, Any] | None = None) -> Program:
     return fn, tuple(args)
 
 
+# -- Brax's own sac.train ---------------------------------------------------------------------
+
+
+#: Brax's published SAC settings for hopper (the training colab's ``train_fn['hopper']``,
+#: google/brax ``notebooks/training.ipynb``), on the positional backend.
+BRAX_SAC_DEFAULT: dict[str, Any] = {
+    "env": "hopper", "num_timesteps": 6_553_600, "num_evals": 20, "episode_length": 1000,
+    "normalize_observations": True, "num_envs": 128, "batch_size": 512,
+    "grad_updates_per_step": 64, "max_replay_size": 1_048_576, "min_replay_size": 8192,
+}  # fmt: skip
+BRAX_SAC_SMALL: dict[str, Any] = {
+    **BRAX_SAC_DEFAULT, "env": "fast", "num_timesteps": 2048, "num_evals": 2,
+    "episode_length": 100, "num_envs": 16, "batch_size": 32, "grad_updates_per_step": 4,
+    "max_replay_size": 1024, "min_replay_size": 64,
+}  # fmt: skip
+
+
+class _SacCaptured(Exception):
+    """Raised once Brax's ``sac.train`` has built its training epoch and its states."""
+
+
+def _sac_proxy(jax: Any, captured: dict[str, Any]) -> Any:
+    """``jax`` as Brax's SAC module sees it while its training epoch is captured: JAX's own
+    names except ``pmap`` (``training_epoch`` is kept; the env's reset and the buffer's init
+    are evaluated abstractly; the prefill call records the states it is handed and stops
+    ``train``) and ``device_put_replicated`` (the training state, abstract, one device)."""
+    import types
+
+    class _Proxy(types.ModuleType):
+        def __getattr__(self, name: str) -> Any:
+            return getattr(jax, name)
+
+    proxy = _Proxy("memfit_sac_jax_proxy")
+
+    def pmap(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
+        name = getattr(fn, "__name__", "")
+        if name == "training_epoch":
+            captured["epoch"], captured["pmap_kwargs"] = fn, kwargs
+            return fn
+        if name == "prefill_replay_buffer":
+
+            def stop(training_state: Any, env_state: Any, buffer_state: Any, _key: Any) -> Any:
+                captured["states"] = (training_state, env_state, buffer_state)
+                raise _SacCaptured
+
+            return stop
+        return lambda *call: jax.eval_shape(jax.vmap(fn, axis_name=kwargs.get("axis_name")), *call)
+
+    def device_put_replicated(tree: Any, devices: Any) -> Any:
+        return jax.tree_util.tree_map(
+            lambda x: jax.ShapeDtypeStruct((1, *jax.numpy.shape(x)), jax.numpy.asarray(x).dtype),
+            tree,
+        )
+
+    proxy.pmap = pmap  # type: ignore[attr-defined]
+    proxy.device_put_replicated = device_put_replicated  # type: ignore[attr-defined]
+    return proxy
+
+
+def brax_sac_train(config: dict[str, Any] | None = None) -> Program:
+    """Brax's ``sac.train`` (google/brax ``brax/training/agents/sac/train.py``, Apache-2.0):
+    its ``training_epoch`` (a scan of training steps, each an env step of ``num_envs``
+    environments into the ``UniformSamplingQueue`` replay buffer, then
+    ``grad_updates_per_step`` SGD steps of alpha, critic and actor on ``batch_size`` sampled
+    transitions), captured with its training state, env state and the replay buffer (held on
+    the card: ``max_replay_size`` transitions), on one device, donated as Brax donates them.
+    Brax's own networks (policy and two Q-networks, 256 x 2)."""
+    import jax
+    from brax import envs
+    from brax.training.agents.sac import train as sac
+
+    c = dict(BRAX_SAC_SMALL if config is None else config)
+    env = envs.get_environment(
+        c["env"], **({} if c["env"] == "fast" else {"backend": "positional"})
+    )
+    # Brax's initial evaluation (num_evals > 1) would run the policy: captured with one
+    # evaluation and the timesteps that give the same training steps per epoch
+    envs_n, prefill = c["num_envs"], -(-c["min_replay_size"] // c["num_envs"]) * c["num_envs"]
+    per_epoch = -(-(c["num_timesteps"] - prefill) // (max(c["num_evals"] - 1, 1) * envs_n))
+    captured: dict[str, Any] = {}
+    original = sac.jax
+    sac.jax = _sac_proxy(jax, captured)
+    try:
+        sac.train(
+            environment=env, num_timesteps=prefill + per_epoch * envs_n, num_evals=1,
+            episode_length=c["episode_length"], normalize_observations=c["normalize_observations"],
+            num_envs=c["num_envs"], batch_size=c["batch_size"],
+            grad_updates_per_step=c["grad_updates_per_step"],
+            max_replay_size=c["max_replay_size"], min_replay_size=c["min_replay_size"],
+            max_devices_per_host=1, num_eval_envs=1,
+        )  # fmt: skip
+    except _SacCaptured:
+        pass
+    finally:
+        sac.jax = original
+    if "epoch" not in captured or "states" not in captured:
+        raise RuntimeError("could not capture Brax's sac.train (this brax builds it differently)")
+    kwargs = dict(captured["pmap_kwargs"])
+    fn = jax.jit(
+        jax.vmap(captured["epoch"], axis_name=kwargs.get("axis_name")),
+        donate_argnums=kwargs.get("donate_argnums", ()),
+    )
+    keys = jax.ShapeDtypeStruct((1, 2), jax.numpy.uint32)
+    return fn, (*captured["states"], keys)
+
+
+# -- jumanji's A2C on Snake -------------------------------------------------------------------
+
+
+#: jumanji's own training configuration for Snake (``jumanji/training/configs/env/snake.yaml``
+#: and ``a2c`` there: instadeepai/jumanji 1.1.2, Apache-2.0).
+JUMANJI_DEFAULT: dict[str, Any] = {
+    "env": "Snake-v1", "num_channels": 32, "policy_layers": (64, 64),
+    "value_layers": (128, 128), "num_learner_steps_per_epoch": 500, "n_steps": 20,
+    "total_batch_size": 128, "discount_factor": 0.997, "bootstrapping_factor": 0.95,
+    "l_pg": 1.0, "l_td": 1.0, "l_en": 0.01, "learning_rate": 3e-4,
+}  # fmt: skip
+JUMANJI_SMALL: dict[str, Any] = {
+    **JUMANJI_DEFAULT, "num_channels": 8, "policy_layers": (16,), "value_layers": (16,),
+    "num_learner_steps_per_epoch": 3, "n_steps": 4, "total_batch_size": 8,
+}  # fmt: skip
+
+
+def jumanji_a2c_snake(config: dict[str, Any] | None = None) -> Program:
+    """jumanji's A2C on its Snake (instadeepai/jumanji 1.1.2, Apache-2.0): the env from the
+    installed ``jumanji`` (``jumanji.make("Snake-v1")`` behind its ``VmapAutoResetWrapper``,
+    as ``jumanji/training/setup_train.py`` wraps it), the training written here from
+    ``jumanji/training/agents/a2c/a2c_agent.py`` and ``train.py`` (its ``epoch_fn``: a scan
+    of ``num_learner_steps_per_epoch`` A2C steps, each a rollout of ``n_steps`` over
+    ``total_batch_size`` envs, TD(lambda) advantages, one Adam step) and
+    ``networks/snake/actor_critic.py`` (two 2x2 convolutions, the step count, an MLP; the
+    policy's logits masked by the action mask), in flax instead of haiku (jumanji's training
+    needs dm-haiku and rlax, not installed here). One device: jumanji's ``pmean`` and
+    ``psum`` over its ``devices`` axis are the identity there and are left out."""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+    import jumanji
+    import optax
+    from jumanji.wrappers import VmapAutoResetWrapper
+
+    c = dict(JUMANJI_SMALL if config is None else config)
+    base = jumanji.make(c["env"])
+    env = VmapAutoResetWrapper(base)
+    time_limit = float(base.time_limit)
+
+    class SnakeCNN(nn.Module):
+        outputs: int
+        units: tuple[int, ...]
+
+        @nn.compact
+        def __call__(self, obs: Any) -> Any:
+            x = nn.relu(nn.Conv(c["num_channels"], (2, 2), strides=2, padding="SAME")(obs.grid))
+            x = nn.relu(nn.Conv(c["num_channels"], (2, 2), strides=1, padding="SAME")(x))
+            x = x.reshape((*x.shape[:-3], -1))
+            step = jnp.expand_dims(obs.step_count / time_limit, -1)
+            x = jnp.concatenate([x, step], axis=-1)
+            for width in self.units:
+                x = nn.relu(nn.Dense(width)(x))
+            x = nn.Dense(self.outputs)(x)
+            if self.outputs == 1:
+                return jnp.squeeze(x, -1)
+            return jnp.where(obs.action_mask, x, jnp.finfo(jnp.float32).min)
+
+    actions = int(base.action_spec.num_values)
+    policy = SnakeCNN(actions, tuple(c["policy_layers"]))
+    value = SnakeCNN(1, tuple(c["value_layers"]))
+    tx = optax.adam(c["learning_rate"])
+    batch = c["total_batch_size"]
+
+    def td_lambda(v_tm1: Any, r_t: Any, discount_t: Any, v_t: Any) -> Any:
+        lam = c["bootstrapping_factor"]
+
+        def back(g: Any, xs: Any) -> Any:
+            r, d, v = xs
+            g = r + d * ((1 - lam) * v + lam * g)
+            return g, g
+
+        _, returns = jax.lax.scan(back, v_t[-1], (r_t, discount_t, v_t), reverse=True)
+        return jax.lax.stop_gradient(returns) - v_tm1
+
+    def rollout(actor: Any, acting: Any) -> Any:
+        def one(carry: Any, key: Any) -> Any:
+            state, timestep, episodes, steps = carry
+            logits = policy.apply(actor, timestep.observation)
+            action = jax.random.categorical(key, logits)
+            log_prob = jnp.take_along_axis(jax.nn.log_softmax(logits), action[..., None], axis=-1)[
+                ..., 0
+            ]
+            state, next_ts = env.step(state, action)
+            episodes = episodes + next_ts.last().sum()
+            data = (timestep.observation, action, next_ts.reward, next_ts.discount,
+                    next_ts.observation, log_prob, logits)  # fmt: skip
+            return (state, next_ts, episodes, steps + batch), data
+
+        state, timestep, key, episodes, steps = acting
+        keys = jax.random.split(key, c["n_steps"])
+        (state, timestep, episodes, steps), data = jax.lax.scan(
+            one, (state, timestep, episodes, steps), keys
+        )
+        return (state, timestep, keys[-1], episodes, steps), data
+
+    def loss(params: Any, acting: Any) -> Any:
+        acting, (obs, _, reward, discount, next_obs, log_prob, logits) = rollout(
+            params["actor"], acting
+        )
+        last = jax.tree_util.tree_map(lambda x: x[-1], next_obs)
+        seq = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b[None]], axis=0), obs, last)
+        v = jax.vmap(value.apply, in_axes=(None, 0))(params["critic"], seq)
+        discounts = c["discount_factor"] * discount.astype(float)
+        advantage = jax.vmap(td_lambda, in_axes=1, out_axes=1)(v[:-1], reward, discounts, v[1:])
+        critic_loss = jnp.mean(advantage**2)
+        policy_loss = -jnp.mean(jax.lax.stop_gradient(advantage) * log_prob)
+        probs = jax.nn.softmax(logits)
+        entropy = -jnp.mean(jnp.sum(probs * jax.nn.log_softmax(logits), axis=-1))
+        total = c["l_pg"] * policy_loss + c["l_td"] * critic_loss - c["l_en"] * entropy
+        return total, (acting, {"total_loss": total, "entropy": entropy, "value": v.mean()})
+
+    def run_epoch(training: Any) -> Any:
+        params, opt_state, count, acting = training
+        grad, (acting, metrics) = jax.grad(loss, has_aux=True)(params, acting)
+        updates, opt_state = tx.update(grad, opt_state)
+        params = optax.apply_updates(params, updates)
+        return (params, opt_state, count + 1, acting), metrics
+
+    def epoch_fn(training: Any) -> Any:
+        training, metrics = jax.lax.scan(
+            lambda t, _: run_epoch(t), training, None, c["num_learner_steps_per_epoch"]
+        )
+        return training, jax.tree_util.tree_map(jnp.mean, metrics)
+
+    def init(key: Any) -> Any:
+        k_actor, k_critic, k_reset, k_act = jax.random.split(key, 4)
+        dummy = jax.tree_util.tree_map(lambda x: x[None], base.observation_spec.generate_value())
+        params = {"actor": policy.init(k_actor, dummy), "critic": value.init(k_critic, dummy)}
+        state, timestep = env.reset(jax.random.split(k_reset, batch))
+        acting = (state, timestep, k_act, jnp.zeros((), float), jnp.zeros((), float))
+        return params, tx.init(params), jnp.zeros((), float), acting
+
+    training = jax.eval_shape(init, jax.ShapeDtypeStruct((2,), jnp.uint32))
+    return jax.jit(epoch_fn, donate_argnums=0), (training,)
+
+
 #: The corpus: name -> (builder, small config, default config).
 CORPUS: dict[str, tuple[Callable[..., Program], dict[str, Any], dict[str, Any]]] = {
     "purejaxrl_ppo_brax": (purejaxrl_ppo_brax, PPO_SMALL, PPO_DEFAULT),
     "purejaxrl_dqn": (purejaxrl_dqn, DQN_SMALL, DQN_DEFAULT),
     "purejaxql_pqn": (purejaxql_pqn, PQN_SMALL, PQN_DEFAULT),
     "brax_ppo_train": (brax_ppo_train, BRAX_PPO_SMALL, BRAX_PPO_DEFAULT),
+    "brax_sac_train": (brax_sac_train, BRAX_SAC_SMALL, BRAX_SAC_DEFAULT),
+    "jumanji_a2c_snake": (jumanji_a2c_snake, JUMANJI_SMALL, JUMANJI_DEFAULT),
 }
 
 

@@ -5,6 +5,10 @@ A measurement compiled for a card (:func:`memfit.estimate.brax_measure.measure_p
 compiles them in a child process for the card. The exports are the same for every card (only
 XLA's compile for the card differs), so they are written beside the measurement cache and
 read back when another card is measured: that one only compiles.
+
+The programs are exported from an env whose step and reset are traced once for all of them
+(:func:`traced_once`), and compiled in child processes side by side, one per core
+(:func:`compile_exported_all`).
 """
 
 from __future__ import annotations
@@ -15,7 +19,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["shared_exports"]
+__all__ = [
+    "MAX_COMPILE_CHILDREN",
+    "compile_children",
+    "compile_exported_all",
+    "shared_exports",
+    "traced_once",
+]
 
 
 def _read_exports(folder: Path) -> tuple[list[Any], dict[str, Any]] | None:
@@ -103,3 +113,78 @@ def shared_exports(
     if share is not None:
         _write_exports(share, steps, extra)
     return steps, extra
+
+
+def traced_once(env: Any) -> Any:
+    """``env`` with its ``step`` and ``reset`` each behind one ``jax.jit``, kept for the
+    measurement: JAX traces a jitted function once per abstract signature and reuses the
+    trace, so the env's physics (the humanoid's MJX step: seconds of Python per trace) is
+    traced once for every program that holds it (the env step at each size, Brax's training
+    step at each setting: each vmaps the same one-env step), not once per program. The
+    programs are the same: a nested ``jit`` is inlined when the step is lowered.
+
+    An env already wrapped is returned as it is.
+    """
+    if getattr(env, "_memfit_traced_once", False):
+        return env
+    from memfit._lazy import require
+
+    jax: Any = require("jax")
+    envs: Any = require("brax.envs")
+
+    class _TracedOnce(envs.Wrapper):  # type: ignore[misc]
+        _memfit_traced_once = True
+
+        def __init__(self, inner: Any) -> None:
+            super().__init__(inner)
+            self._step = jax.jit(inner.step)
+            self._reset = jax.jit(inner.reset)
+
+        def reset(self, rng: Any) -> Any:
+            return self._reset(rng)
+
+        def step(self, state: Any, action: Any) -> Any:
+            return self._step(state, action)
+
+    return _TracedOnce(env)
+
+
+#: The most child processes a measurement's compiles for a card are spread over (one per
+#: CPU core up to this): XLA's GPU compile of one program keeps about one core busy, and the
+#: humanoid's programs take about a minute of CPU each (docs/benchmarks.md, "Where the
+#: humanoid's measurement time goes").
+MAX_COMPILE_CHILDREN = 4
+
+
+def compile_children(jobs: int, cpus: int | None = None) -> int:
+    """How many child processes compile ``jobs`` programs side by side: one per core of
+    ``cpus`` (default this machine's), at most :data:`MAX_COMPILE_CHILDREN` and ``jobs``.
+
+    >>> compile_children(5, 2), compile_children(5, 16), compile_children(1, 16)
+    (2, 4, 1)
+    """
+    found = os.cpu_count() if cpus is None else cpus
+    return max(1, min(jobs, found or 1, MAX_COMPILE_CHILDREN))
+
+
+def compile_exported_all(steps: Sequence[Any], target: Any) -> list[tuple[int, int, int, int]]:
+    """The steps compiled for ``target``, spread over :func:`compile_children` child
+    processes that run side by side (each compiles its share one after another)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from memfit.estimate.xla.gpu import compile_exported
+
+    def one(share: Sequence[Any]) -> list[Any]:
+        # JAX's default allocator limit on the card: 75% of the memory CUDA reports
+        return compile_exported(
+            share, target, memory_base_bytes=int(target.device_memory_size * 0.75)
+        )
+
+    children = compile_children(len(steps))
+    shares = [list(steps[i::children]) for i in range(children)]
+    with ThreadPoolExecutor(max_workers=children) as pool:
+        done = list(pool.map(one, shares))
+    results: list[Any] = [None] * len(steps)
+    for i, part in enumerate(done):
+        results[i::children] = part
+    return [(r.argument_bytes, r.output_bytes, r.alias_bytes, r.device_temp_bytes) for r in results]

@@ -58,11 +58,14 @@ from memfit.core.measured import AffineLine, BraxMeasurements, Provenance, StepF
 from memfit.core.workload import Workload
 from memfit.errors import BackendUnavailable, ConfigError, EstimateError
 from memfit.estimate import _brax_exports as _exports
+from memfit.estimate._brax_exports import MAX_COMPILE_CHILDREN, compile_children, traced_once
 
 __all__ = [
     "ENV_STEP_SIZES",
+    "MAX_COMPILE_CHILDREN",
     "MEASURE_POINTS",
     "cache_dir",
+    "compile_children",
     "compile_step",
     "compile_steps",
     "gpu_target_for",
@@ -72,6 +75,7 @@ __all__ = [
     "measurement_config",
     "network_factory",
     "resolve_measurements",
+    "traced_once",
 ]
 
 #: The three settings Brax's training step is compiled at: ``(num_envs, batch_size,
@@ -554,7 +558,7 @@ def measure_ppo(
         else None
     )
     record = _measure(
-        made, env_id, backend, config, versions, platform, command, progress,
+        traced_once(made), env_id, backend, config, versions, platform, command, progress,
         target=target, share=share,
     )  # fmt: skip
     record = record.model_copy(
@@ -718,13 +722,7 @@ def _compile_all(
 
 
 def _compile_exported_all(steps: Sequence[Any], target: Any) -> list[tuple[int, int, int, int]]:
-    from memfit.estimate.xla.gpu import compile_exported
-
-    # JAX's default allocator limit on the card: 75% of the memory CUDA reports
-    results = compile_exported(
-        steps, target, memory_base_bytes=int(target.device_memory_size * 0.75)
-    )
-    return [(r.argument_bytes, r.output_bytes, r.alias_bytes, r.device_temp_bytes) for r in results]
+    return _exports.compile_exported_all(steps, target)
 
 
 def _prepare_step(

@@ -29,6 +29,14 @@ def _corpus() -> Any:
     return jax_rl_corpus
 
 
+def _names() -> list[str]:
+    """The corpus's programs whose packages are here (jumanji is in the integrations extra)."""
+    import importlib.util
+
+    found = importlib.util.find_spec("jumanji") is not None
+    return [n for n in _corpus().CORPUS if found or not n.startswith("jumanji")]
+
+
 @pytest.mark.slow  # eager JAX ops, each compiled on first use (26 s on the loaded VM)
 def test_the_cartpole_steps_and_resets_as_gymnax_does() -> None:
     env = _corpus().CartPole()
@@ -52,16 +60,15 @@ def compiled() -> list[dict[str, Any]]:
     # without the cuBLAS variant of each GEMM fusion (a second compile per program: the
     # fallback flag is read by the device's autotuner only, so the compile is the same)
     environ = {"XLA_FLAGS": "--xla_gpu_cublas_fallback=false"}
-    return list(corpus.compile_corpus(list(corpus.CORPUS), list(CARDS), "small", environ))
+    return list(corpus.compile_corpus(_names(), list(CARDS), "small", environ))
 
 
 @pytest.mark.slow
 def test_every_corpus_program_gives_an_estimate_for_two_cards(
     compiled: list[dict[str, Any]],
 ) -> None:
-    corpus = _corpus()
     got = {(r["program"], r["compiled_for"].split(" (")[0]) for r in compiled}
-    assert got == {(p, cc) for p in corpus.CORPUS for cc in ("cuda sm_89", "cuda sm_80")}
+    assert got == {(p, cc) for p in _names() for cc in ("cuda sm_89", "cuda sm_80")}
     for row in compiled:
         assert row["peak_bytes_in_use"] >= row["executable_peak_bytes"] > 0, row
         assert row["fits"] is True, row
@@ -90,3 +97,20 @@ def test_the_stacked_metrics_and_replay_buffer_are_in_the_outputs(
     d = corpus.DQN_SMALL
     buffer = d["NUM_SEEDS"] * d["BUFFER_SIZE"] * (4 * 4 + 4 + 4 + 1)
     assert rows["purejaxrl_dqn"]["output_bytes"] >= buffer
+
+
+@pytest.mark.slow
+def test_brax_sac_holds_its_replay_buffer_on_the_card(compiled: list[dict[str, Any]]) -> None:
+    from brax import envs
+
+    corpus = _corpus()
+    rows = {r["program"]: r for r in compiled if r["gpu"] == "NVIDIA GeForce RTX 4070"}
+    assert rows["brax_sac_train"]["route"] == "export"
+    # Brax's UniformSamplingQueue: max_replay_size flattened transitions (observation and
+    # next observation, action, reward, discount, truncation), float32, donated and returned
+    c = corpus.BRAX_SAC_SMALL
+    env = envs.get_environment(c["env"])
+    row = 2 * int(env.observation_size) + int(env.action_size) + 3
+    held = corpus.holds("brax_sac_train", "small")  # training, env, buffer states; metrics
+    assert held["2"] >= c["max_replay_size"] * row * 4
+    assert rows["brax_sac_train"]["output_bytes"] >= held["total"]

@@ -5,8 +5,10 @@ traceback ending in ``RuntimeError: Unable to load CUDA. Is it installed?`` when
 looks for its backends, jaxlib's C++ writes ``cudart_stub.cc`` lines and absl's
 ``WARNING: All log messages before absl::InitializeLog() ...`` straight to file descriptor 2,
 and importing Brax prints ``Failed to import warp`` (MuJoCo's optional Warp backend) on
-stdout, where it would also break ``--json``. None of it is memfit's or the user's business:
-JAX then works on the CPU (or compiles deviceless for a card, in a child process).
+stdout, where it would also break ``--json``; making a Brax env from its MJCF (the humanoid,
+the ant) warns that Brax is not maintained (:data:`BRAX_NOTICE`). None of it is memfit's or
+the user's business: JAX then works on the CPU (or compiles deviceless for a card, in a child
+process).
 
 :func:`quiet_jax_start` imports JAX (and Brax, when asked), starts its backends with those
 lines held back and writes back every other line; it does nothing once JAX's backends are
@@ -24,7 +26,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 
-__all__ = ["NOISE", "quiet_jax_start"]
+__all__ = ["BRAX_NOTICE", "NOISE", "quiet_brax_notices", "quiet_jax_start"]
 
 #: Lines of JAX's, jaxlib's and Brax's start-up that say nothing to a memfit user.
 NOISE: tuple[str, ...] = (
@@ -33,6 +35,19 @@ NOISE: tuple[str, ...] = (
     "Failed to import warp",
     "Failed to import mujoco_warp",
 )
+
+
+#: The start of the ``UserWarning`` Brax's ``brax.io.mjcf`` gives for every env it loads
+#: (brax 0.14: Brax's pipelines are no longer maintained, see MJX and MuJoCo Playground).
+BRAX_NOTICE = "Brax System, piplines and environments are not actively being maintained"
+
+
+def quiet_brax_notices() -> None:
+    """Keep Brax's :data:`BRAX_NOTICE` warning out of memfit's output (only that warning)."""
+    import re
+    import warnings
+
+    warnings.filterwarnings("ignore", message=re.escape(BRAX_NOTICE), category=UserWarning)
 
 
 class _PluginFilter(logging.Filter):
@@ -91,6 +106,8 @@ def quiet_jax_start(*, brax: bool = False) -> None:
     loaded); a no-op when JAX's backends are already started. Errors are left to the first
     real use (an ``ImportError`` here is ignored)."""
     logging.getLogger("jax._src.xla_bridge").addFilter(_FILTER)
+    if brax:
+        quiet_brax_notices()
     if _started() and (not brax or "brax.envs" in sys.modules):
         return
     printed = io.StringIO()
