@@ -63,8 +63,16 @@ def test_conditions_read_versions_by_their_leading_parts(
 
 @pytest.mark.parametrize(
     ("torch_version", "cuda", "expected"),
-    [((1, 7), (10, 2), 7), ((1, 12), (11, 3), 8), ((2, 6), None, 9), ((1, 7), None, 7),
-     ((1, 7), (11, 0), 8), ((2, 0), None, 8), (None, (12, 4), 9), (None, (10, 1), 7)],
+    [
+        ((1, 7), (10, 2), 7),
+        ((1, 12), (11, 3), 8),
+        ((2, 6), None, 9),
+        ((1, 7), None, 7),
+        ((1, 7), (11, 0), 8),
+        ((2, 0), None, 8),
+        (None, (12, 4), 9),
+        (None, (10, 1), 7),
+    ],
 )
 def test_the_bundled_cudnn_follows_the_wheels(
     torch_version: tuple[int, int] | None, cuda: tuple[int, int] | None, expected: int
