@@ -317,7 +317,7 @@ def test_batch_sizes_as_text_are_rejected() -> None:
     pytest.importorskip("torch")
     from memfit.estimate.torch.trace import estimate_torch
 
-    with pytest.raises(ConfigError, match="not the text"):
+    with pytest.raises(ConfigError, match=r"list of integers, not str \('32'\)"):
         estimate_torch(lambda: (None, None), lambda m, o, b: None, lambda n: None, "32")  # type: ignore[arg-type]
 
 
