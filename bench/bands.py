@@ -115,6 +115,7 @@ def traced_rows() -> list[dict[str, Any]]:
     """The H100 torch entries: memfit's traced allocated and reserved peaks against the
     caching allocator's real ones (one trace per entry, two rows)."""
     import gpu_truth  # puts tests/shared (the corpus format) on sys.path
+    import gpu_truth_replay as replay
     from truth_corpus import load_entry
 
     from memfit.estimate.torch.trace import estimate_torch
@@ -130,7 +131,7 @@ def traced_rows() -> list[dict[str, Any]]:
         step = factory()
         est = estimate_torch(
             step.build, step.step, step.make_batch, [batch], device="cpu",
-            gpu=gpu_truth._catalog_name(entry.gpu), runtime=gpu_truth.entry_runtime(entry),
+            gpu=replay._catalog_name(entry.gpu), runtime=replay.entry_runtime(entry),
         )  # fmt: skip
         point = est.points[0]
         part = "calibration" if entry.name in calibration else "validation"
