@@ -88,41 +88,6 @@ def test_jax_starts_without_the_cuda_plugins_noise() -> None:
     assert "kept" in done.stderr  # what comes after the start is left alone
 
 
-@pytest.mark.slow  # imports Brax, compiles its fast env four times (1 min on the loaded VM)
-def test_the_env_is_traced_once_for_every_program_and_compiles_the_same() -> None:
-    pytest.importorskip("brax")
-    from brax import envs
-
-    raw = envs.get_environment("fast")
-    calls = {"step": 0}
-    plain_step = raw.step
-
-    def counted(state: Any, action: Any) -> Any:
-        calls["step"] += 1
-        return plain_step(state, action)
-
-    raw.step = counted  # type: ignore[method-assign]
-    once = bm.traced_once(raw)
-    assert bm.traced_once(once) is once
-    assert once.action_size == raw.action_size and isinstance(once, envs.Env)
-
-    for n in (8, 16, 32):
-        wrapped = envs.training.wrap(once, episode_length=100, action_repeat=1)
-        states = jax.eval_shape(wrapped.reset, bm._keys(n))
-        jax.eval_shape(wrapped.step, states, jax.ShapeDtypeStruct((n, 1), jnp.float32))
-    # the one-env step is traced once: vmapping it at each size reuses the trace
-    assert calls["step"] == 1
-
-    def env_step_memory(env: Any, n: int) -> tuple[int, int, int, int]:
-        wrapped = envs.training.wrap(env, episode_length=100, action_repeat=1)
-        states = jax.eval_shape(wrapped.reset, bm._keys(n))
-        actions = jax.ShapeDtypeStruct((n, env.action_size), jnp.float32)
-        return bm._memory(jax.jit(wrapped.step).lower(states, actions).compile())
-
-    # the nested jit is inlined: XLA's buffers are the same
-    assert [env_step_memory(once, n) for n in (8, 16)] == [env_step_memory(raw, n) for n in (8, 16)]
-
-
 def test_the_compiles_for_a_card_are_spread_over_child_processes_in_order(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -58,7 +58,7 @@ from memfit.core.measured import AffineLine, BraxMeasurements, Provenance, StepF
 from memfit.core.workload import Workload
 from memfit.errors import BackendUnavailable, ConfigError, EstimateError
 from memfit.estimate import _brax_exports as _exports
-from memfit.estimate._brax_exports import MAX_COMPILE_CHILDREN, compile_children, traced_once
+from memfit.estimate._brax_exports import MAX_COMPILE_CHILDREN, compile_children
 
 __all__ = [
     "ENV_STEP_SIZES",
@@ -75,7 +75,6 @@ __all__ = [
     "measurement_config",
     "network_factory",
     "resolve_measurements",
-    "traced_once",
 ]
 
 #: The three settings Brax's training step is compiled at: ``(num_envs, batch_size,
@@ -558,7 +557,7 @@ def measure_ppo(
         else None
     )
     record = _measure(
-        traced_once(made), env_id, backend, config, versions, platform, command, progress,
+        made, env_id, backend, config, versions, platform, command, progress,
         target=target, share=share,
     )  # fmt: skip
     record = record.model_copy(
