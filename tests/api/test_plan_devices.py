@@ -63,6 +63,12 @@ def test_cli_prints_per_device_plans(capsys: pytest.CaptureFixture[str]) -> None
     out = capsys.readouterr().out
     assert "4 x NVIDIA GeForce RTX 4090" in out
     assert "nccl_comm_base" in out and "fitted" in out and "analytic" in out
+    # every term by its own basis: the one-device plan's terms by theirs
+    base = plan_devices(load_workload("dqn_fire_raster@ddp"), "4xRTX 4090").base
+    for name in base.breakdown:
+        row = next(line for line in out.splitlines() if line.startswith(f"│ {name} "))
+        assert f"│ {base.sources[name]} " in row, row
+    assert "per-device plan" not in out
     assert main(["plan", "dqn_fire_raster@ddp", "--gpu", "4xRTX 4090", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["count"] == 4 and data["devices"][0]["fits"] is True

@@ -781,7 +781,8 @@ def _print_devices(workload: Workload, result: Any) -> None:
     )
     scope = "global, split over the devices" if result.strategy == "pmap" else "per process"
     console.print(f"  knobs ({scope}): {safe(_knob_text(result.base.knobs))}", soft_wrap=True)
-    basis = {t.name: t.basis for t in result.terms}
+    # each term of the one-device plan by its own basis, the collective terms by theirs
+    basis = {**result.base.sources, **{t.name: t.basis for t in result.terms}}
     for dev in result.devices:
         which = (
             f"device {dev.devices[0]}"
