@@ -120,7 +120,7 @@ def test_jax_communicators_follow_the_jaxlib(jaxlib: str | None, expected: int) 
         h100, 8, framework="jax", strategy="pmap", jaxlib=jaxlib, nccl="2.21.5"
     )
     torch_terms, _ = device_terms(h100, 8, framework="torch", strategy="ddp")
-    assert est is not None
+    assert est is not None and est.ranks == 8 and est.topology == "nvswitch"
     for j, t in zip(jax_terms, torch_terms, strict=True):
         assert j.name == t.name and j.bytes == expected * t.bytes
         if expected > 1:

@@ -96,7 +96,7 @@ def test_stray_contexts_follow_the_runtime() -> None:
         devices={"set_device": False},
         runtime=parse_runtime("torch=1.7.1"),
     )
-    assert stray is not None
+    assert stray is not None and (stray.count, stray.strategy) == (8, "ddp")
     [term] = [t for t in stray.terms if t.device0_only]
     assert term.bytes == 7 * 880 * MiB  # a CUDA 10.2 build's eager context, on device 0
 
@@ -135,7 +135,7 @@ def test_the_cli_lines_name_each_term_its_basis_and_where() -> None:
     from memfit.cli.estimate import _collective_lines
 
     several = collectives("4xRTX 4090", framework="torch", devices={"set_device": False})
-    assert several is not None
+    assert several is not None and (several.card, several.count) == ("RTX 4090", 4)
     lines = _collective_lines({"collectives": several.to_dict()})
     assert lines[0].startswith("per device on 4 x RTX 4090 (pcie, ddp)")
     assert any(line.startswith("  nccl_comm_base (fitted, every device)") for line in lines)
@@ -180,7 +180,7 @@ def test_fit_leaves_the_collectives_share_of_the_default_budget() -> None:
     from memfit.runtime.fit import _less_collectives
 
     several = collectives("4xRTX 4090", framework="torch")
-    assert several is not None
+    assert several is not None and (several.card, several.count) == ("RTX 4090", 4)
     share = several.every_device_bytes
     assert _less_collectives(2048 * MiB, _jax_prior("4xRTX 4090")) == 2048 * MiB - share
     assert _less_collectives(2048 * MiB, _jax_prior("RTX 4090")) == 2048 * MiB
@@ -195,7 +195,7 @@ def test_fit_runs_under_the_budget_less_the_collectives() -> None:
     import memfit
 
     several = collectives("4xRTX 4090", framework="torch")
-    assert several is not None
+    assert several is not None and (several.card, several.count) == ("RTX 4090", 4)
     share = several.every_device_bytes
 
     def run(batch: int) -> None:

@@ -135,7 +135,8 @@ def traced_requests(entry: Any) -> list[tuple[int, str | None, str | None]]:
     from memfit.estimate.torch.trace import trace_requests
 
     found = factory_for(entry)
-    assert found is not None
+    if found is None:
+        raise ValueError(f"{entry.name}: no accuracy workload builds this entry")
     factory, batch = found
     step = factory()
     gpu = _catalog_name(entry.gpu)

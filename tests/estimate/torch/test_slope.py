@@ -32,8 +32,7 @@ STEP = _model([
 
 def test_a_flat_range_says_what_an_item_costs_and_where_to_trace() -> None:
     found = check_slope(STEP, [8, 16], 0.0)
-    assert found is not None
-    assert found.per_item_bytes == 8 * KiB
+    assert found is not None and found.per_item_bytes == 8 * KiB
     assert found.from_value == 256  # 1 MiB + 2 MiB = 1 MiB + 8 KiB * n at n = 256
     assert found.trace_at() == [512, 1024]
     assert "8.00 KiB" in found.text("batch_size") and "~ 256" in found.text("batch_size")
