@@ -2,28 +2,8 @@
 
     python bench/jax_corpus.py --gpu "RTX 4070" --gpu "A100 40GB" [--size small|default]
 
-Every program is a whole training run jitted as its authors jit it (PureJaxRL and purejaxql
-put the run in one ``jax.lax.scan``; Brax jits one training epoch), written here from the
-published source (named in each builder's docstring; the algorithms and their default
-hyperparameters, not the code), with the host callbacks those programs log through. Each
-builder returns ``(jitted, args)``; ``args`` are ``jax.ShapeDtypeStruct``, so nothing runs.
-
-- ``purejaxrl_ppo_brax``: PureJaxRL's continuous PPO (``purejaxrl/ppo_continuous_action.py``,
-  luchris429/purejaxrl, Apache-2.0) on a Brax env through PureJaxRL's wrappers (episode and
-  auto-reset, logging, action clipping, vmapped envs, observation and reward normalization),
-  logging with ``jax.debug.callback`` (``DEBUG: True``). Default: hopper (positional
-  backend), 2048 envs x 10 steps, 2441 updates, 4 epochs of 32 minibatches.
-- ``purejaxrl_dqn``: PureJaxRL's DQN (``purejaxrl/dqn.py``, Apache-2.0) with flashbax's flat
-  replay buffer (InstaDeep, Apache-2.0) on a gymnax-style CartPole-v1 (gymnax's dynamics,
-  RobertTLange/gymnax, Apache-2.0), seeds vmapped, logging with ``jax.debug.callback``.
-  Default: 10 envs, a 10,000-transition buffer, batches of 128, 50,000 updates.
-- ``purejaxql_pqn``: PQN (``purejaxql/pqn_gymnax.py``, mttga/purejaxql, Apache-2.0; config
-  ``pqn_cartpole.yaml``) on the same CartPole: a LayerNorm Q-network, Q(lambda) targets, no
-  replay buffer. Default: 32 envs x 64 steps, 244 updates, 4 epochs of 16 minibatches.
-- ``brax_ppo_train``: Brax's own ``ppo.train`` training epoch (google/brax, Apache-2.0),
-  captured as :mod:`memfit.estimate.brax_measure` captures it. Default: ant (positional),
-  Brax's published ant settings (4096 envs, batch 2048, 32 minibatches, unroll 5, 4 updates
-  per batch).
+The programs, their sources and their default sizes: ``tests/shared/jax_rl_corpus.py``
+(shared with tests/estimate/xla/test_jax_corpus.py).
 
 ``--size small`` shrinks every count (and uses Brax's ``fast`` env) so that CI compiles the
 whole corpus for two cards; ``default`` is each source's own configuration. Writes JSON and a

@@ -22,9 +22,8 @@ from memfit.core.multi_gpu import (
     DevicePlan,
     DeviceTerm,
     compose,
-    device_terms,
+    devices_terms,
     parse_gpu_count,
-    stray_context,
 )
 from memfit.core.plan import Plan
 from memfit.core.workload import Workload, load_workload, require_workload
@@ -167,23 +166,10 @@ def plan_devices(
     dev = loaded.devices
     fraction = parse_fraction(margin)
     state = loaded.measurements.training_state_bytes if loaded.measurements else 0
-    stray = stray_context(spec, _target_runtime(loaded, runtime), dev.stray_init)
-    terms, est = device_terms(
-        spec,
-        n,
-        framework=loaded.framework,
-        strategy=dev.strategy,
-        topology=dev.topology,
-        nccl=dev.nccl,
-        nccl_env=dev.nccl_env,
-        set_device=dev.set_device,
-        all_to_all=dev.all_to_all,
-        context_bytes=stray[0],
-        context_detail=stray[1],
-        stray_bytes=dev.stray_bytes,
+    terms, est = devices_terms(
+        spec, n, loaded.framework, dev, _target_runtime(loaded, runtime),
         device0_state_bytes=state,
-        communicators=dev.communicators,
-    )
+    )  # fmt: skip
     worst = sum(t.bytes for t in terms)
     if worst >= spec.total_bytes:
         raise ConfigError(

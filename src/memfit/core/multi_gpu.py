@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memfit._checks import parse_int
 from memfit.errors import ConfigError
@@ -38,6 +38,9 @@ from memfit.hardware.nccl import NcclEstimate, largest_nccl_memory, nccl_memory
 from memfit.hardware.rules import rule
 from memfit.hardware.runtime import Runtime, cuda_context, parse_version, runtime_from_versions
 
+if TYPE_CHECKING:
+    from memfit.core._workload_schema import DeviceSpec
+
 __all__ = [
     "DevicePlan",
     "DeviceTerm",
@@ -45,6 +48,7 @@ __all__ = [
     "default_communicators",
     "default_topology",
     "device_terms",
+    "devices_terms",
     "parse_gpu_count",
     "stray_context",
 ]
@@ -432,3 +436,36 @@ def compose(
     if not any(only0.values()) or count == 1:
         return [one(list(range(count)), every)]
     return [one([0], {**every, **only0}), one(list(range(1, count)), every)]
+
+
+def devices_terms(
+    spec: GpuSpec,
+    count: int,
+    framework: str,
+    dev: DeviceSpec,
+    runtime: Runtime | None,
+    *,
+    jaxlib: str | tuple[int, ...] | None = None,
+    device0_state_bytes: int = 0,
+) -> tuple[list[DeviceTerm], NcclEstimate | None]:
+    """:func:`device_terms` for a workload's ``devices:`` keys (``dev``): the stray contexts
+    on device 0 sized for ``runtime`` and ``dev.stray_init`` (:func:`stray_context`). The
+    planner and the estimators both call it."""
+    context_bytes, context_detail = stray_context(spec, runtime, dev.stray_init)
+    return device_terms(
+        spec,
+        count,
+        framework=framework,
+        strategy=dev.strategy,
+        topology=dev.topology,
+        nccl=dev.nccl,
+        nccl_env=dev.nccl_env,
+        set_device=dev.set_device,
+        all_to_all=dev.all_to_all,
+        context_bytes=context_bytes,
+        context_detail=context_detail,
+        stray_bytes=dev.stray_bytes,
+        device0_state_bytes=device0_state_bytes,
+        communicators=dev.communicators,
+        jaxlib=jaxlib,
+    )

@@ -23,7 +23,7 @@ from typing import Any
 import pydantic
 
 from memfit._checks import require, require_mapping
-from memfit.core.multi_gpu import DeviceTerm, device_terms, parse_gpu_count, stray_context
+from memfit.core.multi_gpu import DeviceTerm, devices_terms, parse_gpu_count
 from memfit.core.workload import DeviceSpec
 from memfit.errors import ConfigError
 from memfit.hardware.catalog import gpu as lookup_gpu
@@ -173,22 +173,8 @@ def collectives(
         return None
     spec = lookup_gpu(card)
     dev = _device_spec(count, framework, devices)
-    stray = stray_context(spec, runtime, dev.stray_init)
-    terms, est = device_terms(
-        spec,
-        count,
-        framework=framework,
-        strategy=dev.strategy,
-        topology=dev.topology,
-        nccl=dev.nccl,
-        nccl_env=dev.nccl_env,
-        set_device=dev.set_device,
-        all_to_all=dev.all_to_all,
-        context_bytes=stray[0],
-        context_detail=stray[1],
-        stray_bytes=dev.stray_bytes,
-        communicators=dev.communicators,
-        jaxlib=jaxlib if framework == "jax" else None,
+    terms, est = devices_terms(
+        spec, count, framework, dev, runtime, jaxlib=jaxlib if framework == "jax" else None
     )
     topology = est.topology if est is not None else (dev.topology or "pcie")
     return Collectives(card, count, topology, dev.strategy, tuple(terms), est)
