@@ -18,6 +18,7 @@ from typing import Any
 
 from memfit._checks import require, require_mapping
 from memfit.allocator.xla_fraction import DEFAULT_MARGIN, FRACTION_VARIABLES
+from memfit.backends.software import installed_jaxlib
 from memfit.core.multi_gpu import (
     DevicePlan,
     DeviceTerm,
@@ -100,6 +101,22 @@ def _with_devices(loaded: Workload, count: int, topology: str | None) -> Workloa
     return loaded.model_copy(update={"devices": devices})
 
 
+def target_jaxlib(workload: Workload) -> str | None:
+    """The jaxlib a JAX job runs, which decides XLA's NCCL communicators per device group: the
+    one its recorded measurements name (``measurements.versions.jaxlib``), else the one
+    installed here, else ``None`` (unknown: the current XLA's rule, and the plan's note says
+    so). ``None`` for a PyTorch job.
+
+    >>> target_jaxlib(load_workload("dqn_fire_raster")) is None
+    True
+    """
+    if workload.framework != "jax":
+        return None
+    measured = workload.measurements
+    recorded = measured.provenance.versions.get("jaxlib") if measured is not None else None
+    return recorded or installed_jaxlib()
+
+
 def plan_devices(
     workload: Workload | str | Path,
     gpu: str | GpuSpec,
@@ -168,7 +185,7 @@ def plan_devices(
     state = loaded.measurements.training_state_bytes if loaded.measurements else 0
     terms, est = devices_terms(
         spec, n, loaded.framework, dev, _target_runtime(loaded, runtime),
-        device0_state_bytes=state,
+        jaxlib=target_jaxlib(loaded), device0_state_bytes=state,
     )  # fmt: skip
     worst = sum(t.bytes for t in terms)
     if worst >= spec.total_bytes:

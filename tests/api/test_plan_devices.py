@@ -118,3 +118,30 @@ def test_env_advice_on_pcie_names_what_each_setting_saves(
         after = nccl_memory(4, "pcie", capability=(8, 9), env={name: item["value"]})
         assert item["saves_bytes"] == base - after.total_bytes > 0
         assert item["why"]
+
+
+def test_a_jax_plan_takes_xla_s_communicators_from_the_recorded_jaxlib(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import memfit.planning_devices as pd
+
+    wl = load_workload("brax_humanoid_ppo")
+    assert wl.measurements is not None
+    assert pd.target_jaxlib(wl) == wl.measurements.provenance.versions["jaxlib"]  # recorded
+    one = {t.name: t.bytes for t in plan_devices(wl, "8xH100").terms}
+    old = wl.measurements.provenance.model_copy(
+        update={"versions": {**wl.measurements.provenance.versions, "jaxlib": "0.4.25"}}
+    )
+    wl_old = wl.model_copy(
+        update={"measurements": wl.measurements.model_copy(update={"provenance": old})}
+    )
+    two = {t.name: t.bytes for t in plan_devices(wl_old, "8xH100").terms}
+    # XLA before jaxlib 0.4.30 kept a clique per stream: two communicators per device group
+    assert two["nccl_comm_base"] == 2 * one["nccl_comm_base"]
+    assert two["nccl_nvls"] == 2 * one["nccl_nvls"]
+    # neither recorded nor installed: unknown, the current XLA's one (and the note says so)
+    bare = wl.model_copy(update={"measurements": None})
+    monkeypatch.setattr(pd, "installed_jaxlib", lambda: None)
+    assert pd.target_jaxlib(bare) is None
+    monkeypatch.setattr(pd, "installed_jaxlib", lambda: "0.4.26")
+    assert pd.target_jaxlib(bare) == "0.4.26"

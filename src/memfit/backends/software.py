@@ -18,7 +18,7 @@ from typing import Any
 
 from memfit.hardware.runtime import Runtime, parse_runtime
 
-__all__ = ["installed_versions", "target_runtime"]
+__all__ = ["installed_jaxlib", "installed_versions", "target_runtime"]
 
 _CU_TAG = re.compile(r"\+cu(\d+)(\d)$")
 
@@ -50,6 +50,17 @@ def installed_versions(env: Mapping[str, str] | None = None) -> dict[str, str | 
     loading = environ.get("CUDA_MODULE_LOADING", "").strip().lower()
     out["module_loading"] = loading if loading in ("lazy", "eager") else None
     return out
+
+
+def installed_jaxlib() -> str | None:
+    """This machine's jaxlib version, from its package metadata (jax is not imported), or
+    ``None`` where jaxlib is not installed."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("jaxlib")
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def target_runtime(value: Runtime | Mapping[str, Any] | str | None) -> Runtime:
