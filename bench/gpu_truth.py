@@ -28,7 +28,8 @@ small versions of the workloads: the corpus CI can check the tracer against toda
 
 ``--report`` replays a corpus: (a) the allocator model against each CUDA trace's reserved
 peak, (b) the traced request sequence diffed against the real one, every difference named,
-(c) the estimator's predictions against the real peaks, with the issue's goals; it writes
+(c) the estimator's predictions against the real peaks, with the issue's goals and each
+figure's band (relative to the real peak); it writes
 ``bench/out/gpu_truth.json`` / ``.md`` and prints the table.
 
     python bench/gpu_truth.py                 # on a CUDA GPU (bench/gpu_session.sh runs it)
@@ -689,6 +690,11 @@ def report(root: Path) -> tuple[list[dict[str, Any]], str]:
                 row["err_reserved"] = rel_err(
                     pred["reserved_peak"], entry.peaks.get("max_reserved")
                 )
+                for field, peak in (("allocated", "max_allocated"), ("reserved", "max_reserved")):
+                    if pred.get(f"{field}_band"):
+                        low, high = pred[f"{field}_band"]
+                        real = entry.peaks.get(peak)
+                        row[f"band_{field}"] = (rel_err(low, real), rel_err(high, real))
         rows.append(row)
         print({k: v for k, v in row.items() if k != "diff"}, flush=True)
     return rows, _markdown(rows)
@@ -701,9 +707,15 @@ def _pct(x: float | None) -> str:
 def _markdown(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| entry | (a) replay reserved err | (b) unexplained bytes | largest named differences | "
-        "(c) CPU peak err | (c) allocated err | (c) reserved err |",
-        "|---|---:|---:|---|---:|---:|---:|",
+        "(c) CPU peak err | (c) allocated err | (c) reserved err | (c) bands (allocated; "
+        "reserved) |",
+        "|---|---:|---:|---|---:|---:|---:|---|",
     ]
+
+    def band(r: dict[str, Any], field: str) -> str:
+        found = r.get(f"band_{field}")
+        return "n/a" if not found else f"{_pct(found[0])} to {_pct(found[1])}"
+
     for r in rows:
         named = ", ".join(
             f"{d['cause']} ({d['side']}, {d['nbytes'] / MiB:.2f} MiB)"
@@ -713,7 +725,7 @@ def _markdown(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {r['entry']} | {_pct(r.get('replay_error'))} | {unexplained} | "
             f"{named or '-'} | {_pct(r.get('err_cpu'))} | {_pct(r.get('err_allocated'))} | "
-            f"{_pct(r.get('err_reserved'))} |"
+            f"{_pct(r.get('err_reserved'))} | {band(r, 'allocated')}; {band(r, 'reserved')} |"
         )
     for key, label in (
         ("err_cpu", "CPU peak"),

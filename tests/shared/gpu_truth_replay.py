@@ -210,9 +210,10 @@ def entry_runtime(entry: Any) -> dict[str, str] | None:
     return out
 
 
-def predict(entry: Any) -> dict[str, int | None]:
+def predict(entry: Any) -> dict[str, Any]:
     """What the estimator predicts for ``entry`` (traced on this machine's CPU, for the
-    entry's GPU and the runtime it was captured with)."""
+    entry's GPU and the runtime it was captured with): the peaks, and for a GPU the band of
+    the allocated and reserved ones (``(low, high)`` bytes, ``TorchEstimate.band``)."""
     from memfit.estimate.torch.trace import estimate_torch
 
     found = factory_for(entry)
@@ -221,7 +222,7 @@ def predict(entry: Any) -> dict[str, int | None]:
     factory, batch = found
     step = factory()
     gpu = _catalog_name(entry.gpu)
-    point = estimate_torch(
+    est = estimate_torch(
         step.build,
         step.step,
         step.make_batch,
@@ -229,9 +230,14 @@ def predict(entry: Any) -> dict[str, int | None]:
         device="cpu",
         gpu=gpu,
         runtime=entry_runtime(entry),
-    ).points[0]
-    return {
+    )
+    point = est.points[0]
+    out: dict[str, Any] = {
         "exact_peak": point.exact_peak,
         "allocated_peak": point.allocated_peak,
         "reserved_peak": point.reserved_peak,
     }
+    if est.gpu is not None:
+        out["allocated_band"] = est.band("allocated_peak")
+        out["reserved_band"] = est.band("reserved_peak")
+    return out
