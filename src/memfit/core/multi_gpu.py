@@ -192,7 +192,7 @@ def stray_context(
             hint="nccl: the process group started CUDA; torch: a torch CUDA call did",
         )
     rt = runtime if runtime is not None else runtime_from_versions()
-    own = cuda_context(spec, rt)
+    own = cuda_context(spec, rt, kernels=False)  # it runs no step on device 0
     if init == "torch" or rt.module_loading == "eager":
         return own.bytes, f"{rt.module_loading} loading ({rt.loading_reason})"
     if "module_loading" in rt.given:
@@ -203,7 +203,7 @@ def stray_context(
         cuda, whose = (None, whose) if wheel is None else (str(wheel), "its default wheel's")
     if cuda is not None and parse_version(cuda, "cuda") >= (12, 2):
         return own.bytes, f"lazy loading, {whose} CUDA {cuda}'s default (from 12.2)"
-    eager = cuda_context(spec, replace(rt, module_loading="eager"))
+    eager = cuda_context(spec, replace(rt, module_loading="eager"), kernels=False)
     why = (
         "eager loading: ProcessGroupNCCL starts CUDA (cudaGetDeviceCount) before torch sets "
         "CUDA_MODULE_LOADING=LAZY"

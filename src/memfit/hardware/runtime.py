@@ -50,6 +50,7 @@ __all__ = [
     "EAGER_CONTEXT_BYTES",
     "LAZY_CONTEXT_BYTES",
     "LAZY_CONTEXT_UNKNOWN_BYTES",
+    "LAZY_KERNEL_IMAGES_BYTES",
     "RUNTIME_KEYS",
     "ContextEstimate",
     "Runtime",
@@ -84,19 +85,30 @@ CONTEXT_SOURCES: dict[str, str] = {
         "context.eager_mib: pytorch#49877, #55277)"
     ),
     "lazy": (
-        "pytorch PR #86509: 287,047,680 B (total - free) with lazy loading, of which 20 MiB "
-        "is the one segment the test tensor takes (254 MiB of context; GPU not stated); "
-        "ptrblck in pytorch #107667 (2023): '~300MB', and in pytorch #109888: 'around 400MB "
-        "if CUDA >= 11.7 is used and lazy module loading enabled'; unsloth-zoo PR #1053 "
-        "(2026): 426 MiB in nvidia-smi after torch.cuda.mem_get_info on an RTX 6000 Ada with "
-        "torch 2.10 and CUDA 13.0. memfit takes 300 MiB for Volta/Turing and older, 430 MiB "
-        "for Ampere and Ada (the Ada measurement, rounded up), and 500 MiB for Hopper, "
-        "Blackwell and unknown GPUs (no public measurement found; the high end, so a plan "
-        "errs on the safe side)"
+        "the context a process holds once CUDA has started (driver state, the local-memory "
+        "reservation of SMs x resident threads x per-thread stack, the printf FIFO and the "
+        "device malloc heap): pytorch PR #86509, 287,047,680 B (total - free) with lazy "
+        "loading, of which 20 MiB is the one segment the test tensor takes (254 MiB; GPU not "
+        "stated); ptrblck in pytorch #107667 (2023): '~300MB', and in pytorch #109888: "
+        "'around 400MB if CUDA >= 11.7 is used and lazy module loading enabled'; unsloth-zoo "
+        "PR #1053 (2026): 426 MiB in nvidia-smi after torch.cuda.mem_get_info on an RTX 6000 "
+        "Ada with torch 2.10 and CUDA 13.0. memfit takes 300 MiB for Volta/Turing and older, "
+        "430 MiB for Ampere and Ada (the Ada measurement, rounded up), 500 MiB for Hopper "
+        "(assumed: no public measurement; the Ada figure plus the larger local-memory "
+        "reservation of an H100, 132 SMs x 2,048 threads x 1 KiB = 264 MiB against the RTX "
+        "6000 Ada's 142 x 1,536 x 1 KiB = 213 MiB, rounded up) and 540 MiB for Blackwell and "
+        "unknown GPUs (assumed: Hopper's plus a B200's 16 more SMs, 32 MiB). Then the kernel "
+        "images a training step loads at first use (torch's own kernels, cuBLAS/cuBLASLt at "
+        "the first matmul, cuDNN at the first convolution): 260 MiB, the project's own H100 "
+        "capture (torch 2.11.0+cu130, cuDNN 9.19, driver 580; NVML's per-process used less the "
+        "caching allocator's reserved peak: 742 MiB for the MLP workloads, 758-760 MiB with "
+        "cuDNN's convolutions, its calibration workloads) less the Hopper context above: "
+        "measured on the H100 with torch 2.11+cu130, assumed for other architectures and "
+        "versions (tests/data/published_truth/cuda_context/readings.yaml has every reading)"
     ),
 }
 
-#: Context bytes with lazy loading, by architecture.
+#: The context once CUDA has started, with lazy loading, by architecture (no kernels run yet).
 LAZY_CONTEXT_BYTES: dict[str, int] = {
     "pascal": 300 * MiB,
     "volta": 300 * MiB,
@@ -104,11 +116,19 @@ LAZY_CONTEXT_BYTES: dict[str, int] = {
     "ampere": 430 * MiB,
     "ada": 430 * MiB,
     "hopper": 500 * MiB,
-    "blackwell": 500 * MiB,
+    "blackwell": 540 * MiB,
 }
 
-#: Context bytes with lazy loading for a GPU of unknown architecture.
-LAZY_CONTEXT_UNKNOWN_BYTES = 500 * MiB
+#: The context once CUDA has started, with lazy loading, for a GPU of unknown architecture
+#: (the largest architecture's, so that a plan errs on the safe side).
+LAZY_CONTEXT_UNKNOWN_BYTES = 540 * MiB
+
+#: The kernel images a training step loads into the context at first use with lazy loading
+#: (torch's kernels, cuBLAS/cuBLASLt's, cuDNN's): measured on the H100 with torch 2.11+cu130
+#: (760 MiB of context with cuDNN's convolutions, less the 500 MiB Hopper context), the
+#: larger of the MLP (742 MiB) and convolution (760 MiB) workloads, as a plan does not know
+#: which libraries a step calls; assumed for every other architecture and version.
+LAZY_KERNEL_IMAGES_BYTES = 260 * MiB
 
 #: Context bytes with eager loading (every kernel loaded at start; see CONTEXT_SOURCES).
 EAGER_CONTEXT_BYTES = 1341 * MiB
@@ -380,12 +400,17 @@ class ContextEstimate:
     """What the CUDA context of one process costs on one GPU.
 
     Attributes:
-        bytes: The context, in bytes (what ``nvidia-smi`` shows for a process that has
-            allocated nothing yet).
+        bytes: The context, in bytes: what ``nvidia-smi`` shows for a process beyond the
+            caching allocator's segments, with the kernel images its step loads
+            (``kernel_images_bytes``; a process that ran no kernel holds ``bytes -
+            kernel_images_bytes``).
         runtime: The runtime it assumed.
         arch: The GPU architecture it assumed (``None``: unknown).
         source: Where the figure comes from (:data:`CONTEXT_SOURCES`).
         unknowns: What the figure leaves out, for an estimate's deviations.
+        kernel_images_bytes: The part of ``bytes`` that the kernels a step runs load at
+            first use (lazy loading; 0 with eager loading, which loads them at start, or
+            when the step's kernels were not asked for).
     """
 
     bytes: int
@@ -393,6 +418,7 @@ class ContextEstimate:
     arch: str | None
     source: str
     unknowns: list[str] = field(default_factory=list)
+    kernel_images_bytes: int = 0
 
     def describe(self) -> str:
         """The breakdown's label: the figure and the runtime it assumed."""
@@ -407,6 +433,7 @@ class ContextEstimate:
             "arch": self.arch,
             "source": self.source,
             "unknowns": list(self.unknowns),
+            "kernel_images_bytes": self.kernel_images_bytes,
         }
 
 
@@ -414,9 +441,10 @@ class ContextEstimate:
 _LIBRARY_UNKNOWNS = (
     "kernel images of CUDA libraries loaded at first use (cuBLAS/cuBLASLt at the first "
     "matmul, cuDNN at the first convolution, NCCL at the first collective): with lazy "
-    "loading only the kernels run are loaded (a few MiB); with eager loading each library's "
-    "whole image for the GPU's architecture is, which no public measurement found states "
-    "with its versions, so it is not counted"
+    "loading memfit counts what the project's H100 capture loaded (torch 2.11+cu130, "
+    "260 MiB), which no public measurement states for other architectures or versions; with "
+    "eager loading each library's whole image for the GPU's architecture is loaded, which no "
+    "public measurement found states with its versions, so it is not counted"
 )
 
 
@@ -453,12 +481,24 @@ def eager_context(spec: GpuSpec | None, runtime: Runtime) -> tuple[int, str]:
     return int(mib) * MiB, f"eager context of a {how} build: {int(mib):,} MiB"
 
 
-def cuda_context(spec: GpuSpec | None, runtime: Runtime | None = None) -> ContextEstimate:
+def cuda_context(
+    spec: GpuSpec | None, runtime: Runtime | None = None, *, kernels: bool = True
+) -> ContextEstimate:
     """The CUDA context a process takes on ``spec`` with ``runtime``.
+
+    With lazy loading the context is the one CUDA holds once started
+    (:data:`LAZY_CONTEXT_BYTES` by architecture: driver state, the local-memory reservation,
+    the printf FIFO and the malloc heap) plus, when ``kernels``, the kernel images a training
+    step loads at first use (:data:`LAZY_KERNEL_IMAGES_BYTES`: torch's kernels, cuBLAS's and
+    cuDNN's; the larger figure, as a plan does not know which libraries the step calls). With
+    eager loading everything is loaded at start: the larger of the eager figure and the lazy
+    one.
 
     Args:
         spec: The GPU (``None``: unknown; ``arch="cpu"``: the host, no context).
         runtime: The target's runtime (``None``: lazy loading, versions unknown).
+        kernels: Count the kernel images a step loads (``False``: a process that started
+            CUDA and ran nothing on this device, such as a stray context on device 0).
 
     Returns:
         The estimate with its sources.
@@ -466,14 +506,19 @@ def cuda_context(spec: GpuSpec | None, runtime: Runtime | None = None) -> Contex
     >>> from memfit.hardware.catalog import gpu
     >>> lazy = cuda_context(gpu("V100"), parse_runtime("torch=2.4.1"))
     >>> eager = cuda_context(gpu("V100"), parse_runtime("torch=1.10.0,cuda=11.2"))
-    >>> lazy.bytes == 300 * MiB, eager.bytes == 1341 * MiB
+    >>> lazy.bytes == 560 * MiB, eager.bytes == 1341 * MiB
     (True, True)
+    >>> cuda_context(gpu("H100"), parse_runtime("torch=2.11.0,cuda=13.0")).bytes // MiB
+    760
+    >>> cuda_context(gpu("V100"), parse_runtime("torch=2.4.1"), kernels=False).bytes // MiB
+    300
     """
     rt = runtime if runtime is not None else runtime_from_versions()
     arch = None if spec is None else spec.arch
     if arch == "cpu":
         return ContextEstimate(0, rt, arch, "planning for the host: no CUDA context")
-    lazy = LAZY_CONTEXT_BYTES.get(arch or "", LAZY_CONTEXT_UNKNOWN_BYTES)
+    images = LAZY_KERNEL_IMAGES_BYTES if kernels else 0
+    lazy = LAZY_CONTEXT_BYTES.get(arch or "", LAZY_CONTEXT_UNKNOWN_BYTES) + images
     if rt.module_loading == "eager":
         eager, how = eager_context(spec, rt)
         return ContextEstimate(
@@ -482,5 +527,8 @@ def cuda_context(spec: GpuSpec | None, runtime: Runtime | None = None) -> Contex
             arch,
             f"{how}; {CONTEXT_SOURCES['eager']}",
             [_LIBRARY_UNKNOWNS],
+            images if lazy > eager else 0,
         )
-    return ContextEstimate(lazy, rt, arch, CONTEXT_SOURCES["lazy"], [_LIBRARY_UNKNOWNS])
+    return ContextEstimate(
+        lazy, rt, arch, CONTEXT_SOURCES["lazy"], [_LIBRARY_UNKNOWNS], images
+    )
