@@ -130,6 +130,9 @@ LAZY_CONTEXT_UNKNOWN_BYTES = 540 * MiB
 #: which libraries a step calls; assumed for every other architecture and version.
 LAZY_KERNEL_IMAGES_BYTES = 260 * MiB
 
+#: The architectures whose lazy step context was measured (the project's H100 capture).
+_IMAGES_MEASURED_ON = frozenset({"hopper"})
+
 #: Context bytes with eager loading (every kernel loaded at start; see CONTEXT_SOURCES).
 EAGER_CONTEXT_BYTES = 1341 * MiB
 
@@ -411,6 +414,11 @@ class ContextEstimate:
         kernel_images_bytes: The part of ``bytes`` that the kernels a step runs load at
             first use (lazy loading; 0 with eager loading, which loads them at start, or
             when the step's kernels were not asked for).
+        basis: How the figure was obtained (:data:`memfit.core.bands.BASES`): ``fitted``
+            to readings of its kind (the eager contexts by build, the lazy one on Hopper,
+            measured on the project's H100, and a context that ran no step), ``assumed``
+            where the kernel images of another architecture stand in for its own (a lazy
+            step's context on any GPU but Hopper), ``analytic`` on the host (none).
     """
 
     bytes: int
@@ -419,6 +427,7 @@ class ContextEstimate:
     source: str
     unknowns: list[str] = field(default_factory=list)
     kernel_images_bytes: int = 0
+    basis: str = "fitted"
 
     def describe(self) -> str:
         """The breakdown's label: the figure and the runtime it assumed."""
@@ -434,6 +443,7 @@ class ContextEstimate:
             "source": self.source,
             "unknowns": list(self.unknowns),
             "kernel_images_bytes": self.kernel_images_bytes,
+            "basis": self.basis,
         }
 
 
@@ -512,11 +522,15 @@ def cuda_context(
     760
     >>> cuda_context(gpu("V100"), parse_runtime("torch=2.4.1"), kernels=False).bytes // MiB
     300
+    >>> lazy.basis, cuda_context(gpu("H100")).basis
+    ('assumed', 'fitted')
     """
     rt = runtime if runtime is not None else runtime_from_versions()
     arch = None if spec is None else spec.arch
     if arch == "cpu":
-        return ContextEstimate(0, rt, arch, "planning for the host: no CUDA context")
+        return ContextEstimate(
+            0, rt, arch, "planning for the host: no CUDA context", basis="analytic"
+        )
     images = LAZY_KERNEL_IMAGES_BYTES if kernels else 0
     lazy = LAZY_CONTEXT_BYTES.get(arch or "", LAZY_CONTEXT_UNKNOWN_BYTES) + images
     if rt.module_loading == "eager":
@@ -529,6 +543,8 @@ def cuda_context(
             [_LIBRARY_UNKNOWNS],
             images if lazy > eager else 0,
         )
+    # the kernel images were measured on the H100 only: elsewhere they are assumed
+    basis = "assumed" if images and arch not in _IMAGES_MEASURED_ON else "fitted"
     return ContextEstimate(
-        lazy, rt, arch, CONTEXT_SOURCES["lazy"], [_LIBRARY_UNKNOWNS], images
+        lazy, rt, arch, CONTEXT_SOURCES["lazy"], [_LIBRARY_UNKNOWNS], images, basis
     )
