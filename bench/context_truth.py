@@ -39,9 +39,11 @@ def markdown(parts: dict[str, list[dict[str, Any]]], command: str) -> str:
         f"({platform.machine()}, Python {platform.python_version()}), with `{command}`. "
         "The readings and their sources: `tests/data/published_truth/cuda_context/readings.yaml` "
         "(`init`: CUDA started, no step run; `step`: after training steps, NVML's per-process "
-        "used less the caching allocator's reserved peak). Calibration: what "
-        "`LAZY_CONTEXT_BYTES` and `LAZY_KERNEL_IMAGES_BYTES` (`memfit.hardware.runtime`) were "
-        "derived from; validation: nothing was fitted to it. A reading whose source names no "
+        "used less the caching allocator's reserved peak). The model: the context once started "
+        "is a fixed part (`CONTEXT_BASE_BYTES`) plus the card's local-memory reservation (SMs x "
+        "resident threads per SM x 1 KiB of stack), a step adds the kernel images it loads "
+        "(`LAZY_KERNEL_IMAGES_BYTES`; `memfit.hardware.runtime`). Calibration: what the two "
+        "figures were derived from; validation: nothing was fitted to it. A reading whose source names no "
         "card is listed, not compared.",
         "",
     ]
