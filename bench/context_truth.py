@@ -43,8 +43,8 @@ def markdown(parts: dict[str, list[dict[str, Any]]], command: str) -> str:
         "is a fixed part (`CONTEXT_BASE_BYTES`) plus the card's local-memory reservation (SMs x "
         "resident threads per SM x 1 KiB of stack), a step adds the kernel images it loads "
         "(`LAZY_KERNEL_IMAGES_BYTES`; `memfit.hardware.runtime`). Calibration: what the two "
-        "figures were derived from; validation: nothing was fitted to it. A reading whose source names no "
-        "card is listed, not compared.",
+        "figures were derived from; validation: nothing was fitted to it. A reading whose "
+        "source names no card is listed, not compared.",
         "",
     ]
     for name, part in parts.items():

@@ -20,6 +20,12 @@ from memfit.hardware.cuda import (
     parse_cublas_workspace_config,
 )
 from memfit.hardware.runtime import (
+    CONTEXT_BASE_BYTES,
+    LAZY_KERNEL_IMAGES_BYTES,
+    lazy_started_context,
+    local_memory_bytes,
+)
+from memfit.hardware.runtime import (
     EAGER_CONTEXT_BYTES as CUDA_CONTEXT_EAGER_BYTES,
 )
 from memfit.hardware.runtime import (
@@ -27,12 +33,6 @@ from memfit.hardware.runtime import (
 )
 from memfit.hardware.runtime import (
     LAZY_CONTEXT_UNKNOWN_BYTES as CUDA_CONTEXT_UNKNOWN_BYTES,
-)
-from memfit.hardware.runtime import (
-    CONTEXT_BASE_BYTES,
-    LAZY_KERNEL_IMAGES_BYTES,
-    lazy_started_context,
-    local_memory_bytes,
 )
 from memfit.units import GiB, MiB
 
