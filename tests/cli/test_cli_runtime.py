@@ -9,7 +9,11 @@ import pytest
 from _cli_run import run, run_json, user_error
 from _user_module import user_module
 
-from memfit.hardware.runtime import EAGER_CONTEXT_BYTES, LAZY_CONTEXT_BYTES
+from memfit.hardware.runtime import (
+    EAGER_CONTEXT_BYTES,
+    LAZY_CONTEXT_BYTES,
+    LAZY_KERNEL_IMAGES_BYTES,
+)
 
 FACTORY = textwrap.dedent(
     """
@@ -46,7 +50,9 @@ def test_plan_runtime_changes_only_the_context_and_says_so(
     base = ["plan", "dqn_fire_raster", "--gpu", "V100", "--set", "buffer_size=100000"]
     lazy = run_json(capsys, *base, "--json", "--runtime", "torch=2.4.1")
     eager = run_json(capsys, *base, "--json", "--runtime", "torch=1.10.0,cuda=11.2")
-    assert lazy["breakdown"]["cuda_context"] == LAZY_CONTEXT_BYTES["volta"]
+    assert lazy["breakdown"]["cuda_context"] == (
+        LAZY_CONTEXT_BYTES["volta"] + LAZY_KERNEL_IMAGES_BYTES
+    )
     assert eager["breakdown"]["cuda_context"] == EAGER_CONTEXT_BYTES
     assert eager["context"]["runtime"]["loading_reason"].startswith("CUDA 11.2 has no lazy")
     code, out, _ = run(capsys, *base, "--runtime", "torch=1.10.0,cuda=11.2")
@@ -83,7 +89,7 @@ def test_estimate_runtime_moves_device_used_by_the_context_difference(
     eager = run_json(capsys, *argv, "--runtime", "torch=1.10.0,cuda=11.2,driver=460.91.03")
     assert eager["context"]["runtime"]["driver"] == "460.91.03"
     gap = eager["points"][0]["device_used_peak"] - lazy["points"][0]["device_used_peak"]
-    assert gap == EAGER_CONTEXT_BYTES - LAZY_CONTEXT_BYTES["volta"]
+    assert gap == EAGER_CONTEXT_BYTES - LAZY_CONTEXT_BYTES["volta"] - LAZY_KERNEL_IMAGES_BYTES
     assert eager["points"][0]["reserved_peak"] == lazy["points"][0]["reserved_peak"]
     code, out, _ = run(capsys, *argv[:-1], "--runtime", "torch=1.10.0,cuda=11.2")
     assert code == 0 and "CUDA context 1.31 GiB (eager module loading" in " ".join(out.split())

@@ -57,7 +57,10 @@ def test_every_bundled_plan_has_a_basis_per_term_and_a_band_around_what_it_needs
 def test_terms_carry_the_basis_of_what_made_them() -> None:
     brax = memfit.plan("brax_humanoid_ppo", gpu="RTX 4070", measure="recorded")
     assert brax.sources["rollout_buffer"] == "recorded"  # Brax's compiled step, stored
-    assert brax.sources["cuda_context"] == "fitted"  # published readings by runtime
+    # the kernel images a step loads were measured on the H100 only: assumed on an Ada card
+    assert brax.sources["cuda_context"] == "assumed"
+    h100 = memfit.plan("brax_humanoid_ppo", gpu="H100", measure="recorded")
+    assert h100.sources["cuda_context"] == "fitted"  # the project's H100 capture
     assert brax.sources["allocator_slack"] == "analytic"
     skrl = memfit.plan("skrl_isaaclab_ppo", gpu="RTX 4090", measure="recorded")
     fitted = [t for t, b in skrl.sources.items() if b == "fitted" and t != "cuda_context"]

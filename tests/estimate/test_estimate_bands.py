@@ -44,7 +44,10 @@ def test_torch_estimate_band_is_the_traced_band_around_each_figure() -> None:
     traced = load_bands().interval(
         point.device_used_peak - est.context.bytes, "traced", "reserved/other"
     )
-    context = load_bands().interval(est.context.bytes, "fitted", term="cuda_context")
+    # the context's own basis: its kernel images were measured on the H100 only, so on an
+    # RTX 4070 they are assumed (the widest band)
+    assert est.context.basis == "assumed"
+    context = load_bands().interval(est.context.bytes, "assumed", term="cuda_context")
     widen = round((traced[1] - (point.device_used_peak - est.context.bytes)) * est.assumed_share)
     assert (low, high) == (traced[0] + context[0], traced[1] + context[1] + widen)
     with pytest.raises(ConfigError, match="name must be one of"):

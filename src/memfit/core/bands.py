@@ -235,10 +235,11 @@ def figure_band(
     context_bytes: int = 0,
     table: BandTable | None = None,
     family: str | None = None,
+    context_basis: str = "fitted",
 ) -> tuple[int, int]:
     """``(low, high)`` around one figure of an estimate made by ``basis`` (of ``family``:
-    :func:`traced_family`), of which ``context_bytes`` are the CUDA context (``fitted``, with
-    the context's own band).
+    :func:`traced_family`), of which ``context_bytes`` are the CUDA context (with the
+    context's own band, or the widest where its basis, ``context_basis``, is ``assumed``).
 
     >>> low, high = figure_band(2**30, "traced")
     >>> low <= 2**30 <= high
@@ -247,7 +248,7 @@ def figure_band(
     table = table or load_bands()
     context = max(0, min(context_bytes, nbytes))
     lo, hi = table.interval(nbytes - context, basis, family)
-    clo, chi = table.interval(context, "fitted", term="cuda_context")
+    clo, chi = table.interval(context, context_basis, term="cuda_context")
     return lo + clo, hi + chi
 
 

@@ -174,13 +174,13 @@ def stray_context(
     >>> from memfit.hardware.runtime import parse_runtime
     >>> torch20 = parse_runtime("torch=2.0.0")
     >>> stray_context(gpu("V100"), torch20, "torch")[0] // 2**20
-    300
+    373
     >>> stray_context(gpu("V100"), torch20, "nccl")[0] // 2**20
     900
     >>> stray_context(gpu("V100"), parse_runtime("torch=2.4.1,cuda=12.4"))[0] // 2**20
-    300
+    373
     >>> stray_context(gpu("V100"), parse_runtime("torch=2.6.0"))[0] // 2**20  # a CUDA 12.4 wheel
-    300
+    373
 
     Raises:
         ConfigError: For an ``init`` not in :data:`STRAY_INITS`.
@@ -192,7 +192,7 @@ def stray_context(
             hint="nccl: the process group started CUDA; torch: a torch CUDA call did",
         )
     rt = runtime if runtime is not None else runtime_from_versions()
-    own = cuda_context(spec, rt)
+    own = cuda_context(spec, rt, kernels=False)  # it runs no step on device 0
     if init == "torch" or rt.module_loading == "eager":
         return own.bytes, f"{rt.module_loading} loading ({rt.loading_reason})"
     if "module_loading" in rt.given:
@@ -203,7 +203,7 @@ def stray_context(
         cuda, whose = (None, whose) if wheel is None else (str(wheel), "its default wheel's")
     if cuda is not None and parse_version(cuda, "cuda") >= (12, 2):
         return own.bytes, f"lazy loading, {whose} CUDA {cuda}'s default (from 12.2)"
-    eager = cuda_context(spec, replace(rt, module_loading="eager"))
+    eager = cuda_context(spec, replace(rt, module_loading="eager"), kernels=False)
     why = (
         "eager loading: ProcessGroupNCCL starts CUDA (cudaGetDeviceCount) before torch sets "
         "CUDA_MODULE_LOADING=LAZY"

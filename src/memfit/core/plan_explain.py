@@ -29,12 +29,13 @@ def breakdown_of(budget: Budget, ev: Evaluation) -> dict[str, int]:
 
 def sources_of(budget: Budget, ev: Evaluation) -> dict[str, str]:
     """How each term of :func:`breakdown_of` was obtained (its basis,
-    :data:`memfit.core.bands.BASES`): the CUDA context ``fitted`` to published readings by
-    runtime (``measured`` when the caller gave it), the cuBLAS workspace, the allocator's
-    slack and JAX's pool by their documented rules (``analytic``), the rest as the terms
-    say."""
+    :data:`memfit.core.bands.BASES`): the CUDA context as its estimate says (``fitted`` to
+    readings of its kind, ``assumed`` where another architecture's kernel images stand in:
+    :func:`memfit.hardware.runtime.cuda_context`; ``measured`` when the caller gave it),
+    the cuBLAS workspace, the allocator's slack and JAX's pool by their documented rules
+    (``analytic``), the rest as the terms say."""
     out = {
-        "cuda_context": "fitted" if budget.context is not None else "measured",
+        "cuda_context": budget.context.basis if budget.context is not None else "measured",
         "cublas_workspace": "analytic",
     }
     out.update({name: ev.sources.get(name, "analytic") for name in ev.terms})

@@ -118,7 +118,8 @@ def cuda_context_bytes(
         Bytes, per process and device.
 
     >>> from memfit.hardware.runtime import EAGER_CONTEXT_BYTES, LAZY_CONTEXT_UNKNOWN_BYTES
-    >>> cuda_context_bytes(None) == LAZY_CONTEXT_UNKNOWN_BYTES
+    >>> from memfit.hardware.runtime import LAZY_KERNEL_IMAGES_BYTES
+    >>> cuda_context_bytes(None) == LAZY_CONTEXT_UNKNOWN_BYTES + LAZY_KERNEL_IMAGES_BYTES
     True
     >>> cuda_context_bytes(None, lazy_loading=False) == EAGER_CONTEXT_BYTES
     True

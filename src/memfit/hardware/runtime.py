@@ -34,9 +34,12 @@ So before torch 1.13 or CUDA 11.7, or with a driver older than R515, a process l
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
 from typing import Any
 
 from memfit._checks import parse_int, require_instance
@@ -46,15 +49,20 @@ from memfit.hardware.rules import rule
 from memfit.units import MiB, format_bytes
 
 __all__ = [
+    "CONTEXT_BASE_BYTES",
     "CONTEXT_SOURCES",
     "EAGER_CONTEXT_BYTES",
     "LAZY_CONTEXT_BYTES",
     "LAZY_CONTEXT_UNKNOWN_BYTES",
+    "LAZY_KERNEL_IMAGES_BYTES",
     "RUNTIME_KEYS",
+    "STACK_BYTES_PER_THREAD",
     "ContextEstimate",
     "Runtime",
     "cuda_context",
     "eager_context",
+    "lazy_started_context",
+    "local_memory_bytes",
     "parse_runtime",
     "parse_version",
     "runtime_from_versions",
@@ -84,31 +92,108 @@ CONTEXT_SOURCES: dict[str, str] = {
         "context.eager_mib: pytorch#49877, #55277)"
     ),
     "lazy": (
-        "pytorch PR #86509: 287,047,680 B (total - free) with lazy loading, of which 20 MiB "
-        "is the one segment the test tensor takes (254 MiB of context; GPU not stated); "
-        "ptrblck in pytorch #107667 (2023): '~300MB', and in pytorch #109888: 'around 400MB "
-        "if CUDA >= 11.7 is used and lazy module loading enabled'; unsloth-zoo PR #1053 "
-        "(2026): 426 MiB in nvidia-smi after torch.cuda.mem_get_info on an RTX 6000 Ada with "
-        "torch 2.10 and CUDA 13.0. memfit takes 300 MiB for Volta/Turing and older, 430 MiB "
-        "for Ampere and Ada (the Ada measurement, rounded up), and 500 MiB for Hopper, "
-        "Blackwell and unknown GPUs (no public measurement found; the high end, so a plan "
-        "errs on the safe side)"
+        "the context a process holds once CUDA has started: a fixed part (driver state, the "
+        "printf FIFO, the device malloc heap) and the local-memory reservation, SMs x "
+        "resident threads per SM x the per-thread stack (1 KiB, cudaLimitStackSize's "
+        "default). Readings: unsloth-zoo PR #1053 (2026): 426 MiB in nvidia-smi after "
+        "torch.cuda.mem_get_info on an RTX 6000 Ada (142 SMs x 1,536 threads x 1 KiB = "
+        "213 MiB of local memory) with torch 2.10 and CUDA 13.0, which leaves 213 MiB for the "
+        "fixed part; pytorch PR #86509, 287,047,680 B (total - free) with lazy loading less "
+        "the test tensor's 20 MiB segment (254 MiB; GPU not stated); ptrblck in pytorch "
+        "#107667 (2023): '~300MB', in #109888: 'around 400MB if CUDA >= 11.7 is used and "
+        "lazy module loading enabled'. Then the kernel images a training step loads at first "
+        "use (torch's own kernels, cuBLAS/cuBLASLt at the first matmul, cuDNN at the first "
+        "convolution): 283 MiB, the project's own H100 capture (torch 2.11.0+cu130, cuDNN "
+        "9.19, driver 580; NVML's per-process used less the caching allocator's reserved "
+        "peak: 742 MiB for the MLP workloads, 758-760 MiB with cuDNN's convolutions, its "
+        "calibration workloads) less the H100's context once started (213 MiB + 132 SMs x "
+        "2,048 x 1 KiB = 477 MiB): measured on the H100 with torch 2.11+cu130, assumed for "
+        "other architectures and versions (tests/data/published_truth/cuda_context/"
+        "readings.yaml has every reading)"
     ),
 }
 
-#: Context bytes with lazy loading, by architecture.
+#: The fixed part of a lazily loaded context once CUDA has started (driver state, the printf
+#: FIFO, the malloc heap): the RTX 6000 Ada's 426 MiB (unsloth-zoo PR #1053) less its
+#: local-memory reservation (142 SMs x 1,536 threads x 1 KiB = 213 MiB).
+CONTEXT_BASE_BYTES = 213 * MiB
+
+#: The per-thread stack the context reserves local memory for: ``cudaLimitStackSize``'s
+#: default, 1 KiB (CUDA Runtime API, cudaDeviceSetLimit).
+STACK_BYTES_PER_THREAD = 1024
+
+#: The context once CUDA has started, with lazy loading, for a card of the architecture whose
+#: SM count memfit does not know: the architecture's largest card's (hardware/gpu_sms.json;
+#: ``CONTEXT_BASE_BYTES`` plus its local memory), so that a plan errs on the safe side.
 LAZY_CONTEXT_BYTES: dict[str, int] = {
-    "pascal": 300 * MiB,
-    "volta": 300 * MiB,
-    "turing": 300 * MiB,
-    "ampere": 430 * MiB,
-    "ada": 430 * MiB,
-    "hopper": 500 * MiB,
-    "blackwell": 500 * MiB,
+    "pascal": 325 * MiB,  # Tesla P100: 56 SMs x 2,048 threads
+    "volta": 373 * MiB,  # V100: 80 x 2,048
+    "turing": 285 * MiB,  # TITAN RTX, Quadro RTX 6000/8000: 72 x 1,024
+    "ampere": 429 * MiB,  # A100: 108 x 2,048
+    "ada": 426 * MiB,  # RTX 6000 Ada, L40(S): 142 x 1,536
+    "hopper": 477 * MiB,  # H100 SXM, H200: 132 x 2,048
+    "blackwell": 509 * MiB,  # B200: 148 x 2,048
 }
 
-#: Context bytes with lazy loading for a GPU of unknown architecture.
-LAZY_CONTEXT_UNKNOWN_BYTES = 500 * MiB
+#: The context once CUDA has started, with lazy loading, for a GPU of unknown architecture
+#: (the largest architecture's, so that a plan errs on the safe side).
+LAZY_CONTEXT_UNKNOWN_BYTES = 509 * MiB
+
+#: The kernel images a training step loads into the context at first use with lazy loading
+#: (torch's kernels, cuBLAS/cuBLASLt's, cuDNN's): measured on the H100 with torch 2.11+cu130
+#: (760 MiB of context with cuDNN's convolutions, less the 477 MiB its context holds once
+#: started), the larger of the MLP (742 MiB) and convolution (760 MiB) workloads, as a plan
+#: does not know which libraries a step calls; assumed for every other architecture and
+#: version.
+LAZY_KERNEL_IMAGES_BYTES = 283 * MiB
+
+#: The architectures whose lazy step context was measured (the project's H100 capture).
+_IMAGES_MEASURED_ON = frozenset({"hopper"})
+
+_SMS_FILE = Path(__file__).with_name("gpu_sms.json")
+
+
+@cache
+def _sm_counts() -> dict[str, int]:
+    """The SMs of each catalog card (``gpu_sms.json``), by its catalog name."""
+    data = json.loads(_SMS_FILE.read_text(encoding="utf-8"))
+    return {str(k): int(v) for k, v in data["sms"].items()}
+
+
+def local_memory_bytes(spec: GpuSpec | None) -> int | None:
+    """The local memory a context reserves on ``spec`` once CUDA has started: SMs x resident
+    threads per SM (``rules_cuda_arch.json``, ``sm.max_threads``) x the per-thread stack
+    (:data:`STACK_BYTES_PER_THREAD`); ``None`` where the card's SM count or compute
+    capability is not known.
+
+    >>> from memfit.hardware.catalog import gpu
+    >>> local_memory_bytes(gpu("H100")) // MiB, local_memory_bytes(gpu("RTX 4060 Ti 8GB")) // MiB
+    (264, 51)
+    """
+    if spec is None or spec.compute_capability is None:
+        return None
+    sms = _sm_counts().get(spec.name)
+    if sms is None:
+        return None
+    threads = int(rule("cuda_arch", "sm.max_threads", capability=spec.compute_capability))
+    return sms * threads * STACK_BYTES_PER_THREAD
+
+
+def lazy_started_context(spec: GpuSpec | None) -> int:
+    """The lazily loaded context once CUDA has started on ``spec``, before any kernel runs:
+    :data:`CONTEXT_BASE_BYTES` plus :func:`local_memory_bytes`, or the architecture's
+    largest card's (:data:`LAZY_CONTEXT_BYTES`) where the SM count is not known.
+
+    >>> from memfit.hardware.catalog import gpu
+    >>> lazy_started_context(gpu("RTX 6000 Ada")) // MiB, lazy_started_context(gpu("T4")) // MiB
+    (426, 253)
+    """
+    local = local_memory_bytes(spec)
+    if local is not None:
+        return CONTEXT_BASE_BYTES + local
+    arch = None if spec is None else spec.arch
+    return LAZY_CONTEXT_BYTES.get(arch or "", LAZY_CONTEXT_UNKNOWN_BYTES)
+
 
 #: Context bytes with eager loading (every kernel loaded at start; see CONTEXT_SOURCES).
 EAGER_CONTEXT_BYTES = 1341 * MiB
@@ -380,12 +465,22 @@ class ContextEstimate:
     """What the CUDA context of one process costs on one GPU.
 
     Attributes:
-        bytes: The context, in bytes (what ``nvidia-smi`` shows for a process that has
-            allocated nothing yet).
+        bytes: The context, in bytes: what ``nvidia-smi`` shows for a process beyond the
+            caching allocator's segments, with the kernel images its step loads
+            (``kernel_images_bytes``; a process that ran no kernel holds ``bytes -
+            kernel_images_bytes``).
         runtime: The runtime it assumed.
         arch: The GPU architecture it assumed (``None``: unknown).
         source: Where the figure comes from (:data:`CONTEXT_SOURCES`).
         unknowns: What the figure leaves out, for an estimate's deviations.
+        kernel_images_bytes: The part of ``bytes`` that the kernels a step runs load at
+            first use (lazy loading; 0 with eager loading, which loads them at start, or
+            when the step's kernels were not asked for).
+        basis: How the figure was obtained (:data:`memfit.core.bands.BASES`): ``fitted``
+            to readings of its kind (the eager contexts by build, the lazy one on Hopper,
+            measured on the project's H100, and a context that ran no step), ``assumed``
+            where the kernel images of another architecture stand in for its own (a lazy
+            step's context on any GPU but Hopper), ``analytic`` on the host (none).
     """
 
     bytes: int
@@ -393,6 +488,8 @@ class ContextEstimate:
     arch: str | None
     source: str
     unknowns: list[str] = field(default_factory=list)
+    kernel_images_bytes: int = 0
+    basis: str = "fitted"
 
     def describe(self) -> str:
         """The breakdown's label: the figure and the runtime it assumed."""
@@ -407,6 +504,8 @@ class ContextEstimate:
             "arch": self.arch,
             "source": self.source,
             "unknowns": list(self.unknowns),
+            "kernel_images_bytes": self.kernel_images_bytes,
+            "basis": self.basis,
         }
 
 
@@ -414,9 +513,10 @@ class ContextEstimate:
 _LIBRARY_UNKNOWNS = (
     "kernel images of CUDA libraries loaded at first use (cuBLAS/cuBLASLt at the first "
     "matmul, cuDNN at the first convolution, NCCL at the first collective): with lazy "
-    "loading only the kernels run are loaded (a few MiB); with eager loading each library's "
-    "whole image for the GPU's architecture is, which no public measurement found states "
-    "with its versions, so it is not counted"
+    "loading memfit counts what the project's H100 capture loaded (torch 2.11+cu130, "
+    "283 MiB), which no public measurement states for other architectures or versions; with "
+    "eager loading each library's whole image for the GPU's architecture is loaded, which no "
+    "public measurement found states with its versions, so it is not counted"
 )
 
 
@@ -453,12 +553,24 @@ def eager_context(spec: GpuSpec | None, runtime: Runtime) -> tuple[int, str]:
     return int(mib) * MiB, f"eager context of a {how} build: {int(mib):,} MiB"
 
 
-def cuda_context(spec: GpuSpec | None, runtime: Runtime | None = None) -> ContextEstimate:
+def cuda_context(
+    spec: GpuSpec | None, runtime: Runtime | None = None, *, kernels: bool = True
+) -> ContextEstimate:
     """The CUDA context a process takes on ``spec`` with ``runtime``.
+
+    With lazy loading the context is the one CUDA holds once started
+    (:func:`lazy_started_context`: a fixed part and the card's local-memory reservation)
+    plus, when ``kernels``, the kernel images a training
+    step loads at first use (:data:`LAZY_KERNEL_IMAGES_BYTES`: torch's kernels, cuBLAS's and
+    cuDNN's; the larger figure, as a plan does not know which libraries the step calls). With
+    eager loading everything is loaded at start: the larger of the eager figure and the lazy
+    one.
 
     Args:
         spec: The GPU (``None``: unknown; ``arch="cpu"``: the host, no context).
         runtime: The target's runtime (``None``: lazy loading, versions unknown).
+        kernels: Count the kernel images a step loads (``False``: a process that started
+            CUDA and ran nothing on this device, such as a stray context on device 0).
 
     Returns:
         The estimate with its sources.
@@ -466,14 +578,23 @@ def cuda_context(spec: GpuSpec | None, runtime: Runtime | None = None) -> Contex
     >>> from memfit.hardware.catalog import gpu
     >>> lazy = cuda_context(gpu("V100"), parse_runtime("torch=2.4.1"))
     >>> eager = cuda_context(gpu("V100"), parse_runtime("torch=1.10.0,cuda=11.2"))
-    >>> lazy.bytes == 300 * MiB, eager.bytes == 1341 * MiB
+    >>> lazy.bytes == 656 * MiB, eager.bytes == 1341 * MiB
     (True, True)
+    >>> cuda_context(gpu("H100"), parse_runtime("torch=2.11.0,cuda=13.0")).bytes // MiB
+    760
+    >>> cuda_context(gpu("V100"), parse_runtime("torch=2.4.1"), kernels=False).bytes // MiB
+    373
+    >>> lazy.basis, cuda_context(gpu("H100")).basis
+    ('assumed', 'fitted')
     """
     rt = runtime if runtime is not None else runtime_from_versions()
     arch = None if spec is None else spec.arch
     if arch == "cpu":
-        return ContextEstimate(0, rt, arch, "planning for the host: no CUDA context")
-    lazy = LAZY_CONTEXT_BYTES.get(arch or "", LAZY_CONTEXT_UNKNOWN_BYTES)
+        return ContextEstimate(
+            0, rt, arch, "planning for the host: no CUDA context", basis="analytic"
+        )
+    images = LAZY_KERNEL_IMAGES_BYTES if kernels else 0
+    lazy = lazy_started_context(spec) + images
     if rt.module_loading == "eager":
         eager, how = eager_context(spec, rt)
         return ContextEstimate(
@@ -482,5 +603,10 @@ def cuda_context(spec: GpuSpec | None, runtime: Runtime | None = None) -> Contex
             arch,
             f"{how}; {CONTEXT_SOURCES['eager']}",
             [_LIBRARY_UNKNOWNS],
+            images if lazy > eager else 0,
         )
-    return ContextEstimate(lazy, rt, arch, CONTEXT_SOURCES["lazy"], [_LIBRARY_UNKNOWNS])
+    # the kernel images were measured on the H100 only: elsewhere they are assumed
+    basis = "assumed" if images and arch not in _IMAGES_MEASURED_ON else "fitted"
+    return ContextEstimate(
+        lazy, rt, arch, CONTEXT_SOURCES["lazy"], [_LIBRARY_UNKNOWNS], images, basis
+    )

@@ -326,7 +326,14 @@ def autoconfig(
                 + (f"; {', '.join(per_rank)} planned per rank" if per_rank else "")
             )
     if reading.context_counted:
-        notes.append("this process's CUDA context is already in the used memory")
+        notes.append(
+            "this process's CUDA context is already in the used memory"
+            + (
+                ""
+                if reading.source == "simulated"
+                else " (the kernel images its first step loads are counted besides)"
+            )
+        )
     result = _plan_reading(loaded, reading, pinned, margin_fraction, host_memory_bytes)
     applied: dict[str, str] = {}
     if apply and result.environment:
@@ -387,8 +394,20 @@ def _plan_reading(
         margin=margin,
         other_processes_bytes=max(0, reading.total_bytes - reading.free_bytes),
         host_memory_bytes=host_memory_bytes,
-        context_bytes=0 if reading.context_counted else None,
+        context_bytes=_uncounted_context(reading) if reading.context_counted else None,
     )
+
+
+def _uncounted_context(reading: DeviceReading) -> int:
+    """What the context will still grow by when the reading already counts it: the kernel
+    images the step loads at first use with lazy loading
+    (:data:`memfit.hardware.runtime.LAZY_KERNEL_IMAGES_BYTES`), as a context read before the
+    first step has not loaded them; none on a simulated device, which has no context."""
+    if reading.source == "simulated":
+        return 0
+    from memfit.hardware.runtime import cuda_context
+
+    return cuda_context(_spec_for(reading)).kernel_images_bytes
 
 
 def _rank_readings(reading: DeviceReading, dist: Any) -> list[DeviceReading]:

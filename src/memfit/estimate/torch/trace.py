@@ -176,7 +176,10 @@ class TorchEstimate:
                               key_path="name")  # fmt: skip
         context = self.context.bytes if name == "device_used_peak" and self.context else 0
         family = self.band_family(name)
-        low, high = figure_band(int(value), "traced", context, family=family)
+        context_basis = self.context.basis if self.context else "fitted"
+        low, high = figure_band(
+            int(value), "traced", context, family=family, context_basis=context_basis
+        )
         traced = max(0, int(value) - min(context, int(value)))
         _, traced_high = load_bands().interval(traced, "traced", family)
         return low, high + round(max(0, traced_high - traced) * self.assumed_share)
