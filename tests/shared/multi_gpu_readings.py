@@ -10,7 +10,7 @@ from memfit.core.multi_gpu import device_terms, stray_context
 from memfit.hardware.catalog import gpu
 from memfit.hardware.cuda import cuda_context_bytes
 from memfit.hardware.nccl import nccl_memory
-from memfit.hardware.runtime import parse_runtime
+from memfit.hardware.runtime import cuda_context, parse_runtime
 
 MiB = 2**20
 
@@ -60,9 +60,13 @@ def predict(reading: dict[str, Any]) -> int:
             nccl=setup["nccl"],
             jaxlib=setup.get("jaxlib"),
         )
-        return int(reading["single_device_plan_mib"]) * MiB + sum(
-            t.bytes for t in terms if not t.device0_only
-        )
+        # the one-device plan, with the context memfit counted then replaced by
+        # today's (a JAX step's context on the card: hardware.runtime.cuda_context)
+        context = cuda_context(spec, framework=setup["framework"]).bytes
+        one_device = (
+            int(reading["single_device_plan_mib"]) - int(reading["single_device_context_mib"])
+        ) * MiB + context
+        return one_device + sum(t.bytes for t in terms if not t.device0_only)
     raise ValueError(f"unknown quantity {quantity!r}")
 
 

@@ -166,7 +166,7 @@ def compose_budget(
     total = spec.total_bytes
     margin_bytes = int(total * margin)
     budget = total - other_processes_bytes - margin_bytes
-    estimate = cuda_context(spec, runtime) if context_bytes is None else None
+    estimate = cuda_context(spec, runtime, framework=framework) if context_bytes is None else None
     context = estimate.bytes if estimate is not None else int(context_bytes or 0)
     workspace = cublas_workspace_bytes(spec)
     pool: int | None = None

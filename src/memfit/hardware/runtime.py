@@ -554,7 +554,11 @@ def eager_context(spec: GpuSpec | None, runtime: Runtime) -> tuple[int, str]:
 
 
 def cuda_context(
-    spec: GpuSpec | None, runtime: Runtime | None = None, *, kernels: bool = True
+    spec: GpuSpec | None,
+    runtime: Runtime | None = None,
+    *,
+    kernels: bool = True,
+    framework: str = "torch",
 ) -> ContextEstimate:
     """The CUDA context a process takes on ``spec`` with ``runtime``.
 
@@ -571,6 +575,10 @@ def cuda_context(
         runtime: The target's runtime (``None``: lazy loading, versions unknown).
         kernels: Count the kernel images a step loads (``False``: a process that started
             CUDA and ran nothing on this device, such as a stray context on device 0).
+        framework: ``"torch"`` or ``"jax"``. The kernel images were measured in a torch
+            process; a JAX process loads XLA's compiled modules and the libraries it calls
+            instead, which no reading states, so its images take torch's figure as an
+            assumption (basis ``assumed``, the wider band) on every card.
 
     Returns:
         The estimate with its sources.
@@ -584,8 +592,8 @@ def cuda_context(
     760
     >>> cuda_context(gpu("V100"), parse_runtime("torch=2.4.1"), kernels=False).bytes // MiB
     373
-    >>> lazy.basis, cuda_context(gpu("H100")).basis
-    ('assumed', 'fitted')
+    >>> lazy.basis, cuda_context(gpu("H100")).basis, cuda_context(gpu("H100"), framework="jax").basis
+    ('assumed', 'fitted', 'assumed')
     """
     rt = runtime if runtime is not None else runtime_from_versions()
     arch = None if spec is None else spec.arch
@@ -606,7 +614,8 @@ def cuda_context(
             images if lazy > eager else 0,
         )
     # the kernel images were measured on the H100 only: elsewhere they are assumed
-    basis = "assumed" if images and arch not in _IMAGES_MEASURED_ON else "fitted"
+    measured_here = arch in _IMAGES_MEASURED_ON and framework == "torch"
+    basis = "assumed" if images and not measured_here else "fitted"
     return ContextEstimate(
         lazy, rt, arch, CONTEXT_SOURCES["lazy"], [_LIBRARY_UNKNOWNS], images, basis
     )

@@ -171,7 +171,11 @@ class JaxEstimate:
         context = 0
         if name == "device_used_bytes":
             context = sum(b for t, b, _ in self.breakdown if t == "CUDA context")
-        return figure_band(int(value), "compiled", context, family=self.program)
+        # the context's kernel images were measured in a torch process: assumed for JAX
+        # (memfit.hardware.runtime.cuda_context)
+        return figure_band(
+            int(value), "compiled", context, family=self.program, context_basis="assumed"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The estimate as plain data."""
