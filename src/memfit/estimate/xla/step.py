@@ -434,7 +434,7 @@ def _from_gpu_compile(
     # of a fresh process
     growing = not policy.preallocate and not policy.platform_allocator
     rules = replace(rules, whole_chunks=rules.whole_chunks and growing)
-    autotune = rt.autotune_bytes(result.gemm_buffers, env, rules)
+    autotune = rt.autotune_bytes(result.gemm_buffers, env, rules, leaves)
     rounding = sum(rt.round_up(n) - n for n in leaves) + rt.round_up(temp) - temp
     # the arguments, then the temporaries (one allocation) as the BFC allocator places them
     # (the outputs are one buffer per leaf, of sizes the compile does not give: counted
