@@ -72,6 +72,7 @@ __all__ = [
     "cublas_replay_bytes",
     "gemm_autotune_bytes",
     "parse_jaxlib_version",
+    "replay_cublas_tuning",
     "xla_flag",
 ]
 
@@ -374,10 +375,23 @@ def cublas_replay_bytes(
     >>> cublas_replay_bytes([], [x], 8 * MiB, True, lt)
     0
     """
+    pool = replay_cublas_tuning(gemms, arguments, redzone, check, rules)
+    return pool.peak_bytes_in_use - pool.bytes_in_use  # every tuning buffer is freed again
+
+
+def replay_cublas_tuning(
+    gemms: Sequence[GemmBuffers],
+    arguments: Sequence[int],
+    redzone: int,
+    check: bool,
+    rules: AutotuneRules,
+) -> BfcAllocator:
+    """The growing BFC allocator after the autotuner tuned the cuBLAS calls among ``gemms``
+    with ``arguments`` in use (:func:`cublas_replay_bytes`): its peak and the regions it grew
+    (``pool_bytes``)."""
     pool = BfcAllocator(1 << 62, preallocate=False)
     for size in arguments:
         pool.allocate(size)
-    base = pool.bytes_in_use
     for gemm in gemms:
         if gemm.kind != "cublas":
             continue
@@ -394,7 +408,7 @@ def cublas_replay_bytes(
                 pool.free(ident)
         for ident in (*reference, *inputs):
             pool.free(ident)
-    return pool.peak_bytes_in_use - base
+    return pool
 
 
 def bfc_chunk(size: int) -> int:
