@@ -435,6 +435,12 @@ def _from_gpu_compile(
     growing = not policy.preallocate and not policy.platform_allocator
     rules = replace(rules, whole_chunks=rules.whole_chunks and growing)
     autotune = rt.autotune_bytes(result.gemm_buffers, env, rules, leaves)
+    autotune_name = rules.describe()
+    if rules.whole_chunks and any(g.kind == "cublas" for g in result.gemm_buffers):
+        autotune_name += (
+            "; its cuBLAS calls placed by the BFC allocator after the arguments, the reference "
+            "output holding the call's workspace too"
+        )
     rounding = sum(rt.round_up(n) - n for n in leaves) + rt.round_up(temp) - temp
     # the arguments, then the temporaries (one allocation) as the BFC allocator places them
     # (the outputs are one buffer per leaf, of sizes the compile does not give: counted
@@ -458,7 +464,7 @@ def _from_gpu_compile(
          "xla/service/gpu/autotuning/gemm_fusion_autotuner.cc (xla_gpu_cublas_fallback: the "
          "fusion inlined for the GEMM rewriter); the same step compiled with "
          "xla_gpu_enable_triton_gemm=false"),
-        (rules.describe(),
+        (autotune_name,
          max(0, argument + autotune - buffers),
          "xla/service/gpu/autotuning/redzone_buffers.cc, gemm_fusion_autotuner.cc, "
          "gemm_algorithm_picker.cc (at the XLA commit the target's jaxlib pins); "
