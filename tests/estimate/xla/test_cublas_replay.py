@@ -126,3 +126,45 @@ def test_small_cublas_steps_are_over_not_under() -> None:
         assert predicted - peak <= rt.HOPPER_WORKSPACE + MiB
         # the allocator grew the regions the replay grows (258 MiB, 270 MiB)
         assert rt.replay_cublas_tuning(calls, args, rt.REDZONE_BYTES, True, LT).pool_bytes == pool
+
+
+def test_fusions_handed_to_cublas_are_tuned_again_as_calls() -> None:
+    """Triton on (``--xla_gpu_force_compilation_parallelism=1``), jaxlib 0.11.2: the
+    autotuner handed the 65536:512:3 step's GEMM fusions to cuBLAS (its program after the
+    step is the cuBLAS-only one) and the compile peaked as the cuBLAS-only compile's: the
+    calls the fusions became, tuned again, replayed after the arguments. With default flags
+    Triton won and the fusions' own tuning (counted) is what the card shows."""
+    batch, width = 65536, 512
+    args = arguments(batch, width, 3)
+    calls = mlp_cublas_calls(batch, width)
+    peak, pool = measured_compile_peak(f"mlp:{batch}:{width}:3", "compile_parallelism=1")
+    handed = rt.handed_to_cublas_bytes(calls, {}, LT, args)
+    assert abs(sum(args) + MiB + handed - peak) <= MiB
+    assert rt.replay_cublas_tuning(calls, args, rt.REDZONE_BYTES, True, LT).pool_bytes == pool
+    # the fusions' own tuning: inputs guarded, the reference (the cuBLAS fission's result
+    # alone), a candidate's result and the cuBLASLt workspace's whole chunk
+    fusions = [
+        rt.GemmBuffers("fusion", (128 * MiB,), (128 * MiB, MiB)),
+        rt.GemmBuffers("fusion", (8 * MiB,), (128 * MiB, 128 * MiB)),
+    ]
+    counted = rt.autotune_bytes(fusions, {}, LT, args)
+    default_peak, _ = measured_compile_peak(f"mlp:{batch}:{width}:3", "default")
+    # over by at most the weight's guarded chunk (32 MiB counted whole, 17 MiB split there)
+    assert 0 <= sum(args) + MiB + counted - default_peak <= 16 * MiB
+    assert handed > counted  # memfit takes the larger: which candidate wins is timed
+
+
+def test_only_the_single_pass_autotuner_tunes_handed_fusions_again() -> None:
+    calls = mlp_cublas_calls(65536, 512)
+    args = arguments(65536, 512, 3)
+    assert rt.handed_to_cublas_bytes(calls, {}, rt.autotune_rules("0.4.33", (9, 0)), args) == 0
+    assert rt.handed_to_cublas_bytes(calls, {}, rt.autotune_rules("0.7.2", (9, 0)), args) == 0
+    assert rt.handed_to_cublas_bytes([], {}, LT, args) == 0
+    off = {"XLA_FLAGS": "--xla_gpu_autotune_level=0"}
+    assert rt.handed_to_cublas_bytes(calls, off, LT, args) == 0
+    # calls smaller than the workspace: the fusions' own tuning is counted (the replay is
+    # over there by a workspace), so nothing is added
+    assert rt.handed_to_cublas_bytes(mlp_cublas_calls(64, 64), {}, LT, arguments(64, 64, 2)) == 0
+    # fusions among the calls are not the handed calls
+    fusion = rt.GemmBuffers("fusion", (MiB,), (MiB, MiB))
+    assert rt.handed_to_cublas_bytes([fusion], {}, LT, args) == 0

@@ -29,7 +29,8 @@ DATA = Path(__file__).resolve().parents[2] / "data" / "gpu_truth" / "jax_measure
 PROBE = json.loads((DATA / "h100_jaxlib0.11.2_floor_probe.json").read_text(encoding="utf-8"))
 #: Every flag variant of the tiny step (the floor), the default of the two larger ones (the
 #: autotuner's chunks, the temporaries' whole region), the large step with every GEMM through
-#: cuBLAS (the reference's workspace, issue 41); docs/benchmarks.md has all 20 rows.
+#: cuBLAS (the reference's workspace, issue 41), and with Triton on where the autotuner handed
+#: its GEMM fusions to cuBLAS and tuned them again as calls; docs/benchmarks.md has all 20 rows.
 CHOSEN = {
     ("mlp:64:64:2", "default"),
     ("mlp:64:64:2", "redzone_padding=0"),
@@ -38,6 +39,7 @@ CHOSEN = {
     ("mlp:16384:512:3", "default"),
     ("mlp:4096:1024:6", "default"),
     ("mlp:65536:512:3", "triton_gemm=false"),
+    ("mlp:65536:512:3", "compile_parallelism=1"),
 }
 CASES = [
     (row["step"], row["variant"], row["xla_flags"], row["after_step"]["peak_bytes_in_use"])

@@ -71,6 +71,7 @@ __all__ = [
     "bfc_in_use_bytes",
     "cublas_replay_bytes",
     "gemm_autotune_bytes",
+    "handed_to_cublas_bytes",
     "parse_jaxlib_version",
     "replay_cublas_tuning",
     "xla_flag",
@@ -487,6 +488,54 @@ def autotune_bytes(
     if rules.overlap and len(held) > 1:
         total += held[-2][0]
     return total
+
+
+def handed_to_cublas_bytes(
+    calls: Sequence[GemmBuffers],
+    environ: Mapping[str, str],
+    rules: AutotuneRules,
+    arguments: Sequence[int] | None = None,
+) -> int:
+    """What the single-pass autotuner holds above the arguments when it tunes, as cuBLAS
+    calls, the GEMM fusions it handed to cuBLAS: ``calls`` are the cuBLAS calls of the step
+    compiled with every GEMM on cuBLAS (``xla_gpu_enable_triton_gemm=false``), what each
+    fusion becomes when a cuBLAS candidate wins it; 0 for an older autotuner or none.
+
+    A GEMM fusion is tuned once as a fusion (``Autotuner::ProfileAll``; its reference is the
+    first candidate that cannot give wrong results, ``GetReferenceOutput``, a cuBLAS fission
+    whose output is the fusion's result alone: Triton's backend says it can give wrong
+    results). When the cuBLAS fission wins, ``FissionBackend::ApplyConfig`` inlines the
+    rewritten computation, a cuBLAS custom call, into the module; the compiler's later
+    autotuning of cuBLAS custom calls (the GEMM rewriter runs after the fusion autotuner,
+    ``gpu_compiler.cc``) tunes that call as it tunes the calls of a cuBLAS-only compile,
+    its reference holding the call's result and workspace (:func:`cublas_replay_bytes`).
+    Which candidate wins is timed on the device; memfit counts the larger of the two.
+
+    Only calls with an operand at least the size of cuBLAS's workspace are counted: for them
+    the replay gives what the card measured (the 16384:512:3 and 65536:512:3 cuBLAS-only
+    compiles); for smaller calls the cuBLAS-only compiles peaked one workspace below the
+    replay (not explained from the source, see :func:`cublas_replay_bytes`), and the
+    fusions' own counted tuning already reaches what the card showed.
+
+    Measured on an H100 with jaxlib 0.11.2 (``bench/xla_floor_probe.py``): the 65536:512:3
+    MLP step with ``--xla_gpu_force_compilation_parallelism=1`` (Triton on) compiled to the
+    cuBLAS program (its allocator after the step: 2,182 MiB, as with
+    ``xla_gpu_enable_triton_gemm=false``; 2,054 MiB with default flags, where Triton won)
+    and its compile peaked at 836 MiB with 1,158 MiB of regions, as the cuBLAS-only compile.
+
+    >>> lt = autotune_rules("0.11.2", (9, 0))
+    >>> x, w = 128 * MiB, MiB
+    >>> calls = [GemmBuffers("cublas", (x, 4 * MiB), (x, w))]
+    >>> handed_to_cublas_bytes(calls, {}, lt, [w, w, w, x]) // MiB
+    704
+    >>> handed_to_cublas_bytes(calls, {}, autotune_rules("0.4.33", (9, 0)), [w, x])
+    0
+    """
+    if rules.picker or not rules.lt_workspace:
+        return 0
+    workspace = HOPPER_WORKSPACE if rules.hopper else DEFAULT_WORKSPACE
+    large = [g for g in calls if g.kind == "cublas" and max(g.operands, default=0) >= workspace]
+    return autotune_bytes(large, environ, rules, arguments)
 
 
 def round_up(size: int, unit: int = BFC_MIN_ALLOCATION) -> int:

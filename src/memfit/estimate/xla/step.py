@@ -435,8 +435,18 @@ def _from_gpu_compile(
     growing = not policy.preallocate and not policy.platform_allocator
     rules = replace(rules, whole_chunks=rules.whole_chunks and growing)
     autotune = rt.autotune_bytes(result.gemm_buffers, env, rules, leaves)
+    # a GEMM fusion the autotuner hands to cuBLAS is tuned again as the cuBLAS call it became
+    handed = rt.handed_to_cublas_bytes(getattr(result, "cublas_gemm_buffers", ()), env, rules,
+                                       leaves)  # fmt: skip
+    calls = [g for g in result.gemm_buffers if g.kind == "cublas"]
     autotune_name = rules.describe()
-    if rules.whole_chunks and any(g.kind == "cublas" for g in result.gemm_buffers):
+    if handed > autotune:
+        autotune = handed
+        calls = list(result.cublas_gemm_buffers)
+        autotune_name += (
+            "; the GEMM fusions handed to cuBLAS, tuned again as the cuBLAS calls they become"
+        )
+    if rules.whole_chunks and calls:
         autotune_name += (
             "; its cuBLAS calls placed by the BFC allocator after the arguments, the reference "
             "output holding the call's workspace too"
