@@ -41,6 +41,12 @@ CHOSEN = {
     ("mlp:65536:512:3", "triton_gemm=false"),
     ("mlp:65536:512:3", "compile_parallelism=1"),
 }
+#: The large step's compiles that tuned cuBLAS calls (every GEMM through cuBLAS; Triton on and
+#: the fusions handed to cuBLAS): within 1% (issue 41's replay of the calls).
+WITHIN_ONE_PERCENT = {
+    ("mlp:65536:512:3", "triton_gemm=false"),
+    ("mlp:65536:512:3", "compile_parallelism=1"),
+}
 CASES = [
     (row["step"], row["variant"], row["xla_flags"], row["after_step"]["peak_bytes_in_use"])
     for row in PROBE["rows"]
@@ -80,3 +86,5 @@ def test_peak_bytes_in_use_on_the_h100_within_twelve_percent_or_a_workspace_over
     assert error >= -0.12, f"{step} {variant}: {error:+.1%}"
     over = est.peak_bytes_in_use - measured
     assert error <= 0.12 or over <= HOPPER_WORKSPACE + MiB, f"{step} {variant}: {error:+.1%}"
+    if (step, variant) in WITHIN_ONE_PERCENT:
+        assert abs(error) <= 0.01, f"{step} {variant}: {error:+.1%}"
