@@ -220,31 +220,36 @@ def compiled_rows() -> list[dict[str, Any]]:
 
 #: memfit's figures as docs/benchmarks.md records them ("On a real H100 (issue 30)"), where
 #: the ``jax-cuda12-plugin`` extra that recomputes them is not installed: the floor probe's
-#: four main variants (``python bench/xla_floor_probe.py --predict``, 2026-11-27 00:12 UTC)
-#: and the device-compile steps (``memfit after``, 84c3da1). MiB: (measured, memfit).
+#: four main variants (``python bench/xla_floor_probe.py --predict``, 2026-11-27 00:12 UTC;
+#: the three ``triton_gemm=false`` steps again 2026-11-29 06:43 UTC at 2370013, after issue
+#: 41's replay of the cuBLAS calls, every other row the same; the 65536:512:3 default step
+#: again 2026-11-29 07:01 UTC at 0f82fa1, after issue 41's GEMM fusions handed to cuBLAS and
+#: tuned again as calls, every other row the same) and the device-compile steps (``memfit
+#: after``, 84c3da1; the same at 2370013; mlp:65536 again at 0f82fa1, the others the same).
+#: MiB: (measured, memfit).
 COMPILED_RECORDED = {
     "floor/64:64:2/default": (144.1, 160.1),
     "floor/64:64:2/autotune_level=0": (0.1, 0.1),
-    "floor/64:64:2/triton_gemm=false": (128.1, 128.1),
+    "floor/64:64:2/triton_gemm=false": (128.1, 160.1),
     "floor/64:64:2/redzone_padding=0": (64.1, 64.1),
     "floor/4096:512:3/default": (156.0, 155.0),
     "floor/4096:512:3/autotune_level=0": (76.0, 75.0),
-    "floor/4096:512:3/triton_gemm=false": (156.0, 155.0),
+    "floor/4096:512:3/triton_gemm=false": (156.0, 179.0),
     "floor/4096:512:3/redzone_padding=0": (140.0, 139.0),
     "floor/16384:512:3/default": (292.0, 291.0),
     "floor/16384:512:3/autotune_level=0": (292.0, 291.0),
     "floor/16384:512:3/triton_gemm=false": (292.0, 291.0),
     "floor/16384:512:3/redzone_padding=0": (292.0, 291.0),
-    "floor/65536:512:3/default": (725.0, 739.0),
+    "floor/65536:512:3/default": (725.0, 835.0),
     "floor/65536:512:3/autotune_level=0": (645.0, 644.0),
-    "floor/65536:512:3/triton_gemm=false": (836.0, 739.0),
+    "floor/65536:512:3/triton_gemm=false": (836.0, 835.0),
     "floor/65536:512:3/redzone_padding=0": (677.0, 676.0),
     "floor/4096:1024:6/default": (296.0, 296.0),
     "floor/4096:1024:6/autotune_level=0": (168.0, 168.0),
     "floor/4096:1024:6/triton_gemm=false": (296.0, 296.0),
     "floor/4096:1024:6/redzone_padding=0": (296.0, 296.0),
     "deviceless/mlp:4096": (156.0, 155.0),
-    "deviceless/mlp:65536": (725.0, 739.0),
+    "deviceless/mlp:65536": (725.0, 835.0),
     "deviceless/mlp:262144": (2597.0, 2596.0),
     "deviceless/matmul:8192": (1632.0, 1632.0),
     "deviceless/permute:1048576": (212.0, 140.0),

@@ -19,6 +19,7 @@ import pytest
 from xla_probe_step import mlp_step
 
 from memfit.estimate.xla import gpu as xla_gpu
+from memfit.units import MiB
 
 pytestmark = pytest.mark.skipif(
     bool(xla_gpu.gpu_target_missing()), reason="the gpu-target extra is not installed"
@@ -27,7 +28,9 @@ pytestmark = pytest.mark.skipif(
 DATA = Path(__file__).resolve().parents[2] / "data" / "gpu_truth" / "jax_measured"
 PROBE = json.loads((DATA / "h100_jaxlib0.11.2_floor_probe.json").read_text(encoding="utf-8"))
 #: Every flag variant of the tiny step (the floor), the default of the two larger ones (the
-#: autotuner's chunks, the temporaries' whole region); docs/benchmarks.md has all 20 rows.
+#: autotuner's chunks, the temporaries' whole region), the large step with every GEMM through
+#: cuBLAS (the reference's workspace, issue 41), and with Triton on where the autotuner handed
+#: its GEMM fusions to cuBLAS and tuned them again as calls; docs/benchmarks.md has all 20 rows.
 CHOSEN = {
     ("mlp:64:64:2", "default"),
     ("mlp:64:64:2", "redzone_padding=0"),
@@ -35,6 +38,14 @@ CHOSEN = {
     ("mlp:64:64:2", "triton_gemm=false"),
     ("mlp:16384:512:3", "default"),
     ("mlp:4096:1024:6", "default"),
+    ("mlp:65536:512:3", "triton_gemm=false"),
+    ("mlp:65536:512:3", "compile_parallelism=1"),
+}
+#: The large step's compiles that tuned cuBLAS calls (every GEMM through cuBLAS; Triton on and
+#: the fusions handed to cuBLAS): within 1% (issue 41's replay of the calls).
+WITHIN_ONE_PERCENT = {
+    ("mlp:65536:512:3", "triton_gemm=false"),
+    ("mlp:65536:512:3", "compile_parallelism=1"),
 }
 CASES = [
     (row["step"], row["variant"], row["xla_flags"], row["after_step"]["peak_bytes_in_use"])
@@ -51,9 +62,13 @@ def test_the_probe_holds_what_the_tests_read() -> None:
 @pytest.mark.parametrize(
     ("step", "variant", "flags", "measured"), CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES]
 )
-def test_peak_bytes_in_use_on_the_h100_within_twelve_percent(
+def test_peak_bytes_in_use_on_the_h100_within_twelve_percent_or_a_workspace_over(
     step: str, variant: str, flags: str, measured: int
 ) -> None:
+    """Within 12%; a small cuBLAS-only step may be over by one more: the candidate workspace
+    the replay of the cuBLAS calls places and the card's peak did not count
+    (tests/estimate/xla/test_cublas_replay.py). Never under by more than 12%."""
+    from memfit.estimate.xla.runtime import HOPPER_WORKSPACE
     from memfit.estimate.xla.step import estimate_jax
 
     _, batch, width, depth = step.split(":")
@@ -68,4 +83,8 @@ def test_peak_bytes_in_use_on_the_h100_within_twelve_percent(
     )
     assert est.peak_bytes_in_use is not None
     error = (est.peak_bytes_in_use - measured) / measured
-    assert abs(error) <= 0.12, f"{step} {variant}: {error:+.1%}"
+    assert error >= -0.12, f"{step} {variant}: {error:+.1%}"
+    over = est.peak_bytes_in_use - measured
+    assert error <= 0.12 or over <= HOPPER_WORKSPACE + MiB, f"{step} {variant}: {error:+.1%}"
+    if (step, variant) in WITHIN_ONE_PERCENT:
+        assert abs(error) <= 0.01, f"{step} {variant}: {error:+.1%}"

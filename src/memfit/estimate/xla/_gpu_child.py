@@ -173,6 +173,10 @@ def _compile(job: dict[str, Any], config: str, topology: Any, jax: Any) -> dict[
         try:
             variant = lowered.compile(compiler_options={"xla_gpu_enable_triton_gemm": False})
             result["cublas_temp"] = get(variant.memory_analysis(), "temp_size_in_bytes")
+            # the cuBLAS calls the fusions become: the autotuner tunes them again as calls
+            result["cublas_gemms"] = [
+                g for g in _gemm_buffers(variant.as_text() or "") if g["kind"] == "cublas"
+            ]
         except Exception as exc:  # the step's own compile stands; the parent says so
             result["cublas_error"] = f"{type(exc).__name__}: {exc}"[:300]
     result["seconds"] = round(time.perf_counter() - start, 3)

@@ -133,6 +133,10 @@ class GpuCompile:
             for any GEMM fusion (``xla_gpu_cublas_fallback``), and the fusion's fused operands
             then become buffers of their own; ``None`` when the step has no GEMM fusion or
             the flags rule cuBLAS out.
+        cublas_gemm_buffers: The cuBLAS calls of that variant (:attr:`gemm_buffers` of the
+            step compiled with ``xla_gpu_enable_triton_gemm=false``): a GEMM fusion the
+            autotuner hands to cuBLAS is inlined as such a call, which the autotuner then
+            tunes again as a call; ``()`` when there is no variant.
         callbacks: What the step's host callbacks hold on the device (their operands and
             results), compiled without them; ``None`` when it had none.
         route: How the step was exported (:attr:`ExportedStep.route`).
@@ -152,6 +156,7 @@ class GpuCompile:
     devices: int = 1
     collectives: tuple[tuple[str, int], ...] = ()
     cublas_temp_bytes: int | None = None
+    cublas_gemm_buffers: tuple[GemmBuffers, ...] = ()
     callbacks: HeldByCallbacks | None = None
     route: str = "export"
 
@@ -577,6 +582,9 @@ def compile_exported(
                         (str(op), int(size)) for op, size in line.get("collectives", [])
                     ),
                     cublas_temp_bytes=_device_workspace(line.get("cublas_temp"), target),
+                    cublas_gemm_buffers=tuple(
+                        GemmBuffers.from_plain(g) for g in line.get("cublas_gemms", [])
+                    ),
                     callbacks=step.held,
                     route=step.route,
                 )

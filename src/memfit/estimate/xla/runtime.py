@@ -69,8 +69,11 @@ __all__ = [
     "bfc_chunk",
     "bfc_growth_bytes",
     "bfc_in_use_bytes",
+    "cublas_replay_bytes",
     "gemm_autotune_bytes",
+    "handed_to_cublas_bytes",
     "parse_jaxlib_version",
+    "replay_cublas_tuning",
     "xla_flag",
 ]
 
@@ -304,24 +307,109 @@ def _picker_buffers(gemm: GemmBuffers, redzone: int, hopper: bool) -> tuple[int,
     return three, _guarded(workspace, redzone), _guarded(result, redzone)
 
 
+def _candidate_outputs(gemm: GemmBuffers, rules: AutotuneRules) -> tuple[int, ...]:
+    """What one run of a candidate of ``gemm`` allocates as its output: the results, a cuBLAS
+    call's workspace (its last result) at the device's size under cuBLASLt on Hopper (32 MiB
+    and 1 KiB; the deviceless compile gives 4 MiB)."""
+    results = gemm.results
+    if rules.lt_workspace and rules.hopper and gemm.kind == "cublas" and len(results) > 1:
+        results = (*results[:-1], HOPPER_WORKSPACE + LT_WORKSPACE_EXTRA)
+    return results
+
+
 def _profiler_bytes(gemm: GemmBuffers, redzone: int, check: bool, rules: AutotuneRules) -> int:
     """What the autotuner of jaxlib 0.7.2 and later holds for one GEMM (``GpuProfiler``,
     ``backends/gpu/autotuner/gpu_profiler.cc``: ``RedzoneBuffers::kAllInputs``): its inputs
     guarded, the candidate's outputs (a cuBLAS call's workspace among them) and the reference
-    output unguarded; with cuBLASLt on, a cuBLASLt candidate's full workspace."""
+    output unguarded; with cuBLASLt on, a cuBLASLt candidate's full workspace. The reference
+    is the reference candidate's whole output (``Autotuner::GetReferenceOutput``): for a cuBLAS
+    call of the single-pass autotuner its result and its workspace (see
+    :func:`cublas_replay_bytes`)."""
     inputs = gemm.operands if rules.all_inputs else tuple(sorted(gemm.operands)[-2:])
     result = gemm.results[0] if gemm.results else 0
-    results = gemm.results
-    if rules.lt_workspace and rules.hopper and gemm.kind == "cublas" and len(results) > 1:
-        # the call's workspace, the device's 32 MiB (the deviceless compile gives 4 MiB)
-        results = (*results[:-1], HOPPER_WORKSPACE + LT_WORKSPACE_EXTRA)
+    results = _candidate_outputs(gemm, rules)
     chunk = bfc_chunk if rules.whole_chunks else (lambda n: n)
     total = sum(chunk(_guarded(n, redzone)) for n in inputs) + sum(chunk(n) for n in results)
-    total += chunk(result) if check else 0
+    if check:
+        whole = rules.lt_workspace and gemm.kind == "cublas"
+        total += sum(chunk(n) for n in results) if whole else chunk(result)
     if rules.lt_workspace and gemm.kind == "fusion":
         workspace = HOPPER_WORKSPACE if rules.hopper else DEFAULT_WORKSPACE
         total += chunk(workspace + LT_WORKSPACE_EXTRA)
     return total
+
+
+def cublas_replay_bytes(
+    gemms: Sequence[GemmBuffers],
+    arguments: Sequence[int],
+    redzone: int,
+    check: bool,
+    rules: AutotuneRules,
+) -> int:
+    """The most the single-pass autotuner holds above ``arguments`` while it tunes the cuBLAS
+    calls among ``gemms``, replayed through a growing BFC allocator (preallocation off) that
+    already holds the arguments: where each buffer lands depends on the regions the earlier
+    ones grew, so the chunks are placed, not counted each as a fresh one (:func:`bfc_chunk`).
+
+    For each call, in the compile's order (``Autotuner::ProfileAll``,
+    ``backends/autotuner/autotuner.cc``; ``GpuProfiler``, ``backends/gpu/autotuner/
+    gpu_profiler.cc``): its inputs, each guarded (``RedzoneBuffers::kAllInputs``); the
+    reference candidate run twice, a warm-up whose output is freed and a run whose output is
+    kept as the reference (``GetReferenceOutput``); then each candidate's warm-up and timed
+    run, each output freed after the comparison; at the end the reference and the inputs. A
+    candidate is the call alone in a module (``ExtractInstructionIntoNewModule``), its output
+    the call's whole result, the workspace its last element (``CublasLtBackend::ApplyConfig``
+    sizes it to the autotuning workspace, 32 MiB and 1 KiB on Hopper): the reference holds a
+    workspace besides the one each candidate allocates. Without the correctness check
+    (``xla_gpu_autotune_level`` below 4) there is no reference.
+
+    Measured on an H100 with jaxlib 0.11.2 (``bench/xla_floor_probe.py``, every GEMM through
+    cuBLAS with ``xla_gpu_enable_triton_gemm=false``): the 65536:512:3 MLP step's compile peaks
+    at 836 MiB and its allocator grows to 1,158 MiB, as this replay gives (counting each
+    buffer as a fresh chunk gave 739 MiB); the 16384:512:3 step's 292 MiB and 294 MiB likewise.
+
+    >>> lt = autotune_rules("0.11.2", (9, 0))
+    >>> x, w = 128 * MiB, MiB
+    >>> gemm = GemmBuffers("cublas", (x, 4 * MiB), (x, w))
+    >>> cublas_replay_bytes([gemm], [w, w, w, x], 8 * MiB, True, lt) // MiB
+    704
+    >>> cublas_replay_bytes([], [x], 8 * MiB, True, lt)
+    0
+    """
+    pool = replay_cublas_tuning(gemms, arguments, redzone, check, rules)
+    return pool.peak_bytes_in_use - pool.bytes_in_use  # every tuning buffer is freed again
+
+
+def replay_cublas_tuning(
+    gemms: Sequence[GemmBuffers],
+    arguments: Sequence[int],
+    redzone: int,
+    check: bool,
+    rules: AutotuneRules,
+) -> BfcAllocator:
+    """The growing BFC allocator after the autotuner tuned the cuBLAS calls among ``gemms``
+    with ``arguments`` in use (:func:`cublas_replay_bytes`): its peak and the regions it grew
+    (``pool_bytes``)."""
+    pool = BfcAllocator(1 << 62, preallocate=False)
+    for size in arguments:
+        pool.allocate(size)
+    for gemm in gemms:
+        if gemm.kind != "cublas":
+            continue
+        outputs = _candidate_outputs(gemm, rules)
+        inputs = [pool.allocate(_guarded(n, redzone)) for n in gemm.operands]
+        # the reference candidate's warm-up, its kept run, a candidate's warm-up and timed run
+        reference: list[int] = []
+        for run in ("warm-up", "reference", "warm-up", "timed"):
+            held = [pool.allocate(n) for n in outputs]
+            if run == "reference" and check:
+                reference = held
+                continue
+            for ident in held:
+                pool.free(ident)
+        for ident in (*reference, *inputs):
+            pool.free(ident)
+    return pool
 
 
 def bfc_chunk(size: int) -> int:
@@ -347,13 +435,17 @@ def autotune_bytes(
     gemms: Sequence[GemmBuffers],
     environ: Mapping[str, str],
     rules: AutotuneRules | None = None,
+    arguments: Sequence[int] | None = None,
 ) -> int:
     """The most the first call's autotuning holds at once: the GEMM whose tuning holds most
     (:func:`gemm_autotune_bytes`; XLA tunes one GEMM at a time and frees its buffers).
 
     ``XLA_FLAGS=--xla_gpu_autotune_level=0`` turns autotuning off (0 bytes); levels below 4
     skip the correctness check and its guard zones (``should_check_correctness``);
-    ``--xla_gpu_redzone_padding_bytes`` sets the guard zone.
+    ``--xla_gpu_redzone_padding_bytes`` sets the guard zone. With ``arguments`` (the step's
+    argument buffers, in order) and a growing pool (``rules.whole_chunks``), the cuBLAS calls
+    of the single-pass autotuner are placed by the allocator after them
+    (:func:`cublas_replay_bytes`).
 
     >>> autotune_bytes([GemmBuffers("fusion", (MiB,), (MiB, MiB))], {}) // MiB
     36
@@ -383,6 +475,12 @@ def autotune_bytes(
     if rules is None:
         return max(gemm_autotune_bytes(gemm, redzone, check=check) for gemm in gemms)
     if not rules.picker:
+        if rules.whole_chunks and rules.lt_workspace and arguments is not None:
+            # cuBLAS calls placed by the allocator after the arguments; fusions as before
+            others = [g for g in gemms if g.kind != "cublas"]
+            replayed = cublas_replay_bytes(gemms, arguments, redzone, check, rules)
+            counted = [_profiler_bytes(gemm, redzone, check, rules) for gemm in others]
+            return max([replayed, *counted])
         return max(_profiler_bytes(gemm, redzone, check, rules) for gemm in gemms)
     held = sorted((_picker_buffers(gemm, redzone, rules.hopper) for gemm in gemms), key=sum)
     three, workspace, reference = held[-1]
@@ -390,6 +488,54 @@ def autotune_bytes(
     if rules.overlap and len(held) > 1:
         total += held[-2][0]
     return total
+
+
+def handed_to_cublas_bytes(
+    calls: Sequence[GemmBuffers],
+    environ: Mapping[str, str],
+    rules: AutotuneRules,
+    arguments: Sequence[int] | None = None,
+) -> int:
+    """What the single-pass autotuner holds above the arguments when it tunes, as cuBLAS
+    calls, the GEMM fusions it handed to cuBLAS: ``calls`` are the cuBLAS calls of the step
+    compiled with every GEMM on cuBLAS (``xla_gpu_enable_triton_gemm=false``), what each
+    fusion becomes when a cuBLAS candidate wins it; 0 for an older autotuner or none.
+
+    A GEMM fusion is tuned once as a fusion (``Autotuner::ProfileAll``; its reference is the
+    first candidate that cannot give wrong results, ``GetReferenceOutput``, a cuBLAS fission
+    whose output is the fusion's result alone: Triton's backend says it can give wrong
+    results). When the cuBLAS fission wins, ``FissionBackend::ApplyConfig`` inlines the
+    rewritten computation, a cuBLAS custom call, into the module; the compiler's later
+    autotuning of cuBLAS custom calls (the GEMM rewriter runs after the fusion autotuner,
+    ``gpu_compiler.cc``) tunes that call as it tunes the calls of a cuBLAS-only compile,
+    its reference holding the call's result and workspace (:func:`cublas_replay_bytes`).
+    Which candidate wins is timed on the device; memfit counts the larger of the two.
+
+    Only calls with an operand at least the size of cuBLAS's workspace are counted: for them
+    the replay gives what the card measured (the 16384:512:3 and 65536:512:3 cuBLAS-only
+    compiles); for smaller calls the cuBLAS-only compiles peaked one workspace below the
+    replay (not explained from the source, see :func:`cublas_replay_bytes`), and the
+    fusions' own counted tuning already reaches what the card showed.
+
+    Measured on an H100 with jaxlib 0.11.2 (``bench/xla_floor_probe.py``): the 65536:512:3
+    MLP step with ``--xla_gpu_force_compilation_parallelism=1`` (Triton on) compiled to the
+    cuBLAS program (its allocator after the step: 2,182 MiB, as with
+    ``xla_gpu_enable_triton_gemm=false``; 2,054 MiB with default flags, where Triton won)
+    and its compile peaked at 836 MiB with 1,158 MiB of regions, as the cuBLAS-only compile.
+
+    >>> lt = autotune_rules("0.11.2", (9, 0))
+    >>> x, w = 128 * MiB, MiB
+    >>> calls = [GemmBuffers("cublas", (x, 4 * MiB), (x, w))]
+    >>> handed_to_cublas_bytes(calls, {}, lt, [w, w, w, x]) // MiB
+    704
+    >>> handed_to_cublas_bytes(calls, {}, autotune_rules("0.4.33", (9, 0)), [w, x])
+    0
+    """
+    if rules.picker or not rules.lt_workspace:
+        return 0
+    workspace = HOPPER_WORKSPACE if rules.hopper else DEFAULT_WORKSPACE
+    large = [g for g in calls if g.kind == "cublas" and max(g.operands, default=0) >= workspace]
+    return autotune_bytes(large, environ, rules, arguments)
 
 
 def round_up(size: int, unit: int = BFC_MIN_ALLOCATION) -> int:

@@ -438,7 +438,23 @@ def _from_gpu_compile(
     # of a fresh process
     growing = not policy.preallocate and not policy.platform_allocator
     rules = replace(rules, whole_chunks=rules.whole_chunks and growing)
-    autotune = rt.autotune_bytes(result.gemm_buffers, env, rules)
+    autotune = rt.autotune_bytes(result.gemm_buffers, env, rules, leaves)
+    # a GEMM fusion the autotuner hands to cuBLAS is tuned again as the cuBLAS call it became
+    handed = rt.handed_to_cublas_bytes(getattr(result, "cublas_gemm_buffers", ()), env, rules,
+                                       leaves)  # fmt: skip
+    calls = [g for g in result.gemm_buffers if g.kind == "cublas"]
+    autotune_name = rules.describe()
+    if handed > autotune:
+        autotune = handed
+        calls = list(result.cublas_gemm_buffers)
+        autotune_name += (
+            "; the GEMM fusions handed to cuBLAS, tuned again as the cuBLAS calls they become"
+        )
+    if rules.whole_chunks and calls:
+        autotune_name += (
+            "; its cuBLAS calls placed by the BFC allocator after the arguments, the reference "
+            "output holding the call's workspace too"
+        )
     rounding = sum(rt.round_up(n) - n for n in leaves) + rt.round_up(temp) - temp
     # the arguments, then the temporaries (one allocation) as the BFC allocator places them
     # (the outputs are one buffer per leaf, of sizes the compile does not give: counted
@@ -462,7 +478,7 @@ def _from_gpu_compile(
          "xla/service/gpu/autotuning/gemm_fusion_autotuner.cc (xla_gpu_cublas_fallback: the "
          "fusion inlined for the GEMM rewriter); the same step compiled with "
          "xla_gpu_enable_triton_gemm=false"),
-        (rules.describe(),
+        (autotune_name,
          max(0, argument + autotune - buffers),
          "xla/service/gpu/autotuning/redzone_buffers.cc, gemm_fusion_autotuner.cc, "
          "gemm_algorithm_picker.cc (at the XLA commit the target's jaxlib pins); "
