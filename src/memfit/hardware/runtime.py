@@ -592,7 +592,8 @@ def cuda_context(
     760
     >>> cuda_context(gpu("V100"), parse_runtime("torch=2.4.1"), kernels=False).bytes // MiB
     373
-    >>> lazy.basis, cuda_context(gpu("H100")).basis, cuda_context(gpu("H100"), framework="jax").basis
+    >>> h100 = gpu("H100")
+    >>> lazy.basis, cuda_context(h100).basis, cuda_context(h100, framework="jax").basis
     ('assumed', 'fitted', 'assumed')
     """
     rt = runtime if runtime is not None else runtime_from_versions()
