@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from memfit.core.families.common import ddp_terms
 from memfit.core.multi_gpu import device_terms, stray_context
 from memfit.hardware.catalog import gpu
 from memfit.hardware.cuda import cuda_context_bytes
@@ -15,11 +16,24 @@ from memfit.hardware.runtime import cuda_context, parse_runtime
 MiB = 2**20
 
 
+def gradient_bucket_bytes(setup: dict[str, Any]) -> int:
+    """What ``gradient_as_bucket_view=True`` saves at the peak in memfit's DDP terms: the
+    buckets kept beside the gradients without it, less those kept with it."""
+    grads = int(setup.get("parameter_bytes") or int(setup["parameters"]) * int(setup["param_bytes"]))
+
+    def kept(view: bool) -> int:
+        return sum(sum(t.tensors) for t in ddp_terms(grads, view))
+
+    return kept(False) - kept(True)
+
+
 def predict(reading: dict[str, Any]) -> int:
     """memfit's figure for what the reading measured, in bytes."""
     setup = reading["setup"]
-    spec = gpu(setup["gpu"])
     quantity = reading["quantity"]
+    if quantity == "ddp_gradient_buckets":
+        return gradient_bucket_bytes(setup)
+    spec = gpu(setup["gpu"])
     if quantity == "nccl_per_communicator":
         est = nccl_memory(
             setup["ranks"],
