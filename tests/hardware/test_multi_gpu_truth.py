@@ -46,3 +46,33 @@ def test_the_doc_table_is_the_benchs() -> None:
         for row in bench.rows(part):
             assert f"| `{row['id']}` |" in text
             assert f"{row['error']:+.1%}" in text
+
+
+def test_bucket_view_saving_is_the_gradients() -> None:
+    """DDP keeps buckets as large as all gradients beside them; gradient_as_bucket_view makes
+    the gradients views into the buckets, so it saves exactly that (reducer.cpp)."""
+    bench = _bench()
+    assert bench.gradient_bucket_bytes({"parameters": 1000, "param_bytes": 4}) == 4000
+    assert bench.gradient_bucket_bytes({"parameter_bytes": 2**30}) == 2**30
+
+
+#: Validation readings added by issue 44's kmgpu round, and how their sources would be cited.
+_UNCITED = {
+    "pytorch41954_resnet50_bucket_view": "pytorch#41954",
+    "pytorch41954_roberta_bucket_view": "pytorch#41954",
+    "returnn1469_stray_context": "returnn#1469",
+}
+
+
+def test_new_validation_readings_were_fitted_to_nothing() -> None:
+    """The rule the corpus is split by: a reading is calibration only when a memfit rule or
+    figure was derived from it. These are validation, so no rule table cites them."""
+    src = ROOT / "src" / "memfit"
+    cited = "\n".join(
+        p.read_text(encoding="utf-8")
+        for p in [*src.rglob("rules*.json"), *src.rglob("*.py")]
+    )
+    ids = {r["id"] for r in DOC["validation"]}
+    for reading_id, citation in _UNCITED.items():
+        assert reading_id in ids
+        assert citation not in cited
