@@ -61,6 +61,7 @@ _UNCITED = {
     "pytorch41954_resnet50_bucket_view": "pytorch#41954",
     "pytorch41954_roberta_bucket_view": "pytorch#41954",
     "returnn1469_stray_context": "returnn#1469",
+    "returnn1469_own_device": "returnn#1469",
 }
 
 
@@ -69,10 +70,28 @@ def test_new_validation_readings_were_fitted_to_nothing() -> None:
     figure was derived from it. These are validation, so no rule table cites them."""
     src = ROOT / "src" / "memfit"
     cited = "\n".join(
-        p.read_text(encoding="utf-8")
-        for p in [*src.rglob("rules*.json"), *src.rglob("*.py")]
+        p.read_text(encoding="utf-8") for p in [*src.rglob("rules*.json"), *src.rglob("*.py")]
     )
     ids = {r["id"] for r in DOC["validation"]}
     for reading_id, citation in _UNCITED.items():
         assert reading_id in ids
         assert citation not in cited
+
+
+def test_a_torch_ranks_own_device_is_context_tensors_and_nccl() -> None:
+    """A torch rank's own device: the context, its tensors in 2 MiB segments and NCCL's
+    terms; over SHM (NCCL_P2P_LEVEL=LOC) the channel buffers are in host memory."""
+    bench = _bench()
+    setup = {
+        "framework": "torch", "strategy": "ddp", "ranks": 2, "topology": "pcie",
+        "gpu": "RTX 2080 Ti", "nccl": "2.18.1", "runtime": "torch=2.1.0,module_loading=eager",
+        "tensor_bytes": 1,
+    }  # fmt: skip
+    shm = bench.predict(
+        {"quantity": "device_used", "setup": {**setup, "nccl_env": {"NCCL_P2P_LEVEL": "LOC"}}}
+    )
+    p2p = bench.predict({"quantity": "device_used", "setup": setup})
+    assert shm == (900 + 2 + 384) * 2**20
+    assert p2p == shm  # a GeForce card refuses peer access over PCIe: SHM either way
+    v100 = bench.predict({"quantity": "device_used", "setup": {**setup, "gpu": "V100"}})
+    assert v100 > shm  # P2P keeps the channel buffers on the device

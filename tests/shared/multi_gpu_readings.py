@@ -14,12 +14,16 @@ from memfit.hardware.nccl import nccl_memory
 from memfit.hardware.runtime import cuda_context, parse_runtime
 
 MiB = 2**20
+#: The caching allocator's small-pool segment (kSmallBuffer, 2 MiB).
+SEGMENT = 2 * MiB
 
 
 def gradient_bucket_bytes(setup: dict[str, Any]) -> int:
     """What ``gradient_as_bucket_view=True`` saves at the peak in memfit's DDP terms: the
     buckets kept beside the gradients without it, less those kept with it."""
-    grads = int(setup.get("parameter_bytes") or int(setup["parameters"]) * int(setup["param_bytes"]))
+    grads = int(
+        setup.get("parameter_bytes") or int(setup["parameters"]) * int(setup["param_bytes"])
+    )
 
     def kept(view: bool) -> int:
         return sum(sum(t.tensors) for t in ddp_terms(grads, view))
@@ -64,6 +68,25 @@ def predict(reading: dict[str, Any]) -> int:
     if quantity == "stray_cuda_context":
         init = setup.get("stray_init", "unknown")
         return stray_context(spec, parse_runtime(setup["runtime"]), init)[0]
+    if quantity == "device_used" and setup["framework"] == "torch":
+        # a rank's own device: its CUDA context (with the step's kernels), the collective
+        # terms on every device, and its tensors in whole caching-allocator segments
+        runtime = parse_runtime(setup["runtime"])
+        terms, _ = device_terms(
+            spec,
+            setup["ranks"],
+            framework="torch",
+            strategy=setup["strategy"],
+            topology=setup["topology"],
+            nccl=setup["nccl"],
+            nccl_env=setup.get("nccl_env"),
+        )
+        segments = -(-int(setup["tensor_bytes"]) // SEGMENT) * SEGMENT
+        return (
+            cuda_context(spec, runtime).bytes
+            + segments
+            + sum(t.bytes for t in terms if not t.device0_only)
+        )
     if quantity == "device_used":
         terms, _ = device_terms(
             spec,
