@@ -19,7 +19,11 @@ def test_ddp_on_four_geforce_cards() -> None:
     assert result.count == 4 and result.topology == "pcie" and result.strategy == "ddp"
     [group] = result.devices
     assert group.devices == [0, 1, 2, 3]
-    assert group.basis == {"nccl_channel_buffers": "analytic", "nccl_comm_base": "fitted"}
+    assert group.basis == {
+        "nccl_channel_buffers": "analytic",
+        "nccl_dev_structs": "analytic",
+        "nccl_comm_base": "fitted",
+    }
     assert group.breakdown["ddp_gradient_buckets"] > 0
     assert group.predicted_bytes == sum(group.breakdown.values())
     assert result.nccl is not None and result.nccl.transport == "SHM"
@@ -98,8 +102,9 @@ def test_env_advises_nccl_settings_for_several_cards(capsys: pytest.CaptureFixtu
     data = json.loads(capsys.readouterr().out)
     advice = {s["variable"]: s for s in data["nccl"]["settings"]}
     assert advice["NCCL_NVLS_ENABLE"]["value"] == "0"
-    # NCCL 2.21 on 8 x H100: 24 x 2 x 3 MiB x 8 = 1,152 MiB in 512 MiB granules
-    assert advice["NCCL_NVLS_ENABLE"]["saves_bytes"] == 1536 * 2**20
+    # NCCL 2.21 on 8 x H100: 24 x 2 x 3 MiB x 8 = 1,152 MiB in 512 MiB granules, and the
+    # 16 NVLS channels' device structures (a 2 MiB cuMem granule each)
+    assert advice["NCCL_NVLS_ENABLE"]["saves_bytes"] == (1536 + 16 * 2) * 2**20
     assert main(["env", "--gpu", "H100", "--json"]) in (0, 1)
     assert "nccl" not in json.loads(capsys.readouterr().out)
 

@@ -45,9 +45,24 @@ def test_the_count_is_split_from_the_card() -> None:
     ("gpu", "framework", "topology", "names"),
     [
         # GeForce over PCIe: no peer access, NCCL's buffers in host memory (SHM)
-        ("4xRTX 4090", "torch", "pcie", ["nccl_channel_buffers", "nccl_comm_base"]),
-        ("2xA100 80GB", "torch", "nvlink", ["nccl_channel_buffers", "nccl_comm_base"]),
-        ("8xH100", "jax", "nvswitch", ["nccl_channel_buffers", "nccl_nvls", "nccl_comm_base"]),
+        (
+            "4xRTX 4090",
+            "torch",
+            "pcie",
+            ["nccl_channel_buffers", "nccl_dev_structs", "nccl_comm_base"],
+        ),
+        (
+            "2xA100 80GB",
+            "torch",
+            "nvlink",
+            ["nccl_channel_buffers", "nccl_dev_structs", "nccl_comm_base"],
+        ),
+        (
+            "8xH100",
+            "jax",
+            "nvswitch",
+            ["nccl_channel_buffers", "nccl_nvls", "nccl_dev_structs", "nccl_comm_base"],
+        ),
     ],
 )
 def test_each_topology_gives_its_terms(
@@ -179,7 +194,7 @@ def test_fit_leaves_the_collectives_share_of_the_default_budget() -> None:
     from memfit.errors import InfeasiblePlan
     from memfit.runtime.fit import _less_collectives
 
-    several = collectives("4xRTX 4090", framework="torch")
+    several = collectives("4xRTX 4090", framework="jax")
     assert several is not None and (several.card, several.count) == ("RTX 4090", 4)
     share = several.every_device_bytes
     assert _less_collectives(2048 * MiB, _jax_prior("4xRTX 4090")) == 2048 * MiB - share
@@ -194,7 +209,7 @@ def test_fit_runs_under_the_budget_less_the_collectives() -> None:
 
     import memfit
 
-    several = collectives("4xRTX 4090", framework="torch")
+    several = collectives("4xRTX 4090", framework="jax")
     assert several is not None and (several.card, several.count) == ("RTX 4090", 4)
     share = several.every_device_bytes
 

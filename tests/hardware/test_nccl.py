@@ -11,6 +11,7 @@ from memfit.hardware.nccl import (
     LL128_BYTES,
     LL_BYTES,
     NcclSettings,
+    channels_set_up,
     nccl_memory,
     parse_nccl_version,
     recommend_tight,
@@ -175,6 +176,19 @@ _CHANGES = {
     "NCCL_P2P_LEVEL": ((4, "pcie", "2.21"), "NVL"),
     "NCCL_SHM_DISABLE": ((4, "pcie", "2.21"), "1"),
     "NCCL_CUMEM_ENABLE": ((4, "pcie", "2.21"), "0"),
+    "NCCL_MAX_P2P_NCHANNELS": ((8, "nvswitch", "2.21"), "16"),
+    "NCCL_MIN_P2P_NCHANNELS": ((4, "pcie", "2.21"), "8"),
+    # the FIFO is host memory unless GDRCopy's FIFO puts it on the device
+    "NCCL_GDRCOPY_ENABLE": ((4, "pcie", "2.21"), "1"),
+    "NCCL_GDRCOPY_FIFO_ENABLE": ((4, "pcie", "2.21"), "0"),
+    "NCCL_WORK_FIFO_DEPTH": ((4, "pcie", "2.21"), str(1024)),
+    "NCCL_WORK_FIFO_BYTES": ((4, "pcie", "2.26"), str(64 * MiB)),
+}
+# the variables that matter only with another one set, and that one (with its value)
+_WITH = {
+    "NCCL_GDRCOPY_FIFO_ENABLE": {"NCCL_GDRCOPY_ENABLE": "1"},
+    "NCCL_WORK_FIFO_DEPTH": {"NCCL_GDRCOPY_ENABLE": "1"},
+    "NCCL_WORK_FIFO_BYTES": {"NCCL_GDRCOPY_ENABLE": "1"},
 }
 
 
@@ -187,8 +201,9 @@ def test_every_explained_variable_is_honoured(name: str) -> None:
         base = nccl_memory(ranks, topology, nccl=version, env={"NCCL_P2P_DISABLE": "1"})
         assert nccl_memory(ranks, topology, nccl=version, env=env).transport != base.transport
         return
-    base = nccl_memory(ranks, topology, capability=(9, 0), nccl=version)
-    changed = nccl_memory(ranks, topology, capability=(9, 0), nccl=version, env=env)
+    with_ = _WITH.get(name, {})
+    base = nccl_memory(ranks, topology, capability=(9, 0), nccl=version, env=with_)
+    changed = nccl_memory(ranks, topology, capability=(9, 0), nccl=version, env={**with_, **env})
     assert changed.total_bytes != base.total_bytes
 
 
@@ -232,3 +247,57 @@ def test_an_unknown_nccl_takes_the_largest_release() -> None:
     )
     with pytest.raises(ConfigError, match="no NCCL version"):
         largest_nccl_memory(8, "nvswitch", nccl="2.21")
+
+
+def test_device_structures_are_a_granule_each_under_cumem() -> None:
+    # NCCL 2.21 on 8 x H100: devCommAndChans, 32 channels set up (24 collective, p2p up to
+    # pow2Up(24)) x 3, 16 NVLS channels x 1: 113 cuMem allocations of 2 MiB
+    est = nccl_memory(8, "nvswitch", capability=(9, 0), nccl="2.21")
+    assert _terms(est)["nccl_dev_structs"] == (1 + 32 * 3 + 16) * 2 * MiB
+    assert next(t for t in est.terms if t.name == "nccl_dev_structs").basis == "analytic"
+    # 2.23 adds rankToLocalRank; NVLS off drops the nvlsDevPeers
+    later = nccl_memory(8, "nvswitch", capability=(9, 0), nccl="2.23")
+    assert _terms(later)["nccl_dev_structs"] == (2 + 32 * 3 + 16) * 2 * MiB
+    off = nccl_memory(8, "nvswitch", capability=(9, 0), nccl="2.21", env={"NCCL_NVLS_ENABLE": "0"})
+    assert _terms(off)["nccl_dev_structs"] == (1 + 32 * 3) * 2 * MiB
+    # PCIe: 2 channels, 2 set up
+    assert _terms(nccl_memory(4, "pcie", nccl="2.21"))["nccl_dev_structs"] == 7 * 2 * MiB
+    # cudaMalloc (before 2.19, or NCCL_CUMEM_ENABLE=0): a few KiB, no term, said in a note
+    for old in (
+        nccl_memory(2, "nvlink", nccl="2.14"),
+        nccl_memory(4, "pcie", env={"NCCL_CUMEM_ENABLE": "0"}),
+    ):
+        assert "nccl_dev_structs" not in _terms(old)
+        assert any("cudaMalloc" in n for n in old.notes)
+
+
+def test_channels_set_up_follow_the_p2p_channels() -> None:
+    assert [channels_set_up(c) for c in (1, 2, 3, 12, 16, 24, 32)] == [1, 2, 4, 16, 16, 32, 32]
+    capped = NcclSettings.from_env({"NCCL_MAX_P2P_NCHANNELS": "8"})
+    assert channels_set_up(24, capped) == 24  # the collective channels are set up regardless
+    raised = NcclSettings.from_env({"NCCL_MIN_P2P_NCHANNELS": "8"})
+    assert channels_set_up(2, raised) == 8
+
+
+def test_work_fifo_is_on_the_device_only_with_gdrcopy() -> None:
+    assert "nccl_work_fifo" not in _terms(nccl_memory(4, "pcie", nccl="2.21"))
+    gdr = {"NCCL_GDRCOPY_ENABLE": "1"}
+    # before 2.22: 65536 entries x 512 B; from 2.22 NCCL_WORK_FIFO_BYTES, 1 MiB (a granule)
+    assert _terms(nccl_memory(4, "pcie", nccl="2.21", env=gdr))["nccl_work_fifo"] == 32 * MiB
+    assert _terms(nccl_memory(4, "pcie", nccl="2.22", env=gdr))["nccl_work_fifo"] == 2 * MiB
+    fifo_off = {**gdr, "NCCL_GDRCOPY_FIFO_ENABLE": "0"}
+    assert "nccl_work_fifo" not in _terms(nccl_memory(4, "pcie", nccl="2.21", env=fifo_off))
+
+
+def test_the_fitted_base_is_unchanged_and_reproduces_its_calibration() -> None:
+    # NVIDIA/nccl#964 (NCCL 2.14, cudaMalloc): 16 channels x 10 MiB + the fitted base = 544 MiB
+    est = nccl_memory(2, "nvlink", nccl="2.14", capability=(8, 0))
+    assert est.total_bytes == 544 * MiB
+    assert _terms(est)["nccl_comm_base"] == COMM_BASE_BYTES == 384 * MiB
+
+
+def test_tight_advice_names_cumem_only_where_its_granules_add_up() -> None:
+    assert (
+        recommend_tight(nccl_memory(8, "nvswitch", capability=(9, 0)))["NCCL_CUMEM_ENABLE"] == "0"
+    )
+    assert "NCCL_CUMEM_ENABLE" not in recommend_tight(nccl_memory(4, "pcie"))

@@ -9,7 +9,7 @@ extras :func:`memfit.core.multi_gpu.device_terms` names, each term with its basi
 
 >>> c = collectives("4xRTX 4090", framework="torch")
 >>> c.card, c.count, c.topology, [t.name for t in c.terms]
-('RTX 4090', 4, 'pcie', ['nccl_channel_buffers', 'nccl_comm_base'])
+('RTX 4090', 4, 'pcie', ['nccl_channel_buffers', 'nccl_dev_structs', 'nccl_comm_base'])
 >>> collectives("RTX 4090", framework="torch") is None
 True
 """

@@ -21,15 +21,37 @@ A communicator holds, on every GPU it spans (NVIDIA/nccl ``src/init.cc``,
   up to the multicast granularity (512 MiB on H100) before 2.26, to 2 MiB from 2.26.
 * **point-to-point** (``nccl_p2p_buffers``): send/recv and all-to-all connect every peer over
   its own channels, lazily, at the first such call.
-* **the communicator's base** (``nccl_comm_base``): what a communicator holds besides its
-  buffers (device structures, work queues, proxy state). Its figure is fitted on the
-  calibration part of ``tests/data/published_truth/multi_gpu/readings.yaml``, not derived.
+* **device structures** (``nccl_dev_structs``): the communicator's small device arrays, each
+  its own ``ncclCudaCalloc``/``ncclCudaCallocAsync`` (``src/init.cc`` ``devCommSetup``:
+  ``devCommAndChans``, and ``rankToLocalRank`` from 2.23; ``src/channel.cc`` ``initChannel``:
+  ``sharedRes->devPeers[c]``, ``channel->devPeers`` and ``devRingUserRanks`` for every
+  channel set up, the collective channels and the point-to-point channels
+  ``ncclTopoComputeP2pChannels`` initialises up to ``pow2Up(channels)``; ``initNvlsChannel``:
+  ``nvlsDevPeers`` per NVLS channel). With cuMem (``NCCL_CUMEM_ENABLE``, on from 2.19) each is
+  a ``cuMemCreate`` rounded up to the 2 MiB granularity (``ncclCuMemAlloc``: ``ALIGN_SIZE(size,
+  granularity)``), so 24 channels on 8 x H100 hold 226 MiB of structures of a few KiB each;
+  with ``cudaMalloc`` they are a few KiB, counted as none.
+* **the work FIFO** (``nccl_work_fifo``): in pinned host memory unless GDRCopy is on
+  (``NCCL_GDRCOPY_ENABLE=1`` with ``NCCL_GDRCOPY_FIFO_ENABLE``'s default 1), then in device
+  memory: ``NCCL_WORK_FIFO_DEPTH`` x 512 B (64 Ki entries, 32 MiB) before 2.22,
+  ``NCCL_WORK_FIFO_BYTES`` (1 MiB) from 2.22.
+* **the communicator's base** (``nccl_comm_base``): the rest, which NCCL's source does not
+  itemise as device allocations. Its figure is fitted on the calibration part of
+  ``tests/data/published_truth/multi_gpu/readings.yaml`` (NVIDIA/nccl#964, NCCL 2.14, whose
+  cudaMalloc'd structures are counted as none), not derived. NCCL's kernel images are not
+  split out of it: every communicator's init touches every NCCL kernel
+  (``ncclInitKernelsForDevice``: ``cudaFuncGetAttributes`` and ``cudaFuncSetAttribute`` on each
+  kernel of ``ncclDevKernelList``, 2.18 on; ``ncclKernMaxLocalSize`` in ``ncclInit``, 2.14),
+  which loads them under lazy loading as well, and they are registered with NCCL's own static
+  CUDA runtime (``CUDARTLIB ?= cudart_static``), so a framework's eager context measured
+  without NCCL does not hold them either: they are in a process once per device whatever the
+  loading mode, and their size (a property of the binary) is not in the source.
 
 Every figure that depends on a version is a row of ``rules_nccl.json`` with its source.
 
 >>> est = nccl_memory(8, "nvswitch", capability=(9, 0), nccl=(2, 21))
 >>> [t.name for t in est.terms]
-['nccl_channel_buffers', 'nccl_nvls', 'nccl_comm_base']
+['nccl_channel_buffers', 'nccl_nvls', 'nccl_dev_structs', 'nccl_comm_base']
 >>> nccl_memory(4, "pcie", p2p=False).terms[0].bytes
 0
 """
@@ -50,11 +72,13 @@ __all__ = [
     "ENV_EFFECTS",
     "GRANULE",
     "JAX_NCCL_RELEASES",
+    "MAX_CHANNELS",
     "NCCL_DEFAULT_VERSION",
     "TOPOLOGIES",
     "NcclEstimate",
     "NcclSettings",
     "NcclTerm",
+    "channels_set_up",
     "nccl_memory",
     "parse_nccl_version",
     "recommend_tight",
@@ -92,6 +116,14 @@ NVLS_ALIGN_BYTES = 2 * MiB
 NVLS_CHUNK_BYTES = 128 * 1024
 #: NCCL_STEPS.
 STEPS = 8
+#: MAXCHANNELS: the most channels a communicator sets up.
+MAX_CHANNELS = 32
+#: NCCL_WORK_SIZE: one work FIFO entry before 2.22 (src/include/device.h).
+WORK_ENTRY_BYTES = 512
+#: NCCL_WORK_FIFO_DEPTH's default (entries, before 2.22).
+WORK_FIFO_DEPTH = 64 * 1024
+#: NCCL_WORK_FIFO_BYTES' default (2.22 on).
+WORK_FIFO_BYTES = 1 * MiB
 #: What a communicator holds besides its buffers, per rank: fitted on the calibration part of
 #: tests/data/published_truth/multi_gpu/readings.yaml (NVIDIA/nccl#964: a 2-rank communicator
 #: on 4 x A100 NVLink takes 544 MB, of which 16 channels x 10 MiB are buffers; cudaMalloc, no
@@ -99,8 +131,14 @@ STEPS = 8
 COMM_BASE_BYTES = 384 * MiB
 _COMM_BASE_SOURCE = (
     "fitted on the calibration readings (NVIDIA/nccl#964: 544 MB per 2-rank communicator on "
-    "4 x A100 NVLink, less its 16 channels of buffers); NCCL's source does not itemise it"
+    "4 x A100 NVLink with NCCL 2.14, less its 16 channels of buffers; its device structures "
+    "are cudaMalloc'd there, a few KiB); NCCL's source does not itemise the rest: its work "
+    "FIFO is pinned host memory, and its kernel images are loaded once per process and "
+    "device, not per communicator"
 )
+
+#: The device structures' cuMem granules from which ``memfit env`` suggests cudaMalloc instead.
+_CUMEM_ADVICE_BYTES = 64 * MiB
 
 #: Every NCCL variable the model reads, and what it changes.
 ENV_EFFECTS: dict[str, str] = {
@@ -127,7 +165,21 @@ ENV_EFFECTS: dict[str, str] = {
     "CPU already use SHM; memfit counts P2P on PCIe unless told, an upper bound.",
     "NCCL_SHM_DISABLE": "1 with P2P unavailable falls back to the network transport (sockets): "
     "buffers in host memory.",
-    "NCCL_CUMEM_ENABLE": "1 (default from 2.19) makes each send connection a 2 MiB granule.",
+    "NCCL_CUMEM_ENABLE": "1 (default from 2.19) makes every device allocation its own cuMem "
+    "allocation in whole 2 MiB granules: each send connection, and each of the communicator's "
+    "small device structures (3 per channel set up, 1 per NVLS channel, 1-2 per communicator; "
+    "226 MiB on 8 x H100). 0 goes back to cudaMalloc, where the structures take a few KiB "
+    "(and buffers can no longer be registered through cuMem).",
+    "NCCL_MAX_P2P_NCHANNELS": "caps the point-to-point channels a communicator sets up at init "
+    "(default 32; it sets up pow2Up(collective channels)), each with 3 device structures.",
+    "NCCL_MIN_P2P_NCHANNELS": "raises the point-to-point channels set up at init (default 1).",
+    "NCCL_GDRCOPY_ENABLE": "1 (default 0) with NCCL_GDRCOPY_FIFO_ENABLE's default 1 moves the "
+    "work FIFO from pinned host memory to device memory (GDRCopy).",
+    "NCCL_GDRCOPY_FIFO_ENABLE": "0 keeps the work FIFO in host memory even with GDRCopy on.",
+    "NCCL_WORK_FIFO_DEPTH": "work FIFO entries of 512 B before 2.22 (default 65536: 32 MiB); "
+    "device memory only with GDRCopy's FIFO.",
+    "NCCL_WORK_FIFO_BYTES": "work FIFO size from 2.22 (default 1 MiB); device memory only with "
+    "GDRCopy's FIFO.",
 }
 
 
@@ -168,6 +220,11 @@ class NcclSettings:
     p2p_level: int | None = None
     shm_disable: bool = False
     cumem_enable: bool | None = None
+    max_p2p_nchannels: int | None = None
+    min_p2p_nchannels: int | None = None
+    gdrcopy_fifo: bool = False
+    work_fifo_depth: int | None = None
+    work_fifo_bytes: int | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None) -> NcclSettings:
@@ -202,6 +259,13 @@ class NcclSettings:
             p2p_level=_p2p_level(env.get("NCCL_P2P_LEVEL")),
             shm_disable=bool(flag("NCCL_SHM_DISABLE")),
             cumem_enable=flag("NCCL_CUMEM_ENABLE"),
+            max_p2p_nchannels=num("NCCL_MAX_P2P_NCHANNELS", 1),
+            min_p2p_nchannels=num("NCCL_MIN_P2P_NCHANNELS", 1),
+            # the FIFO moves to device memory only with GDRCopy on and its FIFO use not off
+            gdrcopy_fifo=bool(flag("NCCL_GDRCOPY_ENABLE"))
+            and flag("NCCL_GDRCOPY_FIFO_ENABLE") is not False,
+            work_fifo_depth=num("NCCL_WORK_FIFO_DEPTH", 1),
+            work_fifo_bytes=num("NCCL_WORK_FIFO_BYTES", 1),
         )
 
 
@@ -210,8 +274,8 @@ class NcclTerm:
     """One part of a communicator's device memory on one rank.
 
     Attributes:
-        name: ``nccl_channel_buffers``, ``nccl_nvls``, ``nccl_p2p_buffers`` or
-            ``nccl_comm_base``.
+        name: ``nccl_channel_buffers``, ``nccl_nvls``, ``nccl_p2p_buffers``,
+            ``nccl_dev_structs``, ``nccl_work_fifo`` or ``nccl_comm_base``.
         bytes: Device bytes per rank.
         basis: ``"analytic"`` (from NCCL's source) or ``"fitted"``.
         detail: How the figure was made (counts and sizes).
@@ -311,6 +375,81 @@ def _transport(topology: str, p2p: bool | None, settings: NcclSettings) -> str:
     return "P2P"
 
 
+def _pow2_up(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _nvls_channels(
+    version: tuple[int, ...], capability: tuple[int, int] | None, settings: NcclSettings
+) -> int:
+    """The NVLS channels (``NCCL_NVLS_NCHANNELS`` or the release's default), clamped as NCCL
+    clamps them to [``NCCL_MIN_NCHANNELS``, ``NCCL_MAX_NCHANNELS``] (minCTAs..maxCTAs)."""
+    nvls_channels = settings.nvls_nchannels or int(
+        rule("nccl", "nvls.channels", nccl=version, capability=capability)
+    )
+    if settings.max_nchannels is not None:
+        nvls_channels = min(nvls_channels, settings.max_nchannels)
+    if settings.min_nchannels is not None:
+        nvls_channels = max(nvls_channels, settings.min_nchannels)
+    return nvls_channels
+
+
+def channels_set_up(channels: int, settings: NcclSettings | None = None) -> int:
+    """The channels a communicator sets up at init: its collective channels and the
+    point-to-point channels ``ncclTopoComputeP2pChannels`` (``src/graph/paths.cc``) adds,
+    ``pow2Up(max(min(channels, NCCL_MAX_P2P_NCHANNELS), NCCL_MIN_P2P_NCHANNELS))``, at most
+    MAXCHANNELS (32).
+
+    >>> channels_set_up(24), channels_set_up(16), channels_set_up(2)
+    (32, 16, 2)
+    """
+    settings = settings or NcclSettings()
+    p2p = min(channels, settings.max_p2p_nchannels or MAX_CHANNELS)
+    p2p = max(p2p, settings.min_p2p_nchannels or 1)
+    return max(channels, min(_pow2_up(p2p), MAX_CHANNELS))
+
+
+def _dev_structs_term(
+    version: tuple[int, ...], channels: int, nvls_channels: int, settings: NcclSettings
+) -> NcclTerm:
+    """The communicator's small device structures, each its own 2 MiB cuMem allocation."""
+    per_comm = int(rule("nccl", "dev_structs.per_comm", nccl=version))
+    set_up = channels_set_up(channels, settings)
+    count = per_comm + 3 * set_up + nvls_channels
+    nvls = f" + {nvls_channels} NVLS channels x 1 (nvlsDevPeers)" if nvls_channels else ""
+    return NcclTerm(
+        "nccl_dev_structs",
+        count * GRANULE,
+        "analytic",
+        f"({per_comm} per communicator + {set_up} channels set up x 3 (devPeers, the shared "
+        f"devPeers, devRingUserRanks){nvls}) = {count} allocations of a few KiB, each a cuMem "
+        f"allocation of one 2 MiB granule (NCCL_CUMEM_ENABLE)",
+        "NVIDIA/nccl src/init.cc (devCommSetup), src/channel.cc (initChannel, initNvlsChannel), "
+        "src/graph/paths.cc (ncclTopoComputeP2pChannels), src/include/alloc.h (ncclCuMemAlloc: "
+        "ALIGN_SIZE(size, granularity), CU_MEM_ALLOC_GRANULARITY_MINIMUM) of 2.19-2.27",
+    )
+
+
+def _work_fifo_term(version: tuple[int, ...], settings: NcclSettings) -> NcclTerm:
+    """The work FIFO in device memory (GDRCopy's FIFO only)."""
+    if rule("nccl", "work_fifo.sized_by", nccl=version) == "bytes":
+        size = settings.work_fifo_bytes or WORK_FIFO_BYTES
+        how = f"NCCL_WORK_FIFO_BYTES {size} B"
+    else:
+        depth = settings.work_fifo_depth or WORK_FIFO_DEPTH
+        size = depth * WORK_ENTRY_BYTES
+        how = f"NCCL_WORK_FIFO_DEPTH {depth} x {WORK_ENTRY_BYTES} B"
+    return NcclTerm(
+        "nccl_work_fifo",
+        _round_up(size, GRANULE),
+        "analytic",
+        f"{how}, in device memory with GDRCopy's FIFO (NCCL_GDRCOPY_ENABLE=1)",
+        "NVIDIA/nccl src/init.cc devCommSetup (ncclGdrCudaCalloc of the work FIFO when "
+        "ncclGdrCopy and NCCL_GDRCOPY_FIFO_ENABLE, else ncclCudaHostCalloc), "
+        "src/include/gdrwrap.h",
+    )
+
+
 def _nvls_term(
     version: tuple[int, ...],
     capability: tuple[int, int] | None,
@@ -321,14 +460,7 @@ def _nvls_term(
 ) -> NcclTerm:
     """NVLS's multicast buffers per rank, as ``src/transport/nvls.cc`` of ``version`` sizes
     them (``rules_nccl.json``'s ``nvls.*`` rows)."""
-    nvls_channels = settings.nvls_nchannels or int(
-        rule("nccl", "nvls.channels", nccl=version, capability=capability)
-    )
-    # NCCL clamps the NVLS channels to [NCCL_MIN_NCHANNELS, NCCL_MAX_NCHANNELS] (minCTAs..maxCTAs)
-    if settings.max_nchannels is not None:
-        nvls_channels = min(nvls_channels, settings.max_nchannels)
-    if settings.min_nchannels is not None:
-        nvls_channels = max(nvls_channels, settings.min_nchannels)
+    nvls_channels = _nvls_channels(version, capability, settings)
     if rule("nccl", "nvls.channels_from", nccl=version) == "collective":
         count = max(channels, nvls_channels)
         which = f"{count} collective channels (at least the {nvls_channels} NVLS channels)"
@@ -460,8 +592,10 @@ def nccl_memory(
         )
     )
     nvls_on = settings.nvls_enable is not False and topology == "nvswitch" and local > 2
+    nvls_channels = 0
     if nvls_on and bool(rule("nccl", "nvls.available", nccl=version, capability=capability)):
         terms.append(_nvls_term(version, capability, channels, local, simple, settings))
+        nvls_channels = _nvls_channels(version, capability, settings)
     elif topology == "nvswitch" and settings.nvls_enable is False:
         notes.append("NCCL_NVLS_ENABLE=0: no NVLS multicast buffers")
     if all_to_all and on_device:
@@ -483,8 +617,24 @@ def nccl_memory(
                 "NVIDIA/nccl#1685 (32 channels per pair on 8 x H100, 10 MiB + 2 MiB each)",
             )
         )
+    if cumem:
+        terms.append(_dev_structs_term(version, channels, nvls_channels, settings))
+    else:
+        notes.append(
+            "the communicator's device structures are cudaMalloc'd (NCCL before 2.19 or "
+            "NCCL_CUMEM_ENABLE=0): a few KiB, counted as none"
+        )
+    if settings.gdrcopy_fifo:
+        terms.append(_work_fifo_term(version, settings))
     terms.append(
-        NcclTerm("nccl_comm_base", COMM_BASE_BYTES, "fitted", "per communicator", _COMM_BASE_SOURCE)
+        NcclTerm(
+            "nccl_comm_base",
+            COMM_BASE_BYTES,
+            "fitted",
+            "per communicator: the rest of NVIDIA/nccl#964's 2-rank communicator (NCCL 2.14) "
+            "beyond its channel buffers, not itemised by NCCL's source",
+            _COMM_BASE_SOURCE,
+        )
     )
     if bool(rule("nccl", "runtime_connect.default", nccl=version)):
         notes.append(
@@ -538,12 +688,16 @@ def recommend_tight(estimate: NcclEstimate) -> dict[str, str]:
     what it costs (bandwidth), for ``memfit env``-style advice.
 
     >>> sorted(recommend_tight(nccl_memory(8, "nvswitch", capability=(9, 0))))
-    ['NCCL_BUFFSIZE', 'NCCL_MAX_NCHANNELS', 'NCCL_NVLS_ENABLE']
+    ['NCCL_BUFFSIZE', 'NCCL_CUMEM_ENABLE', 'NCCL_MAX_NCHANNELS', 'NCCL_NVLS_ENABLE']
     >>> sorted(recommend_tight(nccl_memory(4, "pcie")))
     ['NCCL_BUFFSIZE', 'NCCL_P2P_DISABLE']
     """
     out: dict[str, str] = {}
     names = {t.name for t in estimate.terms if t.bytes}
+    structs = sum(t.bytes for t in estimate.terms if t.name == "nccl_dev_structs")
+    if structs >= _CUMEM_ADVICE_BYTES:
+        # cudaMalloc packs the few-KiB structures instead of a 2 MiB granule each
+        out["NCCL_CUMEM_ENABLE"] = "0"
     if "nccl_nvls" in names:
         out["NCCL_NVLS_ENABLE"] = "0"
     if "nccl_channel_buffers" in names and estimate.channels > 2:
