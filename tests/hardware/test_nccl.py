@@ -39,15 +39,16 @@ def test_one_rank_holds_nothing() -> None:
         (4, "pcie", (8, 9), "2.21", 2 * 2 * 12),
         # 2 ranks: the tree shares the ring's connection
         (2, "pcie", (8, 9), "2.21", 2 * 1 * 12),
-        # NVLink without a switch: 16 channels; before 2.19 no send granule
-        (2, "nvlink", (8, 0), "2.18", 16 * 10),
-        (4, "nvlink", (8, 0), "2.18", 16 * 2 * 10),
+        # NVLink without a switch: 16 channels; before 2.19 cudaMalloc: the buffers at their
+        # byte size (9,633,792 B = 9.1875 MiB), no send granule
+        (2, "nvlink", (8, 0), "2.18", 16 * 9.1875),
+        (4, "nvlink", (8, 0), "2.18", 16 * 2 * 9.1875),
         # NVSwitch, Hopper: 24 channels
         (8, "nvswitch", (9, 0), "2.21", 24 * 2 * 12),
     ],
 )
 def test_channel_buffers_by_topology(
-    ranks: int, topology: str, capability: tuple[int, int], nccl: str, expected_mib: int
+    ranks: int, topology: str, capability: tuple[int, int], nccl: str, expected_mib: float
 ) -> None:
     est = nccl_memory(ranks, topology, capability=capability, nccl=nccl)
     assert _terms(est)["nccl_channel_buffers"] == expected_mib * MiB
@@ -122,7 +123,8 @@ def test_variables_change_the_figures() -> None:
     )
     assert _terms(later)["nccl_nvls"] == _terms(base)["nccl_nvls"]
     nocumem = nccl_memory(4, "pcie", nccl="2.21", env={"NCCL_CUMEM_ENABLE": "0"})
-    assert _terms(nocumem)["nccl_channel_buffers"] == 2 * 2 * 10 * MiB
+    # cudaMalloc: no send granule, the buffers at their byte size (9,633,792 B)
+    assert _terms(nocumem)["nccl_channel_buffers"] == 2 * 2 * 9_633_792
     chunk = nccl_memory(
         8, "nvswitch", capability=(9, 0), nccl="2.26", env={"NCCL_NVLS_CHUNKSIZE": "262144"}
     )
@@ -290,10 +292,13 @@ def test_work_fifo_is_on_the_device_only_with_gdrcopy() -> None:
 
 
 def test_the_fitted_base_is_unchanged_and_reproduces_its_calibration() -> None:
-    # NVIDIA/nccl#964 (NCCL 2.14, cudaMalloc): 16 channels x 10 MiB + the fitted base = 544 MiB
+    # NVIDIA/nccl#964 (NCCL 2.14, cudaMalloc): 16 channels x 9,633,792 B (147 MiB) + the
+    # fitted base (397 MiB) = 544 MiB; 3 ranks: 2 connections a channel, 691 MiB (688 read)
     est = nccl_memory(2, "nvlink", nccl="2.14", capability=(8, 0))
+    assert _terms(est)["nccl_channel_buffers"] == 147 * MiB
     assert est.total_bytes == 544 * MiB
-    assert _terms(est)["nccl_comm_base"] == COMM_BASE_BYTES == 384 * MiB
+    assert _terms(est)["nccl_comm_base"] == COMM_BASE_BYTES == 397 * MiB
+    assert nccl_memory(3, "nvlink", nccl="2.14", capability=(8, 0)).total_bytes == 691 * MiB
 
 
 def test_tight_advice_names_cumem_only_where_its_granules_add_up() -> None:

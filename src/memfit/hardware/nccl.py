@@ -8,10 +8,11 @@ A communicator holds, on every GPU it spans (NVIDIA/nccl ``src/init.cc``,
   inside one node). Each receiving connection holds one buffer per protocol: LL
   (``NCCL_LL_BUFFSIZE``, default 8 lines x 512 threads x 8 steps x 16 B = 512 KiB), LL128
   (``NCCL_LL128_BUFFSIZE``, default 120 x 640 x 8 x 8 B = 4,915,200 B) and Simple
-  (``NCCL_BUFFSIZE``, default 4 MiB), rounded up to whole 2 MiB granules (NVIDIA/nccl#1685
-  sees 10485760-byte allocations); each sending connection one 2 MiB granule of state under
-  cuMem (2.19 on). Over P2P (PCIe or NVLink) and NET with GPUDirect the buffers are in
-  device memory; over SHM (``NCCL_P2P_DISABLE=1``, or GeForce cards, whose driver refuses
+  (``NCCL_BUFFSIZE``, default 4 MiB), under cuMem (2.19 on) rounded up to whole 2 MiB
+  granules (NVIDIA/nccl#1685 sees 10485760-byte allocations) and each sending connection one
+  2 MiB granule of state; cudaMalloc'd at their byte size before (NVIDIA/nccl#964's 2- and
+  3-rank communicators differ by 144 MB over 16 connections: 9 MiB each, not 10). Over P2P
+  (PCIe or NVLink) and NET with GPUDirect the buffers are in device memory; over SHM (``NCCL_P2P_DISABLE=1``, or GeForce cards, whose driver refuses
   peer access over PCIe) they are in host memory.
 * **NVLS** (``nccl_nvls``): on NVSwitch systems of Hopper and newer, the multicast buffers of
   NVLink SHARP: ``channels x 2 x buffer x local ranks``, where buffer is ``NCCL_BUFFSIZE + 2
@@ -124,14 +125,17 @@ WORK_ENTRY_BYTES = 512
 WORK_FIFO_DEPTH = 64 * 1024
 #: NCCL_WORK_FIFO_BYTES' default (2.22 on).
 WORK_FIFO_BYTES = 1 * MiB
-#: What a communicator holds besides its buffers, per rank: fitted on the calibration part of
-#: tests/data/published_truth/multi_gpu/readings.yaml (NVIDIA/nccl#964: a 2-rank communicator
-#: on 4 x A100 NVLink takes 544 MB, of which 16 channels x 10 MiB are buffers; cudaMalloc, no
-#: send granule before 2.19).
-COMM_BASE_BYTES = 384 * MiB
+#: What a communicator holds besides its buffers and its device structures, per rank: fitted
+#: on the calibration part of tests/data/published_truth/multi_gpu/readings.yaml
+#: (NVIDIA/nccl#964: a 2-rank communicator on 4 x A100 NVLink with NCCL 2.14 takes 544 MB, of
+#: which 16 channels x 9,633,792 B (147 MiB) are buffers, cudaMalloc'd at their byte size, no
+#: send granule, and the device structures a few KiB: 544 - 147 = 397 MiB; 384 MiB until
+#: 2026-11-29, when the buffers were taken in 2 MiB granules there as well).
+COMM_BASE_BYTES = 397 * MiB
 _COMM_BASE_SOURCE = (
     "fitted on the calibration readings (NVIDIA/nccl#964: 544 MB per 2-rank communicator on "
-    "4 x A100 NVLink with NCCL 2.14, less its 16 channels of buffers; its device structures "
+    "4 x A100 NVLink with NCCL 2.14, less its 16 channels of buffers (147 MiB); its device "
+    "structures "
     "are cudaMalloc'd there, a few KiB); NCCL's source does not itemise the rest: its work "
     "FIFO is pinned host memory, and its kernel images are loaded once per process and "
     "device, not per communicator"
@@ -166,7 +170,8 @@ ENV_EFFECTS: dict[str, str] = {
     "NCCL_SHM_DISABLE": "1 with P2P unavailable falls back to the network transport (sockets): "
     "buffers in host memory.",
     "NCCL_CUMEM_ENABLE": "1 (default from 2.19) makes every device allocation its own cuMem "
-    "allocation in whole 2 MiB granules: each send connection, and each of the communicator's "
+    "allocation in whole 2 MiB granules: each connection's buffers (10 MiB for 9.19), each "
+    "send connection's state, and each of the communicator's "
     "small device structures (3 per channel set up, 1 per NVLS channel, 1-2 per communicator; "
     "226 MiB on 8 x H100). 0 goes back to cudaMalloc, where the structures take a few KiB "
     "(and buffers can no longer be registered through cuMem).",
@@ -557,7 +562,12 @@ def nccl_memory(
     ll = settings.ll_buffsize or LL_BYTES
     ll128 = settings.ll128_buffsize or LL128_BYTES
     simple = settings.buffsize or SIMPLE_BYTES
-    recv_conn = _round_up(ll + ll128 + simple, GRANULE)
+    # cuMem rounds each buffer to whole granules (NVIDIA/nccl#1685's 10485760-byte
+    # allocations); cudaMalloc'd buffers (before 2.19) take their byte size, as
+    # NVIDIA/nccl#964's 2- vs 3-rank difference shows (144 MB for 16 connections: 9 MiB each,
+    # not 10)
+    raw_conn = ll + ll128 + simple
+    recv_conn = _round_up(raw_conn, GRANULE) if cumem else raw_conn
     send_conn = GRANULE if cumem else 0
     # ring: one receiving and one sending connection per channel; the tree (a chain in a
     # node) adds the other direction with more than two ranks
@@ -584,7 +594,8 @@ def nccl_memory(
             buffers,
             "analytic",
             f"{channels} channels x {conns} connection(s) x ({recv_conn // 1024} KiB received "
-            f"(LL {ll} + LL128 {ll128} + Simple {simple} B in 2 MiB granules) + "
+            f"(LL {ll} + LL128 {ll128} + Simple {simple} B"
+            f"{' in 2 MiB granules' if cumem else ', cudaMalloc'}) + "
             f"{send_conn // 1024} KiB sent), in {where}",
             "NVIDIA/nccl src/init.cc (DEFAULT_LL_BUFFSIZE, DEFAULT_LL128_BUFFSIZE, "
             "DEFAULT_BUFFSIZE), src/transport/p2p.cc, src/graph/connect.cc (rings and trees); "
@@ -612,7 +623,7 @@ def nccl_memory(
                 "nccl_p2p_buffers",
                 peers * per_peer * (recv_conn + send_conn),
                 "analytic",
-                f"{peers} peers x {per_peer} channels per peer x ({recv_conn // MiB} MiB + "
+                f"{peers} peers x {per_peer} channels per peer x ({recv_conn / MiB:g} MiB + "
                 f"{send_conn // MiB} MiB), made at the first send/recv or all-to-all",
                 "NVIDIA/nccl#1685 (32 channels per pair on 8 x H100, 10 MiB + 2 MiB each)",
             )
