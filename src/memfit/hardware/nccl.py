@@ -12,8 +12,9 @@ A communicator holds, on every GPU it spans (NVIDIA/nccl ``src/init.cc``,
   granules (NVIDIA/nccl#1685 sees 10485760-byte allocations) and each sending connection one
   2 MiB granule of state; cudaMalloc'd at their byte size before (NVIDIA/nccl#964's 2- and
   3-rank communicators differ by 144 MB over 16 connections: 9 MiB each, not 10). Over P2P
-  (PCIe or NVLink) and NET with GPUDirect the buffers are in device memory; over SHM (``NCCL_P2P_DISABLE=1``, or GeForce cards, whose driver refuses
-  peer access over PCIe) they are in host memory.
+  (PCIe or NVLink) and NET with GPUDirect the buffers are in device memory; over SHM
+  (``NCCL_P2P_DISABLE=1``, or GeForce cards, whose driver refuses peer access over PCIe)
+  they are in host memory.
 * **NVLS** (``nccl_nvls``): on NVSwitch systems of Hopper and newer, the multicast buffers of
   NVLink SHARP: ``channels x 2 x buffer x local ranks``, where buffer is ``NCCL_BUFFSIZE + 2
   MiB`` (2.17 to 2.20), ``NCCL_NVLS_CHUNKSIZE x 8 steps + 2 MiB`` (2.21) or ``NCCL_NVLS_CHUNKSIZE
