@@ -3,8 +3,9 @@
 Reads ``tests/data/published_truth/cuda_context/readings.yaml`` (a calibration part, which
 ``memfit.hardware.runtime``'s context figures were derived from, and a validation part, which
 nothing was fitted to), predicts each reading with :func:`memfit.hardware.runtime.cuda_context`
-(``kernels=False`` for a process that ran no step, ``True`` after training steps) and writes
-both parts' errors to ``bench/out/context_truth.*`` and to the section of
+(``kernels=False`` for a process that ran no step, ``True`` after training steps; the
+reading's framework, torch or JAX) and writes both parts' errors, torch's and JAX's readings
+in tables of their own, to ``bench/out/context_truth.*`` and to the section of
 ``docs/benchmarks.md`` between its markers.
 
     python bench/context_truth.py            # prints the table; --write-docs updates the docs
@@ -28,6 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "benchmarks.md"
 BEGIN = "<!-- context_truth:begin -->"
 END = "<!-- context_truth:end -->"
+#: The frameworks tabled apart, with their labels.
+FRAMEWORKS = (("torch", "torch"), ("jax", "JAX"))
 
 
 def markdown(parts: dict[str, list[dict[str, Any]]], command: str) -> str:
@@ -44,25 +47,32 @@ def markdown(parts: dict[str, list[dict[str, Any]]], command: str) -> str:
         "resident threads per SM x 1 KiB of stack), a step adds the kernel images it loads "
         "(`LAZY_KERNEL_IMAGES_BYTES`; `memfit.hardware.runtime`). Calibration: what the two "
         "figures were derived from; validation: nothing was fitted to it. A reading whose "
-        "source names no card is listed, not compared.",
+        "source names no card is listed, not compared. A JAX process's readings are tabled "
+        'apart (`cuda_context(..., framework="jax")`: the same context once started, a '
+        "step's kernel images assumed, as no reading of a JAX step was found to fit them on).",
         "",
     ]
     for name, part in parts.items():
-        errors = [r["error"] for r in part if r["error"] is not None]
-        lines += [
-            f"**{name}** ({_common.error_summary(errors, 'readings')})",
-            "",
-            "| reading | state | GPU | measured MiB | predicted MiB | error | source |",
-            "|---|---|---|---:|---:|---:|---|",
-        ]
-        for r in part:
-            pred = "-" if r["predicted_mib"] is None else f"{r['predicted_mib']:,.0f}"
-            err = "not compared" if r["error"] is None else f"{r['error']:+.1%}"
-            lines.append(
-                f"| `{r['id']}` | {r['state']} | {r['gpu'] or 'not stated'} | "
-                f"{r['measured_mib']:,.0f} | {pred} | {err} | {r['source']} |"
-            )
-        lines.append("")
+        for framework, label in FRAMEWORKS:
+            rows_ = [r for r in part if r["framework"] == framework]
+            if not rows_:
+                lines += [f"**{name}, {label}**: none.", ""]
+                continue
+            errors = [r["error"] for r in rows_ if r["error"] is not None]
+            lines += [
+                f"**{name}, {label}** ({_common.error_summary(errors, 'readings')})",
+                "",
+                "| reading | state | GPU | measured MiB | predicted MiB | error | source |",
+                "|---|---|---|---:|---:|---:|---|",
+            ]
+            for r in rows_:
+                pred = "-" if r["predicted_mib"] is None else f"{r['predicted_mib']:,.0f}"
+                err = "not compared" if r["error"] is None else f"{r['error']:+.1%}"
+                lines.append(
+                    f"| `{r['id']}` | {r['state']} | {r['gpu'] or 'not stated'} | "
+                    f"{r['measured_mib']:,.0f} | {pred} | {err} | {r['source']} |"
+                )
+            lines.append("")
     lines.append(END)
     return "\n".join(lines)
 

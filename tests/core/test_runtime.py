@@ -121,6 +121,29 @@ def test_eager_context_is_the_published_v100_figure_and_lazy_the_arch_table() ->
     assert cuda_context(memfit.hardware.catalog.host_device(2**34), eager.runtime).bytes == 0
 
 
+def test_a_jax_process_has_its_own_kernel_image_class() -> None:
+    """Issue 41/44: the kernel images are a class per framework. A JAX process's are fitted
+    nowhere (no reading of a JAX step isolates them): torch's figure stands in, ``assumed``,
+    and the estimate says why; its context once started is the same as torch's."""
+    rt = parse_runtime("torch=2.11.0,cuda=13.0")
+    for card in ("H100", "RTX 4070", "L40S"):
+        torch = cuda_context(gpu(card), rt)
+        jax = cuda_context(gpu(card), rt, framework="jax")
+        assert jax.bytes == torch.bytes and jax.kernel_images_bytes == LAZY_KERNEL_IMAGES_BYTES
+        assert jax.basis == "assumed"
+        assert any("JAX step" in u for u in jax.unknowns)
+        assert not any("JAX step" in u for u in torch.unknowns)
+        started = cuda_context(gpu(card), rt, kernels=False, framework="jax")
+        assert started.bytes == cuda_context(gpu(card), rt, kernels=False).bytes
+        assert started.basis == "fitted"  # no kernel images: the started context's rule
+    assert cuda_context(gpu("H100"), rt).basis == "fitted"  # torch's H100 capture
+
+
+def test_cuda_context_names_a_framework_it_does_not_know() -> None:
+    with pytest.raises(ConfigError, match="framework must be one of 'torch', 'jax'"):
+        cuda_context(gpu("H100"), framework="tensorflow")
+
+
 @pytest.mark.parametrize(
     ("card", "runtime", "mib"),
     [

@@ -83,6 +83,35 @@ def test_jax_estimate_band_is_the_compiled_band() -> None:
         est.band("nope")
 
 
+def test_jax_estimate_context_band_follows_the_jax_context_basis() -> None:
+    """The CUDA context in ``device_used_bytes`` takes the band of its basis, as
+    ``cuda_context(..., framework="jax")`` gives it (``assumed`` on every card today: no
+    reading of a JAX step fitted its kernel images), not a fixed one."""
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    from memfit.hardware.catalog import gpu
+    from memfit.hardware.runtime import cuda_context
+
+    est = memfit.estimate_jax(
+        lambda x: jnp.tanh(x) * 2, jax.ShapeDtypeStruct((64, 32), jnp.float32), gpu="H100"
+    )
+    jax_context = cuda_context(gpu("H100"), framework="jax")
+    assert est.context_basis == jax_context.basis == "assumed"
+    assert est.to_dict()["context_basis"] == "assumed"
+    used = est.device_used_bytes
+    assert used is not None
+    context = jax_context.bytes
+    compiled = load_bands().interval(used - context, "compiled")
+    for basis in ("assumed", "fitted"):
+        # the context's band is the one of the basis the estimate carries
+        ctx = load_bands().interval(context, basis, term="cuda_context")
+        other = replace(est, context_basis=basis, breakdown=(("CUDA context", context, "x"),))
+        assert other.band("device_used_bytes") == (compiled[0] + ctx[0], compiled[1] + ctx[1])
+    fitted = replace(est, context_basis="fitted", breakdown=(("CUDA context", context, "x"),))
+    assumed = replace(fitted, context_basis="assumed")
+    assert assumed.band("device_used_bytes")[1] >= fitted.band("device_used_bytes")[1]
+
+
 def test_torch_estimate_band_widens_with_the_share_of_assumed_kernels() -> None:
     torch = pytest.importorskip("torch")
     from dataclasses import replace

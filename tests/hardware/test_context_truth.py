@@ -6,7 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from context_readings import load, rows
+from context_readings import framework, load, predict, rows
+
+from memfit.hardware import runtime
+from memfit.hardware.catalog import gpu
+from memfit.hardware.runtime import FRAMEWORKS, cuda_context, parse_runtime
 
 DOC = load()
 
@@ -38,3 +42,44 @@ def test_h100_validation_steps_not_under(reading: dict[str, Any]) -> None:
     an under-predicted context is an OOM on a full card."""
     [row] = rows([reading])
     assert 0.0 <= row["error"] <= 0.03, row
+
+
+def test_every_reading_names_a_known_framework_and_jax_readings_are_validation() -> None:
+    """The split of the JAX readings was decided before comparing, by role: nothing about a
+    JAX process is fitted from them, so they are all validation."""
+    for part in DOC.values():
+        for reading in part:
+            assert framework(reading) in FRAMEWORKS
+    assert not [r for r in DOC["calibration"] if framework(r) == "jax"]
+    assert [r for r in DOC["validation"] if framework(r) == "jax"]
+
+
+def test_kernel_images_are_fitted_only_where_calibration_steps_of_that_framework_exist() -> None:
+    """A framework's kernel images are ``fitted`` on an architecture exactly when the
+    calibration part holds a step of a process of that framework on a card of it."""
+    steps = {
+        (framework(r), gpu(r["setup"]["gpu"]).arch)
+        for r in DOC["calibration"]
+        if r["state"] == "step" and r["setup"].get("gpu")
+    }
+    fitted = {(fw, arch) for fw, archs in runtime._IMAGES_FITTED_ON.items() for arch in archs}
+    assert fitted == steps
+    assert set(runtime._IMAGES_FITTED_ON) == set(FRAMEWORKS)
+
+
+@pytest.mark.parametrize(
+    "reading",
+    [r for part in DOC.values() for r in part if framework(r) == "jax"],
+    ids=lambda r: r["id"],
+)
+def test_jax_readings_are_predicted_as_a_jax_process(reading: dict[str, Any]) -> None:
+    setup = reading["setup"]
+    expected = cuda_context(
+        gpu(setup["gpu"]),
+        parse_runtime(setup["runtime"]),
+        kernels=reading["state"] == "step",
+        framework="jax",
+    )
+    assert predict(reading) == expected.bytes
+    [row] = rows([reading])
+    assert row["framework"] == "jax" and row["error"] is not None

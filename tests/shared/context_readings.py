@@ -36,7 +36,14 @@ def predict(reading: dict[str, Any]) -> int | None:
         return None
     runtime = parse_runtime(setup["runtime"]) if setup.get("runtime") else None
     kernels = reading["state"] == "step"
-    return cuda_context(gpu(setup["gpu"]), runtime, kernels=kernels).bytes
+    return cuda_context(
+        gpu(setup["gpu"]), runtime, kernels=kernels, framework=framework(reading)
+    ).bytes
+
+
+def framework(reading: dict[str, Any]) -> str:
+    """The reading's process's framework (``torch`` when the setup names none)."""
+    return str(reading["setup"].get("framework", "torch"))
 
 
 def rows(part: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -49,6 +56,7 @@ def rows(part: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append(
             {
                 "id": reading["id"],
+                "framework": framework(reading),
                 "state": reading["state"],
                 "gpu": reading["setup"].get("gpu"),
                 "measured_mib": real / MiB,

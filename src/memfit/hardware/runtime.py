@@ -42,7 +42,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from memfit._checks import parse_int, require_instance
+from memfit._checks import parse_int, require_choice, require_instance
 from memfit.errors import ConfigError
 from memfit.hardware.catalog import GpuSpec
 from memfit.hardware.rules import rule
@@ -52,6 +52,7 @@ __all__ = [
     "CONTEXT_BASE_BYTES",
     "CONTEXT_SOURCES",
     "EAGER_CONTEXT_BYTES",
+    "FRAMEWORKS",
     "LAZY_CONTEXT_BYTES",
     "LAZY_CONTEXT_UNKNOWN_BYTES",
     "LAZY_KERNEL_IMAGES_BYTES",
@@ -147,8 +148,19 @@ LAZY_CONTEXT_UNKNOWN_BYTES = 509 * MiB
 #: version.
 LAZY_KERNEL_IMAGES_BYTES = 283 * MiB
 
-#: The architectures whose lazy step context was measured (the project's H100 capture).
-_IMAGES_MEASURED_ON = frozenset({"hopper"})
+#: The frameworks whose processes :func:`cuda_context` sizes.
+FRAMEWORKS: tuple[str, ...] = ("torch", "jax")
+
+#: The architectures on which a framework's kernel images were fitted to calibration readings
+#: of a step in a process of that framework (tests/data/published_truth/cuda_context/
+#: readings.yaml): torch's on the project's H100 capture. A JAX process loads other images
+#: (XLA's compiled modules, the cuBLAS/cuBLASLt kernels its GEMMs and autotuner run, cuDNN's
+#: for convolutions; not torch's own kernels) and no reading of a JAX step with preallocation
+#: off was found that isolates them, so none is fitted: it takes torch's figure, ``assumed``.
+_IMAGES_FITTED_ON: dict[str, frozenset[str]] = {
+    "torch": frozenset({"hopper"}),
+    "jax": frozenset(),
+}
 
 _SMS_FILE = Path(__file__).with_name("gpu_sms.json")
 
@@ -509,6 +521,18 @@ class ContextEstimate:
         }
 
 
+#: Why a JAX process's kernel images are assumed, listed with a JAX context estimate.
+_JAX_IMAGES_UNKNOWN = (
+    "the kernel images of a JAX step: XLA's compiled modules, the cuBLAS/cuBLASLt kernels its "
+    "GEMMs and its autotuner's candidates load, cuDNN's for convolutions (no torch kernels). "
+    "No public reading of a JAX process after a step, preallocation off, on a named card was "
+    "found to fit them on (jax-ml/jax, brax, flax and PureJaxRL issues, JAX's docs; the JAX "
+    "readings found are of a started backend, no step: tests/data/published_truth/"
+    "cuda_context/readings.yaml), so memfit counts torch's H100 figure (283 MiB) for them, "
+    "as an assumption: more than a JAX step may load (it does not load torch's kernels), "
+    "perhaps less where XLA's autotuner tries many GEMM algorithms"
+)
+
 #: What no public source let memfit size, listed with every context estimate.
 _LIBRARY_UNKNOWNS = (
     "kernel images of CUDA libraries loaded at first use (cuBLAS/cuBLASLt at the first "
@@ -575,13 +599,20 @@ def cuda_context(
         runtime: The target's runtime (``None``: lazy loading, versions unknown).
         kernels: Count the kernel images a step loads (``False``: a process that started
             CUDA and ran nothing on this device, such as a stray context on device 0).
-        framework: ``"torch"`` or ``"jax"``. The kernel images were measured in a torch
-            process; a JAX process loads XLA's compiled modules and the libraries it calls
-            instead, which no reading states, so its images take torch's figure as an
-            assumption (basis ``assumed``, the wider band) on every card.
+        framework: ``"torch"`` or ``"jax"`` (:data:`FRAMEWORKS`). The kernel images are a
+            class of their own per framework: ``fitted`` where calibration readings of a step
+            in a process of that framework exist for the architecture
+            (:data:`_IMAGES_FITTED_ON`: torch on Hopper), else ``assumed`` (the widest band).
+            A JAX process loads XLA's compiled modules and the libraries they call, which no
+            reading found isolates, so its images take torch's figure as an assumption on
+            every card; the context once started is the same for both (the JAX readings of
+            a started backend check it: docs/benchmarks.md, "The CUDA context").
 
     Returns:
         The estimate with its sources.
+
+    Raises:
+        ConfigError: When ``framework`` is not one of :data:`FRAMEWORKS`.
 
     >>> from memfit.hardware.catalog import gpu
     >>> lazy = cuda_context(gpu("V100"), parse_runtime("torch=2.4.1"))
@@ -596,6 +627,7 @@ def cuda_context(
     >>> lazy.basis, cuda_context(h100).basis, cuda_context(h100, framework="jax").basis
     ('assumed', 'fitted', 'assumed')
     """
+    require_choice("framework", framework, FRAMEWORKS)
     rt = runtime if runtime is not None else runtime_from_versions()
     arch = None if spec is None else spec.arch
     if arch == "cpu":
@@ -614,9 +646,9 @@ def cuda_context(
             [_LIBRARY_UNKNOWNS],
             images if lazy > eager else 0,
         )
-    # the kernel images were measured on the H100 only: elsewhere they are assumed
-    measured_here = arch in _IMAGES_MEASURED_ON and framework == "torch"
-    basis = "assumed" if images and not measured_here else "fitted"
-    return ContextEstimate(
-        lazy, rt, arch, CONTEXT_SOURCES["lazy"], [_LIBRARY_UNKNOWNS], images, basis
-    )
+    # the kernel images are fitted per framework and architecture (torch's on the H100 only):
+    # elsewhere they are assumed
+    fitted_here = arch in _IMAGES_FITTED_ON[framework]
+    basis = "assumed" if images and not fitted_here else "fitted"
+    unknowns = [_LIBRARY_UNKNOWNS] + ([_JAX_IMAGES_UNKNOWN] if framework == "jax" else [])
+    return ContextEstimate(lazy, rt, arch, CONTEXT_SOURCES["lazy"], unknowns, images, basis)

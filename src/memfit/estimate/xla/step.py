@@ -140,6 +140,9 @@ class JaxEstimate:
     #: gpu="8xH100": what the other cards add to ``device_used_bytes`` (NCCL's communicators)
     collectives: Collectives | None = None
     program: str | None = None
+    #: how the CUDA context in ``device_used_bytes`` was sized: the basis of a JAX process's
+    #: context (:func:`memfit.hardware.runtime.cuda_context` with ``framework="jax"``)
+    context_basis: str = "assumed"
 
     #: The figures :meth:`band` knows.
     FIGURES = (
@@ -171,10 +174,10 @@ class JaxEstimate:
         context = 0
         if name == "device_used_bytes":
             context = sum(b for t, b, _ in self.breakdown if t == "CUDA context")
-        # the context's kernel images were measured in a torch process: assumed for JAX
-        # (memfit.hardware.runtime.cuda_context)
+        # the context's band follows its basis: a JAX process's kernel images are fitted
+        # only where readings of a JAX step exist (memfit.hardware.runtime.cuda_context)
         return figure_band(
-            int(value), "compiled", context, family=self.program, context_basis="assumed"
+            int(value), "compiled", context, family=self.program, context_basis=self.context_basis
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -221,21 +224,28 @@ def _stat(stats: Any, name: str) -> int | None:
     return int(value)
 
 
+def _jax_context(spec: Any) -> tuple[int, str]:
+    """The CUDA context of a JAX process on ``spec`` and its basis."""
+    from memfit.hardware.runtime import cuda_context
+
+    estimate = cuda_context(spec, framework="jax")
+    return estimate.bytes, estimate.basis
+
+
 def _device_used(
     executable_peak: int, backend: str, gpu: str | None, environ: Mapping[str, str] | None
-) -> tuple[int | None, list[str]]:
+) -> tuple[int | None, list[str], str]:
     notes: list[str] = []
     if backend not in ("gpu", "cuda", "rocm") and gpu is None:
         notes.append(
             f"compiled on {backend}; name a GPU (gpu=...) for a device-level prediction "
             "(CUDA context and JAX preallocation)"
         )
-        return None, notes
+        return None, notes, "assumed"
     from memfit.hardware.catalog import gpu as lookup_gpu
-    from memfit.hardware.cuda import cuda_context_bytes
 
     spec = lookup_gpu(gpu) if gpu is not None else None
-    context = cuda_context_bytes(spec)
+    context, basis = _jax_context(spec)
     notes.append(
         "not counted: the first run's autotuning, which allocates each candidate's buffers "
         "through the same allocator with 8 MiB guard zones on both sides "
@@ -245,10 +255,10 @@ def _device_used(
     policy = preallocation_from_env(environ)
     if policy.platform_allocator or not policy.preallocate:
         notes.append("allocation on demand: the executable's peak plus the CUDA context")
-        return executable_peak + context, notes
+        return executable_peak + context, notes, basis
     if spec is None:
         notes.append("JAX preallocates a fraction of the GPU; its size is unknown (pass gpu=...)")
-        return None, notes
+        return None, notes, basis
     pool = int(spec.total_bytes * policy.fraction)
     notes.append(
         f"JAX preallocates {policy.fraction:.0%} of the GPU at start "
@@ -256,7 +266,7 @@ def _device_used(
     )
     if executable_peak > pool:
         notes.append("the step needs more than the preallocated pool: it would run out of memory")
-    return max(pool, executable_peak) + context, notes
+    return max(pool, executable_peak) + context, notes, basis
 
 
 #: The ways :func:`estimate_jax` may compile (``compiler=``).
@@ -377,7 +387,7 @@ def _from_stats(
         peak = None  # backends without the figure report zero
     summed = argument + output - alias + temp
     executable_peak = max(summed, peak or 0)
-    device_used, more = _device_used(executable_peak + code, backend, gpu, environ)
+    device_used, more, context_basis = _device_used(executable_peak + code, backend, gpu, environ)
     return JaxEstimate(
         argument_bytes=argument,
         output_bytes=output,
@@ -395,6 +405,7 @@ def _from_stats(
             *more,
         ),
         compiled_for=compiled_for,
+        context_basis=context_basis,
     )
 
 
@@ -418,7 +429,6 @@ def _from_gpu_compile(
     runtime's terms (:mod:`memfit.estimate.xla.runtime`); ``jaxlib``: the target's version
     (``None``: the installed one), which decides how the first call autotunes."""
     from memfit.estimate.xla import runtime as rt
-    from memfit.hardware.cuda import cuda_context_bytes
     from memfit.units import format_bytes
 
     env = os.environ if environ is None else environ
@@ -464,7 +474,7 @@ def _from_gpu_compile(
     if growing:
         whole = rt.bfc_in_use_bytes(placed) - sum(rt.round_up(max(n, 1)) for n in placed)
     in_use = max(buffers + whole, argument + autotune) + rounding
-    context = cuda_context_bytes(spec)
+    context, context_basis = _jax_context(spec)
     bfc = "tsl/framework/bfc_allocator.cc"
     terms = [
         ("XLA buffers (arguments + outputs - donated + temporaries)", buffers - fallback - held,
@@ -613,6 +623,7 @@ def _from_gpu_compile(
         breakdown=tuple((name, int(n), src) for name, n, src in terms),
         first_call_bytes=autotune,
         program="conv" if convolutions else ("sort" if sort else None),
+        context_basis=context_basis,
     )
 
 
