@@ -429,7 +429,18 @@ def _from_gpu_compile(
     callbacks = getattr(result, "callbacks", None)
     held = callbacks.held_bytes if callbacks is not None else 0
     fallback = result.device_temp_bytes - result.temp_bytes
-    temp = result.device_temp_bytes + held
+    # what the device compiles that the deviceless compile cannot size: CUB's sort scratch,
+    # and the workspace of the cuDNN algorithm the first call's autotuning picks (the
+    # deviceless compile keeps cuDNN's default algorithm, with none; counted at the largest
+    # candidate's, since the fastest is picked by timing on the card)
+    sorts = int(getattr(result, "sort_scratch_bytes", 0) or 0)
+    tuned = rt.xla_flag(os.environ if environ is None else environ, "xla_gpu_autotune_level")
+    conv_workspace = 0
+    if tuned != "0":
+        conv_workspace = max(
+            (g.workspace for g in result.gemm_buffers if g.kind == "cudnn"), default=0
+        )
+    temp = result.device_temp_bytes + held + sorts + conv_workspace
     buffers = argument + output - alias + temp
     installed = _jaxlib_version()
     rules = rt.autotune_rules(jaxlib or installed, tuple(target.compute_capability), installed)
@@ -467,8 +478,18 @@ def _from_gpu_compile(
     context = cuda_context_bytes(spec)
     bfc = "tsl/framework/bfc_allocator.cc"
     terms = [
-        ("XLA buffers (arguments + outputs - donated + temporaries)", buffers - fallback - held,
+        ("XLA buffers (arguments + outputs - donated + temporaries)",
+         buffers - fallback - held - sorts - conv_workspace,
          f"XLA:GPU's memory analysis, compiled for {target.compiled_for}"),
+        ("CUB radix sorts' scratch (alternate key and value buffers, digit histograms; the "
+         "deviceless compile keeps XLA's own sort)", sorts,
+         "xla/backends/gpu/transforms/sort_rewriter.cc (SortRewriter); CUB "
+         "DispatchRadixSort (cub/device/dispatch/dispatch_radix_sort.cuh)"),
+        ("cuDNN workspace of the convolution algorithm autotuning picks (the largest "
+         "candidate's: an explicit-GEMM engine's unfolded input and output copy)",
+         conv_workspace,
+         "xla/backends/gpu/autotuner/cudnn.cc (ApplyConfigAndUpdateWorkspaceInOutputTuple: "
+         "the algorithm's workspace becomes the call's scratch)"),
         ("host callbacks' operands and results (device buffers the host reads and writes), "
          "all counted as alive at once", held,
          "jax/_src/callback.py (emit_python_callback: a custom call on the device); the "
@@ -577,22 +598,22 @@ def _from_gpu_compile(
         notes.extend(_several_devices_notes(result))
     convolutions = any(g.kind == "cudnn" for g in result.gemm_buffers)
     sort = any(w.startswith("a sort was compiled without CUB") for w in result.warnings)
-    notes.append(
-        "not counted: cuDNN convolution autotuning beyond its buffers"
-        + (
-            " (each cuDNN algorithm is tried with its own workspace, with no limit from jaxlib "
-            "0.9: on an H100 a 64x3x84x84 convolution's weight gradient tuned with 720 MiB "
-            "above its arguments; XLA_FLAGS=--xla_gpu_autotune_level=0 avoids it)"
-            if convolutions
-            else ""
+    if convolutions:
+        notes.append(
+            "cuDNN convolutions: the first call tries each cuDNN algorithm with its own "
+            "workspace and XLA sets no limit (a candidate that cannot allocate its workspace "
+            "is skipped, so the tuning takes what is free: the figure is what it takes on a "
+            "card with room); counted with the largest candidate's workspace bounded by an "
+            "explicit-GEMM engine's (memfit.estimate.xla.runtime.conv_workspace_bytes; on an "
+            "H100 a 64x3x84x84 convolution's weight gradient tuned with 720 MiB above its "
+            "arguments); XLA_FLAGS=--xla_gpu_autotune_level=0 keeps cuDNN's default "
+            "algorithm and tunes nothing"
         )
-        + (
-            "; on several GPUs, arrays the program leaves on JAX's default device (device 0) "
-            "and NCCL's own buffers"
-            if result.devices > 1
-            else ""
+    if result.devices > 1:
+        notes.append(
+            "not counted: on several GPUs, arrays the program leaves on JAX's default device "
+            "(device 0) and NCCL's own buffers"
         )
-    )
     return JaxEstimate(
         argument_bytes=argument,
         output_bytes=output,
