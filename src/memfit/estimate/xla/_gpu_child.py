@@ -143,12 +143,12 @@ def _sorts(hlo: str) -> list[dict[str, Any]]:
         match = _DEF.match(line)
         if match is None or match.group(3) != "sort":
             continue
-        shapes = [[t, [int(d) for d in dims.split(",") if d]] for t, dims in _SHAPE.findall(
-            match.group(2))]
+        shapes = [
+            [t, [int(d) for d in dims.split(",") if d]]
+            for t, dims in _SHAPE.findall(match.group(2))
+        ]
         dimension = re.search(r"dimensions=\{(\d+)\}", line)
-        found.append(
-            {"shapes": shapes, "dimension": int(dimension.group(1)) if dimension else -1}
-        )
+        found.append({"shapes": shapes, "dimension": int(dimension.group(1)) if dimension else -1})
     return found
 
 
