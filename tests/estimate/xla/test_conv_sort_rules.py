@@ -94,7 +94,7 @@ def test_a_convolution_counted_without_the_replay_and_by_the_old_picker() -> Non
     assert rt.autotune_bytes([conv], {}, LT) == expected
     old = rt.autotune_rules("0.4.33", (9, 0))
     assert rt.autotune_bytes([conv], {}, old) >= expected
-    # the picker's scratch allocator is capped at TF_CUDNN_WORKSPACE_LIMIT_IN_MB
+    # the scratch allocator is capped at 4 GiB (xla_gpu_redzone_scratch_max_megabytes)
     huge = rt.GemmBuffers("cudnn", (MiB, 0), (MiB, MiB), 8192 * MiB)
     assert rt.gemm_autotune_bytes(huge, 0) == (4096 + 3 + 1) * MiB  # cap, 3 buffers, reference
 

@@ -93,8 +93,9 @@ DEFAULT_WORKSPACE = 4 * MiB
 #: A cuBLASLt candidate's temporary beyond its workspace (measured on an H100, jaxlib 0.11.2:
 #: the device compile's temporaries are 32 MiB and 1 KiB above the deviceless one's).
 LT_WORKSPACE_EXTRA = 1024
-#: The scratch limit of XLA's older ``GpuConvAlgorithmPicker`` (``TF_CUDNN_WORKSPACE_LIMIT_IN_MB``,
-#: 4,096 by default); the single-pass autotuner sets none.
+#: The limit of the guarded scratch allocator each cuDNN candidate's workspace comes from
+#: (``xla_gpu_redzone_scratch_max_megabytes``, 4,096 by default, ``debug_options_flags.cc``;
+#: ``conv_algorithm_picker.cc``): a candidate needing more fails and is skipped.
 PICKER_WORKSPACE_LIMIT = 4096 * MiB
 
 
@@ -182,9 +183,11 @@ def conv_workspace_bytes(conv: Mapping[str, Any]) -> int:
     that holds the input tensor data"; the backward passes multiply the same matrix), plus a
     copy of ``y`` in the engine's layout (the NHWC-to-internal transform of the input and
     output that cuDNN 7 took as workspace, pytorch#50990). Half-precision tensors are counted
-    at 4 bytes an element (the float32 transforms of pytorch#50990). XLA's autotuner sets no
-    workspace limit (``GetConvolveRunners`` with no scratch allocator,
-    ``backends/gpu/autotuner/cudnn.cc``), so this stands for the largest candidate it runs.
+    at 4 bytes an element (the float32 transforms of pytorch#50990). XLA lists every engine
+    cuDNN offers (``GetConvolveRunners`` with no scratch allocator) and runs each with its
+    workspace from a guarded allocator that allows up to 4 GiB
+    (``xla_gpu_redzone_scratch_max_megabytes``; a candidate that cannot allocate is skipped,
+    so on a full card the tuning takes what is free): this stands for the largest candidate.
 
     Which engines cuDNN offers and their workspaces are inside the closed library: the
     formula is a bound by the algorithm's structure, checked on one measured convolution
@@ -321,8 +324,8 @@ def gemm_autotune_bytes(gemm: GemmBuffers, redzone: int, *, check: bool = True) 
     held = sum(_guarded(n, redzone) for n in (*gemm.operands, *gemm.results))
     reference = gemm.results[0] if gemm.results and check else 0
     if gemm.kind == "cudnn" and gemm.workspace:
-        # the candidate's scratch from a guarded allocator capped at
-        # TF_CUDNN_WORKSPACE_LIMIT_IN_MB (4,096 MiB by default; conv_algorithm_picker.cc)
+        # the candidate's scratch from a guarded allocator capped at 4 GiB
+        # (xla_gpu_redzone_scratch_max_megabytes; conv_algorithm_picker.cc)
         held += _guarded(min(gemm.workspace, PICKER_WORKSPACE_LIMIT), redzone)
     return held + (_guarded(reference, redzone) if check else 0)
 
@@ -583,9 +586,10 @@ def _replay_conv(pool: BfcAllocator, conv: GemmBuffers, redzone: int, check: boo
     guard = redzone if check else 0
     held = [pool.allocate(_guarded(n, guard)) for n in (*conv.operands, *conv.results)]
     results = [n for n in conv.results if n]
+    workspace = min(conv.workspace, PICKER_WORKSPACE_LIMIT)
     for run in range(2):
-        if conv.workspace:
-            pool.free(pool.allocate(_guarded(conv.workspace, guard)))
+        if workspace:
+            pool.free(pool.allocate(_guarded(workspace, guard)))
         if run == 0 and check:
             held.extend(pool.allocate(_guarded(n, guard)) for n in results[:1])
     for ident in held:

@@ -437,8 +437,9 @@ def _from_gpu_compile(
     tuned = rt.xla_flag(os.environ if environ is None else environ, "xla_gpu_autotune_level")
     conv_workspace = 0
     if tuned != "0":
-        conv_workspace = max(
-            (g.workspace for g in result.gemm_buffers if g.kind == "cudnn"), default=0
+        conv_workspace = min(
+            max((g.workspace for g in result.gemm_buffers if g.kind == "cudnn"), default=0),
+            rt.PICKER_WORKSPACE_LIMIT,
         )
     temp = result.device_temp_bytes + held + sorts + conv_workspace
     buffers = argument + output - alias + temp
@@ -471,10 +472,14 @@ def _from_gpu_compile(
     # (the outputs are one buffer per leaf, of sizes the compile does not give: counted
     # exactly)
     placed = [*leaves, temp]
-    whole = 0
+    whole = whole_arguments = 0
     if growing:
         whole = rt.bfc_in_use_bytes(placed) - sum(rt.round_up(max(n, 1)) for n in placed)
-    in_use = max(buffers + whole, argument + autotune) + rounding
+        # the arguments' own chunks while the first call tunes (a 5.2 MiB input takes a
+        # whole 8 MiB region: measured on an H100, jaxlib 0.11.2, the conv:64 step)
+        whole_arguments = rt.bfc_in_use_bytes(leaves) - sum(rt.round_up(max(n, 1)) for n in leaves)
+    tuning = argument + whole_arguments + autotune if autotune else 0
+    in_use = max(buffers + whole, tuning) + rounding
     context = cuda_context_bytes(spec)
     bfc = "tsl/framework/bfc_allocator.cc"
     terms = [
@@ -500,14 +505,14 @@ def _from_gpu_compile(
          "fusion inlined for the GEMM rewriter); the same step compiled with "
          "xla_gpu_enable_triton_gemm=false"),
         (autotune_name,
-         max(0, argument + autotune - buffers),
+         max(0, tuning - buffers),
          "xla/service/gpu/autotuning/redzone_buffers.cc, gemm_fusion_autotuner.cc, "
          "gemm_algorithm_picker.cc (at the XLA commit the target's jaxlib pins); "
          "xla_gpu_redzone_padding_bytes; measured floors: KluvaDa/benchback-rl"),
         ("BFC rounding to 256 B", rounding, bfc + " (kMinAllocationSize)"),
         ("BFC chunks handed out whole (allocation on demand: a fresh region under twice "
          "the request, less than 128 MiB left over)",
-         max(0, buffers + whole - max(buffers, argument + autotune)),
+         max(0, buffers + whole - max(buffers, tuning)),
          bfc + " (Extend, SplitChunk); measured: an H100, jaxlib 0.11.2 (xla_floor_probe)"),
     ]  # fmt: skip
     notes = [
