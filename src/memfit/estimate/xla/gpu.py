@@ -141,7 +141,7 @@ class GpuCompile:
         callbacks: What the step's host callbacks hold on the device (their operands and
             results), compiled without them; ``None`` when it had none.
         route: How the step was exported (:attr:`ExportedStep.route`).
-        sort_scratch_bytes: What the step's sorts add on a device, where the deviceless
+        sort_scratch_bytes: What the step's largest sort adds on a device, where the deviceless
             compile kept XLA's own sort for want of CUB's scratch sizes
             (:func:`memfit.estimate.xla.runtime.cub_sort_scratch_bytes`); 0 otherwise.
     """
@@ -566,7 +566,10 @@ def compile_exported(
                 )
             sort_scratch = 0
             if _SORT_FALLBACK in log:
-                sort_scratch = sum(cub_sort_scratch_bytes(s) for s in line.get("sorts", []))
+                # sequential sorts share their scratch in buffer assignment: the largest
+                sort_scratch = max(
+                    (cub_sort_scratch_bytes(s) for s in line.get("sorts", [])), default=0
+                )
                 warnings.append(
                     "a sort was compiled without CUB's scratch sizes (XLA needs a device for "
                     "them): the CUB radix sort a device compiles instead is counted from CUB's "
