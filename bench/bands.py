@@ -226,10 +226,9 @@ def compiled_rows() -> list[dict[str, Any]]:
 #: again 2026-11-29 07:01 UTC at 0f82fa1, after issue 41's GEMM fusions handed to cuBLAS and
 #: tuned again as calls, every other row the same) and the device-compile steps (``memfit
 #: after``, 84c3da1; the same at 2370013; mlp:65536 again at 0f82fa1, the others the same;
-#: conv:64 and permute:1048576 again 2026-11-29 10:20 UTC after issue 41's cuDNN and CUB rules,
-#: ``python /tmp`` script calling ``estimate_jax(..., gpu="NVIDIA H100 80GB HBM3",
-#: jaxlib="0.11.2")`` with preallocation off on each, as docs/benchmarks.md "Compiled
-#: convolutions and sorts" records). The permutation's measured figure is one step's: the
+#: conv:64 and permute:1048576 again 2026-11-29 10:00 UTC after issue 41's cuDNN and CUB rules,
+#: ``python bench/xla_conv_sort.py``, as docs/benchmarks.md "Compiled convolutions and sorts"
+#: records). The permutation's measured figure is one step's: the
 #: bench's loop (``out = fn(*args)`` five times) held the last step's 64 MiB output while the
 #: next ran, its peak 222,299,136 B being the arguments, two outputs and the temporaries to the
 #: byte; one output less is 148.0 MiB (memfit's figure is one call's). MiB: (measured, memfit).
@@ -259,7 +258,7 @@ COMPILED_RECORDED = {
     "deviceless/mlp:262144": (2597.0, 2596.0),
     "deviceless/matmul:8192": (1632.0, 1632.0),
     "deviceless/permute:1048576": (148.0, 148.0),
-    "deviceless/conv:64": (728.0, 677.2),
+    "deviceless/conv:64": (728.0, 728.1),
 }
 
 
