@@ -46,7 +46,7 @@ XLA's ``CollectiveBFCAllocator``).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -167,7 +167,7 @@ _ITEMSIZE = {
 }  # fmt: skip
 
 
-def _elements(dims: Sequence[int]) -> int:
+def _elements(dims: Iterable[int]) -> int:
     n = 1
     for d in dims:
         n *= int(d)
