@@ -564,12 +564,13 @@ def compile_exported(
                     f"autotuner may pick) did not compile ({line['cublas_error']}): the "
                     "temporaries are the Triton compile's and may be under-counted"
                 )
-            sort_scratch = 0
-            if _SORT_FALLBACK in log:
-                # sequential sorts share their scratch in buffer assignment: the largest
-                sort_scratch = max(
-                    (cub_sort_scratch_bytes(s) for s in line.get("sorts", [])), default=0
-                )
+            # a sort left in the compiled program is one XLA kept for want of CUB's scratch
+            # sizes (it says so once a minute, not once a job); sequential sorts share their
+            # scratch in buffer assignment: the largest
+            sort_scratch = max(
+                (cub_sort_scratch_bytes(s) for s in line.get("sorts", [])), default=0
+            )
+            if _SORT_FALLBACK in log or sort_scratch:
                 warnings.append(
                     "a sort was compiled without CUB's scratch sizes (XLA needs a device for "
                     "them): the CUB radix sort a device compiles instead is counted from CUB's "
