@@ -462,6 +462,11 @@ def _from_gpu_compile(
         autotune_name += (
             "; the GEMM fusions handed to cuBLAS, tuned again as the cuBLAS calls they become"
         )
+    if any(g.kind == "cudnn" for g in result.gemm_buffers):
+        autotune_name += (
+            "; each cuDNN convolution's operands and results guarded, the largest candidate's "
+            "workspace guarded and a guarded reference copy (conv_algorithm_picker.cc)"
+        )
     if rules.whole_chunks and calls:
         autotune_name += (
             "; its cuBLAS calls placed by the BFC allocator after the arguments, the reference "
@@ -606,9 +611,10 @@ def _from_gpu_compile(
     if convolutions:
         notes.append(
             "cuDNN convolutions: the first call tries each cuDNN algorithm with its own "
-            "workspace and XLA sets no limit (a candidate that cannot allocate its workspace "
-            "is skipped, so the tuning takes what is free: the figure is what it takes on a "
-            "card with room); counted with the largest candidate's workspace bounded by an "
+            "workspace, up to 4 GiB (xla_gpu_redzone_scratch_max_megabytes; a candidate that "
+            "cannot allocate its workspace is skipped, so the tuning takes what is free: the "
+            "figure is what it takes on a card with room); counted with the largest "
+            "candidate's workspace bounded by an "
             "explicit-GEMM engine's (memfit.estimate.xla.runtime.conv_workspace_bytes; on an "
             "H100 a 64x3x84x84 convolution's weight gradient tuned with 720 MiB above its "
             "arguments); XLA_FLAGS=--xla_gpu_autotune_level=0 keeps cuDNN's default "
