@@ -226,7 +226,7 @@ def compiled_rows() -> list[dict[str, Any]]:
 #: again 2026-11-29 07:01 UTC at 0f82fa1, after issue 41's GEMM fusions handed to cuBLAS and
 #: tuned again as calls, every other row the same) and the device-compile steps (``memfit
 #: after``, 84c3da1; the same at 2370013; mlp:65536 again at 0f82fa1, the others the same;
-#: conv:64 and permute:1048576 again 2026-11-29 10:00 UTC after issue 41's cuDNN and CUB rules,
+#: conv:64 and permute:1048576 again 2026-11-29 09:55 UTC after issue 41's cuDNN and CUB rules,
 #: ``python bench/xla_conv_sort.py``, as docs/benchmarks.md "Compiled convolutions and sorts"
 #: records). The permutation's measured figure is one step's: the
 #: bench's loop (``out = fn(*args)`` five times) held the last step's 64 MiB output while the
