@@ -225,8 +225,13 @@ def compiled_rows() -> list[dict[str, Any]]:
 #: 41's replay of the cuBLAS calls, every other row the same; the 65536:512:3 default step
 #: again 2026-11-29 07:01 UTC at 0f82fa1, after issue 41's GEMM fusions handed to cuBLAS and
 #: tuned again as calls, every other row the same) and the device-compile steps (``memfit
-#: after``, 84c3da1; the same at 2370013; mlp:65536 again at 0f82fa1, the others the same).
-#: MiB: (measured, memfit).
+#: after``, 84c3da1; the same at 2370013; mlp:65536 again at 0f82fa1, the others the same;
+#: conv:64 and permute:1048576 again 2026-11-29 09:55 UTC after issue 41's cuDNN and CUB rules,
+#: ``python bench/xla_conv_sort.py``, as docs/benchmarks.md "Compiled convolutions and sorts"
+#: records). The permutation's measured figure is one step's: the
+#: bench's loop (``out = fn(*args)`` five times) held the last step's 64 MiB output while the
+#: next ran, its peak 222,299,136 B being the arguments, two outputs and the temporaries to the
+#: byte; one output less is 148.0 MiB (memfit's figure is one call's). MiB: (measured, memfit).
 COMPILED_RECORDED = {
     "floor/64:64:2/default": (144.1, 160.1),
     "floor/64:64:2/autotune_level=0": (0.1, 0.1),
@@ -252,8 +257,8 @@ COMPILED_RECORDED = {
     "deviceless/mlp:65536": (725.0, 835.0),
     "deviceless/mlp:262144": (2597.0, 2596.0),
     "deviceless/matmul:8192": (1632.0, 1632.0),
-    "deviceless/permute:1048576": (212.0, 140.0),
-    "deviceless/conv:64": (728.0, 165.2),
+    "deviceless/permute:1048576": (148.0, 148.0),
+    "deviceless/conv:64": (728.0, 728.1),
 }
 
 

@@ -3,7 +3,7 @@
 #
 #   bash bench/gpu_session.sh OUTDIR [SECONDS]
 #
-# Eight lanes run side by side (each check measures its own process's allocator, so they do not
+# Nine lanes run side by side (each check measures its own process's allocator, so they do not
 # disturb each other's memory figures):
 #   A: pytest tests/gpu tests/runtime/test_fit_cuda.py
 #   B: python bench/accuracy.py --jobs 6
@@ -25,6 +25,9 @@
 #      into tests/data/gpu_truth/<gpu>-limit-8gib/: cuDNN's workspaces are elastic, torch
 #      skips an engine whose workspace it cannot allocate, so a small card's budget is where
 #      the workspaces users meet are measured; lane D's entries are the same runs uncapped)
+#   I: python bench/xla_conv_sort.py --device (issue 41: JAX convolutions and sorts of several
+#      shapes, each cuDNN candidate's scratch from XLA's autotuning log and the BFC allocator's
+#      log, beside memfit's deviceless figure; bench/out/xla_conv_sort_device.json)
 # then, alone on the card, python bench/seed_truth.py (issue 13: the seed systems at their
 # planned settings, which fill the card), then the timing benchmark, python
 # bench/guard_overhead.py (its DDP part runs two gloo processes on the CPU).
@@ -72,6 +75,9 @@ g=$!
 lane_h() { timeout $(( budget * 2 / 3 )) python3 bench/gpu_truth.py --limit-gib 8 --jobs 2; }
 lane_h >"$out/gpu_truth_8gib.log" 2>&1 &
 h=$!
+lane_i() { timeout $(( budget / 2 )) python3 bench/xla_conv_sort.py --device; }
+lane_i >"$out/xla_conv_sort.log" 2>&1 &
+i=$!
 wait $a; echo "pytest rc=$?" >>"$out/summary.log"
 wait $b; echo "accuracy rc=$?" >>"$out/summary.log"
 wait $c; echo "fit/recorder rc=$?" >>"$out/summary.log"
@@ -80,6 +86,7 @@ wait $e; echo "cuda_kernel_allocs rc=$?" >>"$out/summary.log"
 wait $f; echo "xla_deviceless rc=$?" >>"$out/summary.log"
 wait $g; echo "published_rerun_jax rc=$?" >>"$out/summary.log"
 wait $h; echo "gpu_truth 8 GiB rc=$?" >>"$out/summary.log"
+wait $i; echo "xla_conv_sort rc=$?" >>"$out/summary.log"
 # --- issue 13: the seed systems at their planned settings, plan vs measured peak ------------
 # (Brax humanoid mjx, DQN fire rasters, ACT dual camera; writes bench/out/seed_truth.{json,md})
 t=$(left)

@@ -64,6 +64,7 @@ def _gemm_buffers(hlo: str) -> list[dict[str, Any]]:
     cuDNN one, ``"fusion"`` for a Triton or cuDNN GEMM fusion) and the bytes of its results
     and operands (the buffers the autotuner allocates for it on a device)."""
     sizes: dict[str, list[int]] = {}
+    shapes: dict[str, list[Any] | None] = {}
     found: list[dict[str, Any]] = []
     for line in hlo.splitlines():
         match = _DEF.match(line)
@@ -72,6 +73,7 @@ def _gemm_buffers(hlo: str) -> list[dict[str, Any]]:
         name, result, op, operands = match.groups()
         result_sizes = [_shape_bytes(t, d) for t, d in _SHAPE.findall(result)]
         sizes[name] = result_sizes
+        shapes[name] = _first_shape(result)
         if op == "custom-call" and any(t in line for t in _GEMM[:2]):
             kind = "cublas"
         elif op == "custom-call" and _GEMM[3] in line:
@@ -84,10 +86,69 @@ def _gemm_buffers(hlo: str) -> list[dict[str, Any]]:
             kind = "fusion"
         else:
             continue
-        operand_sizes = [
-            sum(sizes.get(operand, [0])) for operand in re.findall(r"%([^\s,()]+)", operands)
+        names = re.findall(r"%([^\s,()]+)", operands)
+        operand_sizes = [sum(sizes.get(operand, [0])) for operand in names]
+        entry: dict[str, Any] = {"kind": kind, "results": result_sizes, "operands": operand_sizes}
+        if kind == "cudnn":
+            conv = _conv(line, result, [shapes.get(operand) for operand in names])
+            if conv is not None:
+                entry["conv"] = conv
+        found.append(entry)
+    return found
+
+
+def _first_shape(text: str) -> list[Any] | None:
+    """``[dtype, [dims]]`` of the first array shape in ``text``."""
+    found = _SHAPE.search(text)
+    if found is None:
+        return None
+    return [found.group(1), [int(d) for d in found.group(2).split(",") if d]]
+
+
+_CONV_KIND = {
+    "convForward": "forward",
+    "convBiasActivationForward": "forward",
+    "convBackwardInput": "backward_input",
+    "convBackwardFilter": "backward_filter",
+}
+
+
+def _conv(line: str, result: str, operands: list[Any]) -> dict[str, Any] | None:
+    """What sizes a cuDNN convolution custom call's workspace: its kind (the forward
+    convolution's input, filter and output are the call's operands and result in an order
+    the kind decides), ``dim_labels`` and the three shapes (``[dtype, [dims]]``)."""
+    target = re.search(r'custom_call_target="__cudnn\$(\w+)"', line)
+    labels = re.search(r"dim_labels=(\S+?)(?:,|$)", line)
+    groups = re.search(r"feature_group_count=(\d+)", line)
+    out = _first_shape(result)
+    if target is None or labels is None or out is None or len(operands) < 2:
+        return None
+    kind = _CONV_KIND.get(target.group(1))
+    if kind is None or operands[0] is None or operands[1] is None:
+        return None
+    return {
+        "kind": kind,
+        "dim_labels": labels.group(1),
+        "groups": int(groups.group(1)) if groups else 1,
+        "shapes": [operands[0], operands[1], out],
+    }
+
+
+def _sorts(hlo: str) -> list[dict[str, Any]]:
+    """Each ``sort`` of the optimized HLO: its operands' ``[dtype, [dims]]`` (the result
+    tuple's elements, in order) and the sorted dimension; what XLA's ``SortRewriter`` turns
+    into a CUB radix sort on a device, with its scratch."""
+    found: list[dict[str, Any]] = []
+    for line in hlo.splitlines():
+        match = _DEF.match(line)
+        if match is None or match.group(3) != "sort":
+            continue
+        shapes = [
+            [t, [int(d) for d in dims.split(",") if d]]
+            for t, dims in _SHAPE.findall(match.group(2))
         ]
-        found.append({"kind": kind, "results": result_sizes, "operands": operand_sizes})
+        dimension = re.search(r"dimensions=\{(\d+)\}", line)
+        found.append({"shapes": shapes, "dimension": int(dimension.group(1)) if dimension else -1})
     return found
 
 
@@ -164,6 +225,7 @@ def _compile(job: dict[str, Any], config: str, topology: Any, jax: Any) -> dict[
         "code": get(stats, "generated_code_size_in_bytes"),
         "gemms": gemms,
         "collectives": _collectives(hlo),
+        "sorts": _sorts(hlo),
     }
     if job.get("cublas_variant") and any(g["kind"] == "fusion" for g in gemms):
         # On a device the autotuner may pick cuBLAS for any GEMM fusion; the fusion is then

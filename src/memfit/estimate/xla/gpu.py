@@ -36,6 +36,7 @@ from memfit.estimate.xla.runtime import (
     DEFAULT_WORKSPACE,
     HOPPER_WORKSPACE,
     GemmBuffers,
+    cub_sort_scratch_bytes,
     xla_flag,
 )
 from memfit.hardware.xla_target import TargetConfig, base_for_limit
@@ -140,6 +141,9 @@ class GpuCompile:
         callbacks: What the step's host callbacks hold on the device (their operands and
             results), compiled without them; ``None`` when it had none.
         route: How the step was exported (:attr:`ExportedStep.route`).
+        sort_scratch_bytes: What the step's largest sort adds on a device, where the deviceless
+            compile kept XLA's own sort for want of CUB's scratch sizes
+            (:func:`memfit.estimate.xla.runtime.cub_sort_scratch_bytes`); 0 otherwise.
     """
 
     argument_bytes: int
@@ -159,6 +163,7 @@ class GpuCompile:
     cublas_gemm_buffers: tuple[GemmBuffers, ...] = ()
     callbacks: HeldByCallbacks | None = None
     route: str = "export"
+    sort_scratch_bytes: int = 0
 
     @property
     def device_temp_bytes(self) -> int:
@@ -559,10 +564,18 @@ def compile_exported(
                     f"autotuner may pick) did not compile ({line['cublas_error']}): the "
                     "temporaries are the Triton compile's and may be under-counted"
                 )
-            if _SORT_FALLBACK in log:
+            # a sort left in the compiled program is one XLA kept for want of CUB's scratch
+            # sizes (it says so once a minute, not once a job); sequential sorts share their
+            # scratch in buffer assignment: the largest
+            sort_scratch = max(
+                (cub_sort_scratch_bytes(s) for s in line.get("sorts", [])), default=0
+            )
+            if _SORT_FALLBACK in log or sort_scratch:
                 warnings.append(
                     "a sort was compiled without CUB's scratch sizes (XLA needs a device for "
-                    "them): its scratch may be under-counted"
+                    "them): the CUB radix sort a device compiles instead is counted from CUB's "
+                    "source (alternate key and value buffers, digit histograms), "
+                    f"{sort_scratch:,} B"
                 )
             results.append(
                 GpuCompile(
@@ -587,6 +600,7 @@ def compile_exported(
                     ),
                     callbacks=step.held,
                     route=step.route,
+                    sort_scratch_bytes=sort_scratch,
                 )
             )
     return results

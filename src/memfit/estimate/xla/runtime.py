@@ -35,14 +35,18 @@ The BFC allocator itself is :mod:`memfit.allocator.bfc`: with preallocation off 
 region under twice a request is handed out whole (:func:`bfc_in_use_bytes`); in a loop of
 several jitted calls, so is a chunk an earlier call freed (:mod:`memfit.estimate.xla.program`).
 
-Not modelled, said in notes: cuDNN's autotuning of convolutions beyond its buffers, several
-GPUs (device 0 holds more; collectives keep buffers in XLA's ``CollectiveBFCAllocator``).
+A cuDNN convolution's tuning (:func:`conv_workspace_bytes`, :func:`_replay_conv`) holds its
+operands and results guarded, the largest candidate's workspace guarded and a guarded reference
+copy; a sort XLA gives to CUB on a device adds CUB's scratch (:func:`cub_sort_scratch_bytes`).
+
+Not modelled, said in notes: several GPUs (device 0 holds more; collectives keep buffers in
+XLA's ``CollectiveBFCAllocator``).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,6 +73,8 @@ __all__ = [
     "bfc_chunk",
     "bfc_growth_bytes",
     "bfc_in_use_bytes",
+    "conv_workspace_bytes",
+    "cub_sort_scratch_bytes",
     "cublas_replay_bytes",
     "gemm_autotune_bytes",
     "handed_to_cublas_bytes",
@@ -87,6 +93,10 @@ DEFAULT_WORKSPACE = 4 * MiB
 #: A cuBLASLt candidate's temporary beyond its workspace (measured on an H100, jaxlib 0.11.2:
 #: the device compile's temporaries are 32 MiB and 1 KiB above the deviceless one's).
 LT_WORKSPACE_EXTRA = 1024
+#: The limit of the guarded scratch allocator each cuDNN candidate's workspace comes from
+#: (``xla_gpu_redzone_scratch_max_megabytes``, 4,096 by default, ``debug_options_flags.cc``;
+#: ``conv_algorithm_picker.cc``): a candidate needing more fails and is skipped.
+PICKER_WORKSPACE_LIMIT = 4096 * MiB
 
 
 @dataclass(frozen=True)
@@ -134,15 +144,153 @@ class GemmBuffers:
     kind: str
     results: tuple[int, ...]
     operands: tuple[int, ...]
+    workspace: int = 0
 
     @classmethod
     def from_plain(cls, data: Mapping[str, Any]) -> GemmBuffers:
-        """From the compile child's JSON."""
+        """From the compile child's JSON (a cuDNN convolution's ``conv`` entry gives its
+        :attr:`workspace`, :func:`conv_workspace_bytes`)."""
+        conv = data.get("conv")
         return cls(
             str(data["kind"]),
             tuple(int(n) for n in data["results"]),
             tuple(int(n) for n in data["operands"]),
+            conv_workspace_bytes(conv) if isinstance(conv, Mapping) else 0,
         )
+
+
+#: Bytes of each element type XLA's HLO names (the compile child's table).
+_ITEMSIZE = {
+    "pred": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
+    "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16,
+    "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3fnuz": 1, "f8e5m2fnuz": 1,
+}  # fmt: skip
+
+
+def _elements(dims: Iterable[int]) -> int:
+    n = 1
+    for d in dims:
+        n *= int(d)
+    return n
+
+
+def conv_workspace_bytes(conv: Mapping[str, Any]) -> int:
+    """The workspace memfit counts for one cuDNN convolution custom call: an explicit-GEMM
+    engine's, the largest of cuDNN's classic algorithms, on the forward convolution's terms
+    (input ``x``, filter ``w``, output ``y``; a backward call's operands and result are these
+    in another order): the unfolded input matrix, ``N x prod(output spatial) x C_in x
+    prod(window)`` elements (``CUDNN_CONVOLUTION_FWD_ALGO_GEMM`` "explicitly forms the matrix
+    that holds the input tensor data"; the backward passes multiply the same matrix), plus a
+    copy of ``y`` in the engine's layout (the NHWC-to-internal transform of the input and
+    output that cuDNN 7 took as workspace, pytorch#50990). Half-precision tensors are counted
+    at 4 bytes an element (the float32 transforms of pytorch#50990). XLA lists every engine
+    cuDNN offers (``GetConvolveRunners`` with no scratch allocator) and runs each with its
+    workspace from a guarded allocator that allows up to 4 GiB
+    (``xla_gpu_redzone_scratch_max_megabytes``; a candidate that cannot allocate is skipped,
+    so on a full card the tuning takes what is free): this stands for the largest candidate.
+
+    Which engines cuDNN offers and their workspaces are inside the closed library: the
+    formula is a bound by the algorithm's structure, checked on one measured convolution
+    (an H100, jaxlib 0.11.2: the 64x3x84x84 weight gradient's largest candidate took a whole
+    512 MiB chunk, a request above 384 MiB; this gives 385.9 MiB).
+
+    >>> conv = {"kind": "backward_filter", "dim_labels": "b01f_o01i->b01f", "groups": 1,
+    ...         "shapes": [["f32", [64, 85, 85, 3]], ["f32", [64, 84, 84, 32]],
+    ...                    ["f32", [32, 8, 8, 3]]]}
+    >>> round(conv_workspace_bytes(conv) / MiB, 1)
+    385.9
+    """
+    kind = str(conv.get("kind", ""))
+    shapes = conv.get("shapes") or []
+    labels = str(conv.get("dim_labels", ""))
+    parts = re.match(r"^(\w+)_(\w+)->(\w+)$", labels)
+    if len(shapes) != 3 or parts is None:
+        return 0
+    order = {
+        "forward": (0, 1, 2),  # x, w -> y
+        "backward_input": (2, 1, 0),  # dy, w -> dx
+        "backward_filter": (0, 2, 1),  # x, dy -> dw
+    }.get(kind)
+    if order is None:
+        return 0
+    x, w, y = (shapes[i] for i in order)
+    x_labels, w_labels, y_labels = parts.group(1), parts.group(2), parts.group(3)
+    try:
+        x_dims, w_dims, y_dims = (list(map(int, s[1])) for s in (x, w, y))
+        channels = x_dims[x_labels.index("f")]
+        window = _elements(d for d, c in zip(w_dims, w_labels, strict=True) if c.isdigit())
+        out_features = y_dims[y_labels.index("f")]
+    except (ValueError, IndexError, TypeError):
+        return 0
+    itemsize = max(_ITEMSIZE.get(str(y[0]), 4), 4)
+    rows = _elements(y_dims) // max(out_features, 1)  # N x prod(output spatial)
+    return (rows * channels * window + _elements(y_dims)) * itemsize
+
+
+#: CUB's radix sort: bits per digit (``RADIX_BITS``) of its onesweep policy and the digits.
+CUB_RADIX_BITS = 8
+CUB_RADIX_DIGITS = 1 << CUB_RADIX_BITS
+#: CUB's temporary-storage alignment (``AliasTemporaries``, 256 B per allocation).
+CUB_ALIGN = 256
+#: XLA's rewrite of a sort to CUB (``SortRewriter``): the size above which it rewrites when
+#: no device heuristic decides (``ShouldRewriteCompatibleSort``, ``> 16384`` elements).
+CUB_SORT_MIN_ELEMENTS = 16385
+
+
+def cub_sort_scratch_bytes(sort: Mapping[str, Any]) -> int:
+    """The device buffers a sort adds when XLA rewrites it to a CUB radix sort
+    (``SortRewriter``, ``backends/gpu/transforms/sort_rewriter.cc``): the scratch CUB sizes
+    for ``DeviceRadixSort::SortPairs``/``SortKeys`` with separate input and output (CUB's
+    ``DispatchRadixSort``: an alternate key buffer and an alternate value buffer of the
+    items' size whenever it takes more than one pass, the per-pass digit histograms with
+    8-byte offsets, each allocation aligned to 256 B), and, for a float sort in NumPy order
+    (jnp.sort, jnp.argsort: NaNs last), the synthetic unsigned keys XLA materializes
+    (``AddNumpySortKey``; an argsort packs key and index into one 32- or 64-bit value,
+    ``PackNumpySortPairs``). 0 for a sort XLA leaves to its own kernel: more than two
+    operands, not along the minor dimension, or ``CUB_SORT_MIN_ELEMENTS`` elements or fewer
+    (the default of ``ShouldRewriteCompatibleSort``; on A100, H100 and B200 a table of
+    sizes decides, which this over-counts at worst). The deviceless compile cannot size
+    it (``Missing deviceless CUB scratch size data for sort``: it keeps XLA's own sort).
+
+    Measured on an H100 (jaxlib 0.11.2, ``bench/xla_deviceless.py``): ``random.permutation``
+    of 1,048,576 rows (a u32-key, s32-value sort) compiled to 8 MiB and 224 B more
+    temporaries on the card than deviceless; this gives 8 MiB and 8.25 KiB.
+
+    >>> cub_sort_scratch_bytes({"shapes": [["u32", [1048576]], ["s32", [1048576]]],
+    ...                         "dimension": 0})
+    8397055
+    >>> cub_sort_scratch_bytes({"shapes": [["f32", [100]]], "dimension": 0})
+    0
+    """
+    shapes = sort.get("shapes") or []
+    if not 1 <= len(shapes) <= 2:
+        return 0
+    try:
+        dims = [int(d) for d in shapes[0][1]]
+        types = [str(s[0]) for s in shapes]
+    except (TypeError, ValueError, IndexError):
+        return 0
+    if not dims or int(sort.get("dimension", -1)) != len(dims) - 1:
+        return 0
+    items = _elements(dims)
+    if items < CUB_SORT_MIN_ELEMENTS:
+        return 0
+    key = _ITEMSIZE.get(types[0], 4)
+    value = _ITEMSIZE.get(types[1], 4) if len(types) == 2 else 0
+    extra = 0
+    if types[0].startswith(("f", "bf")):  # NumPy order: synthetic keys, the input as values
+        if value:
+            packed = 4 if key + value <= 4 else 8
+            extra = items * (key + packed)  # synthetic keys and packed values
+            value = packed
+        else:
+            extra = items * key  # synthetic keys; the floats travel as values
+            value = key
+    passes = -(-key * 8 // CUB_RADIX_BITS)
+    buffers = [items * key, items * value] if passes > 1 else []
+    buffers.append(passes * CUB_RADIX_DIGITS * 8)
+    scratch = sum(round_up(n, CUB_ALIGN) for n in buffers if n) + CUB_ALIGN - 1
+    return scratch + extra
 
 
 def _guarded(size: int, redzone: int) -> int:
@@ -175,6 +323,10 @@ def gemm_autotune_bytes(gemm: GemmBuffers, redzone: int, *, check: bool = True) 
         return sum(_guarded(n, redzone) for n in inputs) + copies * sum(gemm.results)
     held = sum(_guarded(n, redzone) for n in (*gemm.operands, *gemm.results))
     reference = gemm.results[0] if gemm.results and check else 0
+    if gemm.kind == "cudnn" and gemm.workspace:
+        # the candidate's scratch from a guarded allocator capped at 4 GiB
+        # (xla_gpu_redzone_scratch_max_megabytes; conv_algorithm_picker.cc)
+        held += _guarded(min(gemm.workspace, PICKER_WORKSPACE_LIMIT), redzone)
     return held + (_guarded(reference, redzone) if check else 0)
 
 
@@ -325,6 +477,8 @@ def _profiler_bytes(gemm: GemmBuffers, redzone: int, check: bool, rules: Autotun
     is the reference candidate's whole output (``Autotuner::GetReferenceOutput``): for a cuBLAS
     call of the single-pass autotuner its result and its workspace (see
     :func:`cublas_replay_bytes`)."""
+    if gemm.kind == "cudnn":  # the convolution picker's buffers (:func:`_replay_conv`)
+        return gemm_autotune_bytes(gemm, redzone, check=check)
     inputs = gemm.operands if rules.all_inputs else tuple(sorted(gemm.operands)[-2:])
     result = gemm.results[0] if gemm.results else 0
     results = _candidate_outputs(gemm, rules)
@@ -394,6 +548,9 @@ def replay_cublas_tuning(
     for size in arguments:
         pool.allocate(size)
     for gemm in gemms:
+        if gemm.kind == "cudnn":
+            _replay_conv(pool, gemm, redzone, check)
+            continue
         if gemm.kind != "cublas":
             continue
         outputs = _candidate_outputs(gemm, rules)
@@ -401,7 +558,7 @@ def replay_cublas_tuning(
         # the reference candidate's warm-up, its kept run, a candidate's warm-up and timed run
         reference: list[int] = []
         for run in ("warm-up", "reference", "warm-up", "timed"):
-            held = [pool.allocate(n) for n in outputs]
+            held = [pool.allocate(n) for n in outputs if n]
             if run == "reference" and check:
                 reference = held
                 continue
@@ -410,6 +567,33 @@ def replay_cublas_tuning(
         for ident in (*reference, *inputs):
             pool.free(ident)
     return pool
+
+
+def _replay_conv(pool: BfcAllocator, conv: GemmBuffers, redzone: int, check: bool) -> None:
+    """One cuDNN convolution's tuning through ``pool``, as XLA's convolution algorithm picker
+    holds it (``conv_algorithm_picker.cc``): every operand and every result of the call in its
+    own guarded buffer (``RedzoneBuffers::kAllInputsAllOutputs``; the zero-byte scratch result
+    is its two guard zones), each candidate run into those output buffers with its workspace
+    from a guarded scratch allocator (freed after the run; every candidate counted with the
+    largest workspace, :attr:`GemmBuffers.workspace`), and a guarded copy of the first
+    result kept as the reference. All freed at the end.
+
+    Measured on an H100 with jaxlib 0.11.2 (``bench/xla_floor_probe.py``, a 64x3x84x84
+    convolution's weight gradient): the compile's peak 720.0 MiB above the arguments (this:
+    720.04); with ``xla_gpu_redzone_padding_bytes=0`` 584.02 MiB (this: 24 KiB more); the
+    regions the card grew are 32 MiB more than this replay's (the order of the allocations
+    is not pinned down)."""
+    guard = redzone if check else 0
+    held = [pool.allocate(_guarded(n, guard)) for n in (*conv.operands, *conv.results)]
+    results = [n for n in conv.results if n]
+    workspace = min(conv.workspace, PICKER_WORKSPACE_LIMIT)
+    for run in range(2):
+        if workspace:
+            pool.free(pool.allocate(_guarded(workspace, guard)))
+        if run == 0 and check:
+            held.extend(pool.allocate(_guarded(n, guard)) for n in results[:1])
+    for ident in held:
+        pool.free(ident)
 
 
 def bfc_chunk(size: int) -> int:
@@ -477,17 +661,18 @@ def autotune_bytes(
     if not rules.picker:
         if rules.whole_chunks and rules.lt_workspace and arguments is not None:
             # cuBLAS calls placed by the allocator after the arguments; fusions as before
-            others = [g for g in gemms if g.kind != "cublas"]
+            others = [g for g in gemms if g.kind not in ("cublas", "cudnn")]
             replayed = cublas_replay_bytes(gemms, arguments, redzone, check, rules)
             counted = [_profiler_bytes(gemm, redzone, check, rules) for gemm in others]
             return max([replayed, *counted])
         return max(_profiler_bytes(gemm, redzone, check, rules) for gemm in gemms)
+    convs = [gemm_autotune_bytes(g, redzone, check=check) for g in gemms if g.kind == "cudnn"]
     held = sorted((_picker_buffers(gemm, redzone, rules.hopper) for gemm in gemms), key=sum)
     three, workspace, reference = held[-1]
     total = three + workspace + (reference if check else 0)
     if rules.overlap and len(held) > 1:
         total += held[-2][0]
-    return total
+    return max([total, *convs])
 
 
 def handed_to_cublas_bytes(

@@ -439,7 +439,19 @@ def _from_gpu_compile(
     callbacks = getattr(result, "callbacks", None)
     held = callbacks.held_bytes if callbacks is not None else 0
     fallback = result.device_temp_bytes - result.temp_bytes
-    temp = result.device_temp_bytes + held
+    # what the device compiles that the deviceless compile cannot size: CUB's sort scratch,
+    # and the workspace of the cuDNN algorithm the first call's autotuning picks (the
+    # deviceless compile keeps cuDNN's default algorithm, with none; counted at the largest
+    # candidate's, since the fastest is picked by timing on the card)
+    sorts = int(getattr(result, "sort_scratch_bytes", 0) or 0)
+    tuned = rt.xla_flag(os.environ if environ is None else environ, "xla_gpu_autotune_level")
+    conv_workspace = 0
+    if tuned != "0":
+        conv_workspace = min(
+            max((g.workspace for g in result.gemm_buffers if g.kind == "cudnn"), default=0),
+            rt.PICKER_WORKSPACE_LIMIT,
+        )
+    temp = result.device_temp_bytes + held + sorts + conv_workspace
     buffers = argument + output - alias + temp
     installed = _jaxlib_version()
     rules = rt.autotune_rules(jaxlib or installed, tuple(target.compute_capability), installed)
@@ -460,6 +472,11 @@ def _from_gpu_compile(
         autotune_name += (
             "; the GEMM fusions handed to cuBLAS, tuned again as the cuBLAS calls they become"
         )
+    if any(g.kind == "cudnn" for g in result.gemm_buffers):
+        autotune_name += (
+            "; each cuDNN convolution's operands and results guarded, the largest candidate's "
+            "workspace guarded and a guarded reference copy (conv_algorithm_picker.cc)"
+        )
     if rules.whole_chunks and calls:
         autotune_name += (
             "; its cuBLAS calls placed by the BFC allocator after the arguments, the reference "
@@ -470,15 +487,29 @@ def _from_gpu_compile(
     # (the outputs are one buffer per leaf, of sizes the compile does not give: counted
     # exactly)
     placed = [*leaves, temp]
-    whole = 0
+    whole = whole_arguments = 0
     if growing:
         whole = rt.bfc_in_use_bytes(placed) - sum(rt.round_up(max(n, 1)) for n in placed)
-    in_use = max(buffers + whole, argument + autotune) + rounding
+        # the arguments' own chunks while the first call tunes (a 5.2 MiB input takes a
+        # whole 8 MiB region: measured on an H100, jaxlib 0.11.2, the conv:64 step)
+        whole_arguments = rt.bfc_in_use_bytes(leaves) - sum(rt.round_up(max(n, 1)) for n in leaves)
+    tuning = argument + whole_arguments + autotune if autotune else 0
+    in_use = max(buffers + whole, tuning) + rounding
     context, context_basis = _jax_context(spec)
     bfc = "tsl/framework/bfc_allocator.cc"
     terms = [
-        ("XLA buffers (arguments + outputs - donated + temporaries)", buffers - fallback - held,
+        ("XLA buffers (arguments + outputs - donated + temporaries)",
+         buffers - fallback - held - sorts - conv_workspace,
          f"XLA:GPU's memory analysis, compiled for {target.compiled_for}"),
+        ("CUB radix sorts' scratch (alternate key and value buffers, digit histograms; the "
+         "deviceless compile keeps XLA's own sort)", sorts,
+         "xla/backends/gpu/transforms/sort_rewriter.cc (SortRewriter); CUB "
+         "DispatchRadixSort (cub/device/dispatch/dispatch_radix_sort.cuh)"),
+        ("cuDNN workspace of the convolution algorithm autotuning picks (the largest "
+         "candidate's: an explicit-GEMM engine's unfolded input and output copy)",
+         conv_workspace,
+         "xla/backends/gpu/autotuner/cudnn.cc (ApplyConfigAndUpdateWorkspaceInOutputTuple: "
+         "the algorithm's workspace becomes the call's scratch)"),
         ("host callbacks' operands and results (device buffers the host reads and writes), "
          "all counted as alive at once", held,
          "jax/_src/callback.py (emit_python_callback: a custom call on the device); the "
@@ -489,14 +520,14 @@ def _from_gpu_compile(
          "fusion inlined for the GEMM rewriter); the same step compiled with "
          "xla_gpu_enable_triton_gemm=false"),
         (autotune_name,
-         max(0, argument + autotune - buffers),
+         max(0, tuning - buffers),
          "xla/service/gpu/autotuning/redzone_buffers.cc, gemm_fusion_autotuner.cc, "
          "gemm_algorithm_picker.cc (at the XLA commit the target's jaxlib pins); "
          "xla_gpu_redzone_padding_bytes; measured floors: KluvaDa/benchback-rl"),
         ("BFC rounding to 256 B", rounding, bfc + " (kMinAllocationSize)"),
         ("BFC chunks handed out whole (allocation on demand: a fresh region under twice "
          "the request, less than 128 MiB left over)",
-         max(0, buffers + whole - max(buffers, argument + autotune)),
+         max(0, buffers + whole - max(buffers, tuning)),
          bfc + " (Extend, SplitChunk); measured: an H100, jaxlib 0.11.2 (xla_floor_probe)"),
     ]  # fmt: skip
     notes = [
@@ -587,22 +618,23 @@ def _from_gpu_compile(
         notes.extend(_several_devices_notes(result))
     convolutions = any(g.kind == "cudnn" for g in result.gemm_buffers)
     sort = any(w.startswith("a sort was compiled without CUB") for w in result.warnings)
-    notes.append(
-        "not counted: cuDNN convolution autotuning beyond its buffers"
-        + (
-            " (each cuDNN algorithm is tried with its own workspace, with no limit from jaxlib "
-            "0.9: on an H100 a 64x3x84x84 convolution's weight gradient tuned with 720 MiB "
-            "above its arguments; XLA_FLAGS=--xla_gpu_autotune_level=0 avoids it)"
-            if convolutions
-            else ""
+    if convolutions:
+        notes.append(
+            "cuDNN convolutions: the first call tries each cuDNN algorithm with its own "
+            "workspace, up to 4 GiB (xla_gpu_redzone_scratch_max_megabytes; a candidate that "
+            "cannot allocate its workspace is skipped, so the tuning takes what is free: the "
+            "figure is what it takes on a card with room); counted with the largest "
+            "candidate's workspace bounded by an "
+            "explicit-GEMM engine's (memfit.estimate.xla.runtime.conv_workspace_bytes; on an "
+            "H100 a 64x3x84x84 convolution's weight gradient tuned with 720 MiB above its "
+            "arguments); XLA_FLAGS=--xla_gpu_autotune_level=0 keeps cuDNN's default "
+            "algorithm and tunes nothing"
         )
-        + (
-            "; on several GPUs, arrays the program leaves on JAX's default device (device 0) "
-            "and NCCL's own buffers"
-            if result.devices > 1
-            else ""
+    if result.devices > 1:
+        notes.append(
+            "not counted: on several GPUs, arrays the program leaves on JAX's default device "
+            "(device 0) and NCCL's own buffers"
         )
-    )
     return JaxEstimate(
         argument_bytes=argument,
         output_bytes=output,
