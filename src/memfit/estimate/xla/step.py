@@ -666,12 +666,10 @@ def _target_jaxlib(jaxlib: str | None) -> str | None:
 
 
 def _jaxlib_version() -> str:
-    from importlib import metadata
+    """This machine's jaxlib, ``"?"`` where it has none."""
+    from memfit.backends.software import installed_jaxlib
 
-    try:
-        return metadata.version("jaxlib")
-    except metadata.PackageNotFoundError:
-        return "?"
+    return installed_jaxlib() or "?"
 
 
 def _other_devices_term(devices: int, buffers: int, device0: int) -> tuple[str, int, str]:
