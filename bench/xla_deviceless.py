@@ -24,6 +24,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+# the steps live with the tests' shared support code (tests/estimate/xla use them too)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "shared"))
+
+from xla_probe_step import make_step
+
 _STEPS = ("mlp:4096", "mlp:65536", "mlp:262144", "matmul:8192", "permute:1048576", "conv:64")
 
 _PROBE = r"""
@@ -54,37 +59,6 @@ print(json.dumps({
     "bytes_limit": after_steps.get("bytes_limit"),
 }))
 """
-
-
-def make_step(kind: str, size: int, *, concrete: bool = False) -> tuple[Any, tuple[Any, ...]]:
-    """One benchmark step and its arguments (arrays when ``concrete``, else shapes)."""
-    import jax
-    import jax.numpy as jnp
-
-    def arg(shape: tuple[int, ...], dtype: Any = jnp.float32) -> Any:
-        if concrete:
-            return jnp.ones(shape, dtype)
-        return jax.ShapeDtypeStruct(shape, dtype)
-
-    if kind == "mlp":  # the floor probe's tanh MLP step, 3 x 512 wide
-        from xla_floor_probe import mlp_step
-
-        step, (params, x) = mlp_step(size, 512, 3)
-        return step, ([arg(w.shape) for w in params], arg(x.shape))
-    if kind == "matmul":
-        return jax.jit(lambda a, b: (a @ b).sum()), (arg((size, size)), arg((size, size)))
-    if kind == "permute":
-        return jax.jit(lambda x, k: x[jax.random.permutation(k, x.shape[0])]), (
-            arg((size, 16)),
-            jax.random.PRNGKey(0) if concrete else jax.ShapeDtypeStruct((2,), jnp.uint32),
-        )
-    if kind == "conv":
-
-        def conv(x: Any, w: Any) -> Any:
-            return jax.lax.conv_general_dilated(x, w, (1, 1), "SAME").sum()
-
-        return jax.jit(jax.grad(conv, argnums=1)), (arg((size, 3, 84, 84)), arg((32, 3, 8, 8)))
-    raise ValueError(kind)
 
 
 def main() -> int:

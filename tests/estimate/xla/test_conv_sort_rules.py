@@ -142,14 +142,9 @@ def test_the_child_reads_sorts() -> None:
 
 
 def _h100_estimate(kind: str, size: int, flags: str = "") -> int:
-    import sys
+    from xla_probe_step import make_step
 
     from memfit.estimate.xla.step import estimate_jax
-
-    bench = str(Path(__file__).resolve().parents[3] / "bench")
-    if bench not in sys.path:
-        sys.path.insert(0, bench)
-    from xla_deviceless import make_step
 
     fn, shapes = make_step(kind, size)
     est = estimate_jax(
