@@ -10,7 +10,12 @@ from typing import Any
 import yaml
 
 from memfit.hardware.catalog import gpu
-from memfit.hardware.runtime import cuda_context, lazy_started_context, parse_runtime, resident_threads
+from memfit.hardware.runtime import (
+    cuda_context,
+    lazy_started_context,
+    parse_runtime,
+    resident_threads,
+)
 
 MiB = 2**20
 #: The grain the fitted bytes per resident thread is rounded to.
