@@ -128,10 +128,10 @@ def test_recommended_fraction_leaves_context_margin_and_others_outside_the_pool(
             if advice.fraction > 0.05:  # the smallest step is the floor
                 assert budget.breaking_term is None, spec.name
                 assert budget.context_bytes + (budget.pool_bytes or 0) <= budget.budget_bytes
-    assert recommended_xla_fraction(gpu("GTX 1650")).value == "0.80"  # 4 GiB, 510 MiB
-    assert recommended_xla_fraction(gpu("RTX 3060 Ti")).value == "0.85"  # 8 GiB, 553 MiB
+    assert recommended_xla_fraction(gpu("GTX 1650")).value == "0.85"  # 4 GiB, 260 MiB
+    assert recommended_xla_fraction(gpu("RTX 3060 Ti")).value == "0.90"  # 8 GiB, 346 MiB
     assert recommended_xla_fraction(gpu("H100")).value == "0.90"
-    assert recommended_xla_fraction(gpu("8GiB"), margin=0.2).value == "0.70"
+    assert recommended_xla_fraction(gpu("8GiB"), margin=0.2).value == "0.65"  # 824 MiB
     explicit = compose_budget(gpu("4090"), framework="jax", jax_mem_fraction=0.5)
     assert explicit.pool_fraction == 0.5 and explicit.pool_bytes == int(gpu("4090").total_bytes / 2)
     assert compose_budget(gpu("4090"), framework="jax", jax_preallocate=False).pool_bytes is None

@@ -131,5 +131,5 @@ def test_env_sizes_the_pool_for_the_card_it_finds(
     monkeypatch.setattr("memfit.backends.local_probe", lambda **_: (card, []))
     data = run_json(capsys, "env", "--json")
     [setting] = [s for s in data["settings"] if s["framework"] == "jax"]
-    assert setting["value"] == recommended_xla_fraction(gpu("RTX 3060 Ti")).value == "0.85"
+    assert setting["value"] == recommended_xla_fraction(gpu("RTX 3060 Ti")).value == "0.90"
     assert any("this machine's NVIDIA GeForce RTX 3060 Ti" in n for n in data["notes"])

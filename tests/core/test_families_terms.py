@@ -312,21 +312,21 @@ def test_allocator_slack_by_hand() -> None:
 
 
 def test_budget_composition_by_hand() -> None:
-    spec = anonymous_gpu(8 * 2**30)  # unknown architecture: 792 MiB context, 32 MiB cuBLAS
+    spec = anonymous_gpu(8 * 2**30)  # unknown architecture: 824 MiB context, 32 MiB cuBLAS
     b = compose_budget(spec, framework="torch", margin=0.1, other_processes_bytes=MiB)
     margin = int(8 * 2**30 * 0.1)
     assert b.budget_bytes == 8 * 2**30 - margin - MiB
-    assert b.job_limit_bytes == b.budget_bytes - 792 * MiB - 32 * MiB
+    assert b.job_limit_bytes == b.budget_bytes - 824 * MiB - 32 * MiB
     assert b.pool_bytes is None and b.breaking_term is None
     jax = compose_budget(spec, framework="jax", margin=0.1, jax_mem_fraction=0.75)
     assert jax.pool_bytes == 6 * 2**30
     assert jax.job_limit_bytes == 6 * 2**30 - 32 * MiB
-    # memfit's recommended pool: 0.9 x 8 GiB - 500 MiB context leaves 0.839 -> 0.80
+    # memfit's recommended pool: 0.9 x 8 GiB - 824 MiB context leaves 0.799 -> 0.75
     recommended = compose_budget(spec, framework="jax", margin=0.1)
-    assert recommended.pool_fraction == 0.8
-    assert recommended.pool_bytes == int(8 * 2**30 * 0.8)
-    assert recommended.outside_limit_bytes == b.budget_bytes + MiB - 792 * MiB - int(
-        8 * 2**30 * 0.8
+    assert recommended.pool_fraction == 0.75
+    assert recommended.pool_bytes == int(8 * 2**30 * 0.75)
+    assert recommended.outside_limit_bytes == b.budget_bytes + MiB - 824 * MiB - int(
+        8 * 2**30 * 0.75
     )
     off = compose_budget(spec, framework="jax", jax_preallocate=False)
     assert off.pool_bytes is None

@@ -147,13 +147,13 @@ def test_the_workload_may_give_the_communicators() -> None:
     ("runtime", "init", "mib"),
     [
         # torch 2.0 (a CUDA 11.7 wheel): NCCL starts CUDA before torch sets LAZY -> eager;
-        # lazily, a V100 context once started: 213 MiB + 80 SMs x 2,048 threads x 1 KiB
+        # lazily, a V100 context once started: 5 MiB + 80 SMs x 2,048 threads x 2 KiB
         ("torch=2.0.0", "nccl", 900),
         ("torch=2.0.0", "unknown", 900),  # unknown: the larger
-        ("torch=2.0.0", "torch", 373),  # torch's own lazy init first
-        ("torch=2.0.0,module_loading=lazy", "nccl", 373),  # the variable set beforehand
-        ("torch=2.0.0,cuda=12.2", "nccl", 373),  # CUDA 12.2's default is lazy
-        ("torch=2.6.0", "nccl", 373),  # its default wheel is CUDA 12.4
+        ("torch=2.0.0", "torch", 325),  # torch's own lazy init first
+        ("torch=2.0.0,module_loading=lazy", "nccl", 325),  # the variable set beforehand
+        ("torch=2.0.0,cuda=12.2", "nccl", 325),  # CUDA 12.2's default is lazy
+        ("torch=2.6.0", "nccl", 325),  # its default wheel is CUDA 12.4
         ("torch=1.7.1", "torch", 880),  # before 1.13 every context is eager
     ],
 )

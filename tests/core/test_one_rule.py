@@ -18,9 +18,10 @@ from memfit.hardware.catalog import gpu
 def test_a_fraction_over_the_rule_is_reported_for_the_card() -> None:
     card = gpu("RTX 3070 Laptop")
     rule = recommended_xla_fraction(card)
-    assert rule.value == "0.85"
+    # 0.90 since the context by card (2026-11-29: 352 MiB for a JAX step here; 0.85 before)
+    assert rule.value == "0.90"
     over = check_shell("export XLA_PYTHON_CLIENT_MEM_FRACTION=0.99\n", gpu=card)
-    assert [p.code for p in over] == ["over-rule"] and "0.85" in over[0].message
+    assert [p.code for p in over] == ["over-rule"] and "0.90" in over[0].message
     assert check_shell(f"export XLA_CLIENT_MEM_FRACTION={rule.value}\n", gpu=card) == []
     # no pool to size: preallocation off, or the platform allocator
     off = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.99"}

@@ -103,12 +103,12 @@ def test_eager_context_is_the_published_v100_figure_and_lazy_the_arch_table() ->
     assert eager.bytes == EAGER_CONTEXT_BYTES == 1341 * MiB
     # lazily: the context once started plus the kernel images a step loads, whose figure
     # was measured on the H100 only (assumed here)
-    # (the context once started: 213 MiB and 80 SMs x 2,048 threads x 1 KiB of stack)
-    assert lazy.bytes == LAZY_CONTEXT_BYTES["volta"] + LAZY_KERNEL_IMAGES_BYTES == 656 * MiB
+    # (the context once started: 5 MiB and 80 SMs x 2,048 threads x 2 KiB per thread)
+    assert lazy.bytes == LAZY_CONTEXT_BYTES["volta"] + LAZY_KERNEL_IMAGES_BYTES == 552 * MiB
     assert lazy.kernel_images_bytes == LAZY_KERNEL_IMAGES_BYTES and lazy.basis == "assumed"
-    assert cuda_context(v100, lazy.runtime, kernels=False).bytes == (213 + 160) * MiB
+    assert cuda_context(v100, lazy.runtime, kernels=False).bytes == (5 + 320) * MiB
     # a small card reserves less local memory: a T4's 40 SMs x 1,024 threads
-    assert cuda_context(gpu("T4"), lazy.runtime, kernels=False).bytes == (213 + 40) * MiB
+    assert cuda_context(gpu("T4"), lazy.runtime, kernels=False).bytes == (5 + 80) * MiB
     h100 = cuda_context(gpu("H100"), parse_runtime("torch=2.11.0,cuda=13.0"))
     assert (h100.bytes, h100.basis) == (760 * MiB, "fitted")  # the project's own capture
     assert eager.source.endswith(CONTEXT_SOURCES["eager"]) and "V100" in eager.source

@@ -219,10 +219,10 @@ def test_the_figures_are_what_the_calibration_readings_give() -> None:
 
 def test_the_held_out_readings() -> None:
     """PhysX within its band; Newton over, never under: memfit's CUDA context on the card taken
-    for the reading (an RTX 5090: 213 MiB, its 170 SMs' 255 MiB of local memory and a step's
-    283 MiB of kernel images, 751 MiB with torch 2.10) is more than the whole Newton process at
-    256 envs (304 MiB); at 1,024 envs +132% (+64% when memfit's context was 500 MiB and
-    counted no kernel images)."""
+    for the reading (an RTX 5090: 5 MiB, its 170 SMs' 510 MiB of local memory and a step's
+    227 MiB of kernel images, 742 MiB with torch 2.10) is more than the whole Newton process at
+    256 envs (304 MiB); at 1,024 envs +130% (+132% with the context of 213 MiB plus 1 KiB per
+    thread, +64% when memfit's context was 500 MiB and counted no kernel images)."""
     bench = _bench()
     import simulator_readings as truth
 

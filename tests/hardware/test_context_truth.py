@@ -6,11 +6,27 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from context_readings import framework, load, predict, rows
+from context_readings import (
+    fit_kernel_images,
+    fit_started_context,
+    framework,
+    load,
+    predict,
+    rows,
+    started_points,
+)
 
 from memfit.hardware import runtime
 from memfit.hardware.catalog import gpu
-from memfit.hardware.runtime import FRAMEWORKS, cuda_context, parse_runtime
+from memfit.hardware.runtime import (
+    CONTEXT_BASE_BYTES,
+    FRAMEWORKS,
+    LAZY_KERNEL_IMAGES_BYTES,
+    LOCAL_BYTES_PER_THREAD,
+    cuda_context,
+    lazy_started_context,
+    parse_runtime,
+)
 
 DOC = load()
 
@@ -83,3 +99,31 @@ def test_jax_readings_are_predicted_as_a_jax_process(reading: dict[str, Any]) ->
     assert predict(reading) == expected.bytes
     [row] = rows([reading])
     assert row["framework"] == "jax" and row["error"] is not None
+
+
+def test_started_context_rule_is_the_fit_on_the_calibration_part() -> None:
+    """The fixed part, the bytes per resident thread and torch's kernel images are what
+    ``fit_started_context`` / ``fit_kernel_images`` derive from the calibration part alone."""
+    fit = fit_started_context(DOC["calibration"])
+    assert len(fit["points"]) >= 3
+    assert (fit["per_thread"], fit["base"]) == (LOCAL_BYTES_PER_THREAD, CONTEXT_BASE_BYTES)
+    assert fit_kernel_images(DOC["calibration"]) == LAZY_KERNEL_IMAGES_BYTES
+
+
+def test_started_context_fit_ignores_the_validation_part() -> None:
+    """Adding the validation readings to the fit's input would move it: the constants are the
+    calibration part's fit, not the whole corpus's."""
+    assert started_points(DOC["validation"])
+    both = fit_started_context(DOC["calibration"] + DOC["validation"])
+    alone = fit_started_context(DOC["calibration"])
+    assert both["slope_bytes_per_thread"] != alone["slope_bytes_per_thread"]
+
+
+def test_started_context_grows_with_resident_threads_not_a_flat_fixed_part() -> None:
+    """The calibration cards span 34 to 170 SMs: the started context is nearly proportional to
+    the resident threads (a fixed part under 2% of the largest card's context)."""
+    fit = fit_started_context(DOC["calibration"])
+    largest = max(y for _, _, y in fit["points"])
+    assert 0 <= fit["base"] < 0.02 * largest
+    small, big = gpu("RTX 4060 Ti 8GB"), gpu("RTX 5090")
+    assert lazy_started_context(big) > 4 * lazy_started_context(small)

@@ -237,7 +237,7 @@ ROBOT_PER_ENV: dict[str, int] = {
 CARD_FIGURES: dict[str | None, CardFigures] = {
     "NVIDIA GeForce RTX 4090": CardFigures(
         card="NVIDIA GeForce RTX 4090",
-        base_bytes=1_999_538_000,
+        base_bytes=2_075_036_000,
         render_base_bytes=2_886_614_000,
         pixel_bytes=175.73,
         shared_pixel_bytes=47.58,
@@ -248,7 +248,7 @@ CARD_FIGURES: dict[str | None, CardFigures] = {
     ),
     "NVIDIA GeForce RTX 3080 Laptop GPU": CardFigures(
         card="NVIDIA GeForce RTX 3080 Laptop GPU",
-        base_bytes=1_987_230_000,
+        base_bytes=2_188_556_000,
         render_base_bytes=1_808_008_000,
         pixel_bytes=300.15,
         shared_pixel_bytes=81.27,
@@ -269,7 +269,7 @@ SCENE_RULE = SceneRule(
 SHARED = SharedFigures(
     extra_type_fraction=0.163,
     standard_factor=3.25,
-    viewport_bytes=3_457_067_000,
+    viewport_bytes=3_437_918_000,
     default_per_env_bytes=676_914,
     source="a further data type: RGB+depth on the RTX 4090 (ManiSkill3); the standard "
     "camera: isaac_so_arm101 PR #84 (70 envs, one 640x480 camera, about 21 GB); the "
@@ -327,7 +327,7 @@ def viewport_on(card: str | None) -> tuple[int, str]:
 
 
 #: Genesis (Go2 locomotion example, RSL-RL): base after the CUDA context, and per env.
-GENESIS = (1_409_130_000, 308_230)
+GENESIS = (1_578_999_000, 308_230)
 
 
 def _envelope() -> CardFigures:
@@ -377,7 +377,7 @@ LAB3_PHYSICS: dict[str, PhysicsFigures] = {
     "physx": PhysicsFigures(
         physics="physx",
         versions=_LAB3_VERSIONS,
-        base_bytes=1_669_892_000,
+        base_bytes=1_679_329_000,
         per_env_bytes=300_919,
         reference_joints=12,
         # the source: single probes are noisy at the +-10% level

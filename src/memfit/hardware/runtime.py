@@ -56,6 +56,7 @@ __all__ = [
     "LAZY_CONTEXT_BYTES",
     "LAZY_CONTEXT_UNKNOWN_BYTES",
     "LAZY_KERNEL_IMAGES_BYTES",
+    "LOCAL_BYTES_PER_THREAD",
     "RUNTIME_KEYS",
     "STACK_BYTES_PER_THREAD",
     "ContextEstimate",
@@ -66,6 +67,7 @@ __all__ = [
     "local_memory_bytes",
     "parse_runtime",
     "parse_version",
+    "resident_threads",
     "runtime_from_versions",
 ]
 
@@ -93,60 +95,87 @@ CONTEXT_SOURCES: dict[str, str] = {
         "context.eager_mib: pytorch#49877, #55277)"
     ),
     "lazy": (
-        "the context a process holds once CUDA has started: a fixed part (driver state, the "
-        "printf FIFO, the device malloc heap) and the local-memory reservation, SMs x "
-        "resident threads per SM x the per-thread stack (1 KiB, cudaLimitStackSize's "
-        "default). Readings: unsloth-zoo PR #1053 (2026): 426 MiB in nvidia-smi after "
-        "torch.cuda.mem_get_info on an RTX 6000 Ada (142 SMs x 1,536 threads x 1 KiB = "
-        "213 MiB of local memory) with torch 2.10 and CUDA 13.0, which leaves 213 MiB for the "
-        "fixed part; pytorch PR #86509, 287,047,680 B (total - free) with lazy loading less "
-        "the test tensor's 20 MiB segment (254 MiB; GPU not stated); ptrblck in pytorch "
-        "#107667 (2023): '~300MB', in #109888: 'around 400MB if CUDA >= 11.7 is used and "
-        "lazy module loading enabled'. Then the kernel images a training step loads at first "
-        "use (torch's own kernels, cuBLAS/cuBLASLt at the first matmul, cuDNN at the first "
-        "convolution): 283 MiB, the project's own H100 capture (torch 2.11.0+cu130, cuDNN "
-        "9.19, driver 580; NVML's per-process used less the caching allocator's reserved "
-        "peak: 742 MiB for the MLP workloads, 758-760 MiB with cuDNN's convolutions, its "
-        "calibration workloads) less the H100's context once started (213 MiB + 132 SMs x "
-        "2,048 x 1 KiB = 477 MiB): measured on the H100 with torch 2.11+cu130, assumed for "
-        "other architectures and versions (tests/data/published_truth/cuda_context/"
-        "readings.yaml has every reading)"
+        "the context a process holds once CUDA has started: a local-memory reservation, SMs x "
+        "resident threads per SM x 2 KiB per thread, and a small fixed part (5 MiB), fitted "
+        "(bench/context_truth.py) on the calibration readings of a started context by named "
+        "card: unsloth-zoo PR #1053 (2026), 426 MiB in nvidia-smi after torch.cuda.mem_get_info "
+        "on an RTX 6000 Ada (142 SMs x 1,536 threads; torch 2.10, CUDA 13.0); llama.cpp PR "
+        "#23604 (2026), 107 MiB that a bare cudaMemGetInfo's primary context takes on an RTX "
+        "4060 Ti (34 x 1,536); llama.cpp issue #20582 (2026), 506 MiB used on each RTX 5090 "
+        "(170 x 1,536) after the same call. The three lie on one line through the origin within "
+        "5 MiB (2 KiB per thread), where the earlier model (213 MiB plus 1 KiB per thread, "
+        "from the RTX 6000 Ada alone) put the RTX 4060 Ti at 264 MiB: the reservation is "
+        "about twice cudaLimitStackSize's 1 KiB default (CUDA Runtime API, cudaDeviceSetLimit), "
+        "which NVIDIA does not document as a size. Earlier readings without a card: pytorch PR "
+        "#86509, 287,047,680 B (total - free) with lazy loading less the test tensor's 20 MiB "
+        "segment (254 MiB); ptrblck in pytorch #107667 (2023): '~300MB', in #109888: 'around "
+        "400MB if CUDA >= 11.7 is used and lazy module loading enabled'. Then the kernel images "
+        "a training step loads at first use (torch's own kernels, cuBLAS/cuBLASLt at the first "
+        "matmul, cuDNN at the first convolution): 227 MiB, the project's own H100 capture "
+        "(torch 2.11.0+cu130, cuDNN 9.19, driver 580; NVML's per-process used less the caching "
+        "allocator's reserved peak: 742 MiB for the MLP workloads, 758-760 MiB with cuDNN's "
+        "convolutions, its calibration workloads) less the H100's context once started "
+        "(5 MiB + 132 SMs x 2,048 x 2 KiB = 533 MiB): measured on the H100 with torch "
+        "2.11+cu130, assumed for other architectures and versions (tests/data/published_truth/"
+        "cuda_context/readings.yaml has every reading)"
     ),
 }
 
-#: The fixed part of a lazily loaded context once CUDA has started (driver state, the printf
-#: FIFO, the malloc heap): the RTX 6000 Ada's 426 MiB (unsloth-zoo PR #1053) less its
-#: local-memory reservation (142 SMs x 1,536 threads x 1 KiB = 213 MiB).
-CONTEXT_BASE_BYTES = 213 * MiB
+#: The fixed part of a lazily loaded context once CUDA has started, beside its local memory:
+#: the least the calibration readings of a started context by card leave over the
+#: reservation (:data:`LOCAL_BYTES_PER_THREAD`), rounded up to a MiB, so that none of them is
+#: under-predicted (RTX 4060 Ti 107 MiB - 102 MiB; RTX 6000 Ada 426 - 426; RTX 5090 506 - 510:
+#: ``tests/shared/context_readings.py`` ``fit_started_context`` derives it, a test checks it).
+#: Before 2026-11-29 it was 213 MiB, the RTX 6000 Ada's 426 MiB less 1 KiB per thread.
+CONTEXT_BASE_BYTES = 5 * MiB
 
-#: The per-thread stack the context reserves local memory for: ``cudaLimitStackSize``'s
-#: default, 1 KiB (CUDA Runtime API, cudaDeviceSetLimit).
+#: ``cudaLimitStackSize``'s documented default per-thread stack, 1 KiB (CUDA Runtime API,
+#: cudaDeviceSetLimit). The context reserves more than this per resident thread
+#: (:data:`LOCAL_BYTES_PER_THREAD`).
 STACK_BYTES_PER_THREAD = 1024
 
+#: The local memory a started context reserves per resident thread (SMs x resident threads
+#: per SM of them): the least-squares slope of the calibration readings of a started context
+#: against the card's resident threads (RTX 4060 Ti, RTX 6000 Ada, RTX 5090: 1,960 B),
+#: rounded to 256 B. Twice :data:`STACK_BYTES_PER_THREAD`: NVIDIA documents the stack's
+#: default, not the size of the reservation. Every calibration card has 1,536 threads per SM,
+#: so per thread rather than per SM is the documented structure (local memory is per thread),
+#: not something these readings separate; the H100 JAX reading (2,048 per SM, validation)
+#: agrees within 1%.
+LOCAL_BYTES_PER_THREAD = 2048
+
+#: Each architecture's largest card's SMs and resident threads per SM (NVIDIA's figures;
+#: hardware/gpu_sms.json, rules_cuda_arch.json ``sm.max_threads``).
+_LARGEST_CARD: dict[str, tuple[int, int]] = {
+    "pascal": (56, 2048),  # Tesla P100
+    "volta": (80, 2048),  # V100
+    "turing": (72, 1024),  # TITAN RTX, Quadro RTX 6000/8000
+    "ampere": (108, 2048),  # A100
+    "ada": (142, 1536),  # RTX 6000 Ada, L40(S)
+    "hopper": (132, 2048),  # H100 SXM, H200
+    "blackwell": (148, 2048),  # B200
+}
+
 #: The context once CUDA has started, with lazy loading, for a card of the architecture whose
-#: SM count memfit does not know: the architecture's largest card's (hardware/gpu_sms.json;
-#: ``CONTEXT_BASE_BYTES`` plus its local memory), so that a plan errs on the safe side.
+#: SM count memfit does not know: the architecture's largest card's (``CONTEXT_BASE_BYTES``
+#: plus its local memory), so that a plan errs on the safe side.
 LAZY_CONTEXT_BYTES: dict[str, int] = {
-    "pascal": 325 * MiB,  # Tesla P100: 56 SMs x 2,048 threads
-    "volta": 373 * MiB,  # V100: 80 x 2,048
-    "turing": 285 * MiB,  # TITAN RTX, Quadro RTX 6000/8000: 72 x 1,024
-    "ampere": 429 * MiB,  # A100: 108 x 2,048
-    "ada": 426 * MiB,  # RTX 6000 Ada, L40(S): 142 x 1,536
-    "hopper": 477 * MiB,  # H100 SXM, H200: 132 x 2,048
-    "blackwell": 509 * MiB,  # B200: 148 x 2,048
+    arch: CONTEXT_BASE_BYTES + sms * threads * LOCAL_BYTES_PER_THREAD
+    for arch, (sms, threads) in _LARGEST_CARD.items()
 }
 
 #: The context once CUDA has started, with lazy loading, for a GPU of unknown architecture
 #: (the largest architecture's, so that a plan errs on the safe side).
-LAZY_CONTEXT_UNKNOWN_BYTES = 509 * MiB
+LAZY_CONTEXT_UNKNOWN_BYTES = max(LAZY_CONTEXT_BYTES.values())
 
 #: The kernel images a training step loads into the context at first use with lazy loading
 #: (torch's kernels, cuBLAS/cuBLASLt's, cuDNN's): measured on the H100 with torch 2.11+cu130
-#: (760 MiB of context with cuDNN's convolutions, less the 477 MiB its context holds once
+#: (760 MiB of context with cuDNN's convolutions, less the 533 MiB its context holds once
 #: started), the larger of the MLP (742 MiB) and convolution (760 MiB) workloads, as a plan
 #: does not know which libraries a step calls; assumed for every other architecture and
-#: version.
-LAZY_KERNEL_IMAGES_BYTES = 283 * MiB
+#: version. It was 283 MiB while the H100's started context was taken as 477 MiB (213 MiB +
+#: 1 KiB per thread); the step's 760 MiB is unchanged.
+LAZY_KERNEL_IMAGES_BYTES = 227 * MiB
 
 #: The frameworks whose processes :func:`cuda_context` sizes.
 FRAMEWORKS: tuple[str, ...] = ("torch", "jax")
@@ -172,15 +201,14 @@ def _sm_counts() -> dict[str, int]:
     return {str(k): int(v) for k, v in data["sms"].items()}
 
 
-def local_memory_bytes(spec: GpuSpec | None) -> int | None:
-    """The local memory a context reserves on ``spec`` once CUDA has started: SMs x resident
-    threads per SM (``rules_cuda_arch.json``, ``sm.max_threads``) x the per-thread stack
-    (:data:`STACK_BYTES_PER_THREAD`); ``None`` where the card's SM count or compute
-    capability is not known.
+def resident_threads(spec: GpuSpec | None) -> int | None:
+    """The threads ``spec`` holds resident at once: SMs (``gpu_sms.json``) x resident threads
+    per SM (``rules_cuda_arch.json``, ``sm.max_threads``); ``None`` where the card's SM count
+    or compute capability is not known.
 
     >>> from memfit.hardware.catalog import gpu
-    >>> local_memory_bytes(gpu("H100")) // MiB, local_memory_bytes(gpu("RTX 4060 Ti 8GB")) // MiB
-    (264, 51)
+    >>> resident_threads(gpu("H100")), resident_threads(gpu("RTX 4060 Ti 8GB"))
+    (270336, 52224)
     """
     if spec is None or spec.compute_capability is None:
         return None
@@ -188,7 +216,20 @@ def local_memory_bytes(spec: GpuSpec | None) -> int | None:
     if sms is None:
         return None
     threads = int(rule("cuda_arch", "sm.max_threads", capability=spec.compute_capability))
-    return sms * threads * STACK_BYTES_PER_THREAD
+    return sms * threads
+
+
+def local_memory_bytes(spec: GpuSpec | None) -> int | None:
+    """The local memory a context reserves on ``spec`` once CUDA has started:
+    :func:`resident_threads` x :data:`LOCAL_BYTES_PER_THREAD`; ``None`` where the card's SM
+    count or compute capability is not known.
+
+    >>> from memfit.hardware.catalog import gpu
+    >>> local_memory_bytes(gpu("H100")) // MiB, local_memory_bytes(gpu("RTX 4060 Ti 8GB")) // MiB
+    (528, 102)
+    """
+    threads = resident_threads(spec)
+    return None if threads is None else threads * LOCAL_BYTES_PER_THREAD
 
 
 def lazy_started_context(spec: GpuSpec | None) -> int:
@@ -198,7 +239,7 @@ def lazy_started_context(spec: GpuSpec | None) -> int:
 
     >>> from memfit.hardware.catalog import gpu
     >>> lazy_started_context(gpu("RTX 6000 Ada")) // MiB, lazy_started_context(gpu("T4")) // MiB
-    (426, 253)
+    (431, 85)
     """
     local = local_memory_bytes(spec)
     if local is not None:
@@ -528,7 +569,7 @@ _JAX_IMAGES_UNKNOWN = (
     "No public reading of a JAX process after a step, preallocation off, on a named card was "
     "found to fit them on (jax-ml/jax, brax, flax and PureJaxRL issues, JAX's docs; the JAX "
     "readings found are of a started backend, no step: tests/data/published_truth/"
-    "cuda_context/readings.yaml), so memfit counts torch's H100 figure (283 MiB) for them, "
+    "cuda_context/readings.yaml), so memfit counts torch's H100 figure (227 MiB) for them, "
     "as an assumption: more than a JAX step may load (it does not load torch's kernels), "
     "perhaps less where XLA's autotuner tries many GEMM algorithms"
 )
@@ -538,7 +579,7 @@ _LIBRARY_UNKNOWNS = (
     "kernel images of CUDA libraries loaded at first use (cuBLAS/cuBLASLt at the first "
     "matmul, cuDNN at the first convolution, NCCL at the first collective): with lazy "
     "loading memfit counts what the project's H100 capture loaded (torch 2.11+cu130, "
-    "283 MiB), which no public measurement states for other architectures or versions; with "
+    "227 MiB), which no public measurement states for other architectures or versions; with "
     "eager loading each library's whole image for the GPU's architecture is loaded, which no "
     "public measurement found states with its versions, so it is not counted"
 )
@@ -617,12 +658,12 @@ def cuda_context(
     >>> from memfit.hardware.catalog import gpu
     >>> lazy = cuda_context(gpu("V100"), parse_runtime("torch=2.4.1"))
     >>> eager = cuda_context(gpu("V100"), parse_runtime("torch=1.10.0,cuda=11.2"))
-    >>> lazy.bytes == 656 * MiB, eager.bytes == 1341 * MiB
+    >>> lazy.bytes == 552 * MiB, eager.bytes == 1341 * MiB
     (True, True)
     >>> cuda_context(gpu("H100"), parse_runtime("torch=2.11.0,cuda=13.0")).bytes // MiB
     760
     >>> cuda_context(gpu("V100"), parse_runtime("torch=2.4.1"), kernels=False).bytes // MiB
-    373
+    325
     >>> h100 = gpu("H100")
     >>> lazy.basis, cuda_context(h100).basis, cuda_context(h100, framework="jax").basis
     ('assumed', 'fitted', 'assumed')
