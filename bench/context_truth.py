@@ -43,9 +43,9 @@ def markdown(parts: dict[str, list[dict[str, Any]]], command: str) -> str:
         "The readings and their sources: `tests/data/published_truth/cuda_context/readings.yaml` "
         "(`init`: CUDA started, no step run; `step`: after training steps, NVML's per-process "
         "used less the caching allocator's reserved peak). The model: the context once started "
-        "is a fixed part (`CONTEXT_BASE_BYTES`) plus the card's local-memory reservation (SMs x "
-        "resident threads per SM x 1 KiB of stack), a step adds the kernel images it loads "
-        "(`LAZY_KERNEL_IMAGES_BYTES`; `memfit.hardware.runtime`). Calibration: what the two "
+        "is a fixed part (`CONTEXT_BASE_BYTES`) plus what it reserves per resident thread (SMs x "
+        "resident threads per SM x `LOCAL_BYTES_PER_THREAD`), a step adds the kernel images it "
+        "loads (`LAZY_KERNEL_IMAGES_BYTES`; `memfit.hardware.runtime`). Calibration: what the two "
         "figures were derived from; validation: nothing was fitted to it. A reading whose "
         "source names no card is listed, not compared. A JAX process's readings are tabled "
         'apart (`cuda_context(..., framework="jax")`: the same context once started, a '
