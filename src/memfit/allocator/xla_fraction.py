@@ -83,8 +83,9 @@ def recommended_xla_fraction(
     :data:`XLA_FRACTION_STEP`, at most :data:`XLA_FRACTION_CAP`, that leaves the CUDA
     context, the memory other processes use and the safety margin outside the pool, since
     those live outside XLA's allocator. With the default 5% margin that is 0.90 on every card
-    of 15 GiB or more and 0.80 to 0.90 on smaller ones, by their CUDA context (an 8 GiB
-    RTX 3060 Ti's 553 MiB context and the 5% margin take more than a tenth of it: 0.85);
+    of 8 GiB or more and 0.85 to 0.90 on smaller ones, by their CUDA context (a 6 GiB
+    RTX 3060 Laptop GPU's 322 MiB context and the 5% margin take more than a tenth of it:
+    0.85);
     :func:`fraction_summary` says it over the catalog. An unknown GPU (``None``) gets the
     smallest answer over the catalog, which leaves room on any card of it.
 
@@ -100,7 +101,7 @@ def recommended_xla_fraction(
 
     >>> from memfit.hardware.catalog import gpu
     >>> [recommended_xla_fraction(gpu(n)).value for n in ("RTX 4070", "RTX 4060", "1650")]
-    ['0.90', '0.85', '0.80']
+    ['0.90', '0.90', '0.85']
     """
     if spec is None or spec.total_bytes <= 0:
         summary = fraction_summary(margin=margin)
@@ -182,7 +183,7 @@ def fraction_summary(*, margin: float = DEFAULT_MARGIN) -> FractionSummary:
 
     >>> s = fraction_summary()
     >>> s.top, round(s.top_from_bytes / 2**30), s.low
-    (0.9, 15, 0.8)
+    (0.9, 8, 0.85)
     """
     cards = sorted(
         (spec.total_bytes, spec.name, round(_steps(spec, margin, 0, None) * XLA_FRACTION_STEP, 2))

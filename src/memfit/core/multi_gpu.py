@@ -174,13 +174,13 @@ def stray_context(
     >>> from memfit.hardware.runtime import parse_runtime
     >>> torch20 = parse_runtime("torch=2.0.0")
     >>> stray_context(gpu("V100"), torch20, "torch")[0] // 2**20
-    373
+    325
     >>> stray_context(gpu("V100"), torch20, "nccl")[0] // 2**20
     900
     >>> stray_context(gpu("V100"), parse_runtime("torch=2.4.1,cuda=12.4"))[0] // 2**20
-    373
+    325
     >>> stray_context(gpu("V100"), parse_runtime("torch=2.6.0"))[0] // 2**20  # a CUDA 12.4 wheel
-    373
+    325
 
     Raises:
         ConfigError: For an ``init`` not in :data:`STRAY_INITS`.
