@@ -39,10 +39,12 @@ def test_one_rank_holds_nothing() -> None:
         (4, "pcie", (8, 9), "2.21", 2 * 2 * 12),
         # 2 ranks: the tree shares the ring's connection
         (2, "pcie", (8, 9), "2.21", 2 * 1 * 12),
-        # NVLink without a switch: 16 channels; before 2.19 cudaMalloc: the buffers at their
-        # byte size (9,633,792 B = 9.1875 MiB), no send granule
-        (2, "nvlink", (8, 0), "2.18", 16 * 9.1875),
-        (4, "nvlink", (8, 0), "2.18", 16 * 2 * 9.1875),
+        # NVLink without a switch: 12 channels; before 2.19 cudaMalloc'd, each side still
+        # rounded up to CUDA_IPC_MIN (2 MiB): 6 + 6 MiB with P2P read (8.0 over NVLink)
+        (2, "nvlink", (8, 0), "2.18", 12 * 12),
+        (4, "nvlink", (8, 0), "2.18", 12 * 2 * 12),
+        # without P2P read (Hopper over NVLink): 10 MiB received + 2 MiB sent, the same 12
+        (2, "nvlink", (9, 0), "2.18", 12 * 12),
         # NVSwitch, Hopper: 24 channels
         (8, "nvswitch", (9, 0), "2.21", 24 * 2 * 12),
     ],
@@ -123,8 +125,9 @@ def test_variables_change_the_figures() -> None:
     )
     assert _terms(later)["nccl_nvls"] == _terms(base)["nccl_nvls"]
     nocumem = nccl_memory(4, "pcie", nccl="2.21", env={"NCCL_CUMEM_ENABLE": "0"})
-    # cudaMalloc: no send granule, the buffers at their byte size (9,633,792 B)
-    assert _terms(nocumem)["nccl_channel_buffers"] == 2 * 2 * 9_633_792
+    # cudaMalloc: p2p.cc still rounds each side up to CUDA_IPC_MIN; only the structures go
+    assert _terms(nocumem)["nccl_channel_buffers"] == 2 * 2 * 12 * MiB
+    assert "nccl_dev_structs" not in _terms(nocumem)
     chunk = nccl_memory(
         8, "nvswitch", capability=(9, 0), nccl="2.26", env={"NCCL_NVLS_CHUNKSIZE": "262144"}
     )
@@ -178,6 +181,7 @@ _CHANGES = {
     "NCCL_P2P_LEVEL": ((4, "pcie", "2.21"), "NVL"),
     "NCCL_SHM_DISABLE": ((4, "pcie", "2.21"), "1"),
     "NCCL_CUMEM_ENABLE": ((4, "pcie", "2.21"), "0"),
+    "NCCL_P2P_READ_ENABLE": ((4, "pcie", "2.21"), "1"),
     "NCCL_MAX_P2P_NCHANNELS": ((8, "nvswitch", "2.21"), "16"),
     "NCCL_MIN_P2P_NCHANNELS": ((4, "pcie", "2.21"), "8"),
     # the FIFO is host memory unless GDRCopy's FIFO puts it on the device
@@ -188,6 +192,8 @@ _CHANGES = {
 }
 # the variables that matter only with another one set, and that one (with its value)
 _WITH = {
+    # with the default sizes a P2P connection is 12 MiB either way (6 + 6 or 10 + 2)
+    "NCCL_P2P_READ_ENABLE": {"NCCL_BUFFSIZE": str(1 * MiB)},
     "NCCL_GDRCOPY_FIFO_ENABLE": {"NCCL_GDRCOPY_ENABLE": "1"},
     "NCCL_WORK_FIFO_DEPTH": {"NCCL_GDRCOPY_ENABLE": "1"},
     "NCCL_WORK_FIFO_BYTES": {"NCCL_GDRCOPY_ENABLE": "1"},
@@ -292,13 +298,57 @@ def test_work_fifo_is_on_the_device_only_with_gdrcopy() -> None:
 
 
 def test_the_fitted_base_is_unchanged_and_reproduces_its_calibration() -> None:
-    # NVIDIA/nccl#964 (NCCL 2.14, cudaMalloc): 16 channels x 9,633,792 B (147 MiB) + the
-    # fitted base (397 MiB) = 544 MiB; 3 ranks: 2 connections a channel, 691 MiB (688 read)
+    # NVIDIA/nccl#964 (NCCL 2.14, cudaMalloc, 4 x A100 NVLink): 12 channels x 12 MiB (144 MiB)
+    # + the fitted base (400 MiB) = 544 MiB; 3 and 4 ranks: 2 connections a channel, 688 MiB
     est = nccl_memory(2, "nvlink", nccl="2.14", capability=(8, 0))
-    assert _terms(est)["nccl_channel_buffers"] == 147 * MiB
+    assert est.channels == 12
+    assert _terms(est)["nccl_channel_buffers"] == 144 * MiB
     assert est.total_bytes == 544 * MiB
-    assert _terms(est)["nccl_comm_base"] == COMM_BASE_BYTES == 397 * MiB
-    assert nccl_memory(3, "nvlink", nccl="2.14", capability=(8, 0)).total_bytes == 691 * MiB
+    assert _terms(est)["nccl_comm_base"] == COMM_BASE_BYTES == 400 * MiB
+    assert nccl_memory(3, "nvlink", nccl="2.14", capability=(8, 0)).total_bytes == 688 * MiB
+    assert nccl_memory(4, "nvlink", nccl="2.14", capability=(8, 0)).total_bytes == 688 * MiB
+
+
+@pytest.mark.parametrize(
+    ("env", "read", "recv_mib", "send_mib"),
+    [
+        # src/transport/p2p.cc: recvSize = 4 KiB header + LL + LL128 (+ Simple unless read),
+        # sendSize = 4 KiB header (+ Simple if read), each ALIGN_SIZE'd to CUDA_IPC_MIN
+        ({}, False, 10, 2),
+        ({}, True, 6, 6),
+        ({"NCCL_BUFFSIZE": str(1 * MiB)}, False, 8, 2),
+        ({"NCCL_BUFFSIZE": str(1 * MiB)}, True, 6, 2),
+        # a Simple buffer of exactly 2 MiB on the sender still needs the header: 4 MiB
+        ({"NCCL_BUFFSIZE": str(2 * MiB)}, True, 6, 4),
+    ],
+)
+def test_a_p2p_connection_rounds_each_side_to_cuda_ipc_min(
+    env: dict[str, str], read: bool, recv_mib: int, send_mib: int
+) -> None:
+    settings = {**env, "NCCL_P2P_READ_ENABLE": "1" if read else "0"}
+    for nccl in ("2.14", "2.18", "2.21"):  # cudaMalloc and cuMem alike
+        est = nccl_memory(2, "pcie", nccl=nccl, env=settings)
+        assert _terms(est)["nccl_channel_buffers"] == 2 * (recv_mib + send_mib) * MiB
+        assert f"{recv_mib * 1024} KiB received" in est.terms[0].detail
+
+
+def test_p2p_read_is_nccls_default_only_for_two_8_0_gpus_over_nvlink() -> None:
+    def detail(capability: tuple[int, int], topology: str) -> str:
+        return nccl_memory(2, topology, nccl="2.21", capability=capability).terms[0].detail
+
+    assert "P2P read" in detail((8, 0), "nvlink")
+    assert "P2P read" in detail((8, 0), "nvswitch")
+    assert "P2P read" not in detail((8, 6), "nvlink")  # ncclTopoCheckP2p: cudaCompCap == 80
+    assert "P2P read" not in detail((9, 0), "nvswitch")
+    assert "P2P read" not in detail((8, 0), "pcie")
+
+
+def test_the_shm_transport_keeps_the_buffers_off_the_device_but_not_the_base() -> None:
+    # the base is not split by transport: nothing in NCCL's source ties it to P2P (see
+    # docs/benchmarks.md, "Several GPUs"), so a communicator over SHM keeps it
+    shm = nccl_memory(2, "pcie", nccl="2.18", env={"NCCL_P2P_LEVEL": "LOC"})
+    assert shm.transport == "SHM"
+    assert _terms(shm) == {"nccl_channel_buffers": 0, "nccl_comm_base": COMM_BASE_BYTES}
 
 
 def test_tight_advice_names_cumem_only_where_its_granules_add_up() -> None:

@@ -8,13 +8,16 @@ A communicator holds, on every GPU it spans (NVIDIA/nccl ``src/init.cc``,
   inside one node). Each receiving connection holds one buffer per protocol: LL
   (``NCCL_LL_BUFFSIZE``, default 8 lines x 512 threads x 8 steps x 16 B = 512 KiB), LL128
   (``NCCL_LL128_BUFFSIZE``, default 120 x 640 x 8 x 8 B = 4,915,200 B) and Simple
-  (``NCCL_BUFFSIZE``, default 4 MiB), under cuMem (2.19 on) rounded up to whole 2 MiB
-  granules (NVIDIA/nccl#1685 sees 10485760-byte allocations) and each sending connection one
-  2 MiB granule of state; cudaMalloc'd at their byte size before (NVIDIA/nccl#964's 2- and
-  3-rank communicators differ by 144 MB over 16 connections: 9 MiB each, not 10). Over P2P
-  (PCIe or NVLink) and NET with GPUDirect the buffers are in device memory; over SHM
-  (``NCCL_P2P_DISABLE=1``, or GeForce cards, whose driver refuses peer access over PCIe)
-  they are in host memory.
+  (``NCCL_BUFFSIZE``, default 4 MiB). Over P2P each side is one allocation behind a 4 KiB
+  header (``ncclSendMem``/``ncclRecvMem``), rounded up to ``CUDA_IPC_MIN`` (2 MiB) in every
+  release (``src/transport/p2p.cc``: ``ALIGN_SIZE(sendSize, CUDA_IPC_MIN)``,
+  ``ALIGN_SIZE(recvSize, CUDA_IPC_MIN)``), whether cudaMalloc'd (before 2.19) or a cuMem
+  allocation (2.19 on, NVIDIA/nccl#1685's 10485760- and 2097152-byte allocations): 10 MiB
+  received and 2 MiB sent, or with P2P read (two compute capability 8.0 GPUs over NVLink,
+  ``ncclTopoCheckP2p``) the Simple buffer on the sender, 6 MiB each way; 12 MiB a connection
+  either way with the default sizes. Over P2P (PCIe or NVLink) the buffers are in device
+  memory; over SHM (``NCCL_P2P_DISABLE=1``, or GeForce cards, whose driver refuses peer
+  access over PCIe) they are in host memory.
 * **NVLS** (``nccl_nvls``): on NVSwitch systems of Hopper and newer, the multicast buffers of
   NVLink SHARP: ``channels x 2 x buffer x local ranks``, where buffer is ``NCCL_BUFFSIZE + 2
   MiB`` (2.17 to 2.20), ``NCCL_NVLS_CHUNKSIZE x 8 steps + 2 MiB`` (2.21) or ``NCCL_NVLS_CHUNKSIZE
@@ -40,7 +43,12 @@ A communicator holds, on every GPU it spans (NVIDIA/nccl ``src/init.cc``,
 * **the communicator's base** (``nccl_comm_base``): the rest, which NCCL's source does not
   itemise as device allocations. Its figure is fitted on the calibration part of
   ``tests/data/published_truth/multi_gpu/readings.yaml`` (NVIDIA/nccl#964, NCCL 2.14, whose
-  cudaMalloc'd structures are counted as none), not derived. NCCL's kernel images are not
+  cudaMalloc'd structures are counted as none), not derived, and it is not split by transport,
+  card or release: what was checked and ruled out (the driver's local memory for NCCL's
+  kernels, which is reserved once per context, not per communicator, as NCCL never sets
+  ``cudaLimitStackSize`` by default, ``NCCL_SET_STACK_SIZE=0`` in every tag; P2P allocations
+  beyond the buffers; a peer's IPC mapping; torch's streams and events) is in
+  docs/benchmarks.md, "Several GPUs". NCCL's kernel images are not
   split out of it: every communicator's init touches every NCCL kernel
   (``ncclInitKernelsForDevice``: ``cudaFuncGetAttributes`` and ``cudaFuncSetAttribute`` on each
   kernel of ``ncclDevKernelList``, 2.18 on; ``ncclKernMaxLocalSize`` in ``ncclInit``, 2.14),
@@ -112,6 +120,11 @@ LL_BYTES = 8 * 512 * 8 * 16
 LL128_BYTES = 120 * 640 * 8 * 8
 #: Default Simple buffer (DEFAULT_BUFFSIZE, 4 MiB).
 SIMPLE_BYTES = 4 * MiB
+#: The header in front of a P2P connection's buffers: sizeof(ncclSendMem) and
+#: sizeof(ncclRecvMem), each a union padded to MEM_ALIGN (src/include/comm.h).
+CONN_HEADER_BYTES = 4096
+#: CUDA_IPC_MIN (src/include/comm.h): p2p.cc rounds each side of a P2P connection up to it.
+CUDA_IPC_MIN = 2 * MiB
 #: NVLS_MEM_ALIGN_SIZE: the per-buffer extra of the 2.17-2.22 NVLS layout.
 NVLS_ALIGN_BYTES = 2 * MiB
 #: NCCL_NVLS_CHUNKSIZE's default (128 KiB) in the later NVLS layout.
@@ -129,17 +142,18 @@ WORK_FIFO_BYTES = 1 * MiB
 #: What a communicator holds besides its buffers and its device structures, per rank: fitted
 #: on the calibration part of tests/data/published_truth/multi_gpu/readings.yaml
 #: (NVIDIA/nccl#964: a 2-rank communicator on 4 x A100 NVLink with NCCL 2.14 takes 544 MB, of
-#: which 16 channels x 9,633,792 B (147 MiB) are buffers, cudaMalloc'd at their byte size, no
-#: send granule, and the device structures a few KiB: 544 - 147 = 397 MiB; 384 MiB until
-#: 2026-11-29, when the buffers were taken in 2 MiB granules there as well).
-COMM_BASE_BYTES = 397 * MiB
+#: which 12 channels x 12 MiB are buffers (a 6 MiB send and a 6 MiB receive allocation each,
+#: P2P read, rounded to CUDA_IPC_MIN as p2p.cc does), and the device structures a few KiB:
+#: 544 - 144 = 400 MiB. 384 MiB until 2026-11-29, then 397 MiB with the buffers taken at
+#: their byte size over 16 channels, until the same day's reading of p2p.cc's rounding.
+COMM_BASE_BYTES = 400 * MiB
 _COMM_BASE_SOURCE = (
     "fitted on the calibration readings (NVIDIA/nccl#964: 544 MB per 2-rank communicator on "
-    "4 x A100 NVLink with NCCL 2.14, less its 16 channels of buffers (147 MiB); its device "
-    "structures "
-    "are cudaMalloc'd there, a few KiB); NCCL's source does not itemise the rest: its work "
-    "FIFO is pinned host memory, and its kernel images are loaded once per process and "
-    "device, not per communicator"
+    "4 x A100 NVLink with NCCL 2.14, less its 12 channels of 12 MiB buffers (144 MiB); its "
+    "device structures are cudaMalloc'd there, a few KiB); NCCL's source does not itemise the "
+    "rest: its work FIFO is pinned host memory, its kernel images are loaded once per process "
+    "and device, the driver's local memory for its kernels is reserved once per context, and "
+    "its P2P allocations are the buffers"
 )
 
 #: The device structures' cuMem granules from which ``memfit env`` suggests cudaMalloc instead.
@@ -161,6 +175,9 @@ ENV_EFFECTS: dict[str, str] = {
     "NCCL_NVLS_NCHANNELS": "NVLS channels (default 16; 32 on Blackwell from 2.26); in 2.20-2.21 "
     "the NVLS buffers follow the collective channels, raised to at least this.",
     "NCCL_NVLS_CHUNKSIZE": "NVLS step size from 2.21 (default 128 KiB; 8 steps per buffer).",
+    "NCCL_P2P_READ_ENABLE": "1 puts the Simple buffer of every P2P connection on the sender "
+    "(default: only between two compute capability 8.0 GPUs over NVLink), 0 on the receiver; "
+    "each side is then rounded up to 2 MiB apart.",
     "NCCL_P2P_DISABLE": "1 sends intra-node traffic through host shared memory (SHM): the "
     "buffers leave the GPU, bandwidth drops.",
     "NCCL_P2P_LEVEL": "the farthest path P2P may take (LOC, NVL, PIX, PXB, PHB, SYS); LOC, or NVL "
@@ -171,8 +188,7 @@ ENV_EFFECTS: dict[str, str] = {
     "NCCL_SHM_DISABLE": "1 with P2P unavailable falls back to the network transport (sockets): "
     "buffers in host memory.",
     "NCCL_CUMEM_ENABLE": "1 (default from 2.19) makes every device allocation its own cuMem "
-    "allocation in whole 2 MiB granules: each connection's buffers (10 MiB for 9.19), each "
-    "send connection's state, and each of the communicator's "
+    "allocation in whole 2 MiB granules: each of the communicator's "
     "small device structures (3 per channel set up, 1 per NVLS channel, 1-2 per communicator; "
     "226 MiB on 8 x H100). 0 goes back to cudaMalloc, where the structures take a few KiB "
     "(and buffers can no longer be registered through cuMem).",
@@ -223,6 +239,7 @@ class NcclSettings:
     nvls_nchannels: int | None = None
     nvls_chunksize: int | None = None
     p2p_disable: bool = False
+    p2p_read: bool | None = None
     p2p_level: int | None = None
     shm_disable: bool = False
     cumem_enable: bool | None = None
@@ -262,6 +279,7 @@ class NcclSettings:
             nvls_nchannels=num("NCCL_NVLS_NCHANNELS", 1),
             nvls_chunksize=num("NCCL_NVLS_CHUNKSIZE", 1),
             p2p_disable=bool(flag("NCCL_P2P_DISABLE")),
+            p2p_read=flag("NCCL_P2P_READ_ENABLE"),
             p2p_level=_p2p_level(env.get("NCCL_P2P_LEVEL")),
             shm_disable=bool(flag("NCCL_SHM_DISABLE")),
             cumem_enable=flag("NCCL_CUMEM_ENABLE"),
@@ -563,13 +581,14 @@ def nccl_memory(
     ll = settings.ll_buffsize or LL_BYTES
     ll128 = settings.ll128_buffsize or LL128_BYTES
     simple = settings.buffsize or SIMPLE_BYTES
-    # cuMem rounds each buffer to whole granules (NVIDIA/nccl#1685's 10485760-byte
-    # allocations); cudaMalloc'd buffers (before 2.19) take their byte size, as
-    # NVIDIA/nccl#964's 2- vs 3-rank difference shows (144 MB for 16 connections: 9 MiB each,
-    # not 10)
-    raw_conn = ll + ll128 + simple
-    recv_conn = _round_up(raw_conn, GRANULE) if cumem else raw_conn
-    send_conn = GRANULE if cumem else 0
+    # p2p.cc puts each side of a connection in one allocation behind a 4 KiB header and rounds
+    # it up to CUDA_IPC_MIN (2 MiB) in every release, cudaMalloc'd or cuMem: with P2P read the
+    # Simple buffer sits on the sender (two compute capability 8.0 GPUs over NVLink)
+    read = settings.p2p_read
+    if read is None:
+        read = capability == (8, 0) and topology in ("nvlink", "nvswitch")
+    recv_conn = _round_up(CONN_HEADER_BYTES + ll + ll128 + (0 if read else simple), CUDA_IPC_MIN)
+    send_conn = _round_up(CONN_HEADER_BYTES + (simple if read else 0), CUDA_IPC_MIN)
     # ring: one receiving and one sending connection per channel; the tree (a chain in a
     # node) adds the other direction with more than two ranks
     conns = 1 if ranks == 2 else 2
@@ -595,12 +614,15 @@ def nccl_memory(
             buffers,
             "analytic",
             f"{channels} channels x {conns} connection(s) x ({recv_conn // 1024} KiB received "
-            f"(LL {ll} + LL128 {ll128} + Simple {simple} B"
-            f"{' in 2 MiB granules' if cumem else ', cudaMalloc'}) + "
-            f"{send_conn // 1024} KiB sent), in {where}",
+            f"(LL {ll} + LL128 {ll128}{'' if read else f' + Simple {simple}'} B) + "
+            f"{send_conn // 1024} KiB sent{f' (Simple {simple} B, P2P read)' if read else ''}), "
+            f"each side with its 4 KiB header rounded up to 2 MiB"
+            f"{' (cuMem)' if cumem else ' (cudaMalloc, CUDA_IPC_MIN)'}, in {where}",
             "NVIDIA/nccl src/init.cc (DEFAULT_LL_BUFFSIZE, DEFAULT_LL128_BUFFSIZE, "
-            "DEFAULT_BUFFSIZE), src/transport/p2p.cc, src/graph/connect.cc (rings and trees); "
-            "NVIDIA/nccl#1685 (10485760 and 2097152-byte allocations)",
+            "DEFAULT_BUFFSIZE), src/transport/p2p.cc (ALIGN_SIZE(sendSize/recvSize, "
+            "CUDA_IPC_MIN), P2P read), src/graph/paths.cc (ncclTopoCheckP2p: read for 8.0 over "
+            "NVLink), src/graph/connect.cc (rings and trees); NVIDIA/nccl#1685 (10485760 and "
+            "2097152-byte allocations)",
         )
     )
     nvls_on = settings.nvls_enable is not False and topology == "nvswitch" and local > 2
@@ -625,7 +647,7 @@ def nccl_memory(
                 peers * per_peer * (recv_conn + send_conn),
                 "analytic",
                 f"{peers} peers x {per_peer} channels per peer x ({recv_conn / MiB:g} MiB + "
-                f"{send_conn // MiB} MiB), made at the first send/recv or all-to-all",
+                f"{send_conn / MiB:g} MiB), made at the first send/recv or all-to-all",
                 "NVIDIA/nccl#1685 (32 channels per pair on 8 x H100, 10 MiB + 2 MiB each)",
             )
         )
@@ -643,8 +665,9 @@ def nccl_memory(
             "nccl_comm_base",
             COMM_BASE_BYTES,
             "fitted",
-            "per communicator: the rest of NVIDIA/nccl#964's 2-rank communicator (NCCL 2.14) "
-            "beyond its channel buffers, not itemised by NCCL's source",
+            "per communicator, whatever the transport, card or release: the rest of "
+            "NVIDIA/nccl#964's 2-rank communicator (NCCL 2.14) beyond its channel buffers, not "
+            "itemised by NCCL's source",
             _COMM_BASE_SOURCE,
         )
     )
