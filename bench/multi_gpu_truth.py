@@ -43,8 +43,9 @@ def markdown(parts: dict[str, list[dict[str, Any]]], command: str) -> str:
         f"({platform.machine()}, Python {platform.python_version()}), with `{command}`. "
         "The readings and their sources: `tests/data/published_truth/multi_gpu/readings.yaml`. "
         "Calibration: what the rules were derived from (`nccl_comm_base` was fitted on "
-        "`nccl964_two_ranks`, the byte size of cudaMalloc'd channel buffers read from its "
-        "difference to `nccl964_three_ranks`; the eager CUDA context by build, `rules_torch.json` "
+        "`nccl964_two_ranks`, the NVLink channel count read from its difference to "
+        "`nccl964_three_ranks` with NCCL's 12 MiB P2P connection; the eager CUDA context by "
+        "build, `rules_torch.json` "
         "`context.eager_mib`, on the `cuda_context` readings, its CUDA 11.7+ row on "
         "`torchdrug180_stray_contexts`); validation: nothing was "
         "fitted to it.",

@@ -168,7 +168,7 @@ def test_estimate_cli_names_the_terms(
     assert main(argv) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "per device on 4 x RTX 4090 (pcie, ddp)" in out
-    assert "nccl_comm_base (fitted, every device): 397.00 MiB" in out
+    assert "nccl_comm_base (fitted, every device): 400.00 MiB" in out
     assert "in host memory (SHM transport)" in out
 
 
