@@ -97,3 +97,18 @@ def test_a_torch_ranks_own_device_is_context_tensors_and_nccl() -> None:
     assert p2p == shm  # a GeForce card refuses peer access over PCIe: SHM either way
     v100 = bench.predict({"quantity": "device_used", "setup": {**setup, "gpu": "V100"}})
     assert v100 > shm  # P2P keeps the channel buffers on the device
+
+
+def test_the_v100_resnet_reading_is_validation_and_its_parts_add_up() -> None:
+    """pytorch#64130 (8 x V100, torch 1.8, NCCL 2.7.8): the eager CUDA 10.2 context, the
+    tensors the reading's entry works out (110 MiB) and one communicator over NVLink, whose
+    cudaMalloc'd P2P connections are 12 MiB each (p2p.cc rounds each side to CUDA_IPC_MIN)."""
+    bench = _bench()
+    assert "pytorch64130_resnet18_ddp_v100" in [r["id"] for r in DOC["validation"]]
+    assert "pytorch64130_resnet18_ddp_v100" not in [r["id"] for r in DOC["calibration"]]
+    [reading] = [r for r in DOC["validation"] if r["id"] == "pytorch64130_resnet18_ddp_v100"]
+    mib = 2**20
+    nvlink = bench.predict(reading)
+    assert nvlink == (880 + 110 + 12 * 2 * 12) * mib + COMM_BASE_BYTES
+    pcie = bench.predict({**reading, "setup": {**reading["setup"], "topology": "pcie"}})
+    assert nvlink - pcie == (12 - 2) * 2 * 12 * mib  # 12 NVLink channels against 2 on PCIe

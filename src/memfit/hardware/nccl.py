@@ -613,11 +613,16 @@ def nccl_memory(
             "nccl_channel_buffers",
             buffers,
             "analytic",
-            f"{channels} channels x {conns} connection(s) x ({recv_conn // 1024} KiB received "
-            f"(LL {ll} + LL128 {ll128}{'' if read else f' + Simple {simple}'} B) + "
-            f"{send_conn // 1024} KiB sent{f' (Simple {simple} B, P2P read)' if read else ''}), "
-            f"each side with its 4 KiB header rounded up to 2 MiB"
-            f"{' (cuMem)' if cumem else ' (cudaMalloc, CUDA_IPC_MIN)'}, in {where}",
+            (
+                f"{channels} channels x {conns} connection(s) x ({recv_conn // 1024} KiB "
+                f"received (LL {ll} + LL128 {ll128}{'' if read else f' + Simple {simple}'} B) + "
+                f"{send_conn // 1024} KiB sent{f' (Simple {simple} B, P2P read)' if read else ''})"
+                f", each side with its 4 KiB header rounded up to 2 MiB"
+                f"{' (cuMem)' if cumem else ' (cudaMalloc, CUDA_IPC_MIN)'}, in {where}"
+            )
+            if on_device
+            else f"{channels} channels x {conns} connection(s) of LL {ll} + LL128 {ll128} + "
+            f"Simple {simple} B, in {where}: none on the device",
             "NVIDIA/nccl src/init.cc (DEFAULT_LL_BUFFSIZE, DEFAULT_LL128_BUFFSIZE, "
             "DEFAULT_BUFFSIZE), src/transport/p2p.cc (ALIGN_SIZE(sendSize/recvSize, "
             "CUDA_IPC_MIN), P2P read), src/graph/paths.cc (ncclTopoCheckP2p: read for 8.0 over "
