@@ -43,8 +43,11 @@ def test_one_rank_holds_nothing() -> None:
         # rounded up to CUDA_IPC_MIN (2 MiB): 6 + 6 MiB with P2P read (8.0 over NVLink)
         (2, "nvlink", (8, 0), "2.18", 12 * 12),
         (4, "nvlink", (8, 0), "2.18", 12 * 2 * 12),
-        # without P2P read (Hopper over NVLink): 10 MiB received + 2 MiB sent, the same 12
-        (2, "nvlink", (9, 0), "2.18", 12 * 12),
+        # Hopper over NVLink bridges: 24 channels (nccl#1161's log), no P2P read: 10 + 2 MiB
+        (2, "nvlink", (9, 0), "2.18", 24 * 12),
+        # A100 on an NVSwitch board: 24 channels (nccl-tests#100's log); before Ampere 16
+        (8, "nvswitch", (8, 0), "2.18", 24 * 2 * 12),
+        (8, "nvswitch", (7, 0), "2.18", 16 * 2 * 12),
         # NVSwitch, Hopper: 24 channels
         (8, "nvswitch", (9, 0), "2.21", 24 * 2 * 12),
     ],
