@@ -118,6 +118,18 @@ class JaxEstimate:
         program: ``"conv"`` when XLA compiled cuDNN convolutions for the GPU, ``"sort"``
             when a sort's CUB scratch was sized without the device, else ``None``: the
             program class whose band :meth:`band` takes (:mod:`memfit.core.bands`).
+        alternatives: ``(figure, if Triton wins, if cuBLAS wins)`` for each figure the
+            first call's autotuner moves by its choice, timed on the card, between Triton
+            and cuBLAS for the step's GEMM fusions: the figure if every tunable fusion stays
+            Triton, and if cuBLAS wins every one (the figure itself: under-prediction is the
+            dangerous error); ``()`` when the program has no such choice (no GEMM fusion,
+            Triton's GEMMs or autotuning off) or the choice moves nothing.
+        alternatives_family: The family of the band around :attr:`alternatives`
+            (``compiled/alternatives/<family>``, :data:`memfit.core.bands.ALTERNATIVES`):
+            ``"small_tuning"`` when the first call's tuning of GEMMs whose operands are all
+            below cuBLAS's workspace sets ``peak_bytes_in_use`` (where the autotuner's
+            buffers, placed whole by the allocator, are the figure), else ``"other"``;
+            ``None`` when the step was not compiled by XLA's GPU compiler.
     """
 
     argument_bytes: int
@@ -144,6 +156,8 @@ class JaxEstimate:
     #: how the CUDA context in ``device_used_bytes`` was sized: the basis of a JAX process's
     #: context (:func:`memfit.hardware.runtime.cuda_context` with ``framework="jax"``)
     context_basis: str = "assumed"
+    alternatives: tuple[tuple[str, int, int], ...] = ()
+    alternatives_family: str | None = None
 
     #: The figures :meth:`band` knows.
     FIGURES = (
@@ -157,7 +171,11 @@ class JaxEstimate:
         (:mod:`memfit.core.bands`, basis ``compiled``; a program that XLA compiled with
         cuDNN convolutions or a CUB sort, whose scratch the library sizes on the device,
         takes its class's band: ``compiled/conv``, ``compiled/sort``); the CUDA context in
-        ``device_used_bytes`` takes the context's own band.
+        ``device_used_bytes`` takes the context's own band. A step compiled by XLA's GPU
+        compiler knows its program's :attr:`alternatives`: its band runs from the residual
+        band (``compiled/alternatives/<family>``: how far the card has been from the nearer
+        alternative) below the figure if Triton wins every GEMM fusion to above the figure if
+        cuBLAS wins them; without a choice the two are the figure.
 
         Raises:
             ConfigError: When ``name`` is not one of :attr:`FIGURES` or this estimate has no
@@ -177,9 +195,17 @@ class JaxEstimate:
             context = sum(b for t, b, _ in self.breakdown if t == "CUDA context")
         # the context's band follows its basis: a JAX process's kernel images are fitted
         # only where readings of a JAX step exist (memfit.hardware.runtime.cuda_context)
+        if self.program is not None or self.alternatives_family is None:
+            return figure_band(
+                int(value), "compiled", context, family=self.program,
+                context_basis=self.context_basis,
+            )  # fmt: skip
+        # a GPU compile knows its program's alternatives: the residual band around both
+        ends = {n: (lo, hi) for n, lo, hi in self.alternatives}.get(name, (value, value))
         return figure_band(
-            int(value), "compiled", context, family=self.program, context_basis=self.context_basis
-        )
+            int(value), "compiled", context, family=f"alternatives/{self.alternatives_family}",
+            context_basis=self.context_basis, alternatives=(int(ends[0]), int(ends[1])),
+        )  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         """The estimate as plain data."""
@@ -467,6 +493,7 @@ def _from_gpu_compile(
                                        leaves)  # fmt: skip
     calls = [g for g in result.gemm_buffers if g.kind == "cublas"]
     autotune_name = rules.describe()
+    autotune_if_triton = autotune  # every tunable GEMM fusion stays Triton
     if handed > autotune:
         autotune = handed
         calls = list(result.cublas_gemm_buffers)
@@ -487,16 +514,27 @@ def _from_gpu_compile(
     # the arguments, then the temporaries (one allocation) as the BFC allocator places them
     # (the outputs are one buffer per leaf, of sizes the compile does not give: counted
     # exactly)
-    placed = [*leaves, temp]
-    whole = whole_arguments = 0
-    if growing:
-        whole = rt.bfc_in_use_bytes(placed) - sum(rt.round_up(max(n, 1)) for n in placed)
-        # the arguments' own chunks while the first call tunes (a 5.2 MiB input takes a
-        # whole 8 MiB region: measured on an H100, jaxlib 0.11.2, the conv:64 step)
-        whole_arguments = rt.bfc_in_use_bytes(leaves) - sum(rt.round_up(max(n, 1)) for n in leaves)
+    whole = _whole_chunks(leaves, temp) if growing else 0
+    # the arguments' own chunks while the first call tunes (a 5.2 MiB input takes a
+    # whole 8 MiB region: measured on an H100, jaxlib 0.11.2, the conv:64 step)
+    whole_arguments = _whole_chunks(leaves) if growing else 0
     tuning = argument + whole_arguments + autotune if autotune else 0
     in_use = max(buffers + whole, tuning) + rounding
     context, context_basis = _jax_context(spec)
+    # the same figures if every tunable GEMM fusion stays Triton (the autotuner's choice is
+    # timed on the card): the Triton compile's temporaries, the fusions' own tuning
+    temp_if_triton = temp - fallback
+    buffers_if_triton = buffers - fallback
+    tuning_if_triton = argument + whole_arguments + autotune_if_triton if autotune_if_triton else 0
+    in_use_if_triton = (
+        max(
+            buffers_if_triton + (_whole_chunks(leaves, temp_if_triton) if growing else 0),
+            tuning_if_triton,
+        )
+        + sum(rt.round_up(n) - n for n in leaves)
+        + rt.round_up(temp_if_triton)
+        - temp_if_triton
+    )
     bfc = "tsl/framework/bfc_allocator.cc"
     terms = [
         ("XLA buffers (arguments + outputs - donated + temporaries)",
@@ -569,11 +607,13 @@ def _from_gpu_compile(
     limit = int(target.device_memory_size * policy.fraction)
     if policy.platform_allocator:
         device_used = context + in_use
+        used_if_triton = context + in_use_if_triton
         terms.append(("the platform allocator: exact allocations, freed", in_use, bfc))
         notes.append("XLA_PYTHON_CLIENT_ALLOCATOR=platform: allocations are exact and freed")
     elif policy.preallocate:
         pool = max(limit, in_use)
         device_used = context + pool
+        used_if_triton = context + max(limit, in_use_if_triton)
         terms.append((f"JAX's pool: {policy.fraction:.0%} of the memory CUDA reports", pool,
                       "xla/pjrt/gpu/gpu_helpers.cc (CreateBFCAllocator)"))  # fmt: skip
         notes.append(
@@ -583,6 +623,9 @@ def _from_gpu_compile(
     else:
         grown = rt.bfc_growth_bytes([*leaves, max(autotune, output - alias + temp)], limit)
         device_used = context + grown
+        used_if_triton = context + rt.bfc_growth_bytes(
+            [*leaves, max(autotune_if_triton, output - alias + temp_if_triton)], limit
+        )
         terms.append(("BFC regions grown on demand (2 MiB, each next twice the last)", grown,
                       bfc + " (Extend)"))  # fmt: skip
         notes.append("allocation on demand: the BFC allocator grows in doubling regions")
@@ -636,6 +679,26 @@ def _from_gpu_compile(
             "not counted: on several GPUs, arrays the program leaves on JAX's default device "
             "(device 0) and NCCL's own buffers"
         )
+    if result.devices > 1:  # the other cards' term follows the figures it was built from
+        used_if_triton = device_used
+    moved = (
+        ("temp_bytes", temp_if_triton, temp),
+        ("executable_peak_bytes", buffers_if_triton, buffers),
+        ("peak_bytes_in_use", in_use_if_triton, in_use),
+        ("device_used_bytes", used_if_triton, device_used),
+    )
+    alternatives = tuple((n, lo, hi) for n, lo, hi in moved if lo != hi)
+    if alternatives:
+        notes.append(
+            "the autotuner's choice between Triton and cuBLAS for the GEMM fusions, timed on the "
+            f"card, moves peak_bytes_in_use: {format_bytes(in_use_if_triton)} if Triton wins "
+            f"every one, {format_bytes(in_use)} if cuBLAS does (the figure; band() spans both)"
+        )
+    workspace = rt.HOPPER_WORKSPACE if rules.hopper else rt.DEFAULT_WORKSPACE
+    handed_over = getattr(result, "cublas_gemm_buffers", ())
+    gemms = [g for g in (*result.gemm_buffers, *handed_over) if g.kind != "cudnn"]
+    small = bool(gemms) and all(max(g.operands, default=0) < workspace for g in gemms)
+    tuning_sets_peak = tuning > buffers + whole
     return JaxEstimate(
         argument_bytes=argument,
         output_bytes=output,
@@ -657,7 +720,19 @@ def _from_gpu_compile(
         first_call_bytes=autotune,
         program="conv" if convolutions else ("sort" if sort else None),
         context_basis=context_basis,
+        alternatives=alternatives,
+        alternatives_family="small_tuning" if small and tuning_sets_peak else "other",
     )
+
+
+def _whole_chunks(*groups: Sequence[int] | int) -> int:
+    """What a growing BFC allocator counts in use for these allocations (in order, all live)
+    beyond their own bytes rounded: the chunks it hands out whole
+    (:func:`memfit.estimate.xla.runtime.bfc_in_use_bytes`)."""
+    from memfit.estimate.xla import runtime as rt
+
+    placed = [n for g in groups for n in ((g,) if isinstance(g, int) else g)]
+    return rt.bfc_in_use_bytes(placed) - sum(rt.round_up(max(n, 1)) for n in placed)
 
 
 def _target_jaxlib(jaxlib: str | None) -> str | None:
