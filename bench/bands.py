@@ -519,6 +519,34 @@ def markdown(cal: list[dict[str, Any]], val: list[dict[str, Any]], bands: dict[s
     return "\n".join(lines) + "\n"
 
 
+def alternatives_markdown(rows: list[dict[str, Any]], bands: dict[str, Any]) -> str:
+    """Each compiled step with its program's alternatives: what the card measured, memfit's
+    figure if Triton wins every tunable GEMM fusion and if cuBLAS wins them, the band of its
+    family around both, and whether it covered the card (MiB)."""
+    from band_derivation import _ends
+
+    from memfit.core.bands import BandTable
+
+    table = BandTable.from_dict({"bands": bands})
+    lines = [
+        "| step | part | family | measured | if Triton wins | if cuBLAS wins | band | covered |",
+        "|---|---|---|---:|---:|---:|---|---|",
+    ]
+    for row in rows:
+        if not row.get("alternatives"):
+            continue
+        low, high = _ends(row)
+        band = table.band(row["basis"], row["family"])
+        lo, hi = band.interval(round(low))[0], band.interval(round(high))[1]
+        mib = [f"{n / 2**20:,.1f}" for n in (row["truth"], low, high, lo, hi)]
+        lines.append(
+            f"| {row['case'].removeprefix('h100/')} | {row['part']} | "
+            f"{row['family'].removeprefix('alternatives/')} | {mib[0]} | {mib[1]} | {mib[2]} | "
+            f"{mib[3]} .. {mib[4]} | {'yes' if lo <= row['truth'] <= hi else 'no'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument(
@@ -547,6 +575,7 @@ def main(argv: list[str] | None = None) -> int:
     text = markdown(
         coverage(rows, bands, "calibration"), coverage(rows, bands, "validation"), bands
     )
+    text += "\n" + alternatives_markdown(rows, bands)
     _common.write_results("bands", {"bands": bands}, text)
     print(text)
     return 0
