@@ -132,3 +132,21 @@ def test_the_band_spans_both_alternatives(monkeypatch: pytest.MonkeyPatch) -> No
     for name in ("temp_bytes", "executable_peak_bytes", "peak_bytes_in_use", "device_used_bytes"):
         lo, hi = est.band(name)
         assert lo <= getattr(est, name) <= hi
+
+
+def test_several_cards_shift_both_device_figures() -> None:
+    """``gpu="8xH100"``: the collective terms every card holds are added to
+    ``device_used_bytes`` whichever alternative wins."""
+    from memfit.estimate._devices import collectives
+    from memfit.estimate.xla.step import _with_collectives
+
+    est = estimate(65536, 512, cublas_variant=True)
+    used = est.device_used_bytes or 0
+    est = replace(est, alternatives=(*est.alternatives, ("device_used_bytes", used - MiB, used)))
+    several = collectives("8xH100", framework="jax", jaxlib="0.11.2")
+    assert several is not None and several.every_device_bytes > 0
+    more = several.every_device_bytes
+    shifted = _with_collectives(est, several)
+    ends = {name: (low, high) for name, low, high in shifted.alternatives}
+    assert ends["device_used_bytes"] == (used - MiB + more, used + more)
+    assert shifted.device_used_bytes == used + more

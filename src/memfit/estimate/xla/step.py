@@ -216,6 +216,7 @@ class JaxEstimate:
                 notes=list(self.notes),
                 breakdown=[list(t) for t in self.breakdown],
                 collectives=None if self.collectives is None else self.collectives.to_dict(),
+                alternatives=[list(t) for t in self.alternatives],
             ),
         }
 
@@ -829,9 +830,14 @@ def _with_collectives(est: JaxEstimate, several: Collectives) -> JaxEstimate:
     added to ``device_used_bytes`` and its breakdown, with their basis."""
     every = [t for t in several.terms if not t.device0_only]
     used = est.device_used_bytes
+    more = several.every_device_bytes
     return replace(
         est,
-        device_used_bytes=None if used is None else used + several.every_device_bytes,
+        device_used_bytes=None if used is None else used + more,
+        alternatives=tuple(
+            (n, lo + more, hi + more) if n == "device_used_bytes" else (n, lo, hi)
+            for n, lo, hi in est.alternatives
+        ),
         breakdown=(
             *est.breakdown,
             *((t.name, t.bytes, f"{t.basis}: {t.detail}") for t in every),
