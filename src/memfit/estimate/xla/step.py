@@ -511,31 +511,19 @@ def _from_gpu_compile(
             "; its cuBLAS calls placed by the BFC allocator after the arguments, the reference "
             "output holding the call's workspace too"
         )
-    rounding = sum(rt.round_up(n) - n for n in leaves) + rt.round_up(temp) - temp
-    # the arguments, then the temporaries (one allocation) as the BFC allocator places them
-    # (the outputs are one buffer per leaf, of sizes the compile does not give: counted
-    # exactly)
-    whole = _whole_chunks(leaves, temp) if growing else 0
     # the arguments' own chunks while the first call tunes (a 5.2 MiB input takes a
     # whole 8 MiB region: measured on an H100, jaxlib 0.11.2, the conv:64 step)
-    whole_arguments = _whole_chunks(leaves) if growing else 0
+    whole_arguments = rt.whole_chunk_bytes(leaves) if growing else 0
     tuning = argument + whole_arguments + autotune if autotune else 0
-    in_use = max(buffers + whole, tuning) + rounding
+    whole, rounding, in_use = rt.step_in_use_bytes(leaves, buffers, temp, tuning, growing)
     context, context_basis = _jax_context(spec)
     # the same figures if every tunable GEMM fusion stays Triton (the autotuner's choice is
     # timed on the card): the Triton compile's temporaries, the fusions' own tuning
-    temp_if_triton = temp - fallback
-    buffers_if_triton = buffers - fallback
+    temp_if_triton, buffers_if_triton = temp - fallback, buffers - fallback
     tuning_if_triton = argument + whole_arguments + autotune_if_triton if autotune_if_triton else 0
-    in_use_if_triton = (
-        max(
-            buffers_if_triton + (_whole_chunks(leaves, temp_if_triton) if growing else 0),
-            tuning_if_triton,
-        )
-        + sum(rt.round_up(n) - n for n in leaves)
-        + rt.round_up(temp_if_triton)
-        - temp_if_triton
-    )
+    in_use_if_triton = rt.step_in_use_bytes(
+        leaves, buffers_if_triton, temp_if_triton, tuning_if_triton, growing
+    )[2]
     bfc = "tsl/framework/bfc_allocator.cc"
     terms = [
         ("XLA buffers (arguments + outputs - donated + temporaries)",
@@ -695,11 +683,8 @@ def _from_gpu_compile(
             f"card, moves peak_bytes_in_use: {format_bytes(in_use_if_triton)} if Triton wins "
             f"every one, {format_bytes(in_use)} if cuBLAS does (the figure; band() spans both)"
         )
-    workspace = rt.HOPPER_WORKSPACE if rules.hopper else rt.DEFAULT_WORKSPACE
-    handed_over = getattr(result, "cublas_gemm_buffers", ())
-    gemms = [g for g in (*result.gemm_buffers, *handed_over) if g.kind != "cudnn"]
-    small = bool(gemms) and all(max(g.operands, default=0) < workspace for g in gemms)
-    tuning_sets_peak = tuning > buffers + whole
+    gemms = (*result.gemm_buffers, *getattr(result, "cublas_gemm_buffers", ()))
+    family = rt.tuning_family(gemms, rules.hopper, tuning_sets_peak=tuning > buffers + whole)
     return JaxEstimate(
         argument_bytes=argument,
         output_bytes=output,
@@ -722,18 +707,8 @@ def _from_gpu_compile(
         program="conv" if convolutions else ("sort" if sort else None),
         context_basis=context_basis,
         alternatives=alternatives,
-        alternatives_family="small_tuning" if small and tuning_sets_peak else "other",
+        alternatives_family=family,
     )
-
-
-def _whole_chunks(*groups: Sequence[int] | int) -> int:
-    """What a growing BFC allocator counts in use for these allocations (in order, all live)
-    beyond their own bytes rounded: the chunks it hands out whole
-    (:func:`memfit.estimate.xla.runtime.bfc_in_use_bytes`)."""
-    from memfit.estimate.xla import runtime as rt
-
-    placed = [n for g in groups for n in ((g,) if isinstance(g, int) else g)]
-    return rt.bfc_in_use_bytes(placed) - sum(rt.round_up(max(n, 1)) for n in placed)
 
 
 def _target_jaxlib(jaxlib: str | None) -> str | None:
@@ -858,19 +833,21 @@ def _estimate_one(
     jaxlib: str | None,
 ) -> JaxEstimate:
     """:func:`estimate_jax` on one card."""
+    from memfit.estimate.xla._pmap import unpmap
+
     spec, target, notes = _gpu_target(gpu, compiler)
-    fn, args, kwargs, pmap_note = _unpmap(fn, args, kwargs, sharded=target is not None)
+    fn, args, kwargs, pmap_note = unpmap(fn, args, kwargs, sharded=target is not None)
     if target is None:
         stats, backend, compiled_for = _compile_here(fn, args, kwargs)
         return _from_stats(
             stats, backend, compiled_for, gpu, environ, batch_size, notes + pmap_note
         )
-    from memfit.estimate.xla.gpu import compile_exported
+    from memfit.estimate.xla.gpu import compile_exported, cpu_fallback_note, export_or_fall_back
 
-    step = _export_or_fall_back(fn, args, kwargs, compiler, spec.name)
+    step = export_or_fall_back(fn, args, kwargs, compiler, spec.name)
     if step is None:
         stats, backend, compiled_for = _compile_here(fn, args, kwargs)
-        notes = [*notes, *pmap_note, _cpu_fallback_note(spec.name)]
+        notes = [*notes, *pmap_note, cpu_fallback_note(spec.name)]
         return _from_stats(stats, backend, compiled_for, gpu, environ, batch_size, notes)
     (result,) = compile_exported(
         [step], target, memory_base_bytes=_memory_base(target, environ), environ=environ
@@ -878,75 +855,6 @@ def _estimate_one(
     leaves = _leaf_sizes((args, kwargs))
     est = _from_gpu_compile(result, spec, target, leaves, environ, batch_size, jaxlib)
     return replace(est, notes=(*pmap_note, *est.notes)) if pmap_note else est
-
-
-def _cpu_fallback_note(card: str) -> str:
-    return (
-        f"compiled with this process's XLA backend, not XLA's GPU compiler for {card}: JAX "
-        "could not export the step for CUDA (the warning says why); GPU fusions, layouts and "
-        "rematerialization toward the card's memory are not seen"
-    )
-
-
-def _export_or_fall_back(
-    fn: Callable[..., Any], args: Any, kwargs: Any, compiler: str, card: str
-) -> Any:
-    """The step exported for CUDA (:func:`memfit.estimate.xla.gpu.export_step`: host
-    callbacks replaced by what they hold, else lowered for CUDA directly), or ``None`` with a
-    warning naming why when neither works and ``compiler="auto"`` (the caller then compiles
-    on this process's backend); ``compiler="gpu"`` raises instead."""
-    import warnings
-
-    from memfit.estimate.xla.gpu import export_step
-
-    try:
-        step = export_step(fn, *args, **kwargs)
-    except EstimateError as exc:
-        if compiler == "gpu":
-            raise
-        warnings.warn(
-            f"memfit: the step is compiled with this process's XLA backend, not XLA's GPU "
-            f"compiler for {card}: {exc}",
-            RuntimeWarning,
-            stacklevel=4,
-        )
-        return None
-    if step.route == "lowered":
-        warnings.warn(
-            "memfit: jax.export refused the step; it was lowered for CUDA directly "
-            "(jit(...).trace(...).lower(lowering_platforms=('cuda',))) and compiled from that",
-            RuntimeWarning,
-            stacklevel=4,
-        )
-    return step
-
-
-def _unpmap(
-    fn: Callable[..., Any], args: Any, kwargs: Any, *, sharded: bool
-) -> tuple[Callable[..., Any], Any, Any, list[str]]:
-    """A step ``jax.pmap`` made, as the program each device runs
-    (:mod:`memfit.estimate.xla._pmap`): for the GPU compile, ``jit(shard_map)`` over an abstract
-    mesh of the mapped size; here, one device's program. Any other step as it is."""
-    from memfit.estimate.xla._pmap import pmap_step
-
-    pmapped = pmap_step(fn)
-    if pmapped is None:
-        return fn, args, kwargs, []
-    devices = pmapped.devices(args, kwargs)
-    if sharded:
-        step, new_args, new_kwargs = pmapped.sharded(args, kwargs)
-        how = (
-            f"a jax.pmap step over {devices} devices, compiled as jax.pmap builds it: jit of "
-            f"shard_map over a mesh of {devices} (compile-only) devices"
-        )
-    else:
-        step, new_args, new_kwargs = pmapped.per_device(args, kwargs)
-        how = (
-            f"a jax.pmap step over {devices} devices, compiled here as one device's program "
-            "(the mapped axis of size 1; collectives over it are the identity and their "
-            "buffers are not counted)"
-        )
-    return step, tuple(new_args), new_kwargs, [how]
 
 
 def _check_jaxlib(jaxlib: str | None) -> None:
@@ -1017,10 +925,13 @@ def estimate_jax_sweep(
     points = []
     exported, leaves, pmap_notes = [], [], []
     if target is not None:
+        from memfit.estimate.xla._pmap import unpmap
+        from memfit.estimate.xla.gpu import export_or_fall_back
+
         for b in sizes:
             args = _call_make_args(make_args, b)
-            step, args, kwargs, pmap_note = _unpmap(fn, args, {}, sharded=True)
-            one = _export_or_fall_back(step, args, kwargs, compiler, spec.name)
+            step, args, kwargs, pmap_note = unpmap(fn, args, {}, sharded=True)
+            one = export_or_fall_back(step, args, kwargs, compiler, spec.name)
             if one is None:  # warned: every size on this process's backend
                 compiler, target = "cpu", None
                 break
