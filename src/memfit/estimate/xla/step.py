@@ -677,7 +677,7 @@ def _from_gpu_compile(
         ("device_used_bytes", used_if_triton, device_used),
     )
     alternatives = tuple((n, lo, hi) for n, lo, hi in moved if lo != hi)
-    if alternatives:
+    if in_use_if_triton != in_use:
         notes.append(
             "the autotuner's choice between Triton and cuBLAS for the GEMM fusions, timed on the "
             f"card, moves peak_bytes_in_use: {format_bytes(in_use_if_triton)} if Triton wins "
