@@ -218,62 +218,88 @@ def compiled_rows() -> list[dict[str, Any]]:
     return rows
 
 
-#: memfit's figures as docs/benchmarks.md records them ("On a real H100 (issue 30)"), where
-#: the ``jax-cuda12-plugin`` extra that recomputes them is not installed: the floor probe's
-#: four main variants (``python bench/xla_floor_probe.py --predict``, 2026-11-27 00:12 UTC;
-#: the three ``triton_gemm=false`` steps again 2026-11-29 06:43 UTC at 2370013, after issue
-#: 41's replay of the cuBLAS calls, every other row the same; the 65536:512:3 default step
-#: again 2026-11-29 07:01 UTC at 0f82fa1, after issue 41's GEMM fusions handed to cuBLAS and
-#: tuned again as calls, every other row the same) and the device-compile steps (``memfit
-#: after``, 84c3da1; the same at 2370013; mlp:65536 again at 0f82fa1, the others the same;
-#: conv:64 and permute:1048576 again 2026-11-29 09:55 UTC after issue 41's cuDNN and CUB rules,
-#: ``python bench/xla_conv_sort.py``, as docs/benchmarks.md "Compiled convolutions and sorts"
-#: records). The permutation's measured figure is one step's: the
-#: bench's loop (``out = fn(*args)`` five times) held the last step's 64 MiB output while the
-#: next ran, its peak 222,299,136 B being the arguments, two outputs and the temporaries to the
-#: byte; one output less is 148.0 MiB (memfit's figure is one call's). MiB: (measured, memfit).
-COMPILED_RECORDED = {
-    "floor/64:64:2/default": (144.1, 160.1),
-    "floor/64:64:2/autotune_level=0": (0.1, 0.1),
-    "floor/64:64:2/triton_gemm=false": (128.1, 160.1),
-    "floor/64:64:2/redzone_padding=0": (64.1, 64.1),
-    "floor/4096:512:3/default": (156.0, 155.0),
-    "floor/4096:512:3/autotune_level=0": (76.0, 75.0),
-    "floor/4096:512:3/triton_gemm=false": (156.0, 179.0),
-    "floor/4096:512:3/redzone_padding=0": (140.0, 139.0),
-    "floor/16384:512:3/default": (292.0, 291.0),
-    "floor/16384:512:3/autotune_level=0": (292.0, 291.0),
-    "floor/16384:512:3/triton_gemm=false": (292.0, 291.0),
-    "floor/16384:512:3/redzone_padding=0": (292.0, 291.0),
-    "floor/65536:512:3/default": (725.0, 835.0),
-    "floor/65536:512:3/autotune_level=0": (645.0, 644.0),
-    "floor/65536:512:3/triton_gemm=false": (836.0, 835.0),
-    "floor/65536:512:3/redzone_padding=0": (677.0, 676.0),
-    "floor/4096:1024:6/default": (296.0, 296.0),
-    "floor/4096:1024:6/autotune_level=0": (168.0, 168.0),
-    "floor/4096:1024:6/triton_gemm=false": (296.0, 296.0),
-    "floor/4096:1024:6/redzone_padding=0": (296.0, 296.0),
-    "deviceless/mlp:4096": (156.0, 155.0),
-    "deviceless/mlp:65536": (725.0, 835.0),
-    "deviceless/mlp:262144": (2597.0, 2596.0),
-    "deviceless/matmul:8192": (1632.0, 1632.0),
-    "deviceless/permute:1048576": (148.0, 148.0),
-    "deviceless/conv:64": (728.0, 728.1),
-}
+#: The H100's recorded XLA steps (``tests/data/gpu_truth/jax_measured/``, jaxlib 0.11.2): the
+#: floor probe's MLP steps under its four main variants and the device-compile steps of
+#: ``bench/xla_deviceless.py``. Until 2026-11-29 12:50 UTC memfit's figures were the ones
+#: docs/benchmarks.md recorded ("On a real H100 (issue 30)", "cuBLAS calls in XLA's
+#: autotuning", "Compiled convolutions and sorts"); they are recomputed now (the
+#: ``jax-cuda12-plugin`` extra compiles them deviceless for the card), with the program's
+#: alternatives (issue 41: the peak if every tunable GEMM fusion stays Triton, and if cuBLAS
+#: wins them).
+FLOOR_VARIANTS = ("default", "autotune_level=0", "triton_gemm=false", "redzone_padding=0")
+DEVICELESS_STEPS = (
+    "mlp:4096", "mlp:65536", "mlp:262144", "matmul:8192", "permute:1048576", "conv:64",
+)  # fmt: skip
+JAX_MEASURED = ROOT / "tests" / "data" / "gpu_truth" / "jax_measured"
+
+
+def _recorded_steps() -> list[tuple[str, Any, tuple[Any, ...], dict[str, str], float]]:
+    """``(case, step, shapes, environ, measured bytes)`` of each recorded H100 step. The
+    permutation's measured figure is one step's: the bench's loop (``out = fn(*args)`` five
+    times) held the last step's 64 MiB output while the next ran, its peak 222,299,136 B
+    being the arguments, two outputs and the temporaries to the byte; memfit's figure is one
+    call's."""
+    from xla_probe_step import make_step, mlp_step
+
+    probe = json.loads((JAX_MEASURED / "h100_jaxlib0.11.2_floor_probe.json").read_text("utf-8"))
+    device = json.loads((JAX_MEASURED / "h100_jaxlib0.11.2_xla_deviceless.json").read_text("utf-8"))
+    out = []
+    for row in probe["rows"]:
+        if "error" in row or not row["step"].startswith("mlp:"):
+            continue
+        if row["variant"] not in FLOOR_VARIANTS:
+            continue
+        _, batch, width, depth = row["step"].split(":")
+        fn, shapes = mlp_step(int(batch), int(width), int(depth))
+        environ = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "XLA_FLAGS": row["xla_flags"]}
+        case = f"floor/{row['step'][4:]}/{row['variant']}"
+        out.append((case, fn, shapes, environ, float(row["after_step"]["peak_bytes_in_use"])))
+    for row in device["rows"]:
+        if row["step"] not in DEVICELESS_STEPS:
+            continue
+        kind, size = row["step"].split(":")
+        fn, shapes = make_step(kind, int(size))
+        measured = float(row["measured"]["after_steps_peak"])
+        if kind == "permute":  # one step: the loop's held output taken off
+            measured -= row["measured"]["analysis"]["output_size_in_bytes"]
+        environ = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+        out.append((f"deviceless/{row['step']}", fn, shapes, environ, measured))
+    return out
 
 
 def compiled_recorded_rows() -> list[dict[str, Any]]:
-    """:data:`COMPILED_RECORDED` as rows; a convolution and a sort are programs of their own
-    (cuDNN's autotuning, CUB's scratch) and get a band of their own."""
-    rows = []
-    for case, (measured, memfit) in COMPILED_RECORDED.items():
-        family = "conv" if ":" in case and "conv" in case else None
-        family = "sort" if "permute" in case else family
-        rows.append(
-            _row(f"h100/{case}", "compiled", memfit * 2**20, measured * 2**20,
-                 "docs/benchmarks.md, On a real H100 (issue 30): peak_bytes_in_use",
-                 family=family)
+    """memfit's ``peak_bytes_in_use`` for each recorded H100 step (:func:`_recorded_steps`),
+    compiled deviceless for the card with its jaxlib and flags, against what the card
+    measured. A convolution and a sort are programs of their own (cuDNN's autotuning, CUB's
+    scratch: ``compiled/conv``, ``compiled/sort``); every other step gives two rows: its
+    figure (``compiled``, the band of a figure that does not know its alternatives) and the
+    same figure with its program's alternatives (``compiled/alternatives/<family>``:
+    :attr:`memfit.estimate.xla.step.JaxEstimate.alternatives`)."""
+    from memfit.estimate.xla.gpu import gpu_target_missing
+    from memfit.estimate.xla.step import estimate_jax
+
+    missing = gpu_target_missing()
+    if missing:
+        raise SystemExit(
+            "compiled_recorded needs XLA's GPU compiler (the gpu-target extra): "
+            + "; ".join(missing) + ". The stored rows stay."
         )  # fmt: skip
+    source = "tests/data/gpu_truth/jax_measured (H100, jaxlib 0.11.2): peak_bytes_in_use"
+    rows = []
+    for case, fn, shapes, environ, measured in _recorded_steps():
+        est = estimate_jax(
+            fn, *shapes, gpu="NVIDIA H100 80GB HBM3", jaxlib="0.11.2", environ=environ
+        )
+        point = int(est.peak_bytes_in_use or 0)
+        rows.append(_row(f"h100/{case}", "compiled", point, measured, source, family=est.program))
+        if est.program is None and est.alternatives_family is not None:
+            ends = {n: (lo, hi) for n, lo, hi in est.alternatives}
+            low, high = ends.get("peak_bytes_in_use", (point, point))
+            row = _row(f"h100/{case}", "compiled", point, measured, source,
+                       family=f"alternatives/{est.alternatives_family}")  # fmt: skip
+            row["alternatives"] = [int(low), int(high)]
+            rows.append(row)
+        print(rows[-1], flush=True)
     return rows
 
 
@@ -467,13 +493,14 @@ def markdown(cal: list[dict[str, Any]], val: list[dict[str, Any]], bands: dict[s
             return "0 | - | -"
         return f"{c['cases']} | {c['covered'] / c['cases']:.0%} | {c['half_width']:.1%}"
 
-    leaves: dict[str, set[str]] = {}  # basis -> its families with a band of their own
-    for key in bands:
-        basis, _, family = key.partition("/")
-        if family and not any(k.startswith(f"{key}/") for k in bands):
-            leaves.setdefault(basis, set()).add(family)
+    def leaves(prefix: str) -> int:  # the families below ``prefix`` with a band of their own
+        return sum(
+            1 for key in bands
+            if key.startswith(f"{prefix}/") and not any(k.startswith(f"{key}/") for k in bands)
+        )  # fmt: skip
+
     for key in sorted({*bands, *cals, *vals}):
-        if key.endswith(", by family") and len(leaves.get(key.split(",")[0], ())) < 2:
+        if key.endswith(", by family") and leaves(key.split(",")[0]) < 2:
             continue  # one family: its own line says it
         b = bands.get(key)
         if key.endswith(", by family"):
@@ -488,6 +515,34 @@ def markdown(cal: list[dict[str, Any]], val: list[dict[str, Any]], bands: dict[s
             text = f"{b['low']:+.1%} .. {b['high']:+.1%}"
         lines.append(
             f"| {key} | {text} | {cells(cals.get(key, empty))} | {cells(vals.get(key, empty))} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def alternatives_markdown(rows: list[dict[str, Any]], bands: dict[str, Any]) -> str:
+    """Each compiled step with its program's alternatives: what the card measured, memfit's
+    figure if Triton wins every tunable GEMM fusion and if cuBLAS wins them, the band of its
+    family around both, and whether it covered the card (MiB)."""
+    from band_derivation import _ends
+
+    from memfit.core.bands import BandTable
+
+    table = BandTable.from_dict({"bands": bands})
+    lines = [
+        "| step | part | family | measured | if Triton wins | if cuBLAS wins | band | covered |",
+        "|---|---|---|---:|---:|---:|---|---|",
+    ]
+    for row in rows:
+        if not row.get("alternatives"):
+            continue
+        low, high = _ends(row)
+        band = table.band(row["basis"], row["family"])
+        lo, hi = band.interval(round(low))[0], band.interval(round(high))[1]
+        mib = [f"{n / 2**20:,.1f}" for n in (row["truth"], low, high, lo, hi)]
+        lines.append(
+            f"| {row['case'].removeprefix('h100/')} | {row['part']} | "
+            f"{row['family'].removeprefix('alternatives/')} | {mib[0]} | {mib[1]} | {mib[2]} | "
+            f"{mib[3]} .. {mib[4]} | {'yes' if lo <= row['truth'] <= hi else 'no'} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -520,6 +575,7 @@ def main(argv: list[str] | None = None) -> int:
     text = markdown(
         coverage(rows, bands, "calibration"), coverage(rows, bands, "validation"), bands
     )
+    text += "\n" + alternatives_markdown(rows, bands)
     _common.write_results("bands", {"bands": bands}, text)
     print(text)
     return 0

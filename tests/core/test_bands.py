@@ -208,6 +208,52 @@ def test_derive_rolls_families_up_and_widens_a_program_class_without_evidence() 
     }  # fmt: skip
 
 
+def test_a_row_with_alternatives_is_off_by_the_nearer_one_and_stands_apart() -> None:
+    """A compiled figure with its program's two alternatives (Triton wins every GEMM fusion,
+    cuBLAS wins them): its error is against the nearer one (none between them), and its
+    band, ``compiled/alternatives/<family>``, does not roll up into ``compiled``."""
+    bench = _bench()
+
+    def row(
+        case: str, family: str | None, predicted: int, truth: int,
+        alternatives: list[int] | None = None, part: str = "calibration",
+    ) -> dict[str, object]:  # fmt: skip
+        out: dict[str, object] = {"case": case, "basis": "compiled", "family": family,
+                                  "predicted": predicted, "truth": truth, "part": part}  # fmt: skip
+        if alternatives is not None:
+            out["alternatives"] = alternatives
+        return out
+
+    rows = [
+        row("a", None, 100, 80),  # the figure alone: 20% over
+        row("a", "alternatives/other", 100, 80, [82, 100]),  # 2% below the Triton figure
+        row("b", None, 100, 90),
+        row("b", "alternatives/other", 100, 90, [85, 100]),  # between the two: 0
+        row("c", "alternatives/other", 100, 101, [100, 100]),  # no choice: +1%
+        row("d", "alternatives/small_tuning", 100, 90, [100, 100]),
+        row("v", "alternatives/other", 100, 50, [90, 100], part="validation"),
+    ]
+    derived = bench.derive(rows)  # type: ignore[attr-defined]
+    near = pytest.approx
+    assert derived["compiled"] == near({"low": -0.2, "high": 0.0, "cases": 2}, abs=2e-4)
+    assert derived["compiled/alternatives/other"] == near(
+        {"low": -2 / 82, "high": 0.01, "cases": 3}, abs=2e-4
+    )
+    assert derived["compiled/alternatives"] == near(
+        {"low": -0.1, "high": 0.01, "cases": 4}, abs=2e-4
+    )
+    coverage = bench.coverage  # type: ignore[attr-defined]
+    cov = {c["basis"]: c for c in coverage(rows, derived, "validation")}
+    assert cov["compiled/alternatives/other"]["covered"] == 0
+    # the band runs from below the lower alternative to above the higher one
+    table = BandTable.from_dict({"bands": derived})
+    lo = table.band("compiled", "alternatives/other").interval(90)[0]
+    hi = table.band("compiled", "alternatives/other").interval(100)[1]
+    assert cov["compiled/alternatives/other"]["half_width"] == pytest.approx((hi - lo) / 2 / 100)
+    assert cov["compiled/alternatives, by family"]["cases"] == 1
+    assert "compiled" not in cov  # the validation row is not a figure without alternatives
+
+
 def test_basis_summary_orders_by_share() -> None:
     assert basis_summary({"a": 1, "b": 999}, {"a": "analytic", "b": "compiled"}) == (
         "basis: 100% compiled, <1% analytic"

@@ -71,3 +71,54 @@ def test_a_step_whose_fusions_cublas_may_win_is_counted_as_if_it_did() -> None:
         assert row["predicted"] - row["truth"] <= (836 - 725) * mib
     cublas_only = rows["h100/floor/65536:512:3/triton_gemm=false"]["predicted"]
     assert rows["h100/floor/65536:512:3/default"]["predicted"] == cublas_only
+
+
+ALTERNATIVES = [
+    r
+    for r in EVIDENCE["rows"]
+    if r["collector"] == "compiled_recorded" and str(r["family"]).startswith("alternatives/")
+]
+
+
+def test_every_mlp_step_has_its_alternatives_row() -> None:
+    """Each recorded step but the convolution and the sort also carries its program's two
+    alternatives; the higher one is memfit's figure (the cuBLAS-wins one), so the band's high
+    end is at least that figure."""
+    figures = {r["case"]: r for r in COMPILED}
+    assert {r["case"] for r in ALTERNATIVES} == set(figures) - {
+        "h100/deviceless/conv:64", "h100/deviceless/permute:1048576",
+    }  # fmt: skip
+    for r in ALTERNATIVES:
+        low, high = r["alternatives"]
+        assert low <= high == r["predicted"] == figures[r["case"]]["predicted"]
+        assert r["part"] == figures[r["case"]]["part"]
+
+
+def test_the_ambiguous_step_spans_what_the_card_showed_for_either_winner() -> None:
+    """65536:512:3 with default flags: Triton won on the card (725 MiB; memfit's Triton figure
+    739 MiB), and cuBLAS won under ``compile_parallelism=1`` (836 MiB; memfit's cuBLAS figure
+    835 MiB): the band around both alternatives reaches both readings. With Triton's GEMMs
+    off there is no choice: one figure."""
+    mib = 2**20
+    rows = {r["case"]: r for r in ALTERNATIVES}
+    table = load_bands()
+    row = rows["h100/floor/65536:512:3/default"]
+    band = table.band("compiled", row["family"])
+    low, high = row["alternatives"]
+    assert round(low / mib) == 739 and round(high / mib) == 835
+    assert band.interval(low)[0] <= 725 * mib
+    assert band.interval(high)[1] >= 836 * mib
+    no_choice = rows["h100/floor/65536:512:3/triton_gemm=false"]["alternatives"]
+    assert no_choice[0] == no_choice[1]
+
+
+def test_no_step_is_under_the_high_end_of_its_alternatives_band() -> None:
+    """Under-prediction is impossible within the evidence, both parts: the card never held
+    more than the band's high end around the cuBLAS-wins figure."""
+    table = load_bands()
+    under = [
+        r["case"]
+        for r in ALTERNATIVES
+        if r["truth"] > table.band("compiled", r["family"]).interval(r["alternatives"][1])[1]
+    ]
+    assert under == []

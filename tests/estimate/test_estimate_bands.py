@@ -101,7 +101,10 @@ def test_jax_estimate_context_band_follows_the_jax_context_basis() -> None:
     used = est.device_used_bytes
     context = jax_context.bytes
     assert used is not None and used > context  # the step's buffers on top of the context
-    compiled = load_bands().interval(used - context, "compiled")
+    # compiled by XLA's GPU compiler (the gpu-target extra): the band of the program's
+    # alternatives (none here: no GEMM), else the compiled band
+    family = est.alternatives_family and f"alternatives/{est.alternatives_family}"
+    compiled = load_bands().interval(used - context, "compiled", family)
     for basis in ("assumed", "fitted"):
         # the context's band is the one of the basis the estimate carries
         ctx = load_bands().interval(context, basis, term="cuda_context")

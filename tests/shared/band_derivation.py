@@ -9,7 +9,7 @@ import hashlib
 import math
 from typing import Any
 
-from memfit.core.bands import PROGRAM_CLASSES, BandTable
+from memfit.core.bands import ALTERNATIVES, PROGRAM_CLASSES, Band, BandTable
 
 
 def part_of(case: str, role: str | None = None) -> str:
@@ -29,24 +29,50 @@ def _key(row: dict[str, Any]) -> str:
     return f"{row['basis']}/{row['family']}" if row.get("family") else str(row["basis"])
 
 
-#: Bands that do not roll up into their basis's: a term of its own (the CUDA context) and
-#: the compiled program classes known to differ (:data:`memfit.core.bands.PROGRAM_CLASSES`).
-SEPARATE = frozenset({"fitted/cuda_context", *PROGRAM_CLASSES})
+#: Bands that do not roll up into their basis's: a term of its own (the CUDA context), the
+#: compiled program classes known to differ (:data:`memfit.core.bands.PROGRAM_CLASSES`), and
+#: the residual of a compiled figure against its program's own alternatives
+#: (:data:`memfit.core.bands.ALTERNATIVES`: its families roll up to it, no further).
+SEPARATE = frozenset({"fitted/cuda_context", *PROGRAM_CLASSES, ALTERNATIVES})
+
+
+def _root(key: str) -> str | None:
+    """The :data:`SEPARATE` band ``key`` stands under (itself or a parent), else ``None``."""
+    return next((s for s in SEPARATE if key == s or key.startswith(f"{s}/")), None)
 
 
 def _keys(row: dict[str, Any]) -> list[str]:
     """Every band a row is evidence for: its family's and each parent's up to the basis
-    (``traced/reserved/conv``, ``traced/reserved``, ``traced``), unless it stands apart
-    (:data:`SEPARATE`)."""
+    (``traced/reserved/conv``, ``traced/reserved``, ``traced``), or, for a row under a band
+    that stands apart (:data:`SEPARATE`), up to that band only."""
     key = _key(row)
-    if key in SEPARATE:
-        return [key]
+    root = _root(key)
     parts = key.split("/")
-    return ["/".join(parts[:n]) for n in range(len(parts), 0, -1)]
+    keys = ["/".join(parts[:n]) for n in range(len(parts), 0, -1)]
+    if root is not None:
+        keys = keys[: keys.index(root) + 1]
+    return keys
+
+
+def _ends(row: dict[str, Any]) -> tuple[float, float]:
+    """The figures a row's band is put around: its program's two alternatives where it has
+    them (``alternatives``: the compiled figure if every tunable GEMM fusion stays Triton,
+    and if cuBLAS wins them), else its one prediction twice."""
+    ends = row.get("alternatives")
+    if ends:
+        return float(ends[0]), float(ends[1])
+    return float(row["predicted"]), float(row["predicted"])
 
 
 def _error(row: dict[str, Any]) -> float:
-    return float(row["truth"]) / float(row["predicted"]) - 1.0
+    """``truth / estimate - 1`` against the nearer alternative (0 between the two)."""
+    low, high = _ends(row)
+    truth = float(row["truth"])
+    if truth < low:
+        return truth / low - 1.0
+    if truth > high:
+        return truth / high - 1.0
+    return 0.0
 
 
 def derive(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -83,22 +109,25 @@ def coverage(rows: list[dict[str, Any]], bands: dict[str, Any], part: str) -> li
     table = BandTable.from_dict({"bands": bands})
     out: dict[str, dict[str, Any]] = {}
 
-    def count(key: str, row: dict[str, Any], low: int, high: int) -> None:
+    def count(key: str, row: dict[str, Any], band: Band) -> None:
+        low, high = _ends(row)
+        lo, hi = band.interval(round(low))[0], band.interval(round(high))[1]
         cell = out.setdefault(key, {"basis": key, "cases": 0, "covered": 0, "widths": []})
         cell["cases"] += 1
-        cell["covered"] += int(low <= row["truth"] <= high)
-        cell["widths"].append((high - low) / 2 / row["predicted"])
+        cell["covered"] += int(lo <= row["truth"] <= hi)
+        cell["widths"].append((hi - lo) / 2 / row["predicted"])
 
     for row in rows:
         if row["part"] != part or row["predicted"] <= 0:
             continue
         keys = [k for k in _keys(row) if k in bands] or [str(row["basis"])]
         for key in keys:
-            band = table.bands.get(key) or table.band(row["basis"], row.get("family"))
-            count(key, row, *band.interval(row["predicted"]))
-        if row.get("family") and _key(row) not in SEPARATE:
-            own = table.interval(row["predicted"], row["basis"], row["family"])
-            count(f"{row['basis']}, by family", row, *own)
+            count(key, row, table.bands.get(key) or table.band(row["basis"], row.get("family")))
+        root = _root(_key(row))
+        if row.get("family") and root is None:
+            count(f"{row['basis']}, by family", row, table.band(row["basis"], row["family"]))
+        elif row.get("family") and root != _key(row) and root == ALTERNATIVES:
+            count(f"{root}, by family", row, table.band(row["basis"], row["family"]))
     for cell in out.values():
         widths = cell.pop("widths")
         cell["half_width"] = sum(widths) / len(widths) if widths else math.nan

@@ -28,6 +28,12 @@ else its parent's (``traced/reserved/conv``, ``traced/reserved``, ``traced``). A
 evidence gets the widest band seen on any basis (``assumed`` always does); so does a program
 class known to differ (:data:`PROGRAM_CLASSES`) that no calibration case covers.
 
+A compiled figure whose program gives XLA's autotuner a choice that moves the peak (Triton or
+cuBLAS for a GEMM fusion, timed on the card) has two figures, one per alternative; its band is
+put around both (:func:`figure_band` with ``alternatives``): the residual band
+:data:`ALTERNATIVES` (``truth`` against the nearer alternative, 0 between them) below the
+lower one and above the higher one. A program without such a choice has the two equal.
+
 >>> table = load_bands()
 >>> low, high = table.interval(1000, "assumed")
 >>> low <= 1000 <= high
@@ -44,6 +50,7 @@ from importlib import resources
 from typing import Any
 
 __all__ = [
+    "ALTERNATIVES",
     "BASES",
     "MIN_CASES",
     "PROGRAM_CLASSES",
@@ -84,6 +91,15 @@ PROGRAM_CLASSES: dict[str, str] = {
     "compiled/conv": "XLA autotunes cuDNN convolutions on the device (scratch it allocates)",
     "compiled/sort": "CUB's sort scratch, sized by the library at run time",
 }
+
+
+#: The band of a compiled figure against its program's own alternatives (the peak if every
+#: tunable GEMM fusion stays Triton, and if cuBLAS wins them): what is left after the
+#: autotuner's choice, by family (``compiled/alternatives/small_tuning``: the first call's
+#: tuning of GEMMs below cuBLAS's workspace sets the peak; ``compiled/alternatives/other``).
+#: It does not roll up into ``compiled``, the band of a compiled figure that does not know its
+#: alternatives (a plan's stored compile), which keeps the choice inside its width.
+ALTERNATIVES = "compiled/alternatives"
 
 
 def program_class(ops: Iterable[str]) -> str:
@@ -236,18 +252,29 @@ def figure_band(
     table: BandTable | None = None,
     family: str | None = None,
     context_basis: str = "fitted",
+    alternatives: tuple[int, int] | None = None,
 ) -> tuple[int, int]:
     """``(low, high)`` around one figure of an estimate made by ``basis`` (of ``family``:
     :func:`traced_family`), of which ``context_bytes`` are the CUDA context (with the
     context's own band, or the widest where its basis, ``context_basis``, is ``assumed``).
+    With ``alternatives`` (the figure under each of its program's alternatives, the context
+    included, ``nbytes`` between them), the band's low end is put below the lower one and its
+    high end above the higher one.
 
     >>> low, high = figure_band(2**30, "traced")
     >>> low <= 2**30 <= high
     True
+    >>> table = BandTable({"compiled/alternatives": Band(-0.5, 0.5, 5)})
+    >>> figure_band(200, "compiled", table=table, family="alternatives", alternatives=(100, 200))
+    (50, 300)
     """
     table = table or load_bands()
     context = max(0, min(context_bytes, nbytes))
-    lo, hi = table.interval(nbytes - context, basis, family)
+    low_end, high_end = alternatives if alternatives is not None else (nbytes, nbytes)
+    low_end, high_end = min(low_end, nbytes), max(high_end, nbytes)
+    band = table.band(basis, family)
+    lo = band.interval(max(0, low_end - context))[0]
+    hi = band.interval(max(0, high_end - context))[1]
     clo, chi = table.interval(context, context_basis, term="cuda_context")
     return lo + clo, hi + chi
 

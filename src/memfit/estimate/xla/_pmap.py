@@ -29,7 +29,7 @@ from typing import Any
 
 from memfit.errors import ConfigError, EstimateError
 
-__all__ = ["PmapStep", "pmap_step"]
+__all__ = ["PmapStep", "pmap_step", "unpmap"]
 
 _HINT = (
     "write the step as jax.jit(jax.shard_map(step, mesh=AbstractMesh((N,), ('i',)), ...)) "
@@ -262,3 +262,29 @@ def pmap_step(fn: Any) -> PmapStep | None:
             f"memfit cannot read this jax.pmap step's options ({exc})", hint=_HINT
         ) from exc
     return step
+
+
+def unpmap(
+    fn: Callable[..., Any], args: Any, kwargs: Any, *, sharded: bool
+) -> tuple[Callable[..., Any], Any, Any, list[str]]:
+    """A step ``jax.pmap`` made, as the program each device runs
+    (:class:`PmapStep`): for the GPU compile, ``jit(shard_map)`` over an abstract
+    mesh of the mapped size; here, one device's program. Any other step as it is."""
+    pmapped = pmap_step(fn)
+    if pmapped is None:
+        return fn, args, kwargs, []
+    devices = pmapped.devices(args, kwargs)
+    if sharded:
+        step, new_args, new_kwargs = pmapped.sharded(args, kwargs)
+        how = (
+            f"a jax.pmap step over {devices} devices, compiled as jax.pmap builds it: jit of "
+            f"shard_map over a mesh of {devices} (compile-only) devices"
+        )
+    else:
+        step, new_args, new_kwargs = pmapped.per_device(args, kwargs)
+        how = (
+            f"a jax.pmap step over {devices} devices, compiled here as one device's program "
+            "(the mapped axis of size 1; collectives over it are the identity and their "
+            "buffers are not counted)"
+        )
+    return step, tuple(new_args), new_kwargs, [how]

@@ -48,7 +48,9 @@ __all__ = [
     "RematShortfall",
     "compile_exported",
     "compile_for_gpu",
+    "cpu_fallback_note",
     "cublas_may_replace_triton",
+    "export_or_fall_back",
     "export_step",
     "gpu_target_missing",
     "parse_remat",
@@ -678,3 +680,44 @@ def local_target_config() -> str:
         )
     config = xla_client.get_topology_for_devices(devices).target_config
     return config if isinstance(config, str) else str(config)
+
+
+def cpu_fallback_note(card: str) -> str:
+    """The note of a step compiled on this process's backend because it could not be
+    exported for CUDA (:func:`export_or_fall_back` warned why)."""
+    return (
+        f"compiled with this process's XLA backend, not XLA's GPU compiler for {card}: JAX "
+        "could not export the step for CUDA (the warning says why); GPU fusions, layouts and "
+        "rematerialization toward the card's memory are not seen"
+    )
+
+
+def export_or_fall_back(
+    fn: Callable[..., Any], args: Any, kwargs: Any, compiler: str, card: str
+) -> Any:
+    """The step exported for CUDA (:func:`memfit.estimate.xla.gpu.export_step`: host
+    callbacks replaced by what they hold, else lowered for CUDA directly), or ``None`` with a
+    warning naming why when neither works and ``compiler="auto"`` (the caller then compiles
+    on this process's backend); ``compiler="gpu"`` raises instead."""
+    import warnings
+
+    try:
+        step = export_step(fn, *args, **kwargs)
+    except EstimateError as exc:
+        if compiler == "gpu":
+            raise
+        warnings.warn(
+            f"memfit: the step is compiled with this process's XLA backend, not XLA's GPU "
+            f"compiler for {card}: {exc}",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return None
+    if step.route == "lowered":
+        warnings.warn(
+            "memfit: jax.export refused the step; it was lowered for CUDA directly "
+            "(jit(...).trace(...).lower(lowering_platforms=('cuda',))) and compiled from that",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+    return step

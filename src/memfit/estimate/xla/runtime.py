@@ -80,6 +80,9 @@ __all__ = [
     "handed_to_cublas_bytes",
     "parse_jaxlib_version",
     "replay_cublas_tuning",
+    "step_in_use_bytes",
+    "tuning_family",
+    "whole_chunk_bytes",
     "xla_flag",
 ]
 
@@ -747,6 +750,52 @@ def bfc_in_use_bytes(allocations: Sequence[int]) -> int:
     for size in allocations:
         pool.allocate(size)
     return pool.bytes_in_use
+
+
+def whole_chunk_bytes(allocations: Sequence[int]) -> int:
+    """What a growing BFC allocator counts in use for ``allocations`` (in order, all live)
+    beyond their own bytes rounded: the chunks it hands out whole (:func:`bfc_in_use_bytes`).
+
+    >>> whole_chunk_bytes([MiB, 3 * MiB]) // MiB  # the second takes a whole 4 MiB region
+    1
+    """
+    return bfc_in_use_bytes(allocations) - sum(round_up(max(n, 1)) for n in allocations)
+
+
+def step_in_use_bytes(
+    leaves: Sequence[int], buffers: int, temp: int, tuning: int, growing: bool
+) -> tuple[int, int, int]:
+    """``(whole, rounding, in_use)`` of one step in a fresh process: the chunks a growing
+    pool hands out whole for the arguments (``leaves``) and then the temporaries (``temp``,
+    one allocation; the outputs, one buffer per leaf of sizes the compile does not give, are
+    counted exactly), the allocator's rounding to 256 B, and ``peak_bytes_in_use``, the
+    larger of the step's ``buffers`` and the first call's ``tuning`` (arguments included),
+    plus the rounding.
+
+    >>> step_in_use_bytes([MiB], 2 * MiB, MiB, 0, False)
+    (0, 0, 2097152)
+    """
+    whole = whole_chunk_bytes([*leaves, temp]) if growing else 0
+    rounding = sum(round_up(n) - n for n in leaves) + round_up(temp) - temp
+    return whole, rounding, max(buffers + whole, tuning) + rounding
+
+
+def tuning_family(gemms: Sequence[GemmBuffers], hopper: bool, tuning_sets_peak: bool) -> str:
+    """The family of a compiled step's band around its alternatives
+    (``compiled/alternatives/<family>``, :mod:`memfit.core.bands`): ``"small_tuning"`` when
+    the first call's tuning sets ``peak_bytes_in_use`` and every GEMM's operands are below
+    cuBLAS's workspace (32 MiB on Hopper, else 4 MiB: the autotuner's guarded inputs and
+    workspace chunks, placed whole by the allocator, are the figure, and on an H100 the card
+    peaked up to a workspace below memfit's replay of them), else ``"other"``.
+
+    >>> tiny = GemmBuffers("fusion", (4096,), (4096, 4096))
+    >>> tuning_family([tiny], True, True), tuning_family([tiny], True, False)
+    ('small_tuning', 'other')
+    """
+    workspace = HOPPER_WORKSPACE if hopper else DEFAULT_WORKSPACE
+    gemms = [g for g in gemms if g.kind != "cudnn"]
+    small = bool(gemms) and all(max(g.operands, default=0) < workspace for g in gemms)
+    return "small_tuning" if small and tuning_sets_peak else "other"
 
 
 def bfc_growth_bytes(allocations: Sequence[int], limit: int | None = None) -> int:

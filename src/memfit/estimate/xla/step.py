@@ -118,6 +118,18 @@ class JaxEstimate:
         program: ``"conv"`` when XLA compiled cuDNN convolutions for the GPU, ``"sort"``
             when a sort's CUB scratch was sized without the device, else ``None``: the
             program class whose band :meth:`band` takes (:mod:`memfit.core.bands`).
+        alternatives: ``(figure, if Triton wins, if cuBLAS wins)`` for each figure the
+            first call's autotuner moves by its choice, timed on the card, between Triton
+            and cuBLAS for the step's GEMM fusions: the figure if every tunable fusion stays
+            Triton, and if cuBLAS wins every one (the figure itself: under-prediction is the
+            dangerous error); ``()`` when the program has no such choice (no GEMM fusion,
+            Triton's GEMMs or autotuning off) or the choice moves nothing.
+        alternatives_family: The family of the band around :attr:`alternatives`
+            (``compiled/alternatives/<family>``, :data:`memfit.core.bands.ALTERNATIVES`):
+            ``"small_tuning"`` when the first call's tuning of GEMMs whose operands are all
+            below cuBLAS's workspace sets ``peak_bytes_in_use`` (where the autotuner's
+            buffers, placed whole by the allocator, are the figure), else ``"other"``;
+            ``None`` when the step was not compiled by XLA's GPU compiler.
     """
 
     argument_bytes: int
@@ -144,6 +156,8 @@ class JaxEstimate:
     #: how the CUDA context in ``device_used_bytes`` was sized: the basis of a JAX process's
     #: context (:func:`memfit.hardware.runtime.cuda_context` with ``framework="jax"``)
     context_basis: str = "assumed"
+    alternatives: tuple[tuple[str, int, int], ...] = ()
+    alternatives_family: str | None = None
 
     #: The figures :meth:`band` knows.
     FIGURES = (
@@ -157,7 +171,11 @@ class JaxEstimate:
         (:mod:`memfit.core.bands`, basis ``compiled``; a program that XLA compiled with
         cuDNN convolutions or a CUB sort, whose scratch the library sizes on the device,
         takes its class's band: ``compiled/conv``, ``compiled/sort``); the CUDA context in
-        ``device_used_bytes`` takes the context's own band.
+        ``device_used_bytes`` takes the context's own band. A step compiled by XLA's GPU
+        compiler knows its program's :attr:`alternatives`: its band runs from the residual
+        band (``compiled/alternatives/<family>``: how far the card has been from the nearer
+        alternative) below the figure if Triton wins every GEMM fusion to above the figure if
+        cuBLAS wins them; without a choice the two are the figure.
 
         Raises:
             ConfigError: When ``name`` is not one of :attr:`FIGURES` or this estimate has no
@@ -177,9 +195,17 @@ class JaxEstimate:
             context = sum(b for t, b, _ in self.breakdown if t == "CUDA context")
         # the context's band follows its basis: a JAX process's kernel images are fitted
         # only where readings of a JAX step exist (memfit.hardware.runtime.cuda_context)
+        if self.program is not None or self.alternatives_family is None:
+            return figure_band(
+                int(value), "compiled", context, family=self.program,
+                context_basis=self.context_basis,
+            )  # fmt: skip
+        # a GPU compile knows its program's alternatives: the residual band around both
+        ends = {n: (lo, hi) for n, lo, hi in self.alternatives}.get(name, (value, value))
         return figure_band(
-            int(value), "compiled", context, family=self.program, context_basis=self.context_basis
-        )
+            int(value), "compiled", context, family=f"alternatives/{self.alternatives_family}",
+            context_basis=self.context_basis, alternatives=(int(ends[0]), int(ends[1])),
+        )  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         """The estimate as plain data."""
@@ -190,6 +216,7 @@ class JaxEstimate:
                 notes=list(self.notes),
                 breakdown=[list(t) for t in self.breakdown],
                 collectives=None if self.collectives is None else self.collectives.to_dict(),
+                alternatives=[list(t) for t in self.alternatives],
             ),
         }
 
@@ -467,6 +494,7 @@ def _from_gpu_compile(
                                        leaves)  # fmt: skip
     calls = [g for g in result.gemm_buffers if g.kind == "cublas"]
     autotune_name = rules.describe()
+    autotune_if_triton = autotune  # every tunable GEMM fusion stays Triton
     if handed > autotune:
         autotune = handed
         calls = list(result.cublas_gemm_buffers)
@@ -483,20 +511,19 @@ def _from_gpu_compile(
             "; its cuBLAS calls placed by the BFC allocator after the arguments, the reference "
             "output holding the call's workspace too"
         )
-    rounding = sum(rt.round_up(n) - n for n in leaves) + rt.round_up(temp) - temp
-    # the arguments, then the temporaries (one allocation) as the BFC allocator places them
-    # (the outputs are one buffer per leaf, of sizes the compile does not give: counted
-    # exactly)
-    placed = [*leaves, temp]
-    whole = whole_arguments = 0
-    if growing:
-        whole = rt.bfc_in_use_bytes(placed) - sum(rt.round_up(max(n, 1)) for n in placed)
-        # the arguments' own chunks while the first call tunes (a 5.2 MiB input takes a
-        # whole 8 MiB region: measured on an H100, jaxlib 0.11.2, the conv:64 step)
-        whole_arguments = rt.bfc_in_use_bytes(leaves) - sum(rt.round_up(max(n, 1)) for n in leaves)
+    # the arguments' own chunks while the first call tunes (a 5.2 MiB input takes a
+    # whole 8 MiB region: measured on an H100, jaxlib 0.11.2, the conv:64 step)
+    whole_arguments = rt.whole_chunk_bytes(leaves) if growing else 0
     tuning = argument + whole_arguments + autotune if autotune else 0
-    in_use = max(buffers + whole, tuning) + rounding
+    whole, rounding, in_use = rt.step_in_use_bytes(leaves, buffers, temp, tuning, growing)
     context, context_basis = _jax_context(spec)
+    # the same figures if every tunable GEMM fusion stays Triton (the autotuner's choice is
+    # timed on the card): the Triton compile's temporaries, the fusions' own tuning
+    temp_if_triton, buffers_if_triton = temp - fallback, buffers - fallback
+    tuning_if_triton = argument + whole_arguments + autotune_if_triton if autotune_if_triton else 0
+    in_use_if_triton = rt.step_in_use_bytes(
+        leaves, buffers_if_triton, temp_if_triton, tuning_if_triton, growing
+    )[2]
     bfc = "tsl/framework/bfc_allocator.cc"
     terms = [
         ("XLA buffers (arguments + outputs - donated + temporaries)",
@@ -569,11 +596,13 @@ def _from_gpu_compile(
     limit = int(target.device_memory_size * policy.fraction)
     if policy.platform_allocator:
         device_used = context + in_use
+        used_if_triton = context + in_use_if_triton
         terms.append(("the platform allocator: exact allocations, freed", in_use, bfc))
         notes.append("XLA_PYTHON_CLIENT_ALLOCATOR=platform: allocations are exact and freed")
     elif policy.preallocate:
         pool = max(limit, in_use)
         device_used = context + pool
+        used_if_triton = context + max(limit, in_use_if_triton)
         terms.append((f"JAX's pool: {policy.fraction:.0%} of the memory CUDA reports", pool,
                       "xla/pjrt/gpu/gpu_helpers.cc (CreateBFCAllocator)"))  # fmt: skip
         notes.append(
@@ -583,6 +612,9 @@ def _from_gpu_compile(
     else:
         grown = rt.bfc_growth_bytes([*leaves, max(autotune, output - alias + temp)], limit)
         device_used = context + grown
+        used_if_triton = context + rt.bfc_growth_bytes(
+            [*leaves, max(autotune_if_triton, output - alias + temp_if_triton)], limit
+        )
         terms.append(("BFC regions grown on demand (2 MiB, each next twice the last)", grown,
                       bfc + " (Extend)"))  # fmt: skip
         notes.append("allocation on demand: the BFC allocator grows in doubling regions")
@@ -636,6 +668,23 @@ def _from_gpu_compile(
             "not counted: on several GPUs, arrays the program leaves on JAX's default device "
             "(device 0) and NCCL's own buffers"
         )
+    if result.devices > 1:  # the other cards' term follows the figures it was built from
+        used_if_triton = device_used
+    moved = (
+        ("temp_bytes", temp_if_triton, temp),
+        ("executable_peak_bytes", buffers_if_triton, buffers),
+        ("peak_bytes_in_use", in_use_if_triton, in_use),
+        ("device_used_bytes", used_if_triton, device_used),
+    )
+    alternatives = tuple((n, lo, hi) for n, lo, hi in moved if lo != hi)
+    if in_use_if_triton != in_use:
+        notes.append(
+            "the autotuner's choice between Triton and cuBLAS for the GEMM fusions, timed on the "
+            f"card, moves peak_bytes_in_use: {format_bytes(in_use_if_triton)} if Triton wins "
+            f"every one, {format_bytes(in_use)} if cuBLAS does (the figure; band() spans both)"
+        )
+    gemms = (*result.gemm_buffers, *getattr(result, "cublas_gemm_buffers", ()))
+    family = rt.tuning_family(gemms, rules.hopper, tuning_sets_peak=tuning > buffers + whole)
     return JaxEstimate(
         argument_bytes=argument,
         output_bytes=output,
@@ -657,6 +706,8 @@ def _from_gpu_compile(
         first_call_bytes=autotune,
         program="conv" if convolutions else ("sort" if sort else None),
         context_basis=context_basis,
+        alternatives=alternatives,
+        alternatives_family=family,
     )
 
 
@@ -754,9 +805,14 @@ def _with_collectives(est: JaxEstimate, several: Collectives) -> JaxEstimate:
     added to ``device_used_bytes`` and its breakdown, with their basis."""
     every = [t for t in several.terms if not t.device0_only]
     used = est.device_used_bytes
+    more = several.every_device_bytes
     return replace(
         est,
-        device_used_bytes=None if used is None else used + several.every_device_bytes,
+        device_used_bytes=None if used is None else used + more,
+        alternatives=tuple(
+            (n, lo + more, hi + more) if n == "device_used_bytes" else (n, lo, hi)
+            for n, lo, hi in est.alternatives
+        ),
         breakdown=(
             *est.breakdown,
             *((t.name, t.bytes, f"{t.basis}: {t.detail}") for t in every),
@@ -777,19 +833,21 @@ def _estimate_one(
     jaxlib: str | None,
 ) -> JaxEstimate:
     """:func:`estimate_jax` on one card."""
+    from memfit.estimate.xla._pmap import unpmap
+
     spec, target, notes = _gpu_target(gpu, compiler)
-    fn, args, kwargs, pmap_note = _unpmap(fn, args, kwargs, sharded=target is not None)
+    fn, args, kwargs, pmap_note = unpmap(fn, args, kwargs, sharded=target is not None)
     if target is None:
         stats, backend, compiled_for = _compile_here(fn, args, kwargs)
         return _from_stats(
             stats, backend, compiled_for, gpu, environ, batch_size, notes + pmap_note
         )
-    from memfit.estimate.xla.gpu import compile_exported
+    from memfit.estimate.xla.gpu import compile_exported, cpu_fallback_note, export_or_fall_back
 
-    step = _export_or_fall_back(fn, args, kwargs, compiler, spec.name)
+    step = export_or_fall_back(fn, args, kwargs, compiler, spec.name)
     if step is None:
         stats, backend, compiled_for = _compile_here(fn, args, kwargs)
-        notes = [*notes, *pmap_note, _cpu_fallback_note(spec.name)]
+        notes = [*notes, *pmap_note, cpu_fallback_note(spec.name)]
         return _from_stats(stats, backend, compiled_for, gpu, environ, batch_size, notes)
     (result,) = compile_exported(
         [step], target, memory_base_bytes=_memory_base(target, environ), environ=environ
@@ -797,75 +855,6 @@ def _estimate_one(
     leaves = _leaf_sizes((args, kwargs))
     est = _from_gpu_compile(result, spec, target, leaves, environ, batch_size, jaxlib)
     return replace(est, notes=(*pmap_note, *est.notes)) if pmap_note else est
-
-
-def _cpu_fallback_note(card: str) -> str:
-    return (
-        f"compiled with this process's XLA backend, not XLA's GPU compiler for {card}: JAX "
-        "could not export the step for CUDA (the warning says why); GPU fusions, layouts and "
-        "rematerialization toward the card's memory are not seen"
-    )
-
-
-def _export_or_fall_back(
-    fn: Callable[..., Any], args: Any, kwargs: Any, compiler: str, card: str
-) -> Any:
-    """The step exported for CUDA (:func:`memfit.estimate.xla.gpu.export_step`: host
-    callbacks replaced by what they hold, else lowered for CUDA directly), or ``None`` with a
-    warning naming why when neither works and ``compiler="auto"`` (the caller then compiles
-    on this process's backend); ``compiler="gpu"`` raises instead."""
-    import warnings
-
-    from memfit.estimate.xla.gpu import export_step
-
-    try:
-        step = export_step(fn, *args, **kwargs)
-    except EstimateError as exc:
-        if compiler == "gpu":
-            raise
-        warnings.warn(
-            f"memfit: the step is compiled with this process's XLA backend, not XLA's GPU "
-            f"compiler for {card}: {exc}",
-            RuntimeWarning,
-            stacklevel=4,
-        )
-        return None
-    if step.route == "lowered":
-        warnings.warn(
-            "memfit: jax.export refused the step; it was lowered for CUDA directly "
-            "(jit(...).trace(...).lower(lowering_platforms=('cuda',))) and compiled from that",
-            RuntimeWarning,
-            stacklevel=4,
-        )
-    return step
-
-
-def _unpmap(
-    fn: Callable[..., Any], args: Any, kwargs: Any, *, sharded: bool
-) -> tuple[Callable[..., Any], Any, Any, list[str]]:
-    """A step ``jax.pmap`` made, as the program each device runs
-    (:mod:`memfit.estimate.xla._pmap`): for the GPU compile, ``jit(shard_map)`` over an abstract
-    mesh of the mapped size; here, one device's program. Any other step as it is."""
-    from memfit.estimate.xla._pmap import pmap_step
-
-    pmapped = pmap_step(fn)
-    if pmapped is None:
-        return fn, args, kwargs, []
-    devices = pmapped.devices(args, kwargs)
-    if sharded:
-        step, new_args, new_kwargs = pmapped.sharded(args, kwargs)
-        how = (
-            f"a jax.pmap step over {devices} devices, compiled as jax.pmap builds it: jit of "
-            f"shard_map over a mesh of {devices} (compile-only) devices"
-        )
-    else:
-        step, new_args, new_kwargs = pmapped.per_device(args, kwargs)
-        how = (
-            f"a jax.pmap step over {devices} devices, compiled here as one device's program "
-            "(the mapped axis of size 1; collectives over it are the identity and their "
-            "buffers are not counted)"
-        )
-    return step, tuple(new_args), new_kwargs, [how]
 
 
 def _check_jaxlib(jaxlib: str | None) -> None:
@@ -936,10 +925,13 @@ def estimate_jax_sweep(
     points = []
     exported, leaves, pmap_notes = [], [], []
     if target is not None:
+        from memfit.estimate.xla._pmap import unpmap
+        from memfit.estimate.xla.gpu import export_or_fall_back
+
         for b in sizes:
             args = _call_make_args(make_args, b)
-            step, args, kwargs, pmap_note = _unpmap(fn, args, {}, sharded=True)
-            one = _export_or_fall_back(step, args, kwargs, compiler, spec.name)
+            step, args, kwargs, pmap_note = unpmap(fn, args, {}, sharded=True)
+            one = export_or_fall_back(step, args, kwargs, compiler, spec.name)
             if one is None:  # warned: every size on this process's backend
                 compiler, target = "cpu", None
                 break
