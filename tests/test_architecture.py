@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import re
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -75,9 +76,15 @@ def _resolve(name: str, known: set[str]) -> str | None:
     return None
 
 
+@cache
+def _tree(path: Path) -> ast.Module:
+    """``path`` parsed, once per test process (the checks here only read the trees)."""
+    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
 def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
     """Modules of memfit that ``module`` imports anywhere in its source."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    tree = _tree(path)
     is_package = path.name == "__init__.py"
     found: set[str] = set()
     for node in ast.walk(tree):
@@ -104,10 +111,17 @@ def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
     return found
 
 
-def graph() -> dict[str, set[str]]:
+@cache
+def _graph() -> dict[str, frozenset[str]]:
     mods = modules()
     known = set(mods)
-    return {m: imports_of(m, p, known) for m, p in mods.items()}
+    return {m: frozenset(imports_of(m, p, known)) for m, p in mods.items()}
+
+
+def graph() -> dict[str, set[str]]:
+    """Each module of memfit and the modules of memfit it imports (read once per test
+    process, a fresh copy for each caller)."""
+    return {m: set(found) for m, found in _graph().items()}
 
 
 def layer(module: str) -> int:
@@ -364,7 +378,7 @@ def memory_calls(tree: ast.AST) -> list[tuple[int, str]]:
 def test_one_module_asks_how_much_memory_there_is() -> None:
     outside = {}
     for m, p in modules().items():
-        calls = memory_calls(ast.parse(p.read_text(encoding="utf-8")))
+        calls = memory_calls(_tree(p))
         if m == MEMORY_READER:
             calls = [c for c in calls if NVML_CALL.match(c[1])]
         elif m == NVML_GATE:
@@ -398,7 +412,7 @@ def test_the_simulators_read_memory_through_the_one_reader() -> None:
     does, through ``backends/live.py`` (they once asked torch themselves)."""
     g = graph()
     for m in ("memfit.runtime.simulate", "memfit.runtime.sim_measure"):
-        assert memory_calls(ast.parse(modules()[m].read_text(encoding="utf-8"))) == [], m
+        assert memory_calls(_tree(modules()[m])) == [], m
         assert MEMORY_READER in g[m], m
 
 
@@ -418,7 +432,7 @@ def used_modules() -> set[str]:
     for name, path in mods.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         source = path.read_text(encoding="utf-8")
-        for node in ast.walk(ast.parse(source)):
+        for node in ast.walk(_tree(path)):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 for candidate in (node.value, f"{package}.{node.value}"):
                     if candidate in known:
@@ -458,7 +472,7 @@ SAME_NAME: dict[str, str] = {
 def test_distinct_things_have_distinct_names() -> None:
     seen: dict[str, list[str]] = {}
     for m, p in modules().items():
-        for node in ast.parse(p.read_text(encoding="utf-8")).body:
+        for node in _tree(p).body:
             if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
                 seen.setdefault(node.name, []).append(m)
     shared = {name: mods for name, mods in seen.items() if len(mods) > 1}
@@ -518,11 +532,7 @@ def memory_now_records(tree: ast.AST) -> list[str]:
 
 
 def test_memory_now_has_one_record() -> None:
-    found = {
-        (m, name)
-        for m, p in modules().items()
-        for name in memory_now_records(ast.parse(p.read_text(encoding="utf-8")))
-    }
+    found = {(m, name) for m, p in modules().items() for name in memory_now_records(_tree(p))}
     assert MEMORY_RECORD in found
     assert found - {MEMORY_RECORD} - set(NOT_MEMORY_NOW) == set(), (
         "use memfit.backends.live.Reading for memory now"

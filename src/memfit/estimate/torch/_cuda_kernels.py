@@ -55,6 +55,7 @@ from memfit.estimate.torch._cuda_probe import (
 from memfit.estimate.torch._cuda_reduce import DEFAULT_SMS, REDUCE_KERNEL, REDUCE_OPS, reduce_buffer
 from memfit.estimate.torch._cuda_scratch import kernel_scratch
 from memfit.estimate.torch._cuda_sdpa import backward_scratch, choose, run
+from memfit.estimate.torch._fake_compat import op_name
 from memfit.estimate.torch._older_formulas import OlderFormulas
 from memfit.hardware.rules import rule
 from memfit.units import format_bytes
@@ -191,6 +192,7 @@ class CudaKernels:
         self.met: dict[str, int] = {}  # every operator the trace met, with its calls
         self._funcs: dict[str, Any] = {}
         self.dtypes: set[str] = set()  # the floating dtypes the trace's outputs had
+        self._dtypes_met: set[torch.dtype] = set()  # every dtype of the outputs, floating or not
         self.older = OlderFormulas(torch_version, version_text)
         #: (multiprocessors, threads per multiprocessor) for reductions' staging buffers
         self.reduce_sms: tuple[int, int] = (DEFAULT_SMS, 2048)
@@ -266,7 +268,7 @@ class CudaKernels:
 
     def composite(self, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Run a composite call as the CUDA target would (see the module docstring)."""
-        name = str(op)
+        name = op_name(op)
         if name == _SDPA:
             return self._attention(args, kwargs)
         if name in _CUDA_LIBRARY_PATHS:
@@ -354,16 +356,26 @@ class CudaKernels:
         args: tuple[Any, ...],
         out: Any,
         kwargs: dict[str, Any] | None = None,
+        *,
+        name: str | None = None,
+        tensors: list[torch.Tensor] | None = None,
     ) -> None:
         """Called by the tracer after each op: the workspace the target's kernel takes, and
-        what an older torch's backward formula keeps."""
-        name = str(func)
+        what an older torch's backward formula keeps. ``name`` (``str(func)``) and
+        ``tensors`` (the tensors among ``out``) where the tracer has them already."""
+        if name is None:
+            name = op_name(func)
         if name.startswith("aten."):
             self.met[name] = self.met.get(name, 0) + 1
             self._funcs.setdefault(name, func)
-            for item in tree_flatten(out)[0]:
-                if isinstance(item, torch.Tensor) and item.dtype.is_floating_point:
-                    self.dtypes.add(str(item.dtype).removeprefix("torch."))
+            if tensors is None:
+                tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+            for item in tensors:
+                dtype = item.dtype
+                if dtype not in self._dtypes_met:
+                    self._dtypes_met.add(dtype)
+                    if dtype.is_floating_point:
+                        self.dtypes.add(str(dtype).removeprefix("torch."))
         if self.older.active:
             self.older.on_op(trace, name, args, out)
         inside = kernel_scratch(name, args, kwargs)

@@ -37,6 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from memfit.estimate.torch._autocast import METADATA_QUERIES
+from memfit.estimate.torch._fake_compat import op_name
 
 __all__ = [
     "CudaDecomposition",
@@ -348,7 +349,7 @@ def read_rule(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CudaDec
 def rule_for(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CudaDecomposition:
     """The rule for this call's pattern, read once per process."""
     leaves = tree_flatten((args, kwargs))[0]
-    key = (str(op), torch.is_grad_enabled(), tuple(pattern(v) for v in leaves))
+    key = (op_name(op), torch.is_grad_enabled(), tuple(pattern(v) for v in leaves))
     rule = _RULES.get(key)
     if rule is None:
         rule = read_rule(op, args, kwargs)

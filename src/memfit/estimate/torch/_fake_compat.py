@@ -39,11 +39,29 @@ __all__ = [
     "TraceFunctionMode",
     "fake_swap_tensors",
     "locate_failure",
+    "op_name",
     "scalar_stand_in",
 ]
 
 #: Stand-in reads one trace may make before it is taken for a loop that waits on a value.
 MAX_STAND_INS = 100_000
+
+
+# str() of each operator the trace has met: the tracer and the CUDA target's kernels name
+# every op they see (tens of thousands per traced step), and torch formats the name anew each
+# time.
+_OP_NAMES: dict[Any, str] = {}
+
+
+def op_name(func: Any) -> str:
+    """``str(func)`` (``"aten.add.Tensor"``), formatted once per operator for the process."""
+    try:
+        return _OP_NAMES[func]
+    except KeyError:
+        name = _OP_NAMES[func] = str(func)
+        return name
+    except TypeError:  # not hashable: no cache
+        return str(func)
 
 
 def scalar_stand_in(dtype: torch.dtype) -> bool | int | float | complex:
@@ -86,6 +104,22 @@ def _is_cuda(device: Any) -> bool:
     return False
 
 
+def _any_cuda(args: Any) -> bool:
+    """Whether any of ``args`` names a CUDA device (a ``torch.device`` or a string)."""
+    return any(isinstance(a, _DEVICE_LIKE) and _is_cuda(a) for a in args)
+
+
+def _is_fake(value: Any) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(value, FakeTensor)
+
+
+_DEVICE_LIKE = (torch.device, str)
+_DEEPCOPY = torch.Tensor.__deepcopy__
+_NUMPY = torch.Tensor.numpy
+
+
 class TraceFunctionMode(TorchFunctionMode):
     """The Python-level fixes a trace needs (see the module docstring).
 
@@ -103,26 +137,21 @@ class TraceFunctionMode(TorchFunctionMode):
         self.retargeted = 0
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        from torch._subclasses.fake_tensor import FakeTensor
-
         kwargs = kwargs or {}
-        if func is torch.Tensor.__deepcopy__ and isinstance(args[0], FakeTensor):
-            return _fake_deepcopy(args[0], args[1])
-        if (
-            func is torch.Tensor.numpy
-            and isinstance(args[0], FakeTensor)
-            and (self.stand_ins_allowed or stand_in_scalars_active())
-        ):
-            import numpy as np
+        if (func is _DEEPCOPY or func is _NUMPY) and _is_fake(args[0]):
+            if func is _DEEPCOPY:
+                return _fake_deepcopy(args[0], args[1])
+            if self.stand_ins_allowed or stand_in_scalars_active():
+                import numpy as np
 
-            self.on_stand_in()
-            tensor = args[0]
-            return np.zeros(tuple(tensor.shape), dtype=_numpy_dtype(tensor.dtype))
+                self.on_stand_in()
+                tensor = args[0]
+                return np.zeros(tuple(tensor.shape), dtype=_numpy_dtype(tensor.dtype))
         if self.retarget_cuda:
             if func is torch.Tensor.cuda:
                 self.retargeted += 1
                 return args[0]
-            if any(_is_cuda(a) for a in args) or _is_cuda(kwargs.get("device")):
+            if _any_cuda(args) or _is_cuda(kwargs.get("device")):
                 self.retargeted += 1
                 args = tuple("cpu" if _is_cuda(a) else a for a in args)
                 if _is_cuda(kwargs.get("device")):

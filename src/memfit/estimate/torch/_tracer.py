@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import SUPPORTED_NODES, tree_flatten
 
 from memfit.errors import ConfigError, EstimateError, MemfitError
 from memfit.estimate import stand_in_scalars_active
@@ -40,6 +40,7 @@ from memfit.estimate.torch._fake_compat import (
     MAX_STAND_INS,
     TraceFunctionMode,
     fake_swap_tensors,
+    op_name,
     scalar_stand_in,
 )
 from memfit.estimate.torch._refusal import refusal
@@ -178,11 +179,19 @@ class TracedRun:
             record.free_index = len(self.events)
             self.events.append((record, False))
 
-    def note_sum(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> None:
+    def note_sum(
+        self,
+        func: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any] | None,
+        name: str | None = None,
+    ) -> None:
         """Before a backward ``aten.add.Tensor`` of two tensors: remember its operands, for
-        :meth:`_sum_in_place`."""
+        :meth:`_sum_in_place` (``name``: ``str(func)``, if known)."""
         self.last_sum = None
-        if str(func) != "aten.add.Tensor" or kwargs or len(args) != 2 or not self.in_backward():
+        if name is None:
+            name = op_name(func)
+        if name != "aten.add.Tensor" or kwargs or len(args) != 2 or not self.in_backward():
             return
         found = []
         for arg in args:
@@ -216,12 +225,14 @@ class TracedRun:
         self.events.append((out, True))
         return True
 
-    def adopt_in_place(self, func: Any, args: tuple[Any, ...]) -> None:
+    def adopt_in_place(self, func: Any, args: tuple[Any, ...], name: str | None = None) -> None:
         """Before an autograd formula's functional op on the zeros tensor it has just made
         (:data:`SUBCLASS_FUNCTIONAL_TWINS`): that tensor's storage is given back here, so the
         op's output stands for it, as in the real run's in-place call. Only when the zeros
         tensor is the trace's last allocation, made in this backward pass."""
-        if str(func) not in SUBCLASS_FUNCTIONAL_TWINS or not self.in_backward() or not args:
+        if name is None:
+            name = op_name(func)
+        if name not in SUBCLASS_FUNCTIONAL_TWINS or not self.in_backward() or not args:
             return
         target = args[0]
         if not isinstance(target, torch.Tensor) or target.device.type != self.device_type:
@@ -280,19 +291,26 @@ class TracedRun:
             )
 
     def on_op(
-        self, func: Any, args: tuple[Any, ...], out: Any, kwargs: dict[str, Any] | None = None
+        self,
+        func: Any,
+        args: tuple[Any, ...],
+        out: Any,
+        kwargs: dict[str, Any] | None = None,
+        name: str | None = None,
     ) -> None:
-        self.current_op = str(func)
-        for item in tree_flatten(out)[0]:
-            if isinstance(item, torch.Tensor):
-                self.see(item)
+        self.current_op = name if name is not None else op_name(func)
+        tensors = output_tensors(out)
+        for item in tensors:
+            self.see(item)
         if self.blas is not None:
             # After the outputs: the kernel allocates its result, then the cuBLAS call gets
             # the handle, which takes its workspace on first use (the corpus's order).
             self.blas.on_op(self, func, args)
             self.blas.after_op(self, func, args)
         if self.cuda_kernels is not None:
-            self.cuda_kernels.on_op(self, func, args, out, kwargs)
+            self.cuda_kernels.on_op(
+                self, func, args, out, kwargs, name=self.current_op, tensors=tensors
+            )
         if self.kernel_scratch is not None:
             self.kernel_scratch.on_op(self, func, args, out)
         self.current_op = None
@@ -300,6 +318,23 @@ class TracedRun:
     def in_backward(self) -> bool:
         """Whether the autograd engine is running a backward pass now."""
         return bool(torch._C._current_graph_task_id() != -1)
+
+
+def output_tensors(out: Any) -> list[torch.Tensor]:
+    """The tensors among an op's outputs, in ``tree_flatten``'s order: an op returns a
+    tensor or a flat tuple or list of them (and of ``None``) nearly always, which needs no
+    walk of the tree."""
+    items = out if type(out) is tuple or type(out) is list else (out,)
+    found = []
+    for item in items:
+        if isinstance(item, torch.Tensor) and type(item) not in SUPPORTED_NODES:
+            found.append(item)
+        elif item is not None:  # anything else: the whole tree
+            return [leaf for leaf in tree_flatten(out)[0] if isinstance(leaf, torch.Tensor)]
+    return found
+
+
+_LOCAL_SCALAR_DENSE = torch.ops.aten._local_scalar_dense.default
 
 
 class _TrackerMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
@@ -311,7 +346,7 @@ class _TrackerMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.functions = functions
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if func is torch.ops.aten._local_scalar_dense.default and (
+        if func is _LOCAL_SCALAR_DENSE and (
             self.functions.stand_ins_allowed or stand_in_scalars_active()
         ):
             from torch._subclasses.fake_tensor import DataDependentOutputException
@@ -328,9 +363,10 @@ class _TrackerMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
             out = kernels.composite(func, tuple(args), dict(kwargs or {}))
         else:
             out = func(*args, **(kwargs or {}))
-        self.trace.adopt_in_place(func, tuple(args))
-        self.trace.on_op(func, args, out, kwargs)
-        self.trace.note_sum(func, tuple(args), kwargs)
+        name = op_name(func)
+        self.trace.adopt_in_place(func, tuple(args), name)
+        self.trace.on_op(func, args, out, kwargs, name)
+        self.trace.note_sum(func, tuple(args), kwargs, name)
         return out
 
 
