@@ -397,13 +397,24 @@ def efficient_dl_amp_mlp(settings: dict[str, Any]) -> Workload:
     batch = 512
 
     def mlp(d: int) -> nn.Module:  # the seminar's create_model(d, d, 3)
-        return nn.Sequential(nn.Linear(d, d), nn.ReLU(), nn.Linear(d, d), nn.ReLU(), nn.Linear(d, d))
+        return nn.Sequential(
+            nn.Linear(d, d), nn.ReLU(), nn.Linear(d, d), nn.ReLU(), nn.Linear(d, d)
+        )
 
     def mnist_model() -> nn.Module:  # week02 seminar/train.py's create_model()
         return nn.Sequential(
-            nn.Conv2d(1, 20, 5), nn.ReLU(), nn.MaxPool2d(4), nn.Conv2d(20, 10, 3), nn.ReLU(),
-            nn.MaxPool2d(2), nn.Flatten(), nn.Linear(40, 128), nn.ReLU(), nn.Linear(128, 1024),
-            nn.ReLU(), nn.Linear(1024, 10),
+            nn.Conv2d(1, 20, 5),
+            nn.ReLU(),
+            nn.MaxPool2d(4),
+            nn.Conv2d(20, 10, 3),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(40, 128),
+            nn.ReLU(),
+            nn.Linear(128, 1024),
+            nn.ReLU(),
+            nn.Linear(1024, 10),
         )
 
     tensor_core = mode in ("amp_8192", "amp_8191")

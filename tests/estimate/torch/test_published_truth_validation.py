@@ -2,7 +2,8 @@
 derived from (Liger-Kernel's plain PyTorch kernel benchmarks: SwiGLU and GEGLU MLPs, RMS and
 layer norm on an A100, layer norm on an H100, GroupNorm on a B200, KL divergence and total
 variation distance on H100s; the efficient-dl-systems seminar's three-layer MLP trained with
-SGD in full and half precision, fp16 autocast, with a GradScaler and at in/out 8192). Each run within 8%, and the part within 3% mean, 8% worst and
+SGD in full and half precision, fp16 autocast, with a GradScaler and at in/out 8192). Each run
+within 8%, and the part within 3% mean, 8% worst and
 none more than 3% low, reported on its own."""
 
 from __future__ import annotations
