@@ -102,8 +102,9 @@ def cpu_mean_cast_bytes(func: Any, args: Sequence[Any]) -> int:
     tensors = [a for a in args if isinstance(a, torch.Tensor)][:2]
     if not tensors or tensors[0].dtype not in _REDUCED_FLOATS:
         return 0
-    shape = torch.broadcast_shapes(*(tuple(t.shape) for t in tensors))
-    return 4 * math.prod(shape)
+    ndim = max(t.dim() for t in tensors)
+    sizes = [(1,) * (ndim - t.dim()) + tuple(int(n) for n in t.shape) for t in tensors]
+    return 4 * int(math.prod(max(dims) for dims in zip(*sizes, strict=True)))
 
 
 # (op, argument descriptors, threads) -> (scratch bytes, bytes of the outputs' storages), for
