@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -336,9 +336,209 @@ def torchvision_vit_l16_cifar(settings: dict[str, Any]) -> Workload:
     return Workload(build, step, make_batch, batch)
 
 
+class _GradScaler23:
+    """The device work of torch 2.3's ``torch.cuda.amp.GradScaler`` (``torch/amp/
+    grad_scaler.py``): the scale and growth tracker made on the first ``scale``, the loss
+    times the scale, ``unscale_``'s float32 reciprocal and ``found_inf`` with the in-place
+    ``_amp_foreach_non_finite_check_and_unscale_`` over the gradients, and the in-place
+    ``_amp_update_scale_``. (A CPU build of torch disables its own GradScaler for
+    ``"cuda"``; the trace needs the ops.) ``step`` skips ``found_inf.item()``, which reads
+    no memory, and steps."""
+
+    def __init__(self) -> None:
+        self.scale_t: Any = None
+        self.tracker: Any = None
+        self.found_inf: Any = None
+
+    def scale(self, loss: Any) -> Any:
+        import torch
+
+        if self.scale_t is None:
+            self.scale_t = torch.full((), 2.0**16, dtype=torch.float32)
+            self.tracker = torch.full((), 0, dtype=torch.int32)
+        return loss * self.scale_t
+
+    def step(self, optimizer: Any) -> None:
+        import torch
+
+        inv_scale = self.scale_t.double().reciprocal().float()
+        found_inf = torch.full((), 0.0, dtype=torch.float32)
+        grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        with torch.no_grad():
+            torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)
+        self.found_inf = found_inf  # held in the optimizer's state until update()
+        optimizer.step()
+
+    def update(self) -> None:
+        import torch
+
+        torch._amp_update_scale_(self.scale_t, self.tracker, self.found_inf, 2.0, 0.5, 2000)
+        self.found_inf = None
+
+
+def _leftover_loss(loss_fn: Any, output: Any, target: Any, autocast: Any) -> Any:
+    """The loss a notebook cell's last iteration left in ``loss``, rebuilt without its graph
+    (the graph's parameters are held apart, see :func:`efficient_dl_amp_mlp`)."""
+    import torch
+
+    with torch.no_grad(), _autocast(autocast):
+        return loss_fn(output, target)
+
+
+def efficient_dl_amp_mlp(settings: dict[str, Any]) -> Workload:
+    """mryab/efficient-dl-systems, week 2 seminar (``practice.ipynb``, torch 2.3.0): the AMP
+    section's MLP (``Linear(d, d)``, ReLU, ``Linear(d, d)``, ReLU, ``Linear(d, d)``), batch
+    512, MSE against a random target, SGD (foreach, no momentum), ``zero_grad()`` to None,
+    run in full precision, ``.half()``, under fp16 autocast and with autocast and a
+    GradScaler; then the tensor-core cell (d 8192 and 8191, autocast and GradScaler).
+
+    The notebook's cells run in one process, so what earlier cells left on the device is
+    live when ``reset_peak_memory_stats()`` starts each figure: the last MNIST model with
+    its Adam state, the 50 + 50 input and target batches, the previous cell's ``output``
+    and ``loss``, and in the tensor-core cell everything built before the timer (the
+    d 6144 net of the cell before, both nets and all four data lists, the warm-up's last
+    forward with its graph). Each traced step is one loop iteration."""
+    import torch
+    from torch import nn
+
+    mode = str(settings["mode"])
+    dim = int(settings.get("dim", 6144))
+    batch = 512
+
+    def mlp(d: int) -> nn.Module:  # the seminar's create_model(d, d, 3)
+        return nn.Sequential(
+            nn.Linear(d, d), nn.ReLU(), nn.Linear(d, d), nn.ReLU(), nn.Linear(d, d)
+        )
+
+    def mnist_model() -> nn.Module:  # week02 seminar/train.py's create_model()
+        return nn.Sequential(
+            nn.Conv2d(1, 20, 5),
+            nn.ReLU(),
+            nn.MaxPool2d(4),
+            nn.Conv2d(20, 10, 3),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(40, 128),
+            nn.ReLU(),
+            nn.Linear(128, 1024),
+            nn.ReLU(),
+            nn.Linear(1024, 10),
+        )
+
+    tensor_core = mode in ("amp_8192", "amp_8191")
+
+    def build() -> tuple[Any, Any]:
+        held = nn.Module()
+        # the MNIST cells' last model (bf16 autocast, Adam: exp_avg and exp_avg_sq on the
+        # device, the step count on the CPU)
+        held.mnist = mnist_model()
+        held.mnist_adam = [
+            (torch.zeros_like(p), torch.zeros_like(p)) for p in held.mnist.parameters()
+        ]
+        # those cells trained it (forward on this thread, backward on the autograd engine's
+        # device thread): both threads' cuBLAS handles and workspaces exist before the cells
+        # below, as they do in the notebook's process
+        held.mnist(torch.randn(8, 1, 28, 28)).sum().backward()
+        for p in held.mnist.parameters():
+            p.grad = None  # optimizer.zero_grad()
+        if not tensor_core:
+            # the cell before's net: its last ``output`` and ``loss`` still hold their graph,
+            # whose AccumulateGrad nodes hold that net's parameters (freed when both names
+            # are rebound in this cell's first iteration)
+            if mode in ("half", "amp_scaler"):
+                held.old_net = mlp(dim)
+            elif mode == "amp":
+                held.old_net = mlp(dim).half()
+            held.net = mlp(dim).half() if mode == "half" else mlp(dim)
+            return held, torch.optim.SGD(held.net.parameters(), lr=0.001)
+        held.net_6144 = mlp(6144)  # the AMP-with-scaling cell's net, its gradients None
+        held.scaler_6144 = _GradScaler23()
+        held.scaler_6144.scale(torch.zeros(()))
+        held.net = mlp(8192)
+        held.net_8191 = mlp(8191)
+        if mode == "amp_8191":
+            held.net, held.net_8191 = held.net_8191, held.net
+        return held, torch.optim.SGD(held.net.parameters(), lr=0.001)
+
+    def make_batch(_n: int) -> Any:
+        dims = (8192, 8191) if tensor_core else (dim,)
+        sets = []
+        if tensor_core:
+            sets.append([torch.randn(batch, 6144) for _ in range(100)])
+        for d in dims:
+            sets.append([torch.randn(batch, d) for _ in range(100)])  # 50 inputs, 50 targets
+        if tensor_core and mode == "amp_8191":
+            sets[1], sets[2] = sets[2], sets[1]
+        return {"sets": sets, "carry": {}, "i": [0]}
+
+    loss_fn = nn.MSELoss()
+
+    def step(held: Any, opt: Any, data: Any) -> None:
+        net = held.net
+        pairs = data["sets"][1 if tensor_core else 0]
+        carry = data["carry"]
+        i = data["i"][0]
+        data["i"][0] += 1
+        if i == 0:
+            # what the cell before left: its last ``output``, and its last ``loss`` as
+            # ``MSELoss`` returned it (a reduced loss keeps the unreduced buffer's storage:
+            # Loss.cpp's TORCH_META_FUNC(mse_loss) sizes the output to the broadcast inputs,
+            # then resize_({}))
+            half = torch.float16
+            if mode == "half":  # after the full-precision cell
+                carry["output"] = torch.empty(batch, 6144)
+                carry["loss"] = _leftover_loss(loss_fn, carry["output"], pairs[99], None)
+            elif mode == "amp":  # after the half-precision cell
+                carry["output"] = torch.empty(batch, 6144, dtype=half)
+                carry["loss"] = _leftover_loss(loss_fn, carry["output"], pairs[99].half(), None)
+            elif mode == "amp_scaler":  # after the autocast cell
+                carry["output"] = torch.empty(batch, 6144, dtype=half)
+                carry["loss"] = _leftover_loss(loss_fn, carry["output"], pairs[99], half)
+            elif mode == "amp_8192":  # after the autocast + GradScaler cell (d 6144)
+                last = torch.empty(batch, 6144, dtype=half)
+                carry["loss"] = _leftover_loss(loss_fn, last, data["sets"][0][99], half)
+                del last
+                with torch.autocast("cuda", dtype=half):  # the warm-up's last forward
+                    carry["output"] = net(pairs[49])
+            elif mode == "amp_8191":  # after the d 8192 loop
+                carry["output"] = torch.empty(batch, 8192, dtype=half)
+                carry["loss"] = _leftover_loss(loss_fn, carry["output"], data["sets"][2][99], half)
+                held.scaler_8192 = _GradScaler23()
+                held.scaler_8192.scale(torch.zeros(()))
+            if mode in ("amp_scaler", "amp_8192", "amp_8191"):
+                carry["scaler"] = _GradScaler23()
+        x, target = pairs[i % 50], pairs[50 + i % 50]
+        if mode == "half":
+            carry["output"] = net(x.half())
+            carry["loss"] = loss_fn(carry["output"], target.half())
+        else:
+            with _autocast(None if mode == "full" else torch.float16):
+                carry["output"] = net(x)
+                carry["loss"] = loss_fn(carry["output"], target)
+        if hasattr(held, "old_net"):
+            del held.old_net  # the cell before's graph is gone with its output and loss
+        if mode in ("full", "half"):
+            carry["loss"].backward()
+            opt.step()
+        else:
+            if mode == "amp":
+                carry["loss"].backward()
+                opt.step()
+            else:
+                scaler = carry["scaler"]
+                scaler.scale(carry["loss"]).backward()
+                scaler.step(opt)
+                scaler.update()
+        opt.zero_grad()
+
+    return Workload(build, step, make_batch, batch)
+
+
 WORKLOADS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "hf_bert_large_trainer": hf_bert_large_trainer,
     "torchvision_vit_l16_cifar": torchvision_vit_l16_cifar,
+    "efficient_dl_amp_mlp": efficient_dl_amp_mlp,
     **published_kernels.WORKLOADS,
 }
 
@@ -365,22 +565,41 @@ class Outcome:
         )
 
 
+@contextmanager
+def cuda_figures_scratch() -> Iterator[None]:
+    """Measure only the kernel scratch that counts in the CUDA figures this corpus compares:
+    the device-generic losses' buffers (``mse_loss`` and the other reduced losses, counted
+    in every figure, as a user's ``estimate_torch`` counts them by default). The CPU-only
+    scratch (oneDNN convolutions, CPU flash attention) counts in a CPU trace's
+    ``exact_peak`` alone; measuring it would run the convolutions for real, seconds a run,
+    for no figure compared here."""
+    from memfit.estimate.torch import _measured_scratch
+
+    saved = dict(_measured_scratch.CPU_SCRATCH_OPS)
+    _measured_scratch.CPU_SCRATCH_OPS.clear()
+    try:
+        yield
+    finally:
+        _measured_scratch.CPU_SCRATCH_OPS.update(saved)
+
+
 def predict(run: Run) -> Outcome:
     """Rebuild ``run``'s workload and trace it for the source's GPU and runtime."""
     import memfit
 
     workload = WORKLOADS[run.workload](run.settings)
     started = time.perf_counter()
-    est = memfit.estimate_torch(
-        workload.build,
-        workload.step,
-        workload.make_batch,
-        [workload.batch],
-        gpu=run.gpu,
-        device="cpu",
-        runtime=run.runtime,
-        kernel_scratch=False,
-    )
+    with cuda_figures_scratch():
+        est = memfit.estimate_torch(
+            workload.build,
+            workload.step,
+            workload.make_batch,
+            [workload.batch],
+            gpu=run.gpu,
+            device="cpu",
+            runtime=run.runtime,
+            kernel_scratch=True,
+        )
     seconds = time.perf_counter() - started
     point = est.points[0]
     figure = {

@@ -379,3 +379,48 @@ def test_a_reduced_loss_holds_its_unreduced_buffer_on_every_device() -> None:
     assert measured.exact_peak == pytest.approx(real_cpu_peak(ts, 64), rel=0.002)
     assert measured.exact_peak - skipped.exact_peak >= buffer
     assert measured.allocated_peak - skipped.allocated_peak >= buffer
+
+
+def test_a_half_precision_mean_loss_casts_to_float32_on_the_cpu_only() -> None:
+    """With the mean reduction and a bfloat16 or float16 loss, ``mean_out`` casts the
+    unreduced buffer to float32 before summing on the CPU only (``ReduceOps.cpp``, under
+    ``if (self.device().is_cpu())``); CUDA's ``mean_stub`` reduces the buffer in the kernel.
+    The CPU figure counts that copy (it matches a real CPU run), the GPU figures do not."""
+
+    def step(model: Any, opt: Any, batch: Any) -> None:
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    def build() -> tuple[Any, Any]:
+        model = torch.nn.Linear(256, 4096).to(torch.bfloat16)
+        return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+    bf16 = torch.bfloat16
+    ts = TorchStep(
+        build, step, lambda b: (torch.randn(b, 256, dtype=bf16), torch.randn(b, 4096, dtype=bf16))
+    )
+    measured = estimate_torch(ts.build, ts.step, ts.make_batch, [64], device="cpu").points[0]
+    skipped = estimate_torch(
+        ts.build, ts.step, ts.make_batch, [64], device="cpu", kernel_scratch=False
+    ).points[0]
+    buffer = 64 * 4096 * 2  # the unreduced bfloat16 loss
+    assert measured.exact_peak == pytest.approx(real_cpu_peak(ts, 64), rel=0.002)
+    # on CUDA: the loss's storage and the unreduced buffer the kernel fills, no float32 copy
+    assert buffer <= measured.allocated_peak - skipped.allocated_peak <= 2 * buffer
+
+
+def test_the_cpu_only_float32_copy_is_sized_by_the_loss_and_its_reduction() -> None:
+    aten = torch.ops.aten
+    half = torch.empty(64, 4096, dtype=torch.float16)
+    row = torch.empty(1, 4096, dtype=torch.float16)
+    copy = kernels_mod.cpu_mean_cast_bytes
+    assert copy(aten.mse_loss.default, (half, half, 1)) == 64 * 4096 * 4  # mean
+    assert copy(aten.mse_loss.default, (half, half)) == 64 * 4096 * 4  # the default: mean
+    assert copy(aten.mse_loss.default, (half, row, 1)) == 64 * 4096 * 4  # broadcast
+    assert copy(aten.mse_loss.default, (half, half, 2)) == 0  # sum: no cast
+    assert copy(aten.mse_loss.default, (half.float(), half.float(), 1)) == 0  # float32
+    assert copy(aten.mse_loss_backward.default, (half, half, half, 1)) == 0  # no reduction
+    assert copy(aten.binary_cross_entropy.default, (half, half, None, 1)) == 64 * 4096 * 4

@@ -21,13 +21,19 @@ at the same time as everything else) but never appears as an output:
   ``huber_loss``, ``binary_cross_entropy[_with_logits]``, ``soft_margin_loss``) compute the
   unreduced loss into a buffer of the input's size inside the op (``aten/src/ATen/native/
   Loss.cpp``, the same code on every device), then reduce it. They are measured the same way
-  on the CPU and count for the CUDA figures too.
+  on the CPU and count for the CUDA figures too, except one CPU-only part: with the mean
+  reduction and a float16 or bfloat16 loss, ``mean_out`` (``ReduceOps.cpp``) on the CPU only
+  casts the unreduced buffer to float32 before summing ("cast_fp32 -> sum -> div ->
+  cast_bf16_or_fp16", under ``if (self.device().is_cpu())``); CUDA's ``mean_stub`` reduces
+  the half buffer in the kernel. That float32 copy (4 bytes an element of the broadcast
+  inputs) counts for the CPU figures only.
 * **CUDA** (``allocated_peak``/``reserved_peak``): the cuBLAS workspace, one per (handle,
   stream), is modelled by the tracer itself; see :mod:`memfit.estimate.torch.trace`.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -71,6 +77,35 @@ GENERIC_SCRATCH_OPS: dict[str, tuple[int, ...]] = {
         ("soft_margin_loss_backward", (0, 1, 2)),
     )
 }
+
+#: ``at::Reduction::Mean``, the value of a loss's ``reduction`` argument for the mean.
+_REDUCTION_MEAN = 1
+_REDUCED_FLOATS = (torch.float16, torch.bfloat16)
+
+
+def cpu_mean_cast_bytes(func: Any, args: Sequence[Any]) -> int:
+    """The float32 copy of the unreduced loss that a reduced-precision loss's ``mean`` makes
+    on the CPU only (see the module docstring): 4 bytes an element of the broadcast shape of
+    the first two tensor arguments, for a loss's forward op with the mean reduction on
+    float16 or bfloat16 inputs; 0 otherwise (other reductions, other dtypes, backward ops,
+    which do not reduce)."""
+    schema = getattr(func, "_schema", None)
+    if schema is None or str(schema.name).endswith("_backward"):
+        return 0
+    names = [a.name for a in schema.arguments]
+    if "reduction" not in names:
+        return 0
+    at = names.index("reduction")
+    reduction = args[at] if at < len(args) else schema.arguments[at].default_value
+    if reduction != _REDUCTION_MEAN:
+        return 0
+    tensors = [a for a in args if isinstance(a, torch.Tensor)][:2]
+    if not tensors or tensors[0].dtype not in _REDUCED_FLOATS:
+        return 0
+    ndim = max(t.dim() for t in tensors)
+    sizes = [(1,) * (ndim - t.dim()) + tuple(int(n) for n in t.shape) for t in tensors]
+    return 4 * int(math.prod(max(dims) for dims in zip(*sizes, strict=True)))
+
 
 # (op, argument descriptors, threads) -> (scratch bytes, bytes of the outputs' storages), for
 # every estimate in this process. A kernel may return a result that keeps a larger storage
@@ -135,6 +170,9 @@ class _Call:
     target: str  # "all" (device-generic code) or "cpu"
     # per call in the trace: (the transient's record, the records of the outputs' storages)
     records: list[tuple[Any, list[Any]]] = field(default_factory=list)
+    # per call in the trace with a CPU-only part (:func:`cpu_mean_cast_bytes`): (the CPU's
+    # transient, the CUDA's transient, the CPU-only bytes); ``records`` holds no entry for it
+    split_records: list[tuple[Any, Any, int]] = field(default_factory=list)
 
     @property
     def key(self) -> tuple[Any, ...]:
@@ -195,9 +233,17 @@ class ScratchRecorder:
                 found = trace.live.get(id(item.untyped_storage()))
                 if found is not None and found not in outputs:
                     outputs.append(found)
-        record = trace.add_transient(0, "kernel_workspace", target)
+        cpu_only = cpu_mean_cast_bytes(func, args) if target == "all" else 0
         call = _Call(func, name, tuple(_describe(a) for a in args), batch_args, target)
         known = self.calls.setdefault(call.key, call)
+        if cpu_only:
+            # one figure per device: the CPU's with its float32 copy, CUDA's without
+            on_cpu = trace.add_transient(0, "kernel_workspace", "cpu")
+            on_cuda = trace.add_transient(0, "kernel_workspace", "cuda")
+            known.split_records.append((on_cpu, on_cuda, cpu_only))
+            known.records.append((None, outputs))
+            return
+        record = trace.add_transient(0, "kernel_workspace", target)
         known.records.append((record, outputs))
 
     def measure(self) -> None:
@@ -239,8 +285,12 @@ class ScratchRecorder:
                 )
         for call in self.calls.values():
             scratch, real_out = _MEASURED.get(call.key, (0, 0))
+            for on_cpu, on_cuda, cpu_only in call.split_records:
+                on_cpu.nbytes = scratch
+                on_cuda.nbytes = max(0, scratch - cpu_only)
             for record, outputs in call.records:
-                record.nbytes = scratch
+                if record is not None:
+                    record.nbytes = scratch
                 traced_out = sum(r.nbytes for r in outputs)
                 # only device-generic code keeps the same storages on every device
                 if call.target == "all" and outputs and real_out > traced_out:
