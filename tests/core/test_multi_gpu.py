@@ -9,6 +9,7 @@ from memfit.core.multi_gpu import (
     compose,
     default_topology,
     device_terms,
+    form_factor,
     parse_gpu_count,
     stray_context,
 )
@@ -35,10 +36,29 @@ def test_gpu_counts() -> None:
         ("A100 80GB", 8, "nvswitch"),
         ("RTX 4090", 4, "pcie"),
         ("L40S", 4, "pcie"),
+        # the catalog's form factor decides (issue 44): "V100" is the SXM2 module, whose
+        # 8-GPU boards (DGX-1, HGX-1) are NVLink-linked without NVSwitch
+        ("V100", 8, "nvlink"),
+        ("V100 32GB", 2, "nvlink"),
+        ("A100 PCIe 40GB", 8, "pcie"),
+        ("A100 80GB PCIe", 4, "pcie"),
+        ("H100 PCIe", 2, "pcie"),
+        ("H200 NVL", 4, "pcie"),
+        ("H200", 8, "nvswitch"),
+        ("B200", 8, "nvswitch"),
+        ("P100-PCIE-16GB", 2, "pcie"),
     ],
 )
 def test_default_topology(name: str, count: int, expected: str) -> None:
     assert default_topology(gpu(name), count) == expected
+
+
+def test_form_factor_from_the_catalog() -> None:
+    # the name decides before an alias: "v100-pcie-16gb" is an alias of the SXM2 entry
+    assert form_factor(gpu("v100-pcie-16gb")) == "sxm"
+    assert form_factor(gpu("H100")) == "sxm"  # by its alias "h100 sxm"
+    assert form_factor(gpu("H100 NVL")) == "pcie"
+    assert form_factor(gpu("RTX 4090")) is None
 
 
 def test_ddp_buckets_and_views() -> None:

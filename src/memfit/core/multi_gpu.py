@@ -49,6 +49,7 @@ __all__ = [
     "default_topology",
     "device_terms",
     "devices_terms",
+    "form_factor",
     "parse_gpu_count",
     "stray_context",
 ]
@@ -86,20 +87,56 @@ def parse_gpu_count(text: str) -> tuple[int, str] | None:
     return count, match.group(2).strip()
 
 
+def form_factor(spec: GpuSpec) -> str | None:
+    """The card's form factor as memfit's catalog names it: ``"sxm"`` (a module on an HGX/DGX
+    baseboard), ``"pcie"`` (a PCIe card, NVL cards included), or ``None`` where the catalog
+    does not say.
+
+    The NVML name says it for most (``Tesla V100-SXM2-16GB``, ``NVIDIA A100-SXM4-80GB``,
+    ``NVIDIA H100 PCIe``, ``NVIDIA H200 NVL``); where it does not, an alias of the entry does
+    (``"h100 sxm"`` for ``NVIDIA H100 80GB HBM3``, ``"h200 sxm"`` for ``NVIDIA H200``). An alias
+    that names the other form factor (``"v100-pcie-16gb"`` resolves to the SXM2 entry) is not
+    read: the name decides first.
+
+    >>> from memfit.hardware.catalog import gpu
+    >>> form_factor(gpu("V100")), form_factor(gpu("H100")), form_factor(gpu("H100 PCIe"))
+    ('sxm', 'sxm', 'pcie')
+    """
+    name = spec.name.lower()
+    if "pcie" in name or name.endswith(" nvl"):
+        return "pcie"
+    if "sxm" in name or any("sxm" in alias.lower() for alias in spec.aliases):
+        return "sxm"
+    return None
+
+
+#: Modules whose catalog entry names no form factor (B200 on an HGX B200 board, the GH200
+#: superchip) or that memfit's catalog does not hold (H800, B100): their names.
+_SXM_NAMES = ("b200", "b100", "h800", "gh200")
+
+
 def default_topology(spec: GpuSpec, count: int) -> str:
-    """How ``count`` of these cards are usually linked: SXM data-centre cards (A100, H100,
-    H200, B200 SXM) sit on an NVSwitch baseboard when more than 2 (``nvlink`` for 2, a direct
-    link); PCIe and GeForce cards on PCIe. Give ``devices.topology`` for another machine.
+    """How ``count`` of these cards are usually linked, by the catalog's form factor
+    (:func:`form_factor`): SXM modules sit on NVLink baseboards, PCIe and GeForce cards on
+    PCIe. Of SXM modules, Ampere and newer (A100, H100, H200, B200 HGX boards) are linked by
+    NVSwitch when more than 2 (``nvlink`` for 2, a direct link); Volta's 8-GPU boards (DGX-1,
+    HGX-1) link the V100 SXM2 modules directly in a hybrid cube-mesh, ``nvlink`` at any count
+    (DGX-2's 16 with NVSwitch: give ``devices.topology``). Give ``devices.topology`` for
+    another machine.
 
     >>> from memfit.hardware.catalog import gpu
     >>> default_topology(gpu("H100"), 8), default_topology(gpu("RTX 4090"), 4)
     ('nvswitch', 'pcie')
+    >>> default_topology(gpu("V100"), 8), default_topology(gpu("A100 PCIe 40GB"), 8)
+    ('nvlink', 'pcie')
     """
-    name = spec.name.lower()
-    sxm = any(word in name for word in ("a100", "h100", "h200", "h800", "b200", "b100"))
-    sxm = sxm and not any(word in name for word in ("pcie", " nvl"))
-    if not sxm:
+    form = form_factor(spec)
+    if form is None and any(word in spec.name.lower() for word in _SXM_NAMES):
+        form = "sxm"
+    if form != "sxm":
         return "pcie"
+    if spec.arch == "volta":
+        return "nvlink"
     return "nvswitch" if count > 2 else "nvlink"
 
 
