@@ -13,6 +13,7 @@ from memfit.hardware.nccl import (
     NcclSettings,
     channels_set_up,
     nccl_memory,
+    p2p_channels_per_peer,
     parse_nccl_version,
     recommend_tight,
 )
@@ -223,6 +224,58 @@ def test_point_to_point_connects_every_peer() -> None:
     assert _terms(est)["nccl_p2p_buffers"] == 7 * 32 * 12 * MiB
     pcie = nccl_memory(4, "pcie", all_to_all=True)
     assert _terms(pcie)["nccl_p2p_buffers"] == 3 * 2 * 12 * MiB
+
+
+@pytest.mark.parametrize(
+    ("channels", "topology", "capability", "env", "expected"),
+    [
+        # 8 x H100: 24 collective channels, 36 a pair over 18 NVLinks: pow2Up(24) (nccl#1685)
+        (24, "nvswitch", (9, 0), {}, 32),
+        # 8 x A100: 24 collective channels, 24 a pair over 12 NVLinks: 32 (was 16, assumed)
+        (24, "nvswitch", (8, 0), {}, 32),
+        # DGX-2 (V100): 16 collective channels, 12 a pair over 6 NVLinks: pow2Up(12) = 16
+        (16, "nvswitch", (7, 0), {}, 16),
+        (2, "pcie", None, {}, 2),  # 2 channels a pair over PCIe
+        (12, "nvlink", (8, 0), {}, 16),  # the pair's links unknown: pow2Up(collective)
+        (24, "nvswitch", (9, 0), {"NCCL_MAX_P2P_NCHANNELS": "8"}, 8),
+        (24, "nvswitch", (9, 0), {"NCCL_MAX_P2P_NCHANNELS": "6"}, 8),  # pow2Up(6)
+        (4, "nvswitch", (9, 0), {}, 4),  # NCCL_MAX_NCHANNELS=4 caps the channels first
+    ],
+)
+def test_p2p_channels_per_peer_follow_nccls_formula(
+    channels: int,
+    topology: str,
+    capability: tuple[int, int] | None,
+    env: dict[str, str],
+    expected: int,
+) -> None:
+    settings = NcclSettings.from_env(env)
+    assert p2p_channels_per_peer(channels, topology, capability, settings) == expected
+
+
+def test_p2p_buffers_follow_the_channels_per_peer_as_a_class() -> None:
+    # A100 NVSwitch: 32 a peer, 12 MiB a connection pair with P2P read (6 + 6)
+    a100 = nccl_memory(8, "nvswitch", capability=(8, 0), nccl="2.21", all_to_all=True)
+    assert _terms(a100)["nccl_p2p_buffers"] == 7 * 32 * 12 * MiB
+    capped = nccl_memory(
+        8, "nvswitch", capability=(9, 0), all_to_all=True, env={"NCCL_MAX_NCHANNELS": "4"}
+    )
+    assert _terms(capped)["nccl_p2p_buffers"] == 7 * 4 * 12 * MiB
+    # NCCL_BUFFSIZE moves the receiving side: 4 KiB + 512 KiB + 4,915,200 B + 1 MiB -> 8 MiB
+    small = nccl_memory(
+        8, "nvswitch", capability=(9, 0), all_to_all=True, env={"NCCL_BUFFSIZE": str(MiB)}
+    )
+    assert _terms(small)["nccl_p2p_buffers"] == 7 * 32 * (8 + 2) * MiB
+
+
+@pytest.mark.parametrize(("peers", "pattern"), [(1, "ring shift"), (2, "pipeline stage")])
+def test_send_recv_patterns_connect_only_their_peers(peers: int, pattern: str) -> None:
+    est = nccl_memory(8, "nvswitch", capability=(9, 0), all_to_all=True, p2p_peers=peers)
+    assert _terms(est)["nccl_p2p_buffers"] == peers * 32 * 12 * MiB, pattern
+    full = nccl_memory(8, "nvswitch", capability=(9, 0), all_to_all=True)
+    assert _terms(full)["nccl_p2p_buffers"] == 7 * 32 * 12 * MiB
+    with pytest.raises(ConfigError, match="p2p_peers"):
+        nccl_memory(8, "nvswitch", all_to_all=True, p2p_peers=8)
 
 
 def test_every_variable_is_explained_and_bad_values_are_refused() -> None:

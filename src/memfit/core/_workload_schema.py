@@ -335,6 +335,10 @@ class DeviceSpec(_Strict):
     stray_bytes: int = Field(default=0, ge=0)
     #: The job calls send/recv or all-to-all (NCCL connects every peer).
     all_to_all: bool = False
+    #: With ``all_to_all``, the peers each rank sends to and receives from (``None``: every
+    #: other rank, an all-to-all; 1 for a ring shift such as XLA's collective-permute over a
+    #: ring; 2 for a pipeline stage): NCCL connects only the peers a rank talks to.
+    p2p_peers: int | None = Field(default=None, ge=1, le=1023)
     #: NCCL communicators each device joins (``None``: by framework and strategy, see
     #: :func:`memfit.core.multi_gpu.default_communicators`: 1 per device group for JAX
     #: (2 for jaxlib before 0.4.30, whose XLA kept a clique per stream), 1 for torch's

@@ -296,6 +296,7 @@ def device_terms(
     nccl_env: Mapping[str, str] | None = None,
     set_device: bool = True,
     all_to_all: bool = False,
+    p2p_peers: int | None = None,
     context_bytes: int = 0,
     context_detail: str = "",
     stray_bytes: int = 0,
@@ -317,6 +318,8 @@ def device_terms(
         nccl_env: The job's ``NCCL_*`` variables.
         set_device: Every torch process selects its device before touching CUDA.
         all_to_all: The job calls send/recv or all-to-all.
+        p2p_peers: The peers each rank sends to and receives from (``None``: every other
+            rank, an all-to-all; 1 a ring shift; 2 a pipeline stage).
         context_bytes: The CUDA context each other process leaves on device 0 when
             ``set_device`` is false (:func:`stray_context`).
         context_detail: How that context was sized.
@@ -343,6 +346,7 @@ def device_terms(
         "capability": spec.compute_capability,
         "p2p": False if (geforce and topo == "pcie") else None,
         "all_to_all": all_to_all,
+        "p2p_peers": p2p_peers if p2p_peers is None else min(p2p_peers, count - 1),
         "env": nccl_env,
     }
     if nccl is None and framework == "jax":  # jax[cuda12] leaves NCCL's version open
@@ -499,6 +503,7 @@ def devices_terms(
         nccl_env=dev.nccl_env,
         set_device=dev.set_device,
         all_to_all=dev.all_to_all,
+        p2p_peers=dev.p2p_peers,
         context_bytes=context_bytes,
         context_detail=context_detail,
         stray_bytes=dev.stray_bytes,

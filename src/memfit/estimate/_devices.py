@@ -152,7 +152,7 @@ def collectives(
         framework: ``torch`` or ``jax`` (the default strategy: DDP, pmap).
         devices: A workload's ``devices:`` keys: ``strategy``, ``topology``, ``nccl``,
             ``nccl_env``, ``communicators``, ``set_device``, ``stray_init``, ``stray_bytes``,
-            ``all_to_all`` (the rest are the framework's own settings).
+            ``all_to_all``, ``p2p_peers`` (the rest are the framework's own settings).
         runtime: The target's runtime (sizes the stray contexts on device 0).
         jaxlib: For JAX, the jaxlib the GPU runs: its XLA decides how many communicators
             a device group joins (:func:`memfit.core.multi_gpu.default_communicators`).

@@ -90,6 +90,7 @@ __all__ = [
     "NcclTerm",
     "channels_set_up",
     "nccl_memory",
+    "p2p_channels_per_peer",
     "parse_nccl_version",
     "recommend_tight",
 ]
@@ -193,7 +194,8 @@ ENV_EFFECTS: dict[str, str] = {
     "226 MiB on 8 x H100). 0 goes back to cudaMalloc, where the structures take a few KiB "
     "(and buffers can no longer be registered through cuMem).",
     "NCCL_MAX_P2P_NCHANNELS": "caps the point-to-point channels a communicator sets up at init "
-    "(default 32; it sets up pow2Up(collective channels)), each with 3 device structures.",
+    "(default 32; it sets up pow2Up(collective channels)), each with 3 device structures, and "
+    "so the channels send/recv and all-to-all connect to each peer (12 MiB each).",
     "NCCL_MIN_P2P_NCHANNELS": "raises the point-to-point channels set up at init (default 1).",
     "NCCL_GDRCOPY_ENABLE": "1 (default 0) with NCCL_GDRCOPY_FIFO_ENABLE's default 1 moves the "
     "work FIFO from pinned host memory to device memory (GDRCopy).",
@@ -433,6 +435,49 @@ def channels_set_up(channels: int, settings: NcclSettings | None = None) -> int:
     return max(channels, min(_pow2_up(p2p), MAX_CHANNELS))
 
 
+def p2p_channels_per_peer(
+    channels: int,
+    topology: str,
+    capability: tuple[int, int] | None = None,
+    settings: NcclSettings | None = None,
+    *,
+    nccl: str | tuple[int, ...] | None = None,
+) -> int:
+    """The channels a send/recv or all-to-all connects to each peer, as NCCL computes them in
+    every release read (``src/graph/paths.cc`` ``ncclTopoComputeP2pChannels``, v2.14.3 to
+    v2.27.3): ``p2pnChannels = pow2Up(max(min(channels, NCCL_MAX_P2P_NCHANNELS),
+    NCCL_MIN_P2P_NCHANNELS))`` and ``p2pnChannelsPerPeer = min(pow2Up(min(that before
+    rounding, the fewest channels of any pair of the node's GPUs)), p2pnChannels)``, where a
+    pair's channels are ``2 x max(1, bw / nvlBw)`` over NVLink, i.e. twice the NVLinks on the
+    path (``ncclTopoGetNchannels``; ``src/graph/topo.cc`` links a GPU with ``count x nvlBw``),
+    and 2 over PCIe. The first send to a peer connects ``p2pnChannelsPerPeer`` channels of
+    ``connIndex`` 1 to it, the first receive as many (``src/enqueue.cc``).
+
+    Over NVSwitch the path holds the module's links to the fabric
+    (``rules_nccl.json`` ``p2p.nvswitch_links``: 18 on H100, 12 on A100, 6 on V100). Directly
+    linked GPUs (``nvlink``) have as many links between a pair as the board gives, which memfit
+    does not know: the collective channels are taken (no pair is the limit), an upper bound.
+
+    >>> p2p_channels_per_peer(24, "nvswitch", (9, 0)), p2p_channels_per_peer(24, "nvswitch", (8, 0))
+    (32, 32)
+    >>> p2p_channels_per_peer(2, "pcie"), p2p_channels_per_peer(12, "nvlink", (8, 0))
+    (2, 16)
+    """
+    settings = settings or NcclSettings()
+    version = parse_nccl_version(nccl)
+    p2p = min(channels, settings.max_p2p_nchannels or MAX_CHANNELS)
+    p2p = max(p2p, settings.min_p2p_nchannels or 1)
+    p2p_channels = min(_pow2_up(p2p), MAX_CHANNELS)
+    if topology == "pcie":
+        pair = 2
+    elif topology == "nvswitch":
+        links = int(rule("nccl", "p2p.nvswitch_links", nccl=version, capability=capability))
+        pair = 2 * max(1, links)
+    else:
+        pair = p2p
+    return min(_pow2_up(min(p2p, pair)), p2p_channels)
+
+
 def _dev_structs_term(
     version: tuple[int, ...], channels: int, nvls_channels: int, settings: NcclSettings
 ) -> NcclTerm:
@@ -527,6 +572,7 @@ def nccl_memory(
     local_ranks: int | None = None,
     p2p: bool | None = None,
     all_to_all: bool = False,
+    p2p_peers: int | None = None,
     env: Mapping[str, str] | None = None,
 ) -> NcclEstimate:
     """NCCL's device memory per rank for one communicator of ``ranks`` GPUs.
@@ -541,6 +587,11 @@ def nccl_memory(
         p2p: Whether the GPUs may access each other's memory; ``False`` for GeForce cards over
             PCIe (their driver refuses it), ``None``: yes.
         all_to_all: The job calls send/recv or all-to-all (point-to-point buffers per peer).
+        p2p_peers: With ``all_to_all``, the peers each rank sends to and receives from (NCCL
+            connects a peer at the first send or receive with it, in each direction):
+            ``None``: every other rank (all-to-all); 1 for a ring shift (XLA's
+            collective-permute over a ring, one send and one receive); 2 for a pipeline
+            stage (activations forward, gradients back).
         env: The job's environment (its ``NCCL_*`` variables, :data:`ENV_EFFECTS`).
 
     Returns:
@@ -557,6 +608,15 @@ def nccl_memory(
     version = parse_nccl_version(nccl)
     settings = NcclSettings.from_env(env)
     local = ranks if local_ranks is None else parse_int("local_ranks", local_ranks, lo=1)
+    peers = max(ranks - 1, 1)
+    if p2p_peers is not None:
+        peers = parse_int(
+            "p2p_peers",
+            p2p_peers,
+            lo=1,
+            hi=peers,
+            hint=f"the peers each rank sends to and receives from, 1 to {peers}",
+        )
     transport = _transport(topology, p2p, settings)
     notes: list[str] = []
     if ranks == 1:
@@ -638,22 +698,22 @@ def nccl_memory(
     elif topology == "nvswitch" and settings.nvls_enable is False:
         notes.append("NCCL_NVLS_ENABLE=0: no NVLS multicast buffers")
     if all_to_all and on_device:
-        per_peer = (
-            channels
-            if topology == "pcie"
-            else int(rule("nccl", "p2p.channels_per_peer", nccl=version, capability=capability))
-        )
-        if settings.max_nchannels is not None:
-            per_peer = min(per_peer, settings.max_nchannels)
-        peers = ranks - 1
+        per_peer = p2p_channels_per_peer(channels, topology, capability, settings, nccl=version)
         terms.append(
             NcclTerm(
                 "nccl_p2p_buffers",
                 peers * per_peer * (recv_conn + send_conn),
                 "analytic",
-                f"{peers} peers x {per_peer} channels per peer x ({recv_conn / MiB:g} MiB + "
-                f"{send_conn / MiB:g} MiB), made at the first send/recv or all-to-all",
-                "NVIDIA/nccl#1685 (32 channels per pair on 8 x H100, 10 MiB + 2 MiB each)",
+                f"{peers} peers x {per_peer} channels per peer (p2pnChannelsPerPeer) x one "
+                f"receiving connection of {recv_conn / MiB:g} MiB and one sending of "
+                f"{send_conn / MiB:g} MiB (connIndex 1: every protocol's buffer, each side "
+                "with its 4 KiB header rounded up to 2 MiB, as the collective channels), made "
+                "at the first send/recv or all-to-all with each peer",
+                "NVIDIA/nccl src/graph/paths.cc (ncclTopoComputeP2pChannels, "
+                "ncclTopoGetNchannels), src/enqueue.cc (p2pnChannelsPerPeer channels of "
+                "connIndex 1 connected per peer and direction), src/transport/p2p.cc; "
+                "NVIDIA/nccl#1685 (32 channels per pair on 8 x H100, 10485760- and "
+                "2097152-byte allocations)",
             )
         )
     if cumem:
