@@ -205,3 +205,21 @@ def test_stray_tensors_are_per_other_process_in_segments() -> None:
     assert by["stray_cuda_contexts"].detail.endswith(": lazy")
     none, _ = device_terms(gpu("V100"), 4, framework="torch", strategy="ddp", set_device=False)
     assert "stray_tensors" not in {t.name for t in none}
+
+
+def test_send_recv_peers_reach_nccl_through_the_devices_keys() -> None:
+    # a pipeline stage on 8 x H100 connects its 2 neighbours, not the 7 others of an all-to-all
+    _, stage = device_terms(
+        gpu("H100"), 8, framework="torch", strategy="ddp", all_to_all=True, p2p_peers=2
+    )
+    _, a2a = device_terms(gpu("H100"), 8, framework="torch", strategy="ddp", all_to_all=True)
+    assert stage is not None and a2a is not None
+    p2p = {t.name: t.bytes for t in stage.terms}["nccl_p2p_buffers"]
+    assert p2p == 2 * 32 * 12 * MiB
+    assert {t.name: t.bytes for t in a2a.terms}["nccl_p2p_buffers"] == 7 * 32 * 12 * MiB
+    # 2 GPUs have one peer whatever the workload says
+    _, pair = device_terms(
+        gpu("H100"), 2, framework="torch", strategy="ddp", all_to_all=True, p2p_peers=2
+    )
+    assert pair is not None
+    assert {t.name: t.bytes for t in pair.terms}["nccl_p2p_buffers"] == 32 * 12 * MiB
