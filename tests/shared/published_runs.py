@@ -535,10 +535,79 @@ def efficient_dl_amp_mlp(settings: dict[str, Any]) -> Workload:
     return Workload(build, step, make_batch, batch)
 
 
+def hexz_alphazero_forward(settings: dict[str, Any]) -> Workload:
+    """dnswlt/hexz ``pyhexz/apm.py`` (2024-11-16): ``HexzNeuralNetwork(blocks=10,
+    model_type="resnet")`` of ``pyhexz/model.py``, an AlphaZero-style policy/value network
+    (the 11-channel 11 x 10 board; a Conv2d-BatchNorm2d-ReLU stem and nine residual blocks of
+    128 filters, no conv biases; a policy head of a 1x1 conv to 2 channels, BatchNorm, ReLU
+    and ``Linear(220, 220)``, the invalid moves set to -1e3 as the docstring says the AMP run
+    needs; a value head of a 1x1 conv to 1 channel, BatchNorm, ReLU, ``Linear(110, 110)``,
+    ReLU, ``Linear(110, 1)`` and tanh). A batch of 512 random boards and masks; each traced
+    step is one of the 100 forward passes, in training mode with autograd on and the outputs
+    dropped, in float32 or under fp16 autocast (``amp``)."""
+    import torch
+    from torch import nn
+
+    amp = bool(settings["amp"])
+    filters, blocks, batch = 128, 10, 512
+
+    def conv(c_in: int, c_out: int, k: int = 3) -> nn.Module:
+        return nn.Conv2d(c_in, c_out, kernel_size=k, bias=False, padding="same")
+
+    class ResidualBlock(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv1, self.bn1 = conv(filters, filters), nn.BatchNorm2d(filters)
+            self.relu = nn.ReLU()
+            self.conv2, self.bn2 = conv(filters, filters), nn.BatchNorm2d(filters)
+
+        def forward(self, x: Any) -> Any:
+            residual = x
+            x = self.relu(self.bn1(self.conv1(x)))
+            x = self.bn2(self.conv2(x))
+            x += residual
+            return self.relu(x)
+
+    class HexzNeuralNetwork(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            stem = nn.Sequential(conv(11, filters), nn.BatchNorm2d(filters), nn.ReLU())
+            self._torso = nn.ModuleList([stem] + [ResidualBlock() for _ in range(blocks - 1)])
+            self.policy_head = nn.Sequential(
+                conv(filters, 2, 1), nn.BatchNorm2d(2), nn.ReLU(), nn.Flatten(),
+                nn.Linear(2 * 11 * 10, 2 * 11 * 10),
+            )  # fmt: skip
+            self.value_head = nn.Sequential(
+                conv(filters, 1, 1), nn.BatchNorm2d(1), nn.ReLU(), nn.Flatten(),
+                nn.Linear(11 * 10, 11 * 10), nn.ReLU(), nn.Linear(11 * 10, 1),
+            )  # fmt: skip
+
+        def forward(self, b: Any, action_mask: Any) -> Any:
+            x = b
+            for block in self._torso:
+                x = block(x)
+            policy = self.policy_head(x)
+            policy = policy.where(action_mask.flatten(1), torch.full_like(policy, -1e3))
+            return policy, torch.tanh(self.value_head(x))
+
+    def build() -> tuple[Any, Any]:
+        return HexzNeuralNetwork(), None
+
+    def make_batch(n: int) -> Any:
+        return torch.rand((n, 11, 11, 10)), torch.rand((n, 2, 11, 10)) < 0.5
+
+    def step(model: Any, _opt: Any, data: Any) -> None:
+        with _autocast(torch.float16 if amp else None):
+            model(*data)
+
+    return Workload(build, step, make_batch, batch)
+
+
 WORKLOADS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "hf_bert_large_trainer": hf_bert_large_trainer,
     "torchvision_vit_l16_cifar": torchvision_vit_l16_cifar,
     "efficient_dl_amp_mlp": efficient_dl_amp_mlp,
+    "hexz_alphazero_forward": hexz_alphazero_forward,
     **published_kernels.WORKLOADS,
 }
 
