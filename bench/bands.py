@@ -164,21 +164,14 @@ def published_rows(series: Iterable[str] = ("*",)) -> list[dict[str, Any]]:
     import published_runs
     import published_truth
 
-    import memfit
-
     patterns = list(series)
     rows = []
     for run in published_truth.load_runs():
         if not any(fnmatch.fnmatch(run.series, p) for p in patterns):
             continue
-        workload = published_truth.WORKLOADS[run.workload](run.settings)
         # the scratch the CUDA figures count (the reduced losses' buffers), as the published
-        # truth's own comparison (``published_runs.predict``) and a user's trace count it
-        with published_runs.cuda_figures_scratch():
-            est = memfit.estimate_torch(
-                workload.build, workload.step, workload.make_batch, [workload.batch],
-                gpu=run.gpu, device="cpu", runtime=run.runtime, kernel_scratch=True,
-            )  # fmt: skip
+        # truth's own comparison and a user's trace count it
+        est = published_runs.trace(run)
         point = est.points[0]
         figure = {
             "device_used": point.device_used_peak,

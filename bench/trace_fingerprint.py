@@ -55,26 +55,15 @@ def _cpu() -> float:
 
 
 def fingerprint(only: str | None = None) -> dict[str, dict[str, Any]]:
-    """``series/name`` -> ``{"sha256", "cpu_s", "estimate"}`` for each published torch run."""
-    import memfit
-
+    """``series/name`` -> ``{"sha256", "cpu_s", "estimate"}`` for each published torch run,
+    traced as the published truth's comparison traces it (``published_runs.trace``)."""
     out: dict[str, dict[str, Any]] = {}
     for run in published.load_runs():
         key = f"{run.series}/{run.name}"
         if only and only not in key:
             continue
-        workload = published.WORKLOADS[run.workload](run.settings)
         started = _cpu()
-        est = memfit.estimate_torch(
-            workload.build,
-            workload.step,
-            workload.make_batch,
-            [workload.batch],
-            gpu=run.gpu,
-            device="cpu",
-            runtime=run.runtime,
-            kernel_scratch=False,
-        )
+        est = published.trace(run)
         seconds = _cpu() - started
         plain = _plain(est)
         blob = json.dumps(plain, sort_keys=True)

@@ -354,10 +354,8 @@ def test_the_gpu_figures_of_a_cpu_trace_count_a_cublas_workspace_per_pass() -> N
     assert hopper.breakdown["cublas_workspace"] == 2 * 32 * 2**20 + lt
 
 
-def test_a_reduced_loss_holds_its_unreduced_buffer_on_every_device() -> None:
-    """mse_loss computes the unreduced loss into a buffer of the input's size and returns
-    the mean as a view of it (aten/src/ATen/native/Loss.cpp, device-generic): the real run
-    keeps that buffer while the loss lives; the GPU figures count it too."""
+def _mse_regression(dtype: Any) -> TorchStep:
+    """A 256 -> 4096 linear regression in ``dtype`` trained on mse_loss with SGD."""
 
     def step(model: Any, opt: Any, batch: Any) -> None:
         x, y = batch
@@ -367,10 +365,21 @@ def test_a_reduced_loss_holds_its_unreduced_buffer_on_every_device() -> None:
         opt.step()
 
     def build() -> tuple[Any, Any]:
-        model = torch.nn.Linear(256, 4096)
+        model = torch.nn.Linear(256, 4096).to(dtype)
         return model, torch.optim.SGD(model.parameters(), lr=0.1)
 
-    ts = TorchStep(build, step, lambda b: (torch.randn(b, 256), torch.randn(b, 4096)))
+    def make_batch(b: int) -> tuple[Any, Any]:
+        return torch.randn(b, 256, dtype=dtype), torch.randn(b, 4096, dtype=dtype)
+
+    return TorchStep(build, step, make_batch)
+
+
+def test_a_reduced_loss_holds_its_unreduced_buffer_on_every_device() -> None:
+    """mse_loss computes the unreduced loss into a buffer of the input's size and returns
+    the mean as a view of it (aten/src/ATen/native/Loss.cpp, device-generic): the real run
+    keeps that buffer while the loss lives; the GPU figures count it too."""
+
+    ts = _mse_regression(torch.float32)
     measured = estimate_torch(ts.build, ts.step, ts.make_batch, [64], device="cpu").points[0]
     skipped = estimate_torch(
         ts.build, ts.step, ts.make_batch, [64], device="cpu", kernel_scratch=False
@@ -387,21 +396,7 @@ def test_a_half_precision_mean_loss_casts_to_float32_on_the_cpu_only() -> None:
     ``if (self.device().is_cpu())``); CUDA's ``mean_stub`` reduces the buffer in the kernel.
     The CPU figure counts that copy (it matches a real CPU run), the GPU figures do not."""
 
-    def step(model: Any, opt: Any, batch: Any) -> None:
-        x, y = batch
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-
-    def build() -> tuple[Any, Any]:
-        model = torch.nn.Linear(256, 4096).to(torch.bfloat16)
-        return model, torch.optim.SGD(model.parameters(), lr=0.1)
-
-    bf16 = torch.bfloat16
-    ts = TorchStep(
-        build, step, lambda b: (torch.randn(b, 256, dtype=bf16), torch.randn(b, 4096, dtype=bf16))
-    )
+    ts = _mse_regression(torch.bfloat16)
     measured = estimate_torch(ts.build, ts.step, ts.make_batch, [64], device="cpu").points[0]
     skipped = estimate_torch(
         ts.build, ts.step, ts.make_batch, [64], device="cpu", kernel_scratch=False
